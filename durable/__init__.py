@@ -1,0 +1,110 @@
+"""durable: durable workflows in plain Python on Redis Streams, greenlets and msgpack.
+
+Write a :class:`Workflow` whose ``handle()`` calls :func:`activity`,
+:func:`timer`, :func:`await_signal`, :func:`side_effect`, :func:`child` and
+:func:`all`; run workers with ``durable worker --app yourmodule``; start and
+drive runs with :class:`WorkflowStub`. Everything importable from here is the
+public API; other modules are machinery.
+"""
+
+from __future__ import annotations
+
+from .activity import Activity, ActivityCancelledError, ActivityContext, RetryPolicy, activity_context
+from .errors import (
+    ActivityFailed,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowFailed,
+    ConfigurationError,
+    DurableError,
+    EventConflict,
+    HistoryCorrupt,
+    HookError,
+    NondeterminismError,
+    NonRetryableError,
+    SerializationError,
+    SignalTimeout,
+    UnknownTypeError,
+    WorkflowAlreadyStarted,
+    WorkflowClosed,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
+from .registry import register_activity
+from .workflow import (
+    DEFAULT_VERSION,
+    Hook,
+    Workflow,
+    activity,
+    all,
+    await_hook,
+    await_signal,
+    child,
+    continue_as_new,
+    create_hook,
+    get_version,
+    history_length,
+    local_activity,
+    now,
+    patched,
+    query,
+    random,
+    side_effect,
+    signal,
+    timer,
+    uuid4,
+    wait_until,
+    workflow_info,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "Activity",
+    "ActivityCancelledError",
+    "ActivityContext",
+    "ActivityFailed",
+    "ApplicationError",
+    "CancelledError",
+    "ChildWorkflowFailed",
+    "ConfigurationError",
+    "DurableError",
+    "EventConflict",
+    "HistoryCorrupt",
+    "Hook",
+    "HookError",
+    "NonRetryableError",
+    "NondeterminismError",
+    "RetryPolicy",
+    "SerializationError",
+    "SignalTimeout",
+    "UnknownTypeError",
+    "Workflow",
+    "WorkflowAlreadyStarted",
+    "WorkflowClosed",
+    "WorkflowFailed",
+    "WorkflowNotFound",
+    "activity",
+    "activity_context",
+    "all",
+    "await_hook",
+    "await_signal",
+    "child",
+    "continue_as_new",
+    "create_hook",
+    "get_version",
+    "history_length",
+    "local_activity",
+    "now",
+    "patched",
+    "query",
+    "random",
+    "register_activity",
+    "side_effect",
+    "signal",
+    "timer",
+    "uuid4",
+    "wait_until",
+    "workflow_info",
+]

@@ -1,0 +1,186 @@
+"""The exception hierarchy of durable.
+
+Every error durable raises on purpose derives from :class:`DurableError`, so
+``except durable.DurableError`` catches them all. The one exception is
+:class:`CancelledError`, which derives from :class:`BaseException` (as
+``asyncio.CancelledError`` does) so that a generic ``except Exception`` in
+workflow code does not swallow a cancellation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DurableError(Exception):
+    """Root of every error durable raises on purpose."""
+
+
+class ConfigurationError(DurableError):
+    """A definition or setting is invalid (bad RetryPolicy, duplicate names, bad URL)."""
+
+
+class SerializationError(DurableError):
+    """A value cannot be encoded or decoded by the payload codec.
+
+    Attributes:
+        path: Where the value sits, e.g. ``args[1]['when']``.
+        type_name: The qualified name of the offending type.
+    """
+
+    def __init__(self, message: str, *, path: str = "", type_name: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.type_name = type_name
+
+
+class NondeterminismError(DurableError):
+    """Workflow code issued a different command than its history recorded.
+
+    The run is *blocked*, not failed: deploy code that decides as before, then
+    ``durable repair ID`` re-queues it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str = "",
+        command_id: str = "",
+        recorded: Any = None,
+        issued: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.command_id = command_id
+        self.recorded = recorded
+        self.issued = issued
+
+
+class HistoryCorrupt(DurableError):
+    """A history or inbox entry is malformed, foreign or of an unknown type."""
+
+    def __init__(self, message: str, *, run_id: str = "", seq: int | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.seq = seq
+
+
+class EventConflict(DurableError):
+    """A decision was committed against a stale history (another decider won the race)."""
+
+
+class WorkflowNotFound(DurableError):
+    """No workflow (or run) with the given id exists."""
+
+
+class WorkflowAlreadyStarted(DurableError):
+    """A workflow with this id already has a run that is not closed."""
+
+
+class WorkflowClosed(DurableError):
+    """The operation needs an open run, but the workflow's current run is closed."""
+
+
+class UnknownTypeError(DurableError):
+    """A workflow or activity type is not registered in this process."""
+
+
+class TaskParked(DurableError):
+    """A task could not run and was moved to the dead-letter stream."""
+
+
+class SignalTimeout(DurableError):
+    """``await_signal(name, timeout=...)`` reached its deadline without a signal."""
+
+
+class HookError(DurableError):
+    """A hook token is unknown, already used, or the hook's run is closed."""
+
+
+class NonRetryableError(DurableError):
+    """Raised by an activity to stop retries: the attempt fails for good."""
+
+
+class ActivityFailed(DurableError):
+    """An activity failed for good (retries exhausted, non-retryable, timed out).
+
+    Attributes:
+        activity_id: The command id of the activity in its workflow.
+        activity_name: The activity's durable name.
+        attempts: How many attempts were made.
+        cause: The last attempt's exception (original type, message, traceback).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        activity_id: str = "",
+        activity_name: str = "",
+        attempts: int = 0,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.activity_id = activity_id
+        self.activity_name = activity_name
+        self.attempts = attempts
+        self.cause = cause
+        self.__cause__ = cause
+
+
+class ChildWorkflowFailed(DurableError):
+    """A child workflow did not complete.
+
+    Attributes:
+        workflow_id: The child's workflow id.
+        status: ``failed``, ``cancelled`` or ``terminated``.
+        cause: The child's error, when it failed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow_id: str = "",
+        status: str = "failed",
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.status = status
+        self.cause = cause
+        self.__cause__ = cause
+
+
+class WorkflowFailed(DurableError):
+    """``result()`` was asked of a run that did not complete.
+
+    Attributes:
+        status: ``failed``, ``cancelled`` or ``terminated``.
+        cause: The workflow's exception when it failed, else ``None``.
+    """
+
+    def __init__(self, message: str, *, status: str = "failed", cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.cause = cause
+        self.__cause__ = cause
+
+
+class ApplicationError(DurableError):
+    """An exception from remote code whose class is not importable here.
+
+    The codec rebuilds exceptions by type name; when the type is not loaded in
+    this process it produces an ``ApplicationError`` that keeps the original
+    type name, message and traceback text.
+    """
+
+    def __init__(self, message: str, *, type_name: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.remote_traceback = traceback
+
+
+class CancelledError(BaseException):
+    """Thrown into workflow code at its suspension point when the run (or branch) is cancelled."""

@@ -1,0 +1,406 @@
+"""The event catalog: one small frozen dataclass per history event type.
+
+A history entry is one msgpack map ``{"type": str, "ts": int, "data": map}``
+(``ts`` in UTC milliseconds). ``data`` is plain msgpack (ids, names, numbers);
+user values inside it (arguments, results, errors, signal payloads) are
+payload bytes produced by :func:`durable.codec.dumps`, so a payload hook
+(encryption, compression) sees exactly the user's data and nothing else.
+
+Two families:
+
+* **Input events** arrive from outside a decision (activity results, fired
+  timers, signals, child results, hook deliveries, cancel requests). They are
+  stamped by the Redis script that pushes them onto the run's inbox and copied
+  unchanged into the history by the next decision's commit.
+* **Command events** are written by a decision: what the workflow code asked
+  for (schedule an activity, start a timer, ...). On replay they are checked
+  against what the code issues again, by :meth:`Event.fingerprint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from . import codec
+from .errors import HistoryCorrupt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of every event. Subclasses list their data fields."""
+
+    #: Data fields compared on replay (payload fields compare by canonical bytes).
+    compared: ClassVar[tuple[str, ...]] = ()
+    #: Fields holding codec payload bytes.
+    payloads: ClassVar[tuple[str, ...]] = ()
+    #: True for events written by a decision (checked on replay).
+    is_command: ClassVar[bool] = False
+
+    @property
+    def type(self) -> str:
+        return type(self).__name__
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies a command in its run: (event type, command id)."""
+        return (type(self).__name__, getattr(self, "id", ""))
+
+    def to_data(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def fingerprint(self) -> bytes:
+        """Bytes that must be identical when replay issues this command again."""
+        values = []
+        for name in self.compared:
+            value = getattr(self, name)
+            if name in self.payloads and value is not None:
+                value = codec.canonical(value)
+            values.append(value)
+        return codec.pack([self.type, *values])
+
+    def describe(self) -> dict[str, Any]:
+        """The compared fields, payloads decoded, for error messages."""
+        out: dict[str, Any] = {}
+        for name in self.compared:
+            value = getattr(self, name)
+            if name in self.payloads and value is not None:
+                try:
+                    value = codec.loads(value)
+                except Exception:  # noqa: BLE001 - best effort for a message
+                    value = f"<{len(value)} bytes>"
+            out[name] = value
+        return out
+
+
+# --------------------------------------------------------------------- start
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowStarted(Event):
+    workflow_type: str
+    workflow_id: str
+    run_id: str
+    args: bytes
+    queue: str = "default"
+    parent: dict[str, Any] | None = None
+    build_id: str = ""
+    patches: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    payloads = ("args",)
+
+
+# ---------------------------------------------------------------- activities
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityScheduled(Event):
+    id: str
+    name: str
+    args: bytes
+    queue: str = "default"
+    retry: dict[str, Any] | None = None
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    local: bool = False
+    compared = ("name", "args", "queue", "retry", "timeouts", "local")
+    payloads = ("args",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityCompleted(Event):
+    id: str
+    result: bytes
+    attempt: int = 1
+    payloads = ("result",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityFailed(Event):
+    id: str
+    error: bytes
+    attempts: int = 1
+    payloads = ("error",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivityCancelled(Event):
+    id: str
+    reason: str = ""
+    outcome_unknown: bool = False
+    is_command = True
+
+
+# -------------------------------------------------------------------- timers
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerStarted(Event):
+    id: str
+    fire_at: int
+    compared = ("fire_at",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerFired(Event):
+    id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerCancelled(Event):
+    id: str
+    is_command = True
+
+
+# ------------------------------------------------------------------- signals
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalWaitStarted(Event):
+    id: str
+    name: str
+    deadline: int | None = None
+    compared = ("name", "deadline")
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalReceived(Event):
+    name: str
+    payload: bytes
+    signal_id: str = ""
+    payloads = ("payload",)
+
+
+# ------------------------------------------------------- recorded values
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SideEffectRecorded(Event):
+    id: str
+    value: bytes | None = None
+    error: bytes | None = None
+    payloads = ("value", "error")
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VersionMarker(Event):
+    id: str
+    change_id: str
+    version: int
+    compared = ("change_id",)
+    is_command = True
+
+
+# ------------------------------------------------------------------ children
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildStarted(Event):
+    id: str
+    workflow_type: str
+    workflow_id: str
+    args: bytes
+    queue: str = "default"
+    policy: str = "terminate"
+    compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
+    payloads = ("args",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildCompleted(Event):
+    id: str
+    result: bytes
+    payloads = ("result",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildFailed(Event):
+    id: str
+    error: bytes | None = None
+    status: str = "failed"
+    payloads = ("error",)
+
+
+# --------------------------------------------------------------------- hooks
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookCreated(Event):
+    id: str
+    name: str
+    token: str
+    metadata: bytes
+    compared = ("name", "metadata")
+    payloads = ("metadata",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookResumed(Event):
+    id: str
+    payload: bytes
+    payloads = ("payload",)
+
+
+# ------------------------------------------------------------- cancellation
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelRequested(Event):
+    reason: str = ""
+
+
+# ------------------------------------------------------------ run closings
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowCompleted(Event):
+    result: bytes
+    payloads = ("result",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowFailed(Event):
+    error: bytes
+    payloads = ("error",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowCancelled(Event):
+    reason: str = ""
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowTerminated(Event):
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowContinuedAsNew(Event):
+    args: bytes
+    new_run_id: str = ""
+    payloads = ("args",)
+    is_command = True
+
+
+CLOSING: tuple[type[Event], ...] = (
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowCancelled,
+    WorkflowTerminated,
+    WorkflowContinuedAsNew,
+)
+
+#: Terminal status word written for each closing event.
+STATUS_OF_CLOSING: dict[str, str] = {
+    "WorkflowCompleted": "completed",
+    "WorkflowFailed": "failed",
+    "WorkflowCancelled": "cancelled",
+    "WorkflowTerminated": "terminated",
+    "WorkflowContinuedAsNew": "continued",
+}
+
+CATALOG: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        WorkflowStarted,
+        ActivityScheduled,
+        ActivityCompleted,
+        ActivityFailed,
+        ActivityCancelled,
+        TimerStarted,
+        TimerFired,
+        TimerCancelled,
+        SignalWaitStarted,
+        SignalReceived,
+        SideEffectRecorded,
+        VersionMarker,
+        ChildStarted,
+        ChildCompleted,
+        ChildFailed,
+        HookCreated,
+        HookResumed,
+        CancelRequested,
+        *CLOSING,
+    )
+}
+
+_FIELDS: dict[type[Event], tuple[frozenset[str], frozenset[str]]] = {}
+
+
+def _field_sets(cls: type[Event]) -> tuple[frozenset[str], frozenset[str]]:
+    """(all field names, required field names) of an event class, cached."""
+    sets = _FIELDS.get(cls)
+    if sets is None:
+        fields = dataclasses.fields(cls)
+        names = frozenset(f.name for f in fields)
+        required = frozenset(
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        )
+        sets = _FIELDS[cls] = (names, required)
+    return sets
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event as stored: its position, its time stamp and its exact bytes.
+
+    ``raw`` is kept so that a commit copies an inbox item into the history
+    byte for byte (never re-stamped, never re-encoded).
+    """
+
+    seq: int
+    ts: int
+    event: Event
+    raw: bytes
+
+    @property
+    def type(self) -> str:
+        return self.event.type
+
+
+def encode(event: Event, ts: int) -> bytes:
+    """The stored bytes of an event with its time stamp (UTC ms)."""
+    return codec.pack({"type": event.type, "ts": ts, "data": event.to_data()})
+
+
+def encode_input_data(event: Event) -> tuple[str, bytes]:
+    """(type, packed data) of an input event, for a script that stamps ``ts`` itself."""
+    return event.type, codec.pack(event.to_data())
+
+
+def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
+    """Decode one stored entry; malformed or unknown entries raise :class:`HistoryCorrupt`.
+
+    Nothing is ever skipped: an entry that cannot be understood stops the
+    caller with an error naming the run and seq, so history is never silently
+    reinterpreted.
+    """
+    where = f"run {run_id or '?'} seq {seq}"
+    try:
+        envelope = codec.unpack(raw)
+    except Exception as exc:
+        raise HistoryCorrupt(
+            f"{where}: entry is not valid msgpack ({exc}); it was not written by durable",
+            run_id=run_id,
+            seq=seq,
+        ) from None
+    if not isinstance(envelope, dict) or not {"type", "ts", "data"} <= envelope.keys():
+        raise HistoryCorrupt(
+            f"{where}: entry is not a durable event (expected a map with type, ts, data)",
+            run_id=run_id,
+            seq=seq,
+        )
+    type_name, ts, data = envelope["type"], envelope["ts"], envelope["data"]
+    cls = CATALOG.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        raise HistoryCorrupt(
+            f"{where}: unknown event type {type_name!r}; upgrade durable or inspect the entry",
+            run_id=run_id,
+            seq=seq,
+        )
+    if not isinstance(ts, int) or not isinstance(data, dict):
+        raise HistoryCorrupt(f"{where}: {type_name} has a malformed ts or data", run_id=run_id, seq=seq)
+    names, required = _field_sets(cls)
+    missing = required - data.keys()
+    if missing:
+        raise HistoryCorrupt(
+            f"{where}: {type_name} is missing field(s) {sorted(missing)}", run_id=run_id, seq=seq
+        )
+    try:
+        event = cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as exc:
+        raise HistoryCorrupt(f"{where}: {type_name} is malformed: {exc}", run_id=run_id, seq=seq) from None
+    return Entry(seq=seq, ts=ts, event=event, raw=raw)

@@ -1,0 +1,56 @@
+"""Identities: workflow ids (public, chosen), run ids (ULID-like), command ids."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+
+from .errors import ConfigurationError
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_WORKFLOW_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,256}$")
+_COMMAND_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-/]{0,199}$")
+
+
+def _ulid(ms: int, rand: bytes) -> str:
+    value = (ms & ((1 << 48) - 1)) << 80 | int.from_bytes(rand[:10], "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def new_run_id() -> str:
+    """A fresh run id: 26 characters, sortable by creation time (ULID layout)."""
+    return _ulid(int(time.time() * 1000), os.urandom(10))
+
+
+def successor_run_id(run_id: str, ts_ms: int) -> str:
+    """The run id continue-as-new gives the next run: derived, so replay yields the same."""
+    return _ulid(ts_ms, hashlib.sha256(run_id.encode()).digest())
+
+
+def check_workflow_id(workflow_id: object) -> str:
+    """Validate a workflow id: 1-256 printable characters, no whitespace.
+
+    Raises:
+        ConfigurationError: naming the id and the rule it breaks.
+    """
+    if not isinstance(workflow_id, str) or not _WORKFLOW_ID.match(workflow_id):
+        raise ConfigurationError(
+            f"invalid workflow id {workflow_id!r}: use 1-256 printable characters without whitespace"
+        )
+    return workflow_id
+
+
+def check_command_id(command_id: object) -> str:
+    """Validate an explicit command id (``id=`` of a durable call).
+
+    Generated ids are numeric paths (``3``, ``2.1.4``), so an explicit id must
+    not start with a digit: the two could otherwise collide.
+    """
+    if not isinstance(command_id, str) or not _COMMAND_ID.match(command_id):
+        raise ConfigurationError(
+            f"invalid command id {command_id!r}: use 1-200 characters from letters, digits, _ . : - /, "
+            "not starting with a digit (numeric ids are generated)"
+        )
+    return command_id

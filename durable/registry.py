@@ -1,0 +1,228 @@
+"""The registry of workflow and activity definitions, keyed by durable name.
+
+A durable name is what history and tasks record, so it must mean one thing:
+a second, different definition under a taken name is refused when it is
+defined. Re-defining the *same* object (a module imported twice, e.g. as
+``__main__`` and by name) replaces the entry quietly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .activity import RetryPolicy, Seconds, to_seconds
+from .errors import ConfigurationError, UnknownTypeError
+
+if TYPE_CHECKING:
+    from .activity import Activity
+    from .workflow import Workflow
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class ActivityDefinition:
+    """A registered activity: its name, how to call it, and its defaults."""
+
+    name: str
+    fn: Callable[..., Any]
+    queue: str | None = None
+    retry: RetryPolicy | None = None
+    start_to_close_timeout: float | None = None
+    schedule_to_close_timeout: float | None = None
+    heartbeat_timeout: float | None = None
+    origin: str = ""
+
+
+_workflows: dict[str, type[Workflow]] = {}
+_activities: dict[str, ActivityDefinition] = {}
+
+
+def _origin(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
+
+
+def _same_origin(a: str, b: str) -> bool:
+    # A script run as __main__ and later imported by name is the same definition.
+    return (
+        a == b
+        or a.split(".", 1)[-1] == b.split(".", 1)[-1]
+        and "__main__" in (a.split(".")[0], b.split(".")[0])
+    )
+
+
+def check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigurationError(
+            f"invalid {what} name {name!r}: use 1-200 characters from letters, digits, _ . : -, "
+            "starting with a letter or _"
+        )
+    return name
+
+
+def register_workflow_class(cls: type[Workflow]) -> None:
+    name = check_name(cls.__dict__.get("name") or cls.__name__, "workflow")
+    cls.name = name
+    existing = _workflows.get(name)
+    if existing is not None and existing is not cls and not _same_origin(_origin(existing), _origin(cls)):
+        raise ConfigurationError(
+            f"workflow name {name!r} is already taken by {_origin(existing)}; "
+            f"set a distinct `name = ...` on {_origin(cls)}"
+        )
+    _workflows[name] = cls
+
+
+def register_activity_class(cls: type[Activity]) -> None:
+    name = check_name(cls.__dict__.get("name") or cls.__name__, "activity")
+    cls.name = name
+
+    def call(*args: Any) -> Any:
+        return cls().handle(*args)
+
+    _register_activity(
+        ActivityDefinition(
+            name=name,
+            fn=call,
+            queue=cls.queue,
+            retry=cls.retry,
+            start_to_close_timeout=to_seconds(cls.start_to_close_timeout, f"{name}.start_to_close_timeout"),
+            schedule_to_close_timeout=to_seconds(
+                cls.schedule_to_close_timeout, f"{name}.schedule_to_close_timeout"
+            ),
+            heartbeat_timeout=to_seconds(cls.heartbeat_timeout, f"{name}.heartbeat_timeout"),
+            origin=_origin(cls),
+        )
+    )
+
+
+def _register_activity(definition: ActivityDefinition) -> None:
+    existing = _activities.get(definition.name)
+    if existing is not None and not _same_origin(existing.origin, definition.origin):
+        raise ConfigurationError(
+            f"activity name {definition.name!r} is already taken by {existing.origin}; "
+            f"give {definition.origin} a distinct name"
+        )
+    _activities[definition.name] = definition
+
+
+def register_activity(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    queue: str | None = None,
+    retry: RetryPolicy | None = None,
+    start_to_close_timeout: Seconds | None = None,
+    schedule_to_close_timeout: Seconds | None = None,
+    heartbeat_timeout: Seconds | None = None,
+) -> Any:
+    """Register a plain function as an activity (usable as a decorator).
+
+    Plain functions work without it too: ``activity(fn)`` uses ``fn.__name__``
+    and a worker finds module-level functions of its ``--app`` modules. Use it
+    to set a durable name or defaults, or to refuse a clash at import time.
+
+    Example:
+        ```python
+        @register_activity(name="send-email", retry=RetryPolicy(max_attempts=3))
+        def send_email(to: str) -> None: ...
+        ```
+    """
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        durable_name = check_name(name or f.__name__, "activity")
+        _register_activity(
+            ActivityDefinition(
+                name=durable_name,
+                fn=f,
+                queue=queue,
+                retry=retry,
+                start_to_close_timeout=to_seconds(start_to_close_timeout, "start_to_close_timeout"),
+                schedule_to_close_timeout=to_seconds(schedule_to_close_timeout, "schedule_to_close_timeout"),
+                heartbeat_timeout=to_seconds(heartbeat_timeout, "heartbeat_timeout"),
+                origin=_origin(f),
+            )
+        )
+        f.__durable_activity__ = durable_name  # type: ignore[attr-defined]
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def register_module_functions(module: Any) -> None:
+    """Make a module's top-level plain functions callable as activities by name.
+
+    Explicit registrations win; a function whose name is taken is skipped.
+    """
+    for attr, value in vars(module).items():
+        if (
+            callable(value)
+            and getattr(value, "__module__", None) == module.__name__
+            and type(value).__name__ == "function"
+            and not attr.startswith("_")
+            and attr not in _activities
+            and _NAME.match(attr)
+        ):
+            _activities[attr] = ActivityDefinition(name=attr, fn=value, origin=_origin(value))
+
+
+def activity_definition_for(target: Any) -> ActivityDefinition:
+    """The definition an ``activity(target)`` call refers to (class, function or name)."""
+    from .activity import Activity
+
+    if isinstance(target, str):
+        found = _activities.get(target)
+        return found or ActivityDefinition(name=check_name(target, "activity"), fn=_missing(target))
+    if isinstance(target, type) and issubclass(target, Activity):
+        return _activities[target.name]
+    if callable(target):
+        name = getattr(target, "__durable_activity__", None) or getattr(target, "__name__", None)
+        if not name or name == "<lambda>":
+            raise ConfigurationError(
+                "an activity must be an Activity class, a named function or a name (str)"
+            )
+        found = _activities.get(name)
+        if found is None:
+            found = ActivityDefinition(name=check_name(name, "activity"), fn=target, origin=_origin(target))
+            _activities[name] = found
+        return found
+    raise ConfigurationError(f"not an activity: {target!r} (use an Activity subclass, a function or a name)")
+
+
+def _missing(name: str) -> Callable[..., Any]:
+    def fail(*_: Any) -> Any:
+        raise UnknownTypeError(f"activity {name!r} is not registered in this worker")
+
+    return fail
+
+
+def get_activity(name: str) -> ActivityDefinition:
+    """The registered activity ``name``; :class:`UnknownTypeError` if there is none."""
+    found = _activities.get(name)
+    if found is None:
+        raise UnknownTypeError(
+            f"activity {name!r} is not registered in this process; start the worker with the "
+            "--app module that defines it"
+        )
+    return found
+
+
+def get_workflow(name: str) -> type[Workflow]:
+    """The registered workflow class ``name``; :class:`UnknownTypeError` if there is none."""
+    found = _workflows.get(name)
+    if found is None:
+        raise UnknownTypeError(
+            f"workflow type {name!r} is not registered in this process; import the module that "
+            "defines it (worker: --app module)"
+        )
+    return found
+
+
+def workflows() -> dict[str, type[Workflow]]:
+    return dict(_workflows)
+
+
+def activities() -> dict[str, ActivityDefinition]:
+    return dict(_activities)

@@ -1,0 +1,374 @@
+"""Workflow side of the public API: the ``Workflow`` base and its durable calls.
+
+Every function here is meant to be called from inside ``Workflow.handle()``
+(or from a branch of :func:`all`). Each one that waits suspends the calling
+greenlet; the replay driver resumes it when the history says the step is done.
+Called anywhere else, they raise :class:`durable.DurableError`.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import uuid as _uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
+
+from .activity import RetryPolicy, Seconds
+from .errors import DurableError
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What ``get_version`` returns when replaying a history written before the change.
+DEFAULT_VERSION = -1
+
+
+class Workflow:
+    """Base class for workflows: subclass it and write ``handle()``.
+
+    ``handle()`` is plain straight-line code. Each durable call in it
+    (:func:`activity`, :func:`timer`, :func:`await_signal`, ...) is recorded
+    in the run's history; after a crash any worker replays that history and
+    the code continues where it was. The code must therefore be
+    deterministic: same history, same calls (see ``docs/determinism.md``).
+
+    Class attributes:
+        name: Durable type name (default: the class name). Must be unique.
+        queue: Task queue its workflow tasks go to (default ``"default"``).
+        patches: Patch ids this code declares; new runs record them and
+            :func:`patched` answers from the run (Flow's patch markers).
+
+    Example:
+        ```python
+        class Order(Workflow):
+            def handle(self, order_id: str) -> str:
+                receipt = activity(Charge, order_id)
+                timer(timedelta(hours=1))
+                activity(Ship, order_id)
+                return receipt
+        ```
+    """
+
+    name: ClassVar[str] = ""
+    queue: ClassVar[str] = "default"
+    patches: ClassVar[tuple[str, ...]] = ()
+    _signals: ClassVar[dict[str, str]] = {}
+    _queries: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        signals: dict[str, str] = {}
+        queries: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                if hasattr(value, "__durable_signal__"):
+                    signals[value.__durable_signal__] = attr
+                if hasattr(value, "__durable_query__"):
+                    queries[value.__durable_query__] = attr
+        cls._signals = signals
+        cls._queries = queries
+        from .registry import register_workflow_class
+
+        register_workflow_class(cls)
+
+    def handle(self, *args: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
+
+
+def signal(fn: F | None = None, *, name: str | None = None) -> Any:
+    """Mark a workflow method as the handler of a signal.
+
+    Handlers run in history order, between durable steps, and may change the
+    workflow's attributes; they may not make durable calls. A signal without a
+    handler is buffered for :func:`await_signal`. ``name`` defaults to the
+    method name.
+    """
+
+    def mark(f: F) -> F:
+        f.__durable_signal__ = name or f.__name__  # type: ignore[attr-defined]
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def query(fn: F | None = None, *, name: str | None = None) -> Any:
+    """Mark a workflow method as a query: answered by replaying the committed
+    history, committing nothing. ``name`` defaults to the method name."""
+
+    def mark(f: F) -> F:
+        f.__durable_query__ = name or f.__name__  # type: ignore[attr-defined]
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def _driver() -> Any:
+    from .replay import current_driver
+
+    return current_driver()
+
+
+def activity(
+    target: Any,
+    *args: Any,
+    id: str | None = None,
+    queue: str | None = None,
+    retry: RetryPolicy | None = None,
+    start_to_close_timeout: Seconds | None = None,
+    schedule_to_close_timeout: Seconds | None = None,
+    heartbeat_timeout: Seconds | None = None,
+) -> Any:
+    """Run an activity and return its result (suspends until it completes).
+
+    Args:
+        target: An ``Activity`` subclass, a function, or a registered name.
+        *args: Arguments, encoded with the payload codec.
+        id: A stable command id (must not start with a digit); default: the
+            next number of the calling branch.
+        queue, retry, start_to_close_timeout, schedule_to_close_timeout,
+        heartbeat_timeout: Override the activity's class defaults.
+
+    Raises:
+        ActivityFailed: The activity failed for good; ``.cause`` is its error.
+        SerializationError: An argument cannot be encoded.
+    """
+    return _driver().call_activity(
+        target,
+        args,
+        id=id,
+        queue=queue,
+        retry=retry,
+        timeouts=(start_to_close_timeout, schedule_to_close_timeout, heartbeat_timeout),
+        local=False,
+    )
+
+
+def local_activity(
+    target: Any,
+    *args: Any,
+    id: str | None = None,
+    retry: RetryPolicy | None = None,
+    start_to_close_timeout: Seconds | None = None,
+) -> Any:
+    """Run a short activity in the workflow worker's own process.
+
+    Recorded in history like :func:`activity`, with the same retry semantics;
+    it skips the activity queue, so use it for quick work only.
+    """
+    return _driver().call_activity(
+        target,
+        args,
+        id=id,
+        queue=None,
+        retry=retry,
+        timeouts=(start_to_close_timeout, None, None),
+        local=True,
+    )
+
+
+def timer(duration: Seconds, *, id: str | None = None) -> None:
+    """Sleep durably for ``duration`` (seconds or a timedelta). No worker is held meanwhile."""
+    _driver().call_timer(duration, id=id)
+
+
+def await_signal(name: str, timeout: Seconds | None = None, *, id: str | None = None) -> Any:
+    """Wait for the signal ``name`` and return its payload.
+
+    A signal sent with one argument returns that argument; with none,
+    ``None``; with several, a tuple. Signals that arrived earlier (and have no
+    ``@signal`` handler) are buffered and served first come, first served.
+
+    Raises:
+        SignalTimeout: ``timeout`` passed without the signal.
+    """
+    return _driver().call_await_signal(name, timeout, id=id)
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: Seconds | None = None, *, id: str | None = None
+) -> bool:
+    """Wait until ``predicate()`` is true (re-checked after every applied event).
+
+    Returns:
+        True when the predicate became true, False when ``timeout`` passed first.
+    """
+    return bool(_driver().call_wait_until(predicate, timeout, id=id))
+
+
+def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
+    """Call ``fn`` once and record its value; replay returns the recorded value.
+
+    The value goes through the codec both times, so live and replayed code see
+    the same types. An exception from ``fn`` is recorded and re-raised on replay.
+    """
+    return _driver().call_side_effect(fn, id=id)  # type: ignore[no-any-return]
+
+
+def child(
+    workflow: Any,
+    *args: Any,
+    id: str | None = None,
+    workflow_id: str | None = None,
+    queue: str | None = None,
+    parent_close_policy: str = "terminate",
+) -> Any:
+    """Start a child workflow and return its result (suspends until it closes).
+
+    Args:
+        workflow: A ``Workflow`` subclass or its registered name.
+        id: Command id in this run (default: the next number).
+        workflow_id: The child's workflow id (default: ``<parent id>/<command id>``).
+        parent_close_policy: What happens to the child if this run closes first:
+            ``terminate`` (default), ``request_cancel`` or ``abandon``.
+
+    Raises:
+        ChildWorkflowFailed: The child failed, was cancelled or terminated.
+    """
+    return _driver().call_child(
+        workflow, args, id=id, workflow_id=workflow_id, queue=queue, policy=parent_close_policy
+    )
+
+
+def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list[Any]:  # noqa: A001
+    """Run callables concurrently, each in its own branch, and return their results in input order.
+
+    Fail-fast: when one branch raises, its unsettled siblings get
+    :class:`CancelledError` at their suspension points (their cleanup may make
+    durable calls), and once they have all finished the first error is raised here.
+    """
+    return _driver().call_all(list(branches), id=id)  # type: ignore[no-any-return]
+
+
+def now() -> datetime:
+    """The workflow's deterministic current time (UTC): the time stamp of the last applied event."""
+    return _driver().now()  # type: ignore[no-any-return]
+
+
+def uuid4() -> _uuid.UUID:
+    """A random UUID, recorded once (a side effect)."""
+    return side_effect(_uuid.uuid4)
+
+
+def random() -> float:
+    """A random float in [0, 1), recorded once (a side effect)."""
+    return side_effect(_random.random)
+
+
+def get_version(change_id: str, min_supported: int, max_supported: int) -> int:
+    """Laravel/Temporal-style versioning of a code change.
+
+    New runs record ``max_supported`` at first use; a run replaying a history
+    written before the change gets :data:`DEFAULT_VERSION` (-1). Later calls
+    with the same ``change_id`` return the same version. Does not consume a
+    command number, so adding it to existing code keeps old ids stable.
+
+    Raises:
+        NondeterminismError: The recorded version is outside [min, max].
+    """
+    return _driver().call_get_version(change_id, min_supported, max_supported)  # type: ignore[no-any-return]
+
+
+def patched(patch_id: str) -> bool:
+    """Whether this run was started by code declaring ``patch_id`` in ``Workflow.patches``.
+
+    The set is written into the run at start (Flow's patch markers), so an old
+    run keeps its old branch and a new run takes the new one, on any worker.
+    """
+    return _driver().call_patched(patch_id)  # type: ignore[no-any-return]
+
+
+def continue_as_new(*args: Any) -> None:
+    """Close this run and start a fresh one of the same workflow id with ``args``.
+
+    Never returns. The new run keeps the type, queue, build id and patches.
+    """
+    _driver().call_continue_as_new(args)
+
+
+class Hook:
+    """A durable callback created by :func:`create_hook`.
+
+    Attributes:
+        id: Command id of the hook in its run.
+        name: The name given at creation.
+        token: Unguessable single-use token; give it to the party that will
+            call ``WorkflowStub.resume_hook(token, payload)``.
+    """
+
+    __slots__ = ("id", "name", "token")
+
+    def __init__(self, id: str, name: str, token: str) -> None:  # noqa: A002
+        self.id = id
+        self.name = name
+        self.token = token
+
+    def __repr__(self) -> str:
+        return f"Hook(id={self.id!r}, name={self.name!r})"
+
+
+def create_hook(name: str, metadata: Any = None, *, id: str | None = None) -> Hook:
+    """Create a hook with an unguessable token (recorded, so replay returns the same token)."""
+    return _driver().call_create_hook(name, metadata, id=id)  # type: ignore[no-any-return]
+
+
+def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
+    """Wait until the hook is resumed and return its payload.
+
+    Raises:
+        SignalTimeout: ``timeout`` passed first.
+    """
+    return _driver().call_await_hook(hook, timeout)
+
+
+def history_length() -> int:
+    """Number of events in this run's history so far (for continue-as-new decisions)."""
+    return _driver().history_length()  # type: ignore[no-any-return]
+
+
+def workflow_info() -> dict[str, Any]:
+    """Identity of the running workflow: ``workflow_id``, ``run_id``, ``type``."""
+    return _driver().info()  # type: ignore[no-any-return]
+
+
+class ContinueAsNew(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by :func:`continue_as_new`; the driver turns it into the run's closing."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        super().__init__("continue_as_new")
+        self.args_ = args
+
+
+def _duration_ms(value: Seconds, what: str) -> int:
+    from .activity import to_seconds
+
+    seconds = to_seconds(value, what)
+    assert seconds is not None
+    return int(round(seconds * 1000))
+
+
+__all__ = [
+    "DEFAULT_VERSION",
+    "DurableError",
+    "Hook",
+    "Workflow",
+    "activity",
+    "all",
+    "await_hook",
+    "await_signal",
+    "child",
+    "continue_as_new",
+    "create_hook",
+    "get_version",
+    "local_activity",
+    "now",
+    "patched",
+    "query",
+    "random",
+    "side_effect",
+    "signal",
+    "timer",
+    "uuid4",
+    "wait_until",
+    "timedelta",
+]

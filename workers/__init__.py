@@ -1,0 +1,1 @@
+"""The process side of durable: workers, the scheduler and the ``durable`` command."""
