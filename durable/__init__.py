@@ -10,8 +10,10 @@ public API; other modules are machinery.
 from __future__ import annotations
 
 from .activity import Activity, ActivityCancelledError, ActivityContext, RetryPolicy, activity_context
+from .client import HistoryEvent, WorkflowStub
 from .errors import (
     ActivityFailed,
+    ActivityTimeout,
     ApplicationError,
     CancelledError,
     ChildWorkflowFailed,
@@ -63,6 +65,7 @@ __all__ = [
     "DEFAULT_VERSION",
     "Activity",
     "ActivityCancelledError",
+    "ActivityTimeout",
     "ActivityContext",
     "ActivityFailed",
     "ApplicationError",
@@ -72,6 +75,7 @@ __all__ = [
     "DurableError",
     "EventConflict",
     "HistoryCorrupt",
+    "HistoryEvent",
     "Hook",
     "HookError",
     "NonRetryableError",
@@ -85,6 +89,7 @@ __all__ = [
     "WorkflowClosed",
     "WorkflowFailed",
     "WorkflowNotFound",
+    "WorkflowStub",
     "activity",
     "activity_context",
     "all",

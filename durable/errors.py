@@ -102,6 +102,18 @@ class NonRetryableError(DurableError):
     """Raised by an activity to stop retries: the attempt fails for good."""
 
 
+class ActivityTimeout(DurableError):
+    """An activity attempt exceeded a timeout.
+
+    Attributes:
+        kind: ``start_to_close``, ``schedule_to_close`` or ``heartbeat``.
+    """
+
+    def __init__(self, message: str, *, kind: str = "start_to_close") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ActivityFailed(DurableError):
     """An activity failed for good (retries exhausted, non-retryable, timed out).
 

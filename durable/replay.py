@@ -129,7 +129,7 @@ class _Group:
     branches: list[_Branch] = field(default_factory=list)
     remaining: int = 0
     first_error: BaseException | None = None
-    cancelled: str | None = None  # reason, when the workflow was cancelled
+    cancelled: str | None = None  # reason, when the all() call itself was cancelled
 
 
 @dataclass
@@ -184,6 +184,7 @@ class Driver:
         run_id: The run (for error messages and derived ids).
         workflow_id: The workflow instance id.
         resolve: Maps a workflow type name to its class (default: the registry).
+        token_prefix: Prepended to hook tokens (the store routes tokens by it).
     """
 
     def __init__(
@@ -192,8 +193,10 @@ class Driver:
         run_id: str = "",
         workflow_id: str = "",
         resolve: Callable[[str], type[Workflow]] = get_workflow,
+        token_prefix: str = "",
     ) -> None:
         self.run_id = run_id
+        self._token_prefix = token_prefix
         self.workflow_id = workflow_id
         self._resolve = resolve
         self._hub: greenlet.greenlet = greenlet.getcurrent()
@@ -212,6 +215,8 @@ class Driver:
         self._versions: dict[str, int] = {}
         self._recorded: dict[tuple[str, str], ev.Entry] = {}
         self._matched: set[tuple[str, str]] = set()
+        self._at_seq: dict[int, ev.Entry] = {}
+        self._cursor = 0  # replay: seq of the last input applied or command matched
         self._seq = 0
         self._pos = 0
         self._history_end = 0
@@ -269,7 +274,13 @@ class Driver:
         if not entries:
             return self
         self._history_end = entries[-1].seq
-        for entry in entries:
+        for expected, entry in enumerate(entries, self._seq + 1):
+            if entry.seq != expected:  # checked before any code runs
+                raise HistoryCorrupt(
+                    f"run {self.run_id}: history jumps from seq {expected - 1} to {entry.seq}",
+                    run_id=self.run_id,
+                    seq=entry.seq,
+                )
             if entry.event.is_command:
                 key = entry.event.key
                 if key in self._recorded:
@@ -279,10 +290,12 @@ class Driver:
                         seq=entry.seq,
                     )
                 self._recorded[key] = entry
+                self._at_seq[entry.seq] = entry
         for entry in entries:
             self._apply_committed(entry)
         self._recorded.clear()
         self._matched.clear()
+        self._at_seq.clear()
         return self
 
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
@@ -464,6 +477,10 @@ class Driver:
         if recorded is not None:
             assert isinstance(recorded, ev.SideEffectRecorded)
             event = recorded
+        elif self._replaying():
+            # History has no such command: fail without calling the function.
+            self._issue(ev.SideEffectRecorded(id=cid))
+            raise AssertionError("unreachable: _issue raises while replaying")  # pragma: no cover
         else:
             value = error = None
             try:
@@ -573,7 +590,11 @@ class Driver:
             raise ConfigurationError("create_hook needs a name (str)")
         cid = self._next_id(branch, id)
         recorded = self._recorded_for(("HookCreated", cid))
-        token = recorded.token if isinstance(recorded, ev.HookCreated) else secrets.token_urlsafe(24)
+        token = (
+            recorded.token
+            if isinstance(recorded, ev.HookCreated)
+            else self._token_prefix + secrets.token_urlsafe(24)
+        )
         self._issue(
             ev.HookCreated(id=cid, name=name, token=token, metadata=codec.dumps(metadata, path="metadata"))
         )
@@ -649,6 +670,19 @@ class Driver:
                     entry.event.describe(),
                     event.describe(),
                 )
+            if entry.seq != self._cursor + 1:
+                # Commands follow the input whose application issued them, in issue
+                # order: a command issued earlier than recorded, or out of order, moved.
+                there = self._at_seq.get(self._cursor + 1)
+                what = f"{there.type} {there.event.key[1]!r}" if there is not None else "an input"
+                raise self._nondeterminism(
+                    f"{key[0]} {key[1]!r} was issued as seq {self._cursor + 1}, but history records it at "
+                    f"seq {entry.seq} and has {what} at seq {self._cursor + 1} (commands reordered?)",
+                    key[1],
+                    entry.event.describe(),
+                    event.describe(),
+                )
+            self._cursor = entry.seq
             self._matched.add(key)
             return
         if self._replaying():
@@ -717,15 +751,19 @@ class Driver:
     def _spawn(self, path: str, fn: Callable[[], Any]) -> _Branch:
         branch: _Branch
 
-        def main(*_: Any) -> None:
+        def main(start: Any = None) -> None:
             try:
+                if isinstance(start, BaseException):
+                    raise start  # cancelled before it ever ran (see _run)
                 result = fn()
             except greenlet.GreenletExit:
                 return
             except BaseException as exc:  # noqa: BLE001 - every outcome is routed
-                self._branch_done(branch, None, exc)
+                if not self._closed:  # closing: a finally block raised; nothing to route
+                    self._branch_done(branch, None, exc)
                 return
-            self._branch_done(branch, result, None)
+            if not self._closed:
+                self._branch_done(branch, result, None)
 
         branch = _Branch(self, path, main, self._hub)
         self._branches.append(branch)
@@ -740,10 +778,12 @@ class Driver:
                 if branch.dead:
                     continue
                 branch.parent = hub
-                if exc is not None:
-                    branch.throw(exc)
-                else:
+                if exc is None:
                     branch.switch(value)
+                elif branch:  # started: raise at its suspension point
+                    branch.throw(exc)
+                else:  # never started: throw() would kill it without running main()
+                    branch.switch(exc)
             if self._fatal is not None or not self._wake_one_waiter():
                 break
         self._raise_fatal()
@@ -793,6 +833,7 @@ class Driver:
                     None,
                 )
         else:
+            self._cursor = entry.seq
             reason = self._deliver(event, entry.ts)
             if reason is not None:
                 raise self._nondeterminism(
@@ -874,7 +915,7 @@ class Driver:
                 return "cancel already requested"
             self._cancel_reason = event.reason or "cancel requested"
             if self._root is not None and not self._root.dead:
-                self._cancel_branch(self._root, self._cancel_reason, workflow_cancel=True)
+                self._cancel_branch(self._root, self._cancel_reason)
             return None
         if isinstance(event, ev.WorkflowTerminated):
             self._closing = event
@@ -952,19 +993,26 @@ class Driver:
             self._signals.setdefault(event.name, deque()).append(event.payload)
 
     # -------------------------------------------------------- cancellation
-    def _cancel_branch(self, branch: _Branch, reason: str, *, workflow_cancel: bool = False) -> None:
+    def _cancel_branch(self, branch: _Branch, reason: str) -> None:
         """Throw CancelledError at a branch's suspension point; ``all()`` branches first."""
         wait = branch.wait
         if wait is None:
+            # Runnable but not run yet: an all() branch that has not started, or one
+            # resumed earlier in this pass. It gets CancelledError instead when it runs
+            # (a branch that never started raises it before running any code).
+            self._runnable = deque(
+                (b, None, CancelledError(reason)) if b is branch else (b, v, e) for b, v, e in self._runnable
+            )
             return
         if wait.kind == "all":
             group = wait.group
             assert group is not None
-            if workflow_cancel:
-                group.cancelled = reason
+            # The all() call itself is cancelled: its caller gets CancelledError
+            # (not the partial results) once every branch has finished.
+            group.cancelled = reason
             for sibling in group.branches:
                 if not sibling.dead:
-                    self._cancel_branch(sibling, reason, workflow_cancel=workflow_cancel)
+                    self._cancel_branch(sibling, reason)
             return
         self._void_wait(branch, wait, reason)
         self._resume(branch, exc=CancelledError(reason))

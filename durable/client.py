@@ -1,0 +1,339 @@
+"""The client side: :class:`WorkflowStub` starts, signals, queries and awaits runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import codec
+from . import events as ev
+from .errors import (
+    ConfigurationError,
+    DurableError,
+    WorkflowClosed,
+    WorkflowFailed,
+    WorkflowNotFound,
+)
+from .ids import check_workflow_id, new_run_id
+from .registry import check_name, get_workflow
+from .replay import Driver
+from .store.redis_store import RedisStore, RunRef
+from .workflow import Workflow
+
+_stores: dict[str, RedisStore] = {}
+_stores_lock = threading.Lock()
+
+
+def default_store() -> RedisStore:
+    """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded)."""
+    from .config import redis_url
+
+    url = redis_url()
+    with _stores_lock:
+        store = _stores.get(url)
+        if store is None:
+            store = _stores[url] = RedisStore(url)
+        return store
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One event of a run's history, as ``WorkflowStub.history()`` returns it.
+
+    Attributes:
+        seq: Position in the run's history, from 1, contiguous.
+        type: Event name, e.g. ``ActivityScheduled``.
+        ts: UTC milliseconds.
+        data: The event's fields, payloads decoded; command events carry
+            their command id as ``data["id"]``.
+    """
+
+    seq: int
+    type: str
+    ts: int
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
+
+
+def _public(entry: ev.Entry) -> HistoryEvent:
+    data = entry.event.to_data()
+    for name in entry.event.payloads:
+        value = data.get(name)
+        if value is not None:
+            try:
+                data[name] = codec.loads(value)
+            except DurableError as exc:
+                data[name] = f"<undecodable payload: {exc}>"
+    return HistoryEvent(seq=entry.seq, type=entry.type, ts=entry.ts, data=data)
+
+
+def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
+    status = ev.STATUS_OF_CLOSING[entry.type]
+    cause = None
+    if isinstance(entry.event, ev.WorkflowFailed):
+        cause = codec.loads(entry.event.error)
+        message = f"workflow {workflow_id!r} failed: {type(cause).__name__}: {cause}"
+    else:
+        reason = getattr(entry.event, "reason", "")
+        message = f"workflow {workflow_id!r} was {status}" + (f": {reason}" if reason else "")
+    return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
+
+
+class WorkflowStub:
+    """A handle on one workflow instance (its id), used from ordinary code.
+
+    Example:
+        ```python
+        stub = WorkflowStub.make(OrderWorkflow, id="order-42")
+        stub.start("order-42", 1999)
+        stub.signal("approve", "alice")
+        print(stub.result(timeout=30))
+        ```
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        workflow_type: str,
+        workflow_id: str,
+        run_id: str | None = None,
+        queue: str | None = None,
+    ) -> None:
+        self._store = store
+        self._type = workflow_type
+        self._id = workflow_id
+        self._run_id = run_id
+        self._queue = queue
+
+    # ------------------------------------------------------------- creation
+    @classmethod
+    def make(
+        cls,
+        workflow: type[Workflow] | str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+        store: RedisStore | None = None,
+    ) -> WorkflowStub:  # noqa: A002
+        """A stub for a new workflow instance (nothing is written until :meth:`start`).
+
+        Args:
+            workflow: A ``Workflow`` subclass or its registered name.
+            id: The workflow id (1-256 printable characters); default: a new unique id.
+            queue: Task queue (default: the class's ``queue``).
+
+        Raises:
+            ConfigurationError: bad id or not a workflow.
+        """
+        if isinstance(workflow, str):
+            type_name = check_name(workflow, "workflow")
+            default_queue = None
+        elif isinstance(workflow, type) and issubclass(workflow, Workflow):
+            type_name, default_queue = workflow.name, workflow.queue
+        else:
+            raise ConfigurationError(
+                f"WorkflowStub.make needs a Workflow subclass or its name, not {workflow!r}"
+            )
+        workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
+        return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+
+    @classmethod
+    def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
+        """A stub for an existing workflow id (its current run).
+
+        Raises:
+            WorkflowNotFound: no workflow with that id.
+        """
+        store = store or default_store()
+        ref = store.ref(id)
+        record = store.run_record(ref)
+        return cls(store, record.get("type", ""), id, ref.run_id, record.get("queue"))
+
+    @staticmethod
+    def resume_hook(token: str, payload: Any = None, *, store: RedisStore | None = None) -> None:
+        """Deliver ``payload`` to the hook with this token (single use).
+
+        Raises:
+            HookError: unknown or used token.
+            WorkflowClosed: the hook's run is closed.
+        """
+        store = store or default_store()
+        p, rid, hook_id = store.resolve_hook(token)
+        record = store.run_record(RunRef(p, rid, ""))
+        data = codec.dumps((payload,), path="payload")
+        if store.redis.hdel(store.keys.hooks(p), token) == 0:
+            from .errors import HookError
+
+            raise HookError("hook token already used")
+        store.deliver(record["workflow_id"], ev.HookResumed(id=hook_id, payload=data), run_id=rid)
+
+    # ------------------------------------------------------------ identity
+    @property
+    def id(self) -> str:
+        """The workflow id (instance id)."""
+        return self._id
+
+    @property
+    def run_id(self) -> str | None:
+        """The current run id (``None`` before :meth:`start`)."""
+        if self._run_id is None:
+            try:
+                self._run_id = self._store.ref(self._id).run_id
+            except WorkflowNotFound:
+                return None
+        return self._run_id
+
+    def _ref(self) -> RunRef:
+        ref = self._store.ref(self._id)
+        self._run_id = ref.run_id
+        return ref
+
+    # ------------------------------------------------------------- actions
+    def start(self, *args: Any) -> WorkflowStub:
+        """Start a run with ``args`` and return this stub.
+
+        Raises:
+            SerializationError: an argument cannot be encoded (nothing written).
+            WorkflowAlreadyStarted: the id has an open run.
+            UnknownTypeError: the workflow type is not registered in this process.
+        """
+        payload = codec.dumps(tuple(args), path="args")
+        cls = None
+        try:
+            cls = get_workflow(self._type)
+        except DurableError:
+            cls = None
+        queue = self._queue or (cls.queue if cls is not None else "default")
+        patches = list(getattr(cls, "patches", ())) if cls is not None else []
+        run_id = new_run_id()
+        self._store.start(
+            workflow_type=self._type,
+            workflow_id=self._id,
+            run_id=run_id,
+            args=payload,
+            queue=queue,
+            patches=patches,
+        )
+        self._run_id = run_id
+        return self
+
+    def signal(self, name: str, *args: Any) -> None:
+        """Send signal ``name`` with ``args`` to the current run.
+
+        Raises:
+            WorkflowNotFound: unknown id.
+            WorkflowClosed: the run is closed (signals are never silently dropped).
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("signal name must be a non-empty string")
+        payload = codec.dumps(tuple(args), path="args")
+        self._store.deliver(self._id, ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id()))
+
+    def query(self, name: str, *args: Any) -> Any:
+        """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history."""
+        ref = self._ref()
+        history = self._store.history(ref)
+        driver = Driver(run_id=ref.run_id, workflow_id=self._id)
+        try:
+            driver.replay(history)
+            return driver.query(name, args)
+        finally:
+            driver.close()
+
+    def cancel(self, reason: str = "") -> None:
+        """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""
+        self._store.deliver(self._id, ev.CancelRequested(reason=reason or "cancel requested"))
+
+    def terminate(self, reason: str = "") -> None:
+        """Close the run now: no workflow code runs; open activities and timers are voided."""
+        _, snapshot = self._store.terminate(self._id, reason or "terminated")
+        for item in snapshot.get("pending", []):
+            if item.get("kind") == "child" and item.get("workflow_id"):
+                try:
+                    WorkflowStub(self._store, "", item["workflow_id"]).terminate("parent terminated")
+                except (WorkflowClosed, WorkflowNotFound):
+                    pass
+
+    # --------------------------------------------------------------- reads
+    def status(self) -> str:
+        """``pending``, ``running``, ``suspended``, ``cancelling``, ``completed``, ``failed``,
+        ``cancelled``, ``terminated`` or ``continued``."""
+        record = self._store.run_record(self._ref())
+        return str(record.get("status", "pending"))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The run's projection: status, pending steps and waits, buffered signals, blocked reason."""
+        ref = self._ref()
+        record = self._store.run_record(ref)
+        snap = dict(record.get("snapshot") or {})
+        snap.update(
+            workflow_id=self._id,
+            run_id=ref.run_id,
+            type=record.get("type"),
+            status=record.get("status"),
+            seq=record.get("seq"),
+            created=record.get("created"),
+            closed=record.get("closed"),
+            blocked=record.get("blocked"),
+        )
+        snap.setdefault("pending", [])
+        return snap
+
+    def history(self) -> list[HistoryEvent]:
+        """The current run's events in order (``seq``, ``type``, ``ts``, ``data``)."""
+        return [_public(e) for e in self._store.history(self._ref())]
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the run to close and return its result (follows continue-as-new).
+
+        Blocks on the history stream (``XREAD BLOCK``), not by polling.
+
+        Raises:
+            WorkflowFailed: the run failed, was cancelled or terminated (``.status``, ``.cause``).
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ref = self._ref()
+        while True:
+            closing = self._wait_closing(ref, deadline)
+            if isinstance(closing.event, ev.WorkflowCompleted):
+                return codec.loads(closing.event.result)
+            if isinstance(closing.event, ev.WorkflowContinuedAsNew):
+                ref = RunRef(ref.partition, closing.event.new_run_id, self._id)
+                self._run_id = ref.run_id
+                continue
+            raise _closing_error(closing, self._id)
+
+    def _wait_closing(self, ref: RunRef, deadline: float | None) -> ev.Entry:
+        key = self._store.keys.history(ref.partition, ref.run_id)
+        last = "0-0"
+        conn = self._store.redis
+        while True:
+            rows = conn.xrevrange(key, "+", "-", count=1)
+            if rows:
+                entry_id, fields = rows[0]
+                entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(entry_id.split(b"-")[1]))
+                if isinstance(entry.event, ev.CLOSING):
+                    return entry
+                last = entry_id.decode()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"workflow {self._id!r} did not close within the timeout")
+            block = 2000 if remaining is None else max(1, min(2000, int(remaining * 1000)))
+            conn.xread({key: last}, count=1, block=block)
+
+    def describe(self) -> dict[str, Any]:
+        """Snapshot plus pending steps and activity attempts with their errors (for operators)."""
+        ref = self._ref()
+        snap = self.snapshot()
+        snap["attempts"] = [e for e in self._store.log_entries(ref) if e.get("kind") == "attempt"]
+        snap["dropped"] = [
+            {"reason": e.get("reason"), "ts": e.get("ts")}
+            for e in self._store.log_entries(ref)
+            if e.get("kind") == "dropped"
+        ]
+        return snap

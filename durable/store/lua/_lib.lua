@@ -1,0 +1,45 @@
+-- Shared helpers, prepended to every script when it is loaded (redis_store.py).
+-- Every key a script touches shares one partition hash tag, so a script runs
+-- unchanged on one Redis or on a Redis Cluster. Keys built here from a tag
+-- (run keys named inside task or timer members) stay in that same slot.
+
+redis.replicate_commands()
+
+local GROUP = 'workers'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The stored bytes of an event: msgpack map {type, ts, data}; `data` is
+-- already msgpack. The script that adds an input stamps its ts here, once;
+-- the commit copies the bytes unchanged into the history.
+local function envelope(type_name, ts, data)
+  return '\131' .. cmsgpack.pack('type') .. cmsgpack.pack(type_name)
+    .. cmsgpack.pack('ts') .. cmsgpack.pack(ts)
+    .. cmsgpack.pack('data') .. data
+end
+
+local OPEN = {pending = true, running = true, suspended = true, cancelling = true}
+
+local function is_open(status)
+  return status ~= false and status ~= nil and OPEN[status] == true
+end
+
+-- Enqueue a workflow task for the run unless one is already pending: a run
+-- has at most one pending workflow task, however many inputs arrive.
+local function wake(run_key, run_id)
+  local fields = redis.call('HMGET', run_key, 'task', 'wq')
+  if fields[1] == '1' then return 0 end
+  redis.call('HSET', run_key, 'task', '1')
+  redis.call('XADD', fields[2], '*', 'run', run_id)
+  return 1
+end
+
+local function ack(stream, entry_id)
+  if entry_id ~= nil and entry_id ~= '' then
+    redis.call('XACK', stream, GROUP, entry_id)
+    redis.call('XDEL', stream, entry_id)
+  end
+end

@@ -1,0 +1,83 @@
+-- Commit one decision atomically (append_if_sequence):
+--   consumed inbox items + new command events -> history (seq expected+1 ...),
+--   activity tasks, timers, outbox messages, run record + snapshot, ack the
+--   workflow task; re-wake the run if inputs arrived meanwhile.
+-- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead,
+--       then every stream the plan names (activity queues, next run's keys).
+-- ARGV: plan (msgpack map, see redis_store.RedisStore.commit)
+-- Returns {'OK', new seq, inbox length} | {'CONFLICT', seq} | {'CLOSED', status}
+local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local plan = cmsgpack.unpack(ARGV[1])
+local rid = plan.rid
+
+-- Check before writing anything: a Lua error does not undo earlier writes.
+local st = redis.call('HMGET', run, 'seq', 'status')
+local seq = tonumber(st[1])
+if seq == nil then return {'CLOSED', 'missing'} end
+if seq ~= plan.seq then return {'CONFLICT', seq} end
+if not is_open(st[2]) then return {'CLOSED', st[2]} end
+
+local ts = now_ms()
+for i, e in ipairs(plan.events) do
+  redis.call('XADD', history, '0-' .. (seq + i), 'e', e)
+end
+local new_seq = seq + #plan.events
+if plan.consumed > 0 then redis.call('LTRIM', inbox, plan.consumed, -1) end
+
+-- Inputs read but not applied (duplicates, late results) stay beside the history;
+-- undecodable ones are parked as dead letters too.
+for _, d in ipairs(plan.dropped) do
+  redis.call('XADD', log, '*', 'kind', 'dropped', 'e', d[1], 'reason', d[2], 'ts', ts)
+  if d[3] == 1 then
+    redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', d[1], 'reason', d[2], 'ts', ts)
+  end
+end
+for _, a in ipairs(plan.activities) do
+  redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
+  redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
+end
+for _, t in ipairs(plan.timers) do redis.call('ZADD', timers, t[2], t[1]) end
+for _, m in ipairs(plan.untimers) do redis.call('ZREM', timers, m) end
+for _, aid in ipairs(plan.cancel_activities) do
+  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb')
+  redis.call('ZREM', timers, 'r|' .. rid .. '|' .. aid)
+end
+for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
+for _, h in ipairs(plan.hooks) do redis.call('HSET', hooks, h[1], rid .. '|' .. h[2]) end
+
+redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
+local current = redis.call('HGET', instance, 'run') == rid
+if current then redis.call('HSET', instance, 'status', plan.status, 'updated', ts) end
+
+local closed = plan.close ~= nil
+if closed then
+  redis.call('HSET', run, 'closed', ts, 'outcome', plan.close)
+  -- Nothing can apply what is still in the inbox: keep it beside the history.
+  for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
+    redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+  end
+  redis.call('DEL', inbox, acts)
+  local nxt = plan.next
+  if nxt ~= nil and current then
+    -- continue-as-new: the next run of the same workflow id (same partition).
+    redis.call('HSET', instance, 'run', nxt.rid, 'status', 'pending', 'updated', ts)
+    redis.call('HSET', nxt.run, 'workflow_id', nxt.wid, 'type', nxt.type, 'queue', nxt.queue,
+      'status', 'pending', 'seq', 1, 'task', '1', 'created', ts, 'updated', ts, 'wq', nxt.wq,
+      'parent', nxt.parent, 'previous', rid)
+    redis.call('XADD', nxt.history, '0-1', 'e', envelope('WorkflowStarted', ts, nxt.data))
+    redis.call('XADD', nxt.wq, '*', 'run', nxt.rid)
+    redis.call('ZADD', nxt.runs, ts, nxt.rid)
+  end
+end
+
+if plan.task ~= nil then ack(plan.task[1], plan.task[2]) end
+local waiting = redis.call('LLEN', inbox)
+if not closed and waiting > 0 then
+  -- Inputs arrived during the decision: keep the task flag and enqueue a new
+  -- task, or they would be stranded behind the task just acked.
+  redis.call('XADD', redis.call('HGET', run, 'wq'), '*', 'run', rid)
+else
+  redis.call('HSET', run, 'task', '0')
+end
+return {'OK', new_seq, waiting}

@@ -1,0 +1,34 @@
+-- Finish one activity attempt: ack its task, log the attempt, then either
+-- schedule a retry (timers set, after backoff) or push ActivityCompleted /
+-- ActivityFailed onto the run's inbox and wake the run.
+-- KEYS: run, inbox, activities, log, timers, running, activity task stream
+-- ARGV: run id, activity id, attempt, task entry id, outcome ('completed'|'failed'|'retry'),
+--       inbox event type, inbox event data (msgpack), retry delay ms, next attempt body,
+--       attempt record (msgpack)
+-- Returns {'OK'} | {'RETRY', due ms} | {'STALE', why}
+local run, inbox, acts, log, timers, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local rid, aid, attempt, entry_id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+
+local ts = now_ms()
+ack(stream, entry_id)
+redis.call('ZREM', running, rid .. '|' .. aid .. '|' .. attempt)
+redis.call('XADD', log, '*', 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', outcome,
+  'record', ARGV[10], 'ts', ts)
+
+local current = tonumber(redis.call('HGET', acts, aid .. '#'))
+if not current then return {'STALE', 'activity is no longer pending (cancelled or already done)'} end
+if current ~= attempt then
+  return {'STALE', 'a newer attempt is current'}
+end
+if not is_open(redis.call('HGET', run, 'status')) then return {'STALE', 'run is closed'} end
+
+if outcome == 'retry' then
+  local due = ts + tonumber(ARGV[8])
+  redis.call('HSET', acts, aid, ARGV[9], aid .. '#', attempt + 1)
+  redis.call('ZADD', timers, due, 'r|' .. rid .. '|' .. aid)
+  return {'RETRY', due}
+end
+redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb')
+redis.call('RPUSH', inbox, envelope(ARGV[6], ts, ARGV[7]))
+wake(run, rid)
+return {'OK'}

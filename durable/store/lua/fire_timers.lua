@@ -1,0 +1,30 @@
+-- Fire due timers of one partition: a workflow timer becomes TimerFired in
+-- its run's inbox; an activity retry re-enqueues the activity's next attempt.
+-- Safe to run from many workers at once: each member is removed before use.
+-- KEYS: timers
+-- ARGV: partition key tag, max members
+-- Returns {fired count, next due ms or -1}
+local timers = KEYS[1]
+local tag, limit = ARGV[1], tonumber(ARGV[2])
+local ts = now_ms()
+local due = redis.call('ZRANGEBYSCORE', timers, '-inf', ts, 'LIMIT', 0, limit)
+for _, member in ipairs(due) do
+  redis.call('ZREM', timers, member)
+  local kind, rid, id = string.match(member, '^(%a)|([^|]+)|(.+)$')
+  local run = tag .. ':run:' .. rid
+  if kind and is_open(redis.call('HGET', run, 'status')) then
+    if kind == 't' then
+      redis.call('RPUSH', tag .. ':in:' .. rid, envelope('TimerFired', ts, cmsgpack.pack({id = id})))
+      wake(run, rid)
+    elseif kind == 'r' then
+      local task = redis.call('HMGET', tag .. ':act:' .. rid, id, id .. '@')
+      if task[1] then
+        redis.call('XADD', task[2], '*', 'run', rid, 'act', id, 'body', task[1])
+      end
+    end
+  end
+end
+local nxt = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')
+local next_due = -1
+if nxt[2] then next_due = tonumber(nxt[2]) end
+return {#due, next_due}

@@ -1,0 +1,612 @@
+"""Everything durable stores in Redis, behind one class.
+
+Each state change that must be atomic is one Lua script in ``lua/`` (named
+for what it does); :class:`RedisStore` packs arguments for them and reads
+plain data back. Reads that need a consistent view use MULTI/EXEC on keys of
+one partition. Key names come only from :mod:`durable.store.keys`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import msgpack
+import redis
+
+from .. import codec
+from .. import events as ev
+from ..config import key_prefix, partitions, redis_url
+from ..errors import (
+    ConfigurationError,
+    DurableError,
+    EventConflict,
+    HookError,
+    WorkflowAlreadyStarted,
+    WorkflowClosed,
+    WorkflowNotFound,
+)
+from ..ids import check_workflow_id
+from .keys import GROUP, Keys
+
+log = logging.getLogger("durable.store")
+
+OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
+CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled", "terminated", "continued"})
+
+
+def _load_scripts() -> dict[str, str]:
+    folder = resources.files("durable.store") / "lua"
+    lib = (folder / "_lib.lua").read_text()
+    return {
+        entry.name[:-4]: lib + "\n" + entry.read_text()
+        for entry in folder.iterdir()
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
+    }
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Where a run lives: its partition, run id and workflow id."""
+
+    partition: int
+    run_id: str
+    workflow_id: str
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Outcome of :meth:`RedisStore.commit`."""
+
+    seq: int
+    inbox: int
+
+
+class RedisStore:
+    """durable's state in Redis: histories, inboxes, task streams, timers.
+
+    Args:
+        url: Redis URL; default ``DURABLE_REDIS_URL`` or the embedded server.
+        prefix: Key prefix (default ``DURABLE_PREFIX`` or ``durable``).
+        partitions: Partition count (default ``DURABLE_PARTITIONS`` or 8). It
+            is fixed per deployment: a store that already holds a different
+            count refuses to open.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str | None = None,
+        partitions_: int | None = None,
+        client: redis.Redis | None = None,
+    ) -> None:
+        self.url = url or (None if client is not None else redis_url())
+        self.redis: redis.Redis = client or redis.Redis.from_url(self.url)
+        self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
+        self._scripts = {name: self.redis.register_script(src) for name, src in _load_scripts().items()}
+        self._check_partitions()
+
+    # ---------------------------------------------------------------- setup
+    def _check_partitions(self) -> None:
+        want = self.keys.partitions
+        self.redis.hsetnx(self.keys.meta, "partitions", want)
+        have = int(self.redis.hget(self.keys.meta, "partitions") or want)
+        if have != want:
+            raise ConfigurationError(
+                f"this Redis holds a durable deployment (prefix {self.keys.prefix!r}) with {have} partitions, "
+                f"but {want} were configured; the partition count cannot change while runs exist — set "
+                f"DURABLE_PARTITIONS={have}, or use another prefix/database"
+            )
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args))
+
+    # ------------------------------------------------------------- lookups
+    def ref(self, workflow_id: str, run_id: str | None = None) -> RunRef:
+        """Locate a workflow's current run (or the given run of it).
+
+        Raises:
+            WorkflowNotFound: no such workflow id (or run).
+        """
+        check_workflow_id(workflow_id)
+        p = self.keys.partition(workflow_id)
+        if run_id is None:
+            current = self.redis.hget(self.keys.instance(p, workflow_id), "run")
+            if current is None:
+                raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+            run_id = _s(current)
+        elif not self.redis.exists(self.keys.run(p, run_id)):
+            raise WorkflowNotFound(f"workflow {workflow_id!r} has no run {run_id!r}")
+        return RunRef(p, run_id, workflow_id)
+
+    def run_record(self, ref: RunRef) -> dict[str, Any]:
+        """The run hash, decoded (snapshot unpacked; result/error left as payload bytes)."""
+        raw = self.redis.hgetall(self.keys.run(ref.partition, ref.run_id))
+        if not raw:
+            raise WorkflowNotFound(f"run {ref.run_id!r} of workflow {ref.workflow_id!r} does not exist")
+        return _decode_run(raw)
+
+    def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
+        """The run's committed events after ``after_seq``, decoded, in seq order."""
+        return self._decode_history(
+            ref, self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
+        )
+
+    def _decode_history(
+        self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]
+    ) -> list[ev.Entry]:
+        out = []
+        for entry_id, fields in rows:
+            seq = int(entry_id.split(b"-")[1])
+            raw = fields.get(b"e")
+            if raw is None:
+                from ..errors import HistoryCorrupt
+
+                raise HistoryCorrupt(
+                    f"run {ref.run_id} seq {seq}: history entry has no 'e' field (foreign entry?)",
+                    run_id=ref.run_id,
+                    seq=seq,
+                )
+            out.append(ev.decode(raw, run_id=ref.run_id, seq=seq))
+        return out
+
+    def load_for_decision(
+        self, p: int, run_id: str, after_seq: int
+    ) -> tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]:
+        """One consistent read for a decision: run record, inbox items, history after ``after_seq``."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.run(p, run_id))
+            pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
+            pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
+            raw_run, inbox, rows = pipe.execute()
+        return (_decode_run(raw_run) if raw_run else None), inbox, rows
+
+    def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
+        """Activity attempts and dropped inputs kept beside the history."""
+        rows = self.redis.xrange(self.keys.log(ref.partition, ref.run_id), count=count)
+        out = []
+        for _, fields in rows:
+            item = {_s(k): v for k, v in fields.items()}
+            for k in ("kind", "act", "outcome", "reason"):
+                if k in item:
+                    item[k] = _s(item[k])
+            for k in ("attempt", "ts"):
+                if k in item:
+                    item[k] = int(item[k])
+            if "record" in item:
+                item["record"] = codec.unpack(item["record"])
+            out.append(item)
+        return out
+
+    # ------------------------------------------------------------- starting
+    def start(
+        self,
+        *,
+        workflow_type: str,
+        workflow_id: str,
+        run_id: str,
+        args: bytes,
+        queue: str,
+        parent: dict[str, Any] | None = None,
+        build_id: str = "",
+        patches: Sequence[str] = (),
+        options: dict[str, Any] | None = None,
+    ) -> RunRef:
+        """Create a run: instance + run record + WorkflowStarted + first workflow task.
+
+        Raises:
+            WorkflowAlreadyStarted: the workflow id has an open run.
+        """
+        p = self.keys.partition(workflow_id)
+        data = ev.WorkflowStarted(
+            workflow_type=workflow_type,
+            workflow_id=workflow_id,
+            run_id=run_id,
+            args=args,
+            queue=queue,
+            parent=parent,
+            build_id=build_id,
+            patches=list(patches),
+            options=options or {},
+        ).to_data()
+        k = self.keys
+        result = self._run_script(
+            "start_run",
+            [
+                k.instance(p, workflow_id),
+                k.run(p, run_id),
+                k.history(p, run_id),
+                k.workflow_tasks(p, queue),
+                k.runs(p),
+            ],
+            [
+                workflow_id,
+                run_id,
+                workflow_type,
+                queue,
+                codec.pack(data),
+                codec.pack(parent) if parent else b"",
+            ],
+        )
+        if _s(result[0]) == "ALREADY":
+            raise WorkflowAlreadyStarted(
+                f"workflow {workflow_id!r} already has an open run ({_s(result[1])}); "
+                "signal it, wait for it, or start with another id"
+            )
+        return RunRef(p, run_id, workflow_id)
+
+    # ------------------------------------------------------------ decisions
+    def commit(
+        self,
+        ref: RunRef,
+        *,
+        expected_seq: int,
+        events: Sequence[bytes],
+        consumed: int,
+        dropped: Sequence[tuple[bytes, str, bool]] = (),
+        activities: Sequence[tuple[str, str, bytes]] = (),
+        timers: Sequence[tuple[str, int]] = (),
+        untimers: Sequence[str] = (),
+        cancel_activities: Sequence[str] = (),
+        outbox: Sequence[bytes] = (),
+        hooks: Sequence[tuple[str, str]] = (),
+        status: str,
+        snapshot: dict[str, Any],
+        close: str | None = None,
+        next_run: dict[str, Any] | None = None,
+        task: tuple[str, str] | None = None,
+    ) -> CommitResult:
+        """Commit a decision atomically against ``expected_seq``.
+
+        ``activities`` are ``(stream key, activity id, task body)``; ``timers``
+        ``(member, due ms)``; ``dropped`` ``(raw, reason, poison)``.
+
+        Raises:
+            EventConflict: the history moved past ``expected_seq``.
+            WorkflowClosed: the run closed meanwhile (terminated).
+        """
+        p, rid = ref.partition, ref.run_id
+        k = self.keys
+        plan: dict[str, Any] = {
+            "rid": rid,
+            "seq": expected_seq,
+            "events": list(events),
+            "consumed": consumed,
+            "dropped": [[raw, reason, 1 if poison else 0] for raw, reason, poison in dropped],
+            "activities": [list(a) for a in activities],
+            "timers": [list(t) for t in timers],
+            "untimers": list(untimers),
+            "cancel_activities": list(cancel_activities),
+            "outbox": list(outbox),
+            "hooks": [list(h) for h in hooks],
+            "status": status,
+            "snapshot": codec.pack(snapshot),
+        }
+        extra = [a[0] for a in activities]
+        if close is not None:
+            plan["close"] = close
+        if next_run is not None:
+            plan["next"] = next_run
+            extra += [next_run["run"], next_run["history"], next_run["wq"], next_run["runs"]]
+        if task is not None:
+            plan["task"] = list(task)
+            extra.append(task[0])
+        keys = [
+            k.run(p, rid),
+            k.history(p, rid),
+            k.inbox(p, rid),
+            k.instance(p, ref.workflow_id),
+            k.timers(p),
+            k.activities(p, rid),
+            k.log(p, rid),
+            k.outbox(p),
+            k.hooks(p),
+            k.dead(p),
+            *dict.fromkeys(extra),
+        ]
+        # Lua's cmsgpack predates msgpack's bin type: send bytes as raw strings.
+        result = self._run_script("commit", keys, [msgpack.packb(plan, use_bin_type=False)])
+        outcome = _s(result[0])
+        if outcome == "CONFLICT":
+            raise EventConflict(
+                f"run {rid}: history is at seq {int(result[1])}, decision expected {expected_seq} "
+                "(another decider committed first)"
+            )
+        if outcome == "CLOSED":
+            raise WorkflowClosed(f"run {rid} is {_s(result[1])}; decision discarded")
+        return CommitResult(seq=int(result[1]), inbox=int(result[2]))
+
+    # --------------------------------------------------------------- inputs
+    def deliver(self, workflow_id: str, event: ev.Event, *, run_id: str | None = None) -> RunRef:
+        """Push an input event onto a workflow's current run (or exactly ``run_id``).
+
+        Raises:
+            WorkflowNotFound: unknown workflow id.
+            WorkflowClosed: the run is closed.
+        """
+        exact = run_id is not None
+        for _ in range(5):
+            ref = self.ref(workflow_id, run_id)
+            k = self.keys
+            type_name, data = ev.encode_input_data(event)
+            result = self._run_script(
+                "deliver",
+                [
+                    k.instance(ref.partition, workflow_id),
+                    k.run(ref.partition, ref.run_id),
+                    k.inbox(ref.partition, ref.run_id),
+                ],
+                [ref.run_id, type_name, data, "1" if exact else "0"],
+            )
+            outcome = _s(result[0])
+            if outcome == "OK":
+                return ref
+            if outcome == "CLOSED":
+                raise WorkflowClosed(
+                    f"workflow {workflow_id!r} (run {ref.run_id}) is {_s(result[1])}; it takes no more "
+                    f"{event.type} — start a new run to continue"
+                )
+            # MOVED: a continue-as-new happened between lookup and delivery; look up again.
+        raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
+
+    def complete_activity(
+        self,
+        *,
+        p: int,
+        run_id: str,
+        activity_id: str,
+        attempt: int,
+        stream: str,
+        entry_id: str,
+        outcome: str,
+        event: ev.Event | None,
+        retry_delay_ms: int = 0,
+        next_body: bytes = b"",
+        record: dict[str, Any],
+    ) -> tuple[str, int]:
+        """Finish an attempt; returns ``('OK'|'RETRY'|'STALE', due ms for a retry)``."""
+        k = self.keys
+        type_name, data = ev.encode_input_data(event) if event is not None else ("", b"")
+        result = self._run_script(
+            "complete_activity",
+            [
+                k.run(p, run_id),
+                k.inbox(p, run_id),
+                k.activities(p, run_id),
+                k.log(p, run_id),
+                k.timers(p),
+                k.running(p),
+                stream,
+            ],
+            [
+                run_id,
+                activity_id,
+                attempt,
+                entry_id,
+                outcome,
+                type_name,
+                data,
+                retry_delay_ms,
+                next_body,
+                codec.pack(record),
+            ],
+        )
+        return _s(result[0]), int(result[1]) if outcome == "retry" and _s(result[0]) == "RETRY" else 0
+
+    def heartbeat(
+        self, p: int, run_id: str, activity_id: str, attempt: int, details: bytes, extend_ms: int
+    ) -> bool:
+        """Record a heartbeat; returns True when the activity was cancelled/superseded."""
+        k = self.keys
+        result = self._run_script(
+            "heartbeat",
+            [k.activities(p, run_id), k.running(p)],
+            [run_id, activity_id, attempt, details, extend_ms],
+        )
+        return int(result) == 1
+
+    def set_deadline(self, p: int, run_id: str, activity_id: str, attempt: int, due_ms: int) -> None:
+        self.redis.zadd(self.keys.running(p), {f"{run_id}|{activity_id}|{attempt}": due_ms})
+
+    def activity_state(self, p: int, run_id: str, activity_id: str) -> tuple[bytes | None, bytes | None]:
+        """(current task body, last heartbeat details) of a pending activity."""
+        body, details = self.redis.hmget(self.keys.activities(p, run_id), activity_id, f"{activity_id}:hb")
+        return body, details
+
+    def terminate(self, workflow_id: str, reason: str) -> tuple[RunRef, dict[str, Any]]:
+        """Close the current run now (WorkflowTerminated); returns its last snapshot."""
+        for _ in range(5):
+            ref = self.ref(workflow_id)
+            k, p, rid = self.keys, ref.partition, ref.run_id
+            result = self._run_script(
+                "terminate",
+                [
+                    k.instance(p, workflow_id),
+                    k.run(p, rid),
+                    k.history(p, rid),
+                    k.inbox(p, rid),
+                    k.activities(p, rid),
+                    k.log(p, rid),
+                ],
+                [rid, codec.pack(ev.WorkflowTerminated(reason=reason).to_data())],
+            )
+            outcome = _s(result[0])
+            if outcome == "OK":
+                return ref, codec.unpack(result[2]) if result[2] else {}
+            if outcome == "CLOSED":
+                raise WorkflowClosed(f"workflow {workflow_id!r} (run {rid}) is already {_s(result[1])}")
+        raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
+
+    # ------------------------------------------------------------ scheduler
+    def fire_timers(self, p: int, limit: int = 500) -> tuple[int, int]:
+        """Fire due timers and retries of partition ``p``: ``(fired, next due ms or -1)``."""
+        result = self._run_script("fire_timers", [self.keys.timers(p)], [self.keys.tag(p), limit])
+        return int(result[0]), int(result[1])
+
+    def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
+        """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""
+        members = self.redis.zrangebyscore(self.keys.running(p), "-inf", now_ms, start=0, num=limit)
+        out = []
+        for m in members:
+            rid, aid, attempt = _s(m).rsplit("|", 2)
+            out.append((rid, aid, int(attempt)))
+        return out
+
+    def server_time_ms(self) -> int:
+        sec, usec = self.redis.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    # ---------------------------------------------------------------- tasks
+    def ensure_groups(self, streams: Iterable[str]) -> None:
+        """Create the consumer group on each task stream (idempotent)."""
+        for stream in streams:
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def park(
+        self,
+        *,
+        p: int,
+        stream: str,
+        entry_id: str,
+        kind: str,
+        reason: str,
+        fields: dict[str, Any],
+        run_id: str = "",
+        block: bool = False,
+    ) -> None:
+        """Move a task that cannot run to the dead-letter stream (and block its run)."""
+        k = self.keys
+        safe = {
+            key: (value if isinstance(value, bytes | str | int | float) else repr(value))
+            for key, value in fields.items()
+        }
+        self._run_script(
+            "park",
+            [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
+            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0"],
+        )
+        log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
+
+    def repair(self, workflow_id: str) -> RunRef:
+        """Re-queue a blocked run (after a fixed deploy)."""
+        ref = self.ref(workflow_id)
+        result = self._run_script("repair", [self.keys.run(ref.partition, ref.run_id)], [ref.run_id])
+        if _s(result[0]) == "CLOSED":
+            raise WorkflowClosed(f"workflow {workflow_id!r} is {_s(result[1])}; nothing to repair")
+        return ref
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
+        """Parked tasks of every partition, newest last."""
+        out = []
+        for p in range(self.keys.partitions):
+            for entry_id, fields in self.redis.xrange(self.keys.dead(p), count=count):
+                item = {_s(k): v for k, v in fields.items()}
+                for key in ("kind", "stream", "entry", "run", "reason"):
+                    if key in item:
+                        item[key] = _s(item[key])
+                if "task" in item:
+                    try:
+                        item["task"] = codec.unpack(item["task"])
+                    except Exception:  # noqa: BLE001 - show raw bytes rather than hide the letter
+                        pass
+                item["id"] = _s(entry_id)
+                item["partition"] = p
+                out.append(item)
+        return out
+
+    # ----------------------------------------------------------------- hooks
+    def resolve_hook(self, token: str) -> tuple[int, str, str]:
+        """(partition, run id, hook id) of a hook token."""
+        if not isinstance(token, str) or "." not in token:
+            raise HookError(f"unknown hook token {token[:6] if isinstance(token, str) else token!r}…")
+        p_text = token.split(".", 1)[0]
+        if not p_text.isdigit() or int(p_text) >= self.keys.partitions:
+            raise HookError("unknown hook token")
+        p = int(p_text)
+        target = self.redis.hget(self.keys.hooks(p), token)
+        if target is None:
+            raise HookError("unknown or already used hook token")
+        rid, hook_id = _s(target).split("|", 1)
+        return p, rid, hook_id
+
+    # ------------------------------------------------------------------ list
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow_type: str | None = None,
+        limit: int = 50,
+        before_ms: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs of every partition, newest first, filtered by status and type.
+
+        Page with ``before_ms`` = the ``created`` of the last row of the previous page.
+        """
+        upper = f"({before_ms}" if before_ms is not None else "+inf"
+        candidates: list[tuple[int, int, str]] = []
+        for p in range(self.keys.partitions):
+            rows = self.redis.zrevrangebyscore(
+                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4, withscores=True
+            )
+            candidates += [(int(score), p, _s(rid)) for rid, score in rows]
+        candidates.sort(reverse=True)
+        out: list[dict[str, Any]] = []
+        for created, p, rid in candidates:
+            raw = self.redis.hgetall(self.keys.run(p, rid))
+            if not raw:
+                continue
+            record = _decode_run(raw)
+            if (
+                status is not None
+                and record.get("status") != status
+                and not (status == "blocked" and record.get("blocked"))
+            ):
+                continue
+            if workflow_type is not None and record.get("type") != workflow_type:
+                continue
+            record.update(run_id=rid, partition=p, created=created)
+            out.append(record)
+            if len(out) >= limit:
+                break
+        return out
+
+
+def _decode_run(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _s(key)
+        if name in ("seq", "created", "updated", "closed"):
+            out[name] = int(value)
+        elif name == "snapshot":
+            out[name] = codec.unpack(value) if value else {}
+        elif name == "parent":
+            out[name] = codec.unpack(value) if value else None
+        elif name in ("result", "error"):
+            out[name] = value
+        else:
+            out[name] = _s(value)
+    return out
+
+
+def consumer_name() -> str:
+    """A unique consumer name for this process: host, pid, start time."""
+    import os
+
+    return f"{socket.gethostname()}:{os.getpid()}:{int(time.time() * 1000) % 100000}"

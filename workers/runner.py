@@ -1,0 +1,607 @@
+"""What a worker does with one task: decide a run, or run an activity attempt.
+
+Kept apart from the worker loop (``worker.py``) so each can be read top to
+bottom: the loop claims tasks; these functions turn one task into one
+commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from durable import codec
+from durable import events as ev
+from durable.activity import ActivityContext, RetryPolicy, _set_context
+from durable.errors import (
+    ActivityTimeout,
+    DurableError,
+    EventConflict,
+    HistoryCorrupt,
+    NondeterminismError,
+    NonRetryableError,
+    SerializationError,
+    UnknownTypeError,
+    WorkflowClosed,
+)
+from durable.ids import successor_run_id
+from durable.registry import get_activity, get_workflow
+from durable.replay import Decision, Driver
+from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef
+
+log = logging.getLogger("durable.worker")
+
+
+def _type_names(exc: BaseException) -> set[str]:
+    names = set()
+    for klass in type(exc).__mro__:
+        names.add(klass.__name__)
+        names.add(f"{klass.__module__}.{klass.__qualname__}")
+    type_name = getattr(exc, "type_name", "")
+    if type_name:
+        names.add(type_name)
+        names.add(type_name.rsplit(".", 1)[-1])
+    return names
+
+
+class RunCache:
+    """LRU of live drivers (suspended greenlets + last applied seq), per worker thread.
+
+    A hit makes a decision cost O(new events) instead of O(history). Evicted
+    drivers are closed: suspended greenlets in cycles are never collected.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._drivers: OrderedDict[str, Driver] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, run_id: str, seq: int) -> Driver | None:
+        driver = self._drivers.pop(run_id, None)
+        if driver is not None and driver.seq == seq:
+            self.hits += 1
+            return driver
+        if driver is not None:
+            driver.close()
+        self.misses += 1
+        return None
+
+    def put(self, run_id: str, driver: Driver) -> None:
+        if self.size <= 0 or driver.closed_run:
+            driver.close()
+            return
+        self._drivers[run_id] = driver
+        while len(self._drivers) > self.size:
+            _, old = self._drivers.popitem(last=False)
+            old.close()
+
+    def clear(self) -> None:
+        for driver in self._drivers.values():
+            driver.close()
+        self._drivers.clear()
+
+    def __len__(self) -> int:
+        return len(self._drivers)
+
+
+class Decider:
+    """Runs workflow tasks: load run, replay (or reuse the cached driver), decide, commit."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        cache_size: int = 1000,
+        allowed: Callable[[str], bool] = lambda _name: True,
+        on_timer: Callable[[int], None] = lambda _due: None,
+    ) -> None:
+        self.store = store
+        self.cache = RunCache(cache_size)
+        self.allowed = allowed
+        self.on_timer = on_timer
+
+    def _resolve(self, name: str) -> Any:
+        if not self.allowed(name):
+            raise UnknownTypeError(
+                f"workflow type {name!r} is not defined in this worker's --app modules; start a worker "
+                "with the module that defines it"
+            )
+        return get_workflow(name)
+
+    def handle(self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        raw_rid = fields.get(b"run")
+        if raw_rid is None:
+            self.store.park(
+                p=p,
+                stream=stream,
+                entry_id=entry_id,
+                kind="workflow",
+                reason="task has no run id",
+                fields=fields,
+            )
+            return
+        rid = raw_rid.decode()
+        cached = self.cache._drivers.get(rid)
+        after = cached.seq if cached is not None else 0
+        record, inbox, rows = self.store.load_for_decision(p, rid, after)
+        if record is None:
+            self.store.park(
+                p=p,
+                stream=stream,
+                entry_id=entry_id,
+                kind="workflow",
+                reason=f"run {rid} does not exist",
+                fields=fields,
+            )
+            return
+        ref = RunRef(p, rid, record.get("workflow_id", ""))
+        task = (stream, entry_id)
+        if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
+            self._ack_only(task)
+            return
+        driver = self.cache.take(rid, record["seq"])
+        try:
+            if driver is None:
+                if after != 0:
+                    rows = self.store.redis.xrange(self.store.keys.history(p, rid), "-", "+")
+                driver = Driver(
+                    run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
+                )
+                driver.replay(self.store._decode_history(ref, rows))
+            entries, poison = [], []
+            for raw in inbox:
+                try:
+                    entries.append(ev.decode(raw, run_id=rid))
+                except HistoryCorrupt as exc:
+                    poison.append((raw, str(exc)))
+            decision = (
+                driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
+            )
+        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
+            if driver is not None:
+                driver.close()
+            self.store.park(
+                p=p,
+                stream=stream,
+                entry_id=entry_id,
+                kind="workflow",
+                reason=f"{type(exc).__name__}: {exc}",
+                fields=fields,
+                run_id=rid,
+                block=True,
+            )
+            return
+        except BaseException:
+            if driver is not None:
+                driver.close()
+            raise
+        try:
+            self.commit(ref, record, driver, decision, task)
+        except EventConflict:
+            log.info("conflict committing run %s; another decider won, discarding", rid)
+            driver.close()
+            return
+        except WorkflowClosed:
+            driver.close()
+            self._ack_only(task)
+            return
+        except BaseException:
+            driver.close()
+            raise
+        driver.committed()
+        self.cache.put(rid, driver)
+
+    def _decide_around_poison(
+        self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]
+    ) -> Decision:
+        good = []
+        bad = {raw for raw, _ in poison}
+        for raw in inbox:
+            if raw not in bad:
+                good.append(ev.decode(raw))
+        decision = driver.decide(good)
+        decision.consumed = len(inbox)
+        decision.dropped.extend((raw, f"poison: {reason}") for raw, reason in poison)
+        return decision
+
+    def _ack_only(self, task: tuple[str, str]) -> None:
+        from durable.store.keys import GROUP
+
+        with self.store.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(task[0], GROUP, task[1])
+            pipe.xdel(task[0], task[1])
+            pipe.execute()
+
+    def commit(
+        self,
+        ref: RunRef,
+        record: dict[str, Any],
+        driver: Driver,
+        decision: Decision,
+        task: tuple[str, str] | None,
+    ) -> None:
+        keys = self.store.keys
+        p, rid = ref.partition, ref.run_id
+        activities = []
+        for a in decision.activities:
+            stream = keys.activity_tasks(p, a.queue)
+            body = codec.pack(
+                {
+                    "rid": rid,
+                    "wid": ref.workflow_id,
+                    "p": p,
+                    "aid": a.id,
+                    "name": a.name,
+                    "args": a.args,
+                    "attempt": 1,
+                    "retry": a.retry,
+                    "timeouts": a.timeouts,
+                    "stream": stream,
+                    "scheduled": driver._now,
+                }
+            )
+            activities.append((stream, a.id, body))
+        outbox = [self._child_start(ref, c) for c in decision.children]
+        outbox += [
+            codec.pack({"kind": policy, "wid": wid}) for _cid, wid, policy in decision.cancelled_children
+        ]
+        close = None
+        next_run = None
+        parent = record.get("parent")
+        if decision.closing is not None:
+            close = ev.STATUS_OF_CLOSING[decision.closing.type]
+            if isinstance(decision.closing, ev.WorkflowContinuedAsNew):
+                next_run = self._next_run(ref, record, driver, decision.closing)
+            elif parent:
+                outbox.append(self._child_result(parent, decision.closing))
+        for _, due in decision.timers:
+            self.on_timer(due)
+        self.store.commit(
+            ref,
+            expected_seq=decision.expected_seq,
+            events=decision.events,
+            consumed=decision.consumed,
+            dropped=[(raw, reason, reason.startswith("poison")) for raw, reason in decision.dropped],
+            activities=activities,
+            timers=[(f"t|{rid}|{tid}", due) for tid, due in decision.timers],
+            untimers=[f"t|{rid}|{tid}" for tid in decision.cancelled_timers],
+            cancel_activities=decision.cancelled_activities,
+            outbox=outbox,
+            hooks=[(h.token, h.id) for h in decision.hooks],
+            status=decision.status,
+            snapshot=decision.snapshot,
+            close=close,
+            next_run=next_run,
+            task=task,
+        )
+
+    def _child_start(self, ref: RunRef, child: ev.ChildStarted) -> bytes:
+        return codec.pack(
+            {
+                "kind": "start",
+                "type": child.workflow_type,
+                "wid": child.workflow_id,
+                "rid": successor_run_id(f"{ref.run_id}/{child.id}", 0),
+                "args": child.args,
+                "queue": child.queue,
+                "parent": {
+                    "wid": ref.workflow_id,
+                    "rid": ref.run_id,
+                    "cid": child.id,
+                    "policy": child.policy,
+                },
+            }
+        )
+
+    @staticmethod
+    def _child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:
+        if isinstance(closing, ev.WorkflowCompleted):
+            event: ev.Event = ev.ChildCompleted(id=parent["cid"], result=closing.result)
+        elif isinstance(closing, ev.WorkflowFailed):
+            event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
+        else:
+            event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
+        return codec.pack(
+            {
+                "kind": "deliver",
+                "wid": parent["wid"],
+                "rid": parent["rid"],
+                "type": event.type,
+                "data": event.to_data(),
+            }
+        )
+
+    def _next_run(
+        self, ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew
+    ) -> dict[str, Any]:
+        keys, p = self.store.keys, ref.partition
+        started = driver._started
+        assert started is not None
+        new_rid = closing.new_run_id
+        data = ev.WorkflowStarted(
+            workflow_type=started.workflow_type,
+            workflow_id=ref.workflow_id,
+            run_id=new_rid,
+            args=closing.args,
+            queue=started.queue,
+            parent=started.parent,
+            build_id=started.build_id,
+            patches=list(started.patches),
+            options={**started.options, "continued_from": ref.run_id},
+        ).to_data()
+        return {
+            "rid": new_rid,
+            "wid": ref.workflow_id,
+            "type": started.workflow_type,
+            "queue": started.queue,
+            "data": codec.pack(data),
+            "parent": codec.pack(started.parent) if started.parent else b"",
+            "run": keys.run(p, new_rid),
+            "history": keys.history(p, new_rid),
+            "wq": keys.workflow_tasks(p, started.queue),
+            "runs": keys.runs(p),
+        }
+
+
+def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    """Carry out one cross-partition message (child start, child result, child cancel)."""
+    from durable.errors import WorkflowAlreadyStarted, WorkflowNotFound
+    from durable.store.keys import GROUP
+
+    try:
+        msg = codec.unpack(fields[b"m"])
+        kind = msg["kind"]
+    except Exception as exc:  # noqa: BLE001 - poison message: park it, never drop it
+        store.park(
+            p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=f"undecodable: {exc}", fields=fields
+        )
+        return
+    try:
+        if kind == "start":
+            try:
+                store.start(
+                    workflow_type=msg["type"],
+                    workflow_id=msg["wid"],
+                    run_id=msg["rid"],
+                    args=msg["args"],
+                    queue=msg["queue"],
+                    parent=msg["parent"],
+                )
+            except (WorkflowAlreadyStarted, DurableError) as exc:
+                parent = msg["parent"]
+                failed = ev.ChildFailed(
+                    id=parent["cid"], error=codec.dumps(exc, path="error"), status="failed"
+                )
+                try:
+                    store.deliver(parent["wid"], failed, run_id=parent["rid"])
+                except (WorkflowClosed, WorkflowNotFound):
+                    pass
+        elif kind == "deliver":
+            event = ev.CATALOG[msg["type"]](**msg["data"])
+            try:
+                store.deliver(msg["wid"], event, run_id=msg["rid"])
+            except (WorkflowClosed, WorkflowNotFound):
+                log.info("parent %s closed before child result arrived; dropped", msg["wid"])
+        elif kind in ("request_cancel", "terminate"):
+            try:
+                if kind == "terminate":
+                    store.terminate(msg["wid"], "parent closed (policy terminate)")
+                else:
+                    store.deliver(msg["wid"], ev.CancelRequested(reason="parent requested cancel"))
+            except (WorkflowClosed, WorkflowNotFound):
+                pass
+        elif kind == "abandon":
+            pass
+        else:
+            store.park(
+                p=p,
+                stream=stream,
+                entry_id=entry_id,
+                kind="outbox",
+                reason=f"unknown message kind {kind!r}",
+                fields=fields,
+            )
+            return
+    except Exception as exc:  # noqa: BLE001
+        log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
+        raise exc
+    with store.redis.pipeline(transaction=True) as pipe:
+        pipe.xack(stream, GROUP, entry_id)
+        pipe.xdel(stream, entry_id)
+        pipe.execute()
+
+
+def run_activity(
+    store: RedisStore,
+    stream: str,
+    entry_id: str,
+    fields: dict[bytes, bytes],
+    *,
+    allowed: Callable[[str], bool] = lambda _n: True,
+    redelivered: bool = False,
+    on_timer: Callable[[int], None] = lambda _due: None,
+) -> str:
+    """Run one activity attempt and record its outcome. Returns the outcome word."""
+    p = store.keys.partition_of_key(stream)
+    try:
+        body = codec.unpack(fields[b"body"])
+        rid, aid, attempt, name = body["rid"], body["aid"], int(body["attempt"]), body["name"]
+    except Exception as exc:  # noqa: BLE001
+        store.park(
+            p=p,
+            stream=stream,
+            entry_id=entry_id,
+            kind="activity",
+            reason=f"undecodable activity task: {exc}",
+            fields=fields,
+        )
+        return "parked"
+    if redelivered:
+        current, _ = store.activity_state(p, rid, aid)
+        if current is None or codec.unpack(current).get("attempt") != attempt:
+            store.complete_activity(
+                p=p,
+                run_id=rid,
+                activity_id=aid,
+                attempt=attempt,
+                stream=stream,
+                entry_id=entry_id,
+                outcome="skipped",
+                event=None,
+                record={"note": "redelivered attempt no longer current"},
+            )
+            return "stale"
+    try:
+        if not allowed(name):
+            raise UnknownTypeError(f"activity {name!r} is not defined in this worker's --app modules")
+        definition = get_activity(name)
+        args = codec.loads(body["args"])
+    except (UnknownTypeError, SerializationError) as exc:
+        store.park(
+            p=p,
+            stream=stream,
+            entry_id=entry_id,
+            kind="activity",
+            reason=f"{type(exc).__name__}: {exc}",
+            fields=body,
+            run_id=rid,
+        )
+        return "parked"
+    timeouts = body.get("timeouts") or {}
+    start_to_close, heartbeat_timeout = timeouts.get("start_to_close"), timeouts.get("heartbeat")
+    started = time.time()
+    limits = [t for t in (start_to_close, heartbeat_timeout) if t]
+    if limits:
+        store.set_deadline(p, rid, aid, attempt, int((started + min(limits)) * 1000))
+    _, details = store.activity_state(p, rid, aid) if attempt > 1 else (None, None)
+
+    def heartbeat(value: Any) -> bool:
+        extend = 0
+        if heartbeat_timeout:
+            extend = int(heartbeat_timeout * 1000)
+            if start_to_close:
+                extend = min(extend, int((started + start_to_close - time.time()) * 1000))
+        return store.heartbeat(
+            p,
+            rid,
+            aid,
+            attempt,
+            codec.dumps(value, path="details") if value is not None else b"",
+            max(extend, 1) if extend else 0,
+        )
+
+    ctx = ActivityContext(
+        workflow_id=body["wid"],
+        run_id=rid,
+        activity_id=aid,
+        name=name,
+        attempt=attempt,
+        heartbeat_details=codec.loads(details) if details else None,
+        heartbeat_fn=heartbeat,
+    )
+    _set_context(ctx)
+    try:
+        result = definition.fn(*args)
+        payload = codec.dumps(result, path="result")
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded
+        if not isinstance(exc, Exception):
+            raise
+        return fail_attempt(
+            store, body, exc, stream=stream, entry_id=entry_id, started=started, on_timer=on_timer
+        )
+    finally:
+        _set_context(None)
+    outcome, _ = store.complete_activity(
+        p=p,
+        run_id=rid,
+        activity_id=aid,
+        attempt=attempt,
+        stream=stream,
+        entry_id=entry_id,
+        outcome="completed",
+        event=ev.ActivityCompleted(id=aid, result=payload, attempt=attempt),
+        record={"duration_ms": int((time.time() - started) * 1000)},
+    )
+    if outcome == "STALE":
+        log.info("late result of activity %s (run %s, attempt %d) discarded", aid, rid, attempt)
+    return "completed"
+
+
+def fail_attempt(
+    store: RedisStore,
+    body: dict[str, Any],
+    exc: BaseException,
+    *,
+    stream: str,
+    entry_id: str,
+    started: float,
+    on_timer: Callable[[int], None] = lambda _due: None,
+) -> str:
+    """Record a failed attempt: schedule the retry, or fail the activity for good."""
+    p, rid, aid, attempt = body["p"], body["rid"], body["aid"], int(body["attempt"])
+    policy = RetryPolicy.from_dict(body.get("retry"))
+    names = _type_names(exc)
+    timeouts = body.get("timeouts") or {}
+    delay = policy.delay(attempt)
+    final_reason = ""
+    if isinstance(exc, NonRetryableError | SerializationError):
+        final_reason = "non-retryable error"
+    elif names & set(policy.non_retryable_errors):
+        final_reason = "error type listed in non_retryable_errors"
+    elif policy.max_attempts and attempt >= policy.max_attempts:
+        final_reason = f"max_attempts={policy.max_attempts} reached"
+    elif (
+        timeouts.get("schedule_to_close")
+        and time.time() + delay > body["scheduled"] / 1000 + timeouts["schedule_to_close"]
+    ):
+        final_reason = "schedule_to_close_timeout would pass before the next attempt"
+    record = {
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "duration_ms": int((time.time() - started) * 1000),
+    }
+    if final_reason:
+        record["final"] = final_reason
+        error = (
+            exc
+            if not final_reason.startswith("schedule_to_close")
+            else ActivityTimeout(
+                f"activity {body['name']} ({aid}) exceeded schedule_to_close_timeout; last error: {exc}",
+                kind="schedule_to_close",
+            )
+        )
+        store.complete_activity(
+            p=p,
+            run_id=rid,
+            activity_id=aid,
+            attempt=attempt,
+            stream=stream,
+            entry_id=entry_id,
+            outcome="failed",
+            event=ev.ActivityFailed(id=aid, error=codec.dumps(error, path="error"), attempts=attempt),
+            record=record,
+        )
+        return "failed"
+    next_body = dict(body, attempt=attempt + 1)
+    record["retry_in_s"] = delay
+    outcome, due = store.complete_activity(
+        p=p,
+        run_id=rid,
+        activity_id=aid,
+        attempt=attempt,
+        stream=stream,
+        entry_id=entry_id,
+        outcome="retry",
+        event=None,
+        retry_delay_ms=int(delay * 1000),
+        next_body=codec.pack(next_body),
+        record=record,
+    )
+    if outcome == "RETRY":
+        on_timer(due)
+    return "retry"

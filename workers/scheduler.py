@@ -1,0 +1,165 @@
+"""The scheduler: due timers, retry backoff, expired attempts, dead workers' tasks.
+
+Every worker runs one, in a thread. Several schedulers may run at once: each
+action is a script (or a claim) that is safe to repeat, so the worst case of
+two schedulers racing is a no-op.
+
+It sleeps until the earliest due timer it knows of (capped at ``max_sleep``),
+and its own worker wakes it early when a decision adds an earlier timer, so a
+timer fires at its due time, not at the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from durable import codec
+from durable.errors import ActivityTimeout
+from durable.store.keys import GROUP
+from durable.store.redis_store import RedisStore
+
+from .runner import fail_attempt
+
+log = logging.getLogger("durable.scheduler")
+
+
+class Scheduler:
+    """Fires timers and retries, expires attempts, reclaims stale tasks.
+
+    Args:
+        store: The store.
+        streams: Task streams to reclaim from (this worker's queues).
+        consumer: This worker's consumer name (reclaimed tasks come to it).
+        reclaimed: Called with ``(stream, entry_id, fields)`` for each reclaimed task.
+        claim_idle_ms: A task idle this long in another consumer's pending list
+            is taken as abandoned (its worker died). Live workers refresh theirs.
+        max_sleep: Longest sleep between scans, in seconds.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        streams: list[str],
+        consumer: str,
+        reclaimed: Callable[[str, str, dict[bytes, bytes]], None],
+        in_flight: Callable[[], list[tuple[str, str]]] = list,
+        claim_idle_ms: int = 30_000,
+        max_sleep: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.streams = streams
+        self.consumer = consumer
+        self.reclaimed = reclaimed
+        self.in_flight = in_flight
+        self.claim_idle_ms = claim_idle_ms
+        self.max_sleep = max_sleep
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._next_due = 0.0
+        self._thread: threading.Thread | None = None
+        self._last_claim = 0.0
+        self.fired = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def notify(self, due_ms: int) -> None:
+        """A timer due at ``due_ms`` was added: wake up early if it is sooner than planned."""
+        if due_ms / 1000 < self._next_due:
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sleep = self.tick()
+            except Exception:  # noqa: BLE001 - keep scheduling; Redis may be restarting
+                log.exception("scheduler pass failed; retrying in 1 s")
+                sleep = 1.0
+            self._next_due = time.time() + sleep
+            self._wake.wait(sleep)
+            self._wake.clear()
+
+    def tick(self) -> float:
+        """One pass over every partition; returns seconds until the next due timer (capped)."""
+        now = time.time()
+        next_due = now + self.max_sleep
+        for p in range(self.store.keys.partitions):
+            fired, due = self.store.fire_timers(p)
+            self.fired += fired
+            if due >= 0:
+                next_due = min(next_due, due / 1000)
+            self._expire_attempts(p)
+        if now - self._last_claim >= self.claim_idle_ms / 3000:
+            self._last_claim = now
+            self._refresh_in_flight()
+            self._reclaim()
+        return max(0.0, next_due - time.time())
+
+    def _expire_attempts(self, p: int) -> None:
+        now_ms = self.store.server_time_ms()
+        for rid, aid, attempt in self.store.expired_attempts(p, now_ms):
+            body_raw, _ = self.store.activity_state(p, rid, aid)
+            self.store.redis.zrem(self.store.keys.running(p), f"{rid}|{aid}|{attempt}")
+            if body_raw is None:
+                continue
+            body: dict[str, Any] = codec.unpack(body_raw)
+            if int(body["attempt"]) != attempt:
+                continue
+            timeouts = body.get("timeouts") or {}
+            kind = "heartbeat" if timeouts.get("heartbeat") else "start_to_close"
+            error = ActivityTimeout(
+                f"activity {body['name']} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
+            )
+            log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
+            fail_attempt(
+                self.store,
+                body,
+                error,
+                stream=body["stream"],
+                entry_id="",
+                started=time.time(),
+                on_timer=self.notify,
+            )
+
+    def _refresh_in_flight(self) -> None:
+        # Reset the idle time of tasks this worker is still working on, so other
+        # workers' reclaim passes only ever take tasks of dead workers.
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id in self.in_flight():
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            self.store.redis.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
+
+    def _reclaim(self) -> None:
+        for stream in self.streams:
+            start = "0-0"
+            while True:
+                try:
+                    result = self.store.redis.xautoclaim(
+                        stream, GROUP, self.consumer, self.claim_idle_ms, start, count=100
+                    )
+                except Exception as exc:  # noqa: BLE001 - a missing group is created by the worker
+                    log.debug("xautoclaim %s: %s", stream, exc)
+                    break
+                start, entries = result[0], result[1]
+                for entry_id, fields in entries:
+                    if fields is None:
+                        continue
+                    log.warning("reclaimed task %s from %s (its worker stopped responding)", entry_id, stream)
+                    self.reclaimed(
+                        stream, entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields
+                    )
+                if start in (b"0-0", "0-0") or not entries:
+                    break

@@ -1,0 +1,251 @@
+"""The worker: claims workflow, activity and outbox tasks and runs them.
+
+One worker process has:
+
+* the **main thread**, which blocks on one ``XREADGROUP`` over all its task
+  streams (no busy polling), decides workflow tasks itself (greenlets can only
+  be resumed on the thread that created them, so the run cache lives here) and
+  carries out outbox messages;
+* a bounded **thread pool** for activity attempts (the main thread only claims
+  as many activity tasks as there are free slots);
+* the **scheduler** thread (``scheduler.py``).
+
+SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to
+``grace`` seconds), exit. A task still unfinished stays in the consumer
+group's pending list and another worker reclaims it: nothing is lost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from durable import registry
+from durable.store.keys import GROUP
+from durable.store.redis_store import RedisStore, consumer_name
+
+from .runner import Decider, handle_outbox, run_activity
+from .scheduler import Scheduler
+
+log = logging.getLogger("durable.worker")
+
+
+def load_app(modules: Iterable[str]) -> list[Any]:
+    """Import the user's modules (``--app``); their workflows and activities register themselves."""
+    loaded = []
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        module = importlib.import_module(name)
+        registry.register_module_functions(module)
+        loaded.append(module)
+    return loaded
+
+
+def _defined_in(modules: Sequence[str]) -> Callable[[Any], bool]:
+    prefixes = tuple(modules)
+
+    def check(obj: Any) -> bool:
+        origin = getattr(obj, "__module__", "") or ""
+        return not prefixes or any(origin == m or origin.startswith(m + ".") for m in prefixes)
+
+    return check
+
+
+class Worker:
+    """A worker serving some queues.
+
+    Args:
+        store: The store (default: from ``DURABLE_REDIS_URL`` / embedded).
+        queues: Queue names to serve (workflow and activity tasks).
+        concurrency: Activity threads.
+        app: Module names whose workflows/activities this worker may run; with
+            none, every registered type is allowed (in-process tests).
+        cache_size: Live runs kept in the cache.
+        grace: Seconds to let in-flight activities finish on shutdown.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore | None = None,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 8,
+        app: Sequence[str] = (),
+        cache_size: int = 1000,
+        grace: float = 30.0,
+        claim_idle_ms: int = 30_000,
+        block_ms: int = 1000,
+    ) -> None:
+        self.store = store or RedisStore()
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.app = list(app)
+        self.grace = grace
+        self.block_ms = block_ms
+        self.consumer = consumer_name()
+        defined = _defined_in(self.app)
+        self._workflow_ok = lambda name: name in registry.workflows() and defined(registry.workflows()[name])
+        self._activity_ok = lambda name: (
+            name in registry.activities()
+            and (
+                not self.app
+                or defined(registry.activities()[name].fn)
+                or registry.activities()[name].origin.split(".")[0] in self.app
+            )
+        )
+        keys = self.store.keys
+        parts = range(keys.partitions)
+        self.workflow_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
+        self.activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
+        self.outbox_streams = [keys.outbox(p) for p in parts]
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durable-activity")
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._in_flight: dict[tuple[str, str], float] = {}
+        self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
+        self._stop = threading.Event()
+        self.scheduler = Scheduler(
+            self.store,
+            streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
+            consumer=self.consumer,
+            reclaimed=lambda s, e, f: self._reclaimed.append((s, e, f)),
+            in_flight=lambda: list(self._in_flight),
+            claim_idle_ms=claim_idle_ms,
+        )
+        self.decider = Decider(
+            self.store, cache_size=cache_size, allowed=self._workflow_ok, on_timer=self.scheduler.notify
+        )
+        self.decisions = 0
+        self.activities_run = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and shut down (thread-safe)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            log.info("received %s: finishing in-flight work, then exiting", signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> None:
+        """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
+        self.store.ensure_groups(self.workflow_streams + self.activity_streams + self.outbox_streams)
+        self.scheduler.start()
+        log.info(
+            "worker %s serving queues %s (%d activity threads)", self.consumer, self.queues, self.concurrency
+        )
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._pass()
+                except redis.ConnectionError as exc:
+                    log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
+                    time.sleep(0.5)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        deadline = time.time() + self.grace
+        while self._busy and time.time() < deadline:
+            time.sleep(0.05)
+        if self._busy:
+            log.warning(
+                "%d activities still running after %.0f s; their tasks will be reclaimed",
+                self._busy,
+                self.grace,
+            )
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.stop()
+        self.decider.cache.clear()
+        log.info("worker %s stopped", self.consumer)
+
+    # ----------------------------------------------------------------- loop
+    def _pass(self) -> None:
+        while self._reclaimed:
+            stream, entry_id, fields = self._reclaimed.popleft()
+            self._dispatch(stream, entry_id, fields, redelivered=True)
+        free = self.concurrency - self._busy
+        streams = self.workflow_streams + self.outbox_streams + (self.activity_streams if free > 0 else [])
+        response = self.store.redis.xreadgroup(
+            GROUP,
+            self.consumer,
+            dict.fromkeys(streams, ">"),
+            count=max(free, 1) if free > 0 else 16,
+            block=self.block_ms if not self._reclaimed else 1,
+        )
+        for stream_raw, entries in response or ():
+            stream = stream_raw.decode() if isinstance(stream_raw, bytes) else stream_raw
+            for entry_id_raw, fields in entries:
+                entry_id = entry_id_raw.decode() if isinstance(entry_id_raw, bytes) else entry_id_raw
+                self._dispatch(stream, entry_id, fields)
+
+    def _dispatch(
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool = False
+    ) -> None:
+        kind = stream.rsplit(":", 2)[-2] if stream.count(":") >= 2 else ""
+        p = self.store.keys.partition_of_key(stream)
+        if stream.endswith(":ox"):
+            handle_outbox(self.store, p, stream, entry_id, fields)
+        elif kind == "wq":
+            self.decider.handle(p, stream, entry_id, fields)
+            self.decisions += 1
+        elif kind == "aq":
+            with self._busy_lock:
+                self._busy += 1
+                self._in_flight[(stream, entry_id)] = time.time()
+            self._pool.submit(self._activity, stream, entry_id, fields, redelivered)
+        else:  # pragma: no cover - only our streams are read
+            log.error("task from unknown stream %s", stream)
+
+    def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
+        try:
+            run_activity(
+                self.store,
+                stream,
+                entry_id,
+                fields,
+                allowed=self._activity_ok,
+                redelivered=redelivered,
+                on_timer=self.scheduler.notify,
+            )
+            self.activities_run += 1
+        except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later
+            log.exception(
+                "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
+            )
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+                self._in_flight.pop((stream, entry_id), None)
+
+
+class WorkerThread:
+    """A worker running in a background thread of this process (tests, ``durable dev``)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, name="durable-worker", daemon=True)
+
+    def __enter__(self) -> Worker:
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc: Any) -> None:
+        self.worker.stop()
+        self.thread.join(timeout=self.worker.grace + 10)
