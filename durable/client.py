@@ -237,7 +237,7 @@ class WorkflowStub:
         """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history."""
         ref = self._ref()
         history = self._store.history(ref)
-        driver = Driver(run_id=ref.run_id, workflow_id=self._id)
+        driver = Driver(run_id=ref.run_id, workflow_id=self._id, read_only=True)
         try:
             driver.replay(history)
             return driver.query(name, args)

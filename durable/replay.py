@@ -185,6 +185,8 @@ class Driver:
         workflow_id: The workflow instance id.
         resolve: Maps a workflow type name to its class (default: the registry).
         token_prefix: Prepended to hook tokens (the store routes tokens by it).
+        read_only: For queries: code stops at the first command history does
+            not hold (no side-effect function runs, nothing new is decided).
     """
 
     def __init__(
@@ -194,9 +196,11 @@ class Driver:
         workflow_id: str = "",
         resolve: Callable[[str], type[Workflow]] = get_workflow,
         token_prefix: str = "",
+        read_only: bool = False,
     ) -> None:
         self.run_id = run_id
         self._token_prefix = token_prefix
+        self._read_only = read_only
         self.workflow_id = workflow_id
         self._resolve = resolve
         self._hub: greenlet.greenlet = greenlet.getcurrent()
@@ -482,6 +486,8 @@ class Driver:
             self._issue(ev.SideEffectRecorded(id=cid))
             raise AssertionError("unreachable: _issue raises while replaying")  # pragma: no cover
         else:
+            if self._read_only:
+                self._stop_at_frontier()
             value = error = None
             try:
                 result = self._guarded("side_effect function", fn, inside_branch=True)
@@ -621,7 +627,10 @@ class Driver:
         self._raise_fatal()
 
     def _live(self) -> list[_Branch]:
-        return [b for b in self._branches if not b.dead]
+        # Prune finished branches as we go: a long-lived cached run that calls
+        # all() in a loop must not keep every dead greenlet until close().
+        self._branches = [b for b in self._branches if not b.dead]
+        return self._branches
 
     def _branch(self) -> _Branch:
         g = greenlet.getcurrent()
@@ -685,6 +694,9 @@ class Driver:
             self._cursor = entry.seq
             self._matched.add(key)
             return
+        if self._read_only:
+            self._stop_at_frontier()
+            return
         if self._replaying():
             raise self._nondeterminism(
                 f"{key[0]} {key[1]!r} was issued while replaying seq {self._pos}, but the history has no such "
@@ -695,6 +707,14 @@ class Driver:
             )
         self._out.append(ev.encode(event, self._now))
         self._new.append(event)
+
+    def _stop_at_frontier(self) -> None:
+        """Read-only replay reached code beyond the committed history: park this branch for good."""
+        g = greenlet.getcurrent()
+        if isinstance(g, _Branch) and g.driver is self:
+            g.wait = _Wait("frontier", "")
+            self._hub.switch()
+            raise AssertionError("a branch parked at the frontier was resumed")  # pragma: no cover
 
     def _nondeterminism(self, what: str, command_id: str, recorded: Any, issued: Any) -> NondeterminismError:
         detail = ""

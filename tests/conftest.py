@@ -20,6 +20,8 @@ import pytest
 import redis
 
 from durable.store.embedded import EmbeddedRedis
+from durable.store.redis_store import RedisStore
+from workers.worker import Worker, WorkerThread
 
 # --------------------------------------------------------------------------- Redis
 
@@ -67,3 +69,24 @@ def fresh_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
         yield server
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ durable runtime
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[RedisStore]:
+    """A RedisStore on the flushed shared server."""
+    s = RedisStore(redis_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def worker(store: RedisStore) -> Iterator[Worker]:
+    """A worker running in a thread of the test process, stopped after the test."""
+    w = Worker(store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100)
+    with WorkerThread(w):
+        yield w
