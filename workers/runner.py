@@ -259,8 +259,6 @@ class Decider:
                 next_run = self._next_run(ref, record, driver, decision.closing)
             elif parent:
                 outbox.append(self._child_result(parent, decision.closing))
-        for _, due in decision.timers:
-            self.on_timer(due)
         self.store.commit(
             ref,
             expected_seq=decision.expected_seq,
@@ -279,6 +277,9 @@ class Decider:
             next_run=next_run,
             task=task,
         )
+        # After the commit: a scheduler woken earlier would not see the timer yet.
+        for _, due in decision.timers:
+            self.on_timer(due)
 
     def _child_start(self, ref: RunRef, child: ev.ChildStarted) -> bytes:
         return codec.pack(

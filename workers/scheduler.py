@@ -60,7 +60,7 @@ class Scheduler:
         self.max_sleep = max_sleep
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._next_due = 0.0
+        self._next_due = float("inf")
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
         self.fired = 0
@@ -82,6 +82,8 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            # While a pass runs, any notification must cut the following sleep short.
+            self._next_due = float("inf")
             try:
                 sleep = self.tick()
             except Exception:  # noqa: BLE001 - keep scheduling; Redis may be restarting
