@@ -355,6 +355,7 @@ class Driver:
                 item["deadline"] = w.deadline
             if w.child_workflow_id:
                 item["workflow_id"] = w.child_workflow_id
+                item["policy"] = w.policy
             pending.append(item)
         return {
             "status": self.status,

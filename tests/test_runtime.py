@@ -66,8 +66,17 @@ def test_every_call_end_to_end(worker, store: RedisStore) -> None:
     history = stub.history()
     assert history[0].type == "WorkflowStarted" and history[-1].type == "WorkflowCompleted"
     types = {e.type for e in history}
-    assert {"ActivityScheduled", "TimerStarted", "TimerFired", "SignalWaitStarted", "SignalReceived",
-            "SideEffectRecorded", "VersionMarker", "ChildStarted", "ChildCompleted"} <= types
+    assert {
+        "ActivityScheduled",
+        "TimerStarted",
+        "TimerFired",
+        "SignalWaitStarted",
+        "SignalReceived",
+        "SideEffectRecorded",
+        "VersionMarker",
+        "ChildStarted",
+        "ChildCompleted",
+    } <= types
     assert all(isinstance(e.ts, int) for e in history)
     assert_history_sound(stub)
     snap = stub.snapshot()

@@ -132,7 +132,9 @@ def test_corrupt_history_blocks_the_run_with_the_reason(worker, store: RedisStor
     wait_for(lambda: stub.status() == "suspended")
     ref = store.ref(stub.id)
     record = store.run_record(ref)
-    store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"e": b"\x81\xa3bad\x01"}, id=f"0-{record['seq'] + 1}")
+    store.redis.xadd(
+        store.keys.history(ref.partition, ref.run_id), {"e": b"\x81\xa3bad\x01"}, id=f"0-{record['seq'] + 1}"
+    )
     store.redis.hset(store.keys.run(ref.partition, ref.run_id), "seq", record["seq"] + 1)
     worker.decider.cache.clear()
     stub.signal("go", "x")

@@ -31,7 +31,9 @@ from durable.errors import (
 from durable.ids import successor_run_id
 from durable.registry import get_activity, get_workflow
 from durable.replay import Decision, Driver
-from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef
+from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, child_result_message
+
+from . import faults
 
 log = logging.getLogger("durable.worker")
 
@@ -180,6 +182,7 @@ class Decider:
             if driver is not None:
                 driver.close()
             raise
+        faults.point("decision.before_commit")
         try:
             self.commit(ref, record, driver, decision, task)
         except EventConflict:
@@ -193,6 +196,7 @@ class Decider:
         except BaseException:
             driver.close()
             raise
+        faults.point("decision.after_commit")
         driver.committed()
         self.cache.put(rid, driver)
 
@@ -307,15 +311,7 @@ class Decider:
             event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
         else:
             event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
-        return codec.pack(
-            {
-                "kind": "deliver",
-                "wid": parent["wid"],
-                "rid": parent["rid"],
-                "type": event.type,
-                "data": event.to_data(),
-            }
-        )
+        return child_result_message(parent, event)
 
     def _next_run(
         self, ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew
@@ -411,6 +407,7 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
     except Exception as exc:  # noqa: BLE001
         log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
         raise exc
+    faults.point("outbox.before_ack")
     with store.redis.pipeline(transaction=True) as pipe:
         pipe.xack(stream, GROUP, entry_id)
         pipe.xdel(stream, entry_id)
@@ -476,25 +473,20 @@ def run_activity(
     timeouts = body.get("timeouts") or {}
     start_to_close, heartbeat_timeout = timeouts.get("start_to_close"), timeouts.get("heartbeat")
     started = time.time()
-    limits = [t for t in (start_to_close, heartbeat_timeout) if t]
-    if limits:
-        store.set_deadline(p, rid, aid, attempt, int((started + min(limits)) * 1000))
+    deadline = attempt_deadline(body, started)
+    if deadline is not None:
+        store.set_deadline(p, rid, aid, attempt, int(deadline * 1000), int(started * 1000))
     _, details = store.activity_state(p, rid, aid) if attempt > 1 else (None, None)
 
     def heartbeat(value: Any) -> bool:
         extend = 0
         if heartbeat_timeout:
-            extend = int(heartbeat_timeout * 1000)
-            if start_to_close:
-                extend = min(extend, int((started + start_to_close - time.time()) * 1000))
-        return store.heartbeat(
-            p,
-            rid,
-            aid,
-            attempt,
-            codec.dumps(value, path="details") if value is not None else b"",
-            max(extend, 1) if extend else 0,
-        )
+            # Push the deadline by one heartbeat timeout, never past the attempt's hard limits.
+            hard = attempt_deadline(dict(body, timeouts=dict(timeouts, heartbeat=None)), started)
+            due = time.time() + heartbeat_timeout
+            extend = max(1, int(((min(due, hard) if hard else due) - time.time()) * 1000))
+        details = codec.dumps(value, path="details") if value is not None else b""
+        return store.heartbeat(p, rid, aid, attempt, details, extend)
 
     ctx = ActivityContext(
         workflow_id=body["wid"],
@@ -509,6 +501,7 @@ def run_activity(
     try:
         result = definition.fn(*args)
         payload = codec.dumps(result, path="result")
+        faults.point("activity.after_effect")
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded
         if not isinstance(exc, Exception):
             raise
@@ -533,6 +526,32 @@ def run_activity(
     return "completed"
 
 
+def attempt_deadline(body: dict[str, Any], started: float) -> float | None:
+    """When an attempt started at ``started`` must have finished (or heartbeated), if ever."""
+    timeouts = body.get("timeouts") or {}
+    limits = [started + t for t in (timeouts.get("start_to_close"), timeouts.get("heartbeat")) if t]
+    if timeouts.get("schedule_to_close"):
+        limits.append(body["scheduled"] / 1000 + timeouts["schedule_to_close"])
+    return min(limits) if limits else None
+
+
+def timeout_kind(body: dict[str, Any], started_ms: int | None, now_ms: int) -> str:
+    """Which timeout an expired attempt hit: schedule_to_close, start_to_close or heartbeat."""
+    timeouts = body.get("timeouts") or {}
+    if (
+        timeouts.get("schedule_to_close")
+        and now_ms >= body["scheduled"] + timeouts["schedule_to_close"] * 1000
+    ):
+        return "schedule_to_close"
+    if (
+        timeouts.get("start_to_close")
+        and started_ms is not None
+        and now_ms >= started_ms + timeouts["start_to_close"] * 1000
+    ):
+        return "start_to_close"
+    return "heartbeat" if timeouts.get("heartbeat") else "start_to_close"
+
+
 def fail_attempt(
     store: RedisStore,
     body: dict[str, Any],
@@ -552,6 +571,8 @@ def fail_attempt(
     final_reason = ""
     if isinstance(exc, NonRetryableError | SerializationError):
         final_reason = "non-retryable error"
+    elif isinstance(exc, ActivityTimeout) and exc.kind == "schedule_to_close":
+        final_reason = "schedule_to_close_timeout passed"
     elif names & set(policy.non_retryable_errors):
         final_reason = "error type listed in non_retryable_errors"
     elif policy.max_attempts and attempt >= policy.max_attempts:

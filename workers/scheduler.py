@@ -22,7 +22,8 @@ from durable.errors import ActivityTimeout
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 
-from .runner import fail_attempt
+from . import faults
+from .runner import fail_attempt, timeout_kind
 
 log = logging.getLogger("durable.scheduler")
 
@@ -99,6 +100,8 @@ class Scheduler:
         next_due = now + self.max_sleep
         for p in range(self.store.keys.partitions):
             fired, due = self.store.fire_timers(p)
+            if fired:
+                faults.point("timers.after_fire")
             self.fired += fired
             if due >= 0:
                 next_due = min(next_due, due / 1000)
@@ -119,8 +122,7 @@ class Scheduler:
             body: dict[str, Any] = codec.unpack(body_raw)
             if int(body["attempt"]) != attempt:
                 continue
-            timeouts = body.get("timeouts") or {}
-            kind = "heartbeat" if timeouts.get("heartbeat") else "start_to_close"
+            kind = timeout_kind(body, self.store.attempt_started(p, rid, aid), now_ms)
             error = ActivityTimeout(
                 f"activity {body['name']} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )

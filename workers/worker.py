@@ -74,6 +74,10 @@ class Worker:
             none, every registered type is allowed (in-process tests).
         cache_size: Live runs kept in the cache.
         grace: Seconds to let in-flight activities finish on shutdown.
+        claim_idle_ms: A task idle this long with a silent worker is reclaimed.
+        block_ms: Longest blocking read (bounds how fast a stop is noticed).
+        max_deliveries: A workflow task delivered more often than this (its
+            decision keeps killing workers) is parked and its run blocked.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Worker:
         grace: float = 30.0,
         claim_idle_ms: int = 30_000,
         block_ms: int = 1000,
+        max_deliveries: int = 3,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
@@ -94,6 +99,7 @@ class Worker:
         self.app = list(app)
         self.grace = grace
         self.block_ms = block_ms
+        self.max_deliveries = max_deliveries
         self.consumer = consumer_name()
         defined = _defined_in(self.app)
         self._workflow_ok = lambda name: name in registry.workflows() and defined(registry.workflows()[name])
@@ -179,6 +185,22 @@ class Worker:
     def _pass(self) -> None:
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
+            if ":wq:" in stream and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
+                # The same decision keeps dying with its worker: block the run, keep the task.
+                p = self.store.keys.partition_of_key(stream)
+                run_id = fields.get(b"run", b"").decode()
+                self.store.park(
+                    p=p,
+                    stream=stream,
+                    entry_id=entry_id,
+                    kind="workflow",
+                    fields=fields,
+                    run_id=run_id,
+                    block=True,
+                    reason=f"the decision did not finish in {self.max_deliveries} deliveries (it crashed or hung "
+                    "its worker); fix the code, then `durable repair`",
+                )
+                continue
             self._dispatch(stream, entry_id, fields, redelivered=True)
         free = self.concurrency - self._busy
         streams = self.workflow_streams + self.outbox_streams + (self.activity_streams if free > 0 else [])

@@ -418,8 +418,23 @@ class RedisStore:
         )
         return int(result) == 1
 
-    def set_deadline(self, p: int, run_id: str, activity_id: str, attempt: int, due_ms: int) -> None:
-        self.redis.zadd(self.keys.running(p), {f"{run_id}|{activity_id}|{attempt}": due_ms})
+    def set_deadline(
+        self, p: int, run_id: str, activity_id: str, attempt: int, due_ms: int, started_ms: int
+    ) -> None:
+        """Register a running attempt's deadline (start-to-close, heartbeat or schedule-to-close)."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(self.keys.running(p), {f"{run_id}|{activity_id}|{attempt}": due_ms})
+            pipe.hset(self.keys.activities(p, run_id), f"{activity_id}:started", started_ms)
+            pipe.execute()
+
+    def attempt_started(self, p: int, run_id: str, activity_id: str) -> int | None:
+        value = self.redis.hget(self.keys.activities(p, run_id), f"{activity_id}:started")
+        return int(value) if value is not None else None
+
+    def delivery_count(self, stream: str, entry_id: str) -> int:
+        """How many times a pending task entry has been delivered (0 if it is not pending)."""
+        rows = self.redis.xpending_range(stream, GROUP, min=entry_id, max=entry_id, count=1)
+        return int(rows[0]["times_delivered"]) if rows else 0
 
     def activity_state(self, p: int, run_id: str, activity_id: str) -> tuple[bytes | None, bytes | None]:
         """(current task body, last heartbeat details) of a pending activity."""
@@ -431,6 +446,13 @@ class RedisStore:
         for _ in range(5):
             ref = self.ref(workflow_id)
             k, p, rid = self.keys, ref.partition, ref.run_id
+            parent_raw = self.redis.hget(k.run(p, rid), "parent")
+            parent = codec.unpack(parent_raw) if parent_raw else None
+            to_parent = b""
+            if parent:
+                to_parent = child_result_message(
+                    parent, ev.ChildFailed(id=parent["cid"], status="terminated")
+                )
             result = self._run_script(
                 "terminate",
                 [
@@ -440,8 +462,9 @@ class RedisStore:
                     k.inbox(p, rid),
                     k.activities(p, rid),
                     k.log(p, rid),
+                    k.outbox(p),
                 ],
-                [rid, codec.pack(ev.WorkflowTerminated(reason=reason).to_data())],
+                [rid, codec.pack(ev.WorkflowTerminated(reason=reason).to_data()), to_parent],
             )
             outcome = _s(result[0])
             if outcome == "OK":
@@ -586,6 +609,19 @@ class RedisStore:
             if len(out) >= limit:
                 break
         return out
+
+
+def child_result_message(parent: dict[str, Any], event: ev.Event) -> bytes:
+    """An outbox message delivering a child's outcome to its parent run (another partition)."""
+    return codec.pack(
+        {
+            "kind": "deliver",
+            "wid": parent["wid"],
+            "rid": parent["rid"],
+            "type": event.type,
+            "data": event.to_data(),
+        }
+    )
 
 
 def _decode_run(raw: dict[bytes, bytes]) -> dict[str, Any]:

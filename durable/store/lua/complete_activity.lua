@@ -12,15 +12,22 @@ local rid, aid, attempt, entry_id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local ts = now_ms()
 ack(stream, entry_id)
 redis.call('ZREM', running, rid .. '|' .. aid .. '|' .. attempt)
-redis.call('XADD', log, '*', 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', outcome,
-  'record', ARGV[10], 'ts', ts)
 
+-- A result nobody waits for any more is kept in the log, marked discarded.
+local stale = nil
 local current = tonumber(redis.call('HGET', acts, aid .. '#'))
-if not current then return {'STALE', 'activity is no longer pending (cancelled or already done)'} end
-if current ~= attempt then
-  return {'STALE', 'a newer attempt is current'}
+if not current then
+  stale = 'activity is no longer pending (cancelled, timed out or already done)'
+elseif current ~= attempt then
+  stale = 'a newer attempt is current'
+elseif not is_open(redis.call('HGET', run, 'status')) then
+  stale = 'run is closed'
 end
-if not is_open(redis.call('HGET', run, 'status')) then return {'STALE', 'run is closed'} end
+local logged = outcome
+if stale then logged = 'discarded' end
+redis.call('XADD', log, '*', 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', logged,
+  'record', ARGV[10], 'reason', stale or '', 'ts', ts)
+if stale then return {'STALE', stale} end
 
 if outcome == 'retry' then
   local due = ts + tonumber(ARGV[8])

@@ -1,0 +1,168 @@
+"""Workflows for the failure-model tests."""
+
+from __future__ import annotations
+
+import time
+
+from durable import (
+    Activity,
+    ActivityCancelledError,
+    ActivityFailed,
+    ChildWorkflowFailed,
+    NonRetryableError,
+    RetryPolicy,
+    Workflow,
+    activity,
+    activity_context,
+    all,
+    await_signal,
+    child,
+)
+
+from .basic import record
+
+FAST = RetryPolicy(initial_interval=0.05, max_attempts=2)
+
+
+class Sleepy(Activity):
+    start_to_close_timeout = 0.3
+    retry = FAST
+
+    def handle(self, path: str, seconds: float) -> str:
+        record(path, f"sleep attempt {self.context.attempt}")
+        time.sleep(seconds)
+        record(path, f"woke attempt {self.context.attempt}")
+        return "late"
+
+
+class Resumable(Activity):
+    """Heartbeats its progress; a retry resumes from the last heartbeat details."""
+
+    heartbeat_timeout = 0.4
+    retry = RetryPolicy(initial_interval=0.05, max_attempts=3)
+
+    def handle(self, path: str) -> dict:
+        ctx = self.context
+        start = ctx.heartbeat_details or 0
+        record(path, f"attempt {ctx.attempt} from {start}")
+        for step in range(start, 5):
+            ctx.heartbeat(step)
+            if ctx.attempt == 1 and step == 2:
+                time.sleep(1.0)  # stop heartbeating: the attempt times out
+            time.sleep(0.02)
+        return {"attempt": ctx.attempt, "resumed_from": start}
+
+
+class Declines(Activity):
+    retry = RetryPolicy(initial_interval=0.05, max_attempts=5, non_retryable_errors=("PermissionError",))
+
+    def handle(self, path: str, kind: str) -> None:
+        record(path, f"declines {self.context.attempt}")
+        if kind == "listed":
+            raise PermissionError("card blocked")
+        raise NonRetryableError("insufficient funds")
+
+
+def heartbeat_until_cancelled(path: str) -> str:
+    ctx = activity_context()
+    record(path, "long started")
+    try:
+        for _ in range(200):
+            ctx.heartbeat()
+            time.sleep(0.02)
+    except ActivityCancelledError:
+        record(path, "long saw cancel")
+        raise
+    return "finished"
+
+
+def fail_fast(path: str) -> None:
+    time.sleep(0.1)
+    raise RuntimeError("branch failed")
+
+
+class Timeouts(Workflow):
+    def handle(self, path: str) -> object:
+        try:
+            return activity(Sleepy, path, 1.0)
+        except ActivityFailed as exc:
+            return {
+                "cause": type(exc.cause).__name__,
+                "kind": getattr(exc.cause, "kind", None),
+                "attempts": exc.attempts,
+            }
+
+
+class Heartbeats(Workflow):
+    def handle(self, path: str) -> dict:
+        return activity(Resumable, path)
+
+
+class NonRetryable(Workflow):
+    def handle(self, path: str, kind: str) -> object:
+        try:
+            activity(Declines, path, kind)
+        except ActivityFailed as exc:
+            return {"cause": type(exc.cause).__name__, "attempts": exc.attempts}
+        return None
+
+
+class FailFast(Workflow):
+    def handle(self, path: str) -> str:
+        try:
+            all(
+                [
+                    lambda: activity(heartbeat_until_cancelled, path, retry=RetryPolicy(max_attempts=1)),
+                    lambda: activity(fail_fast, path, retry=RetryPolicy(max_attempts=1)),
+                ]
+            )
+        except ActivityFailed as exc:
+            return f"caught {type(exc.cause).__name__}"
+        return "no error"
+
+
+class ChildFails(Workflow):
+    def handle(self) -> None:
+        raise ValueError("child broke")
+
+
+class ChildWaits(Workflow):
+    def handle(self) -> str:
+        return await_signal("never")
+
+
+class ParentOfFailing(Workflow):
+    def handle(self) -> dict:
+        try:
+            child(ChildFails)
+        except ChildWorkflowFailed as exc:
+            return {"status": exc.status, "cause": type(exc.cause).__name__}
+        return {}
+
+
+class ParentOfWaiting(Workflow):
+    def handle(self) -> dict:
+        try:
+            child(ChildWaits, workflow_id=f"{self.__class__.__name__}-kid")
+        except ChildWorkflowFailed as exc:
+            return {"status": exc.status}
+        return {}
+
+
+VERSION = {"value": 1}
+
+
+def step_a() -> str:
+    return "a"
+
+
+def step_b() -> str:
+    return "b"
+
+
+class Changing(Workflow):
+    """Its code 'changes' between deploys: VERSION picks the activity."""
+
+    def handle(self) -> str:
+        first = activity(step_a if VERSION["value"] == 1 else step_b)
+        return first + await_signal("go")

@@ -1,0 +1,132 @@
+"""The failure model end to end: timeouts, heartbeats, non-retryable errors, fail-fast,
+child errors, blocked runs and repair."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from apps import failures
+from apps.failures import (
+    Changing,
+    FailFast,
+    Heartbeats,
+    NonRetryable,
+    ParentOfFailing,
+    ParentOfWaiting,
+    Timeouts,
+)
+
+from durable import WorkflowFailed, WorkflowStub
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_start_to_close_timeout_retries_then_fails(worker, tmp_path: Path) -> None:
+    log = tmp_path / "t.log"
+    stub = WorkflowStub.make(Timeouts).start(str(log))
+    assert stub.result(timeout=15) == {"cause": "ActivityTimeout", "kind": "start_to_close", "attempts": 2}
+    # The attempts' threads were not trusted to stop: their late results are discarded.
+    wait_for(lambda: lines(log).count("woke attempt 2") == 1, timeout=5)
+    attempts = wait_for(lambda: len(stub.describe()["attempts"]) == 4 and stub.describe()["attempts"])
+    by_attempt = {n: sorted(a["outcome"] for a in attempts if a["attempt"] == n) for n in (1, 2)}
+    assert by_attempt == {1: ["discarded", "retry"], 2: ["discarded", "failed"]}
+    timeout_records = [a for a in attempts if a["outcome"] in ("retry", "failed")]
+    assert all("timed out (start_to_close)" in a["record"]["error"] for a in timeout_records)
+
+
+def test_heartbeat_timeout_and_details_reach_next_attempt(worker, tmp_path: Path) -> None:
+    log = tmp_path / "hb.log"
+    stub = WorkflowStub.make(Heartbeats).start(str(log))
+    assert stub.result(timeout=15) == {"attempt": 2, "resumed_from": 2}
+    assert lines(log)[:2] == ["attempt 1 from 0", "attempt 2 from 2"]
+
+
+@pytest.mark.parametrize(("kind", "cause"), [("listed", "PermissionError"), ("raised", "NonRetryableError")])
+def test_non_retryable_errors_stop_retries(worker, tmp_path: Path, kind: str, cause: str) -> None:
+    log = tmp_path / "nr.log"
+    stub = WorkflowStub.make(NonRetryable).start(str(log), kind)
+    assert stub.result(timeout=10) == {"cause": cause, "attempts": 1}
+    assert lines(log) == ["declines 1"]
+
+
+def test_fail_fast_all_cancels_in_flight_sibling(worker, tmp_path: Path) -> None:
+    log = tmp_path / "ff.log"
+    stub = WorkflowStub.make(FailFast).start(str(log))
+    assert stub.result(timeout=15) == "caught RuntimeError"
+    history = stub.history()
+    cancelled = [e for e in history if e.type == "ActivityCancelled"]
+    assert len(cancelled) == 1 and cancelled[0].data["outcome_unknown"] is True
+    assert "branch" in cancelled[0].data["reason"]
+    wait_for(lambda: "long saw cancel" in lines(log), timeout=5)
+
+
+def test_child_failure_and_termination_are_distinct(worker) -> None:
+    assert WorkflowStub.make(ParentOfFailing).start().result(timeout=15) == {
+        "status": "failed",
+        "cause": "ValueError",
+    }
+    parent = WorkflowStub.make(ParentOfWaiting).start()
+    kid = WorkflowStub.load(wait_for(lambda: _exists("ParentOfWaiting-kid")))
+    wait_for(lambda: kid.status() == "suspended")
+    kid.terminate("operator")
+    assert parent.result(timeout=15) == {"status": "terminated"}
+
+
+def _exists(workflow_id: str) -> str | None:
+    from durable import WorkflowNotFound
+
+    try:
+        WorkflowStub.load(workflow_id)
+        return workflow_id
+    except WorkflowNotFound:
+        return None
+
+
+def test_parent_termination_terminates_child_by_policy(worker) -> None:
+    parent = WorkflowStub.make(ParentOfWaiting, id="pp").start()
+    kid = WorkflowStub.load(wait_for(lambda: _exists("ParentOfWaiting-kid")))
+    wait_for(lambda: kid.status() == "suspended" and parent.status() in ("running", "suspended"))
+    parent.terminate("done with it")
+    wait_for(lambda: kid.status() == "terminated")
+
+
+def test_nondeterminism_blocks_the_run_and_repair_requeues_it(worker) -> None:
+    failures.VERSION["value"] = 1
+    try:
+        stub = WorkflowStub.make(Changing).start()
+        wait_for(lambda: stub.status() == "suspended")
+        failures.VERSION["value"] = 2  # a deploy changed the code under a running workflow
+        worker.decider.cache.clear()
+        stub.signal("go", "!")
+        blocked = wait_for(lambda: stub.snapshot()["blocked"])
+        assert "NondeterminismError" in blocked and "step_a" in blocked and "step_b" in blocked
+        assert stub.status() not in ("failed", "completed")
+        failures.VERSION["value"] = 1  # the fix is deployed
+        from durable.client import default_store
+
+        default_store().repair(stub.id)
+        assert stub.result(timeout=10) == "a!"
+    finally:
+        failures.VERSION["value"] = 1
+
+
+def test_failed_run_result_carries_cause(worker) -> None:
+    from apps.basic import Boom
+
+    stub = WorkflowStub.make(Boom).start()
+    with pytest.raises(WorkflowFailed, match="boom"):
+        stub.result(timeout=10)
