@@ -471,7 +471,7 @@ def run_activity(
         )
         return "parked"
     timeouts = body.get("timeouts") or {}
-    start_to_close, heartbeat_timeout = timeouts.get("start_to_close"), timeouts.get("heartbeat")
+    heartbeat_timeout = timeouts.get("heartbeat")
     started = time.time()
     deadline = attempt_deadline(body, started)
     if deadline is not None:
