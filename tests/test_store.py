@@ -40,10 +40,10 @@ def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> 
         driver.replay(store._decode_history(ref, rows))
         decisions.append((record, driver, driver.decide([])))
     record, driver, decision = decisions[0]
-    decider.commit(ref, record, driver, decision, None)
+    store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None))
     record, driver, decision = decisions[1]
     with pytest.raises(EventConflict, match="seq"):
-        decider.commit(ref, record, driver, decision, None)
+        store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None))
     history = stub.history()
     assert [e.seq for e in history] == [1, 2]
     assert [e.type for e in history] == ["WorkflowStarted", "ActivityScheduled"]

@@ -12,6 +12,7 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from durable import codec
@@ -91,6 +92,25 @@ class RunCache:
         return len(self._drivers)
 
 
+@dataclass(frozen=True)
+class Task:
+    """One claimed task entry: its partition, stream, entry id and fields."""
+
+    p: int
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
+
+    @property
+    def run_id(self) -> str:
+        raw = self.fields.get(b"run")
+        return raw.decode() if raw is not None else ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.stream, self.entry_id)
+
+
 class Decider:
     """Runs workflow tasks: load run, replay (or reuse the cached driver), decide, commit."""
 
@@ -116,36 +136,110 @@ class Decider:
         return get_workflow(name)
 
     def handle(self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        raw_rid = fields.get(b"run")
-        if raw_rid is None:
-            self.store.park(
-                p=p,
-                stream=stream,
-                entry_id=entry_id,
-                kind="workflow",
-                reason="task has no run id",
-                fields=fields,
-            )
+        """Decide one workflow task."""
+        self.handle_batch([Task(p, stream, entry_id, fields)])
+
+    def handle_batch(self, tasks: list[Task]) -> None:
+        """Decide a batch of workflow tasks: one round trip loads every run, one commits
+        every decision (each commit is its own atomic script)."""
+        ready: list[Task] = []
+        for task in tasks:
+            if task.run_id:
+                ready.append(task)
+            else:
+                self.store.park(
+                    p=task.p,
+                    stream=task.stream,
+                    entry_id=task.entry_id,
+                    kind="workflow",
+                    reason="task has no run id",
+                    fields=task.fields,
+                )
+        while ready:
+            # A run twice in one batch (a reclaimed task beside a fresh one) is decided in turn.
+            this_round: dict[str, Task] = {}
+            later: list[Task] = []
+            for task in ready:
+                if task.run_id in this_round:
+                    later.append(task)
+                else:
+                    this_round[task.run_id] = task
+            self._round(list(this_round.values()))
+            ready = later
+
+    def _round(self, tasks: list[Task]) -> None:
+        afters = []
+        for task in tasks:
+            cached = self.cache._drivers.get(task.run_id)
+            afters.append(cached.seq if cached is not None else 0)
+        loaded = self.store.load_many(
+            [(t.p, t.run_id, after) for t, after in zip(tasks, afters, strict=True)]
+        )
+        pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
+        for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
+            prepared = self._prepare(task, after, record, inbox, rows)
+            if prepared is not None:
+                pending.append((task, *prepared))
+        if not pending:
             return
-        rid = raw_rid.decode()
-        cached = self.cache._drivers.get(rid)
-        after = cached.seq if cached is not None else 0
-        record, inbox, rows = self.store.load_for_decision(p, rid, after)
+        faults.point("decision.before_commit")
+        try:
+            results = self.store.commit_many(
+                [
+                    (ref, self.commit_plan(ref, record, driver, decision, task.key))
+                    for task, ref, driver, decision, record in pending
+                ]
+            )
+        except BaseException:
+            for _, _, driver, _, _ in pending:
+                driver.close()
+            raise
+        faults.point("decision.after_commit")
+        for (task, ref, driver, decision, _), result in zip(pending, results, strict=True):
+            if isinstance(result, EventConflict):
+                log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
+                driver.close()
+            elif isinstance(result, WorkflowClosed):
+                driver.close()
+                self._ack_only(task.key)
+            elif isinstance(result, Exception):
+                driver.close()
+                log.error(
+                    "commit of run %s failed: %s; the task stays pending and will be retried",
+                    ref.run_id,
+                    result,
+                )
+            else:
+                driver.committed()
+                self.cache.put(ref.run_id, driver)
+                # After the commit: a scheduler woken earlier would not see the timer yet.
+                for _, due in decision.timers:
+                    self.on_timer(due)
+
+    def _prepare(
+        self,
+        task: Task,
+        after: int,
+        record: dict[str, Any] | None,
+        inbox: list[bytes],
+        rows: list[tuple[bytes, dict[bytes, bytes]]],
+    ) -> tuple[RunRef, Driver, Decision, dict[str, Any]] | None:
+        """Replay (or reuse the cached driver) and decide; park the task if the run cannot go on."""
+        p, rid = task.p, task.run_id
         if record is None:
             self.store.park(
                 p=p,
-                stream=stream,
-                entry_id=entry_id,
+                stream=task.stream,
+                entry_id=task.entry_id,
                 kind="workflow",
                 reason=f"run {rid} does not exist",
-                fields=fields,
+                fields=task.fields,
             )
-            return
-        ref = RunRef(p, rid, record.get("workflow_id", ""))
-        task = (stream, entry_id)
+            return None
         if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
-            self._ack_only(task)
-            return
+            self._ack_only(task.key)
+            return None
+        ref = RunRef(p, rid, record.get("workflow_id", ""))
         driver = self.cache.take(rid, record["seq"])
         try:
             if driver is None:
@@ -169,36 +263,20 @@ class Decider:
                 driver.close()
             self.store.park(
                 p=p,
-                stream=stream,
-                entry_id=entry_id,
+                stream=task.stream,
+                entry_id=task.entry_id,
                 kind="workflow",
                 reason=f"{type(exc).__name__}: {exc}",
-                fields=fields,
+                fields=task.fields,
                 run_id=rid,
                 block=True,
             )
-            return
+            return None
         except BaseException:
             if driver is not None:
                 driver.close()
             raise
-        faults.point("decision.before_commit")
-        try:
-            self.commit(ref, record, driver, decision, task)
-        except EventConflict:
-            log.info("conflict committing run %s; another decider won, discarding", rid)
-            driver.close()
-            return
-        except WorkflowClosed:
-            driver.close()
-            self._ack_only(task)
-            return
-        except BaseException:
-            driver.close()
-            raise
-        faults.point("decision.after_commit")
-        driver.committed()
-        self.cache.put(rid, driver)
+        return ref, driver, decision, record
 
     def _decide_around_poison(
         self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]
@@ -221,14 +299,15 @@ class Decider:
             pipe.xdel(task[0], task[1])
             pipe.execute()
 
-    def commit(
+    def commit_plan(
         self,
         ref: RunRef,
         record: dict[str, Any],
         driver: Driver,
         decision: Decision,
         task: tuple[str, str] | None,
-    ) -> None:
+    ) -> dict[str, Any]:
+        """The commit arguments of a decision (activity task bodies, outbox messages, ...)."""
         keys = self.store.keys
         p, rid = ref.partition, ref.run_id
         activities = []
@@ -263,8 +342,7 @@ class Decider:
                 next_run = self._next_run(ref, record, driver, decision.closing)
             elif parent:
                 outbox.append(self._child_result(parent, decision.closing))
-        self.store.commit(
-            ref,
+        return dict(
             expected_seq=decision.expected_seq,
             events=decision.events,
             consumed=decision.consumed,
@@ -281,9 +359,6 @@ class Decider:
             next_run=next_run,
             task=task,
         )
-        # After the commit: a scheduler woken earlier would not see the timer yet.
-        for _, due in decision.timers:
-            self.on_timer(due)
 
     def _child_start(self, ref: RunRef, child: ev.ChildStarted) -> bytes:
         return codec.pack(

@@ -35,7 +35,7 @@ from durable import registry
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore, consumer_name
 
-from .runner import Decider, handle_outbox, run_activity
+from .runner import Decider, Task, handle_outbox, run_activity
 from .scheduler import Scheduler
 
 log = logging.getLogger("durable.worker")
@@ -211,11 +211,18 @@ class Worker:
             count=max(free, 1) if free > 0 else 16,
             block=self.block_ms if not self._reclaimed else 1,
         )
+        decisions: list[Task] = []
         for stream_raw, entries in response or ():
             stream = stream_raw.decode() if isinstance(stream_raw, bytes) else stream_raw
             for entry_id_raw, fields in entries:
                 entry_id = entry_id_raw.decode() if isinstance(entry_id_raw, bytes) else entry_id_raw
-                self._dispatch(stream, entry_id, fields)
+                if ":wq:" in stream:
+                    decisions.append(Task(self.store.keys.partition_of_key(stream), stream, entry_id, fields))
+                else:
+                    self._dispatch(stream, entry_id, fields)
+        if decisions:
+            self.decider.handle_batch(decisions)
+            self.decisions += len(decisions)
 
     def _dispatch(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool = False

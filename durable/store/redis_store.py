@@ -167,12 +167,22 @@ class RedisStore:
         self, p: int, run_id: str, after_seq: int
     ) -> tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]:
         """One consistent read for a decision: run record, inbox items, history after ``after_seq``."""
+        return self.load_many([(p, run_id, after_seq)])[0]
+
+    def load_many(
+        self, runs: Sequence[tuple[int, str, int]]
+    ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
+        """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC)."""
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.keys.run(p, run_id))
-            pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
-            pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
-            raw_run, inbox, rows = pipe.execute()
-        return (_decode_run(raw_run) if raw_run else None), inbox, rows
+            for p, run_id, after_seq in runs:
+                pipe.hgetall(self.keys.run(p, run_id))
+                pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
+                pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
+            replies = pipe.execute()
+        return [
+            ((_decode_run(replies[i]) if replies[i] else None), replies[i + 1], replies[i + 2])
+            for i in range(0, len(replies), 3)
+        ]
 
     def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
         """Activity attempts and dropped inputs kept beside the history."""
@@ -249,7 +259,7 @@ class RedisStore:
         return RunRef(p, run_id, workflow_id)
 
     # ------------------------------------------------------------ decisions
-    def commit(
+    def commit_args(
         self,
         ref: RunRef,
         *,
@@ -268,15 +278,11 @@ class RedisStore:
         close: str | None = None,
         next_run: dict[str, Any] | None = None,
         task: tuple[str, str] | None = None,
-    ) -> CommitResult:
-        """Commit a decision atomically against ``expected_seq``.
+    ) -> tuple[list[str], list[bytes]]:
+        """Keys and arguments of the commit script for one decision.
 
         ``activities`` are ``(stream key, activity id, task body)``; ``timers``
         ``(member, due ms)``; ``dropped`` ``(raw, reason, poison)``.
-
-        Raises:
-            EventConflict: the history moved past ``expected_seq``.
-            WorkflowClosed: the run closed meanwhile (terminated).
         """
         p, rid = ref.partition, ref.run_id
         k = self.keys
@@ -318,16 +324,46 @@ class RedisStore:
             *dict.fromkeys(extra),
         ]
         # Lua's cmsgpack predates msgpack's bin type: send bytes as raw strings.
-        result = self._run_script("commit", keys, [msgpack.packb(plan, use_bin_type=False)])
-        outcome = _s(result[0])
-        if outcome == "CONFLICT":
-            raise EventConflict(
-                f"run {rid}: history is at seq {int(result[1])}, decision expected {expected_seq} "
-                "(another decider committed first)"
-            )
-        if outcome == "CLOSED":
-            raise WorkflowClosed(f"run {rid} is {_s(result[1])}; decision discarded")
-        return CommitResult(seq=int(result[1]), inbox=int(result[2]))
+        return keys, [msgpack.packb(plan, use_bin_type=False)]
+
+    def commit(self, ref: RunRef, **decision: Any) -> CommitResult:
+        """Commit one decision atomically against its expected seq (see :meth:`commit_args`).
+
+        Raises:
+            EventConflict: the history moved past the expected seq.
+            WorkflowClosed: the run closed meanwhile (terminated).
+        """
+        result = self.commit_many([(ref, decision)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def commit_many(
+        self, decisions: Sequence[tuple[RunRef, dict[str, Any]]]
+    ) -> list[CommitResult | Exception]:
+        """Commit several runs' decisions in one round trip (each one atomic on its own).
+
+        Returns, per decision, its :class:`CommitResult` or the exception it
+        met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
+        """
+        script = self._scripts["commit"]
+        if len(decisions) == 1:
+            ref, decision = decisions[0]
+            keys, args = self.commit_args(ref, **decision)
+            try:
+                replies: list[Any] = [script(keys=keys, args=args)]
+            except redis.RedisError as exc:
+                replies = [exc]
+        else:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for ref, decision in decisions:
+                    keys, args = self.commit_args(ref, **decision)
+                    script(keys=keys, args=args, client=pipe)
+                replies = pipe.execute(raise_on_error=False)
+        return [
+            _commit_outcome(ref.run_id, decision["expected_seq"], reply)
+            for (ref, decision), reply in zip(decisions, replies, strict=True)
+        ]
 
     # --------------------------------------------------------------- inputs
     def deliver(self, workflow_id: str, event: ev.Event, *, run_id: str | None = None) -> RunRef:
@@ -609,6 +645,20 @@ class RedisStore:
             if len(out) >= limit:
                 break
         return out
+
+
+def _commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult | Exception:
+    if isinstance(reply, Exception):
+        return reply
+    outcome = _s(reply[0])
+    if outcome == "CONFLICT":
+        return EventConflict(
+            f"run {run_id}: history is at seq {int(reply[1])}, decision expected {expected_seq} "
+            "(another decider committed first)"
+        )
+    if outcome == "CLOSED":
+        return WorkflowClosed(f"run {run_id} is {_s(reply[1])}; decision discarded")
+    return CommitResult(seq=int(reply[1]), inbox=int(reply[2]))
 
 
 def child_result_message(parent: dict[str, Any], event: ev.Event) -> bytes:
