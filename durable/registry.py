@@ -35,6 +35,7 @@ class ActivityDefinition:
     schedule_to_close_timeout: float | None = None
     heartbeat_timeout: float | None = None
     origin: str = ""
+    module: str = ""
 
 
 _workflows: dict[str, type[Workflow]] = {}
@@ -94,6 +95,7 @@ def register_activity_class(cls: type[Activity]) -> None:
             ),
             heartbeat_timeout=to_seconds(cls.heartbeat_timeout, f"{name}.heartbeat_timeout"),
             origin=_origin(cls),
+            module=cls.__module__,
         )
     )
 
@@ -143,6 +145,7 @@ def register_activity(
                 schedule_to_close_timeout=to_seconds(schedule_to_close_timeout, "schedule_to_close_timeout"),
                 heartbeat_timeout=to_seconds(heartbeat_timeout, "heartbeat_timeout"),
                 origin=_origin(f),
+                module=f.__module__,
             )
         )
         f.__durable_activity__ = durable_name  # type: ignore[attr-defined]
@@ -165,7 +168,9 @@ def register_module_functions(module: Any) -> None:
             and attr not in _activities
             and _NAME.match(attr)
         ):
-            _activities[attr] = ActivityDefinition(name=attr, fn=value, origin=_origin(value))
+            _activities[attr] = ActivityDefinition(
+                name=attr, fn=value, origin=_origin(value), module=module.__name__
+            )
 
 
 def activity_definition_for(target: Any) -> ActivityDefinition:
@@ -185,7 +190,9 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
             )
         found = _activities.get(name)
         if found is None:
-            found = ActivityDefinition(name=check_name(name, "activity"), fn=target, origin=_origin(target))
+            found = ActivityDefinition(
+                name=check_name(name, "activity"), fn=target, origin=_origin(target), module=target.__module__
+            )
             _activities[name] = found
         return found
     raise ConfigurationError(f"not an activity: {target!r} (use an Activity subclass, a function or a name)")

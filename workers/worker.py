@@ -53,12 +53,12 @@ def load_app(modules: Iterable[str]) -> list[Any]:
     return loaded
 
 
-def _defined_in(modules: Sequence[str]) -> Callable[[Any], bool]:
+def _defined_in(modules: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a module name is one of ``modules`` (or inside one); with none, anything is."""
     prefixes = tuple(modules)
 
-    def check(obj: Any) -> bool:
-        origin = getattr(obj, "__module__", "") or ""
-        return not prefixes or any(origin == m or origin.startswith(m + ".") for m in prefixes)
+    def check(module: str) -> bool:
+        return not prefixes or any(module == m or module.startswith(m + ".") for m in prefixes)
 
     return check
 
@@ -102,15 +102,17 @@ class Worker:
         self.max_deliveries = max_deliveries
         self.consumer = consumer_name()
         defined = _defined_in(self.app)
-        self._workflow_ok = lambda name: name in registry.workflows() and defined(registry.workflows()[name])
-        self._activity_ok = lambda name: (
-            name in registry.activities()
-            and (
-                not self.app
-                or defined(registry.activities()[name].fn)
-                or registry.activities()[name].origin.split(".")[0] in self.app
-            )
-        )
+
+        def workflow_ok(name: str) -> bool:
+            cls = registry.workflows().get(name)
+            return cls is not None and defined(cls.__module__)
+
+        def activity_ok(name: str) -> bool:
+            definition = registry.activities().get(name)
+            return definition is not None and defined(definition.module)
+
+        self._workflow_ok = workflow_ok
+        self._activity_ok = activity_ok
         keys = self.store.keys
         parts = range(keys.partitions)
         self.workflow_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]

@@ -1,0 +1,65 @@
+"""Real worker processes for crash tests: started with the `durable` CLI, always stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+
+def spawn_worker(
+    redis_url: str, *, app: str = "apps.basic", extra: tuple[str, ...] = (), env: dict | None = None
+) -> subprocess.Popen:
+    """Start `durable worker` as a separate process (its own session, so a kill reaches only it)."""
+    environ = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    environ.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--app", app, "--concurrency", "4", *extra],
+        cwd=ROOT,
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15) -> int:
+    """SIGTERM, wait, SIGKILL if needed; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    if proc.stderr is not None:
+        proc.stderr.close()
+    return proc.returncode
+
+
+@contextmanager
+def workers(redis_url: str, n: int = 1, **kwargs) -> Iterator[list[subprocess.Popen]]:
+    procs = [spawn_worker(redis_url, **kwargs) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")

@@ -1,0 +1,455 @@
+"""The ``durable`` command: in-process (click's CliRunner) and as real processes.
+
+Every process a test starts is stopped in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+from workers.cli import cli, json_default, parse_args, to_json
+from workers.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def env_for(*paths: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    extra = [str(ROOT), *(str(p) for p in paths)]
+    env["PYTHONPATH"] = os.pathsep.join(extra + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_cli(
+    *args: str, paths: tuple[Path, ...] = (), timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env_for(*paths),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def popen_cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env_for(),
+        text=True,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
+    """SIGTERM ``proc`` and wait; kill it if it does not exit (then fail)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"process {proc.args} did not exit within {timeout} s of SIGTERM") from None
+
+
+def children_of(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        return {int(x) for x in path.read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+def one_error_line(result: Result | subprocess.CompletedProcess[str]) -> str:
+    err = result.stderr.strip()
+    assert err.startswith("error: "), err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def worker_proc(redis_url: str) -> Iterator[subprocess.Popen[str]]:
+    """``durable worker --app examples.order`` as a real process."""
+    proc = popen_cli(
+        "worker",
+        "--app",
+        "examples.order",
+        "--concurrency",
+        "4",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_parse_args_json_then_string() -> None:
+    assert parse_args(["1", '"1"', "[1, 2]", "alice", '{"a": null}', "true"]) == [
+        1,
+        "1",
+        [1, 2],
+        "alice",
+        {"a": None},
+        True,
+    ]
+
+
+def test_json_default_covers_history_values() -> None:
+    import datetime as dt
+    import uuid
+
+    value = {
+        "b": b"\x00\xff",
+        "s": {3, 1, 2},
+        "t": (1, 2),
+        "d": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        "e": ValueError("boom"),
+        "u": uuid.UUID(int=1),
+    }
+    out = json.loads(to_json(value))
+    assert out["b"] == {"$bytes": base64.b64encode(b"\x00\xff").decode()}
+    assert out["s"] == [1, 2, 3]
+    assert out["t"] == [1, 2]
+    assert out["d"] == "2024-01-02T03:04:05+00:00"
+    assert out["e"] == {"$error": "ValueError", "message": "boom"}
+    assert out["u"] == str(uuid.UUID(int=1))
+    assert json_default(object()).startswith("<object")
+
+
+def test_json_log_format(capsys: pytest.CaptureFixture[str]) -> None:
+    from workers.logging import configure
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure("INFO", "json")
+        log = logging.getLogger("durable.test")
+        log.debug("hidden")
+        try:
+            raise RuntimeError("bad")
+        except RuntimeError:
+            log.exception("it failed: %s", 42)
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+        assert len(lines) == 1
+        assert lines[0]["level"] == "ERROR"
+        assert lines[0]["logger"] == "durable.test"
+        assert lines[0]["message"] == "it failed: 42"
+        assert "RuntimeError: bad" in lines[0]["exc"]
+        assert lines[0]["ts"].endswith("+00:00")
+        with pytest.raises(ValueError):
+            configure("INFO", "xml")
+    finally:
+        for handler in list(root.handlers):
+            if getattr(handler, "_durable", False):
+                root.removeHandler(handler)
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_status_of_unknown_id_is_one_error_line(redis_url: str) -> None:
+    result = invoke("status", "no-such-id")
+    assert result.exit_code == 1
+    assert "no-such-id" in one_error_line(result)
+    assert result.stdout == ""
+
+
+def test_unreachable_redis_is_one_error_line(tmp_path: Path) -> None:
+    result = run_cli("--redis", f"unix://{tmp_path}/nothing.sock", "status", "x")
+    assert result.returncode == 1
+    assert "cannot reach Redis" in one_error_line(result)
+
+
+def test_bad_app_module_is_one_error_line(redis_url: str) -> None:
+    result = invoke("start", "Anything", "--app", "no_such_module_xyz")
+    assert result.exit_code == 1
+    assert "no_such_module_xyz" in one_error_line(result)
+
+
+def test_result_of_failed_run_exits_1(redis_url: str) -> None:
+    stub = WorkflowStub.make("Whatever", id="doomed", store=RedisStore(redis_url)).start()
+    assert invoke("terminate", "doomed", "--reason", "testing").exit_code == 0
+    assert invoke("status", "doomed").stdout.strip() == "terminated"
+    result = invoke("result", "doomed", "--timeout", "5")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "doomed" in line and "terminated" in line and "testing" in line
+    assert stub.status() == "terminated"
+    again = invoke("terminate", "doomed")
+    assert again.exit_code == 1
+    assert "already terminated" in one_error_line(again)
+
+
+# --------------------------------------------------------------------------- demo + replay
+
+
+def _only_order_id() -> str:
+    runs = json.loads(invoke("list", "--type", "OrderWorkflow", "--json").stdout)
+    assert len(runs) == 1, runs
+    return str(runs[0]["workflow_id"])
+
+
+def test_demo_history_export_and_replay(redis_url: str, tmp_path: Path) -> None:
+    result = invoke("demo", "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    assert '"approved_by": "alice"' in result.stdout
+    assert "WorkflowCompleted" in result.stdout and "ChildStarted" in result.stdout
+    order_id = _only_order_id()
+
+    exported = invoke("history", order_id, "--json")
+    assert exported.exit_code == 0
+    items = json.loads(exported.stdout)
+    # Same seq/type/ts/data as WorkflowStub.history() (made JSON-friendly), plus raw.
+    expected = json.loads(to_json([e.to_dict() for e in WorkflowStub.load(order_id).history()]))
+    assert [{k: v for k, v in item.items() if k != "raw"} for item in items] == expected
+    assert all(base64.b64decode(item["raw"]) for item in items)
+
+    history_file = tmp_path / "exports" / "order.json"
+    history_file.parent.mkdir()
+    history_file.write_text(exported.stdout)
+    ok = invoke("replay", str(history_file), "--app", "examples.order")
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.startswith("OK ")
+    ok_dir = invoke("replay", str(history_file.parent), "--app", "examples.order")
+    assert ok_dir.exit_code == 0 and ok_dir.stdout.count("OK ") == 1
+
+    # Today's code reserves stock under another activity name: replay must diverge.
+    # (A separate process: a second OrderWorkflow cannot be registered next to the first.)
+    app_dir = tmp_path / "app_v2"
+    app_dir.mkdir()
+    (app_dir / "order_v2.py").write_text(
+        textwrap.dedent(
+            """
+            from durable import Workflow, activity
+
+            def reserve_everything(order_id, items):
+                return {"reservation": "r", "items": items}
+
+            class OrderWorkflow(Workflow):
+                def handle(self, order_id, items, cents):
+                    activity(reserve_everything, order_id, items)
+                    return {}
+            """
+        )
+    )
+    diverged = run_cli("replay", str(history_file), "--app", "order_v2", paths=(app_dir,))
+    assert diverged.returncode == 1, diverged.stdout + diverged.stderr
+    assert diverged.stdout.startswith("DIVERGED ")
+    assert "reserve_stock" in diverged.stdout or "reserve_everything" in diverged.stdout
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps([{k: v for k, v in item.items() if k != "raw"} for item in items]))
+    bad = invoke("replay", str(broken), "--app", "examples.order")
+    assert bad.exit_code == 1 and "raw" in bad.stdout
+    missing = invoke("replay", str(tmp_path / "nope.json"), "--app", "examples.order")
+    assert missing.exit_code == 1 and "nope.json" in one_error_line(missing)
+
+
+# --------------------------------------------------------------------------- a real worker process
+
+
+def test_worker_process_end_to_end(redis_url: str, worker_proc: subprocess.Popen[str]) -> None:
+    starter = popen_cli(
+        "start",
+        "OrderWorkflow",
+        "o-1",
+        '["book", "pen"]',
+        "1999",
+        "--id",
+        "o-1",
+        "--app",
+        "examples.order",
+        "--wait",
+        "--timeout",
+        "30",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert starter.stdout is not None
+        first = starter.stdout.readline()
+        assert first.strip() == "workflow_id: o-1", first + (starter.stderr.read() if starter.stderr else "")
+        assert starter.stdout.readline().startswith("run_id: ")
+        sent = invoke("signal", "o-1", "approve", '"bob"')
+        assert sent.exit_code == 0, sent.output
+        out, err = starter.communicate(timeout=30)
+        assert starter.returncode == 0, err
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        starter.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["approved_by"] == "bob" and result["items"] == ["book", "pen"]
+    assert result["charge"] == "ch-o-1" and result["receipt"].startswith("msg-o-1/")
+
+    assert json.loads(invoke("result", "o-1").stdout) == result
+    assert invoke("status", "o-1").stdout.strip() == "completed"
+    assert json.loads(invoke("query", "o-1", "progress", "--app", "examples.order").stdout) == "done"
+
+    items = json.loads(invoke("history", "o-1", "--json").stdout)
+    assert [e["seq"] for e in items] == list(range(1, len(items) + 1))
+    types = [e["type"] for e in items]
+    assert types[0] == "WorkflowStarted" and types[-1] == "WorkflowCompleted"
+    for t in ("ActivityScheduled", "TimerStarted", "TimerFired", "SignalReceived", "ChildStarted"):
+        assert t in types
+    assert invoke("history", "o-1").exit_code == 0
+
+    described = invoke("describe", "o-1")
+    assert described.exit_code == 0
+    assert "completed" in described.stdout and "activity attempts" in described.stdout
+    info = json.loads(invoke("describe", "o-1", "--json").stdout)
+    assert info["status"] == "completed" and len(info["attempts"]) == 4  # reserve, charge, ship, label
+
+    listed = invoke("list")
+    assert "o-1" in listed.stdout and "SendReceipt" in listed.stdout
+
+    closed = invoke("signal", "o-1", "approve", '"again"')
+    assert closed.exit_code == 1
+    line = one_error_line(closed)
+    assert "o-1" in line and "completed" in line
+
+    # An unknown type can be started by name; a worker parks its task (dead letters).
+    assert invoke("start", "NoSuchWorkflow", "--id", "ghost").exit_code == 0
+
+    def parked() -> bool:
+        return "NoSuchWorkflow" in invoke("list", "--dead").stdout
+
+    wait_for(parked, timeout=10)
+    assert "ghost" in invoke("list", "--status", "blocked").stdout or invoke("status", "ghost").exit_code == 0
+
+    started = time.monotonic()
+    assert stop(worker_proc, timeout=10) == 0
+    assert time.monotonic() - started < 10
+    assert "Traceback" not in (worker_proc.stderr.read() if worker_proc.stderr else "")
+
+
+def test_worker_processes_supervised(redis_url: str) -> None:
+    proc = popen_cli("worker", "--app", "examples.order", "--processes", "2", "--log-format", "json")
+    try:
+        kids = wait_for(lambda: (c := children_of(proc.pid)) and len(c) == 2 and c, timeout=10)
+        store = RedisStore(redis_url)
+        from examples.order import OrderWorkflow
+
+        stub = WorkflowStub.make(OrderWorkflow, id="o-2", store=store).start("o-2", ["cup"], 500)
+        stub.signal("approve", "carol")
+        assert stub.result(timeout=30)["approved_by"] == "carol"
+
+        victim = min(kids)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: (c := children_of(proc.pid)) and len(c) == 2 and victim not in c, timeout=10)
+        assert stop(proc, timeout=15) == 0
+        for pid in kids:
+            assert (
+                not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+            )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children_of(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- supervisor unit
+
+
+def test_supervisor_restarts_dead_child_and_stops(tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        path = {str(marker)!r}
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+        with open(path, "a") as f:
+            f.write("x")
+        try:
+            os.close(os.open(path + ".died", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            pass
+        else:
+            sys.exit(3)  # the first child to get here dies at once
+        while True:
+            time.sleep(0.05)
+        """
+    )
+    sup = Supervisor([sys.executable, "-c", script], 2, min_backoff=0.1, max_backoff=0.2, poll_interval=0.02)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(sup.run()))
+    thread.start()
+    try:
+        wait_for(lambda: sup.restarts >= 1 and len(marker.read_text()) == 3, 10)
+        assert all(s.proc is not None and s.proc.poll() is None for s in sup.slots)
+    finally:
+        sup.stop()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert codes == [0]
+    assert all(s.proc is None for s in sup.slots)
+
+
+def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:
+    proc = popen_cli("dev", "--app", "examples.order", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert redis_url in first, first
+        wait_for(lambda: "serving queues" in proc.stderr.readline(), timeout=10)  # type: ignore[union-attr]
+        assert stop(proc, timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()

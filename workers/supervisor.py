@@ -1,0 +1,169 @@
+"""Run N worker processes under one parent (``durable worker --processes N``).
+
+Each child is the same ``durable worker`` command with ``--processes 1``, run
+as ``python -m workers.cli``. The supervisor
+
+* forwards SIGTERM and SIGINT to every child and exits once all of them have
+  stopped (exit status 0 if every child exited 0, or was ended by the forwarded
+  signal itself);
+* restarts a child that dies without being asked to, after a backoff that
+  doubles on each quick death of that slot (1 s up to 30 s; reset once a child
+  has lived for a minute);
+* sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
+  whose supervisor vanishes (SIGKILL) stops by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("durable.supervisor")
+
+PARENT_ENV = "DURABLE_SUPERVISOR_PID"
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    backoff: float = 0.0
+    restart_at: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+
+
+class Supervisor:
+    """Start ``processes`` copies of ``argv`` and keep them running until a signal.
+
+    Args:
+        argv: The child command line (``[sys.executable, "-m", "workers.cli", ...]``).
+        processes: How many children.
+        min_backoff, max_backoff: Restart delay bounds in seconds.
+        stable_after: Seconds a child must live for its slot's backoff to reset.
+        kill_after: Seconds after the first stop signal before children still
+            running are killed (``None``: wait for them).
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        processes: int,
+        *,
+        env: dict[str, str] | None = None,
+        min_backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        stable_after: float = 60.0,
+        kill_after: float | None = None,
+        poll_interval: float = 0.1,
+    ) -> None:
+        if processes < 1:
+            raise ValueError("processes must be at least 1")
+        self.argv = list(argv)
+        self.env = dict(os.environ if env is None else env)
+        self.env[PARENT_ENV] = str(os.getpid())
+        self.slots = [_Slot(i) for i in range(processes)]
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.stable_after = stable_after
+        self.kill_after = kill_after
+        self.poll_interval = poll_interval
+        self.stopping_since: float | None = None
+        self.stop_signals: set[int] = set()
+        self.restarts = 0
+
+    # ------------------------------------------------------------ children
+    def _spawn(self, slot: _Slot) -> None:
+        slot.proc = subprocess.Popen(self.argv, env=self.env)
+        slot.started = time.monotonic()
+        slot.restart_at = None
+        log.info("started worker process %d (pid %d)", slot.index, slot.proc.pid)
+
+    def _forward(self, signum: int) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                try:
+                    slot.proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop: forward ``signum`` to the children; :meth:`run` returns once they are gone."""
+        self.stop_signals.add(int(signum))
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            log.info(
+                "received %s: stopping %d worker processes", signal.Signals(signum).name, len(self.slots)
+            )
+        self._forward(signum)
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: Any) -> None:
+            self.stop(signum)
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    # ----------------------------------------------------------------- loop
+    def run(self) -> int:
+        """Supervise until stopped; returns the exit status (0 if every child exited 0)."""
+        for slot in self.slots:
+            if self.stopping_since is None:
+                self._spawn(slot)
+        failed = False
+        while True:
+            now = time.monotonic()
+            alive = 0
+            for slot in self.slots:
+                proc = slot.proc
+                if proc is not None:
+                    code = proc.poll()
+                    if code is None:
+                        alive += 1
+                        continue
+                    slot.proc = None
+                    slot.exit_codes.append(code)
+                    if self.stopping_since is not None:
+                        # Killed by the very signal we forwarded (e.g. before its handler was
+                        # installed) still counts as a clean stop.
+                        failed = failed or (code != 0 and -code not in self.stop_signals)
+                        log.info("worker process %d (pid %d) exited with %d", slot.index, proc.pid, code)
+                        continue
+                    lived = now - slot.started
+                    if lived >= self.stable_after:
+                        slot.backoff = 0.0
+                    slot.backoff = min(self.max_backoff, max(self.min_backoff, slot.backoff * 2))
+                    slot.restart_at = now + slot.backoff
+                    log.warning(
+                        "worker process %d (pid %d) died unexpectedly with %d after %.1f s; restarting in %.1f s",
+                        slot.index,
+                        proc.pid,
+                        code,
+                        lived,
+                        slot.backoff,
+                    )
+                if self.stopping_since is None and slot.restart_at is not None and now >= slot.restart_at:
+                    self.restarts += 1
+                    self._spawn(slot)
+                    alive += 1
+            if self.stopping_since is not None:
+                if alive == 0:
+                    return 1 if failed else 0
+                if self.kill_after is not None and now - self.stopping_since > self.kill_after:
+                    log.warning(
+                        "worker processes still running %.0f s after stop; killing them", self.kill_after
+                    )
+                    self._forward(signal.SIGKILL)
+            time.sleep(self.poll_interval)
+
+
+def child_argv(cli_args: Sequence[str]) -> list[str]:
+    """The command line of a child: this Python running ``workers.cli`` with ``cli_args``."""
+    return [sys.executable, "-m", "workers.cli", *cli_args]
