@@ -489,6 +489,9 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
         pipe.execute()
 
 
+_BODY_FIELDS = frozenset({"rid", "wid", "p", "aid", "name", "args", "attempt", "stream"})
+
+
 def run_activity(
     store: RedisStore,
     stream: str,
@@ -503,7 +506,10 @@ def run_activity(
     p = store.keys.partition_of_key(stream)
     try:
         body = codec.unpack(fields[b"body"])
-        rid, aid, attempt, name = body["rid"], body["aid"], int(body["attempt"]), body["name"]
+        missing = _BODY_FIELDS - body.keys()
+        if missing:
+            raise ValueError(f"missing field(s) {sorted(missing)}")
+        rid, aid, attempt = body["rid"], body["aid"], int(body["attempt"])
     except Exception as exc:  # noqa: BLE001
         store.park(
             p=p,
@@ -529,6 +535,26 @@ def run_activity(
                 record={"note": "redelivered attempt no longer current"},
             )
             return "stale"
+    return execute_attempt(store, body, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer)
+
+
+def execute_attempt(
+    store: RedisStore,
+    body: dict[str, Any],
+    *,
+    stream: str,
+    entry_id: str = "",
+    allowed: Callable[[str], bool] = lambda _n: True,
+    on_timer: Callable[[int], None] = lambda _due: None,
+    on_result: Callable[[dict[str, Any], bytes, dict[str, Any]], None] | None = None,
+) -> str:
+    """Run one attempt of an activity task body and record what happened.
+
+    A failure is recorded at once (retry timer or ActivityFailed). A result is
+    recorded with the completion script, or handed to ``on_result`` when the
+    caller commits it itself together with the run's next decision (eager mode).
+    """
+    p, rid, aid, attempt, name = body["p"], body["rid"], body["aid"], int(body["attempt"]), body["name"]
     try:
         if not allowed(name):
             raise UnknownTypeError(f"activity {name!r} is not defined in this worker's --app modules")
@@ -551,6 +577,7 @@ def run_activity(
     deadline = attempt_deadline(body, started)
     if deadline is not None:
         store.set_deadline(p, rid, aid, attempt, int(deadline * 1000), int(started * 1000))
+        on_timer(int(deadline * 1000))
     _, details = store.activity_state(p, rid, aid) if attempt > 1 else (None, None)
 
     def heartbeat(value: Any) -> bool:
@@ -585,8 +612,27 @@ def run_activity(
         )
     finally:
         _set_context(None)
+    record = {"duration_ms": int((time.time() - started) * 1000)}
+    if on_result is not None:
+        on_result(body, payload, record)
+        return "completed"
+    complete(store, body, payload, record, stream=stream, entry_id=entry_id)
+    return "completed"
+
+
+def complete(
+    store: RedisStore,
+    body: dict[str, Any],
+    payload: bytes,
+    record: dict[str, Any],
+    *,
+    stream: str,
+    entry_id: str = "",
+) -> None:
+    """Record an attempt's result through the run's inbox (the ordinary, non-eager path)."""
+    rid, aid, attempt = body["rid"], body["aid"], int(body["attempt"])
     outcome, _ = store.complete_activity(
-        p=p,
+        p=body["p"],
         run_id=rid,
         activity_id=aid,
         attempt=attempt,
@@ -594,11 +640,10 @@ def run_activity(
         entry_id=entry_id,
         outcome="completed",
         event=ev.ActivityCompleted(id=aid, result=payload, attempt=attempt),
-        record={"duration_ms": int((time.time() - started) * 1000)},
+        record=record,
     )
     if outcome == "STALE":
         log.info("late result of activity %s (run %s, attempt %d) discarded", aid, rid, attempt)
-    return "completed"
 
 
 def attempt_deadline(body: dict[str, Any], started: float) -> float | None:

@@ -106,6 +106,9 @@ class Scheduler:
             if due >= 0:
                 next_due = min(next_due, due / 1000)
             self._expire_attempts(p)
+            deadline = self.store.next_deadline(p)
+            if deadline is not None:
+                next_due = min(next_due, deadline / 1000)
         if now - self._last_claim >= self.claim_idle_ms / 3000:
             self._last_claim = now
             self._refresh_in_flight()

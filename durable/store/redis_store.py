@@ -63,6 +63,10 @@ class RunRef:
     workflow_id: str
 
 
+class StaleCompletion(DurableError):
+    """An eager commit carried the result of an attempt that is no longer current."""
+
+
 @dataclass(frozen=True)
 class CommitResult:
     """Outcome of :meth:`RedisStore.commit`."""
@@ -273,6 +277,8 @@ class RedisStore:
         cancel_activities: Sequence[str] = (),
         outbox: Sequence[bytes] = (),
         hooks: Sequence[tuple[str, str]] = (),
+        leased: Sequence[tuple[str, str, bytes, int]] = (),
+        eager: Sequence[tuple[str, int, bytes]] = (),
         status: str,
         snapshot: dict[str, Any],
         close: str | None = None,
@@ -281,8 +287,11 @@ class RedisStore:
     ) -> tuple[list[str], list[bytes]]:
         """Keys and arguments of the commit script for one decision.
 
-        ``activities`` are ``(stream key, activity id, task body)``; ``timers``
-        ``(member, due ms)``; ``dropped`` ``(raw, reason, poison)``.
+        ``activities`` are ``(stream key, activity id, task body)``; ``leased``
+        ``(stream key, activity id, task body, lease due ms)`` (run by this
+        worker, no stream entry); ``eager`` ``(activity id, attempt, record)``
+        completions applied in this decision; ``timers`` ``(member, due ms)``;
+        ``dropped`` ``(raw, reason, poison)``.
         """
         p, rid = ref.partition, ref.run_id
         k = self.keys
@@ -298,6 +307,8 @@ class RedisStore:
             "cancel_activities": list(cancel_activities),
             "outbox": list(outbox),
             "hooks": [list(h) for h in hooks],
+            "leased": [list(a) for a in leased],
+            "eager": [list(e) for e in eager],
             "status": status,
             "snapshot": codec.pack(snapshot),
         }
@@ -321,6 +332,7 @@ class RedisStore:
             k.outbox(p),
             k.hooks(p),
             k.dead(p),
+            k.running(p),
             *dict.fromkeys(extra),
         ]
         # Lua's cmsgpack predates msgpack's bin type: send bytes as raw strings.
@@ -524,6 +536,11 @@ class RedisStore:
             out.append((rid, aid, int(attempt)))
         return out
 
+    def next_deadline(self, p: int) -> int | None:
+        """The earliest running-attempt deadline (ms) of partition ``p``, if any."""
+        first = self.redis.zrange(self.keys.running(p), 0, 0, withscores=True)
+        return int(first[0][1]) if first else None
+
     def server_time_ms(self) -> int:
         sec, usec = self.redis.time()
         return int(sec) * 1000 + int(usec) // 1000
@@ -646,6 +663,29 @@ class RedisStore:
                 break
         return out
 
+    # ----------------------------------------------------------------- clock
+    def set_clock_offset(self, ms: int) -> None:
+        """Shift the clock every script stamps time with by ``ms`` (tests only: time skipping).
+
+        Writes ``<tag>:clock`` in every partition (deleted for 0). Workflow
+        ``now()``, timer due checks and event time stamps follow it; Python-side
+        waits (worker and scheduler sleeps) do not.
+        """
+        ms = int(ms)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                key = self.keys.tag(p) + ":clock"
+                if ms:
+                    pipe.set(key, ms)
+                else:
+                    pipe.delete(key)
+            pipe.execute()
+
+    def clock_offset(self) -> int:
+        """The clock offset set by :meth:`set_clock_offset` (ms; 0 when none)."""
+        value = self.redis.get(self.keys.tag(0) + ":clock")
+        return int(value) if value is not None else 0
+
 
 def _commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult | Exception:
     if isinstance(reply, Exception):
@@ -658,6 +698,10 @@ def _commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult 
         )
     if outcome == "CLOSED":
         return WorkflowClosed(f"run {run_id} is {_s(reply[1])}; decision discarded")
+    if outcome == "STALE":
+        return StaleCompletion(
+            f"run {run_id}: activity {_s(reply[1])} is no longer pending; eager result not applied"
+        )
     return CommitResult(seq=int(reply[1]), inbox=int(reply[2]))
 
 

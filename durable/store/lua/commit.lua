@@ -2,12 +2,14 @@
 --   consumed inbox items + new command events -> history (seq expected+1 ...),
 --   activity tasks, timers, outbox messages, run record + snapshot, ack the
 --   workflow task; re-wake the run if inputs arrived meanwhile.
--- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead,
+-- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running,
 --       then every stream the plan names (activity queues, next run's keys).
 -- ARGV: plan (msgpack map, see redis_store.RedisStore.commit)
 -- Returns {'OK', new seq, inbox length} | {'CONFLICT', seq} | {'CLOSED', status}
+--       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local running = KEYS[11]
 local plan = cmsgpack.unpack(ARGV[1])
 local rid = plan.rid
 
@@ -17,6 +19,10 @@ local seq = tonumber(st[1])
 if seq == nil then return {'CLOSED', 'missing'} end
 if seq ~= plan.seq then return {'CONFLICT', seq} end
 if not is_open(st[2]) then return {'CLOSED', st[2]} end
+-- Eager completions: this worker ran these attempts itself; each must still be current.
+for _, e in ipairs(plan.eager) do
+  if tonumber(redis.call('HGET', acts, e[1] .. '#')) ~= e[2] then return {'STALE', e[1]} end
+end
 
 local ts = now_ms()
 for i, e in ipairs(plan.events) do
@@ -36,6 +42,19 @@ end
 for _, a in ipairs(plan.activities) do
   redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
   redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
+end
+-- Leased activities run on the committing worker (local activities, eager mode): no
+-- task in a stream, only a lease; if the worker dies, the lease expires and the
+-- scheduler retries the attempt through the activity's stream.
+for _, a in ipairs(plan.leased) do
+  redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
+  redis.call('ZADD', running, a[4], rid .. '|' .. a[2] .. '|1')
+end
+for _, e in ipairs(plan.eager) do
+  redis.call('HDEL', acts, e[1], e[1] .. '#', e[1] .. '@', e[1] .. ':hb', e[1] .. ':started')
+  redis.call('ZREM', running, rid .. '|' .. e[1] .. '|' .. e[2])
+  redis.call('XADD', log, '*', 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
+    'record', e[3], 'reason', '', 'ts', ts)
 end
 for _, t in ipairs(plan.timers) do redis.call('ZADD', timers, t[2], t[1]) end
 for _, m in ipairs(plan.untimers) do redis.call('ZREM', timers, m) end
@@ -73,7 +92,10 @@ end
 
 if plan.task ~= nil then ack(plan.task[1], plan.task[2]) end
 local waiting = redis.call('LLEN', inbox)
-if not closed and waiting > 0 then
+if plan.task == nil and not closed then
+  -- An eager commit holds no workflow task: a task already pending (inputs arrived)
+  -- stays pending and will read them; nothing to ack or re-wake here.
+elseif not closed and waiting > 0 then
   -- Inputs arrived during the decision: keep the task flag and enqueue a new
   -- task, or they would be stranded behind the task just acked.
   redis.call('XADD', redis.call('HGET', run, 'wq'), '*', 'run', rid)
