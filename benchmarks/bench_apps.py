@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durable import Workflow, activity
+from durable import Workflow, activity, all, await_signal, timer
 
 
 def noop(i: int) -> int:
@@ -16,3 +16,26 @@ class TenSteps(Workflow):
         for i in range(n):
             activity(noop, i)
         return n
+
+
+class FanOut(Workflow):
+    """N no-op activities at once in one ``all()`` (W3)."""
+
+    def handle(self, n: int = 100) -> int:
+        results = all([lambda i=i: activity(noop, i) for i in range(n)])
+        return len(results)
+
+
+class Sleeper(Workflow):
+    """One durable timer (W4)."""
+
+    def handle(self, seconds: float = 1.0) -> float:
+        timer(seconds)
+        return seconds
+
+
+class WaitSignal(Workflow):
+    """Waits for the signal ``go`` and returns its payload (W5, W7)."""
+
+    def handle(self) -> object:
+        return await_signal("go")

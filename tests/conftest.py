@@ -84,9 +84,14 @@ def store(redis_url: str) -> Iterator[RedisStore]:
         s.close()
 
 
-@pytest.fixture
-def worker(store: RedisStore) -> Iterator[Worker]:
-    """A worker running in a thread of the test process, stopped after the test."""
-    w = Worker(store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100)
+@pytest.fixture(params=["queued", "eager"])
+def worker(store: RedisStore, request: pytest.FixtureRequest) -> Iterator[Worker]:
+    """A worker running in a thread of the test process, stopped after the test.
+
+    Every test using it runs twice: activities through the task streams, and in
+    eager mode (the worker runs them itself and commits each result with the
+    next decision).
+    """
+    w = Worker(store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100, eager=request.param == "eager")
     with WorkerThread(w):
         yield w

@@ -40,10 +40,10 @@ def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> 
         driver.replay(store._decode_history(ref, rows))
         decisions.append((record, driver, driver.decide([])))
     record, driver, decision = decisions[0]
-    store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None))
+    store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None)[0])
     record, driver, decision = decisions[1]
     with pytest.raises(EventConflict, match="seq"):
-        store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None))
+        store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None)[0])
     history = stub.history()
     assert [e.seq for e in history] == [1, 2]
     assert [e.type for e in history] == ["WorkflowStarted", "ActivityScheduled"]

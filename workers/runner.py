@@ -32,7 +32,13 @@ from durable.errors import (
 from durable.ids import successor_run_id
 from durable.registry import get_activity, get_workflow
 from durable.replay import Decision, Driver
-from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, child_result_message
+from durable.store.redis_store import (
+    OPEN_STATUSES,
+    RedisStore,
+    RunRef,
+    StaleCompletion,
+    child_result_message,
+)
 
 from . import faults
 
@@ -121,11 +127,19 @@ class Decider:
         cache_size: int = 1000,
         allowed: Callable[[str], bool] = lambda _name: True,
         on_timer: Callable[[int], None] = lambda _due: None,
+        runs_activity: Callable[[ev.ActivityScheduled], bool] = lambda _a: False,
+        on_leased: Callable[[dict[str, Any]], None] = lambda _body: None,
+        lease_ms: int = 60_000,
     ) -> None:
         self.store = store
         self.cache = RunCache(cache_size)
         self.allowed = allowed
         self.on_timer = on_timer
+        self.runs_activity = runs_activity
+        self.on_leased = on_leased
+        self.lease_ms = lease_ms
+        # Local clock -> Redis clock, so eager completions are stamped on Redis's time line.
+        self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
@@ -183,38 +197,95 @@ class Decider:
         if not pending:
             return
         faults.point("decision.before_commit")
+        plans = [
+            self.commit_plan(ref, record, driver, decision, task.key)
+            for task, ref, driver, decision, record in pending
+        ]
         try:
             results = self.store.commit_many(
-                [
-                    (ref, self.commit_plan(ref, record, driver, decision, task.key))
-                    for task, ref, driver, decision, record in pending
-                ]
+                [(p[1], plan) for p, (plan, _) in zip(pending, plans, strict=True)]
             )
         except BaseException:
             for _, _, driver, _, _ in pending:
                 driver.close()
             raise
         faults.point("decision.after_commit")
-        for (task, ref, driver, decision, _), result in zip(pending, results, strict=True):
-            if isinstance(result, EventConflict):
-                log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
-                driver.close()
-            elif isinstance(result, WorkflowClosed):
-                driver.close()
+        for (task, ref, driver, decision, _), (_, leased), result in zip(
+            pending, plans, results, strict=True
+        ):
+            if isinstance(result, WorkflowClosed):
                 self._ack_only(task.key)
-            elif isinstance(result, Exception):
-                driver.close()
+            self._after_commit(ref, driver, decision, leased, result)
+
+    def _after_commit(
+        self, ref: RunRef, driver: Driver, decision: Decision, leased: list[dict[str, Any]], result: Any
+    ) -> None:
+        if isinstance(result, EventConflict):
+            log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
+            driver.close()
+        elif isinstance(result, Exception):
+            driver.close()
+            if not isinstance(result, WorkflowClosed | StaleCompletion):
                 log.error(
-                    "commit of run %s failed: %s; the task stays pending and will be retried",
-                    ref.run_id,
-                    result,
+                    "commit of run %s failed: %s; the task stays pending and is retried", ref.run_id, result
                 )
-            else:
-                driver.committed()
-                self.cache.put(ref.run_id, driver)
-                # After the commit: a scheduler woken earlier would not see the timer yet.
-                for _, due in decision.timers:
-                    self.on_timer(due)
+        else:
+            driver.committed()
+            self.cache.put(ref.run_id, driver)
+            # After the commit: a scheduler woken earlier would not see the timer yet.
+            for _, due in decision.timers:
+                self.on_timer(due)
+            for body in leased:
+                self.on_leased(body)
+
+    def apply_eager(self, results: list[tuple[dict[str, Any], bytes, dict[str, Any]]]) -> None:
+        """Commit results of activities this worker ran itself together with each run's next
+        decision, in one script per run (eager mode): no inbox, no workflow task.
+
+        A run not in the cache, or whose history moved on meanwhile, takes the
+        ordinary path: the result goes through the inbox (completion script).
+        """
+        by_run: dict[str, list[tuple[dict[str, Any], bytes, dict[str, Any]]]] = {}
+        for item in results:
+            by_run.setdefault(item[0]["rid"], []).append(item)
+        pending = []
+        for rid, items in by_run.items():
+            driver = self.cache._drivers.pop(rid, None)
+            if driver is None:
+                self._complete_all(items)
+                continue
+            ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver._now)
+            entries = [
+                ev.decode(
+                    ev.encode(
+                        ev.ActivityCompleted(id=b["aid"], result=payload, attempt=int(b["attempt"])), ts
+                    )
+                )
+                for b, payload, _ in items
+            ]
+            first = items[0][0]
+            ref = RunRef(first["p"], rid, first["wid"])
+            try:
+                decision = driver.decide(entries)
+            except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
+                # The ordinary path meets (and parks) the problem with a fresh replay.
+                driver.close()
+                self._complete_all(items)
+                continue
+            plan, leased = self.commit_plan(ref, {"parent": first.get("parent")}, driver, decision, None)
+            plan["eager"] = [(b["aid"], int(b["attempt"]), codec.pack(r)) for b, _, r in items]
+            pending.append((ref, driver, decision, leased, plan, items))
+        if not pending:
+            return
+        outcomes = self.store.commit_many([(ref, plan) for ref, _, _, _, plan, _ in pending])
+        for (ref, driver, decision, leased, _, items), result in zip(pending, outcomes, strict=True):
+            self._after_commit(ref, driver, decision, leased, result)
+            if isinstance(result, Exception):
+                self._complete_all(items)
+
+    def _complete_all(self, items: list[tuple[dict[str, Any], bytes, dict[str, Any]]]) -> None:
+        for body, payload, record in items:
+            complete(self.store, body, payload, record, stream=body["stream"])
 
     def _prepare(
         self,
@@ -306,29 +377,37 @@ class Decider:
         driver: Driver,
         decision: Decision,
         task: tuple[str, str] | None,
-    ) -> dict[str, Any]:
-        """The commit arguments of a decision (activity task bodies, outbox messages, ...)."""
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The commit arguments of a decision (activity task bodies, outbox messages, ...),
+        and the bodies of the activities leased to this worker (to run once committed)."""
         keys = self.store.keys
         p, rid = ref.partition, ref.run_id
         activities = []
+        leased: list[tuple[str, str, bytes, int]] = []
+        leased_bodies: list[dict[str, Any]] = []
+        lease_due = int(time.time() * 1000) + self.clock_offset_ms + self.lease_ms
         for a in decision.activities:
             stream = keys.activity_tasks(p, a.queue)
-            body = codec.pack(
-                {
-                    "rid": rid,
-                    "wid": ref.workflow_id,
-                    "p": p,
-                    "aid": a.id,
-                    "name": a.name,
-                    "args": a.args,
-                    "attempt": 1,
-                    "retry": a.retry,
-                    "timeouts": a.timeouts,
-                    "stream": stream,
-                    "scheduled": driver._now,
-                }
-            )
-            activities.append((stream, a.id, body))
+            body_dict = {
+                "rid": rid,
+                "wid": ref.workflow_id,
+                "p": p,
+                "aid": a.id,
+                "name": a.name,
+                "args": a.args,
+                "attempt": 1,
+                "retry": a.retry,
+                "timeouts": a.timeouts,
+                "stream": stream,
+                "scheduled": driver._now,
+                "parent": record.get("parent"),
+            }
+            body = codec.pack(body_dict)
+            if self.runs_activity(a):
+                leased.append((stream, a.id, body, lease_due))
+                leased_bodies.append(body_dict)
+            else:
+                activities.append((stream, a.id, body))
         outbox = [self._child_start(ref, c) for c in decision.children]
         outbox += [
             codec.pack({"kind": policy, "wid": wid}) for _cid, wid, policy in decision.cancelled_children
@@ -342,7 +421,7 @@ class Decider:
                 next_run = self._next_run(ref, record, driver, decision.closing)
             elif parent:
                 outbox.append(self._child_result(parent, decision.closing))
-        return dict(
+        plan = dict(
             expected_seq=decision.expected_seq,
             events=decision.events,
             consumed=decision.consumed,
@@ -353,12 +432,14 @@ class Decider:
             cancel_activities=decision.cancelled_activities,
             outbox=outbox,
             hooks=[(h.token, h.id) for h in decision.hooks],
+            leased=leased,
             status=decision.status,
             snapshot=decision.snapshot,
             close=close,
             next_run=next_run,
             task=task,
         )
+        return plan, leased_bodies
 
     def _child_start(self, ref: RunRef, child: ev.ChildStarted) -> bytes:
         return codec.pack(

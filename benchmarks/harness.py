@@ -1,0 +1,253 @@
+"""Run the same workloads on durable and its peers; print a table (engine x workload).
+
+    python benchmarks/harness.py --engines durable,temporal,dbos --workloads W1,W2,W3,W4,W5
+    python benchmarks/harness.py --quick                      # smoke run, < 1 min per engine
+    python benchmarks/harness.py --engines durable --workloads W1,W2,W3,W4,W5,W6,W7 \
+        --processes 2 --appendfsync everysec --markdown out.md
+
+Workloads (activities are no-ops returning a small value; identical for every engine):
+
+  W1  latency: a workflow of 10 sequential activities, run one after another: p50 / p95
+  W2  throughput: N such workflows started at once: workflows/s and activity steps/s
+  W3  fan-out: one workflow running 100 activities concurrently: seconds (median)
+  W4  timer overhead: a 1 s durable timer: seconds beyond 1.0 (median)
+  W5  signal round trip: signal sent -> workflow result available (median)
+  W6  long history: one decision at 100 / 1,000 / 10,000 events, cache hit vs no cache
+  W7  waiting runs: Redis and worker memory per run suspended on a signal; wake-ups/s
+
+Each engine runs in its own temp dir; every server and worker process the harness
+starts is stopped when the engine is done (also on error or Ctrl-C). An engine that
+cannot be installed or started is reported as unavailable, with the reason; a
+workload an engine does not implement is shown as "n/a". No figure is ever made up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(BENCH), str(ROOT)]
+
+from peers.common import NotMeasured, Options  # noqa: E402
+
+MODULES = {
+    "durable": "workloads_durable",
+    "temporal": "peers.temporal_workloads",
+    "dbos": "peers.dbos_workloads",
+}
+ALL_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7"]
+
+# Sizes: (full, quick).
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "W1": ({"n_runs": 20}, {"n_runs": 5}),
+    "W2": ({"n_workflows": 200}, {"n_workflows": 20}),
+    "W3": ({"n_branches": 100, "repeats": 3}, {"n_branches": 100, "repeats": 1}),
+    "W4": ({"n_samples": 5, "seconds": 1.0}, {"n_samples": 2, "seconds": 1.0}),
+    "W5": ({"n_samples": 10}, {"n_samples": 3}),
+    "W6": ({"sizes": [100, 1_000, 10_000]}, {"sizes": [100, 1_000]}),
+    "W7": ({"n_runs": 10_000}, {"n_runs": 500}),
+}
+
+TITLES = {
+    "W1": "W1 10-step p50 / p95",
+    "W2": "W2 throughput",
+    "W3": "W3 fan-out 100",
+    "W4": "W4 timer overhead",
+    "W5": "W5 signal round trip",
+    "W6": "W6 decision at N events (cached / no cache)",
+    "W7": "W7 waiting runs",
+}
+
+
+def fmt_time(seconds: float) -> str:
+    if abs(seconds) >= 1:
+        return f"{seconds:.2f} s"
+    if abs(seconds) >= 0.01:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds * 1000:.2f} ms"
+
+
+def fmt_count(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def fmt_bytes(n: float) -> str:
+    if abs(n) >= 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n:.0f} B"
+
+
+def render(workload: str, fig: dict[str, Any]) -> str:
+    """One table cell from a workload's figures."""
+    if workload == "W1":
+        return f"{fmt_time(fig['p50_s'])} / {fmt_time(fig['p95_s'])}"
+    if workload == "W2":
+        return f"{fig['workflows_per_s']:,.1f} wf/s, {fmt_count(fig['steps_per_s'])} steps/s"
+    if workload == "W3":
+        return fmt_time(fig["seconds"])
+    if workload == "W4":
+        return "+" + fmt_time(fig["overhead_s"])
+    if workload == "W5":
+        return fmt_time(fig["p50_s"])
+    if workload == "W6":
+        parts = []
+        for size, row in fig["sizes"].items():
+            label = f"{size // 1000}k" if size >= 1000 else str(size)
+            parts.append(f"{label}: {fmt_time(row['cached_s'])} / {fmt_time(row['uncached_s'])}")
+        return "; ".join(parts)
+    if workload == "W7":
+        return (
+            f"Redis {fmt_bytes(fig['redis_bytes_per_run'])}/run, worker {fmt_bytes(fig['worker_bytes_per_run'])}/run, "
+            f"{fmt_count(fig['wakes_per_s'])} wakes/s (n={fmt_count(fig['n'])})"
+        )
+    return repr(fig)
+
+
+def run_engine(
+    name: str, workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any
+) -> dict[str, str]:
+    """Run the workloads on one engine; returns workload -> cell text (figures or why there are none)."""
+    cells: dict[str, str] = {}
+    try:
+        module = importlib.import_module(MODULES[name])
+    except Exception as exc:  # noqa: BLE001 - a missing peer must not stop the others
+        reason = f"unavailable: cannot import ({type(exc).__name__}: {exc})"
+        return dict.fromkeys(workloads, reason)
+    why = module.unavailable()
+    if why:
+        return dict.fromkeys(workloads, f"unavailable: {why}")
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        options = Options(tmpdir=Path(tmp), quick=quick, **options_kw)
+        t_engine = time.perf_counter()
+        try:
+            engine = module.Engine(options)
+            engine.__enter__()
+        except Exception as exc:  # noqa: BLE001
+            log(f"[{name}] could not start: {type(exc).__name__}: {exc}")
+            log(traceback.format_exc())
+            return dict.fromkeys(workloads, f"unavailable: could not start ({type(exc).__name__}: {exc})")
+        try:
+            for workload in workloads:
+                kwargs = SIZES[workload][1 if quick else 0]
+                t0 = time.perf_counter()
+                try:
+                    fig = getattr(engine, workload.lower())(**kwargs)
+                except NotMeasured as exc:
+                    cells[workload] = f"n/a ({exc})" if str(exc) else "n/a"
+                    log(f"[{name}] {workload}: not implemented for this engine")
+                    continue
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    cells[workload] = f"error: {type(exc).__name__}: {exc}"
+                    log(f"[{name}] {workload} failed after {time.perf_counter() - t0:.1f} s:")
+                    log(traceback.format_exc())
+                    continue
+                cells[workload] = render(workload, fig)
+                log(f"[{name}] {workload} {kwargs} ({time.perf_counter() - t0:.1f} s): {cells[workload]}")
+                log(f"[{name}] {workload} raw: {fig}")
+        finally:
+            engine.__exit__(None, None, None)
+            log(f"[{name}] stopped (engine total {time.perf_counter() - t_engine:.1f} s)")
+    return cells
+
+
+def machine() -> str:
+    model = platform.processor() or "?"
+    if shutil.which("lscpu"):
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    import os
+
+    return f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}, {platform.system()}"
+
+
+def table(rows: dict[str, dict[str, str]], workloads: list[str]) -> list[list[str]]:
+    header = ["engine"] + [TITLES[w] for w in workloads]
+    return [header] + [[engine] + [cells.get(w, "") for w in workloads] for engine, cells in rows.items()]
+
+
+def print_table(grid: list[list[str]]) -> None:
+    # Engines as columns read better in a terminal: one line per workload.
+    engines = [row[0] for row in grid[1:]]
+    width0 = max(len(h) for h in grid[0])
+    widths = [max(len(cell) for cell in row) for row in grid[1:]]
+    print(" " * width0 + "  " + "  ".join(e.ljust(w) for e, w in zip(engines, widths, strict=True)))
+    for i, title in enumerate(grid[0][1:], 1):
+        print(
+            title.ljust(width0)
+            + "  "
+            + "  ".join(row[i].ljust(w) for row, w in zip(grid[1:], widths, strict=True))
+        )
+
+
+def markdown(grid: list[list[str]], command: str) -> str:
+    engines = [row[0] for row in grid[1:]]
+    lines = [
+        f"Measured {_dt.date.today().isoformat()} on {machine()}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| workload | " + " | ".join(engines) + " |",
+        "|---|" + "---|" * len(engines),
+    ]
+    for i, title in enumerate(grid[0][1:], 1):
+        lines.append(f"| {title} | " + " | ".join(row[i].replace("|", "\\|") for row in grid[1:]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--engines", default="durable,temporal,dbos", help="comma-separated: durable,temporal,dbos"
+    )
+    parser.add_argument("--workloads", default="W1,W2,W3,W4,W5", help="comma-separated: W1..W7")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run (< 1 min per engine)")
+    parser.add_argument("--processes", type=int, default=2, help="durable worker processes (default 2)")
+    parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+    args = parser.parse_args(argv)
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    bad = [e for e in engines if e not in MODULES] + [w for w in workloads if w not in ALL_WORKLOADS]
+    if bad:
+        parser.error(f"unknown engine/workload: {', '.join(bad)}")
+
+    def log(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    command = "python benchmarks/harness.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    log(f"machine: {machine()}")
+    rows: dict[str, dict[str, str]] = {}
+    options_kw = {"processes": args.processes, "appendfsync": args.appendfsync}
+    for engine in engines:
+        log(f"[{engine}] starting")
+        rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
+    grid = table(rows, workloads)
+    print()
+    print_table(grid)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(grid, command))
+        log(f"wrote {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""The Redis-bound ceiling for one durable activity step on this machine.
+
+One durable step (DESIGN.md "Work flow of one step") costs these Redis commands:
+
+  1. XREADGROUP of the activity task,
+  2. the ``complete_activity`` script (inbox push, wake-up: enqueue a workflow task, ack),
+  3. XREADGROUP of the workflow task,
+  4. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
+  5. the ``commit`` script (inbox items + ActivityScheduled into history, next
+     activity task, run record + snapshot, ack of the workflow task).
+
+This script drives exactly those commands, as fast as ONE client can, against a
+private embedded Redis: K synthetic runs (created with the real ``start_run``
+script) advance in lock step, and each pass sends each stage for all K runs in
+one pipelined write (the XREADGROUPs ride along with the previous stage, as a
+worker would pipeline them). No workflow code, no codec work per step beyond
+packing the plan: what is left is Redis (+ this client's packing). The scripts
+are ``RedisStore``'s own (``durable/store/lua``), called by EVALSHA.
+
+It prints steps/s, so durable's W2 figure can be read as a fraction of it.
+``--eager`` also measures the eager-mode floor: one ``commit`` script per step
+(completion + next decision together, no task streams).
+
+    python benchmarks/limit.py [--runs 64] [--seconds 5] [--appendfsync everysec|always] [--eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from durable import codec  # noqa: E402
+from durable.store.embedded import EmbeddedRedis  # noqa: E402
+from durable.store.keys import GROUP  # noqa: E402
+from durable.store.redis_store import RedisStore, _load_scripts  # noqa: E402
+
+QUEUE = "default"
+
+
+def scheduled_event(aid: str, i: int) -> bytes:
+    """An ActivityScheduled history entry of realistic size (envelope + data)."""
+    data = {
+        "id": aid,
+        "name": "noop",
+        "args": codec.dumps((i,), path="args"),
+        "queue": QUEUE,
+        "retry": None,
+        "timeouts": {},
+        "local": False,
+    }
+    return codec.pack({"type": "ActivityScheduled", "ts": int(time.time() * 1000), "data": data})
+
+
+class Limit:
+    def __init__(self, store: RedisStore, n_runs: int) -> None:
+        self.store = store
+        self.keys = store.keys
+        self.n = n_runs
+        self.conn: Any = None
+        self._wq_reply: Any = None
+        src = _load_scripts()
+        self.sha = {name: store.redis.script_load(body) for name, body in src.items()}
+        self.runs: list[dict[str, Any]] = []
+        self.wq = [self.keys.workflow_tasks(p, QUEUE) for p in range(self.keys.partitions)]
+        self.aq = [self.keys.activity_tasks(p, QUEUE) for p in range(self.keys.partitions)]
+        store.ensure_groups(self.wq + self.aq)
+        start = scheduled_event("0", 0)
+        for i in range(n_runs):
+            wid = f"limit-{i}"
+            rid = f"run{i:06d}"
+            ref = store.start(workflow_type="Limit", workflow_id=wid, run_id=rid, args=start[:0], queue=QUEUE)
+            p = ref.partition
+            k = self.keys
+            self.runs.append(
+                {
+                    "rid": rid,
+                    "wid": wid,
+                    "p": p,
+                    "seq": 1,
+                    "step": 0,
+                    "run": k.run(p, rid),
+                    "history": k.history(p, rid),
+                    "inbox": k.inbox(p, rid),
+                    "commit_keys": [
+                        k.run(p, rid),
+                        k.history(p, rid),
+                        k.inbox(p, rid),
+                        k.instance(p, wid),
+                        k.timers(p),
+                        k.activities(p, rid),
+                        k.log(p, rid),
+                        k.outbox(p),
+                        k.hooks(p),
+                        k.dead(p),
+                        k.activity_tasks(p, QUEUE),
+                    ],
+                    "complete_keys": [
+                        k.run(p, rid),
+                        k.inbox(p, rid),
+                        k.activities(p, rid),
+                        k.log(p, rid),
+                        k.timers(p),
+                        k.running(p),
+                        k.activity_tasks(p, QUEUE),
+                    ],
+                }
+            )
+        self.by_rid = {r["rid"]: r for r in self.runs}
+        self.snapshot = codec.pack({"pending": [{"kind": "activity", "id": "1", "name": "noop"}]})
+        self.result = codec.dumps(1, path="result")
+        self.record = codec.pack({"duration_ms": 0})
+
+    # --------------------------------------------------------------- wire
+    def _roundtrip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send every command in one write, read every reply (raw, hiredis-parsed)."""
+        conn = self.conn
+        conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        out = []
+        for _ in commands:
+            try:
+                out.append(conn.read_response())
+            except Exception as exc:  # noqa: BLE001 - a script error is a reply, keep reading
+                out.append(exc)
+        return out
+
+    def _xreadgroup(self, streams: list[str]) -> tuple[Any, ...]:
+        return (
+            "XREADGROUP",
+            "GROUP",
+            GROUP,
+            "limit",
+            "COUNT",
+            self.n,
+            "STREAMS",
+            *streams,
+            *([">"] * len(streams)),
+        )
+
+    @staticmethod
+    def _entries(reply: Any) -> list[tuple[str, str, dict[bytes, bytes]]]:
+        if isinstance(reply, Exception):
+            raise reply
+        out = []
+        if isinstance(reply, dict):  # RESP3
+            reply = list(reply.items())
+        for stream, rows in reply or ():
+            for entry_id, fields in rows:
+                it = iter(fields)
+                out.append((stream.decode(), entry_id.decode(), dict(zip(it, it, strict=True))))
+        return out
+
+    def _commit(
+        self, run: dict[str, Any], inbox: list[bytes], task: tuple[str, str] | None
+    ) -> tuple[Any, ...]:
+        run["step"] += 1
+        aid = str(run["step"])
+        body = codec.pack(
+            {
+                "rid": run["rid"],
+                "wid": run["wid"],
+                "p": run["p"],
+                "aid": aid,
+                "name": "noop",
+                "args": codec.dumps((run["step"],), path="args"),
+                "attempt": 1,
+            }
+        )
+        plan: dict[str, Any] = {
+            "rid": run["rid"],
+            "seq": run["seq"],
+            "events": [*inbox, scheduled_event(aid, run["step"])],
+            "consumed": len(inbox),
+            "dropped": [],
+            "activities": [] if task is None else [[run["commit_keys"][-1], aid, body]],
+            "timers": [],
+            "untimers": [],
+            "cancel_activities": [],
+            "outbox": [],
+            "hooks": [],
+            "status": "suspended",
+            "snapshot": self.snapshot,
+        }
+        if task is not None:
+            plan["task"] = list(task)
+        run["seq"] += len(plan["events"])
+        keys = run["commit_keys"] if task is not None else run["commit_keys"][:-1]
+        return ("EVALSHA", self.sha["commit"], len(keys), *keys, msgpack.packb(plan, use_bin_type=False))
+
+    def _complete(self, run: dict[str, Any], stream: str, entry_id: str, aid: str) -> tuple[Any, ...]:
+        data = codec.pack({"id": aid, "result": self.result, "attempt": 1})
+        args = [run["rid"], aid, 1, entry_id, "completed", "ActivityCompleted", data, 0, b"", self.record]
+        return (
+            "EVALSHA",
+            self.sha["complete_activity"],
+            len(run["complete_keys"]),
+            *run["complete_keys"],
+            *args,
+        )
+
+    # -------------------------------------------------------------- modes
+    def as_written(self, seconds: float) -> tuple[int, float]:
+        """The five-command step, K runs in lock step, 3 round trips per pass."""
+        steps = 0
+        wq_reply = (
+            self._wq_reply if self._wq_reply is not None else self._roundtrip([self._xreadgroup(self.wq)])[0]
+        )
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            tasks = self._entries(wq_reply)
+            # load: one MULTI/EXEC per run, all runs in one write
+            load: list[tuple[Any, ...]] = []
+            for _, _, fields in tasks:
+                run = self.by_rid[fields[b"run"].decode()]
+                load += [
+                    ("MULTI",),
+                    ("HGETALL", run["run"]),
+                    ("LRANGE", run["inbox"], 0, -1),
+                    ("XRANGE", run["history"], f"0-{run['seq'] + 1}", "+"),
+                    ("EXEC",),
+                ]
+            replies = self._roundtrip(load)
+            # commit every decision + read the activity tasks they enqueue
+            commits = []
+            for i, (stream, entry_id, fields) in enumerate(tasks):
+                run = self.by_rid[fields[b"run"].decode()]
+                exec_reply = replies[5 * i + 4]
+                if isinstance(exec_reply, Exception):
+                    raise exec_reply
+                commits.append(self._commit(run, list(exec_reply[1]), (stream, entry_id)))
+            replies = self._roundtrip([*commits, self._xreadgroup(self.aq)])
+            for reply in replies[:-1]:
+                if isinstance(reply, Exception) or reply[0] != b"OK":
+                    raise RuntimeError(f"commit failed: {reply!r}")
+            # run the (no-op) activities: complete_activity each + read the workflow tasks they wake
+            completes = []
+            for stream, entry_id, fields in self._entries(replies[-1]):
+                run = self.by_rid[fields[b"run"].decode()]
+                completes.append(self._complete(run, stream, entry_id, fields[b"act"].decode()))
+            replies = self._roundtrip([*completes, self._xreadgroup(self.wq)])
+            for reply in replies[:-1]:
+                if isinstance(reply, Exception) or reply[0] != b"OK":
+                    raise RuntimeError(f"complete_activity failed: {reply!r}")
+            wq_reply = replies[-1]
+            steps += len(completes)
+        self._wq_reply = wq_reply  # tasks read but not yet decided: the next call starts with them
+        return steps, time.perf_counter() - t0
+
+    def eager(self, seconds: float) -> tuple[int, float]:
+        """Eager floor: one commit script per step (completion + next decision), 1 round trip per pass."""
+        steps = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            completed = [
+                codec.pack(
+                    {
+                        "type": "ActivityCompleted",
+                        "ts": 0,
+                        "data": {"id": str(r["step"]), "result": self.result, "attempt": 1},
+                    }
+                )
+                for r in self.runs
+            ]
+            replies = self._roundtrip(
+                [self._commit(r, [c], None) for r, c in zip(self.runs, completed, strict=True)]
+            )
+            for reply in replies:
+                if isinstance(reply, Exception) or reply[0] != b"OK":
+                    raise RuntimeError(f"commit failed: {reply!r}")
+            steps += len(self.runs)
+        return steps, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=64, help="runs advanced in lock step (pipeline depth)")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
+    parser.add_argument("--eager", action="store_true", help="also measure the eager-mode floor")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="durable-limit-") as tmp:
+        server = EmbeddedRedis(Path(tmp) / "redis", appendfsync=args.appendfsync)
+        url = server.ensure()
+        try:
+            store = RedisStore(url, prefix="limit")
+            bench = Limit(store, args.runs)
+            pool = store.redis.connection_pool
+            try:
+                bench.conn = pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                bench.conn = pool.get_connection("_")
+            try:
+                bench.as_written(min(1.0, args.seconds))  # warm up
+                steps, elapsed = bench.as_written(args.seconds)
+                print(
+                    f"Redis-bound ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:"
+                )
+                print(
+                    f"  as written (5 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
+                    f"({steps:,} steps in {elapsed:.1f} s)"
+                )
+                if args.eager:
+                    eager = Limit(
+                        RedisStore(url, prefix="limit-eager"), args.runs
+                    )  # fresh runs, empty inboxes
+                    eager.conn = bench.conn
+                    steps, elapsed = eager.eager(args.seconds)
+                    eager.store.close()
+                    print(
+                        f"  eager floor (1 commit script/step):              {steps / elapsed:,.0f} steps/s "
+                        f"({steps:,} steps in {elapsed:.1f} s)"
+                    )
+            finally:
+                store.redis.connection_pool.release(bench.conn)
+                store.close()
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

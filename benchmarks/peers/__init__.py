@@ -1,0 +1,1 @@
+"""Peer engines the benchmark harness compares durable with (Temporal, DBOS)."""

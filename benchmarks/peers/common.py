@@ -1,0 +1,133 @@
+"""Helpers shared by every engine's workloads: options, statistics, ports, processes.
+
+Every workloads module (``workloads_durable``, ``peers.temporal_workloads``,
+``peers.dbos_workloads``) exposes the same surface:
+
+* ``NAME`` and ``unavailable() -> str | None`` (why the engine cannot run here);
+* ``Engine(options)``: a context manager that starts what the engine needs
+  (servers, workers) and stops all of it on exit, even on error;
+* on the engine, the workloads with identical signatures, each returning a
+  dict of figures (seconds, rates, bytes):
+  ``w1(n_runs)``, ``w2(n_workflows)``, ``w3(n_branches, repeats)``,
+  ``w4(n_samples, seconds)``, ``w5(n_samples)``, ``w6(sizes)``, ``w7(n_runs)``.
+  A workload an engine does not implement raises :class:`NotMeasured`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+STEPS = 10  # activities per workflow in W1/W2
+
+
+class NotMeasured(Exception):
+    """This engine has no implementation of the workload (never a faked figure)."""
+
+
+@dataclass
+class Options:
+    tmpdir: Path
+    processes: int = 2
+    appendfsync: str = "everysec"
+    quick: bool = False
+    verbose: bool = False
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, int(round(q / 100 * len(ordered))))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def latency_summary(times: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50_s": statistics.median(times),
+        "p95_s": percentile(times, 95),
+        "min_s": min(times),
+        "n": len(times),
+    }
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before listening on {port}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.001, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM a process started with ``start_new_session=True`` and its group; SIGKILL if it lingers."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    # Children that outlived their parent (same session/group): kill them too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

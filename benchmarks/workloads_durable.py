@@ -1,0 +1,363 @@
+"""durable's side of the benchmark workloads (see ``peers/common.py`` for the shared surface).
+
+The engine: an embedded Redis (``EmbeddedRedis``, AOF with the chosen
+``appendfsync``) in a temp dir, workers as separate processes
+(``python -m workers.cli worker --app bench_apps --processes N``), and this
+process as the client (``WorkflowStub`` on a ``RedisStore``). W6 drives the
+``Decider`` of ``workers/runner.py`` in this process on a separate key prefix,
+so the worker processes never see its tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from peers.common import (
+    STEPS,
+    Options,
+    descendants,
+    latency_summary,
+    rss_bytes,
+    stop_process_group,
+    wait_for,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+
+NAME = "durable"
+
+
+def unavailable() -> str | None:
+    try:
+        import durable  # noqa: F401
+        from durable.store.embedded import find_redis_server
+
+        find_redis_server()
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _cli_has_processes() -> bool:
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "worker", "--help"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return "--processes" in out.stdout
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT)]))
+
+
+def start_workers(
+    url: str, processes: int, *, cache_size: int = 1000, log: Path | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """Start worker processes for ``bench_apps``: one supervisor with ``--processes N``,
+    or N single workers when the CLI has no ``--processes``. Each in its own session
+    (so :func:`stop_process_group` stops it with everything it started)."""
+    base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
+    base += ["--cache-size", str(cache_size), "--log-level", "WARNING"]
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
+    commands = (
+        [base + ["--processes", str(processes)]] if _cli_has_processes() else [base for _ in range(processes)]
+    )
+    procs = []
+    try:
+        for argv in commands:
+            procs.append(
+                subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=out, stderr=out, start_new_session=True)
+            )
+    except BaseException:
+        for proc in procs:
+            stop_process_group(proc)
+        raise
+    return procs
+
+
+def worker_pids(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """The processes that run workflow code: the workers, not a supervisor above them."""
+    pids = []
+    for proc in procs:
+        below = descendants(proc.pid)
+        pids += below if below else [proc.pid]
+    return pids
+
+
+class Engine:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.server: Any = None
+        self.store: Any = None
+        self.url = ""
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.cache_size = 1000
+        self._old_url: str | None = None
+
+    # ----------------------------------------------------------- lifecycle
+    def __enter__(self) -> Engine:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
+        from durable.store.embedded import EmbeddedRedis
+        from durable.store.redis_store import RedisStore
+
+        self.server = EmbeddedRedis(self.options.tmpdir / "redis", appendfsync=self.options.appendfsync)
+        self.url = self.server.ensure()
+        self._old_url = os.environ.get("DURABLE_REDIS_URL")
+        os.environ["DURABLE_REDIS_URL"] = self.url
+        sys.path[:0] = [str(BENCH), str(ROOT)]
+        import bench_apps  # noqa: F401 - registers the workflows in this process
+
+        self.store = RedisStore(self.url)
+        self._restart_workers(self.cache_size)
+
+    def _restart_workers(self, cache_size: int) -> None:
+        self._stop_workers()
+        self.cache_size = cache_size
+        self.workers = start_workers(
+            self.url, self.options.processes, cache_size=cache_size, log=self.options.tmpdir / "workers.log"
+        )
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        from bench_apps import TenSteps
+
+        from durable import WorkflowStub
+
+        # Imports, script loading, consumer groups; every worker process gets a share.
+        stubs = [
+            WorkflowStub.make(TenSteps, store=self.store).start(STEPS)
+            for _ in range(4 * self.options.processes)
+        ]
+        for stub in stubs:
+            stub.result(timeout=120)
+
+    def _stop_workers(self) -> None:
+        for proc in self.workers:
+            stop_process_group(proc)
+        self.workers = []
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._stop_workers()
+        finally:
+            if self.store is not None:
+                self.store.close()
+            if self.server is not None:
+                self.server.stop()
+                if self._old_url is None:
+                    os.environ.pop("DURABLE_REDIS_URL", None)
+                else:
+                    os.environ["DURABLE_REDIS_URL"] = self._old_url
+
+    # ----------------------------------------------------------- workloads
+    def w1(self, n_runs: int) -> dict[str, Any]:
+        from bench_apps import TenSteps
+
+        from durable import WorkflowStub
+
+        times = []
+        for _ in range(n_runs):
+            t0 = time.perf_counter()
+            result = WorkflowStub.make(TenSteps, store=self.store).start(STEPS).result(timeout=60)
+            times.append(time.perf_counter() - t0)
+            assert result == STEPS
+        return latency_summary(times)
+
+    def w2(self, n_workflows: int) -> dict[str, Any]:
+        from bench_apps import TenSteps
+
+        from durable import WorkflowStub
+
+        t0 = time.perf_counter()
+        stubs = [WorkflowStub.make(TenSteps, store=self.store).start(STEPS) for _ in range(n_workflows)]
+        started = time.perf_counter() - t0
+        for stub in stubs:
+            assert stub.result(timeout=300) == STEPS
+        elapsed = time.perf_counter() - t0
+        return {
+            "seconds": elapsed,
+            "workflows_per_s": n_workflows / elapsed,
+            "steps_per_s": n_workflows * STEPS / elapsed,
+            "start_s": started,
+        }
+
+    def w3(self, n_branches: int, repeats: int) -> dict[str, Any]:
+        from bench_apps import FanOut
+
+        from durable import WorkflowStub
+
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            assert (
+                WorkflowStub.make(FanOut, store=self.store).start(n_branches).result(timeout=120)
+                == n_branches
+            )
+            times.append(time.perf_counter() - t0)
+        return {"seconds": statistics.median(times), "min_s": min(times), "n": repeats}
+
+    def w4(self, n_samples: int, seconds: float) -> dict[str, Any]:
+        from bench_apps import Sleeper
+
+        from durable import WorkflowStub
+
+        extra = []
+        for _ in range(n_samples):
+            t0 = time.perf_counter()
+            WorkflowStub.make(Sleeper, store=self.store).start(seconds).result(timeout=seconds + 60)
+            extra.append(time.perf_counter() - t0 - seconds)
+        return {"overhead_s": statistics.median(extra), "max_s": max(extra), "n": n_samples}
+
+    def w5(self, n_samples: int) -> dict[str, Any]:
+        from bench_apps import WaitSignal
+
+        from durable import WorkflowStub
+
+        times = []
+        for i in range(n_samples):
+            stub = WorkflowStub.make(WaitSignal, store=self.store).start()
+            wait_for(lambda s=stub: s.status() == "suspended", 30, what="the run to wait on its signal")
+            t0 = time.perf_counter()
+            stub.signal("go", i)
+            assert stub.result(timeout=30) == i
+            times.append(time.perf_counter() - t0)
+        return {"p50_s": statistics.median(times), "min_s": min(times), "n": n_samples}
+
+    def w6(self, sizes: list[int]) -> dict[str, Any]:
+        """Cost of one decision on a run with N events in history, cache hit vs no cache.
+
+        One run of ``TenSteps(max(sizes)/2 + 20)`` is driven by Deciders in this
+        process (key prefix ``bench-w6``, invisible to the worker processes): a
+        default-cache Decider builds the history; at each size it times 5
+        decisions with the cache, then 3 decisions of a ``cache_size=0`` Decider
+        (full replay each). Timed: ``Decider.handle`` = load + replay/apply + commit.
+        """
+        from bench_apps import TenSteps
+
+        from durable import WorkflowStub
+        from durable.store.keys import GROUP
+        from durable.store.redis_store import RedisStore
+        from workers.runner import Decider, run_activity
+
+        store = RedisStore(self.url, prefix="bench-w6")
+        try:
+            steps = max(sizes) // 2 + 20
+            stub = WorkflowStub.make(TenSteps, store=store).start(steps)
+            keys = store.keys
+            p = keys.partition(stub.id)
+            wq, aq = keys.workflow_tasks(p, "default"), keys.activity_tasks(p, "default")
+            store.ensure_groups([wq, aq])
+            r = store.redis
+
+            def read(stream: str) -> tuple[str, dict[bytes, bytes]]:
+                resp = r.xreadgroup(GROUP, "bench-w6", {stream: ">"}, count=1, block=5000)
+                entry_id, fields = resp[0][1][0]
+                return entry_id.decode(), fields
+
+            def step(decider: Decider) -> float:
+                entry_id, fields = read(wq)
+                t0 = time.perf_counter()
+                decider.handle(p, wq, entry_id, fields)
+                dt = time.perf_counter() - t0
+                entry_id, fields = read(aq)
+                run_activity(store, aq, entry_id, fields)
+                return dt
+
+            def seq() -> int:
+                return int(r.hget(keys.run(p, stub.run_id), "seq"))
+
+            cached = Decider(store, cache_size=1000)
+            out: dict[str, Any] = {}
+            for size in sorted(sizes):
+                while seq() < size - 1:
+                    step(cached)
+                at = seq()
+                hit = statistics.median(step(cached) for _ in range(5))
+                uncached = Decider(store, cache_size=0)
+                miss = statistics.median(step(uncached) for _ in range(3))
+                out[size] = {"events": at, "cached_s": hit, "uncached_s": miss}
+            stub.terminate("benchmark done")
+            return {"sizes": out}
+        finally:
+            store.close()
+
+    def w7(self, n_runs: int) -> dict[str, Any]:
+        """Memory per waiting run (Redis, workers with the runs cached) and wake-up rate."""
+        from bench_apps import WaitSignal
+
+        from durable import WorkflowStub
+
+        self._restart_workers(n_runs + 1000)
+        r = self.store.redis
+        keys = self.store.keys
+
+        def memory() -> tuple[int, int]:
+            return int(r.info("memory")["used_memory"]), sum(
+                rss_bytes(pid) for pid in worker_pids(self.workers)
+            )
+
+        def count(status: str, stubs: list[Any]) -> int:
+            with r.pipeline(transaction=False) as pipe:
+                for stub in stubs:
+                    pipe.hget(keys.run(keys.partition(stub.id), stub.run_id), "status")
+                return sum(1 for s in pipe.execute() if s == status.encode())
+
+        time.sleep(1.0)
+        redis0, rss0 = memory()
+        t0 = time.perf_counter()
+        stubs = [WorkflowStub.make(WaitSignal, store=self.store).start() for _ in range(n_runs)]
+        started = time.perf_counter() - t0
+        wait_for(lambda: count("suspended", stubs) == n_runs, 600, interval=0.25, what="all runs suspended")
+        time.sleep(1.0)
+        redis1, rss1 = memory()
+        # Where the bytes go: MEMORY USAGE of one waiting run's keys (the rest is shared structure).
+        sample = stubs[0]
+        sp = keys.partition(sample.id)
+        per_key = {
+            name: r.memory_usage(key, samples=0) or 0
+            for name, key in {
+                "instance": keys.instance(sp, sample.id),
+                "run": keys.run(sp, sample.run_id),
+                "history": keys.history(sp, sample.run_id),
+                "inbox": keys.inbox(sp, sample.run_id),
+                "activities": keys.activities(sp, sample.run_id),
+                "log": keys.log(sp, sample.run_id),
+            }.items()
+        }
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda s: s.signal("go", 1), stubs, chunksize=64))
+        sent = time.perf_counter() - t0
+        wait_for(lambda: count("completed", stubs) == n_runs, 600, interval=0.05, what="all runs completed")
+        woke = time.perf_counter() - t0
+        self._restart_workers(1000)
+        return {
+            "redis_bytes_per_run": (redis1 - redis0) / n_runs,
+            "redis_keys_of_one_run": per_key,
+            "worker_bytes_per_run": (rss1 - rss0) / n_runs,
+            "wakes_per_s": n_runs / woke,
+            "wake_s": woke,
+            "signal_send_s": sent,
+            "start_s": started,
+            "n": n_runs,
+        }
