@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--inproc", action="store_true", help="run the worker as a thread of this process")
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
+    parser.add_argument("--eager", action="store_true", help="worker in eager mode")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="durable-bench-") as tmp:
@@ -47,12 +48,15 @@ def main() -> None:
             if args.inproc:
                 from workers.worker import Worker, WorkerThread
 
-                thread = WorkerThread(Worker(store, block_ms=1000))
+                thread = WorkerThread(Worker(store, block_ms=1000, eager=args.eager))
                 thread.__enter__()
             else:
                 env = dict(os.environ, PYTHONPATH=f"{ROOT / 'benchmarks'}{os.pathsep}{ROOT}")
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "workers.cli", "worker", "--app", "bench_apps"], cwd=ROOT, env=env
+                    [sys.executable, "-m", "workers.cli", "worker", "--app", "bench_apps"]
+                    + (["--eager"] if args.eager else []),
+                    cwd=ROOT,
+                    env=env,
                 )
             # Warm up: imports, script loading, consumer groups, the worker's first pass.
             for _ in range(3):
@@ -65,6 +69,7 @@ def main() -> None:
             times.sort()
             p95 = times[max(0, int(round(0.95 * len(times))) - 1)]
             mode = "in-process worker thread" if args.inproc else "1 worker process"
+            mode += ", eager" if args.eager else ""
             print(f"10-activity workflow, {args.runs} runs, {mode}, appendfsync {args.appendfsync}")
             print(f"  median {statistics.median(times) * 1000:.1f} ms   p95 {p95 * 1000:.1f} ms   "
                   f"min {times[0] * 1000:.1f} ms")

@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run (< 1 min per engine)")
     parser.add_argument("--processes", type=int, default=2, help="durable worker processes (default 2)")
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
+    parser.add_argument("--eager", action="store_true", help="durable workers in eager mode (--eager)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     args = parser.parse_args(argv)
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/harness.py " + " ".join(argv if argv is not None else sys.argv[1:])
     log(f"machine: {machine()}")
     rows: dict[str, dict[str, str]] = {}
-    options_kw = {"processes": args.processes, "appendfsync": args.appendfsync}
+    options_kw = {"processes": args.processes, "appendfsync": args.appendfsync, "eager": args.eager}
     for engine in engines:
         log(f"[{engine}] starting")
         rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)

@@ -63,13 +63,13 @@ def _env() -> dict[str, str]:
 
 
 def start_workers(
-    url: str, processes: int, *, cache_size: int = 1000, log: Path | None = None
+    url: str, processes: int, *, cache_size: int = 1000, log: Path | None = None, eager: bool = False
 ) -> list[subprocess.Popen[bytes]]:
     """Start worker processes for ``bench_apps``: one supervisor with ``--processes N``,
     or N single workers when the CLI has no ``--processes``. Each in its own session
     (so :func:`stop_process_group` stops it with everything it started)."""
     base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
-    base += ["--cache-size", str(cache_size), "--log-level", "WARNING"]
+    base += ["--cache-size", str(cache_size), "--log-level", "WARNING"] + (["--eager"] if eager else [])
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
     commands = (
         [base + ["--processes", str(processes)]] if _cli_has_processes() else [base for _ in range(processes)]
@@ -133,7 +133,11 @@ class Engine:
         self._stop_workers()
         self.cache_size = cache_size
         self.workers = start_workers(
-            self.url, self.options.processes, cache_size=cache_size, log=self.options.tmpdir / "workers.log"
+            self.url,
+            self.options.processes,
+            cache_size=cache_size,
+            log=self.options.tmpdir / "workers.log",
+            eager=self.options.eager,
         )
         self._warm_up()
 

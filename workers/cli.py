@@ -295,6 +295,13 @@ _worker_options: list[Callable[[Any], Any]] = [
         "--cache-size", default=1000, show_default=True, type=click.IntRange(0), help="Runs cached."
     ),
     click.option(
+        "--eager/--no-eager",
+        default=False,
+        show_default=True,
+        help="Run scheduled activities of served queues in this worker and commit each result with "
+        "the next decision (fewer round trips per step).",
+    ),
+    click.option(
         "--claim-idle",
         default=30.0,
         show_default=True,
@@ -353,6 +360,7 @@ def _run_worker(
     concurrency: int,
     cache_size: int,
     claim_idle: float = 30.0,
+    eager: bool = False,
 ) -> None:
     import signal as _signal
 
@@ -371,6 +379,7 @@ def _run_worker(
         app=list(apps),
         cache_size=cache_size,
         claim_idle_ms=int(claim_idle * 1000),
+        eager=eager,
     )
     worker.install_signal_handlers()
     if early:
@@ -395,6 +404,7 @@ def worker(
     queues: tuple[str, ...],
     concurrency: int,
     cache_size: int,
+    eager: bool,
     claim_idle: float,
     log_format: str,
     log_level: str,
@@ -406,7 +416,7 @@ def worker(
     """
     _configure_logging(log_level, log_format)
     if processes == 1:
-        _run_worker(state, apps, queues, concurrency, cache_size, claim_idle)
+        _run_worker(state, apps, queues, concurrency, cache_size, claim_idle, eager)
         return
     from workers.supervisor import Supervisor, child_argv
 
@@ -423,6 +433,7 @@ def worker(
         str(cache_size),
         "--claim-idle",
         str(claim_idle),
+        "--eager" if eager else "--no-eager",
     ]
     args += ["--log-format", log_format, "--log-level", log_level]
     supervisor = Supervisor(child_argv(args), processes)
@@ -441,6 +452,7 @@ def dev(
     queues: tuple[str, ...],
     concurrency: int,
     cache_size: int,
+    eager: bool,
     claim_idle: float,
     log_format: str,
     log_level: str,
@@ -450,7 +462,7 @@ def dev(
     store = state.store
     click.echo(f"durable dev: Redis at {store.url}", err=True)
     click.echo(f"  export DURABLE_REDIS_URL={store.url}", err=True)
-    _run_worker(state, apps, queues, concurrency, cache_size, claim_idle)
+    _run_worker(state, apps, queues, concurrency, cache_size, claim_idle, eager)
 
 
 # --------------------------------------------------------------------------- client commands
@@ -794,6 +806,35 @@ def replay(target: Path, apps: tuple[str, ...]) -> None:
         else:
             click.echo(f"OK {path} ({len(entries)} events)")
     if bad:
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------- check
+
+
+@cli.command()
+@click.option(
+    "--app", "apps", multiple=True, required=True, metavar="MODULE", help="Module(s) with the workflows."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON array.")
+def check(apps: tuple[str, ...], as_json: bool) -> None:
+    """Lint the workflows of the --app modules for calls that break replay.
+
+    Flags wall-clock reads, randomness, environment, network, file I/O,
+    threads and time.sleep inside Workflow subclasses, each with file:line
+    and the durable alternative. Exits 1 if anything is flagged, 0 if not.
+    Silence a line with `# durable: ignore`. Needs no Redis.
+    """
+    from workers.lint import check_modules, findings_table
+
+    findings, classes = check_modules(_load(apps))
+    if as_json:
+        click.echo(to_json([f.to_dict() for f in findings], indent=1))
+    elif findings:
+        _console().print(findings_table(findings))
+    else:
+        click.echo(f"OK: no determinism problems in {classes} workflow class(es)")
+    if findings:
         sys.exit(1)
 
 

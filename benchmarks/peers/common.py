@@ -40,6 +40,7 @@ class Options:
     appendfsync: str = "everysec"
     quick: bool = False
     verbose: bool = False
+    eager: bool = False
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -7,9 +7,20 @@ redis.replicate_commands()
 
 local GROUP = 'workers'
 
+-- The clock of a partition: Redis TIME plus an offset kept in `<tag>:clock`
+-- (absent = 0). Only durable.testing sets it (time skipping). The tag is the
+-- partition prefix of KEYS[1], which every script passes, so the key is in
+-- the script's own slot.
+local clock_offset = nil
+
 local function now_ms()
+  if clock_offset == nil then
+    clock_offset = 0
+    local tag = KEYS[1] and string.match(KEYS[1], '^(.-{%d+})')
+    if tag then clock_offset = tonumber(redis.call('GET', tag .. ':clock')) or 0 end
+  end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + clock_offset
 end
 
 -- The stored bytes of an event: msgpack map {type, ts, data}; `data` is

@@ -1,0 +1,558 @@
+"""Test support: a real Redis, an in-process worker, time skipping, activity mocks, replay checks.
+
+Two ways in:
+
+* **pytest**: add ``pytest_plugins = ["durable.testing"]`` to your top-level
+  ``conftest.py`` (or a test module) and use the fixtures:
+
+  - ``durable_redis_url`` (session): an embedded ``redis-server`` in a temporary
+    dir, stopped when the session ends (or ``$DURABLE_TEST_REDIS_URL``: a Redis
+    you provide, whose database is **flushed before every test**);
+  - ``durable_store``: a :class:`~durable.store.redis_store.RedisStore` on it,
+    flushed for this test; ``DURABLE_REDIS_URL`` points at it meanwhile;
+  - ``durable_env``: a started :class:`TestEnvironment` (worker thread included);
+    mark a test ``@pytest.mark.durable(time_skipping=True)`` to turn on time skipping
+    (or override the ``durable_env_options`` fixture, which returns those keyword arguments);
+  - ``durable_worker``: the environment's :class:`~workers.worker.Worker`;
+  - ``durable_stub``: ``durable_stub(WorkflowCls, id=None)`` -> an unstarted stub
+    bound to the environment (like ``WorkflowStub.make``).
+
+* **anywhere**: ``with TestEnvironment() as env: stub = env.start(Wf, *args)``.
+
+Time skipping (``TestEnvironment(time_skipping=True)``): while a test waits in
+``result()`` of a stub made by the environment and every run is waiting only on
+timers (no workflow task, activity task or outbox message pending, no activity
+running), the environment's clock jumps to the next due timer. A workflow that
+sleeps 30 days finishes in milliseconds and its ``now()`` says 30 days later.
+``env.skip(timedelta(...))`` moves the clock by hand. The clock is an offset the
+Redis scripts add to ``TIME`` (``RedisStore.set_clock_offset``); activity
+start-to-close deadlines keep the real clock, and heartbeat/schedule-to-close
+timeouts are not reliable while the clock is skipped.
+
+:func:`replay_history` checks that today's code still decides as a recorded
+history says: give it a stub, the stored entries, or a ``durable history ID
+--json`` export.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import events as ev
+from . import registry
+from .activity import Activity, Seconds, to_seconds
+from .client import HistoryEvent, WorkflowStub
+from .errors import ConfigurationError
+from .replay import Driver
+from .replay import replay_history as _replay_entries
+from .store.redis_store import RedisStore
+from .workflow import Workflow
+
+if TYPE_CHECKING:
+    from workers.worker import Worker
+
+__all__ = ["TestEnvironment", "TestWorkflowStub", "replay_history"]
+
+#: Environment variable naming a Redis the fixtures use instead of an embedded one (it is flushed!).
+TEST_REDIS_ENV = "DURABLE_TEST_REDIS_URL"
+
+
+# --------------------------------------------------------------------------- stubs
+
+
+class TestWorkflowStub(WorkflowStub):
+    """A :class:`~durable.WorkflowStub` bound to a :class:`TestEnvironment`.
+
+    Its :meth:`result` lets the environment skip time while it waits (when the
+    environment has ``time_skipping=True``).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    _env: TestEnvironment
+
+    def result(self, timeout: float | None = None) -> Any:
+        with self._env._waiting():
+            return super().result(timeout=timeout)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+class TestEnvironment:
+    """A Redis, a store, a worker thread and a clock for tests (a context manager).
+
+    Args:
+        redis_url: Redis to use. Default: an embedded ``redis-server`` in a fresh
+            temporary dir, started on enter and stopped (and removed) on exit.
+        store: Use this store instead (``redis_url`` is then ignored; nothing is flushed).
+        time_skipping: Jump the clock to the next due timer whenever a test waits
+            in ``result()`` and every run is only waiting on timers.
+        flush: FLUSHDB the Redis on enter. Default: only when the environment
+            started the Redis itself.
+        queues, concurrency: Passed to the worker.
+        worker: Start a worker thread (default True).
+
+    Example:
+        ```python
+        with TestEnvironment(time_skipping=True) as env:
+            env.mock_activity(charge, {"charge": "ch-test"})
+            stub = env.start(Order, "order-1")
+            assert stub.result(timeout=10)["charge"] == "ch-test"
+        ```
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        store: RedisStore | None = None,
+        time_skipping: bool = False,
+        flush: bool | None = None,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 4,
+        worker: bool = True,
+    ) -> None:
+        self.time_skipping = time_skipping
+        self._redis_url = redis_url
+        self._given_store = store
+        self._flush = flush
+        self._queues = list(queues)
+        self._concurrency = concurrency
+        self._want_worker = worker
+        self._server: Any = None
+        self._tmpdir: str | None = None
+        self._store: RedisStore | None = None
+        self._worker: Worker | None = None
+        self._worker_thread: Any = None
+        self._mocks: dict[str, registry.ActivityDefinition | None] = {}
+        self._saved_env: str | None = None
+        self._env_set = False
+        self._lock = threading.Lock()
+        self._waiters = 0
+        self._stop = threading.Event()
+        self._skipper: threading.Thread | None = None
+        self.skips = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def __enter__(self) -> TestEnvironment:
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        from workers.worker import Worker, WorkerThread
+
+        if self._given_store is not None:
+            self._store = self._given_store
+            flush = bool(self._flush)
+        else:
+            url = self._redis_url
+            if url is None:
+                from .store.embedded import EmbeddedRedis
+
+                self._tmpdir = tempfile.mkdtemp(prefix="durable-test-")
+                self._server = EmbeddedRedis(self._tmpdir)
+                url = self._server.ensure()
+            flush = self._flush if self._flush is not None else self._server is not None
+            self._store = RedisStore(url)
+        if flush:
+            self._store.redis.flushdb()
+            self._store._check_partitions()
+        self._store.set_clock_offset(0)
+        if self._store.url:
+            self._saved_env = os.environ.get("DURABLE_REDIS_URL")
+            os.environ["DURABLE_REDIS_URL"] = self._store.url
+            self._env_set = True
+        if self._want_worker:
+            self._worker = Worker(
+                self._store,
+                queues=self._queues,
+                concurrency=self._concurrency,
+                grace=5.0,
+                claim_idle_ms=2000,
+                block_ms=100,
+            )
+            self._worker_thread = WorkerThread(self._worker)
+            self._worker_thread.__enter__()
+        if self.time_skipping:
+            self._skipper = threading.Thread(target=self._skip_loop, name="durable-time-skipper", daemon=True)
+            self._skipper.start()
+
+    def close(self) -> None:
+        """Stop the skipper and the worker, undo mocks, reset the clock, stop an owned Redis."""
+        self._stop.set()
+        if self._skipper is not None:
+            self._skipper.join(timeout=5)
+            self._skipper = None
+        if self._worker_thread is not None:
+            self._worker_thread.__exit__(None, None, None)
+            self._worker_thread = None
+        self.restore_activities()
+        if self._env_set:
+            if self._saved_env is None:
+                os.environ.pop("DURABLE_REDIS_URL", None)
+            else:
+                os.environ["DURABLE_REDIS_URL"] = self._saved_env
+            self._env_set = False
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.set_clock_offset(0)
+            if self._store is not self._given_store:
+                self._store.close()
+            self._store = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # ------------------------------------------------------------ accessors
+    @property
+    def store(self) -> RedisStore:
+        """The environment's store."""
+        if self._store is None:
+            raise ConfigurationError("the TestEnvironment is not open (use it in a `with` block)")
+        return self._store
+
+    @property
+    def worker(self) -> Worker:
+        """The in-process worker (``worker=False``: raises)."""
+        if self._worker is None:
+            raise ConfigurationError("this TestEnvironment runs no worker (worker=False) or is not open")
+        return self._worker
+
+    # ---------------------------------------------------------------- stubs
+    def stub(
+        self, workflow: type[Workflow] | str, id: str | None = None, *, queue: str | None = None
+    ) -> TestWorkflowStub:  # noqa: A002
+        """An unstarted stub bound to this environment (like ``WorkflowStub.make``)."""
+        base = WorkflowStub.make(workflow, id=id, queue=queue, store=self.store)
+        return self._bind(base)
+
+    def start(
+        self, workflow: type[Workflow] | str, *args: Any, id: str | None = None, queue: str | None = None
+    ) -> TestWorkflowStub:  # noqa: A002
+        """Start a run of ``workflow`` with ``args``; returns its stub."""
+        stub = self.stub(workflow, id=id, queue=queue)
+        stub.start(*args)
+        return stub
+
+    def load(self, id: str) -> TestWorkflowStub:  # noqa: A002
+        """A stub for an existing workflow id (e.g. a child), bound to this environment."""
+        return self._bind(WorkflowStub.load(id, store=self.store))
+
+    def _bind(self, base: WorkflowStub) -> TestWorkflowStub:
+        stub = TestWorkflowStub(self.store, base._type, base._id, base._run_id, base._queue)
+        stub._env = self
+        return stub
+
+    # ---------------------------------------------------------------- clock
+    @property
+    def clock_offset(self) -> timedelta:
+        """How far the environment's clock is ahead of real time."""
+        return timedelta(milliseconds=self.store.clock_offset())
+
+    def now(self) -> datetime:
+        """The environment's current time (UTC): what a workflow's ``now()`` would say."""
+        ms = self.store.server_time_ms() + self.store.clock_offset()
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    def skip(self, duration: Seconds) -> None:
+        """Move the clock forward by ``duration`` (seconds or timedelta); due timers fire at once."""
+        seconds = to_seconds(duration, "skip duration")
+        assert seconds is not None
+        with self._lock:
+            self._shift(int(round(seconds * 1000)))
+
+    def _shift(self, ms: int) -> None:
+        if ms <= 0:
+            return
+        self.store.set_clock_offset(self.store.clock_offset() + ms)
+        if self._worker is not None:
+            self._worker.scheduler.notify(0)  # its sleep is real time: wake it now
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        with self._lock:
+            self._waiters += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def _skip_loop(self) -> None:
+        while not self._stop.wait(0.01):
+            if not self._waiters:
+                continue
+            try:
+                with self._lock:
+                    self._maybe_skip()
+            except Exception:  # noqa: BLE001 - Redis may be going away at shutdown
+                if self._stop.is_set():
+                    return
+
+    def _maybe_skip(self) -> bool:
+        """Jump to the next due timer if nothing but timers is outstanding; True if it jumped."""
+        store = self.store
+        keys = store.keys
+        worker = self._worker
+        if worker is not None and worker._busy:
+            return False
+        streams: list[str] = []
+        for p in range(keys.partitions):
+            streams.append(keys.outbox(p))
+            for q in self._queues:
+                streams += [keys.workflow_tasks(p, q), keys.activity_tasks(p, q)]
+        with store.redis.pipeline(transaction=True) as pipe:
+            for stream in streams:
+                pipe.xlen(stream)
+            for p in range(keys.partitions):
+                pipe.zcard(keys.running(p))
+            for p in range(keys.partitions):
+                pipe.zrange(keys.timers(p), 0, 0, withscores=True)
+            pipe.time()
+            pipe.get(keys.tag(0) + ":clock")
+            replies = pipe.execute()
+        n, parts = len(streams), keys.partitions
+        if any(replies[: n + parts]):
+            return False  # a task is pending or an activity is running: time must not move
+        dues = [int(rows[0][1]) for rows in replies[n + parts : n + 2 * parts] if rows]
+        if not dues:
+            return False
+        sec, usec = replies[-2]
+        offset = int(replies[-1] or 0)
+        now = int(sec) * 1000 + int(usec) // 1000 + offset
+        due = min(dues)
+        if due <= now:
+            if worker is not None:
+                worker.scheduler.notify(0)
+            return False
+        self._shift(due - now)
+        self.skips += 1
+        return True
+
+    # ---------------------------------------------------------------- mocks
+    def mock_activity(self, target: Any, replacement: Any) -> None:
+        """Replace an activity for this environment (undone on exit).
+
+        Args:
+            target: The activity: an ``Activity`` subclass, a function, or its name.
+            replacement: A function called with the activity's arguments, an
+                ``Activity`` subclass, an exception instance (raised on every
+                attempt), or any other value (returned as the result).
+        """
+        name = _activity_name(target)
+        original = registry._activities.get(name)
+        if name not in self._mocks:
+            self._mocks[name] = original
+        fn = _as_function(replacement)
+        if original is not None:
+            definition = dataclasses.replace(original, fn=fn)
+        else:
+            definition = registry.ActivityDefinition(
+                name=name,
+                fn=fn,
+                origin=f"mock:{name}",
+                module=getattr(target, "__module__", "") or "",
+            )
+        registry._activities[name] = definition
+
+    def restore_activities(self) -> None:
+        """Undo every :meth:`mock_activity` of this environment."""
+        for name, original in self._mocks.items():
+            if original is None:
+                registry._activities.pop(name, None)
+            else:
+                registry._activities[name] = original
+        self._mocks.clear()
+
+
+def _activity_name(target: Any) -> str:
+    if isinstance(target, str):
+        return registry.check_name(target, "activity")
+    if isinstance(target, type) and issubclass(target, Activity):
+        return target.name
+    if callable(target):
+        name = getattr(target, "__durable_activity__", None) or getattr(target, "__name__", None)
+        if name and name != "<lambda>":
+            return registry.check_name(name, "activity")
+    raise ConfigurationError(
+        f"mock_activity needs an Activity class, a named function or a name, not {target!r}"
+    )
+
+
+def _as_function(replacement: Any) -> Callable[..., Any]:
+    if isinstance(replacement, type) and issubclass(replacement, Activity):
+        return lambda *args: replacement().handle(*args)
+    if isinstance(replacement, BaseException):
+
+        def fail(*_args: Any) -> Any:
+            raise replacement
+
+        return fail
+    if callable(replacement):
+        return replacement  # type: ignore[no-any-return]
+    return lambda *_args: replacement
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def replay_history(history: Any, workflow: type[Workflow] | None = None) -> Driver:
+    """Replay a recorded history with today's code.
+
+    Args:
+        history: One of: a :class:`~durable.WorkflowStub` (its current run's
+            stored history), a list of stored entries (``durable.events.Entry``),
+            a path to a ``durable history ID --json`` export, or the list of
+            dicts loaded from such a file (each needs its ``raw`` field).
+            ``WorkflowStub.history()`` events are not accepted: their payloads
+            are decoded, so they cannot be replayed byte for byte.
+        workflow: The workflow class (default: the type the history names, from the registry).
+
+    Returns:
+        The (closed) replay driver; ``.status`` is the run's status as replayed.
+
+    Raises:
+        NondeterminismError: today's code decides differently from the history.
+    """
+    return _replay_entries(_entries(history), workflow)
+
+
+def _entries(history: Any) -> list[ev.Entry]:
+    if isinstance(history, WorkflowStub):
+        return history._store.history(history._ref())
+    if isinstance(history, str | os.PathLike):
+        path = Path(history)
+        try:
+            items = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"{path}: not a JSON history export ({exc})") from None
+        return _from_dicts(items, str(path))
+    if isinstance(history, Sequence):
+        items = list(history)
+        if all(isinstance(item, ev.Entry) for item in items):
+            return items
+        if any(isinstance(item, HistoryEvent) for item in items):
+            raise ConfigurationError(
+                "replay_history needs the stored entries, not WorkflowStub.history() events (their payloads "
+                "are decoded); pass the stub itself, or an export from `durable history ID --json`"
+            )
+        return _from_dicts(items, "history")
+    raise ConfigurationError(f"replay_history cannot read a history from {type(history).__name__}")
+
+
+def _from_dicts(items: Any, where: str) -> list[ev.Entry]:
+    if not isinstance(items, list) or not items:
+        raise ConfigurationError(f"{where}: expected a non-empty list of events (durable history ID --json)")
+    entries = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("raw"), str):
+            raise ConfigurationError(
+                f"{where}: event #{index + 1} has no 'raw' field; export with `durable history ID --json`"
+            )
+        try:
+            raw = base64.b64decode(item["raw"], validate=True)
+        except ValueError:
+            raise ConfigurationError(
+                f"{where}: event #{index + 1} has an invalid base64 'raw' field"
+            ) from None
+        seq = item["seq"] if isinstance(item.get("seq"), int) else index + 1
+        run_id = str((item.get("data") or {}).get("run_id", "")) if index == 0 else ""
+        entries.append(ev.decode(raw, run_id=run_id, seq=seq))
+    return entries
+
+
+# --------------------------------------------------------------------------- pytest plugin
+
+try:  # the fixtures exist only where pytest is installed; the rest works without it
+    import pytest
+except ImportError:  # pragma: no cover
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    def pytest_configure(config: pytest.Config) -> None:
+        config.addinivalue_line(
+            "markers", "durable(**options): TestEnvironment options for durable_env, e.g. time_skipping=True"
+        )
+
+    @pytest.fixture(scope="session")
+    def durable_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+        """A Redis for the session: ``$DURABLE_TEST_REDIS_URL``, else an embedded server in a tmp dir."""
+        external = os.environ.get(TEST_REDIS_ENV)
+        if external:
+            yield external
+            return
+        from .store.embedded import EmbeddedRedis
+
+        server = EmbeddedRedis(tmp_path_factory.mktemp("durable-redis"))
+        url = server.ensure()
+        try:
+            yield url
+        finally:
+            server.stop()
+
+    @pytest.fixture
+    def durable_store(durable_redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisStore]:
+        """A store on the session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
+        import redis
+
+        with redis.Redis.from_url(durable_redis_url) as client:
+            client.flushdb()
+        monkeypatch.setenv("DURABLE_REDIS_URL", durable_redis_url)
+        store = RedisStore(durable_redis_url)
+        try:
+            yield store
+        finally:
+            store.close()
+
+    @pytest.fixture
+    def durable_env_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+        """Keyword arguments of ``durable_env``'s :class:`TestEnvironment`.
+
+        From ``@pytest.mark.durable(...)``; or override this fixture, or
+        ``@pytest.mark.parametrize("durable_env_options", [{"time_skipping": True}])``.
+        """
+        marker = request.node.get_closest_marker("durable")
+        return dict(marker.kwargs) if marker is not None else {}
+
+    @pytest.fixture
+    def durable_env(
+        durable_store: RedisStore, durable_env_options: dict[str, Any]
+    ) -> Iterator[TestEnvironment]:
+        """A started :class:`TestEnvironment` on ``durable_store`` (options: ``durable_env_options``)."""
+        with TestEnvironment(store=durable_store, **durable_env_options) as env:
+            yield env
+
+    @pytest.fixture
+    def durable_worker(durable_env: TestEnvironment) -> Worker:
+        """The in-process worker of ``durable_env``."""
+        return durable_env.worker
+
+    @pytest.fixture
+    def durable_stub(durable_env: TestEnvironment) -> Callable[..., TestWorkflowStub]:
+        """``durable_stub(WorkflowCls, id=None, queue=None)``: an unstarted stub bound to ``durable_env``."""
+        return durable_env.stub

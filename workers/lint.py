@@ -1,0 +1,365 @@
+"""``durable check``: a determinism lint for workflow code.
+
+Workflow code is replayed: after a crash or a deploy a worker runs ``handle()``
+again from the start and expects it to make the same durable calls in the same
+order. A call that reads the wall clock, randomness, the environment, the
+network or files, or that starts threads, can answer differently on replay and
+break the run. This module parses (``ast``) the source of every ``Workflow``
+subclass defined in the app modules — ``handle()``, signal and query handlers,
+helper methods, lambdas passed to ``all()`` — and reports such calls with the
+durable alternative.
+
+It is a lint, not a proof: it sees calls written in the class body, not what
+the functions they call do, and it cannot see through a name rebound at run
+time. Silence one line with a ``# durable: ignore`` comment.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from durable import Workflow
+
+IGNORE_COMMENT = "durable: ignore"
+
+#: (category, what to use instead) by dotted name; a name ending in ``.*`` covers a whole module.
+_RULES: dict[str, tuple[str, str]] = {}
+
+
+def _rule(names: Iterable[str], category: str, fix: str) -> None:
+    for name in names:
+        _RULES[name] = (category, fix)
+
+
+_rule(
+    [
+        "time.time",
+        "time.time_ns",
+        "time.monotonic",
+        "time.monotonic_ns",
+        "time.perf_counter",
+        "time.perf_counter_ns",
+        "time.process_time",
+        "time.localtime",
+        "time.gmtime",
+        "time.ctime",
+        "time.asctime",
+        "time.strftime",
+        "datetime.datetime.now",
+        "datetime.datetime.utcnow",
+        "datetime.datetime.today",
+        "datetime.date.today",
+    ],
+    "wall clock",
+    "durable.now() (the time of the last applied event)",
+)
+_rule(["time.sleep"], "sleep", "durable.timer(seconds) (a durable timer; no worker is held)")
+_rule(["random.*", "numpy.random.*"], "randomness", "durable.random(), or side_effect(lambda: ...)")
+_rule(["secrets.*", "os.urandom", "os.getrandom"], "randomness", "side_effect(lambda: ...)")
+_rule(["uuid.uuid1", "uuid.uuid4"], "randomness", "durable.uuid4()")
+_rule(
+    ["os.getenv", "os.environ", "os.environ.*", "os.getenvb", "os.environb"],
+    "environment",
+    "pass configuration as a workflow argument, or read it in an activity",
+)
+_rule(
+    [
+        "requests.*",
+        "httpx.*",
+        "aiohttp.*",
+        "urllib.request.*",
+        "urllib3.*",
+        "http.client.*",
+        "socket.*",
+        "smtplib.*",
+        "redis.*",
+    ],
+    "network",
+    "an activity (retried, recorded once)",
+)
+_rule(
+    [
+        "open",
+        "io.open",
+        "os.open",
+        "os.listdir",
+        "os.scandir",
+        "os.remove",
+        "os.unlink",
+        "os.rename",
+        "os.makedirs",
+        "os.mkdir",
+        "os.stat",
+        "os.path.exists",
+        "os.path.isfile",
+        "os.path.isdir",
+        "os.path.getmtime",
+        "os.path.getsize",
+        "shutil.*",
+        "glob.*",
+        "tempfile.*",
+        "pathlib.Path.*",
+        ".read_text",
+        ".write_text",
+        ".read_bytes",
+        ".write_bytes",
+    ],
+    "file I/O",
+    "an activity (files differ between workers and between replays)",
+)
+_rule(
+    [
+        "threading.*",
+        "concurrent.futures.*",
+        "asyncio.*",
+        "multiprocessing.*",
+        "subprocess.*",
+        "os.system",
+        "os.fork",
+        "os.popen",
+    ],
+    "threads/processes",
+    "durable.all([...]) for concurrency; an activity for processes",
+)
+_rule(["input"], "console input", "a signal (durable.await_signal) or a workflow argument")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One call that can break replay."""
+
+    path: str
+    line: int
+    col: int
+    workflow: str
+    method: str
+    call: str
+    category: str
+    fix: str
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- name resolution
+
+
+def _imports(tree: ast.Module) -> dict[str, str]:
+    """Local name -> dotted origin, from the module's imports (``import x as y``, ``from a import b``)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    names[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".", 1)[0]
+                    names[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return parts[::-1]
+    if isinstance(node, ast.Call):  # Path("x").read_text(): keep the method name
+        inner = _dotted(node.func)
+        if inner is not None:
+            return [*inner, "()", *parts[::-1]]
+    return None
+
+
+def _resolve(node: ast.AST, imports: dict[str, str]) -> str | None:
+    parts = _dotted(node)
+    if not parts:
+        return None
+    head = imports.get(parts[0])
+    if head is None:
+        # a builtin (open, input) or a local/attribute; keep the text
+        return ".".join(parts)
+    return ".".join([head, *parts[1:]])
+
+
+def _match(name: str, *, is_call: bool) -> tuple[str, str, str] | None:
+    """(matched rule, category, fix) for a resolved dotted name."""
+    clean = name.replace(".()", "")
+    candidates = [clean]
+    pieces = clean.split(".")
+    for i in range(len(pieces) - 1, 0, -1):
+        candidates.append(".".join(pieces[:i]) + ".*")
+    for candidate in candidates:
+        rule = _RULES.get(candidate)
+        if rule is not None:
+            return candidate, *rule
+    if is_call and len(pieces) > 1:
+        rule = _RULES.get("." + pieces[-1])
+        if rule is not None and pieces[0] not in ("durable", "self"):
+            return "." + pieces[-1], *rule
+    return None
+
+
+# --------------------------------------------------------------------------- checking
+
+
+class _Visitor(ast.NodeVisitor):
+    def __init__(self, path: str, workflow: str, imports: dict[str, str], lines: Sequence[str]) -> None:
+        self.path = path
+        self.workflow = workflow
+        self.imports = imports
+        self.lines = lines
+        self.method = ""
+        self.findings: list[Finding] = []
+        self._seen: set[tuple[int, int]] = set()
+
+    def _report(self, node: ast.AST, name: str, category: str, fix: str) -> None:
+        line = getattr(node, "lineno", 0)
+        col = getattr(node, "col_offset", 0)
+        if (line, col) in self._seen:
+            return
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if IGNORE_COMMENT in text:
+            return
+        self._seen.add((line, col))
+        self.findings.append(
+            Finding(
+                self.path, line, col, self.workflow, self.method, name.replace(".()", "()"), category, fix
+            )
+        )
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        outer = self.method
+        if not outer:
+            self.method = node.name
+        self.generic_visit(node)
+        self.method = outer
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _resolve(node.func, self.imports)
+        if name is not None:
+            hit = _match(name, is_call=True)
+            if hit is not None:
+                self._report(node, name + "()", hit[1], hit[2])
+        if name == "durable.side_effect" or (name or "").endswith("workflow.side_effect"):
+            # side_effect(fn) records fn's value once: fn may read clocks and randomness.
+            self.visit(node.func)
+            for arg in [*node.args[1:], *node.keywords]:
+                self.visit(arg)
+            return
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        # `from os import environ` then environ["X"]
+        if self.imports.get(node.id) in ("os.environ", "os.environb"):
+            name = self.imports[node.id]
+            self._report(node, name, *_RULES[name])
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        # os.environ["X"], os.environ.get("X"): the attribute itself is the read.
+        name = _resolve(node, self.imports)
+        if name in ("os.environ", "os.environb"):
+            self._report(node, name, *_RULES[name])
+            return
+        self.generic_visit(node)
+
+
+def check_source(source: str, path: str, workflow_names: Iterable[str] | None = None) -> list[Finding]:
+    """Lint the classes of a module's source; ``workflow_names``: only these classes (default: all)."""
+    tree = ast.parse(source, filename=path)
+    imports = _imports(tree)
+    lines = source.splitlines()
+    wanted = set(workflow_names) if workflow_names is not None else None
+    findings: list[Finding] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and (wanted is None or node.name in wanted):
+            visitor = _Visitor(path, node.name, imports, lines)
+            for item in node.body:
+                visitor.visit(item)
+            findings += visitor.findings
+    return sorted(findings, key=lambda f: (f.path, f.line, f.col))
+
+
+def _workflow_classes(module: ModuleType) -> list[str]:
+    names = []
+    for attr, value in vars(module).items():
+        if (
+            inspect.isclass(value)
+            and issubclass(value, Workflow)
+            and value is not Workflow
+            and value.__module__ == module.__name__
+            and value.__qualname__ == attr
+        ):
+            names.append(attr)
+    return names
+
+
+def app_modules(modules: Sequence[ModuleType]) -> list[ModuleType]:
+    """The given modules plus their already imported submodules (a package's workflows)."""
+    out: dict[str, ModuleType] = {m.__name__: m for m in modules}
+    prefixes = tuple(m.__name__ + "." for m in modules if hasattr(m, "__path__"))
+    if prefixes:
+        for name, module in list(sys.modules.items()):
+            if module is not None and name.startswith(prefixes):
+                out.setdefault(name, module)
+    return list(out.values())
+
+
+def check_modules(modules: Sequence[ModuleType]) -> tuple[list[Finding], int]:
+    """Lint the Workflow subclasses defined in ``modules``: ``(findings, classes checked)``."""
+    findings: list[Finding] = []
+    classes = 0
+    for module in app_modules(modules):
+        names = _workflow_classes(module)
+        if not names:
+            continue
+        path = inspect.getsourcefile(module)
+        if path is None:
+            continue
+        source = Path(path).read_text()
+        classes += len(names)
+        shown = _display_path(path)
+        findings += check_source(source, shown, names)
+    return findings, classes
+
+
+def _display_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path
+
+
+def findings_table(findings: Sequence[Finding]) -> Any:
+    """A rich table of findings."""
+    from rich.table import Table
+
+    table = Table(title=f"determinism problems ({len(findings)})", title_justify="left")
+    table.add_column("location", no_wrap=True)
+    table.add_column("workflow", no_wrap=True)
+    table.add_column("call", overflow="fold")
+    table.add_column("problem", no_wrap=True)
+    table.add_column("use instead", overflow="fold")
+    for f in findings:
+        table.add_row(
+            f.location, f"{f.workflow}.{f.method}" if f.method else f.workflow, f.call, f.category, f.fix
+        )
+    return table
