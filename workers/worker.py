@@ -33,9 +33,9 @@ import redis
 
 from durable import events as ev
 from durable import registry
-from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore, consumer_name
 
+from .reader import TaskReader
 from .runner import Decider, Task, execute_attempt, handle_outbox, run_activity
 from .scheduler import Scheduler
 
@@ -129,12 +129,13 @@ class Worker:
         self._busy_lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], float] = {}
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
+        self.reader = TaskReader(self.store.redis, self.consumer)
         self._stop = threading.Event()
         self.scheduler = Scheduler(
             self.store,
             streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
             consumer=self.consumer,
-            reclaimed=lambda s, e, f: self._reclaimed.append((s, e, f)),
+            reclaimed=self._on_reclaimed,
             in_flight=lambda: list(self._in_flight),
             claim_idle_ms=claim_idle_ms,
         )
@@ -156,6 +157,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down (thread-safe)."""
         self._stop.set()
+        self.reader.wake()
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: Any) -> None:
@@ -179,6 +181,10 @@ class Worker:
                 except redis.ConnectionError as exc:
                     log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
                     time.sleep(0.5)
+            if self.reader.outstanding:
+                # Tasks delivered to the last read are ours: finish them rather than leave
+                # them to a reclaim after --claim-idle.
+                self._handle(self.reader.read([], count=1, block_ms=self.block_ms) or [])
         finally:
             self._shutdown()
 
@@ -194,6 +200,7 @@ class Worker:
             )
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.scheduler.stop()
+        self.reader.close()
         self.decider.cache.clear()
         log.info("worker %s stopped", self.consumer)
 
@@ -217,9 +224,7 @@ class Worker:
                 stream=body["stream"],
                 allowed=self._activity_ok,
                 on_timer=self.scheduler.notify,
-                on_result=(lambda b, payload, record: self._eager_done.append((b, payload, record)))
-                if self.eager
-                else None,
+                on_result=self._eager_result if self.eager else None,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
@@ -230,6 +235,14 @@ class Worker:
             with self._busy_lock:
                 self._busy -= 1
                 self._leased -= 1
+
+    def _on_reclaimed(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        self._reclaimed.append((stream, entry_id, fields))
+        self.reader.wake()
+
+    def _eager_result(self, body: dict[str, Any], payload: bytes, record: dict[str, Any]) -> None:
+        self._eager_done.append((body, payload, record))
+        self.reader.wake()
 
     def _pass(self) -> None:
         if self._eager_done:
@@ -258,16 +271,13 @@ class Worker:
             self._dispatch(stream, entry_id, fields, redelivered=True)
         free = self.concurrency - self._busy
         streams = self.workflow_streams + self.outbox_streams + (self.activity_streams if free > 0 else [])
-        response = self.store.redis.xreadgroup(
-            GROUP,
-            self.consumer,
-            dict.fromkeys(streams, ">"),
-            count=max(free, 1) if free > 0 else 16,
-            # While leased activities run, poll briefly: their results come back to this thread.
-            block=1 if self._reclaimed or self._leased or self._eager_done else self.block_ms,
-        )
+        idle = not (self._eager_done or self._reclaimed)
+        response = self.reader.read(streams, count=max(free, 1), block_ms=self.block_ms, wait=idle)
+        self._handle(response or [])
+
+    def _handle(self, response: list[Any]) -> None:
         decisions: list[Task] = []
-        for stream_raw, entries in response or ():
+        for stream_raw, entries in response:
             stream = stream_raw.decode() if isinstance(stream_raw, bytes) else stream_raw
             for entry_id_raw, fields in entries:
                 entry_id = entry_id_raw.decode() if isinstance(entry_id_raw, bytes) else entry_id_raw
