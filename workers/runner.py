@@ -582,8 +582,10 @@ def run_activity(
     allowed: Callable[[str], bool] = lambda _n: True,
     redelivered: bool = False,
     on_timer: Callable[[int], None] = lambda _due: None,
+    on_result: Callable[[dict[str, Any], bytes, dict[str, Any]], None] | None = None,
 ) -> str:
-    """Run one activity attempt and record its outcome. Returns the outcome word."""
+    """Run one activity attempt from a task stream and record its outcome (see
+    :func:`execute_attempt`). Returns the outcome word."""
     p = store.keys.partition_of_key(stream)
     try:
         body = codec.unpack(fields[b"body"])
@@ -616,7 +618,9 @@ def run_activity(
                 record={"note": "redelivered attempt no longer current"},
             )
             return "stale"
-    return execute_attempt(store, body, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer)
+    return execute_attempt(
+        store, body, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer, on_result=on_result
+    )
 
 
 def execute_attempt(
@@ -701,6 +705,24 @@ def execute_attempt(
     return "completed"
 
 
+def completion(
+    body: dict[str, Any], payload: bytes, record: dict[str, Any], *, stream: str, entry_id: str = ""
+) -> dict[str, Any]:
+    """The completion-script arguments recording an attempt's result through the run's inbox."""
+    aid, attempt = body["aid"], int(body["attempt"])
+    return {
+        "p": body["p"],
+        "run_id": body["rid"],
+        "activity_id": aid,
+        "attempt": attempt,
+        "stream": stream,
+        "entry_id": entry_id,
+        "outcome": "completed",
+        "event": ev.ActivityCompleted(id=aid, result=payload, attempt=attempt),
+        "record": record,
+    }
+
+
 def complete(
     store: RedisStore,
     body: dict[str, Any],
@@ -711,20 +733,19 @@ def complete(
     entry_id: str = "",
 ) -> None:
     """Record an attempt's result through the run's inbox (the ordinary, non-eager path)."""
-    rid, aid, attempt = body["rid"], body["aid"], int(body["attempt"])
-    outcome, _ = store.complete_activity(
-        p=body["p"],
-        run_id=rid,
-        activity_id=aid,
-        attempt=attempt,
-        stream=stream,
-        entry_id=entry_id,
-        outcome="completed",
-        event=ev.ActivityCompleted(id=aid, result=payload, attempt=attempt),
-        record=record,
-    )
-    if outcome == "STALE":
-        log.info("late result of activity %s (run %s, attempt %d) discarded", aid, rid, attempt)
+    complete_batch(store, [completion(body, payload, record, stream=stream, entry_id=entry_id)])
+
+
+def complete_batch(store: RedisStore, completions: list[dict[str, Any]]) -> None:
+    """Record several attempts' results in one round trip; late results are logged as discarded."""
+    for args, (outcome, _) in zip(completions, store.complete_many(completions), strict=True):
+        if outcome == "STALE":
+            log.info(
+                "late result of activity %s (run %s, attempt %d) discarded",
+                args["activity_id"],
+                args["run_id"],
+                args["attempt"],
+            )
 
 
 def attempt_deadline(body: dict[str, Any], started: float) -> float | None:

@@ -36,7 +36,15 @@ from durable import registry
 from durable.store.redis_store import RedisStore, consumer_name
 
 from .reader import TaskReader
-from .runner import Decider, Task, execute_attempt, handle_outbox, run_activity
+from .runner import (
+    Decider,
+    Task,
+    complete_batch,
+    completion,
+    execute_attempt,
+    handle_outbox,
+    run_activity,
+)
 from .scheduler import Scheduler
 
 log = logging.getLogger("durable.worker")
@@ -141,6 +149,8 @@ class Worker:
         )
         self.eager = eager
         self._eager_done: deque[tuple[dict[str, Any], bytes, dict[str, Any]]] = deque()
+        # Results of queued activity tasks, recorded by the main thread in batches.
+        self._completed: deque[dict[str, Any]] = deque()
         self._leased = 0
         self.decider = Decider(
             self.store,
@@ -244,7 +254,21 @@ class Worker:
         self._eager_done.append((body, payload, record))
         self.reader.wake()
 
+    def _queued_result(
+        self, stream: str, entry_id: str
+    ) -> Callable[[dict[str, Any], bytes, dict[str, Any]], None]:
+        def hand_over(body: dict[str, Any], payload: bytes, record: dict[str, Any]) -> None:
+            self._completed.append(completion(body, payload, record, stream=stream, entry_id=entry_id))
+            self.reader.wake()
+
+        return hand_over
+
     def _pass(self) -> None:
+        if self._completed:
+            batch = []
+            while self._completed:
+                batch.append(self._completed.popleft())
+            complete_batch(self.store, batch)
         if self._eager_done:
             done = []
             while self._eager_done:
@@ -271,8 +295,11 @@ class Worker:
             self._dispatch(stream, entry_id, fields, redelivered=True)
         free = self.concurrency - self._busy
         streams = self.workflow_streams + self.outbox_streams + (self.activity_streams if free > 0 else [])
-        idle = not (self._eager_done or self._reclaimed)
-        response = self.reader.read(streams, count=max(free, 1), block_ms=self.block_ms, wait=idle)
+        idle = not (self._eager_done or self._reclaimed or self._completed)
+        # COUNT is per stream: activity streams take at most `free` each; with no free
+        # thread only workflow and outbox streams are read, in larger batches.
+        count = free if free > 0 else 64
+        response = self.reader.read(streams, count=count, block_ms=self.block_ms, wait=idle)
         self._handle(response or [])
 
     def _handle(self, response: list[Any]) -> None:
@@ -317,6 +344,7 @@ class Worker:
                 allowed=self._activity_ok,
                 redelivered=redelivered,
                 on_timer=self.scheduler.notify,
+                on_result=self._queued_result(stream, entry_id),
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later

@@ -410,7 +410,25 @@ class RedisStore:
             # MOVED: a continue-as-new happened between lookup and delivery; look up again.
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
-    def complete_activity(
+    def complete_activity(self, **attempt: Any) -> tuple[str, int]:
+        """Finish an attempt (see :meth:`complete_args`); returns ``('OK'|'RETRY'|'STALE', due ms
+        of the retry or 0)``."""
+        return self.complete_many([attempt])[0]
+
+    def complete_many(self, attempts: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
+        """Finish several attempts in one round trip (each one atomic on its own)."""
+        script = self._scripts["complete_activity"]
+        if len(attempts) == 1:
+            replies = [script(*self.complete_args(**attempts[0]))]
+        else:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for attempt in attempts:
+                    keys, args = self.complete_args(**attempt)
+                    script(keys=keys, args=args, client=pipe)
+                replies = pipe.execute()
+        return [(_s(reply[0]), int(reply[1]) if _s(reply[0]) == "RETRY" else 0) for reply in replies]
+
+    def complete_args(
         self,
         *,
         p: int,
@@ -424,35 +442,37 @@ class RedisStore:
         retry_delay_ms: int = 0,
         next_body: bytes = b"",
         record: dict[str, Any],
-    ) -> tuple[str, int]:
-        """Finish an attempt; returns ``('OK'|'RETRY'|'STALE', due ms for a retry)``."""
+    ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of the completion script for one attempt.
+
+        ``outcome`` is ``completed`` or ``failed`` (``event`` goes to the run's
+        inbox), ``retry`` (``next_body`` is scheduled after ``retry_delay_ms``)
+        or anything else (only logged, e.g. ``skipped``).
+        """
         k = self.keys
         type_name, data = ev.encode_input_data(event) if event is not None else ("", b"")
-        result = self._run_script(
-            "complete_activity",
-            [
-                k.run(p, run_id),
-                k.inbox(p, run_id),
-                k.activities(p, run_id),
-                k.log(p, run_id),
-                k.timers(p),
-                k.running(p),
-                stream,
-            ],
-            [
-                run_id,
-                activity_id,
-                attempt,
-                entry_id,
-                outcome,
-                type_name,
-                data,
-                retry_delay_ms,
-                next_body,
-                codec.pack(record),
-            ],
-        )
-        return _s(result[0]), int(result[1]) if outcome == "retry" and _s(result[0]) == "RETRY" else 0
+        keys = [
+            k.run(p, run_id),
+            k.inbox(p, run_id),
+            k.activities(p, run_id),
+            k.log(p, run_id),
+            k.timers(p),
+            k.running(p),
+            stream,
+        ]
+        args = [
+            run_id,
+            activity_id,
+            attempt,
+            entry_id,
+            outcome,
+            type_name,
+            data,
+            retry_delay_ms,
+            next_body,
+            codec.pack(record),
+        ]
+        return keys, args
 
     def heartbeat(
         self, p: int, run_id: str, activity_id: str, attempt: int, details: bytes, extend_ms: int
