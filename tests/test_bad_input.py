@@ -1,0 +1,529 @@
+"""Bad input: what a user gets for every wrong call, payload, id, or corrupt entry.
+
+Each test backs one row of ``docs/errors.md``; the messages asserted here are
+the ones quoted there. Workflows run on the in-process ``worker`` fixture.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from durable import (
+    Activity,
+    ActivityFailed,
+    CancelledError,
+    ConfigurationError,
+    DurableError,
+    RetryPolicy,
+    SerializationError,
+    Workflow,
+    WorkflowClosed,
+    WorkflowFailed,
+    WorkflowNotFound,
+    WorkflowStub,
+    activity,
+    await_signal,
+    query,
+    timer,
+)
+from durable.store.redis_store import RedisStore
+from workers.cli import cli
+
+# --------------------------------------------------------------------------- app
+
+
+def bi_add(a: int, b: int) -> int:
+    return a + b
+
+
+def bi_unencodable_result() -> object:
+    return object()
+
+
+def bi_size(x: bytes) -> int:
+    return len(x)
+
+
+class BiLambda(Workflow):
+    def handle(self) -> Any:
+        return activity(lambda: 1)
+
+
+class BiTimer(Workflow):
+    def handle(self, duration: Any) -> str:
+        timer(duration)
+        return "done"
+
+
+class BiDigitId(Workflow):
+    def handle(self) -> Any:
+        return activity(bi_add, 1, 2, id="1st")
+
+
+class BiDuplicateId(Workflow):
+    def handle(self) -> Any:
+        activity(bi_add, 1, 2, id="charge")
+        return activity(bi_add, 3, 4, id="charge")
+
+
+class BiBadResult(Workflow):
+    def handle(self) -> Any:
+        return activity(bi_unencodable_result)
+
+
+class BiBadActivityArgs(Workflow):
+    def handle(self) -> Any:
+        return activity(bi_add, 1, {"when": object()})
+
+
+class BiUnknownActivity(Workflow):
+    def handle(self) -> Any:
+        return activity("bi_no_such_activity", 1)
+
+
+class BiBig(Workflow):
+    def handle(self, blob: bytes) -> dict:
+        return {"size": activity(bi_size, blob), "echo": blob}
+
+
+class BiWait(Workflow):
+    @query
+    def state(self) -> str:
+        return "waiting"
+
+    def handle(self) -> Any:
+        return await_signal("go")
+
+
+class BiBoom(Workflow):
+    def handle(self) -> None:
+        raise KeyError("boom")
+
+
+class BiNeverEnding(Workflow):
+    def handle(self) -> None:
+        try:
+            await_signal("never")
+        except CancelledError:
+            raise
+
+
+class BiSlowStep(Activity):
+    def handle(self) -> str:
+        return "ok"
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def failure(stub: WorkflowStub, timeout: float = 10) -> WorkflowFailed:
+    with pytest.raises(WorkflowFailed) as info:
+        stub.result(timeout=timeout)
+    return info.value
+
+
+UNSUPPORTED = "unsupported type; the codec handles None, bool, int, float, str, bytes"
+
+
+# ------------------------------------------------------------- public API types
+
+
+@pytest.mark.parametrize("target", [int, "x".__class__, object()], ids=["int", "str-class", "instance"])
+def test_make_with_a_non_workflow(redis_url: str, target: Any) -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"^WorkflowStub\.make needs a Workflow subclass or its name, not "
+    ):
+        WorkflowStub.make(target)
+
+
+def test_make_with_a_bad_type_name(redis_url: str) -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^invalid workflow name 'bad name': use 1-200 characters from letters, digits, _ \. : -, "
+        r"starting with a letter or _$",
+    ):
+        WorkflowStub.make("bad name")
+
+
+def test_activity_with_a_lambda_fails_the_run(worker, redis_url: str) -> None:
+    exc = failure(WorkflowStub.make(BiLambda).start())
+    assert exc.status == "failed"
+    assert isinstance(exc.cause, ConfigurationError)
+    assert str(exc.cause) == "an activity must be an Activity class, a named function or a name (str)"
+
+
+def test_activity_call_outside_a_workflow(redis_url: str) -> None:
+    with pytest.raises(
+        DurableError, match=r"can only be made inside Workflow\.handle\(\) while a worker runs it"
+    ):
+        activity(bi_add, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"initial_interval": 0}, "RetryPolicy.initial_interval must be > 0 seconds"),
+        ({"initial_interval": -1}, "RetryPolicy.initial_interval must be a non-negative duration, got -1"),
+        (
+            {"initial_interval": math.nan},
+            "RetryPolicy.initial_interval must be a non-negative duration, got nan",
+        ),
+        (
+            {"initial_interval": "1"},
+            "RetryPolicy.initial_interval must be seconds (int/float) or a timedelta, not str",
+        ),
+        ({"backoff_coefficient": 0.5}, "RetryPolicy.backoff_coefficient must be >= 1, got 0.5"),
+        ({"backoff_coefficient": math.nan}, "RetryPolicy.backoff_coefficient must be >= 1, got nan"),
+        ({"backoff_coefficient": "2"}, "RetryPolicy.backoff_coefficient must be a number >= 1"),
+        ({"initial_interval": 2, "max_interval": 1}, "RetryPolicy.max_interval must be >= initial_interval"),
+        ({"max_attempts": -1}, "RetryPolicy.max_attempts must be an int >= 0 (0 = unlimited)"),
+        ({"max_attempts": 1.5}, "RetryPolicy.max_attempts must be an int >= 0 (0 = unlimited)"),
+        (
+            {"non_retryable_errors": [ValueError]},
+            "RetryPolicy.non_retryable_errors must be exception type names (str)",
+        ),
+    ],
+)
+def test_retry_policy_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RetryPolicy(**kwargs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("duration", "message"),
+    [
+        (-1, "timer duration must be a non-negative duration, got -1"),
+        (math.nan, "timer duration must be a non-negative duration, got nan"),
+        (
+            timedelta(seconds=-5),
+            "timer duration must be a non-negative duration, got datetime.timedelta(days=-1, seconds=86395)",
+        ),
+        ("5", "timer duration must be seconds (int/float) or a timedelta, not str"),
+    ],
+    ids=["negative", "nan", "negative-timedelta", "str"],
+)
+def test_timer_with_a_bad_duration_fails_the_run(worker, redis_url: str, duration: Any, message: str) -> None:
+    exc = failure(WorkflowStub.make(BiTimer).start(duration))
+    assert isinstance(exc.cause, ConfigurationError)
+    assert str(exc.cause) == message
+
+
+@pytest.mark.xfail(strict=True, reason="bug: timer(inf) raises OverflowError, not ConfigurationError")
+def test_bug_timer_with_infinite_duration_gives_a_clear_error(worker, redis_url: str) -> None:
+    exc = failure(WorkflowStub.make(BiTimer).start(math.inf))
+    assert isinstance(exc.cause, ConfigurationError), f"{type(exc.cause).__name__}: {exc.cause}"
+
+
+def test_explicit_command_id_starting_with_a_digit(worker, redis_url: str) -> None:
+    exc = failure(WorkflowStub.make(BiDigitId).start())
+    assert isinstance(exc.cause, ConfigurationError)
+    assert str(exc.cause) == (
+        "invalid command id '1st': use 1-200 characters from letters, digits, _ . : - /, "
+        "not starting with a digit (numeric ids are generated)"
+    )
+
+
+def test_explicit_command_id_used_twice(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiDuplicateId).start()
+    exc = failure(stub)
+    assert isinstance(exc.cause, ConfigurationError)
+    assert str(exc.cause) == f"command id 'charge' is used twice in run {stub.run_id}; ids must be unique"
+
+
+# ----------------------------------------------------------- unserializable data
+
+
+def test_unserializable_start_args_name_the_path(redis_url: str, store: RedisStore) -> None:
+    with pytest.raises(SerializationError) as info:
+        WorkflowStub.make(BiWait, id="never-started").start(1, {"when": object()})
+    assert info.value.path == "args[1]['when']"
+    assert str(info.value).startswith(f"cannot encode <builtins.object> at args[1]['when']: {UNSUPPORTED}")
+    with pytest.raises(WorkflowNotFound):  # nothing was written
+        WorkflowStub.load("never-started")
+    with pytest.raises(SerializationError, match=r"^cannot encode <builtins\.function> at args\[0\]: "):
+        WorkflowStub.make(BiWait).start(lambda: 1)
+
+
+def test_unserializable_signal_args_name_the_path(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    with pytest.raises(SerializationError) as info:
+        stub.signal("go", 1, {"when": [1, object()]})
+    assert info.value.path == "args[1]['when'][1]"
+    assert str(info.value).startswith(f"cannot encode <builtins.object> at args[1]['when'][1]: {UNSUPPORTED}")
+    stub.signal("go", "fine")  # the bad signal was not delivered; the run goes on
+    assert stub.result(timeout=10) == "fine"
+
+
+def test_unserializable_activity_result_fails_the_activity_without_retry(worker, redis_url: str) -> None:
+    exc = failure(WorkflowStub.make(BiBadResult).start())
+    assert isinstance(exc.cause, ActivityFailed)
+    assert exc.cause.attempts == 1
+    assert str(exc.cause).startswith(
+        "activity bi_unencodable_result (1) failed after 1 attempt(s): builtins.object: "
+        f"cannot encode <builtins.object> at result: {UNSUPPORTED}"
+    )
+
+
+def test_unserializable_activity_args_in_workflow_code_fail_the_run(worker, redis_url: str) -> None:
+    exc = failure(WorkflowStub.make(BiBadActivityArgs).start())
+    assert isinstance(exc.cause, SerializationError)
+    assert exc.cause.path == "args[1]['when']"
+    assert str(exc.cause).startswith(f"cannot encode <builtins.object> at args[1]['when']: {UNSUPPORTED}")
+
+
+# ---------------------------------------------------------------- unknown types
+
+
+def test_unknown_workflow_type_is_parked_and_listed_dead(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make("BiNoSuchWorkflow").start(1)
+    reason = (
+        "UnknownTypeError: workflow type 'BiNoSuchWorkflow' is not defined in this worker's --app modules; "
+        "start a worker with the module that defines it"
+    )
+    letters = wait_for(store.dead_letters)
+    assert [(d["kind"], d["run"], d["reason"]) for d in letters] == [("workflow", stub.run_id, reason)]
+    assert stub.snapshot()["blocked"] == reason
+    assert stub.status() == "pending"
+    out = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False).output
+    assert "dead letters (1)" in out and "BiNoSuchWorkflow" in out
+
+
+def test_unknown_activity_is_parked_and_listed_dead(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(BiUnknownActivity).start()
+    letters = wait_for(store.dead_letters)
+    assert [(d["kind"], d["run"], d["reason"]) for d in letters] == [
+        (
+            "activity",
+            stub.run_id,
+            "UnknownTypeError: activity 'bi_no_such_activity' is not defined in this worker's --app modules",
+        )
+    ]
+    out = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False).output
+    assert "dead letters (1)" in out and "bi_no_such_activity" in out
+
+
+@pytest.mark.xfail(
+    strict=True, reason="bug: a parked activity task leaves its run waiting, not marked blocked"
+)
+def test_bug_run_with_a_parked_activity_shows_blocked(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(BiUnknownActivity).start()
+    wait_for(store.dead_letters)
+    assert stub.snapshot()["blocked"], f"status {stub.status()!r}, blocked {stub.snapshot()['blocked']!r}"
+
+
+# ---------------------------------------------------------------- huge payloads
+
+HUGE = 20 * 1024 * 1024
+
+
+def test_20_mb_argument_round_trips(worker, redis_url: str) -> None:
+    """A 20 MiB bytes argument works: history, activity task, activity args and result all carry it."""
+    blob = bytes(range(256)) * (HUGE // 256)
+    result = WorkflowStub.make(BiBig).start(blob).result(timeout=60)
+    assert result["size"] == HUGE and result["echo"] == blob
+
+
+# -------------------------------------------------------------------------- ids
+
+
+@pytest.mark.parametrize("bad", [" lead", "in side", "tab\t", "new\nline", "", "x" * 257, 42, None], ids=repr)
+def test_bad_workflow_ids(redis_url: str, bad: Any) -> None:
+    if bad is None:  # id=None means "generate one"
+        assert WorkflowStub.make(BiWait, id=bad).id.startswith("BiWait-")
+        return
+    with pytest.raises(ConfigurationError) as info:
+        WorkflowStub.make(BiWait, id=bad)
+    assert (
+        str(info.value) == f"invalid workflow id {bad!r}: use 1-256 printable characters without whitespace"
+    )
+    with pytest.raises(ConfigurationError):
+        WorkflowStub.load(bad)
+
+
+def test_longest_workflow_id_is_accepted(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait, id="x" * 256).start()
+    stub.signal("go", 1)
+    assert stub.result(timeout=10) == 1
+
+
+# ------------------------------------------------------------ closed / unknown
+
+
+def test_signal_cancel_terminate_a_closed_run(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait, id="closed-one").start()
+    stub.signal("go", 1)
+    assert stub.result(timeout=10) == 1
+    rid = stub.run_id
+    with pytest.raises(WorkflowClosed) as info:
+        stub.signal("go", 2)
+    assert str(info.value) == (
+        f"workflow 'closed-one' (run {rid}) is completed; it takes no more SignalReceived — start a new run to continue"
+    )
+    with pytest.raises(WorkflowClosed, match=r"it takes no more CancelRequested"):
+        stub.cancel()
+    with pytest.raises(WorkflowClosed) as info:
+        stub.terminate()
+    assert str(info.value) == f"workflow 'closed-one' (run {rid}) is already completed"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.signal("go"),
+        lambda s: s.query("state"),
+        lambda s: s.cancel(),
+        lambda s: s.terminate(),
+        lambda s: s.status(),
+        lambda s: s.result(timeout=1),
+        lambda s: WorkflowStub.load(s.id),
+    ],
+    ids=["signal", "query", "cancel", "terminate", "status", "result", "load"],
+)
+def test_calls_on_an_unknown_id(redis_url: str, call: Callable[[WorkflowStub], Any]) -> None:
+    with pytest.raises(WorkflowNotFound) as info:
+        call(WorkflowStub.make(BiWait, id="ghost"))
+    assert str(info.value) == "no workflow with id 'ghost'"
+
+
+def test_unknown_query_name(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    with pytest.raises(DurableError) as info:
+        stub.query("nope")
+    assert str(info.value) == "workflow 'BiWait' has no @query 'nope'; it has ['state']"
+    assert stub.query("state") == "waiting"
+
+
+def test_empty_signal_name(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    with pytest.raises(ConfigurationError, match=r"^signal name must be a non-empty string$"):
+        stub.signal("")
+
+
+# --------------------------------------------------------------- corrupt entries
+
+
+def test_garbage_in_history_blocks_the_run(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    ref = store.ref(stub.id)
+    seq = store.run_record(ref)["seq"] + 1
+    store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"e": b"\xc1garbage"}, id=f"0-{seq}")
+    store.redis.hset(store.keys.run(ref.partition, ref.run_id), "seq", seq)
+    worker.decider.cache.clear()
+    stub.signal("go", 1)
+    blocked = wait_for(lambda: stub.snapshot()["blocked"])
+    assert blocked.startswith(f"HistoryCorrupt: run {ref.run_id} seq {seq}: ")
+    letters = store.dead_letters()
+    assert [(d["kind"], d["reason"]) for d in letters] == [("workflow", blocked)]
+    assert stub.status() == "suspended"
+
+
+def test_foreign_entry_in_history_blocks_the_run(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    ref = store.ref(stub.id)
+    seq = store.run_record(ref)["seq"] + 1
+    store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"x": b"1"}, id=f"0-{seq}")
+    store.redis.hset(store.keys.run(ref.partition, ref.run_id), "seq", seq)
+    worker.decider.cache.clear()
+    stub.signal("go", 1)
+    blocked = wait_for(lambda: stub.snapshot()["blocked"])
+    assert (
+        blocked
+        == f"HistoryCorrupt: run {ref.run_id} seq {seq}: history entry has no 'e' field (foreign entry?)"
+    )
+
+
+def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    ref = store.ref(stub.id)
+    store.redis.rpush(store.keys.inbox(ref.partition, ref.run_id), b"\x93garbage")
+    stub.signal("go", "ok")
+    assert stub.result(timeout=10) == "ok"
+    letters = store.dead_letters()
+    assert [(d["kind"], d["run"]) for d in letters] == [("inbox", ref.run_id)]
+    assert letters[0]["reason"].startswith("poison: ") and "not valid msgpack" in letters[0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "reason"),
+    [
+        ("aq", {"body": b"\xc1 not msgpack"}, "undecodable activity task: "),
+        ("aq", {"run": b"r", "act": b"1"}, "undecodable activity task: "),
+        ("wq", {"nothing": b"here"}, "task has no run id"),
+        ("wq", {"run": b"01NOSUCHRUN"}, "run 01NOSUCHRUN does not exist"),
+        ("ox", {"m": b"\xc1"}, "undecodable: "),
+        ("ox", {"m": b"\x81\xa4kind\xa3odd"}, "unknown message kind 'odd'"),
+    ],
+    ids=["aq-garbage-body", "aq-no-body", "wq-no-run", "wq-unknown-run", "ox-garbage", "ox-unknown-kind"],
+)
+def test_garbage_in_task_streams_is_parked(
+    worker, store: RedisStore, kind: str, fields: dict, reason: str
+) -> None:
+    k = store.keys
+    stream = {"aq": k.activity_tasks(3, "default"), "wq": k.workflow_tasks(3, "default"), "ox": k.outbox(3)}[
+        kind
+    ]
+    store.redis.xadd(stream, fields)
+    letters = wait_for(store.dead_letters)
+    assert len(letters) == 1 and letters[0]["stream"] == stream
+    assert letters[0]["reason"].startswith(reason), letters[0]["reason"]
+    # The worker keeps serving.
+    stub = WorkflowStub.make(BiWait).start()
+    stub.signal("go", 7)
+    assert stub.result(timeout=10) == 7
+
+
+# -------------------------------------------------------- result of a closed run
+
+
+def test_result_of_a_failed_run(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiBoom, id="boom").start()
+    exc = failure(stub)
+    assert exc.status == "failed" and isinstance(exc.cause, KeyError)
+    assert str(exc) == "workflow 'boom' failed: KeyError: 'boom'"
+
+
+def test_result_of_a_cancelled_run(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiNeverEnding, id="to-cancel").start()
+    wait_for(lambda: stub.status() == "suspended")
+    stub.cancel("changed my mind")
+    exc = failure(stub)
+    assert exc.status == "cancelled" and exc.cause is None
+    assert str(exc) == "workflow 'to-cancel' was cancelled: changed my mind"
+
+
+def test_result_of_a_terminated_run(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiNeverEnding, id="to-terminate").start()
+    wait_for(lambda: stub.status() == "suspended")
+    stub.terminate("ops said so")
+    exc = failure(stub)
+    assert exc.status == "terminated" and exc.cause is None
+    assert str(exc) == "workflow 'to-terminate' was terminated: ops said so"
+
+
+def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
+    stub = WorkflowStub.make(BiWait, id="slowpoke").start()
+    with pytest.raises(TimeoutError) as info:
+        stub.result(timeout=0.3)
+    assert str(info.value) == "workflow 'slowpoke' did not close within the timeout"
