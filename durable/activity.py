@@ -32,8 +32,8 @@ def to_seconds(value: Seconds | None, what: str) -> float | None:
         )
     else:
         seconds = float(value)
-    if math.isnan(seconds) or seconds < 0:
-        raise ConfigurationError(f"{what} must be a non-negative duration, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigurationError(f"{what} must be a finite, non-negative duration, got {value!r}")
     return seconds
 
 

@@ -129,7 +129,8 @@ class Decider:
         on_timer: Callable[[int], None] = lambda _due: None,
         runs_activity: Callable[[ev.ActivityScheduled], bool] = lambda _a: False,
         on_leased: Callable[[dict[str, Any]], None] = lambda _body: None,
-        lease_ms: int = 60_000,
+        on_lease_dropped: Callable[[int], None] = lambda _n: None,
+        lease_ms: int = 30_000,
     ) -> None:
         self.store = store
         self.cache = RunCache(cache_size)
@@ -137,6 +138,7 @@ class Decider:
         self.on_timer = on_timer
         self.runs_activity = runs_activity
         self.on_leased = on_leased
+        self.on_lease_dropped = on_lease_dropped
         self.lease_ms = lease_ms
         # Local clock -> Redis clock, so eager completions are stamped on Redis's time line.
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
@@ -220,6 +222,8 @@ class Decider:
     def _after_commit(
         self, ref: RunRef, driver: Driver, decision: Decision, leased: list[dict[str, Any]], result: Any
     ) -> None:
+        if isinstance(result, Exception) and leased:
+            self.on_lease_dropped(len(leased))
         if isinstance(result, EventConflict):
             log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
             driver.close()
@@ -652,8 +656,11 @@ def execute_attempt(
             entry_id=entry_id,
             kind="activity",
             reason=f"{type(exc).__name__}: {exc}",
-            fields=body,
+            fields={"body": codec.pack(body)},
             run_id=rid,
+            # The run cannot go on without this activity: block it, visibly, until a
+            # worker that has the activity is deployed and `durable repair` re-queues it.
+            block=True,
         )
         return "parked"
     timeouts = body.get("timeouts") or {}
@@ -758,8 +765,11 @@ def attempt_deadline(body: dict[str, Any], started: float) -> float | None:
 
 
 def timeout_kind(body: dict[str, Any], started_ms: int | None, now_ms: int) -> str:
-    """Which timeout an expired attempt hit: schedule_to_close, start_to_close or heartbeat."""
+    """Which timeout an expired attempt hit: schedule_to_close, start_to_close, heartbeat, or
+    ``lease`` (the worker running a leased attempt stopped renewing it: it died)."""
     timeouts = body.get("timeouts") or {}
+    if not any(timeouts.values()):
+        return "lease"
     if (
         timeouts.get("schedule_to_close")
         and now_ms >= body["scheduled"] + timeouts["schedule_to_close"] * 1000

@@ -49,6 +49,7 @@ class Scheduler:
         consumer: str,
         reclaimed: Callable[[str, str, dict[bytes, bytes]], None],
         in_flight: Callable[[], list[tuple[str, str]]] = list,
+        leases: Callable[[], list[tuple[int, str, str, int]]] = list,
         claim_idle_ms: int = 30_000,
         max_sleep: float = 1.0,
     ) -> None:
@@ -57,6 +58,7 @@ class Scheduler:
         self.consumer = consumer
         self.reclaimed = reclaimed
         self.in_flight = in_flight
+        self.leases = leases
         self.claim_idle_ms = claim_idle_ms
         self.max_sleep = max_sleep
         self._wake = threading.Event()
@@ -148,6 +150,15 @@ class Scheduler:
             by_stream.setdefault(stream, []).append(entry_id)
         for stream, ids in by_stream.items():
             self.store.redis.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
+        # Likewise push the leases of attempts this worker runs itself (eager, local):
+        # only a dead worker's lease runs out.
+        leases = self.leases()
+        if leases:
+            due = self.store.server_time_ms() + self.claim_idle_ms
+            with self.store.redis.pipeline(transaction=False) as pipe:
+                for p, rid, aid, attempt in leases:
+                    pipe.zadd(self.store.keys.running(p), {f"{rid}|{aid}|{attempt}": due}, xx=True)
+                pipe.execute()
 
     def _reclaim(self) -> None:
         for stream in self.streams:

@@ -39,6 +39,7 @@ from .reader import TaskReader
 from .runner import (
     Decider,
     Task,
+    attempt_deadline,
     complete_batch,
     completion,
     execute_attempt,
@@ -104,7 +105,7 @@ class Worker:
         grace: float = 30.0,
         claim_idle_ms: int = 30_000,
         block_ms: int = 1000,
-        max_deliveries: int = 3,
+        max_deliveries: int = 5,
         eager: bool = False,
     ) -> None:
         self.store = store or RedisStore()
@@ -145,6 +146,7 @@ class Worker:
             consumer=self.consumer,
             reclaimed=self._on_reclaimed,
             in_flight=lambda: list(self._in_flight),
+            leases=lambda: list(self._leases),
             claim_idle_ms=claim_idle_ms,
         )
         self.eager = eager
@@ -152,6 +154,9 @@ class Worker:
         # Results of queued activity tasks, recorded by the main thread in batches.
         self._completed: deque[dict[str, Any]] = deque()
         self._leased = 0
+        self._reserved = 0
+        # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
+        self._leases: set[tuple[int, str, str, int]] = set()
         self.decider = Decider(
             self.store,
             cache_size=cache_size,
@@ -159,6 +164,8 @@ class Worker:
             on_timer=self.scheduler.notify,
             runs_activity=self._runs_here,
             on_leased=self._run_leased,
+            on_lease_dropped=self._lease_dropped,
+            lease_ms=claim_idle_ms,
         )
         self.decisions = 0
         self.activities_run = 0
@@ -191,9 +198,10 @@ class Worker:
                 except redis.ConnectionError as exc:
                     log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
                     time.sleep(0.5)
-            if self.reader.outstanding:
+            while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
-                # them to a reclaim after --claim-idle.
+                # them to a reclaim after --claim-idle. No read may stay outstanding, or it
+                # would take tasks this stopping worker never sees.
                 self._handle(self.reader.read([], count=1, block_ms=self.block_ms) or [])
         finally:
             self._shutdown()
@@ -202,6 +210,15 @@ class Worker:
         deadline = time.time() + self.grace
         while self._busy and time.time() < deadline:
             time.sleep(0.05)
+        # Results handed to this thread but not yet recorded: record them through the
+        # inbox now (no more decisions are made here).
+        pending = list(self._completed)
+        pending += [completion(b, payload, r, stream=b["stream"]) for b, payload, r in self._eager_done]
+        if pending:
+            try:
+                complete_batch(self.store, pending)
+            except Exception:  # noqa: BLE001 - their tasks or leases are retried elsewhere
+                log.exception("could not record %d finished activities on shutdown", len(pending))
         if self._busy:
             log.warning(
                 "%d activities still running after %.0f s; their tasks will be reclaimed",
@@ -216,17 +233,35 @@ class Worker:
 
     # ----------------------------------------------------------------- loop
     def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
-        """Whether this worker runs an activity its decision scheduled, under a lease."""
-        wanted = scheduled.local or (self.eager and scheduled.queue in self.queues)
-        return wanted and self._activity_ok(scheduled.name)
+        """Whether this worker runs an activity its decision scheduled, under a lease.
+
+        Local activities always do; in eager mode, others do while a thread is free
+        (the rest go to the activity queue, where any worker can take them).
+        """
+        if not self._activity_ok(scheduled.name):
+            return False
+        with self._busy_lock:
+            free = self._busy + self._reserved < self.concurrency
+            if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
+                self._reserved += 1
+                return True
+        return False
+
+    def _lease_dropped(self, n: int) -> None:
+        with self._busy_lock:
+            self._reserved -= n
 
     def _run_leased(self, body: dict[str, Any]) -> None:
         with self._busy_lock:
+            self._reserved -= 1
             self._busy += 1
             self._leased += 1
         self._pool.submit(self._leased_activity, body)
 
     def _leased_activity(self, body: dict[str, Any]) -> None:
+        lease = (body["p"], body["rid"], body["aid"], int(body["attempt"]))
+        if attempt_deadline(body, time.time()) is None:
+            self._leases.add(lease)
         try:
             execute_attempt(
                 self.store,
@@ -242,6 +277,7 @@ class Worker:
                 "leased activity %s of run %s could not be recorded", body.get("aid"), body.get("rid")
             )
         finally:
+            self._leases.discard(lease)
             with self._busy_lock:
                 self._busy -= 1
                 self._leased -= 1

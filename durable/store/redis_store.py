@@ -606,6 +606,19 @@ class RedisStore:
         result = self._run_script("repair", [self.keys.run(ref.partition, ref.run_id)], [ref.run_id])
         if _s(result[0]) == "CLOSED":
             raise WorkflowClosed(f"workflow {workflow_id!r} is {_s(result[1])}; nothing to repair")
+        # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue.
+        dead = self.keys.dead(ref.partition)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, fields in self.redis.xrange(dead):
+                if fields.get(b"run") != ref.run_id.encode() or fields.get(b"kind") != b"activity":
+                    continue
+                raw_body = codec.unpack(fields[b"task"]).get("body")
+                if not isinstance(raw_body, bytes):
+                    continue
+                body = codec.unpack(raw_body)
+                pipe.xadd(body["stream"], {"run": ref.run_id, "act": body["aid"], "body": raw_body})
+                pipe.xdel(dead, entry_id)
+            pipe.execute()
         return ref
 
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:

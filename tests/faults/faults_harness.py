@@ -139,14 +139,13 @@ SCENARIOS: dict[str, Scenario] = {
         redis_kills=1,
         duplicates=True,
         stalls=1,
-        # "mixed" once eager leases follow --claim-idle (see test_bug_eager_lease_outlives_claim_idle).
-        eager="no",
+        eager="mixed",
         timeout=90.0,
     ),
 }
 
 
-KNOWN_BUGS = {"worker_kills_eager"}
+KNOWN_BUGS: set[str] = set()
 """Left out of the default scenario list: an eager worker killed while holding activity
 leases stalls those runs for the fixed 60 s lease (test_bug_eager_lease_outlives_claim_idle)."""
 

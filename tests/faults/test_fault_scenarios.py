@@ -56,8 +56,7 @@ def test_worker_sigkills_at_every_fault_point(redis_url: str, tmp_path: Path) ->
     assert kills >= 3, f"too few kills to mean anything: {dict(out.faults)}"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an eager lease is a fixed 60 s, it ignores --claim-idle")
-def test_bug_eager_lease_outlives_claim_idle(redis_url: str, tmp_path: Path) -> None:
+def test_eager_lease_follows_claim_idle(redis_url: str, tmp_path: Path) -> None:
     """An eager worker dies right after running an activity it leased; another worker should
     finish the run about --claim-idle later, not after the fixed 60 s lease."""
     from faults_app import ChaosChild
