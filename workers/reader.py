@@ -45,8 +45,8 @@ class TaskReader:
         """Interrupt a waiting :meth:`read` (thread-safe, never blocks)."""
         try:
             os.write(self._wake_w, b"!")
-        except BlockingIOError:
-            pass  # the pipe is full of wake-ups already
+        except OSError:
+            pass  # the pipe is full of wake-ups already, or the reader is closed
 
     def read(self, streams: list[str], *, count: int, block_ms: int, wait: bool = True) -> list[Any] | None:
         """The reply of a ``XREADGROUP`` over ``streams`` (``[]`` when it timed out), or

@@ -131,6 +131,8 @@ class Decider:
         on_leased: Callable[[dict[str, Any]], None] = lambda _body: None,
         on_lease_dropped: Callable[[int], None] = lambda _n: None,
         lease_ms: int = 30_000,
+        build_id: str = "",
+        compatible: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.cache = RunCache(cache_size)
@@ -139,6 +141,8 @@ class Decider:
         self.runs_activity = runs_activity
         self.on_leased = on_leased
         self.on_lease_dropped = on_lease_dropped
+        self.build_id = build_id
+        self.builds = {build_id, *compatible} if build_id else {""}
         self.lease_ms = lease_ms
         # Local clock -> Redis clock, so eager completions are stamped on Redis's time line.
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
@@ -276,7 +280,9 @@ class Decider:
                 driver.close()
                 self._complete_all(items)
                 continue
-            plan, leased = self.commit_plan(ref, {"parent": first.get("parent")}, driver, decision, None)
+            plan, leased = self.commit_plan(
+                ref, {"parent": first.get("parent"), "build": self.build_id}, driver, decision, None
+            )
             plan["eager"] = [(b["aid"], int(b["attempt"]), codec.pack(r)) for b, _, r in items]
             pending.append((ref, driver, decision, leased, plan, items))
         if not pending:
@@ -313,6 +319,11 @@ class Decider:
             return None
         if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
             self._ack_only(task.key)
+            return None
+        pinned = record.get("build", "")
+        if pinned and pinned not in self.builds:
+            # Pinned to code this worker does not have: hand the task to that build's workers.
+            self.store.reroute(p, task.stream, task.entry_id, rid, record["wq"])
             return None
         ref = RunRef(p, rid, record.get("workflow_id", ""))
         driver = self.cache.take(rid, record["seq"])
@@ -425,7 +436,11 @@ class Decider:
                 next_run = self._next_run(ref, record, driver, decision.closing)
             elif parent:
                 outbox.append(self._child_result(parent, decision.closing))
+        pin = None
+        if self.build_id and not record.get("build"):
+            pin = (self.build_id, keys.workflow_tasks(p, record.get("queue", driver.queue), self.build_id))
         plan = dict(
+            pin=pin,
             expected_seq=decision.expected_seq,
             events=decision.events,
             consumed=decision.consumed,
@@ -480,6 +495,8 @@ class Decider:
         started = driver._started
         assert started is not None
         new_rid = closing.new_run_id
+        # The next run keeps the build id (and the patches): same code, same routing.
+        build = record.get("build") or self.build_id
         data = ev.WorkflowStarted(
             workflow_type=started.workflow_type,
             workflow_id=ref.workflow_id,
@@ -487,7 +504,7 @@ class Decider:
             args=closing.args,
             queue=started.queue,
             parent=started.parent,
-            build_id=started.build_id,
+            build_id=build,
             patches=list(started.patches),
             options={**started.options, "continued_from": ref.run_id},
         ).to_data()
@@ -500,8 +517,9 @@ class Decider:
             "parent": codec.pack(started.parent) if started.parent else b"",
             "run": keys.run(p, new_rid),
             "history": keys.history(p, new_rid),
-            "wq": keys.workflow_tasks(p, started.queue),
+            "wq": keys.workflow_tasks(p, started.queue, build),
             "runs": keys.runs(p),
+            "build": build,
         }
 
 

@@ -17,6 +17,7 @@ group's pending list and another worker reclaims it: nothing is lost.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -27,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -63,6 +65,18 @@ def load_app(modules: Iterable[str]) -> list[Any]:
     return loaded
 
 
+def code_build_id(modules: Sequence[Any]) -> str:
+    """A build id derived from the app's code: a hash of the loaded ``--app`` modules' source
+    files, so changed workflow code gets a new build id without anyone choosing one."""
+    digest = hashlib.sha256()
+    for module in sorted(modules, key=lambda m: m.__name__):
+        digest.update(module.__name__.encode())
+        path = getattr(module, "__file__", None)
+        if path:
+            digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def _defined_in(modules: Sequence[str]) -> Callable[[str], bool]:
     """Whether a module name is one of ``modules`` (or inside one); with none, anything is."""
     prefixes = tuple(modules)
@@ -88,6 +102,12 @@ class Worker:
         block_ms: Longest blocking read (bounds how fast a stop is noticed).
         max_deliveries: A workflow task delivered more often than this (its
             decision keeps killing workers) is parked and its run blocked.
+        build_id: The build id of this worker's code. Runs it decides first are
+            pinned to it: their workflow tasks go only to workers of that build
+            (or declaring it compatible). Empty: unversioned, nothing pinned.
+        compatible: Build ids whose pinned runs this worker may also decide.
+        promote: Make ``build_id`` the queues' current build, so new runs start
+            on this worker's code (older builds keep only their pinned runs).
         eager: Run the activities its decisions schedule on its own queues
             itself, under a lease, and commit each result together with the
             run's next decision (one script per step instead of four). Local
@@ -107,6 +127,9 @@ class Worker:
         block_ms: int = 1000,
         max_deliveries: int = 5,
         eager: bool = False,
+        build_id: str = "",
+        compatible: Sequence[str] = (),
+        promote: bool = True,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
@@ -130,7 +153,19 @@ class Worker:
         self._activity_ok = activity_ok
         keys = self.store.keys
         parts = range(keys.partitions)
-        self.workflow_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
+        # Versioned workers (a build id) read the streams of runs pinned to their build
+        # and to builds declared compatible; the unpinned streams (new runs) only while
+        # their build is the queue's current one. Unversioned workers read unpinned only.
+        self.build_id = build_id
+        self.promote = promote
+        self.builds = [build_id, *compatible] if build_id else []
+        self.pinned_streams = [
+            keys.workflow_tasks(p, q, b) for b in self.builds for q in self.queues for p in parts
+        ]
+        self.unpinned_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
+        self.workflow_streams = self.pinned_streams + self.unpinned_streams
+        self._takes_new_runs = True
+        self._current_checked = 0.0
         self.activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
         self.outbox_streams = [keys.outbox(p) for p in parts]
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durable-activity")
@@ -166,6 +201,8 @@ class Worker:
             on_leased=self._run_leased,
             on_lease_dropped=self._lease_dropped,
             lease_ms=claim_idle_ms,
+            build_id=build_id,
+            compatible=tuple(compatible),
         )
         self.decisions = 0
         self.activities_run = 0
@@ -187,6 +224,8 @@ class Worker:
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
         self.store.ensure_groups(self.workflow_streams + self.activity_streams + self.outbox_streams)
+        if self.build_id and self.promote:
+            self.store.promote_build(self.queues, self.build_id)
         self.scheduler.start()
         log.info(
             "worker %s serving queues %s (%d activity threads)", self.consumer, self.queues, self.concurrency
@@ -290,6 +329,15 @@ class Worker:
         self._eager_done.append((body, payload, record))
         self.reader.wake()
 
+    def _decision_streams(self) -> list[str]:
+        if not self.build_id:
+            return self.unpinned_streams
+        now = time.monotonic()
+        if now - self._current_checked > 1.0:
+            self._current_checked = now
+            self._takes_new_runs = all(b == self.build_id for b in self.store.current_build(self.queues))
+        return self.workflow_streams if self._takes_new_runs else self.pinned_streams
+
     def _queued_result(
         self, stream: str, entry_id: str
     ) -> Callable[[dict[str, Any], bytes, dict[str, Any]], None]:
@@ -330,7 +378,7 @@ class Worker:
                 continue
             self._dispatch(stream, entry_id, fields, redelivered=True)
         free = self.concurrency - self._busy
-        streams = self.workflow_streams + self.outbox_streams + (self.activity_streams if free > 0 else [])
+        streams = self._decision_streams() + self.outbox_streams + (self.activity_streams if free > 0 else [])
         idle = not (self._eager_done or self._reclaimed or self._completed)
         # COUNT is per stream: activity streams take at most `free` each; with no free
         # thread only workflow and outbox streams are read, in larger batches.

@@ -13,7 +13,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:in:<run id>          list    inbox: stamped input events not yet decided
     T:act:<run id>         hash    activity id -> current task body (attempt, state)
     T:log:<run id>         stream  beside the history: attempts, dropped inputs
-    T:wq:<queue>           stream  workflow tasks (consumer group "workers")
+    T:wq:<queue>           stream  workflow tasks of runs not pinned to a build (consumer group "workers")
+    T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
     T:aq:<queue>           stream  activity tasks (consumer group "workers")
     T:ox                   stream  outbox: cross-partition messages (children)
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry
@@ -22,6 +23,7 @@ Layout (``T`` = ``prefix:{p}``)::
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token -> "run|hook id"
     prefix:meta            hash    deployment settings (partition count)
+    prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
 """
 
 from __future__ import annotations
@@ -66,8 +68,13 @@ class Keys:
     def log(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:log:{run_id}"
 
-    def workflow_tasks(self, p: int, queue: str) -> str:
-        return f"{self.tag(p)}:wq:{queue}"
+    def workflow_tasks(self, p: int, queue: str, build: str = "") -> str:
+        """Workflow tasks of ``queue``: runs pinned to ``build``, or not pinned (``""``)."""
+        return f"{self.tag(p)}:wq:{queue}@{build}" if build else f"{self.tag(p)}:wq:{queue}"
+
+    def current_build(self, queue: str) -> str:
+        """Which build id takes the new runs of ``queue`` (plain key: read outside scripts)."""
+        return f"{self.prefix}:build:{queue}"
 
     def activity_tasks(self, p: int, queue: str) -> str:
         return f"{self.tag(p)}:aq:{queue}"

@@ -277,6 +277,7 @@ class RedisStore:
         cancel_activities: Sequence[str] = (),
         outbox: Sequence[bytes] = (),
         hooks: Sequence[tuple[str, str]] = (),
+        pin: tuple[str, str] | None = None,
         leased: Sequence[tuple[str, str, bytes, int]] = (),
         eager: Sequence[tuple[str, int, bytes]] = (),
         status: str,
@@ -315,6 +316,9 @@ class RedisStore:
         extra = [a[0] for a in activities]
         if close is not None:
             plan["close"] = close
+        if pin is not None:
+            plan["pin"] = list(pin)
+            extra.append(pin[1])
         if next_run is not None:
             plan["next"] = next_run
             extra += [next_run["run"], next_run["history"], next_run["wq"], next_run["runs"]]
@@ -599,6 +603,39 @@ class RedisStore:
             [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0"],
         )
         log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
+
+    def current_build(self, queues: Sequence[str]) -> list[str]:
+        """The current build id of each queue (``""`` when none was promoted)."""
+        values = self.redis.mget([self.keys.current_build(q) for q in queues]) if queues else []
+        return [_s(v) if v is not None else "" for v in values]
+
+    def promote_build(self, queues: Sequence[str], build: str) -> None:
+        """Make ``build`` the one whose workers start the new runs of ``queues``."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.set(self.keys.current_build(queue), build)
+            pipe.execute()
+
+    def repin(self, workflow_id: str, build: str) -> RunRef:
+        """Move a run to another build id (after checking with `durable replay` that the new
+        code replays its history): its workflow tasks go to that build's workers."""
+        ref = self.ref(workflow_id)
+        record = self.run_record(ref)
+        stream = self.keys.workflow_tasks(ref.partition, record.get("queue", "default"), build)
+        self.ensure_groups([stream])
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.run(ref.partition, ref.run_id), mapping={"build": build, "wq": stream})
+            pipe.xadd(stream, {"run": ref.run_id})
+            pipe.execute()
+        return ref
+
+    def reroute(self, p: int, stream: str, entry_id: str, run_id: str, target: str) -> None:
+        """Hand a workflow task to the stream of the build its run is pinned to."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(target, {"run": run_id})
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
 
     def repair(self, workflow_id: str) -> RunRef:
         """Re-queue a blocked run (after a fixed deploy)."""

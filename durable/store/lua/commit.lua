@@ -66,6 +66,10 @@ for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
 for _, h in ipairs(plan.hooks) do redis.call('HSET', hooks, h[1], rid .. '|' .. h[2]) end
 
 redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
+if plan.pin ~= nil and (redis.call('HGET', run, 'build') or '') == '' then
+  -- First decision of a versioned worker: the run is pinned to its build from now on.
+  redis.call('HSET', run, 'build', plan.pin[1], 'wq', plan.pin[2])
+end
 local current = redis.call('HGET', instance, 'run') == rid
 if current then redis.call('HSET', instance, 'status', plan.status, 'updated', ts) end
 
@@ -83,7 +87,7 @@ if closed then
     redis.call('HSET', instance, 'run', nxt.rid, 'status', 'pending', 'updated', ts)
     redis.call('HSET', nxt.run, 'workflow_id', nxt.wid, 'type', nxt.type, 'queue', nxt.queue,
       'status', 'pending', 'seq', 1, 'task', '1', 'created', ts, 'updated', ts, 'wq', nxt.wq,
-      'parent', nxt.parent, 'previous', rid)
+      'parent', nxt.parent, 'previous', rid, 'build', nxt.build)
     redis.call('XADD', nxt.history, '0-1', 'e', envelope('WorkflowStarted', ts, nxt.data))
     redis.call('XADD', nxt.wq, '*', 'run', nxt.rid)
     redis.call('ZADD', nxt.runs, ts, nxt.rid)
