@@ -279,9 +279,29 @@ class WorkflowStub:
             created=record.get("created"),
             closed=record.get("closed"),
             blocked=record.get("blocked"),
+            build_id=record.get("build") or None,
         )
         snap.setdefault("pending", [])
         return snap
+
+    def _history_info(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """The ``history`` item of :meth:`describe`, from the snapshot the last decision wrote."""
+        from .workflow import effective_history_budget, near_history_limit
+
+        budget = snap.pop("history_budget", None)
+        if not isinstance(budget, dict):
+            try:
+                budget = effective_history_budget(get_workflow(str(snap.get("type") or "")))
+            except DurableError:
+                budget = effective_history_budget(None)
+        events = snap.pop("history_events", None)
+        if not isinstance(events, int):  # no decision yet: only what the record knows
+            events = int(snap.get("seq") or 0)
+        size = snap.pop("history_bytes", None)
+        near = snap.pop("near_history_limit", None)
+        if not isinstance(near, bool):
+            near = near_history_limit(events, size if isinstance(size, int) else 0, budget)
+        return {"events": events, "bytes": size, "budget": budget, "near_limit": near}
 
     def history(self) -> list[HistoryEvent]:
         """The current run's events in order (``seq``, ``type``, ``ts``, ``data``)."""
@@ -327,9 +347,16 @@ class WorkflowStub:
             conn.xread({key: last}, count=1, block=block)
 
     def describe(self) -> dict[str, Any]:
-        """Snapshot plus pending steps and activity attempts with their errors (for operators)."""
+        """Snapshot plus pending steps, activity attempts with their errors, and history size.
+
+        ``history`` is ``{"events", "bytes", "budget", "near_limit"}``: the size
+        of the run's history as of its last decision, its class's
+        ``history_budget``, and whether it passed 80% of either threshold
+        (see :func:`durable.should_continue_as_new`).
+        """
         ref = self._ref()
         snap = self.snapshot()
+        snap["history"] = self._history_info(snap)
         snap["attempts"] = [e for e in self._store.log_entries(ref) if e.get("kind") == "attempt"]
         snap["dropped"] = [
             {"reason": e.get("reason"), "ts": e.get("ts")}

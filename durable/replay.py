@@ -32,6 +32,7 @@ history produces the same decision byte for byte.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 from collections import deque
@@ -57,10 +58,19 @@ from .errors import (
 )
 from .ids import check_command_id, check_workflow_id, successor_run_id
 from .registry import activity_definition_for, get_workflow
-from .workflow import DEFAULT_VERSION, ContinueAsNew, Hook, Workflow, _duration_ms
+from .workflow import (
+    DEFAULT_VERSION,
+    ContinueAsNew,
+    Hook,
+    Workflow,
+    _duration_ms,
+    effective_history_budget,
+    near_history_limit,
+)
 
 _POLICIES = ("terminate", "request_cancel", "abandon")
 _tls = threading.local()
+log = logging.getLogger("durable.workflow")
 
 
 def current_driver() -> Driver:
@@ -224,6 +234,9 @@ class Driver:
         self._seq = 0
         self._pos = 0
         self._history_end = 0
+        self._bytes_end = 0  # raw bytes of the history up to _history_end
+        self._bytes_at: dict[int, int] = {}  # replay: seq -> raw bytes of the history up to it
+        self._budget_warned = False
         self._now = 0
         self._out: list[bytes] = []
         self._new: list[ev.Event] = []
@@ -278,6 +291,11 @@ class Driver:
         if not entries:
             return self
         self._history_end = entries[-1].seq
+        size = self._bytes_end
+        for entry in entries:
+            size += len(entry.raw)
+            self._bytes_at[entry.seq] = size
+        self._bytes_end = size
         for expected, entry in enumerate(entries, self._seq + 1):
             if entry.seq != expected:  # checked before any code runs
                 raise HistoryCorrupt(
@@ -300,6 +318,7 @@ class Driver:
         self._recorded.clear()
         self._matched.clear()
         self._at_seq.clear()
+        self._bytes_at.clear()
         return self
 
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
@@ -324,6 +343,7 @@ class Driver:
         """The last decision was committed: its events are now history."""
         self._seq += len(self._out)
         self._history_end = self._seq
+        self._bytes_end += sum(len(raw) for raw in self._out)
         self._out = []
         self._new = []
         self._dropped = []
@@ -342,7 +362,9 @@ class Driver:
         return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
 
     def snapshot(self) -> dict[str, Any]:
-        """The run's projection: status, pending steps and waits, buffered signals."""
+        """The run's projection: status, pending steps and waits, buffered signals, history size."""
+        events, size = self._history_total()
+        budget = self.history_budget()
         pending = []
         for b in self._live():
             w = b.wait
@@ -362,6 +384,10 @@ class Driver:
             "pending": pending,
             "signals_buffered": {k: len(v) for k, v in self._signals.items() if v},
             "cancel_requested": self._cancel_reason is not None,
+            "history_events": events,
+            "history_bytes": size,
+            "history_budget": budget,
+            "near_history_limit": near_history_limit(events, size, budget),
         }
 
     def close(self) -> None:
@@ -391,7 +417,38 @@ class Driver:
         return datetime.fromtimestamp(self._now / 1000, tz=UTC)
 
     def history_length(self) -> int:
-        return self._history_end + len(self._out)
+        """Events in the history at this point of the code (deterministic: replay sees what live saw)."""
+        return self._history_size()[0]
+
+    def history_bytes(self) -> int:
+        """Raw bytes of the history at this point of the code (deterministic, like :meth:`history_length`)."""
+        return self._history_size()[1]
+
+    def history_budget(self) -> dict[str, int]:
+        """The run's history budget (its class's ``history_budget`` over the defaults)."""
+        return effective_history_budget(type(self._instance) if self._instance is not None else None)
+
+    def should_continue_as_new(self) -> bool:
+        events, size = self._history_size()
+        return near_history_limit(events, size, self.history_budget())
+
+    def _history_size(self) -> tuple[int, int]:
+        """(events, bytes) of the history as the calling code sees it.
+
+        Live, that is the committed history plus this decision's events so far.
+        While replaying, the same point is the last entry applied or matched
+        (``_cursor``), so a replayed call answers what the live call answered.
+        """
+        if self._replaying():
+            return self._cursor, self._bytes_at.get(self._cursor, self._bytes_end)
+        return self._history_total()
+
+    def _history_total(self) -> tuple[int, int]:
+        """(events, bytes) of the committed history plus every event of the current decision."""
+        return (
+            self._history_end + len(self._out),
+            self._bytes_end + sum(len(raw) for raw in self._out),
+        )
 
     def info(self) -> dict[str, Any]:
         return {"workflow_id": self.workflow_id, "run_id": self.run_id, "type": self.workflow_type}
@@ -1123,7 +1180,30 @@ class Driver:
                 children.append((w.id, w.child_workflow_id, w.policy))
 
     # ------------------------------------------------------------ decision
+    def _warn_near_limit(self) -> None:
+        """Log once per run, when the decision about to be committed passes 80% of the budget."""
+        if self._budget_warned or self._read_only or self._instance is None:
+            return
+        budget = self.history_budget()
+        if near_history_limit(self._history_end, self._bytes_end, budget):
+            self._budget_warned = True  # an earlier decision passed it (and warned)
+            return
+        events, size = self._history_total()
+        if near_history_limit(events, size, budget):
+            self._budget_warned = True
+            log.warning(
+                "run %s of workflow %r (%s) is near its history budget: %d events, %d bytes of %s; "
+                "call continue_as_new() when should_continue_as_new() is true",
+                self.run_id,
+                self.workflow_id,
+                self.workflow_type,
+                events,
+                size,
+                budget,
+            )
+
     def _decision(self, consumed: int) -> Decision:
+        self._warn_near_limit()
         scheduled: dict[str, ev.ActivityScheduled] = {}
         timers: dict[str, int] = {}
         cancelled_timers: list[str] = []

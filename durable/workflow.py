@@ -23,6 +23,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: What ``get_version`` returns when replaying a history written before the change.
 DEFAULT_VERSION = -1
 
+#: Default history budget of a run; ``Workflow.history_budget`` overrides either key.
+DEFAULT_HISTORY_BUDGET: dict[str, int] = {"events": 10_000, "bytes": 10 * 1024 * 1024}
+#: Fraction of a budget threshold past which a run is near its limit.
+NEAR_LIMIT = 0.8
+
 
 class Workflow:
     """Base class for workflows: subclass it and write ``handle()``.
@@ -38,6 +43,9 @@ class Workflow:
         queue: Task queue its workflow tasks go to (default ``"default"``).
         patches: Patch ids this code declares; new runs record them and
             :func:`patched` answers from the run (Flow's patch markers).
+        history_budget: ``{"events": N, "bytes": M}`` (either key; defaults
+            10,000 events and 10 MiB): the size past 80% of which
+            :func:`should_continue_as_new` is true and a warning is logged.
 
     Example:
         ```python
@@ -53,6 +61,7 @@ class Workflow:
     name: ClassVar[str] = ""
     queue: ClassVar[str] = "default"
     patches: ClassVar[tuple[str, ...]] = ()
+    history_budget: ClassVar[dict[str, int]] = dict(DEFAULT_HISTORY_BUDGET)
     _signals: ClassVar[dict[str, str]] = {}
     _queries: ClassVar[dict[str, str]] = {}
 
@@ -68,6 +77,7 @@ class Workflow:
                     queries[value.__durable_query__] = attr
         cls._signals = signals
         cls._queries = queries
+        effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         from .registry import register_workflow_class
 
         register_workflow_class(cls)
@@ -326,6 +336,57 @@ def history_length() -> int:
     return _driver().history_length()  # type: ignore[no-any-return]
 
 
+def should_continue_as_new() -> bool:
+    """Whether this run's history is near its budget, so it should :func:`continue_as_new`.
+
+    True once the history (at this point of the code) has passed 80% of either
+    threshold of the class's ``history_budget``: ``events`` (default 10,000) or
+    ``bytes`` of stored entries (default 10 MiB). Deterministic: replay answers
+    what the live call answered. Typical use, at a safe point of a long loop:
+
+        ```python
+        class Poller(Workflow):
+            history_budget = {"events": 2_000}
+
+            def handle(self, cursor: int) -> None:
+                while True:
+                    cursor = activity(poll, cursor)
+                    if should_continue_as_new():
+                        continue_as_new(cursor)
+        ```
+    """
+    return _driver().should_continue_as_new()  # type: ignore[no-any-return]
+
+
+def effective_history_budget(cls: type[Workflow] | None) -> dict[str, int]:
+    """A workflow class's ``history_budget`` over :data:`DEFAULT_HISTORY_BUDGET`.
+
+    Raises:
+        ConfigurationError: not a dict, an unknown key, or a value that is not a positive integer.
+    """
+    from .errors import ConfigurationError
+
+    budget = dict(DEFAULT_HISTORY_BUDGET)
+    given = getattr(cls, "history_budget", None) if cls is not None else None
+    if given is None:
+        return budget
+    where = f"{getattr(cls, '__name__', cls)}.history_budget"
+    if not isinstance(given, dict):
+        raise ConfigurationError(f"{where} must be a dict like {{'events': 10000, 'bytes': 10485760}}")
+    for key, value in given.items():
+        if key not in budget:
+            raise ConfigurationError(f"{where}: unknown key {key!r} (use 'events' and/or 'bytes')")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigurationError(f"{where}[{key!r}] must be a positive integer, not {value!r}")
+        budget[key] = value
+    return budget
+
+
+def near_history_limit(events: int, size: int, budget: dict[str, int]) -> bool:
+    """Whether ``events`` or ``size`` (bytes) passed :data:`NEAR_LIMIT` of its threshold in ``budget``."""
+    return events >= NEAR_LIMIT * budget["events"] or size >= NEAR_LIMIT * budget["bytes"]
+
+
 def workflow_info() -> dict[str, Any]:
     """Identity of the running workflow: ``workflow_id``, ``run_id``, ``type``."""
     return _driver().info()  # type: ignore[no-any-return]
@@ -365,6 +426,7 @@ __all__ = [
     "patched",
     "query",
     "random",
+    "should_continue_as_new",
     "side_effect",
     "signal",
     "timer",

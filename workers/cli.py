@@ -28,6 +28,7 @@ import enum
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import threading
@@ -309,6 +310,20 @@ _worker_options: list[Callable[[Any], Any]] = [
         help="Seconds a task may sit with a silent worker before another worker reclaims it.",
     ),
     click.option(
+        "--build-id",
+        default=None,
+        help="Build id of this code (default: a hash of the --app modules' source). Runs this worker "
+        "decides first are pinned to it; new runs go to the newest build's workers.",
+    ),
+    click.option(
+        "--compatible-build-id",
+        "compatible",
+        multiple=True,
+        metavar="BUILD",
+        help="Also decide runs pinned to BUILD (repeatable): this code replays their histories.",
+    ),
+    click.option("--unversioned", is_flag=True, help="No build id: pin nothing, take any unpinned run."),
+    click.option(
         "--log-format",
         type=click.Choice(["text", "json"]),
         default="text",
@@ -353,15 +368,7 @@ def _watch_parent(stop: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="durable-parent-watch", daemon=True).start()
 
 
-def _run_worker(
-    state: _State,
-    apps: Sequence[str],
-    queues: Sequence[str],
-    concurrency: int,
-    cache_size: int,
-    claim_idle: float = 30.0,
-    eager: bool = False,
-) -> None:
+def _run_worker(state: _State, apps: Sequence[str], queues: Sequence[str], options: dict[str, Any]) -> None:
     import signal as _signal
 
     from workers.worker import Worker
@@ -371,16 +378,22 @@ def _run_worker(
     early: list[int] = []
     for signum in (_signal.SIGTERM, _signal.SIGINT):
         _signal.signal(signum, lambda num, _frame: early.append(num))
-    _load(apps)
+    from workers.worker import code_build_id
+
+    modules = _load(apps)
+    build_id = "" if options["unversioned"] else (options["build_id"] or code_build_id(modules))
     worker = Worker(
         state.store,
         queues=list(queues) or ["default"],
-        concurrency=concurrency,
+        concurrency=options["concurrency"],
         app=list(apps),
-        cache_size=cache_size,
-        claim_idle_ms=int(claim_idle * 1000),
-        eager=eager,
+        cache_size=options["cache_size"],
+        claim_idle_ms=int(options["claim_idle"] * 1000),
+        eager=options["eager"],
+        build_id=build_id,
+        compatible=tuple(options["compatible"]),
     )
+    logging.getLogger("durable.worker").info("build id: %s", build_id or "(unversioned)")
     worker.install_signal_handlers()
     if early:
         worker.stop()
@@ -402,13 +415,10 @@ def worker(
     state: _State,
     apps: tuple[str, ...],
     queues: tuple[str, ...],
-    concurrency: int,
-    cache_size: int,
-    eager: bool,
-    claim_idle: float,
     log_format: str,
     log_level: str,
     processes: int,
+    **options: Any,
 ) -> None:
     """Serve workflow and activity tasks of QUEUEs, running the --app modules' code.
 
@@ -416,7 +426,7 @@ def worker(
     """
     _configure_logging(log_level, log_format)
     if processes == 1:
-        _run_worker(state, apps, queues, concurrency, cache_size, claim_idle, eager)
+        _run_worker(state, apps, queues, options)
         return
     from workers.supervisor import Supervisor, child_argv
 
@@ -426,15 +436,14 @@ def worker(
         args += ["--app", app]
     for queue in queues:
         args += ["--queue", queue]
-    args += [
-        "--concurrency",
-        str(concurrency),
-        "--cache-size",
-        str(cache_size),
-        "--claim-idle",
-        str(claim_idle),
-        "--eager" if eager else "--no-eager",
-    ]
+    for build in options["compatible"]:
+        args += ["--compatible-build-id", build]
+    args += ["--concurrency", str(options["concurrency"]), "--cache-size", str(options["cache_size"])]
+    args += ["--claim-idle", str(options["claim_idle"]), "--eager" if options["eager"] else "--no-eager"]
+    if options["unversioned"]:
+        args.append("--unversioned")
+    elif options["build_id"]:
+        args += ["--build-id", options["build_id"]]
     args += ["--log-format", log_format, "--log-level", log_level]
     supervisor = Supervisor(child_argv(args), processes)
     supervisor.install_signal_handlers()
@@ -450,19 +459,16 @@ def dev(
     state: _State,
     apps: tuple[str, ...],
     queues: tuple[str, ...],
-    concurrency: int,
-    cache_size: int,
-    eager: bool,
-    claim_idle: float,
     log_format: str,
     log_level: str,
+    **options: Any,
 ) -> None:
     """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL) and one worker."""
     _configure_logging(log_level, log_format)
     store = state.store
     click.echo(f"durable dev: Redis at {store.url}", err=True)
     click.echo(f"  export DURABLE_REDIS_URL={store.url}", err=True)
-    _run_worker(state, apps, queues, concurrency, cache_size, claim_idle, eager)
+    _run_worker(state, apps, queues, options)
 
 
 # --------------------------------------------------------------------------- client commands
@@ -571,11 +577,19 @@ def result(state: _State, workflow_id: str, timeout: float | None) -> None:
 
 @cli.command()
 @click.argument("workflow_id", metavar="ID")
+@click.option(
+    "--build-id",
+    default=None,
+    help="Also move the run to this build's workers (check first with `durable replay` that the "
+    "new code replays its history).",
+)
 @pass_state
-def repair(state: _State, workflow_id: str) -> None:
+def repair(state: _State, workflow_id: str, build_id: str | None) -> None:
     """Re-queue a blocked run (after deploying code that decides as its history says)."""
+    if build_id:
+        state.store.repin(workflow_id, build_id)
     ref = state.store.repair(workflow_id)
-    click.echo(f"re-queued {workflow_id} (run {ref.run_id})")
+    click.echo(f"re-queued {workflow_id} (run {ref.run_id})" + (f" on build {build_id}" if build_id else ""))
 
 
 @cli.command()
@@ -886,6 +900,29 @@ def demo(state: _State, timeout: float) -> None:
     console.print(f"workflow [bold]{summary['workflow_id']}[/bold], run {summary['run_id']}: completed")
     console.print_json(to_json(summary["result"]))
     console.print(history_table(summary["history"], title="history"))
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+@cli.group(cls=DurableGroup)
+def hook() -> None:
+    """Hooks: durable callbacks a workflow creates with create_hook()."""
+
+
+@hook.command(name="resume")
+@click.argument("token", metavar="TOKEN")
+@click.argument("payload", metavar="[PAYLOAD_JSON]", required=False, default=None)
+@pass_state
+def hook_resume(state: _State, token: str, payload: str | None) -> None:
+    """Deliver PAYLOAD_JSON (default: null) to the hook with TOKEN; a token works once.
+
+    PAYLOAD_JSON is a JSON value, or a plain string when it is not valid JSON.
+    An unknown or used token exits 1 with one error line.
+    """
+    value = parse_args([payload])[0] if payload is not None else None
+    WorkflowStub.resume_hook(token, value, store=state.store)
+    click.echo("hook resumed")
 
 
 # --------------------------------------------------------------------------- entry point
