@@ -333,7 +333,7 @@ class WorkflowStub:
         last = "0-0"
         conn = self._store.redis
         while True:
-            rows = conn.xrevrange(key, "+", "-", count=1)
+            rows: Any = conn.xrevrange(key, "+", "-", count=1)
             if rows:
                 entry_id, fields = rows[0]
                 entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(entry_id.split(b"-")[1]))

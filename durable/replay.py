@@ -102,7 +102,7 @@ def current_driver() -> Driver:
     )
 
 
-class _Branch(greenlet.greenlet):  # type: ignore[misc]
+class _Branch(greenlet.greenlet):
     """A greenlet running workflow code: the root ``handle()`` or one ``all()`` branch."""
 
     def __init__(self, driver: Driver, path: str, run: Callable[[], Any], parent: greenlet.greenlet) -> None:
@@ -642,7 +642,7 @@ class Driver:
             child.group, child.index = group, index
             group.branches.append(child)
             self._runnable.append((child, None, None))
-        return self._suspend(branch, _Wait("all", cid, group=group))  # type: ignore[no-any-return]
+        return self._suspend(branch, _Wait("all", cid, group=group))
 
     def call_continue_as_new(self, args: tuple[Any, ...]) -> None:
         self._branch()
@@ -1274,7 +1274,7 @@ def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None 
     Returns the driver (closed) so callers can read its status.
     """
     resolve = (lambda _name: workflow) if workflow is not None else get_workflow
-    driver = Driver(resolve=resolve)  # type: ignore[arg-type]
+    driver = Driver(resolve=resolve)
     try:
         driver.replay(entries)
     finally:

@@ -413,7 +413,7 @@ def _as_function(replacement: Any) -> Callable[..., Any]:
 
         return fail
     if callable(replacement):
-        return replacement  # type: ignore[no-any-return]
+        return replacement
     return lambda *_args: replacement
 
 

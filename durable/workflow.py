@@ -212,7 +212,7 @@ def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
     The value goes through the codec both times, so live and replayed code see
     the same types. An exception from ``fn`` is recorded and re-raised on replay.
     """
-    return _driver().call_side_effect(fn, id=id)  # type: ignore[no-any-return]
+    return _driver().call_side_effect(fn, id=id)
 
 
 def child(
@@ -247,12 +247,12 @@ def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list
     :class:`CancelledError` at their suspension points (their cleanup may make
     durable calls), and once they have all finished the first error is raised here.
     """
-    return _driver().call_all(list(branches), id=id)  # type: ignore[no-any-return]
+    return _driver().call_all(list(branches), id=id)
 
 
 def now() -> datetime:
     """The workflow's deterministic current time (UTC): the time stamp of the last applied event."""
-    return _driver().now()  # type: ignore[no-any-return]
+    return _driver().now()
 
 
 def uuid4() -> _uuid.UUID:
@@ -276,7 +276,7 @@ def get_version(change_id: str, min_supported: int, max_supported: int) -> int:
     Raises:
         NondeterminismError: The recorded version is outside [min, max].
     """
-    return _driver().call_get_version(change_id, min_supported, max_supported)  # type: ignore[no-any-return]
+    return _driver().call_get_version(change_id, min_supported, max_supported)
 
 
 def patched(patch_id: str) -> bool:
@@ -285,7 +285,7 @@ def patched(patch_id: str) -> bool:
     The set is written into the run at start (Flow's patch markers), so an old
     run keeps its old branch and a new run takes the new one, on any worker.
     """
-    return _driver().call_patched(patch_id)  # type: ignore[no-any-return]
+    return _driver().call_patched(patch_id)
 
 
 def continue_as_new(*args: Any) -> None:
@@ -319,7 +319,7 @@ class Hook:
 
 def create_hook(name: str, metadata: Any = None, *, id: str | None = None) -> Hook:
     """Create a hook with an unguessable token (recorded, so replay returns the same token)."""
-    return _driver().call_create_hook(name, metadata, id=id)  # type: ignore[no-any-return]
+    return _driver().call_create_hook(name, metadata, id=id)
 
 
 def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
@@ -333,7 +333,7 @@ def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
 
 def history_length() -> int:
     """Number of events in this run's history so far (for continue-as-new decisions)."""
-    return _driver().history_length()  # type: ignore[no-any-return]
+    return _driver().history_length()
 
 
 def should_continue_as_new() -> bool:
@@ -355,7 +355,7 @@ def should_continue_as_new() -> bool:
                         continue_as_new(cursor)
         ```
     """
-    return _driver().should_continue_as_new()  # type: ignore[no-any-return]
+    return _driver().should_continue_as_new()
 
 
 def effective_history_budget(cls: type[Workflow] | None) -> dict[str, int]:
@@ -389,7 +389,7 @@ def near_history_limit(events: int, size: int, budget: dict[str, int]) -> bool:
 
 def workflow_info() -> dict[str, Any]:
     """Identity of the running workflow: ``workflow_id``, ``run_id``, ``type``."""
-    return _driver().info()  # type: ignore[no-any-return]
+    return _driver().info()
 
 
 class ContinueAsNew(BaseException):  # noqa: N818 - a control-flow signal, not an error
