@@ -92,6 +92,8 @@ def worker(store: RedisStore, request: pytest.FixtureRequest) -> Iterator[Worker
     eager mode (the worker runs them itself and commits each result with the
     next decision).
     """
-    w = Worker(store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100, eager=request.param == "eager")
+    w = Worker(
+        store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100, eager=request.param == "eager"
+    )
     with WorkerThread(w):
         yield w

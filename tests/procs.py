@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,13 +52,3 @@ def workers(redis_url: str, n: int = 1, **kwargs) -> Iterator[list[subprocess.Po
     finally:
         for proc in procs:
             stop(proc)
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")

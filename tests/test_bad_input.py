@@ -7,13 +7,13 @@ the ones quoted there. Workflows run on the in-process ``worker`` fixture.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from waiting import wait_for
 
 from durable import (
     Activity,
@@ -123,16 +123,6 @@ class BiSlowStep(Activity):
 # ----------------------------------------------------------------------- helpers
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def failure(stub: WorkflowStub, timeout: float = 10) -> WorkflowFailed:
     with pytest.raises(WorkflowFailed) as info:
         stub.result(timeout=timeout)
@@ -180,7 +170,10 @@ def test_activity_call_outside_a_workflow(redis_url: str) -> None:
     ("kwargs", "message"),
     [
         ({"initial_interval": 0}, "RetryPolicy.initial_interval must be > 0 seconds"),
-        ({"initial_interval": -1}, "RetryPolicy.initial_interval must be a finite, non-negative duration, got -1"),
+        (
+            {"initial_interval": -1},
+            "RetryPolicy.initial_interval must be a finite, non-negative duration, got -1",
+        ),
         (
             {"initial_interval": math.nan},
             "RetryPolicy.initial_interval must be a finite, non-negative duration, got nan",
@@ -224,7 +217,6 @@ def test_timer_with_a_bad_duration_fails_the_run(worker, redis_url: str, duratio
     exc = failure(WorkflowStub.make(BiTimer).start(duration))
     assert isinstance(exc.cause, ConfigurationError)
     assert str(exc.cause) == message
-
 
 
 def test_timer_with_infinite_duration_gives_a_clear_error(worker, redis_url: str) -> None:

@@ -5,20 +5,11 @@ from __future__ import annotations
 import time
 
 from apps.basic import Looper, Waiter
+from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.worker import Worker, WorkerThread
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def versioned(store: RedisStore, build: str, *compatible: str) -> WorkerThread:

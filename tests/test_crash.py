@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from apps.basic import SlowSteps
-from procs import spawn_worker, stop, wait_for, workers
+from procs import spawn_worker, stop, workers
+from waiting import wait_for
 
 from durable import WorkflowStub
 

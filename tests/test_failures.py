@@ -3,7 +3,6 @@ child errors, blocked runs and repair."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,9 @@ from apps.failures import (
     ParentOfWaiting,
     Timeouts,
 )
+from waiting import wait_for
 
 from durable import WorkflowFailed, WorkflowStub
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def lines(path: Path) -> list[str]:

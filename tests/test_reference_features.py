@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from apps.features import (
     PricingV2,
 )
 from click.testing import CliRunner, Result
+from waiting import wait_for
 
 import durable
 from durable import ConfigurationError, HookError, Workflow, WorkflowStub, registry
@@ -30,16 +30,6 @@ from durable.replay import replay_history
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 from workers.worker import Worker, WorkerThread
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def invoke(*args: str) -> Result:

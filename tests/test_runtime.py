@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from apps.basic import Boom, Everything, Failing, Hooked, Looper, Parent, Saga, Sequence, Waiter
+from waiting import wait_for
 
 from durable import (
     ConfigurationError,
@@ -18,16 +18,6 @@ from durable import (
     WorkflowStub,
 )
 from durable.store.redis_store import RedisStore
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def assert_history_sound(stub: WorkflowStub) -> None:
@@ -86,7 +76,7 @@ def test_every_call_end_to_end(worker, store: RedisStore) -> None:
 def test_load_and_status_of_unknown_id(worker) -> None:
     with pytest.raises(WorkflowNotFound, match="no-such"):
         WorkflowStub.load("no-such")
-    stub = WorkflowStub.make(Sequence, id="seq-1").start(3)
+    WorkflowStub.make(Sequence, id="seq-1").start(3)
     assert WorkflowStub.load("seq-1").result(timeout=10) == 3
 
 

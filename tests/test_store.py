@@ -9,24 +9,14 @@ import time
 import pytest
 import redis
 from apps.basic import Everything, Sequence, Waiter
+from waiting import wait_for
 
 from durable import WorkflowStub
-from durable import events as ev
 from durable.errors import EventConflict
 from durable.replay import Driver
-from durable.store.redis_store import RedisStore, RunRef
+from durable.store.redis_store import RedisStore
 from workers.runner import Decider
 from workers.worker import Worker, WorkerThread
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> None:
