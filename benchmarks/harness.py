@@ -4,6 +4,7 @@
     python benchmarks/harness.py --quick                      # smoke run, < 1 min per engine
     python benchmarks/harness.py --engines durable --workloads W1,W2,W3,W4,W5,W6,W7 \
         --processes 2 --appendfsync everysec --markdown out.md
+    python benchmarks/harness.py --engines durable --workloads W2 --cluster   # 3-node Redis Cluster
 
 Workloads (activities are no-ops returning a small value; identical for every engine):
 
@@ -220,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2, help="durable worker processes (default 2)")
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
     parser.add_argument("--eager", action="store_true", help="durable workers in eager mode (--eager)")
+    parser.add_argument(
+        "--cluster",
+        nargs="?",
+        type=int,
+        const=3,
+        default=0,
+        metavar="N",
+        help="durable on a local Redis Cluster of N masters (default 3) instead of one Redis",
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     args = parser.parse_args(argv)
@@ -237,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/harness.py " + " ".join(argv if argv is not None else sys.argv[1:])
     log(f"machine: {machine()}")
     rows: dict[str, dict[str, str]] = {}
-    options_kw = {"processes": args.processes, "appendfsync": args.appendfsync, "eager": args.eager}
+    options_kw = {
+        "processes": args.processes,
+        "appendfsync": args.appendfsync,
+        "eager": args.eager,
+        "cluster": args.cluster,
+    }
     for engine in engines:
         log(f"[{engine}] starting")
         rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)

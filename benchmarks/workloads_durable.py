@@ -1,7 +1,8 @@
 """durable's side of the benchmark workloads (see ``peers/common.py`` for the shared surface).
 
 The engine: an embedded Redis (``EmbeddedRedis``, AOF with the chosen
-``appendfsync``) in a temp dir, workers as separate processes
+``appendfsync``) in a temp dir -- or, with ``--cluster N``, a local Redis Cluster
+of N masters (``durable.store.cluster_dev.LocalCluster``) -- workers as separate processes
 (``python -m workers.cli worker --app bench_apps --processes N``), and this
 process as the client (``WorkflowStub`` on a ``RedisStore``). W6 drives the
 ``Decider`` of ``workers/runner.py`` in this process on a separate key prefix,
@@ -119,8 +120,19 @@ class Engine:
         from durable.store.embedded import EmbeddedRedis
         from durable.store.redis_store import RedisStore
 
-        self.server = EmbeddedRedis(self.options.tmpdir / "redis", appendfsync=self.options.appendfsync)
-        self.url = self.server.ensure()
+        if getattr(self.options, "cluster", 0):
+            # A local Redis Cluster (N masters on loopback), started like the tests' fixture.
+            from durable.store.cluster_dev import LocalCluster
+
+            self.server = LocalCluster(
+                self.options.tmpdir / "cluster",
+                masters=self.options.cluster,
+                appendfsync=self.options.appendfsync,
+            )
+            self.url = self.server.start()
+        else:
+            self.server = EmbeddedRedis(self.options.tmpdir / "redis", appendfsync=self.options.appendfsync)
+            self.url = self.server.ensure()
         self._old_url = os.environ.get("DURABLE_REDIS_URL")
         os.environ["DURABLE_REDIS_URL"] = self.url
         sys.path[:0] = [str(BENCH), str(ROOT)]

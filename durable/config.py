@@ -1,7 +1,9 @@
 """Settings shared by the client and the workers, read from the environment.
 
 * ``DURABLE_REDIS_URL`` -- the Redis to use; unset: the embedded server
-  (see :mod:`durable.store.embedded`).
+  (see :mod:`durable.store.embedded`). A Redis Cluster is named by
+  ``redis+cluster://host:port[,host:port...]`` (or ``?cluster=1`` on a
+  ``redis://`` URL); see docs/scaling.md.
 * ``DURABLE_HOME`` -- data dir of the embedded server (default ``.durable/``).
 * ``DURABLE_PREFIX`` -- prefix of every Redis key durable writes (default ``durable``).
 * ``DURABLE_PARTITIONS`` -- number of task-queue partitions, 1..1024 (default 8).

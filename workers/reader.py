@@ -1,37 +1,103 @@
-"""The worker's blocking task read, which a local event can interrupt.
+"""The worker's blocking task reads, which a local event can interrupt.
 
-A worker blocks on one ``XREADGROUP ... BLOCK`` over all its task streams, so
-it costs nothing while idle. But results of activities it runs itself (eager
-mode, local activities) and tasks its scheduler reclaimed arrive from other
-threads of the same process, and a blocked Redis call cannot be woken from
-inside the process (a short BLOCK does not help: Redis 6.2 checks blocking
-timeouts on its 100 ms cron).
+A worker blocks on ``XREADGROUP ... BLOCK`` over its task streams, so it costs
+nothing while idle. But results of activities it runs itself (eager mode,
+local activities) and tasks its scheduler reclaimed arrive from other threads
+of the same process, and a blocked Redis call cannot be woken from inside the
+process (a short BLOCK does not help: Redis 6.2 checks blocking timeouts on its
+100 ms cron).
 
-So the read is sent on a dedicated connection and left outstanding; the
-worker waits with ``select()`` on that socket *and* a local pipe. A wake-up
-returns at once with the read still in flight; its reply is picked up on a
-later call. At most one read is outstanding at a time.
+So each read is sent on a dedicated connection and left outstanding; the
+worker waits with ``select()`` on those sockets *and* a local pipe. A wake-up
+returns at once with the reads still in flight; their replies are picked up on
+a later call.
+
+On one Redis there is a single group: one ``XREADGROUP`` over every stream. On
+a Redis Cluster a read over streams of several partitions is a CROSSSLOT error,
+so streams are split into one group per partition, each with its own
+outstanding read on a connection to the node owning that partition's slot; all
+of them and the wake pipe are waited on in the same ``select()``. At most one
+read is outstanding per group. A MOVED/ASK reply or a lost node drops every
+connection (their delivered entries stay pending and are reclaimed) and the
+caller retries after a pause; the next read reconnects along the new slot map.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
+import time
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import redis
+from redis import exceptions as rexc
 
 from durable.store.keys import GROUP
 
+log = logging.getLogger("durable.worker")
+
+_CLUSTER_MOVES = (rexc.AskError, rexc.TryAgainError, rexc.ClusterDownError)  # AskError covers MOVED
+
+
+class _Read:
+    """One group's connection and its outstanding read, if any."""
+
+    __slots__ = ("client", "conn", "outstanding", "deadline")
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.conn: Any = client.connection_pool.make_connection()
+        self.outstanding = False
+        self.deadline = 0.0
+
+    def send(self, consumer: str, streams: list[str], count: int, block_ms: int) -> None:
+        args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
+        args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
+        self.conn.send_command(*args)
+        self.outstanding = True
+        # Redis answers a BLOCK read within block_ms (+ its cron tick); much later means
+        # the connection (or the node) is gone.
+        self.deadline = time.monotonic() + block_ms / 1000 + 5
+
+    def close(self) -> None:
+        try:
+            self.conn.disconnect()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+        self.outstanding = False
+
 
 class TaskReader:
-    """One outstanding ``XREADGROUP`` on its own connection, interruptible by :meth:`wake`."""
+    """Outstanding ``XREADGROUP`` reads on their own connections, interruptible by :meth:`wake`.
 
-    def __init__(self, client: redis.Redis, consumer: str) -> None:
+    Args:
+        client: The client whose server the reads go to (one Redis).
+        consumer: The consumer name in every group.
+        group_of: Maps a stream to its read group (a cluster: its partition). ``None``: one
+            group, a single read over every stream (one Redis).
+        client_for: The client for a group's connection (a cluster: the node owning the
+            partition's slot); default ``client``.
+        on_moved: Called after the connections were dropped because the cluster's slot map
+            changed or a node went away (e.g. to refresh the cluster client's slot map).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        consumer: str,
+        *,
+        group_of: Callable[[str], Hashable] | None = None,
+        client_for: Callable[[Hashable], redis.Redis] | None = None,
+        on_moved: Callable[[], None] | None = None,
+    ) -> None:
         self._client = client
         self._consumer = consumer
-        self._conn: Any = None
-        self._outstanding = False
+        self._group_of = group_of
+        self._client_for = client_for or (lambda _group: client)
+        self._on_moved = on_moved
+        self._reads: dict[Hashable, _Read] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -39,7 +105,7 @@ class TaskReader:
     @property
     def outstanding(self) -> bool:
         """True while a sent read has not been answered yet."""
-        return self._outstanding
+        return any(r.outstanding for r in self._reads.values())
 
     def wake(self) -> None:
         """Interrupt a waiting :meth:`read` (thread-safe, never blocks)."""
@@ -49,41 +115,72 @@ class TaskReader:
             pass  # the pipe is full of wake-ups already, or the reader is closed
 
     def read(self, streams: list[str], *, count: int, block_ms: int, wait: bool = True) -> list[Any] | None:
-        """The reply of a ``XREADGROUP`` over ``streams`` (``[]`` when it timed out), or
+        """The replies of ``XREADGROUP`` over ``streams`` (``[]`` when a read timed out), or
         ``None`` when woken (or, with ``wait=False``, when no reply is there yet).
 
         ``streams``/``count`` apply when a new read is sent; an outstanding one
-        keeps what it was sent with.
+        keeps what it was sent with. Replies of several groups are concatenated.
         """
-        conn = self._connection()
         try:
-            if not self._outstanding:
-                args: list[Any] = ["XREADGROUP", "GROUP", GROUP, self._consumer, "COUNT", count]
-                args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
-                conn.send_command(*args)
-                self._outstanding = True
-            if not conn.can_read(timeout=0):
+            self._send(streams, count, block_ms)
+            ready = [r for r in self._reads.values() if r.outstanding and r.conn.can_read(timeout=0)]
+            if not ready:
                 if not wait:
                     return None
-                sock = conn._get_socket()
-                # Redis answers a BLOCK read within block_ms (+ its cron tick); much later
-                # means the connection is gone.
-                ready, _, _ = select.select([sock, self._wake_r], [], [], block_ms / 1000 + 5)
-                if self._wake_r in ready:
-                    self._drain()
+                ready = self._wait()
                 if not ready:
-                    raise redis.ConnectionError("no reply to a blocking read within its timeout")
-                if not conn.can_read(timeout=0):
                     return None
-            reply = self._client.parse_response(conn, "XREADGROUP")
-            self._outstanding = False
-            return list(reply or [])
+            out: list[Any] = []
+            for r in ready:
+                reply = r.client.parse_response(r.conn, "XREADGROUP")
+                r.outstanding = False
+                out += list(reply or [])
+            return out
         except (redis.ConnectionError, redis.TimeoutError, OSError):
-            self._reset()
+            self._reset(moved=self._group_of is not None)
             raise
+        except _CLUSTER_MOVES as exc:
+            log.warning(
+                "task read: the cluster's slot map changed (%s); dropping %d read connection(s) and "
+                "reconnecting along the new map (their delivered tasks stay pending and are reclaimed)",
+                str(exc).splitlines()[0][:200],
+                len(self._reads),
+            )
+            self._reset(moved=True)
+            raise redis.ConnectionError(f"cluster reconfigured: {exc}") from exc
+
+    def _send(self, streams: list[str], count: int, block_ms: int) -> None:
+        if self._group_of is None:
+            groups: dict[Hashable, list[str]] = {None: streams} if streams else {}
+        else:
+            groups = {}
+            for stream in streams:
+                groups.setdefault(self._group_of(stream), []).append(stream)
+        for group, members in groups.items():
+            r = self._reads.get(group)
+            if r is None:
+                r = self._reads[group] = _Read(self._client_for(group))
+            if not r.outstanding:
+                r.send(self._consumer, members, count, block_ms)
+
+    def _wait(self) -> list[_Read]:
+        waiting = [r for r in self._reads.values() if r.outstanding]
+        if not waiting:
+            return []
+        socks = {r.conn._get_socket(): r for r in waiting}
+        timeout = max(0.0, min(r.deadline for r in waiting) - time.monotonic())
+        readable, _, _ = select.select([*socks, self._wake_r], [], [], timeout)
+        if self._wake_r in readable:
+            self._drain()
+        ready = [r for r in waiting if r.conn.can_read(timeout=0)]
+        if not ready and not readable:
+            late = [r for r in waiting if time.monotonic() >= r.deadline]
+            if late:
+                raise redis.ConnectionError("no reply to a blocking read within its timeout")
+        return ready
 
     def close(self) -> None:
-        """Drop the connection (an outstanding read's entries stay pending for reclaim)."""
+        """Drop the connections (an outstanding read's entries stay pending for reclaim)."""
         self._reset()
         for fd in (self._wake_r, self._wake_w):
             try:
@@ -91,19 +188,15 @@ class TaskReader:
             except OSError:
                 pass
 
-    def _connection(self) -> Any:
-        if self._conn is None:
-            self._conn = self._client.connection_pool.make_connection()
-        return self._conn
-
-    def _reset(self) -> None:
-        if self._conn is not None:
+    def _reset(self, moved: bool = False) -> None:
+        for r in self._reads.values():
+            r.close()
+        self._reads.clear()
+        if moved and self._on_moved is not None:
             try:
-                self._conn.disconnect()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
-        self._conn = None
-        self._outstanding = False
+                self._on_moved()
+            except Exception:  # noqa: BLE001 - the next read tries again
+                log.exception("could not refresh the cluster slot map")
 
     def _drain(self) -> None:
         try:

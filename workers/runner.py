@@ -378,12 +378,7 @@ class Decider:
         return decision
 
     def _ack_only(self, task: tuple[str, str]) -> None:
-        from durable.store.keys import GROUP
-
-        with self.store.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(task[0], GROUP, task[1])
-            pipe.xdel(task[0], task[1])
-            pipe.execute()
+        self.store.ack_task(task[0], task[1])
 
     def commit_plan(
         self,
@@ -526,7 +521,6 @@ class Decider:
 def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
     """Carry out one cross-partition message (child start, child result, child cancel)."""
     from durable.errors import WorkflowAlreadyStarted, WorkflowNotFound
-    from durable.store.keys import GROUP
 
     try:
         msg = codec.unpack(fields[b"m"])
@@ -586,10 +580,7 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
         log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
         raise exc
     faults.point("outbox.before_ack")
-    with store.redis.pipeline(transaction=True) as pipe:
-        pipe.xack(stream, GROUP, entry_id)
-        pipe.xdel(stream, entry_id)
-        pipe.execute()
+    store.ack_task(stream, entry_id)
 
 
 _BODY_FIELDS = frozenset({"rid", "wid", "p", "aid", "name", "args", "attempt", "stream"})

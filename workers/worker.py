@@ -3,7 +3,8 @@
 One worker process has:
 
 * the **main thread**, which blocks on one ``XREADGROUP`` over all its task
-  streams (no busy polling), decides workflow tasks itself (greenlets can only
+  streams (on a Redis Cluster: one per partition, waited on together; no busy
+  polling), decides workflow tasks itself (greenlets can only
   be resumed on the thread that created them, so the run cache lives here) and
   carries out outbox messages;
 * a bounded **thread pool** for activity attempts (the main thread only claims
@@ -35,7 +36,7 @@ import redis
 
 from durable import events as ev
 from durable import registry
-from durable.store.redis_store import RedisStore, consumer_name
+from durable.store.redis_store import TRANSIENT_ERRORS, RedisStore, consumer_name
 
 from .reader import TaskReader
 from .runner import (
@@ -173,7 +174,20 @@ class Worker:
         self._busy_lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], float] = {}
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
-        self.reader = TaskReader(self.store.redis, self.consumer)
+        if self.store.cluster:
+            # A read over several partitions' streams is CROSSSLOT on a cluster: one
+            # outstanding read per partition, on the node owning its slot.
+            self.reader = TaskReader(
+                self.store.redis,
+                self.consumer,
+                group_of=keys.partition_of_key,
+                client_for=self.store.partition_client,  # type: ignore[arg-type]
+                on_moved=self.store.refresh_topology,
+            )
+        else:
+            self.reader = TaskReader(self.store.redis, self.consumer)
+        # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
+        self._transient = TRANSIENT_ERRORS if self.store.cluster else (redis.ConnectionError,)
         self._stop = threading.Event()
         self.scheduler = Scheduler(
             self.store,
@@ -234,8 +248,10 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._pass()
-                except redis.ConnectionError as exc:
+                except self._transient as exc:
                     log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
+                    if self.store.cluster:
+                        self.store.refresh_topology()
                     time.sleep(0.5)
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave

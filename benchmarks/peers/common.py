@@ -41,6 +41,7 @@ class Options:
     quick: bool = False
     verbose: bool = False
     eager: bool = False
+    cluster: int = 0  # durable only: > 0 runs on a local Redis Cluster of that many masters
 
 
 def percentile(values: Sequence[float], q: float) -> float:

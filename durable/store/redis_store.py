@@ -15,9 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgpack
 import redis
+from redis import exceptions as rexc
 
 from .. import codec
 from .. import events as ev
@@ -36,6 +38,17 @@ from .keys import GROUP, Keys
 
 log = logging.getLogger("durable.store")
 
+#: Errors that mean "Redis (or one cluster node) is unavailable or the cluster is
+#: reconfiguring": callers wait a moment and retry; tasks in flight stay pending.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.AskError,  # MovedError too (a subclass)
+    rexc.SlotNotCoveredError,
+)
+
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled", "terminated", "continued"})
 
@@ -52,6 +65,58 @@ def _load_scripts() -> dict[str, str]:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+CLUSTER_SCHEME = "redis+cluster"
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a Redis Cluster: ``redis+cluster://host:port[,host:port...]``, or any
+    Redis URL with ``?cluster=1`` (also ``true``/``yes``)."""
+    if not url:
+        return False
+    parts = urlsplit(url)
+    if parts.scheme in (CLUSTER_SCHEME, "rediss+cluster"):
+        return True
+    flag = parse_qs(parts.query).get("cluster", [""])[-1].lower()
+    return flag in ("1", "true", "yes", "on")
+
+
+def connect(url: str) -> redis.Redis:
+    """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
+    cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url)
+    from redis.cluster import ClusterNode, RedisCluster
+
+    parts = urlsplit(url)
+    tls = parts.scheme.startswith("rediss")
+    netloc = parts.netloc.rsplit("@", 1)
+    hosts = netloc[-1]
+    nodes = []
+    for item in hosts.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port = item[1:].partition("]")
+            port = port.lstrip(":")
+        else:
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+        nodes.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
+    if not nodes:
+        raise ConfigurationError(f"cluster URL {url!r} names no host:port")
+    kwargs: dict[str, Any] = {}
+    if len(netloc) == 2:
+        user, _, password = netloc[0].partition(":")
+        if password:
+            kwargs["username"] = unquote(user) or None
+            kwargs["password"] = unquote(password)
+        else:
+            kwargs["password"] = unquote(user)
+    if tls:
+        kwargs["ssl"] = True
+    return RedisCluster(startup_nodes=nodes, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -95,7 +160,9 @@ class RedisStore:
         client: redis.Redis | None = None,
     ) -> None:
         self.url = url or (None if client is not None else redis_url())
-        self.redis: redis.Redis = client or redis.Redis.from_url(self.url)
+        self.redis: redis.Redis = client or connect(self.url)  # type: ignore[arg-type]
+        #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
+        self.cluster = _is_cluster_client(self.redis)
         self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
         self._scripts = {name: self.redis.register_script(src) for name, src in _load_scripts().items()}
         self._check_partitions()
@@ -114,6 +181,71 @@ class RedisStore:
 
     def close(self) -> None:
         self.redis.close()
+
+    # -------------------------------------------------------------- cluster
+    def node_client(self, key: str) -> redis.Redis:
+        """A plain client for the server holding ``key``'s slot: ``self.redis`` on one Redis; on a
+        cluster, the node that owns the slot (its pipelines take EVALSHA and same-slot MULTI)."""
+        if not self.cluster:
+            return self.redis
+        rc: Any = self.redis
+        return rc.get_redis_connection(rc.get_node_from_key(key))
+
+    def partition_client(self, p: int) -> redis.Redis:
+        """:meth:`node_client` of partition ``p`` (every key of a partition is in one slot)."""
+        return self.node_client(self.keys.tag(p))
+
+    def node_name(self, key: str) -> str:
+        """Which server holds ``key`` (one name on one Redis)."""
+        if not self.cluster:
+            return ""
+        return str(self.redis.get_node_from_key(key).name)  # type: ignore[attr-defined]
+
+    def pipeline(self, key: str, *, transaction: bool = True) -> Any:
+        """A pipeline for commands on keys in ``key``'s slot (a MULTI on a cluster node is
+        refused across slots): ``self.redis.pipeline`` on one Redis."""
+        if not self.cluster:
+            return self.redis.pipeline(transaction=transaction)
+        return self.node_client(key).pipeline(transaction=transaction)
+
+    def refresh_topology(self) -> None:
+        """Re-read the cluster's slot map (after MOVED/ASK or a node going away); no-op on one Redis."""
+        if not self.cluster:
+            return
+        try:
+            self.redis.nodes_manager.initialize()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - the next command retries
+            log.warning("could not refresh the cluster slot map: %s", exc)
+
+    def _by_node(self, keys: Sequence[str]) -> dict[str, list[int]]:
+        """Indexes of ``keys`` grouped by the node holding their slot, in first-seen order."""
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(self.node_name(key), []).append(i)
+        return groups
+
+    def _script_per_node(
+        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
+    ) -> list[Any]:
+        """Run script ``name`` once per ``(keys, args)``: one pipeline per cluster node (the
+        scripts are loaded on a node when it lacks them: NOSCRIPT is handled by the pipeline)."""
+        script = self._scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node([keys[0] for keys, _ in calls]).values():
+            client = self.node_client(calls[indexes[0]][0][0])
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for i in indexes:
+                        script(keys=calls[i][0], args=calls[i][1], client=pipe)
+                    got = pipe.execute(raise_on_error=raise_on_error)
+            except (rexc.AskError, rexc.ConnectionError, rexc.ClusterDownError):
+                self.refresh_topology()
+                raise
+            if any(isinstance(r, rexc.AskError) for r in got):
+                self.refresh_topology()
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return replies
 
     def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=list(args))
@@ -176,13 +308,45 @@ class RedisStore:
     def load_many(
         self, runs: Sequence[tuple[int, str, int]]
     ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
-        """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC)."""
+        """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC); on a
+        cluster one MULTI per partition, on the node that holds it."""
+        if self.cluster:
+            return self._load_many_cluster(runs)
         with self.redis.pipeline(transaction=True) as pipe:
             for p, run_id, after_seq in runs:
                 pipe.hgetall(self.keys.run(p, run_id))
                 pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
                 pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
             replies = pipe.execute()
+        return self._loaded(replies)
+
+    def _load_many_cluster(
+        self, runs: Sequence[tuple[int, str, int]]
+    ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
+        by_partition: dict[int, list[int]] = {}
+        for i, (p, _, _) in enumerate(runs):
+            by_partition.setdefault(p, []).append(i)
+        replies: list[Any] = [None] * (3 * len(runs))
+        for p, indexes in by_partition.items():
+            try:
+                with self.partition_client(p).pipeline(transaction=True) as pipe:
+                    for i in indexes:
+                        _, run_id, after_seq = runs[i]
+                        pipe.hgetall(self.keys.run(p, run_id))
+                        pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
+                        pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
+                    got = pipe.execute()
+            except (rexc.AskError, rexc.ExecAbortError, rexc.ConnectionError, rexc.ClusterDownError):
+                self.refresh_topology()
+                raise
+            for n, i in enumerate(indexes):
+                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 3]
+        return self._loaded(replies)
+
+    @staticmethod
+    def _loaded(
+        replies: list[Any],
+    ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
         return [
             ((_decode_run(replies[i]) if replies[i] else None), replies[i + 1], replies[i + 2])
             for i in range(0, len(replies), 3)
@@ -370,6 +534,12 @@ class RedisStore:
                 replies: list[Any] = [script(keys=keys, args=args)]
             except redis.RedisError as exc:
                 replies = [exc]
+        elif self.cluster:
+            calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
+            try:
+                replies = self._script_per_node("commit", calls, raise_on_error=False)
+            except redis.RedisError as exc:
+                replies = [exc] * len(decisions)
         else:
             with self.redis.pipeline(transaction=False) as pipe:
                 for ref, decision in decisions:
@@ -424,6 +594,9 @@ class RedisStore:
         script = self._scripts["complete_activity"]
         if len(attempts) == 1:
             replies = [script(*self.complete_args(**attempts[0]))]
+        elif self.cluster:
+            calls = [self.complete_args(**attempt) for attempt in attempts]
+            replies = self._script_per_node("complete_activity", calls, raise_on_error=True)
         else:
             with self.redis.pipeline(transaction=False) as pipe:
                 for attempt in attempts:
@@ -494,7 +667,7 @@ class RedisStore:
         self, p: int, run_id: str, activity_id: str, attempt: int, due_ms: int, started_ms: int
     ) -> None:
         """Register a running attempt's deadline (start-to-close, heartbeat or schedule-to-close)."""
-        with self.redis.pipeline(transaction=True) as pipe:
+        with self.pipeline(self.keys.running(p)) as pipe:
             pipe.zadd(self.keys.running(p), {f"{run_id}|{activity_id}|{attempt}": due_ms})
             pipe.hset(self.keys.activities(p, run_id), f"{activity_id}:started", started_ms)
             pipe.execute()
@@ -606,7 +779,13 @@ class RedisStore:
 
     def current_build(self, queues: Sequence[str]) -> list[str]:
         """The current build id of each queue (``""`` when none was promoted)."""
-        values = self.redis.mget([self.keys.current_build(q) for q in queues]) if queues else []
+        names = [self.keys.current_build(q) for q in queues]
+        if not names:
+            values: list[Any] = []
+        elif self.cluster:  # the keys are in different slots
+            values = self.redis.mget_nonatomic(names)  # type: ignore[attr-defined]
+        else:
+            values = self.redis.mget(names)
         return [_s(v) if v is not None else "" for v in values]
 
     def promote_build(self, queues: Sequence[str], build: str) -> None:
@@ -623,15 +802,22 @@ class RedisStore:
         record = self.run_record(ref)
         stream = self.keys.workflow_tasks(ref.partition, record.get("queue", "default"), build)
         self.ensure_groups([stream])
-        with self.redis.pipeline(transaction=True) as pipe:
+        with self.pipeline(stream) as pipe:
             pipe.hset(self.keys.run(ref.partition, ref.run_id), mapping={"build": build, "wq": stream})
             pipe.xadd(stream, {"run": ref.run_id})
             pipe.execute()
         return ref
 
+    def ack_task(self, stream: str, entry_id: str) -> None:
+        """Ack and delete one task entry (MULTI/EXEC; on a cluster, on the stream's node)."""
+        with self.pipeline(stream) as pipe:
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
     def reroute(self, p: int, stream: str, entry_id: str, run_id: str, target: str) -> None:
         """Hand a workflow task to the stream of the build its run is pinned to."""
-        with self.redis.pipeline(transaction=True) as pipe:
+        with self.pipeline(stream) as pipe:
             pipe.xadd(target, {"run": run_id})
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
@@ -755,6 +941,14 @@ class RedisStore:
         """The clock offset set by :meth:`set_clock_offset` (ms; 0 when none)."""
         value = self.redis.get(self.keys.tag(0) + ":clock")
         return int(value) if value is not None else 0
+
+
+def _is_cluster_client(client: Any) -> bool:
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always has it (>= 4.1)
+        return False
+    return isinstance(client, RedisCluster)
 
 
 def _commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult | Exception:

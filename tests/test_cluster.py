@@ -1,0 +1,326 @@
+"""durable on a Redis Cluster: 3 masters on loopback (``durable.store.cluster_dev``).
+
+The same scenarios as on one Redis -- every workflow call end to end, a child on
+another node than its parent, a worker SIGKILLed mid-activity -- with workers in
+this process and as real processes, all pointed at ``redis+cluster://...``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from apps.basic import Everything, Sequence, SlowSteps, Waiter
+from procs import spawn_worker, stop, workers
+from redis.cluster import key_slot
+from waiting import wait_for
+
+from durable import Workflow, WorkflowStub, child
+from durable.store.cluster_dev import LocalCluster
+from durable.store.redis_store import RedisStore, connect, is_cluster_url
+from workers.worker import Worker, WorkerThread
+
+pytestmark = pytest.mark.slow
+
+
+class CrossNodeParent(Workflow):
+    """Starts one child with a chosen workflow id (so the test can put it on another node)."""
+
+    def handle(self, child_id: str, n: int) -> dict:
+        return {"child": child(Sequence, n, workflow_id=child_id)}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three cluster masters on 127.0.0.1, slots split by the test; every node stopped at the end."""
+    nodes = LocalCluster(tmp_path_factory.mktemp("cluster"), masters=3)
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture
+def cluster_url(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The cluster, every node flushed, exported as ``DURABLE_REDIS_URL``."""
+    for url in cluster.node_urls:
+        with redis.Redis.from_url(url) as node:
+            node.flushall()
+    monkeypatch.setenv("DURABLE_REDIS_URL", cluster.url)
+    return cluster.url
+
+
+@pytest.fixture
+def cstore(cluster_url: str) -> Iterator[RedisStore]:
+    s = RedisStore(cluster_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def node_of(store: RedisStore, cluster: LocalCluster, workflow_id: str) -> int:
+    """The node holding a workflow id's partition (its hash tag is the partition number)."""
+    return cluster.node_of_slot(key_slot(str(store.keys.partition(workflow_id)).encode()))
+
+
+def assert_sound(stub: WorkflowStub) -> None:
+    history = stub.history()
+    assert [e.seq for e in history] == list(range(1, len(history) + 1))
+    scheduled = [e.data["id"] for e in history if e.type == "ActivityScheduled"]
+    completed = [e.data["id"] for e in history if e.type in ("ActivityCompleted", "ActivityFailed")]
+    assert len(scheduled) == len(set(scheduled)), f"scheduled twice: {scheduled}"
+    assert len(completed) == len(set(completed)), f"completed twice: {completed}"
+
+
+# ------------------------------------------------------------------------ the URL
+
+
+def test_cluster_urls_build_a_cluster_client(cluster: LocalCluster) -> None:
+    assert is_cluster_url("redis+cluster://a:1,b:2") and is_cluster_url("redis://a:1/0?cluster=1")
+    assert not is_cluster_url("redis://a:1/0") and not is_cluster_url("unix:///tmp/x.sock")
+    for url in (cluster.url, cluster.node_urls[1] + "?cluster=1"):
+        client = connect(url)
+        try:
+            assert type(client).__name__ == "RedisCluster"
+            assert len(client.get_primaries()) == 3  # type: ignore[attr-defined]
+        finally:
+            client.close()
+    plain = connect(cluster.node_urls[0])
+    assert isinstance(plain, redis.Redis)
+    plain.close()
+
+
+def test_store_helpers_are_slot_safe(cstore: RedisStore, cluster: LocalCluster) -> None:
+    assert cstore.cluster
+    nodes = {cstore.node_name(cstore.keys.tag(p)) for p in range(cstore.keys.partitions)}
+    assert len(nodes) == 3, "8 partitions should spread over the 3 nodes"
+    cstore.promote_build(["a", "b"], "b1")  # keys in different slots
+    assert cstore.current_build(["a", "b", "c"]) == ["b1", "b1", ""]
+    cstore.set_clock_offset(1234)
+    assert cstore.clock_offset() == 1234
+    cstore.set_clock_offset(0)
+    loaded = cstore.load_many([(p, f"nope-{p}", 0) for p in range(cstore.keys.partitions)])
+    assert loaded == [(None, [], [])] * cstore.keys.partitions
+    # The partition count is guarded on a cluster too.
+    from durable.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="partitions"):
+        RedisStore(cluster.url, partitions_=cstore.keys.partitions + 1)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_every_call_end_to_end_on_a_cluster(cstore: RedisStore, cluster_url: str) -> None:
+    """In-process workers (queued and eager) and one real worker process share the work."""
+    proc = spawn_worker(cluster_url, extra=("--claim-idle", "2"))
+    w1 = Worker(cstore, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100)
+    w2 = Worker(RedisStore(cluster_url), concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100, eager=True)
+    try:
+        with WorkerThread(w1), WorkerThread(w2):
+            stubs = [WorkflowStub.make(Everything, id=f"everything-{i}").start(10) for i in range(6)]
+            for stub in stubs:
+                wait_for(lambda stub=stub: stub.query("progress")["stage"] == "signal", timeout=30)
+                stub.signal("approve", "alice")
+            for stub in stubs:
+                wait_for(lambda stub=stub: stub.query("progress")["stage"] == "bumps", timeout=30)
+                stub.signal("bump", 1)
+                stub.signal("bump", 1)
+            for stub in stubs:
+                assert stub.result(timeout=60) == {
+                    "a": 11,
+                    "pair": [3, 7],
+                    "approval": "alice",
+                    "bumps": 2,
+                    "token": "effect",
+                    "uuid_len": 36,
+                    "version": 2,
+                    "child": 6,
+                    "later": True,
+                }
+                assert_sound(stub)
+            assert proc.poll() is None, "the worker process died"
+            # Timers, termination and list/dead-letter scans work across nodes.
+            waiter = WorkflowStub.make(Waiter, id="waiter").start(60)
+            wait_for(lambda: waiter.status() == "suspended")
+            waiter.terminate("test")
+            assert waiter.status() == "terminated"
+        assert w1.decisions + w2.decisions > 0
+    finally:
+        stop(proc)
+        w2.store.close()
+    assert len(cstore.list_runs(limit=100)) >= 13  # 6 parents + 6 children + waiter
+    assert cstore.dead_letters() == []
+
+
+def test_child_on_another_node_than_its_parent(cstore: RedisStore, cluster: LocalCluster) -> None:
+    parent_id = next(f"parent-{i}" for i in range(1000) if node_of(cstore, cluster, f"parent-{i}") == 0)
+    child_id = next(f"child-{i}" for i in range(1000) if node_of(cstore, cluster, f"child-{i}") == 2)
+    assert cstore.node_name(cstore.keys.tag(cstore.keys.partition(parent_id))) != cstore.node_name(
+        cstore.keys.tag(cstore.keys.partition(child_id))
+    )
+    w = Worker(cstore, concurrency=2, grace=5, claim_idle_ms=2000, block_ms=100)
+    with WorkerThread(w):
+        parent = WorkflowStub.make(CrossNodeParent, id=parent_id).start(child_id, 5)
+        assert parent.result(timeout=30) == {"child": 10}
+        kid = WorkflowStub.load(child_id, store=cstore)
+        assert kid.result(timeout=5) == 10
+        assert kid.snapshot()["status"] == "completed"
+    types = [e.type for e in parent.history()]
+    assert "ChildStarted" in types and "ChildCompleted" in types
+    assert_sound(parent)
+    assert_sound(kid)
+    # Outbox entries were carried out and acked on both nodes.
+    assert all(cstore.redis.xlen(cstore.keys.outbox(p)) == 0 for p in range(cstore.keys.partitions)), (
+        "an outbox message was left behind"
+    )
+
+
+def test_sigkill_mid_activity_another_worker_finishes(cluster_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "slow.log"
+    victim = spawn_worker(cluster_url, extra=("--claim-idle", "1.5"))
+    try:
+        stub = WorkflowStub.make(SlowSteps).start(str(log), 3, 0.6)
+        wait_for(lambda: log.exists() and "start s1" in log.read_text(), timeout=30)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(5)
+    finally:
+        stop(victim)
+    with workers(cluster_url, 1, extra=("--claim-idle", "1.5")):
+        assert stub.result(timeout=60) == ["s0", "s1", "s2", "end"]
+    assert_sound(stub)
+    lines = log.read_text().split("\n")
+    assert lines.count("start s1 1") >= 1 and any(
+        line.startswith("start s1") for line in lines[lines.index("start s1 1") + 1 :]
+    )
+    applied = (tmp_path / "slow.log.effects" / "applied.log").read_text().split()
+    assert len(applied) == len(set(applied)) == 3, "an idempotency-keyed effect was applied twice"
+
+
+def is_evalsha(line: str) -> bool:
+    return "EVALSHA" in line.split(" ", 2)[1:2] or line.split(" ", 1)[-1].startswith('"EVALSHA"')
+
+
+def test_every_script_touches_one_hash_tag_on_every_node(cstore: RedisStore, cluster: LocalCluster) -> None:
+    """MONITOR each node: the keys a script touches (lua lines after its EVALSHA) share one tag."""
+    seen: dict[int, list[str]] = {i: [] for i in range(3)}
+    stop_flag = threading.Event()
+    monitors = [redis.Redis.from_url(url) for url in cluster.node_urls]
+
+    def watch(i: int) -> None:
+        with monitors[i].monitor() as m:
+            for command in m.listen():
+                seen[i].append(f"{command.get('client_type', '')} {command['command']}")
+                if stop_flag.is_set():
+                    return
+
+    threads = [threading.Thread(target=watch, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    try:
+        w = Worker(cstore, concurrency=2, grace=5, block_ms=100)
+        with WorkerThread(w):
+            stubs = [WorkflowStub.make(Everything, id=f"mon-{i}").start(1) for i in range(3)]
+            for stub in stubs:
+                wait_for(lambda stub=stub: stub.query("progress")["stage"] == "signal", timeout=30)
+                stub.signal("approve", "x")
+                wait_for(lambda stub=stub: stub.query("progress")["stage"] == "bumps", timeout=30)
+                stub.signal("bump", 2)
+            for stub in stubs:
+                stub.result(timeout=30)
+    finally:
+        stop_flag.set()
+        for url in cluster.node_urls:  # one more command per node so each monitor loop sees stop
+            with redis.Redis.from_url(url) as node:
+                node.ping()
+        for t in threads:
+            t.join(timeout=5)
+        for m in monitors:
+            m.close()
+    checked = 0
+    for lines in seen.values():
+        tags: set[str] = set()
+        for line in lines:
+            if is_evalsha(line):
+                if tags:
+                    assert len(tags) == 1, f"a script touched several partitions: {tags}"
+                    checked += 1
+                tags = set()
+            elif line.startswith("lua"):
+                tags |= set(re.findall(r"durable:\{(\d+)\}", line))
+    nodes_with_scripts = sum(1 for lines in seen.values() if any(is_evalsha(line) for line in lines))
+    assert nodes_with_scripts == 3 and checked > 20
+
+
+# ------------------------------------------------------------------- resilience
+
+
+def test_batched_scripts_reload_on_nodes_that_lost_them(cstore: RedisStore, cluster: LocalCluster) -> None:
+    """commit_many/complete_many pipeline per node; a node without the script (restart,
+    SCRIPT FLUSH) gets it loaded by the pipeline (NOSCRIPT is not an error)."""
+    for url in cluster.node_urls:
+        with redis.Redis.from_url(url) as node:
+            node.script_flush()
+    k = cstore.keys
+    attempts = [
+        dict(
+            p=p,
+            run_id=f"gone-{p}",
+            activity_id="1",
+            attempt=1,
+            stream=k.activity_tasks(p, "default"),
+            entry_id="",
+            outcome="completed",
+            event=None,
+            record={},
+        )
+        for p in range(k.partitions)
+    ]
+    assert [outcome for outcome, _ in cstore.complete_many(attempts)] == ["STALE"] * k.partitions
+
+
+def test_slot_moved_under_a_waiting_worker(cstore: RedisStore, cluster: LocalCluster, caplog) -> None:
+    """A partition's slot migrates to another node while the worker blocks on it: the worker
+    logs it, reconnects along the new slot map, and runs that partition's workflows."""
+    wid = "moved-0"
+    p = cstore.keys.partition(wid)
+    slot = key_slot(str(p).encode())
+    w = Worker(cstore, concurrency=2, grace=5, claim_idle_ms=2000, block_ms=200)
+    with caplog.at_level("WARNING", logger="durable"), WorkerThread(w):
+        assert WorkflowStub.make(Sequence, id="warm").start(2).result(timeout=30) == 1
+        time.sleep(0.3)  # the worker is blocked on every partition again
+        target = (cluster.node_of_slot(slot) + 1) % 3
+        cluster.move_slot(slot, target)
+        stub = WorkflowStub.make(Sequence, id=wid).start(4)
+        assert stub.result(timeout=30) == 6
+    assert cstore.node_name(cstore.keys.tag(p)) == f"127.0.0.1:{cluster.ports[target]}"
+    moved = [r for r in caplog.records if "slot map changed" in r.getMessage()]
+    assert moved, "the worker did not notice the move"
+    assert len(moved) < 10, "the worker spun on MOVED"
+
+
+def test_node_restart_under_a_worker(cstore: RedisStore, cluster: LocalCluster, caplog) -> None:
+    """A node goes away and comes back (same port, AOF): the worker retries at a slow pace
+    (no busy loop) and carries on; nothing committed is lost."""
+    w = Worker(cstore, concurrency=2, grace=5, claim_idle_ms=1500, block_ms=200)
+    with caplog.at_level("WARNING", logger="durable"), WorkerThread(w):
+        before = WorkflowStub.make(Sequence, id="before").start(3)
+        assert before.result(timeout=30) == 3
+        cluster.kill_node(1)
+        time.sleep(2.0)
+        cluster.restart_node(1)
+        stubs = [WorkflowStub.make(Sequence, id=f"after-{i}").start(3) for i in range(6)]
+        for stub in stubs:
+            assert stub.result(timeout=60) == 3
+    assert WorkflowStub.load("before", store=cstore).result(timeout=5) == 3
+    retries = [r for r in caplog.records if "retrying in 0.5 s" in r.getMessage()]
+    assert len(retries) < 40, f"{len(retries)} retries in ~2 s: the worker spun"
