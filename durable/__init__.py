@@ -25,6 +25,7 @@ from .errors import (
     NondeterminismError,
     NonRetryableError,
     SerializationError,
+    SessionLost,
     SignalTimeout,
     UnknownTypeError,
     WorkflowAlreadyStarted,
@@ -36,6 +37,7 @@ from .registry import register_activity
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
+    WorkerSession,
     Workflow,
     activity,
     all,
@@ -57,6 +59,7 @@ from .workflow import (
     timer,
     uuid4,
     wait_until,
+    worker_session,
     workflow_info,
 )
 
@@ -83,6 +86,7 @@ __all__ = [
     "NondeterminismError",
     "RetryPolicy",
     "SerializationError",
+    "SessionLost",
     "SignalTimeout",
     "UnknownTypeError",
     "Workflow",
@@ -90,6 +94,7 @@ __all__ = [
     "WorkflowClosed",
     "WorkflowFailed",
     "WorkflowNotFound",
+    "WorkerSession",
     "WorkflowStub",
     "activity",
     "activity_context",
@@ -113,5 +118,6 @@ __all__ = [
     "timer",
     "uuid4",
     "wait_until",
+    "worker_session",
     "workflow_info",
 ]

@@ -138,6 +138,9 @@ class ActivityContext:
         attempt_id: ``idempotency_key:attempt`` — distinct per attempt.
         heartbeat_details: The details of the last heartbeat of an earlier
             attempt (``None`` if there was none), to resume long work.
+        worker: Name of the worker process running this attempt.
+        session_queue: The private queue of that worker (what a worker session
+            pins its activities to).
     """
 
     def __init__(
@@ -158,6 +161,7 @@ class ActivityContext:
         self.attempt = attempt
         self.heartbeat_details = heartbeat_details
         self._heartbeat_fn = heartbeat_fn
+        self.worker, self.session_queue = worker_identity()
 
     @property
     def idempotency_key(self) -> str:
@@ -195,6 +199,17 @@ def activity_context() -> ActivityContext:
 
 def _set_context(ctx: ActivityContext | None) -> None:
     _local.context = ctx
+
+
+def set_worker_identity(worker: str, session_queue: str) -> None:
+    """Called by a worker on each of its activity threads (thread pool initializer)."""
+    _local.identity = (worker, session_queue)
+
+
+def worker_identity() -> tuple[str, str]:
+    """(worker name, its private session queue) of the current activity thread, or empty."""
+    identity: tuple[str, str] = getattr(_local, "identity", ("", ""))
+    return identity
 
 
 class Activity:

@@ -94,6 +94,10 @@ class SignalTimeout(DurableError):
     """``await_signal(name, timeout=...)`` reached its deadline without a signal."""
 
 
+class SessionLost(DurableError):
+    """The worker hosting a worker session stopped: the session's activities cannot run there."""
+
+
 class HookError(DurableError):
     """A hook token is unknown, already used, or the hook's run is closed."""
 

@@ -331,6 +331,63 @@ def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
     return _driver().call_await_hook(hook, timeout)
 
 
+class WorkerSession:
+    """Activities pinned to one worker (files on its disk, a GPU): see :func:`worker_session`."""
+
+    def __init__(self, queue: str | None) -> None:
+        self._queue = queue
+        self.host_queue = ""
+
+    def __enter__(self) -> WorkerSession:
+        # Any worker serving the queue runs the opening activity and answers with its
+        # private queue: that worker is the session's host from now on.
+        self.host_queue = activity(SESSION_OPEN, queue=self._queue, retry=RetryPolicy(max_attempts=1))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def activity(self, target: Any, *args: Any, **options: Any) -> Any:
+        """Like :func:`activity`, on the session's host worker.
+
+        Raises:
+            ActivityFailed: with ``cause`` a :class:`SessionLost` when the host
+                worker stopped: handle it, e.g. by opening a new session.
+        """
+        if not self.host_queue:
+            raise DurableError("use the session inside `with worker_session() as s:`")
+        return activity(target, *args, queue=self.host_queue, **options)
+
+
+def worker_session(queue: str | None = None) -> WorkerSession:
+    """Pin a sequence of activities to one worker (Laravel's worker sessions).
+
+    Example:
+        ```python
+        with worker_session() as s:
+            path = s.activity(download, url)      # on the host worker's disk
+            s.activity(transcode, path)           # same worker
+        ```
+
+    The host is the worker that runs the session's opening activity (on
+    ``queue``, default the workflow's). It holds a lease while it lives; if it
+    dies, the session's next activity fails with ``SessionLost`` as cause.
+    """
+    return WorkerSession(queue)
+
+
+SESSION_OPEN = "durable.session.open"
+
+
+def _session_open() -> str:
+    from .activity import activity_context
+
+    queue = activity_context().session_queue
+    if not queue:
+        raise DurableError("this worker cannot host worker sessions")
+    return queue
+
+
 def history_length() -> int:
     """Number of events in this run's history so far (for continue-as-new decisions)."""
     return _driver().history_length()
@@ -434,3 +491,12 @@ __all__ = [
     "wait_until",
     "timedelta",
 ]
+
+
+def _register_builtins() -> None:
+    from .registry import register_activity
+
+    register_activity(_session_open, name=SESSION_OPEN)
+
+
+_register_builtins()

@@ -175,6 +175,7 @@ class Decider:
                     reason="task has no run id",
                     fields=task.fields,
                 )
+        conflicts: dict[str, int] = {}
         while ready:
             # A run twice in one batch (a reclaimed task beside a fresh one) is decided in turn.
             this_round: dict[str, Task] = {}
@@ -184,10 +185,17 @@ class Decider:
                     later.append(task)
                 else:
                     this_round[task.run_id] = task
-            self._round(list(this_round.values()))
+            # A task whose commit met a newer history is decided again at once, on a
+            # fresh replay: the other writer (an eager commit, a stale decider) may have
+            # left inputs in the inbox that only this task will read.
+            for task in self._round(list(this_round.values())):
+                conflicts[task.run_id] = conflicts.get(task.run_id, 0) + 1
+                if conflicts[task.run_id] <= 5:
+                    later.append(task)
             ready = later
 
-    def _round(self, tasks: list[Task]) -> None:
+    def _round(self, tasks: list[Task]) -> list[Task]:
+        """Decide tasks of distinct runs; returns those whose commit conflicted."""
         afters = []
         for task in tasks:
             cached = self.cache._drivers.get(task.run_id)
@@ -201,7 +209,7 @@ class Decider:
             if prepared is not None:
                 pending.append((task, *prepared))
         if not pending:
-            return
+            return []
         faults.point("decision.before_commit")
         plans = [
             self.commit_plan(ref, record, driver, decision, task.key)
@@ -216,12 +224,16 @@ class Decider:
                 driver.close()
             raise
         faults.point("decision.after_commit")
+        conflicted = []
         for (task, ref, driver, decision, _), (_, leased), result in zip(
             pending, plans, results, strict=True
         ):
             if isinstance(result, WorkflowClosed):
                 self._ack_only(task.key)
+            elif isinstance(result, EventConflict):
+                conflicted.append(task)
             self._after_commit(ref, driver, decision, leased, result)
+        return conflicted
 
     def _after_commit(
         self, ref: RunRef, driver: Driver, decision: Decision, leased: list[dict[str, Any]], result: Any
@@ -284,6 +296,9 @@ class Decider:
                 ref, {"parent": first.get("parent"), "build": self.build_id}, driver, decision, None
             )
             plan["eager"] = [(b["aid"], int(b["attempt"]), codec.pack(r)) for b, _, r in items]
+            # The applied results came from this worker, not from the inbox: the inbox
+            # (inputs that arrived meanwhile) is left for the run's next workflow task.
+            plan["consumed"] = 0
             pending.append((ref, driver, decision, leased, plan, items))
         if not pending:
             return

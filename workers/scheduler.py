@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from durable import codec
-from durable.errors import ActivityTimeout
+from durable import events as ev
+from durable.errors import ActivityTimeout, SessionLost
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 
@@ -50,6 +51,7 @@ class Scheduler:
         reclaimed: Callable[[str, str, dict[bytes, bytes]], None],
         in_flight: Callable[[], list[tuple[str, str]]] = list,
         leases: Callable[[], list[tuple[int, str, str, int]]] = list,
+        session_queue: str = "",
         claim_idle_ms: int = 30_000,
         max_sleep: float = 1.0,
     ) -> None:
@@ -59,6 +61,7 @@ class Scheduler:
         self.reclaimed = reclaimed
         self.in_flight = in_flight
         self.leases = leases
+        self.session_queue = session_queue
         self.claim_idle_ms = claim_idle_ms
         self.max_sleep = max_sleep
         self._wake = threading.Event()
@@ -115,6 +118,7 @@ class Scheduler:
             self._last_claim = now
             self._refresh_in_flight()
             self._reclaim()
+            self._fail_lost_sessions()
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int) -> None:
@@ -159,6 +163,65 @@ class Scheduler:
                 for p, rid, aid, attempt in leases:
                     pipe.zadd(self.store.keys.running(p), {f"{rid}|{aid}|{attempt}": due}, xx=True)
                 pipe.execute()
+
+    def release_sessions(self) -> None:
+        """Give up this worker's session lease at once (graceful stop): its sessions fail fast."""
+        if self.session_queue:
+            keys = self.store.keys
+            self.store.redis.delete(*[keys.alive(p, self.session_queue) for p in range(keys.partitions)])
+
+    def _fail_lost_sessions(self) -> None:
+        """Renew this worker's session lease; fail the queued tasks of session hosts that died."""
+        keys = self.store.keys
+        if self.session_queue:
+            with self.store.redis.pipeline(transaction=False) as pipe:
+                for p in range(keys.partitions):
+                    pipe.set(keys.alive(p, self.session_queue), self.consumer, px=self.claim_idle_ms)
+                pipe.execute()
+        for p in range(keys.partitions):
+            for raw in self.store.redis.smembers(keys.sessions(p)):
+                host = raw.decode() if isinstance(raw, bytes) else raw
+                if host == self.session_queue or self.store.redis.exists(keys.alive(p, host)):
+                    continue
+                stream = keys.activity_tasks(p, host)
+                for entry_id, fields in self.store.redis.xrange(stream):
+                    self._fail_session_task(stream, entry_id, fields, host)
+                if not self.store.redis.xlen(stream):
+                    self.store.redis.delete(stream)
+                    self.store.redis.srem(keys.sessions(p), host)
+
+    def _fail_session_task(self, stream: str, entry_id: Any, fields: dict[bytes, bytes], host: str) -> None:
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        try:
+            body = codec.unpack(fields[b"body"])
+        except Exception:  # noqa: BLE001 - not ours to interpret: park it with the reason
+            self.store.park(
+                p=self.store.keys.partition_of_key(stream),
+                stream=stream,
+                entry_id=entry,
+                kind="activity",
+                reason="undecodable session task",
+                fields={"raw": repr(fields)[:500]},
+            )
+            return
+        error = SessionLost(
+            f"worker session host {host} stopped; activity {body.get('name')} ({body.get('aid')}) cannot run "
+            "there — open a new worker_session()"
+        )
+        log.warning("%s", error)
+        self.store.complete_activity(
+            p=body["p"],
+            run_id=body["rid"],
+            activity_id=body["aid"],
+            attempt=int(body["attempt"]),
+            stream=stream,
+            entry_id=entry,
+            outcome="failed",
+            event=ev.ActivityFailed(
+                id=body["aid"], error=codec.dumps(error, path="error"), attempts=int(body["attempt"])
+            ),
+            record={"error": str(error), "final": "session host lost"},
+        )
 
     def _reclaim(self) -> None:
         for stream in self.streams:

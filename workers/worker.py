@@ -36,6 +36,7 @@ import redis
 
 from durable import events as ev
 from durable import registry
+from durable.activity import set_worker_identity
 from durable.store.redis_store import TRANSIENT_ERRORS, RedisStore, consumer_name
 
 from .reader import TaskReader
@@ -148,7 +149,10 @@ class Worker:
 
         def activity_ok(name: str) -> bool:
             definition = registry.activities().get(name)
-            return definition is not None and defined(definition.module)
+            # durable's own activities (opening a worker session) run on every worker.
+            return definition is not None and (
+                defined(definition.module) or definition.module.startswith("durable.")
+            )
 
         self._workflow_ok = workflow_ok
         self._activity_ok = activity_ok
@@ -167,9 +171,18 @@ class Worker:
         self.workflow_streams = self.pinned_streams + self.unpinned_streams
         self._takes_new_runs = True
         self._current_checked = 0.0
-        self.activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
+        # A private queue only this worker serves: worker sessions pin activities to it.
+        self.session_queue = "@" + self.consumer.replace(":", "-")
+        self.activity_streams = [
+            keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
+        ]
         self.outbox_streams = [keys.outbox(p) for p in parts]
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="durable-activity")
+        self._pool = ThreadPoolExecutor(
+            max_workers=concurrency,
+            thread_name_prefix="durable-activity",
+            initializer=set_worker_identity,
+            initargs=(self.consumer, self.session_queue),
+        )
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], float] = {}
@@ -196,6 +209,7 @@ class Worker:
             reclaimed=self._on_reclaimed,
             in_flight=lambda: list(self._in_flight),
             leases=lambda: list(self._leases),
+            session_queue=self.session_queue,
             claim_idle_ms=claim_idle_ms,
         )
         self.eager = eager
@@ -282,6 +296,10 @@ class Worker:
             )
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.scheduler.stop()
+        try:
+            self.scheduler.release_sessions()
+        except Exception:  # noqa: BLE001 - the lease expires by itself
+            pass
         self.reader.close()
         self.decider.cache.clear()
         log.info("worker %s stopped", self.consumer)
@@ -290,13 +308,14 @@ class Worker:
     def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether this worker runs an activity its decision scheduled, under a lease.
 
-        Local activities always do; in eager mode, others do while a thread is free
-        (the rest go to the activity queue, where any worker can take them).
+        Local activities always do; in eager mode, others do while at most 16 per
+        thread are held here (the rest go to the activity queue, where any worker
+        can take them), which bounds what one worker hoards.
         """
         if not self._activity_ok(scheduled.name):
             return False
         with self._busy_lock:
-            free = self._busy + self._reserved < self.concurrency
+            free = self._busy + self._reserved < 16 * self.concurrency
             if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
                 self._reserved += 1
                 return True
@@ -307,6 +326,10 @@ class Worker:
             self._reserved -= n
 
     def _run_leased(self, body: dict[str, Any]) -> None:
+        # Renewed while it waits for a thread and while it runs (unless the attempt has
+        # deadlines of its own, which then rule).
+        if attempt_deadline(body, time.time()) is None:
+            self._leases.add((body["p"], body["rid"], body["aid"], int(body["attempt"])))
         with self._busy_lock:
             self._reserved -= 1
             self._busy += 1
@@ -315,8 +338,6 @@ class Worker:
 
     def _leased_activity(self, body: dict[str, Any]) -> None:
         lease = (body["p"], body["rid"], body["aid"], int(body["attempt"]))
-        if attempt_deadline(body, time.time()) is None:
-            self._leases.add(lease)
         try:
             execute_attempt(
                 self.store,
@@ -419,14 +440,13 @@ class Worker:
     def _dispatch(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool = False
     ) -> None:
-        kind = stream.rsplit(":", 2)[-2] if stream.count(":") >= 2 else ""
         p = self.store.keys.partition_of_key(stream)
         if stream.endswith(":ox"):
             handle_outbox(self.store, p, stream, entry_id, fields)
-        elif kind == "wq":
+        elif ":wq:" in stream:
             self.decider.handle(p, stream, entry_id, fields)
             self.decisions += 1
-        elif kind == "aq":
+        elif ":aq:" in stream:
             with self._busy_lock:
                 self._busy += 1
                 self._in_flight[(stream, entry_id)] = time.time()

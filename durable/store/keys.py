@@ -22,6 +22,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:runs                 zset    created (ms) -> run id, for `durable list`
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token -> "run|hook id"
+    T:sessions             set     private queues (worker sessions) that got activity tasks
+    T:alive:<queue>        string  a session host's lease (expires when its worker dies)
     prefix:meta            hash    deployment settings (partition count)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
 """
@@ -93,6 +95,12 @@ class Keys:
 
     def dead(self, p: int) -> str:
         return f"{self.tag(p)}:dead"
+
+    def sessions(self, p: int) -> str:
+        return f"{self.tag(p)}:sessions"
+
+    def alive(self, p: int, session_queue: str) -> str:
+        return f"{self.tag(p)}:alive:{session_queue}"
 
     def hooks(self, p: int) -> str:
         return f"{self.tag(p)}:hooks"

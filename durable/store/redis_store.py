@@ -501,6 +501,7 @@ class RedisStore:
             k.hooks(p),
             k.dead(p),
             k.running(p),
+            k.sessions(p),
             *dict.fromkeys(extra),
         ]
         # Lua's cmsgpack predates msgpack's bin type: send bytes as raw strings.

@@ -2,14 +2,14 @@
 --   consumed inbox items + new command events -> history (seq expected+1 ...),
 --   activity tasks, timers, outbox messages, run record + snapshot, ack the
 --   workflow task; re-wake the run if inputs arrived meanwhile.
--- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running,
+-- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
 --       then every stream the plan names (activity queues, next run's keys).
 -- ARGV: plan (msgpack map, see redis_store.RedisStore.commit)
 -- Returns {'OK', new seq, inbox length} | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local running = KEYS[11]
+local running, sessions = KEYS[11], KEYS[12]
 local plan = cmsgpack.unpack(ARGV[1])
 local rid = plan.rid
 
@@ -42,6 +42,9 @@ end
 for _, a in ipairs(plan.activities) do
   redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
   redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
+  -- A worker session's private queue: remember it, so a dead host's tasks get failed.
+  local private = string.match(a[1], ':aq:(@.+)$')
+  if private then redis.call('SADD', sessions, private) end
 end
 -- Leased activities run on the committing worker (local activities, eager mode): no
 -- task in a stream, only a lease; if the worker dies, the lease expires and the

@@ -20,6 +20,8 @@ for _, member in ipairs(due) do
       local task = redis.call('HMGET', tag .. ':act:' .. rid, id, id .. '@')
       if task[1] then
         redis.call('XADD', task[2], '*', 'run', rid, 'act', id, 'body', task[1])
+        local private = string.match(task[2], ':aq:(@.+)$')
+        if private then redis.call('SADD', tag .. ':sessions', private) end
       end
     end
   end
