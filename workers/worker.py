@@ -308,14 +308,14 @@ class Worker:
     def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether this worker runs an activity its decision scheduled, under a lease.
 
-        Local activities always do; in eager mode, others do while at most 16 per
+        Local activities always do; in eager mode, others do while at most two per
         thread are held here (the rest go to the activity queue, where any worker
         can take them), which bounds what one worker hoards.
         """
         if not self._activity_ok(scheduled.name):
             return False
         with self._busy_lock:
-            free = self._busy + self._reserved < 16 * self.concurrency
+            free = self._busy + self._reserved < 2 * self.concurrency
             if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
                 self._reserved += 1
                 return True
