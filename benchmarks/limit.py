@@ -101,6 +101,8 @@ class Limit:
                         k.outbox(p),
                         k.hooks(p),
                         k.dead(p),
+                        k.running(p),
+                        k.sessions(p),
                         k.activity_tasks(p, QUEUE),
                     ],
                     "complete_keys": [
@@ -186,6 +188,8 @@ class Limit:
             "cancel_activities": [],
             "outbox": [],
             "hooks": [],
+            "leased": [],
+            "eager": [],
             "status": "suspended",
             "snapshot": self.snapshot,
         }
