@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -82,7 +82,12 @@ def is_cluster_url(url: str | None) -> bool:
     return flag in ("1", "true", "yes", "on")
 
 
-def connect(url: str) -> redis.Redis:
+# redis-py's type hints cannot express that our clients return bytes (decode_responses
+# is off), nor that a RedisCluster stands in for a Redis: the store types them as this.
+Client = Any
+
+
+def connect(url: str) -> Client:
     """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
     cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
     if not is_cluster_url(url):
@@ -160,7 +165,7 @@ class RedisStore:
         client: redis.Redis | None = None,
     ) -> None:
         self.url = url or (None if client is not None else redis_url())
-        self.redis: redis.Redis = client or connect(self.url)  # type: ignore[arg-type]
+        self.redis: Client = client or connect(self.url)  # type: ignore[arg-type]
         #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
         self.cluster = _is_cluster_client(self.redis)
         self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
@@ -183,7 +188,7 @@ class RedisStore:
         self.redis.close()
 
     # -------------------------------------------------------------- cluster
-    def node_client(self, key: str) -> redis.Redis:
+    def node_client(self, key: str) -> Client:
         """A plain client for the server holding ``key``'s slot: ``self.redis`` on one Redis; on a
         cluster, the node that owns the slot (its pipelines take EVALSHA and same-slot MULTI)."""
         if not self.cluster:
@@ -191,7 +196,7 @@ class RedisStore:
         rc: Any = self.redis
         return rc.get_redis_connection(rc.get_node_from_key(key))
 
-    def partition_client(self, p: int) -> redis.Redis:
+    def partition_client(self, p: int) -> Client:
         """:meth:`node_client` of partition ``p`` (every key of a partition is in one slot)."""
         return self.node_client(self.keys.tag(p))
 
@@ -199,7 +204,7 @@ class RedisStore:
         """Which server holds ``key`` (one name on one Redis)."""
         if not self.cluster:
             return ""
-        return str(self.redis.get_node_from_key(key).name)  # type: ignore[attr-defined]
+        return str(self.redis.get_node_from_key(key).name)
 
     def pipeline(self, key: str, *, transaction: bool = True) -> Any:
         """A pipeline for commands on keys in ``key``'s slot (a MULTI on a cluster node is
@@ -213,7 +218,7 @@ class RedisStore:
         if not self.cluster:
             return
         try:
-            self.redis.nodes_manager.initialize()  # type: ignore[attr-defined]
+            self.redis.nodes_manager.initialize()
         except Exception as exc:  # noqa: BLE001 - the next command retries
             log.warning("could not refresh the cluster slot map: %s", exc)
 
@@ -761,7 +766,7 @@ class RedisStore:
         entry_id: str,
         kind: str,
         reason: str,
-        fields: dict[str, Any],
+        fields: Mapping[Any, Any],
         run_id: str = "",
         block: bool = False,
     ) -> None:
@@ -784,7 +789,7 @@ class RedisStore:
         if not names:
             values: list[Any] = []
         elif self.cluster:  # the keys are in different slots
-            values = self.redis.mget_nonatomic(names)  # type: ignore[attr-defined]
+            values = self.redis.mget_nonatomic(names)
         else:
             values = self.redis.mget(names)
         return [_s(v) if v is not None else "" for v in values]
