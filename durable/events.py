@@ -19,12 +19,13 @@ Two families:
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from . import codec
-from .errors import HistoryCorrupt
+from .errors import ConfigurationError, HistoryCorrupt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -404,3 +405,29 @@ def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
     except TypeError as exc:
         raise HistoryCorrupt(f"{where}: {type_name} is malformed: {exc}", run_id=run_id, seq=seq) from None
     return Entry(seq=seq, ts=ts, event=event, raw=raw)
+
+
+def from_export(items: Any, where: str) -> list[Entry]:
+    """Rebuild stored entries from an export of ``durable history ID --json`` (its ``raw`` fields).
+
+    Raises:
+        ConfigurationError: naming ``where`` and the event that is not a lossless export.
+    """
+    if not isinstance(items, list) or not items:
+        raise ConfigurationError(f"{where}: expected a non-empty list of events (durable history ID --json)")
+    entries = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("raw"), str):
+            raise ConfigurationError(
+                f"{where}: event #{index + 1} has no 'raw' field; export with `durable history ID --json`"
+            )
+        try:
+            raw = base64.b64decode(item["raw"], validate=True)
+        except ValueError:
+            raise ConfigurationError(
+                f"{where}: event #{index + 1} has an invalid base64 'raw' field"
+            ) from None
+        seq = item["seq"] if isinstance(item.get("seq"), int) else index + 1
+        run_id = str((item.get("data") or {}).get("run_id", "")) if index == 0 else ""
+        entries.append(decode(raw, run_id=run_id, seq=seq))
+    return entries

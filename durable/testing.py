@@ -36,7 +36,6 @@ history says: give it a stub, the stored entries, or a ``durable history ID
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import json
@@ -450,7 +449,7 @@ def _entries(history: Any) -> list[ev.Entry]:
             items = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"{path}: not a JSON history export ({exc})") from None
-        return _from_dicts(items, str(path))
+        return ev.from_export(items, str(path))
     if isinstance(history, Sequence):
         items = list(history)
         if all(isinstance(item, ev.Entry) for item in items):
@@ -460,29 +459,8 @@ def _entries(history: Any) -> list[ev.Entry]:
                 "replay_history needs the stored entries, not WorkflowStub.history() events (their payloads "
                 "are decoded); pass the stub itself, or an export from `durable history ID --json`"
             )
-        return _from_dicts(items, "history")
+        return ev.from_export(items, "history")
     raise ConfigurationError(f"replay_history cannot read a history from {type(history).__name__}")
-
-
-def _from_dicts(items: Any, where: str) -> list[ev.Entry]:
-    if not isinstance(items, list) or not items:
-        raise ConfigurationError(f"{where}: expected a non-empty list of events (durable history ID --json)")
-    entries = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("raw"), str):
-            raise ConfigurationError(
-                f"{where}: event #{index + 1} has no 'raw' field; export with `durable history ID --json`"
-            )
-        try:
-            raw = base64.b64decode(item["raw"], validate=True)
-        except ValueError:
-            raise ConfigurationError(
-                f"{where}: event #{index + 1} has an invalid base64 'raw' field"
-            ) from None
-        seq = item["seq"] if isinstance(item.get("seq"), int) else index + 1
-        run_id = str((item.get("data") or {}).get("run_id", "")) if index == 0 else ""
-        entries.append(ev.decode(raw, run_id=run_id, seq=seq))
-    return entries
 
 
 # --------------------------------------------------------------------------- pytest plugin

@@ -774,22 +774,7 @@ def load_export(path: Path) -> list[Any]:
         items = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CliError(f"{path}: not a JSON history export ({exc})") from None
-    if not isinstance(items, list) or not items:
-        raise CliError(f"{path}: expected a non-empty JSON array of events (durable history ID --json)")
-    entries = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("raw"), str):
-            raise CliError(
-                f"{path}: event #{index + 1} has no 'raw' field; export with `durable history ID --json`"
-            )
-        try:
-            raw = base64.b64decode(item["raw"], validate=True)
-        except ValueError:
-            raise CliError(f"{path}: event #{index + 1} has an invalid base64 'raw' field") from None
-        seq = item["seq"] if isinstance(item.get("seq"), int) else index + 1
-        run_id = str((item.get("data") or {}).get("run_id", "")) if index == 0 else ""
-        entries.append(ev.decode(raw, run_id=run_id, seq=seq))
-    return entries
+    return ev.from_export(items, str(path))
 
 
 @cli.command()
