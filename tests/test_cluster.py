@@ -8,7 +8,6 @@ this process and as real processes, all pointed at ``redis+cluster://...``.
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -16,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from apps.basic import Everything, Sequence, SlowSteps, Waiter
-from procs import spawn_worker, stop, workers
+from apps.basic import Everything, Sequence, Waiter
+from procs import spawn_worker, stop
 from redis.cluster import key_slot
+from scenarios import assert_history_sound, sigkill_mid_activity
 from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
@@ -69,15 +69,6 @@ def cstore(cluster_url: str) -> Iterator[RedisStore]:
 def node_of(store: RedisStore, cluster: LocalCluster, workflow_id: str) -> int:
     """The node holding a workflow id's partition (its hash tag is the partition number)."""
     return cluster.node_of_slot(key_slot(str(store.keys.partition(workflow_id)).encode()))
-
-
-def assert_sound(stub: WorkflowStub) -> None:
-    history = stub.history()
-    assert [e.seq for e in history] == list(range(1, len(history) + 1))
-    scheduled = [e.data["id"] for e in history if e.type == "ActivityScheduled"]
-    completed = [e.data["id"] for e in history if e.type in ("ActivityCompleted", "ActivityFailed")]
-    assert len(scheduled) == len(set(scheduled)), f"scheduled twice: {scheduled}"
-    assert len(completed) == len(set(completed)), f"completed twice: {completed}"
 
 
 # ------------------------------------------------------------------------ the URL
@@ -146,7 +137,7 @@ def test_every_call_end_to_end_on_a_cluster(cstore: RedisStore, cluster_url: str
                     "child": 6,
                     "later": True,
                 }
-                assert_sound(stub)
+                assert_history_sound(stub)
             assert proc.poll() is None, "the worker process died"
             # Timers, termination and list/dead-letter scans work across nodes.
             waiter = WorkflowStub.make(Waiter, id="waiter").start(60)
@@ -176,8 +167,8 @@ def test_child_on_another_node_than_its_parent(cstore: RedisStore, cluster: Loca
         assert kid.snapshot()["status"] == "completed"
     types = [e.type for e in parent.history()]
     assert "ChildStarted" in types and "ChildCompleted" in types
-    assert_sound(parent)
-    assert_sound(kid)
+    assert_history_sound(parent)
+    assert_history_sound(kid)
     # Outbox entries were carried out and acked on both nodes.
     assert all(cstore.redis.xlen(cstore.keys.outbox(p)) == 0 for p in range(cstore.keys.partitions)), (
         "an outbox message was left behind"
@@ -185,24 +176,7 @@ def test_child_on_another_node_than_its_parent(cstore: RedisStore, cluster: Loca
 
 
 def test_sigkill_mid_activity_another_worker_finishes(cluster_url: str, tmp_path: Path) -> None:
-    log = tmp_path / "slow.log"
-    victim = spawn_worker(cluster_url, extra=("--claim-idle", "1.5"))
-    try:
-        stub = WorkflowStub.make(SlowSteps).start(str(log), 3, 0.6)
-        wait_for(lambda: log.exists() and "start s1" in log.read_text(), timeout=30)
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(5)
-    finally:
-        stop(victim)
-    with workers(cluster_url, 1, extra=("--claim-idle", "1.5")):
-        assert stub.result(timeout=60) == ["s0", "s1", "s2", "end"]
-    assert_sound(stub)
-    lines = log.read_text().split("\n")
-    assert lines.count("start s1 1") >= 1 and any(
-        line.startswith("start s1") for line in lines[lines.index("start s1 1") + 1 :]
-    )
-    applied = (tmp_path / "slow.log.effects" / "applied.log").read_text().split()
-    assert len(applied) == len(set(applied)) == 3, "an idempotency-keyed effect was applied twice"
+    sigkill_mid_activity(cluster_url, tmp_path)
 
 
 def is_evalsha(line: str) -> bool:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from apps.basic import Boom, Everything, Failing, Hooked, Looper, Parent, Saga, Sequence, Waiter
+from scenarios import assert_history_sound
 from waiting import wait_for
 
 from durable import (
@@ -18,16 +19,6 @@ from durable import (
     WorkflowStub,
 )
 from durable.store.redis_store import RedisStore
-
-
-def assert_history_sound(stub: WorkflowStub) -> None:
-    history = stub.history()
-    assert [e.seq for e in history] == list(range(1, len(history) + 1))
-    scheduled = [e.data["id"] for e in history if e.type == "ActivityScheduled"]
-    completed = [e.data["id"] for e in history if e.type in ("ActivityCompleted", "ActivityFailed")]
-    assert len(scheduled) == len(set(scheduled)), "an activity was scheduled twice"
-    assert len(completed) == len(set(completed)), "an activity was completed twice"
-    assert set(completed) <= set(scheduled)
 
 
 def test_every_call_end_to_end(worker, store: RedisStore) -> None:

@@ -1,0 +1,47 @@
+"""Checks and scenarios shared by the end-to-end suites (one Redis and Redis Cluster alike)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from apps.basic import SlowSteps
+from procs import spawn_worker, stop, workers
+from waiting import wait_for
+
+from durable import WorkflowStub
+
+
+def assert_history_sound(stub: WorkflowStub) -> None:
+    """Seqs contiguous from 1; no command id scheduled twice or completed twice; no orphan result."""
+    history = stub.history()
+    assert [e.seq for e in history] == list(range(1, len(history) + 1))
+    scheduled = [e.data["id"] for e in history if e.type == "ActivityScheduled"]
+    completed = [e.data["id"] for e in history if e.type in ("ActivityCompleted", "ActivityFailed")]
+    assert len(scheduled) == len(set(scheduled)), f"scheduled twice: {scheduled}"
+    assert len(completed) == len(set(completed)), f"completed twice: {completed}"
+    assert set(completed) <= set(scheduled)
+
+
+def sigkill_mid_activity(redis_url: str, tmp_path: Path) -> None:
+    """A worker SIGKILLed inside an activity: another worker finishes the run, the history stays
+    sound, the activity ran again (at least once) and its keyed effect was applied once."""
+    log = tmp_path / "slow.log"
+    victim = spawn_worker(redis_url, extra=("--claim-idle", "1.5"))
+    try:
+        stub = WorkflowStub.make(SlowSteps).start(str(log), 3, 0.6)
+        # Wait until the victim is inside the second activity, then kill it outright.
+        wait_for(lambda: log.exists() and "start s1" in log.read_text(), timeout=30)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(5)
+    finally:
+        stop(victim)
+    with workers(redis_url, 1, extra=("--claim-idle", "1.5")):
+        assert stub.result(timeout=60) == ["s0", "s1", "s2", "end"]
+    assert_history_sound(stub)
+    lines = log.read_text().split("\n")
+    assert lines.count("start s1 1") >= 1 and any(
+        line.startswith("start s1") for line in lines[lines.index("start s1 1") + 1 :]
+    )
+    applied = (tmp_path / "slow.log.effects" / "applied.log").read_text().split()
+    assert len(applied) == len(set(applied)) == 3, "an idempotency-keyed effect was applied twice"
