@@ -273,6 +273,16 @@ class Driver:
         return "suspended"
 
     @property
+    def now_ms(self) -> int:
+        """The workflow's current time (UTC ms): ``ts`` of the last applied input."""
+        return self._now
+
+    @property
+    def started(self) -> ev.WorkflowStarted | None:
+        """The run's WorkflowStarted event, once replayed."""
+        return self._started
+
+    @property
     def workflow_type(self) -> str:
         return self._started.workflow_type if self._started else ""
 

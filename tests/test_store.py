@@ -27,7 +27,7 @@ def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> 
     for _ in range(2):
         record, inbox, rows = store.load_for_decision(ref.partition, ref.run_id, 0)
         driver = Driver(run_id=ref.run_id, workflow_id="race")
-        driver.replay(store._decode_history(ref, rows))
+        driver.replay(store.decode_history(ref, rows))
         decisions.append((record, driver, driver.decide([])))
     record, driver, decision = decisions[0]
     store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None)[0])

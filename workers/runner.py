@@ -89,6 +89,15 @@ class RunCache:
             _, old = self._drivers.popitem(last=False)
             old.close()
 
+    def seq_of(self, run_id: str) -> int:
+        """The seq the cached driver of ``run_id`` has applied (0 when not cached)."""
+        driver = self._drivers.get(run_id)
+        return driver.seq if driver is not None else 0
+
+    def pop(self, run_id: str) -> Driver | None:
+        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits)."""
+        return self._drivers.pop(run_id, None)
+
     def clear(self) -> None:
         for driver in self._drivers.values():
             driver.close()
@@ -198,8 +207,7 @@ class Decider:
         """Decide tasks of distinct runs; returns those whose commit conflicted."""
         afters = []
         for task in tasks:
-            cached = self.cache._drivers.get(task.run_id)
-            afters.append(cached.seq if cached is not None else 0)
+            afters.append(self.cache.seq_of(task.run_id))
         loaded = self.store.load_many(
             [(t.p, t.run_id, after) for t, after in zip(tasks, afters, strict=True)]
         )
@@ -270,11 +278,11 @@ class Decider:
             by_run.setdefault(item[0]["rid"], []).append(item)
         pending = []
         for rid, items in by_run.items():
-            driver = self.cache._drivers.pop(rid, None)
+            driver = self.cache.pop(rid)
             if driver is None:
                 self._complete_all(items)
                 continue
-            ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver._now)
+            ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
             entries = [
                 ev.decode(
                     ev.encode(
@@ -349,7 +357,7 @@ class Decider:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
-                driver.replay(self.store._decode_history(ref, rows))
+                driver.replay(self.store.decode_history(ref, rows))
             entries, poison = [], []
             for raw in inbox:
                 try:
@@ -424,7 +432,7 @@ class Decider:
                 "retry": a.retry,
                 "timeouts": a.timeouts,
                 "stream": stream,
-                "scheduled": driver._now,
+                "scheduled": driver.now_ms,
                 "parent": record.get("parent"),
             }
             body = codec.pack(body_dict)
@@ -502,7 +510,7 @@ class Decider:
         self, ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew
     ) -> dict[str, Any]:
         keys, p = self.store.keys, ref.partition
-        started = driver._started
+        started = driver.started
         assert started is not None
         new_rid = closing.new_run_id
         # The next run keeps the build id (and the patches): same code, same routing.

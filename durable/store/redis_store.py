@@ -282,13 +282,11 @@ class RedisStore:
 
     def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
         """The run's committed events after ``after_seq``, decoded, in seq order."""
-        return self._decode_history(
+        return self.decode_history(
             ref, self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
         )
 
-    def _decode_history(
-        self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]
-    ) -> list[ev.Entry]:
+    def decode_history(self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[ev.Entry]:
         out = []
         for entry_id, fields in rows:
             seq = int(entry_id.split(b"-")[1])
