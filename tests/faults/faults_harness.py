@@ -146,8 +146,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 KNOWN_BUGS: set[str] = set()
-"""Left out of the default scenario list: an eager worker killed while holding activity
-leases stalls those runs for the fixed 60 s lease (test_bug_eager_lease_outlives_claim_idle)."""
+"""Scenarios left out of the default soak list while a known bug makes them fail (none now)."""
 
 
 @dataclass
