@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from durable import codec  # noqa: E402
 from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.keys import GROUP  # noqa: E402
-from durable.store.redis_store import RedisStore, _load_scripts  # noqa: E402
+from durable.store.redis_store import RedisStore, RunRef, _load_scripts  # noqa: E402
 
 QUEUE = "default"
 
@@ -90,30 +90,27 @@ class Limit:
                     "run": k.run(p, rid),
                     "history": k.history(p, rid),
                     "inbox": k.inbox(p, rid),
-                    "commit_keys": [
-                        k.run(p, rid),
-                        k.history(p, rid),
-                        k.inbox(p, rid),
-                        k.instance(p, wid),
-                        k.timers(p),
-                        k.activities(p, rid),
-                        k.log(p, rid),
-                        k.outbox(p),
-                        k.hooks(p),
-                        k.dead(p),
-                        k.running(p),
-                        k.sessions(p),
-                        k.activity_tasks(p, QUEUE),
-                    ],
-                    "complete_keys": [
-                        k.run(p, rid),
-                        k.inbox(p, rid),
-                        k.activities(p, rid),
-                        k.log(p, rid),
-                        k.timers(p),
-                        k.running(p),
-                        k.activity_tasks(p, QUEUE),
-                    ],
+                    # Key lists exactly as the store builds them (one place knows the keys).
+                    "commit_keys": store.commit_args(
+                        RunRef(p, rid, wid),
+                        expected_seq=1,
+                        events=[],
+                        consumed=0,
+                        activities=[(k.activity_tasks(p, QUEUE), "1", b"")],
+                        status="suspended",
+                        snapshot={},
+                    )[0],
+                    "complete_keys": store.complete_args(
+                        p=p,
+                        run_id=rid,
+                        activity_id="1",
+                        attempt=1,
+                        stream=k.activity_tasks(p, QUEUE),
+                        entry_id="",
+                        outcome="completed",
+                        event=None,
+                        record={},
+                    )[0],
                 }
             )
         self.by_rid = {r["rid"]: r for r in self.runs}
