@@ -103,6 +103,7 @@ class Scheduler:
         """One pass over every partition; returns seconds until the next due timer (capped)."""
         now = time.time()
         next_due = now + self.max_sleep
+        now_ms = self.store.server_time_ms()
         for p in range(self.store.keys.partitions):
             fired, due = self.store.fire_timers(p)
             if fired:
@@ -110,8 +111,11 @@ class Scheduler:
             self.fired += fired
             if due >= 0:
                 next_due = min(next_due, due / 1000)
-            self._expire_attempts(p)
+            # One read of the running set per partition when nothing expired (the usual case).
             deadline = self.store.next_deadline(p)
+            if deadline is not None and deadline <= now_ms:
+                self._expire_attempts(p, now_ms)
+                deadline = self.store.next_deadline(p)
             if deadline is not None:
                 next_due = min(next_due, deadline / 1000)
         if now - self._last_claim >= self.claim_idle_ms / 3000:
@@ -121,8 +125,7 @@ class Scheduler:
             self._fail_lost_sessions()
         return max(0.0, next_due - time.time())
 
-    def _expire_attempts(self, p: int) -> None:
-        now_ms = self.store.server_time_ms()
+    def _expire_attempts(self, p: int, now_ms: int) -> None:
         for rid, aid, attempt in self.store.expired_attempts(p, now_ms):
             body_raw, _ = self.store.activity_state(p, rid, aid)
             self.store.redis.zrem(self.store.keys.running(p), f"{rid}|{aid}|{attempt}")
