@@ -642,16 +642,9 @@ def run_activity(
     if redelivered:
         current, _ = store.activity_state(p, rid, aid)
         if current is None or codec.unpack(current).get("attempt") != attempt:
+            note = {"note": "redelivered attempt no longer current"}
             store.complete_activity(
-                p=p,
-                run_id=rid,
-                activity_id=aid,
-                attempt=attempt,
-                stream=stream,
-                entry_id=entry_id,
-                outcome="skipped",
-                event=None,
-                record={"note": "redelivered attempt no longer current"},
+                **attempt_outcome(body, "skipped", note, stream=stream, entry_id=entry_id)
             )
             return "stale"
     return execute_attempt(
@@ -744,22 +737,46 @@ def execute_attempt(
     return "completed"
 
 
+def attempt_outcome(
+    body: dict[str, Any],
+    outcome: str,
+    record: dict[str, Any],
+    *,
+    stream: str,
+    entry_id: str = "",
+    **extra: Any,
+) -> dict[str, Any]:
+    """The completion-script arguments (see ``RedisStore.complete_args``) for one attempt of
+    the activity task ``body``: its identity from the body, what happened from the caller."""
+    return {
+        "p": body["p"],
+        "run_id": body["rid"],
+        "activity_id": body["aid"],
+        "attempt": int(body["attempt"]),
+        "stream": stream,
+        "entry_id": entry_id,
+        "outcome": outcome,
+        "event": None,
+        "record": record,
+        **extra,
+    }
+
+
 def completion(
     body: dict[str, Any], payload: bytes, record: dict[str, Any], *, stream: str, entry_id: str = ""
 ) -> dict[str, Any]:
     """The completion-script arguments recording an attempt's result through the run's inbox."""
-    aid, attempt = body["aid"], int(body["attempt"])
-    return {
-        "p": body["p"],
-        "run_id": body["rid"],
-        "activity_id": aid,
-        "attempt": attempt,
-        "stream": stream,
-        "entry_id": entry_id,
-        "outcome": "completed",
-        "event": ev.ActivityCompleted(id=aid, result=payload, attempt=attempt),
-        "record": record,
-    }
+    event = ev.ActivityCompleted(id=body["aid"], result=payload, attempt=int(body["attempt"]))
+    return attempt_outcome(body, "completed", record, stream=stream, entry_id=entry_id, event=event)
+
+
+def attempt_failed(
+    body: dict[str, Any], error: BaseException, record: dict[str, Any], *, stream: str, entry_id: str = ""
+) -> dict[str, Any]:
+    """The completion-script arguments failing an activity for good with ``error``."""
+    attempts = int(body["attempt"])
+    event = ev.ActivityFailed(id=body["aid"], error=codec.dumps(error, path="error"), attempts=attempts)
+    return attempt_outcome(body, "failed", record, stream=stream, entry_id=entry_id, event=event)
 
 
 def complete(
@@ -827,7 +844,7 @@ def fail_attempt(
     on_timer: Callable[[int], None] = lambda _due: None,
 ) -> str:
     """Record a failed attempt: schedule the retry, or fail the activity for good."""
-    p, rid, aid, attempt = body["p"], body["rid"], body["aid"], int(body["attempt"])
+    aid, attempt = body["aid"], int(body["attempt"])
     policy = RetryPolicy.from_dict(body.get("retry"))
     names = _type_names(exc)
     timeouts = body.get("timeouts") or {}
@@ -861,32 +878,20 @@ def fail_attempt(
                 kind="schedule_to_close",
             )
         )
-        store.complete_activity(
-            p=p,
-            run_id=rid,
-            activity_id=aid,
-            attempt=attempt,
-            stream=stream,
-            entry_id=entry_id,
-            outcome="failed",
-            event=ev.ActivityFailed(id=aid, error=codec.dumps(error, path="error"), attempts=attempt),
-            record=record,
-        )
+        store.complete_activity(**attempt_failed(body, error, record, stream=stream, entry_id=entry_id))
         return "failed"
     next_body = dict(body, attempt=attempt + 1)
     record["retry_in_s"] = delay
     outcome, due = store.complete_activity(
-        p=p,
-        run_id=rid,
-        activity_id=aid,
-        attempt=attempt,
-        stream=stream,
-        entry_id=entry_id,
-        outcome="retry",
-        event=None,
-        retry_delay_ms=int(delay * 1000),
-        next_body=codec.pack(next_body),
-        record=record,
+        **attempt_outcome(
+            body,
+            "retry",
+            record,
+            stream=stream,
+            entry_id=entry_id,
+            retry_delay_ms=int(delay * 1000),
+            next_body=codec.pack(next_body),
+        )
     )
     if outcome == "RETRY":
         on_timer(due)

@@ -18,13 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from durable import codec
-from durable import events as ev
 from durable.errors import ActivityTimeout, SessionLost
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 
 from . import faults
-from .runner import fail_attempt, timeout_kind
+from .runner import attempt_failed, fail_attempt, timeout_kind
 
 log = logging.getLogger("durable.scheduler")
 
@@ -212,19 +211,8 @@ class Scheduler:
             "there — open a new worker_session()"
         )
         log.warning("%s", error)
-        self.store.complete_activity(
-            p=body["p"],
-            run_id=body["rid"],
-            activity_id=body["aid"],
-            attempt=int(body["attempt"]),
-            stream=stream,
-            entry_id=entry,
-            outcome="failed",
-            event=ev.ActivityFailed(
-                id=body["aid"], error=codec.dumps(error, path="error"), attempts=int(body["attempt"])
-            ),
-            record={"error": str(error), "final": "session host lost"},
-        )
+        record = {"error": str(error), "final": "session host lost"}
+        self.store.complete_activity(**attempt_failed(body, error, record, stream=stream, entry_id=entry))
 
     def _reclaim(self) -> None:
         for stream in self.streams:
