@@ -30,7 +30,9 @@ from durable.store.redis_store import RedisStore  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--inproc", action="store_true", help="run the worker as a thread of this process")
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always"])
@@ -71,8 +73,10 @@ def main() -> None:
             mode = "in-process worker thread" if args.inproc else "1 worker process"
             mode += ", eager" if args.eager else ""
             print(f"10-activity workflow, {args.runs} runs, {mode}, appendfsync {args.appendfsync}")
-            print(f"  median {statistics.median(times) * 1000:.1f} ms   p95 {p95 * 1000:.1f} ms   "
-                  f"min {times[0] * 1000:.1f} ms")
+            print(
+                f"  median {statistics.median(times) * 1000:.1f} ms   p95 {p95 * 1000:.1f} ms   "
+                f"min {times[0] * 1000:.1f} ms"
+            )
         finally:
             if thread is not None:
                 thread.__exit__(None, None, None)

@@ -324,6 +324,8 @@ class TestEnvironment:
             streams.append(keys.outbox(p))
             for q in self._queues:
                 streams += [keys.workflow_tasks(p, q), keys.activity_tasks(p, q)]
+            if worker is not None:
+                streams += worker.sticky_streams[p : p + 1]
         with store.redis.pipeline(transaction=True) as pipe:
             for stream in streams:
                 pipe.xlen(stream)

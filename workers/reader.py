@@ -132,8 +132,11 @@ class TaskReader:
                     return None
             out: list[Any] = []
             for r in ready:
-                reply = r.client.parse_response(r.conn, "XREADGROUP")
-                r.outstanding = False
+                try:
+                    reply = r.client.parse_response(r.conn, "XREADGROUP")
+                finally:
+                    # Answered, if only with an error (NOGROUP): the connection is free again.
+                    r.outstanding = False
                 out += list(reply or [])
             return out
         except (redis.ConnectionError, redis.TimeoutError, OSError):

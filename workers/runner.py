@@ -142,9 +142,13 @@ class Decider:
         lease_ms: int = 30_000,
         build_id: str = "",
         compatible: tuple[str, ...] = (),
+        sticky: str = "",
     ) -> None:
         self.store = store
         self.cache = RunCache(cache_size)
+        # This worker's private queue: a run it decided keeps coming back here while it
+        # lives, so its driver is a cache hit instead of a replay (empty: no affinity).
+        self.sticky = sticky if cache_size > 0 else ""
         self.allowed = allowed
         self.on_timer = on_timer
         self.runs_activity = runs_activity
@@ -475,6 +479,7 @@ class Decider:
             close=close,
             next_run=next_run,
             task=task,
+            sticky=self.sticky if close is None else "",
         )
         return plan, leased_bodies
 

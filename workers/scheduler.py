@@ -121,7 +121,7 @@ class Scheduler:
             self._last_claim = now
             self._refresh_in_flight()
             self._reclaim()
-            self._fail_lost_sessions()
+            self._check_workers()
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:
@@ -166,31 +166,53 @@ class Scheduler:
                     pipe.zadd(self.store.keys.running(p), {f"{rid}|{aid}|{attempt}": due}, xx=True)
                 pipe.execute()
 
-    def release_sessions(self) -> None:
-        """Give up this worker's session lease at once (graceful stop): its sessions fail fast."""
-        if self.session_queue:
-            keys = self.store.keys
-            self.store.redis.delete(*[keys.alive(p, self.session_queue) for p in range(keys.partitions)])
+    def release(self) -> None:
+        """Give up this worker's lease at once (graceful stop): its sessions fail fast and the
+        workflow tasks waiting in its private stream go back to their runs' queues."""
+        if not self.session_queue:
+            return
+        keys = self.store.keys
+        self.store.redis.delete(*[keys.alive(p, self.session_queue) for p in range(keys.partitions)])
+        for p in range(keys.partitions):
+            self.store.unstick(p, self.session_queue)
 
-    def _fail_lost_sessions(self) -> None:
-        """Renew this worker's session lease; fail the queued tasks of session hosts that died."""
+    def _check_workers(self) -> None:
+        """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
         keys = self.store.keys
         if self.session_queue:
             with self.store.redis.pipeline(transaction=False) as pipe:
                 for p in range(keys.partitions):
                     pipe.set(keys.alive(p, self.session_queue), self.consumer, px=self.claim_idle_ms)
+                    pipe.sadd(keys.sticky_hosts(p), self.session_queue)
                 pipe.execute()
         for p in range(keys.partitions):
-            for raw in self.store.redis.smembers(keys.sessions(p)):
+            self._fail_lost_sessions(p)
+            for raw in self.store.redis.smembers(keys.sticky_hosts(p)):
                 host = raw.decode() if isinstance(raw, bytes) else raw
-                if host == self.session_queue or self.store.redis.exists(keys.alive(p, host)):
-                    continue
-                stream = keys.activity_tasks(p, host)
-                for entry_id, fields in self.store.redis.xrange(stream):
-                    self._fail_session_task(stream, entry_id, fields, host)
-                if not self.store.redis.xlen(stream):
-                    self.store.redis.delete(stream)
-                    self.store.redis.srem(keys.sessions(p), host)
+                if host != self.session_queue:
+                    moved = self.store.unstick(p, host)
+                    if moved > 0:
+                        log.warning(
+                            "worker %s stopped: %d workflow task(s) it held (partition %d) went back to "
+                            "their queues",
+                            host,
+                            moved,
+                            p,
+                        )
+
+    def _fail_lost_sessions(self, p: int) -> None:
+        """Fail the queued session tasks of partition ``p`` whose host died."""
+        keys = self.store.keys
+        for raw in self.store.redis.smembers(keys.sessions(p)):
+            host = raw.decode() if isinstance(raw, bytes) else raw
+            if host == self.session_queue or self.store.redis.exists(keys.alive(p, host)):
+                continue
+            stream = keys.activity_tasks(p, host)
+            for entry_id, fields in self.store.redis.xrange(stream):
+                self._fail_session_task(stream, entry_id, fields, host)
+            if not self.store.redis.xlen(stream):
+                self.store.redis.delete(stream)
+                self.store.redis.srem(keys.sessions(p), host)
 
     def _fail_session_task(self, stream: str, entry_id: Any, fields: dict[bytes, bytes], host: str) -> None:
         entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id

@@ -176,6 +176,10 @@ class Worker:
         self.activity_streams = [
             keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
         ]
+        # Workflow tasks of runs this worker decided last (their drivers are in its cache).
+        self.sticky_streams = (
+            [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
+        )
         self.outbox_streams = [keys.outbox(p) for p in parts]
         self._pool = ThreadPoolExecutor(
             max_workers=concurrency,
@@ -231,6 +235,7 @@ class Worker:
             lease_ms=claim_idle_ms,
             build_id=build_id,
             compatible=tuple(compatible),
+            sticky=self.session_queue,
         )
         self.decisions = 0
         self.activities_run = 0
@@ -251,7 +256,7 @@ class Worker:
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
-        self.store.ensure_groups(self.workflow_streams + self.activity_streams + self.outbox_streams)
+        self._ensure_groups()
         if self.build_id and self.promote:
             self.store.promote_build(self.queues, self.build_id)
         self.scheduler.start()
@@ -262,6 +267,13 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._pass()
+                except redis.ResponseError as exc:
+                    if "NOGROUP" not in str(exc):
+                        raise
+                    # A stream of ours was deleted (another worker took this one for dead
+                    # while it stalled and handed its private tasks back): recreate it.
+                    log.warning("task stream gone (%s); recreating the consumer groups", exc)
+                    self._ensure_groups()
                 except self._transient as exc:
                     log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
                     if self.store.cluster:
@@ -274,6 +286,11 @@ class Worker:
                 self._handle(self.reader.read([], count=1, block_ms=self.block_ms) or [])
         finally:
             self._shutdown()
+
+    def _ensure_groups(self) -> None:
+        self.store.ensure_groups(
+            self.workflow_streams + self.sticky_streams + self.activity_streams + self.outbox_streams
+        )
 
     def _shutdown(self) -> None:
         deadline = time.time() + self.grace
@@ -297,7 +314,7 @@ class Worker:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.scheduler.stop()
         try:
-            self.scheduler.release_sessions()
+            self.scheduler.release()
         except Exception:  # noqa: BLE001 - the lease expires by itself
             pass
         self.reader.close()
@@ -368,12 +385,12 @@ class Worker:
 
     def _decision_streams(self) -> list[str]:
         if not self.build_id:
-            return self.unpinned_streams
+            return self.sticky_streams + self.unpinned_streams
         now = time.monotonic()
         if now - self._current_checked > 1.0:
             self._current_checked = now
             self._takes_new_runs = all(b == self.build_id for b in self.store.current_build(self.queues))
-        return self.workflow_streams if self._takes_new_runs else self.pinned_streams
+        return self.sticky_streams + (self.workflow_streams if self._takes_new_runs else self.pinned_streams)
 
     def _queued_result(
         self, stream: str, entry_id: str

@@ -15,6 +15,7 @@ Layout (``T`` = ``prefix:{p}``)::
     T:log:<run id>         stream  beside the history: attempts, dropped inputs
     T:wq:<queue>           stream  workflow tasks of runs not pinned to a build (consumer group "workers")
     T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
+    T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
     T:aq:<queue>           stream  activity tasks (consumer group "workers")
     T:ox                   stream  outbox: cross-partition messages (children)
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry
@@ -23,7 +24,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token -> "run|hook id"
     T:sessions             set     private queues (worker sessions) that got activity tasks
-    T:alive:<queue>        string  a session host's lease (expires when its worker dies)
+    T:alive:@<worker>      string  a worker's lease (expires when it dies): its sessions, its sticky runs
+    T:sticky               set     workers (private queue names) whose private workflow streams exist
     prefix:meta            hash    deployment settings (partition count)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
 """
@@ -101,6 +103,9 @@ class Keys:
 
     def alive(self, p: int, session_queue: str) -> str:
         return f"{self.tag(p)}:alive:{session_queue}"
+
+    def sticky_hosts(self, p: int) -> str:
+        return f"{self.tag(p)}:sticky"
 
     def hooks(self, p: int) -> str:
         return f"{self.tag(p)}:hooks"

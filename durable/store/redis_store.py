@@ -452,6 +452,7 @@ class RedisStore:
         close: str | None = None,
         next_run: dict[str, Any] | None = None,
         task: tuple[str, str] | None = None,
+        sticky: str = "",
     ) -> tuple[list[str], list[bytes]]:
         """Keys and arguments of the commit script for one decision.
 
@@ -459,7 +460,8 @@ class RedisStore:
         ``(stream key, activity id, task body, lease due ms)`` (run by this
         worker, no stream entry); ``eager`` ``(activity id, attempt, record)``
         completions applied in this decision; ``timers`` ``(member, due ms)``;
-        ``dropped`` ``(raw, reason, poison)``.
+        ``dropped`` ``(raw, reason, poison)``; ``sticky`` the committing worker's
+        private queue, where the run's next workflow tasks go while it lives.
         """
         p, rid = ref.partition, ref.run_id
         k = self.keys
@@ -483,6 +485,8 @@ class RedisStore:
         extra = [a[0] for a in activities]
         if close is not None:
             plan["close"] = close
+        if sticky:
+            plan["sticky"] = sticky
         if pin is not None:
             plan["pin"] = list(pin)
             extra.append(pin[1])
@@ -728,6 +732,13 @@ class RedisStore:
         result = self._run_script("fire_timers", [self.keys.timers(p)], [self.keys.tag(p), limit])
         return int(result[0]), int(result[1])
 
+    def unstick(self, p: int, host: str) -> int:
+        """Hand the workflow tasks in the private stream of the stopped worker ``host`` back to
+        their runs' queues. Returns how many moved, or -1 (and does nothing) while its lease lives."""
+        k = self.keys
+        keys = [k.workflow_tasks(p, host), k.alive(p, host), k.sticky_hosts(p)]
+        return int(self._run_script("unstick", keys, [host]))
+
     def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
         """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""
         members = self.redis.zrangebyscore(self.keys.running(p), "-inf", now_ms, start=0, num=limit)
@@ -807,7 +818,9 @@ class RedisStore:
         stream = self.keys.workflow_tasks(ref.partition, record.get("queue", "default"), build)
         self.ensure_groups([stream])
         with self.pipeline(stream) as pipe:
-            pipe.hset(self.keys.run(ref.partition, ref.run_id), mapping={"build": build, "wq": stream})
+            run_key = self.keys.run(ref.partition, ref.run_id)
+            pipe.hset(run_key, mapping={"build": build, "wq": stream})
+            pipe.hdel(run_key, "sticky")
             pipe.xadd(stream, {"run": ref.run_id})
             pipe.execute()
         return ref

@@ -38,13 +38,25 @@ local function is_open(status)
   return status ~= false and status ~= nil and OPEN[status] == true
 end
 
+-- The stream the run's next workflow task goes to: the private stream of the
+-- worker that decided it last (`sticky`, where its driver is still cached) while
+-- that worker's lease is alive, else the run's queue (`wq`, any worker).
+local function task_stream(run_key)
+  local fields = redis.call('HMGET', run_key, 'wq', 'sticky')
+  local host = fields[2]
+  if host and host ~= '' then
+    local tag = string.match(run_key, '^(.-{%d+})')
+    if redis.call('EXISTS', tag .. ':alive:' .. host) == 1 then return tag .. ':wq:' .. host end
+  end
+  return fields[1]
+end
+
 -- Enqueue a workflow task for the run unless one is already pending: a run
 -- has at most one pending workflow task, however many inputs arrive.
 local function wake(run_key, run_id)
-  local fields = redis.call('HMGET', run_key, 'task', 'wq')
-  if fields[1] == '1' then return 0 end
+  if redis.call('HGET', run_key, 'task') == '1' then return 0 end
   redis.call('HSET', run_key, 'task', '1')
-  redis.call('XADD', fields[2], '*', 'run', run_id)
+  redis.call('XADD', task_stream(run_key), '*', 'run', run_id)
   return 1
 end
 

@@ -69,6 +69,8 @@ for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
 for _, h in ipairs(plan.hooks) do redis.call('HSET', hooks, h[1], rid .. '|' .. h[2]) end
 
 redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
+-- The committing worker holds the run's driver in its cache: its next tasks go there.
+if plan.sticky ~= nil then redis.call('HSET', run, 'sticky', plan.sticky) end
 if plan.pin ~= nil and (redis.call('HGET', run, 'build') or '') == '' then
   -- First decision of a versioned worker: the run is pinned to its build from now on.
   redis.call('HSET', run, 'build', plan.pin[1], 'wq', plan.pin[2])
@@ -105,7 +107,7 @@ if plan.task == nil and not closed then
 elseif not closed and waiting > 0 then
   -- Inputs arrived during the decision: keep the task flag and enqueue a new
   -- task, or they would be stranded behind the task just acked.
-  redis.call('XADD', redis.call('HGET', run, 'wq'), '*', 'run', rid)
+  redis.call('XADD', task_stream(run), '*', 'run', rid)
 else
   redis.call('HSET', run, 'task', '0')
 end
