@@ -49,7 +49,7 @@ class Event:
         return (type(self).__name__, getattr(self, "id", ""))
 
     def to_data(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     def fingerprint(self) -> bytes:
         """Bytes that must be identical when replay issues this command again."""
@@ -317,6 +317,15 @@ CATALOG: dict[str, type[Event]] = {
 }
 
 _FIELDS: dict[type[Event], tuple[frozenset[str], frozenset[str]]] = {}
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """An event class's field names in declaration order, cached (``to_data`` is on the hot path)."""
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _field_sets(cls: type[Event]) -> tuple[frozenset[str], frozenset[str]]:

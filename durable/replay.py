@@ -237,6 +237,7 @@ class Driver:
         self._bytes_end = 0  # raw bytes of the history up to _history_end
         self._bytes_at: dict[int, int] = {}  # replay: seq -> raw bytes of the history up to it
         self._budget_warned = False
+        self._budget: dict[str, int] | None = None  # the class's history budget, once known
         self._now = 0
         self._out: list[bytes] = []
         self._new: list[ev.Event] = []
@@ -436,7 +437,12 @@ class Driver:
 
     def history_budget(self) -> dict[str, int]:
         """The run's history budget (its class's ``history_budget`` over the defaults)."""
-        return effective_history_budget(type(self._instance) if self._instance is not None else None)
+        if self._budget is None or self._instance is None:
+            budget = effective_history_budget(type(self._instance) if self._instance is not None else None)
+            if self._instance is None:
+                return budget
+            self._budget = budget
+        return dict(self._budget)
 
     def should_continue_as_new(self) -> bool:
         events, size = self._history_size()

@@ -8,6 +8,7 @@ one partition. Key names come only from :mod:`durable.store.keys`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import time
@@ -35,6 +36,7 @@ from ..errors import (
 )
 from ..ids import check_workflow_id
 from .keys import GROUP, Keys
+from .wire import Wire, stream_rows
 
 log = logging.getLogger("durable.store")
 
@@ -170,7 +172,13 @@ class RedisStore:
         self.cluster = _is_cluster_client(self.redis)
         self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
         self._scripts = {name: self.redis.register_script(src) for name, src in _load_scripts().items()}
+        # The hot path (load, commit, complete) on one Redis skips redis-py's pipeline layers.
+        self._wire = None if self.cluster else Wire(self.redis, self._load_all_scripts)
         self._check_partitions()
+
+    def _load_all_scripts(self) -> None:
+        for script in self._scripts.values():
+            self.redis.script_load(script.script)
 
     # ---------------------------------------------------------------- setup
     def _check_partitions(self) -> None:
@@ -305,7 +313,8 @@ class RedisStore:
     def load_for_decision(
         self, p: int, run_id: str, after_seq: int
     ) -> tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]:
-        """One consistent read for a decision: run record, inbox items, history after ``after_seq``."""
+        """One consistent read for a decision: the run record's :data:`DECISION_FIELDS` (``None``:
+        no such run), the inbox items, the history after ``after_seq``."""
         return self.load_many([(p, run_id, after_seq)])[0]
 
     def load_many(
@@ -313,14 +322,17 @@ class RedisStore:
     ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
         """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC); on a
         cluster one MULTI per partition, on the node that holds it."""
-        if self.cluster:
+        if self._wire is None:
             return self._load_many_cluster(runs)
-        with self.redis.pipeline(transaction=True) as pipe:
-            for p, run_id, after_seq in runs:
-                pipe.hgetall(self.keys.run(p, run_id))
-                pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
-                pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
-            replies = pipe.execute()
+        k = self.keys
+        commands: list[tuple[Any, ...]] = []
+        for p, run_id, after_seq in runs:
+            commands.append(("HMGET", k.run(p, run_id), *DECISION_FIELDS))
+            commands.append(("LRANGE", k.inbox(p, run_id), 0, -1))
+            commands.append(("XRANGE", k.history(p, run_id), f"0-{after_seq + 1}", "+"))
+        replies = self._wire.transaction(commands)
+        for i in range(2, len(replies), 3):
+            replies[i] = stream_rows(replies[i])
         return self._loaded(replies)
 
     def _load_many_cluster(
@@ -335,7 +347,7 @@ class RedisStore:
                 with self.partition_client(p).pipeline(transaction=True) as pipe:
                     for i in indexes:
                         _, run_id, after_seq = runs[i]
-                        pipe.hgetall(self.keys.run(p, run_id))
+                        pipe.hmget(self.keys.run(p, run_id), DECISION_FIELDS)
                         pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
                         pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
                     got = pipe.execute()
@@ -351,8 +363,7 @@ class RedisStore:
         replies: list[Any],
     ) -> list[tuple[dict[str, Any] | None, list[bytes], list[tuple[bytes, dict[bytes, bytes]]]]]:
         return [
-            ((_decode_run(replies[i]) if replies[i] else None), replies[i + 1], replies[i + 2])
-            for i in range(0, len(replies), 3)
+            (_decision_record(replies[i]), replies[i + 1], replies[i + 2]) for i in range(0, len(replies), 3)
         ]
 
     def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
@@ -535,25 +546,27 @@ class RedisStore:
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
         script = self._scripts["commit"]
-        if len(decisions) == 1:
+        if self._wire is not None:
+            calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
+            try:
+                replies: list[Any] = self._wire.execute(
+                    [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+                )
+            except redis.RedisError as exc:
+                replies = [exc] * len(decisions)
+        elif len(decisions) == 1:
             ref, decision = decisions[0]
             keys, args = self.commit_args(ref, **decision)
             try:
-                replies: list[Any] = [script(keys=keys, args=args)]
+                replies = [script(keys=keys, args=args)]
             except redis.RedisError as exc:
                 replies = [exc]
-        elif self.cluster:
+        else:
             calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
             try:
                 replies = self._script_per_node("commit", calls, raise_on_error=False)
             except redis.RedisError as exc:
                 replies = [exc] * len(decisions)
-        else:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for ref, decision in decisions:
-                    keys, args = self.commit_args(ref, **decision)
-                    script(keys=keys, args=args, client=pipe)
-                replies = pipe.execute(raise_on_error=False)
         return [
             _commit_outcome(ref.run_id, decision["expected_seq"], reply)
             for (ref, decision), reply in zip(decisions, replies, strict=True)
@@ -600,17 +613,17 @@ class RedisStore:
     def complete_many(self, attempts: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
         """Finish several attempts in one round trip (each one atomic on its own)."""
         script = self._scripts["complete_activity"]
-        if len(attempts) == 1:
+        if self._wire is not None:
+            calls = [self.complete_args(**attempt) for attempt in attempts]
+            replies = self._wire.execute([("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls])
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        elif len(attempts) == 1:
             replies = [script(*self.complete_args(**attempts[0]))]
-        elif self.cluster:
+        else:
             calls = [self.complete_args(**attempt) for attempt in attempts]
             replies = self._script_per_node("complete_activity", calls, raise_on_error=True)
-        else:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for attempt in attempts:
-                    keys, args = self.complete_args(**attempt)
-                    script(keys=keys, args=args, client=pipe)
-                replies = pipe.execute()
         return [(_s(reply[0]), int(reply[1]) if _s(reply[0]) == "RETRY" else 0) for reply in replies]
 
     def complete_args(
@@ -999,6 +1012,25 @@ def child_result_message(parent: dict[str, Any], event: ev.Event) -> bytes:
     )
 
 
+DECISION_FIELDS = ("seq", "status", "blocked", "build", "wq", "workflow_id", "parent", "queue")
+"""The fields of a run record a decision reads (the rest, e.g. the snapshot, only clients use)."""
+
+
+def _decision_record(values: Sequence[Any]) -> dict[str, Any] | None:
+    if values[0] is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, value in zip(DECISION_FIELDS, values, strict=True):
+        if value is None:
+            continue
+        if name == "parent":
+            out[name] = codec.unpack(value) if value else None
+        else:
+            out[name] = _s(value)
+    out["seq"] = int(out["seq"])
+    return out
+
+
 def _decode_run(raw: dict[bytes, bytes]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
@@ -1016,8 +1048,12 @@ def _decode_run(raw: dict[bytes, bytes]) -> dict[str, Any]:
     return out
 
 
+_consumers = itertools.count(1)
+
+
 def consumer_name() -> str:
-    """A unique consumer name for this process: host, pid, start time."""
+    """A unique consumer name: host, pid, start time, and a counter (several workers may start
+    in one process within the same millisecond; each needs its own private queue)."""
     import os
 
-    return f"{socket.gethostname()}:{os.getpid()}:{int(time.time() * 1000) % 100000}"
+    return f"{socket.gethostname()}:{os.getpid()}:{int(time.time() * 1000) % 100000}.{next(_consumers)}"

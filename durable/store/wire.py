@@ -1,0 +1,98 @@
+"""Raw pipelines for the worker's hot path: commands packed by hiredis, replies read as they come.
+
+A worker's pass sends tens of commands per round trip (load the runs, commit the
+decisions, record activity results). Measured on a 2-core machine, redis-py's
+pipeline layers (per-command bookkeeping, response callbacks, the retry wrapper)
+cost the worker more CPU than Redis spent running the commands. Here a batch is
+packed with ``hiredis.pack_command``, written with one ``sendall``, and its
+replies are read raw (lists as Redis sends them, error replies as exception
+objects in their place); callers decode the few shapes they use.
+
+One Redis only: a Redis Cluster keeps redis-py's per-node pipelines.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+import redis
+from redis import exceptions as rexc
+
+Command = Sequence[Any]
+
+
+class Wire:
+    """Pipelined raw commands on connections of ``client``'s pool.
+
+    Args:
+        client: The client whose pool (server, credentials, timeouts) is used.
+        load_scripts: Called once when Redis answers ``NOSCRIPT`` (it restarted or was
+            flushed): it must load every script; the refused commands are then resent
+            (a refused ``EVALSHA`` ran nothing, so resending it is safe).
+    """
+
+    def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
+        self._pool = client.connection_pool
+        self._load_scripts = load_scripts
+        # redis-py 5 wants a command name here; 6 and later deprecate passing one.
+        self._name: tuple[str, ...] = ()
+        try:
+            inspect.signature(self._pool.get_connection).bind()
+        except TypeError:
+            self._name = ("PIPELINE",)
+
+    def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one write; their replies in order (errors as exception objects).
+
+        Raises:
+            redis.ConnectionError: the connection broke (it is dropped; nothing is retried).
+        """
+        replies = self._round_trip(commands)
+        refused = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]
+        if refused:
+            self._load_scripts()
+            for i, reply in zip(refused, self._round_trip([commands[i] for i in refused]), strict=True):
+                replies[i] = reply
+        return replies
+
+    def transaction(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` inside MULTI/EXEC (one atomic read or write); their replies in order."""
+        replies = self._round_trip([("MULTI",), *commands, ("EXEC",)])
+        result = replies[-1]
+        if isinstance(result, Exception):
+            raise result
+        if result is None:  # pragma: no cover - no WATCH is ever used
+            raise rexc.WatchError("transaction aborted")
+        return list(result)
+
+    def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
+        conn = self._pool.get_connection(*self._name)
+        try:
+            conn.send_packed_command([b"".join([hiredis.pack_command(tuple(c)) for c in commands])])
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except rexc.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            # Replies may be left unread on the socket: never hand it to the next caller.
+            conn.disconnect()
+            raise
+        finally:
+            self._pool.release(conn)
+        return replies
+
+
+def pairs(flat: Sequence[Any]) -> dict[Any, Any]:
+    """A flat ``[field, value, ...]`` reply (HGETALL, a stream entry's fields) as a dict."""
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+def stream_rows(reply: Sequence[Any] | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """A raw XRANGE reply as redis-py shapes it: ``[(entry id, {field: value})]``."""
+    return [(entry_id, pairs(fields)) for entry_id, fields in reply or ()]
