@@ -580,30 +580,25 @@ class RedisStore:
             WorkflowNotFound: unknown workflow id.
             WorkflowClosed: the run is closed.
         """
-        exact = run_id is not None
-        for _ in range(5):
-            ref = self.ref(workflow_id, run_id)
-            k = self.keys
-            type_name, data = ev.encode_input_data(event)
-            result = self._run_script(
-                "deliver",
-                [
-                    k.instance(ref.partition, workflow_id),
-                    k.run(ref.partition, ref.run_id),
-                    k.inbox(ref.partition, ref.run_id),
-                ],
-                [ref.run_id, type_name, data, "1" if exact else "0"],
+        k = self.keys
+        type_name, data = ev.encode_input_data(event)
+        if run_id is None:
+            check_workflow_id(workflow_id)
+            p = k.partition(workflow_id)
+            keys = [k.instance(p, workflow_id)]
+        else:
+            p = self.ref(workflow_id, run_id).partition
+            keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
+        result = self._run_script("deliver", keys, [run_id or "", type_name, data])
+        outcome = _s(result[0])
+        if outcome == "NOTFOUND":
+            raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+        if outcome == "CLOSED":
+            raise WorkflowClosed(
+                f"workflow {workflow_id!r} (run {_s(result[2])}) is {_s(result[1])}; it takes no more "
+                f"{event.type} — start a new run to continue"
             )
-            outcome = _s(result[0])
-            if outcome == "OK":
-                return ref
-            if outcome == "CLOSED":
-                raise WorkflowClosed(
-                    f"workflow {workflow_id!r} (run {ref.run_id}) is {_s(result[1])}; it takes no more "
-                    f"{event.type} — start a new run to continue"
-                )
-            # MOVED: a continue-as-new happened between lookup and delivery; look up again.
-        raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
+        return RunRef(p, _s(result[1]), workflow_id)
 
     def complete_activity(self, **attempt: Any) -> tuple[str, int]:
         """Finish an attempt (see :meth:`complete_args`); returns ``('OK'|'RETRY'|'STALE', due ms

@@ -1,18 +1,21 @@
 -- Deliver an input (signal, cancel request, hook payload, child result) to
--- a workflow's current run: stamp it, push it onto the inbox, wake the run.
--- KEYS: instance, run, inbox
--- ARGV: run id (the caller's view of the current run), event type, event data (msgpack),
---       '1' to accept any run id (child results address one run exactly)
--- Returns {'OK'} | {'MOVED', current run id} | {'CLOSED', status}
+-- a workflow's current run, or to exactly one run: stamp it, push it onto the
+-- run's inbox, wake the run. Resolving the current run here (not in the
+-- caller) makes a signal one round trip and immune to a continue-as-new racing it.
+-- KEYS: instance[, run, inbox] (run and inbox only with an exact run id)
+-- ARGV: run id ('' = the instance's current run), event type, event data (msgpack)
+-- Returns {'OK', run id} | {'CLOSED', status, run id} | {'NOTFOUND'}
 local instance, run, inbox = KEYS[1], KEYS[2], KEYS[3]
-local rid, type_name, data, exact = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local rid, type_name, data = ARGV[1], ARGV[2], ARGV[3]
 
-if exact ~= '1' then
-  local current = redis.call('HGET', instance, 'run')
-  if current ~= rid then return {'MOVED', current or ''} end
+if rid == '' then
+  rid = redis.call('HGET', instance, 'run')
+  if not rid then return {'NOTFOUND'} end
+  local tag = string.match(instance, '^(.-{%d+})')
+  run, inbox = tag .. ':run:' .. rid, tag .. ':in:' .. rid
 end
 local status = redis.call('HGET', run, 'status')
-if not is_open(status) then return {'CLOSED', status or 'missing'} end
+if not is_open(status) then return {'CLOSED', status or 'missing', rid} end
 redis.call('RPUSH', inbox, envelope(type_name, now_ms(), data))
 wake(run, rid)
-return {'OK'}
+return {'OK', rid}
