@@ -372,8 +372,12 @@ class Driver:
             raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
         return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
 
-    def snapshot(self) -> dict[str, Any]:
-        """The run's projection: status, pending steps and waits, buffered signals, history size."""
+    def snapshot(self, status: str | None = None) -> dict[str, Any]:
+        """The run's projection: status, pending steps and waits, buffered signals, history size.
+
+        Args:
+            status: :attr:`status`, when the caller has it already.
+        """
         events, size = self._history_total()
         budget = self.history_budget()
         pending = []
@@ -391,7 +395,7 @@ class Driver:
                 item["policy"] = w.policy
             pending.append(item)
         return {
-            "status": self.status,
+            "status": status or self.status,
             "pending": pending,
             "signals_buffered": {k: len(v) for k, v in self._signals.items() if v},
             "cancel_requested": self._cancel_reason is not None,
@@ -1220,6 +1224,7 @@ class Driver:
 
     def _decision(self, consumed: int) -> Decision:
         self._warn_near_limit()
+        status = self.status
         scheduled: dict[str, ev.ActivityScheduled] = {}
         timers: dict[str, int] = {}
         cancelled_timers: list[str] = []
@@ -1263,8 +1268,8 @@ class Driver:
             cancelled_children=[*self._child_cancels, *close_children],
             hooks=hooks,
             closing=self._closing if any(e is self._closing for e in self._new) else None,
-            status=self.status,
-            snapshot=self.snapshot(),
+            status=status,
+            snapshot=self.snapshot(status),
         )
 
 

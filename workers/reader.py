@@ -12,7 +12,12 @@ worker waits with ``select()`` on those sockets *and* a local pipe. A wake-up
 returns at once with the reads still in flight; their replies are picked up on
 a later call.
 
-On one Redis there is a single group: one ``XREADGROUP`` over every stream. On
+Streams are read in **lanes**, each with its own batch size and its own
+outstanding read: the worker reads workflow tasks in large batches, but only as
+many activity tasks as it has free threads, and stops asking for activity tasks
+while its threads are busy, without holding up its workflow tasks meanwhile.
+
+On one Redis each lane is a single ``XREADGROUP`` over its streams. On
 a Redis Cluster a read over streams of several partitions is a CROSSSLOT error,
 so streams are split into one group per partition, each with its own
 outstanding read on a connection to the node owning that partition's slot; all
@@ -28,7 +33,7 @@ import logging
 import os
 import select
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import redis
@@ -114,15 +119,20 @@ class TaskReader:
         except OSError:
             pass  # the pipe is full of wake-ups already, or the reader is closed
 
-    def read(self, streams: list[str], *, count: int, block_ms: int, wait: bool = True) -> list[Any] | None:
-        """The replies of ``XREADGROUP`` over ``streams`` (``[]`` when a read timed out), or
-        ``None`` when woken (or, with ``wait=False``, when no reply is there yet).
+    def read(
+        self, lanes: Mapping[str, tuple[list[str], int]], *, block_ms: int, wait: bool = True
+    ) -> list[Any] | None:
+        """The replies of ``XREADGROUP`` over the streams of ``lanes`` (``{lane: (streams,
+        count per stream)}``; ``[]`` when a read timed out), or ``None`` when woken (or, with
+        ``wait=False``, when no reply is there yet).
 
-        ``streams``/``count`` apply when a new read is sent; an outstanding one
-        keeps what it was sent with. Replies of several groups are concatenated.
+        A lane with no outstanding read is sent one; an outstanding read keeps the streams
+        and count it was sent with, and its reply is collected even when its lane is no
+        longer asked for. Replies of several reads are concatenated.
         """
         try:
-            self._send(streams, count, block_ms)
+            for lane, (streams, count) in lanes.items():
+                self._send(lane, streams, count, block_ms)
             ready = [r for r in self._reads.values() if r.outstanding and r.conn.can_read(timeout=0)]
             if not ready:
                 if not wait:
@@ -152,7 +162,7 @@ class TaskReader:
             self._reset(moved=True)
             raise redis.ConnectionError(f"cluster reconfigured: {exc}") from exc
 
-    def _send(self, streams: list[str], count: int, block_ms: int) -> None:
+    def _send(self, lane: str, streams: list[str], count: int, block_ms: int) -> None:
         if self._group_of is None:
             groups: dict[Hashable, list[str]] = {None: streams} if streams else {}
         else:
@@ -160,9 +170,9 @@ class TaskReader:
             for stream in streams:
                 groups.setdefault(self._group_of(stream), []).append(stream)
         for group, members in groups.items():
-            r = self._reads.get(group)
+            r = self._reads.get((lane, group))
             if r is None:
-                r = self._reads[group] = _Read(self._client_for(group))
+                r = self._reads[(lane, group)] = _Read(self._client_for(group))
             if not r.outstanding:
                 r.send(self._consumer, members, count, block_ms)
 

@@ -287,14 +287,10 @@ class Decider:
                 self._complete_all(items)
                 continue
             ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
-            entries = [
-                ev.decode(
-                    ev.encode(
-                        ev.ActivityCompleted(id=b["aid"], result=payload, attempt=int(b["attempt"])), ts
-                    )
-                )
-                for b, payload, _ in items
-            ]
+            entries = []
+            for b, payload, _ in items:
+                event = ev.ActivityCompleted(id=b["aid"], result=payload, attempt=int(b["attempt"]))
+                entries.append(ev.Entry(seq=0, ts=ts, event=event, raw=ev.encode(event, ts)))
             first = items[0][0]
             ref = RunRef(first["p"], rid, first["wid"])
             try:

@@ -28,7 +28,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +50,12 @@ from .runner import (
     run_activity,
 )
 from .scheduler import Scheduler
+from .threads import ActivityThreads
 
 log = logging.getLogger("durable.worker")
+
+EAGER_BACKLOG_MS = 5.0
+"""In eager mode, how much queued work (by recent run times) a worker holds per thread."""
 
 
 def load_app(modules: Iterable[str]) -> list[Any]:
@@ -143,16 +146,29 @@ class Worker:
         self.consumer = consumer_name()
         defined = _defined_in(self.app)
 
+        # Asked once per decision and per activity: an allowed name is remembered.
+        allowed: set[tuple[str, str]] = set()
+
         def workflow_ok(name: str) -> bool:
+            if ("w", name) in allowed:
+                return True
             cls = registry.workflows().get(name)
-            return cls is not None and defined(cls.__module__)
+            ok = cls is not None and defined(cls.__module__)
+            if ok:
+                allowed.add(("w", name))
+            return ok
 
         def activity_ok(name: str) -> bool:
+            if ("a", name) in allowed:
+                return True
             definition = registry.activities().get(name)
             # durable's own activities (opening a worker session) run on every worker.
-            return definition is not None and (
+            ok = definition is not None and (
                 defined(definition.module) or definition.module.startswith("durable.")
             )
+            if ok:
+                allowed.add(("a", name))
+            return ok
 
         self._workflow_ok = workflow_ok
         self._activity_ok = activity_ok
@@ -181,11 +197,8 @@ class Worker:
             [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
         )
         self.outbox_streams = [keys.outbox(p) for p in parts]
-        self._pool = ThreadPoolExecutor(
-            max_workers=concurrency,
-            thread_name_prefix="durable-activity",
-            initializer=set_worker_identity,
-            initargs=(self.consumer, self.session_queue),
+        self._pool = ActivityThreads(
+            concurrency, initializer=set_worker_identity, initargs=(self.consumer, self.session_queue)
         )
         self._busy = 0
         self._busy_lock = threading.Lock()
@@ -222,6 +235,7 @@ class Worker:
         self._completed: deque[dict[str, Any]] = deque()
         self._leased = 0
         self._reserved = 0
+        self._leased_ms = EAGER_BACKLOG_MS  # unknown yet: hold one activity per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
         self._leases: set[tuple[int, str, str, int]] = set()
         self.decider = Decider(
@@ -283,7 +297,7 @@ class Worker:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it
                 # would take tasks this stopping worker never sees.
-                self._handle(self.reader.read([], count=1, block_ms=self.block_ms) or [])
+                self._handle(self.reader.read({}, block_ms=self.block_ms) or [])
         finally:
             self._shutdown()
 
@@ -311,7 +325,7 @@ class Worker:
                 self._busy,
                 self.grace,
             )
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self.scheduler.stop()
         try:
             self.scheduler.release()
@@ -325,14 +339,17 @@ class Worker:
     def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether this worker runs an activity its decision scheduled, under a lease.
 
-        Local activities always do; in eager mode, others do while at most two per
-        thread are held here (the rest go to the activity queue, where any worker
-        can take them), which bounds what one worker hoards.
+        Local activities always do; in eager mode, others do while this worker holds
+        less than :data:`EAGER_BACKLOG_MS` of work per thread (by the leased activities'
+        recent run time: one per thread for slow ones, up to eight per thread for
+        activities that take microseconds). The rest go to the activity queue, where
+        any worker can take them, so one worker never hoards a fan-out of slow work.
         """
         if not self._activity_ok(scheduled.name):
             return False
         with self._busy_lock:
-            free = self._busy + self._reserved < 2 * self.concurrency
+            per_thread = min(8.0, max(1.0, EAGER_BACKLOG_MS / max(self._leased_ms, 0.001)))
+            free = self._busy + self._reserved < per_thread * self.concurrency
             if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
                 self._reserved += 1
                 return True
@@ -355,6 +372,7 @@ class Worker:
 
     def _leased_activity(self, body: dict[str, Any]) -> None:
         lease = (body["p"], body["rid"], body["aid"], int(body["attempt"]))
+        started = time.perf_counter()
         try:
             execute_attempt(
                 self.store,
@@ -374,6 +392,8 @@ class Worker:
             with self._busy_lock:
                 self._busy -= 1
                 self._leased -= 1
+                # Moving average of a leased activity's run time (ms), for the eager backlog.
+                self._leased_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._leased_ms)
 
     def _on_reclaimed(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
         self._reclaimed.append((stream, entry_id, fields))
@@ -431,13 +451,14 @@ class Worker:
                 )
                 continue
             self._dispatch(stream, entry_id, fields, redelivered=True)
+        # Workflow and outbox tasks in large batches; activity tasks (their own read) only
+        # while a thread is free, at most as many as are free (COUNT is per stream).
+        lanes = {"decisions": (self._decision_streams() + self.outbox_streams, 64)}
         free = self.concurrency - self._busy
-        streams = self._decision_streams() + self.outbox_streams + (self.activity_streams if free > 0 else [])
+        if free > 0:
+            lanes["activities"] = (self.activity_streams, free)
         idle = not (self._eager_done or self._reclaimed or self._completed)
-        # COUNT is per stream: activity streams take at most `free` each; with no free
-        # thread only workflow and outbox streams are read, in larger batches.
-        count = free if free > 0 else 64
-        response = self.reader.read(streams, count=count, block_ms=self.block_ms, wait=idle)
+        response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
         self._handle(response or [])
 
     def _handle(self, response: list[Any]) -> None:

@@ -45,6 +45,7 @@ class Keys:
         self.prefix = prefix
         self.partitions = partitions
         self.meta = f"{prefix}:meta"
+        self._tags = [f"{prefix}:{{{p}}}" for p in range(partitions)]
 
     def partition(self, workflow_id: str) -> int:
         """The partition of a workflow id: stable across processes and versions (CRC-32)."""
@@ -52,7 +53,7 @@ class Keys:
 
     def tag(self, p: int) -> str:
         """The key prefix carrying partition ``p``'s hash tag; scripts build run keys from it."""
-        return f"{self.prefix}:{{{p}}}"
+        return self._tags[p] if 0 <= p < self.partitions else f"{self.prefix}:{{{p}}}"
 
     def instance(self, p: int, workflow_id: str) -> str:
         return f"{self.tag(p)}:wf:{workflow_id}"

@@ -68,17 +68,24 @@ end
 for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
 for _, h in ipairs(plan.hooks) do redis.call('HSET', hooks, h[1], rid .. '|' .. h[2]) end
 
-redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
--- The committing worker holds the run's driver in its cache: its next tasks go there.
-if plan.sticky ~= nil then redis.call('HSET', run, 'sticky', plan.sticky) end
+if plan.sticky ~= nil then
+  -- The committing worker holds the run's driver in its cache: its next tasks go there.
+  redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts,
+    'sticky', plan.sticky)
+else
+  redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
+end
 if plan.pin ~= nil and (redis.call('HGET', run, 'build') or '') == '' then
   -- First decision of a versioned worker: the run is pinned to its build from now on.
   redis.call('HSET', run, 'build', plan.pin[1], 'wq', plan.pin[2])
 end
-local current = redis.call('HGET', instance, 'run') == rid
-if current then redis.call('HSET', instance, 'status', plan.status, 'updated', ts) end
-
 local closed = plan.close ~= nil
+-- The instance mirrors its current run's status (and when it last changed).
+local current = nil
+if closed or plan.status ~= st[2] then
+  current = redis.call('HGET', instance, 'run') == rid
+  if current then redis.call('HSET', instance, 'status', plan.status, 'updated', ts) end
+end
 if closed then
   redis.call('HSET', run, 'closed', ts, 'outcome', plan.close)
   -- Nothing can apply what is still in the inbox: keep it beside the history.

@@ -1,0 +1,65 @@
+"""The activity threads: a fixed set of threads running submitted calls in order.
+
+Lighter than ``concurrent.futures.ThreadPoolExecutor`` on the hot path: no
+Future per call (the calls hand their results over themselves), one lock-free
+``SimpleQueue``. A call's exception is logged; the thread carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("durable.worker")
+
+
+class ActivityThreads:
+    """``n`` daemon threads, each first running ``initializer(*initargs)``."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        name: str = "durable-activity",
+        initializer: Callable[..., None] = lambda: None,
+        initargs: tuple[Any, ...] = (),
+    ) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._initializer = initializer
+        self._initargs = initargs
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(n)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the next free thread."""
+        self._calls.put((fn, args))
+
+    def shutdown(self) -> None:
+        """Drop the calls not started yet; the threads exit after their current call."""
+        try:
+            while True:
+                self._calls.get_nowait()
+        except queue.Empty:
+            pass
+        for _ in self._threads:
+            self._calls.put(None)
+
+    def _serve(self) -> None:
+        self._initializer(*self._initargs)
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            fn, args = call
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a call must not take its thread down
+                log.exception("activity thread: %s failed", getattr(fn, "__name__", fn))
