@@ -620,6 +620,30 @@ class Harness:
         keys = [f"{ref.run_id}:{e.event.to_data()['id']}" for e in hist if e.type == "ActivityScheduled"]
         return ref, keys
 
+    def _stuck_state(self, workflow_id: str) -> str:
+        """Where an unfinished run stands (for the report): its record, inbox and task streams."""
+        r, k = self.store.redis, self.store.keys
+        try:
+            ref = self.store.ref(workflow_id)
+            p = ref.partition
+            record = {
+                key.decode(): value[:60]
+                for key, value in r.hgetall(k.run(p, ref.run_id)).items()
+                if key not in (b"snapshot", b"parent")
+            }
+            streams = {}
+            for key in r.scan_iter(match=f"{k.tag(p)}:wq:*"):
+                name = key.decode()
+                entries = [f.get(b"run", b"").decode() for _, f in r.xrange(name)]
+                if ref.run_id in entries:
+                    streams[name] = entries.count(ref.run_id)
+            return (
+                f"record={record} inbox={r.llen(k.inbox(p, ref.run_id))} task entries={streams} "
+                f"sticky hosts={sorted(h.decode() for h in r.smembers(k.sticky_hosts(p)))}"
+            )
+        except Exception as exc:  # noqa: BLE001 - a report, not a check
+            return f"(state unreadable: {exc})"
+
     def check(self) -> None:
         v = self.out.violations
         for idx, info in self.runs.items():
@@ -634,6 +658,7 @@ class Harness:
                         pass
                 else:
                     self.out.lost.append(stub.id)
+                    self.out.violations.append(f"lost {stub.id}: {self._stuck_state(stub.id)}")
                 continue
             checked = self._check_history(stub.id, expected(idx), f"run {idx}")
             child = self._check_history(f"{stub.id}/5", idx * 2 + 1, f"run {idx} child")
