@@ -261,9 +261,9 @@ class Engine:
     def w6(self, sizes: list[int]) -> dict[str, Any]:
         """Cost of one decision on a run with N events in history, cache hit vs no cache.
 
-        One run of ``TenSteps(max(sizes)/2 + 20)`` is driven by Deciders in this
+        One run of ``TenSteps(max(sizes)/2 + 60)`` is driven by Deciders in this
         process (key prefix ``bench-w6``, invisible to the worker processes): a
-        default-cache Decider builds the history; at each size it times 5
+        default-cache Decider builds the history; at each size it times 21
         decisions with the cache, then 3 decisions of a ``cache_size=0`` Decider
         (full replay each). Timed: ``Decider.handle`` = load + replay/apply + commit.
         """
@@ -276,7 +276,7 @@ class Engine:
 
         store = RedisStore(self.url, prefix="bench-w6")
         try:
-            steps = max(sizes) // 2 + 20
+            steps = max(sizes) // 2 + 60  # room for the timed decisions past the largest size
             stub = WorkflowStub.make(TenSteps, store=store).start(steps)
             keys = store.keys
             p = keys.partition(stub.id)
@@ -307,7 +307,7 @@ class Engine:
                 while seq() < size - 1:
                     step(cached)
                 at = seq()
-                hit = statistics.median(step(cached) for _ in range(5))
+                hit = statistics.median(step(cached) for _ in range(21))
                 uncached = Decider(store, cache_size=0)
                 miss = statistics.median(step(uncached) for _ in range(3))
                 out[size] = {"events": at, "cached_s": hit, "uncached_s": miss}
