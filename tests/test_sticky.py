@@ -1,5 +1,5 @@
 """Sticky workflow tasks: a run's next task goes to the worker whose cache holds its driver,
-and back to the shared queue when that worker stops or dies."""
+and back to the shared queue when that worker stops or dies; and the worker process's GC setup."""
 
 from __future__ import annotations
 
@@ -77,14 +77,23 @@ def test_tasks_sent_to_a_killed_worker_go_to_another(redis_url: str, store: Redi
         stub = WorkflowStub.make(Waiter).start(0.05)
         wait_for(lambda: stub.status() == "suspended" and _sticky_host(store, stub) != "", timeout=30)
         host = _sticky_host(store, stub)
+        p = store.ref(stub.id).partition
+        assert store.redis.exists(store.keys.alive(p, host)), "a worker holds its lease before it decides"
         victim.send_signal(signal.SIGKILL)
         victim.wait(5)
     finally:
         stop(victim)
     # Its lease has not run out yet: the signal's task goes to the dead worker's stream...
     stub.signal("go", "late")
-    p = store.ref(stub.id).partition
-    assert store.redis.xlen(store.keys.workflow_tasks(p, host)) == 1
+    k, r = store.keys, store.redis
+    ref = store.ref(stub.id)
+    assert r.xlen(k.workflow_tasks(p, host)) == 1, (
+        r.hgetall(k.run(p, ref.run_id)),
+        r.exists(k.alive(p, host)),
+        r.xlen(k.workflow_tasks(p, "default")),
+        r.lrange(k.inbox(p, ref.run_id), 0, -1),
+        r.zrange(k.timers(p), 0, -1),
+    )
     # ...and a live worker hands it back once the lease lapses.
     other = spawn_worker(redis_url, extra=("--claim-idle", "1.5"))
     try:
@@ -109,3 +118,18 @@ def test_a_stopping_worker_gives_its_runs_back_at_once(redis_url: str, store: Re
         assert stub.result(timeout=10) == "moved"
     finally:
         stop(second)
+
+
+def test_tune_gc_raises_the_young_threshold_and_freezes_what_is_loaded() -> None:
+    import gc
+
+    from workers.worker import tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc(12_345)
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

@@ -324,6 +324,14 @@ _worker_options: list[Callable[[Any], Any]] = [
     ),
     click.option("--unversioned", is_flag=True, help="No build id: pin nothing, take any unpinned run."),
     click.option(
+        "--gc-threshold",
+        default=10_000,
+        show_default=True,
+        type=click.IntRange(0),
+        help="Allocations between the garbage collector's young-generation passes (Python's default "
+        "is 700); 0 leaves the collector as Python sets it. See docs/operations.md.",
+    ),
+    click.option(
         "--log-format",
         type=click.Choice(["text", "json"]),
         default="text",
@@ -381,6 +389,10 @@ def _run_worker(state: _State, apps: Sequence[str], queues: Sequence[str], optio
     from workers.worker import code_build_id
 
     modules = _load(apps)
+    if options["gc_threshold"]:
+        from workers.worker import tune_gc
+
+        tune_gc(options["gc_threshold"])
     build_id = "" if options["unversioned"] else (options["build_id"] or code_build_id(modules))
     worker = Worker(
         state.store,
@@ -440,6 +452,7 @@ def worker(
         args += ["--compatible-build-id", build]
     args += ["--concurrency", str(options["concurrency"]), "--cache-size", str(options["cache_size"])]
     args += ["--claim-idle", str(options["claim_idle"]), "--eager" if options["eager"] else "--no-eager"]
+    args += ["--gc-threshold", str(options["gc_threshold"])]
     if options["unversioned"]:
         args.append("--unversioned")
     elif options["build_id"]:

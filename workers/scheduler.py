@@ -176,8 +176,8 @@ class Scheduler:
         for p in range(keys.partitions):
             self.store.unstick(p, self.session_queue)
 
-    def _check_workers(self) -> None:
-        """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
+    def renew_lease(self) -> None:
+        """Take or renew this worker's lease (its sessions' host lease and its sticky runs')."""
         keys = self.store.keys
         if self.session_queue:
             with self.store.redis.pipeline(transaction=False) as pipe:
@@ -185,6 +185,11 @@ class Scheduler:
                     pipe.set(keys.alive(p, self.session_queue), self.consumer, px=self.claim_idle_ms)
                     pipe.sadd(keys.sticky_hosts(p), self.session_queue)
                 pipe.execute()
+
+    def _check_workers(self) -> None:
+        """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
+        keys = self.store.keys
+        self.renew_lease()
         for p in range(keys.partitions):
             self._fail_lost_sessions(p)
             for raw in self.store.redis.smembers(keys.sticky_hosts(p)):
