@@ -265,7 +265,8 @@ class Engine:
         process (key prefix ``bench-w6``, invisible to the worker processes): a
         default-cache Decider builds the history; at each size it times 21
         decisions with the cache, then 3 decisions of a ``cache_size=0`` Decider
-        (full replay each). Timed: ``Decider.handle`` = load + replay/apply + commit.
+        (full replay each). Timed: ``Decider.handle`` = load + replay/apply + commit,
+        with the garbage collector set up as in a worker process (``tune_gc``).
         """
         from bench_apps import TenSteps
 
@@ -274,7 +275,14 @@ class Engine:
         from durable.store.redis_store import RedisStore
         from workers.runner import Decider, run_activity
 
+        import gc
+
+        from workers.worker import tune_gc
+
         store = RedisStore(self.url, prefix="bench-w6")
+        # Decide as a worker process does: with its garbage-collector settings.
+        threshold = gc.get_threshold()
+        tune_gc(10_000)
         try:
             steps = max(sizes) // 2 + 60  # room for the timed decisions past the largest size
             stub = WorkflowStub.make(TenSteps, store=store).start(steps)
@@ -314,6 +322,8 @@ class Engine:
             stub.terminate("benchmark done")
             return {"sizes": out}
         finally:
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
             store.close()
 
     def w7(self, n_runs: int) -> dict[str, Any]:
