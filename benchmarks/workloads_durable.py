@@ -268,15 +268,14 @@ class Engine:
         (full replay each). Timed: ``Decider.handle`` = load + replay/apply + commit,
         with the garbage collector set up as in a worker process (``tune_gc``).
         """
+        import gc
+
         from bench_apps import TenSteps
 
         from durable import WorkflowStub
         from durable.store.keys import GROUP
         from durable.store.redis_store import RedisStore
         from workers.runner import Decider, run_activity
-
-        import gc
-
         from workers.worker import tune_gc
 
         store = RedisStore(self.url, prefix="bench-w6")

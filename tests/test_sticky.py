@@ -29,6 +29,13 @@ def _sticky_host(store: RedisStore, stub: WorkflowStub) -> str:
     return raw.decode() if raw else ""
 
 
+def _waiting_run(store: RedisStore) -> tuple[WorkflowStub, str]:
+    """A run waiting for its signal, and the worker it is sticky to."""
+    stub = WorkflowStub.make(Waiter).start(0.05)
+    wait_for(lambda: stub.status() == "suspended" and _sticky_host(store, stub) != "", timeout=30)
+    return stub, _sticky_host(store, stub)
+
+
 def test_a_run_is_decided_by_the_worker_that_cached_it(store: RedisStore) -> None:
     first, second = (Worker(store, concurrency=2, grace=5, block_ms=100) for _ in range(2))
     with WorkerThread(first), WorkerThread(second):
@@ -74,9 +81,7 @@ def test_unstick_leaves_a_live_workers_tasks_alone(store: RedisStore) -> None:
 def test_tasks_sent_to_a_killed_worker_go_to_another(redis_url: str, store: RedisStore) -> None:
     victim = spawn_worker(redis_url, extra=("--claim-idle", "1.5"))
     try:
-        stub = WorkflowStub.make(Waiter).start(0.05)
-        wait_for(lambda: stub.status() == "suspended" and _sticky_host(store, stub) != "", timeout=30)
-        host = _sticky_host(store, stub)
+        stub, host = _waiting_run(store)
         p = store.ref(stub.id).partition
         assert store.redis.exists(store.keys.alive(p, host)), "a worker holds its lease before it decides"
         victim.send_signal(signal.SIGKILL)
@@ -85,15 +90,7 @@ def test_tasks_sent_to_a_killed_worker_go_to_another(redis_url: str, store: Redi
         stop(victim)
     # Its lease has not run out yet: the signal's task goes to the dead worker's stream...
     stub.signal("go", "late")
-    k, r = store.keys, store.redis
-    ref = store.ref(stub.id)
-    assert r.xlen(k.workflow_tasks(p, host)) == 1, (
-        r.hgetall(k.run(p, ref.run_id)),
-        r.exists(k.alive(p, host)),
-        r.xlen(k.workflow_tasks(p, "default")),
-        r.lrange(k.inbox(p, ref.run_id), 0, -1),
-        r.zrange(k.timers(p), 0, -1),
-    )
+    assert store.redis.xlen(store.keys.workflow_tasks(p, host)) == 1
     # ...and a live worker hands it back once the lease lapses.
     other = spawn_worker(redis_url, extra=("--claim-idle", "1.5"))
     try:
@@ -108,8 +105,7 @@ def test_a_stopping_worker_gives_its_runs_back_at_once(redis_url: str, store: Re
     # Long leases: only the stopping worker's own release can make this quick.
     first = spawn_worker(redis_url, extra=("--claim-idle", "60"))
     try:
-        stub = WorkflowStub.make(Waiter).start(0.05)
-        wait_for(lambda: stub.status() == "suspended" and _sticky_host(store, stub) != "", timeout=30)
+        stub, _ = _waiting_run(store)
     finally:
         assert stop(first) == 0
     second = spawn_worker(redis_url, extra=("--claim-idle", "60"))

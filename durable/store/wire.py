@@ -59,13 +59,21 @@ class Wire:
         return replies
 
     def transaction(self, commands: Sequence[Command]) -> list[Any]:
-        """``commands`` inside MULTI/EXEC (one atomic read or write); their replies in order."""
+        """``commands`` inside MULTI/EXEC (one atomic read or write); their replies in order.
+
+        Raises:
+            redis.ResponseError: the first command Redis refused (e.g. WRONGTYPE on a
+                foreign key), as redis-py's pipelines do.
+        """
         replies = self._round_trip([("MULTI",), *commands, ("EXEC",)])
         result = replies[-1]
         if isinstance(result, Exception):
             raise result
         if result is None:  # pragma: no cover - no WATCH is ever used
             raise rexc.WatchError("transaction aborted")
+        for reply in result:
+            if isinstance(reply, Exception):
+                raise reply
         return list(result)
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
