@@ -159,3 +159,18 @@ def test_runs_survive_a_redis_restart_with_aof(fresh_redis, monkeypatch) -> None
             assert x.result(timeout=20) == x.id
             seqs = [e.seq for e in x.history()]
             assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_the_hot_path_reloads_its_scripts_after_script_flush(store: RedisStore) -> None:
+    """load/commit/complete use raw pipelines (durable/store/wire.py): a Redis that lost the
+    scripts (restart without them, SCRIPT FLUSH) answers NOSCRIPT, and the refused commands
+    are sent again once the scripts are loaded; nothing else in the batch runs twice."""
+    worker = Worker(store, concurrency=2, grace=5, block_ms=100)
+    with WorkerThread(worker):
+        assert WorkflowStub.make(Sequence).start(3).result(timeout=15) == 3
+        store.redis.script_flush()
+        stubs = [WorkflowStub.make(Sequence).start(4) for _ in range(3)]
+        assert [s.result(timeout=15) for s in stubs] == [6, 6, 6]
+    for stub in stubs:
+        types = [e.type for e in stub.history()]
+        assert types.count("ActivityScheduled") == types.count("ActivityCompleted") == 4
