@@ -2,14 +2,16 @@
 
 One worker process has:
 
-* the **main thread**, which blocks on one ``XREADGROUP`` over all its task
-  streams (on a Redis Cluster: one per partition, waited on together; no busy
-  polling), decides workflow tasks itself (greenlets can only
+* the **main thread**, which blocks on ``XREADGROUP`` reads of its task streams
+  (``reader.py``: one read for workflow and outbox tasks, one for activity tasks
+  while a thread is free; on a Redis Cluster one per partition each; all waited
+  on together, no busy polling), decides workflow tasks itself (greenlets can only
   be resumed on the thread that created them, so the run cache lives here) and
-  carries out outbox messages;
-* a bounded **thread pool** for activity attempts (the main thread only claims
-  as many activity tasks as there are free slots);
-* the **scheduler** thread (``scheduler.py``).
+  carries out outbox messages. Its workflow tasks include a private stream of
+  the runs it decided last (sticky: their drivers are in its cache);
+* ``concurrency`` **activity threads** (``threads.py``);
+* the **scheduler** thread (``scheduler.py``), which also keeps the worker's
+  lease alive (its sessions and sticky runs depend on it).
 
 SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to
 ``grace`` seconds), exit. A task still unfinished stays in the consumer
