@@ -120,3 +120,32 @@ def test_failed_run_result_carries_cause(worker) -> None:
     stub = WorkflowStub.make(Boom).start()
     with pytest.raises(WorkflowFailed, match="boom"):
         stub.result(timeout=10)
+
+
+def test_a_worker_does_not_hoard_slow_activity_tasks(store, tmp_path) -> None:
+    """One read over many activity streams can bring several tasks (COUNT is per stream);
+    a worker keeps what its threads will start soon and puts the rest back for others."""
+    from apps.basic import SlowSteps
+
+    from workers.worker import Worker, WorkerThread
+
+    first, second = (Worker(store, concurrency=1, grace=5, block_ms=100) for _ in range(2))
+    by_partition: dict[int, str] = {}
+    i = 0
+    while len(by_partition) < store.keys.partitions:
+        by_partition.setdefault(store.keys.partition(f"hoard-{i}"), f"hoard-{i}")
+        i += 1
+    with WorkerThread(first), WorkerThread(second):
+        # Both threads busy first, so the next tasks pile up in several partitions' streams.
+        blockers = [WorkflowStub.make(SlowSteps).start(str(tmp_path / f"b{n}"), 1, 0.6) for n in range(2)]
+        wait_for(lambda: first._busy == 1 and second._busy == 1)
+        stubs = [
+            WorkflowStub.make(SlowSteps, id=wid).start(str(tmp_path / wid), 1, 0.2)
+            for wid in by_partition.values()
+        ]
+        for stub in [*blockers, *stubs]:
+            stub.result(timeout=30)
+    ran = (first.activities_run, second.activities_run)
+    assert sum(ran) == 2 + len(stubs)
+    # Hoarding would leave one worker with its blocker only and the other with everything else.
+    assert min(ran) >= 3, ran

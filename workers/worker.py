@@ -57,8 +57,10 @@ from .threads import ActivityThreads
 
 log = logging.getLogger("durable.worker")
 
-EAGER_BACKLOG_MS = 5.0
-"""In eager mode, how much queued work (by recent run times) a worker holds per thread."""
+BACKLOG_MS = 5.0
+"""How much claimed-but-not-started activity work (by recent run times) a worker holds per
+thread: activity tasks it read beyond that, and leased (eager) activities beyond that, are
+left to other workers."""
 
 
 def load_app(modules: Iterable[str]) -> list[Any]:
@@ -254,7 +256,7 @@ class Worker:
         self._completed: deque[dict[str, Any]] = deque()
         self._leased = 0
         self._reserved = 0
-        self._leased_ms = EAGER_BACKLOG_MS  # unknown yet: hold one activity per thread
+        self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
         self._leases: set[tuple[int, str, str, int]] = set()
         self.decider = Decider(
@@ -361,20 +363,27 @@ class Worker:
         """Whether this worker runs an activity its decision scheduled, under a lease.
 
         Local activities always do; in eager mode, others do while this worker holds
-        less than :data:`EAGER_BACKLOG_MS` of work per thread (by the leased activities'
-        recent run time: one per thread for slow ones, up to eight per thread for
+        less than :data:`BACKLOG_MS` of work per thread (by the activities' recent
+        run time: one per thread for slow ones, up to eight per thread for
         activities that take microseconds). The rest go to the activity queue, where
         any worker can take them, so one worker never hoards a fan-out of slow work.
         """
         if not self._activity_ok(scheduled.name):
             return False
         with self._busy_lock:
-            per_thread = min(8.0, max(1.0, EAGER_BACKLOG_MS / max(self._leased_ms, 0.001)))
-            free = self._busy + self._reserved < per_thread * self.concurrency
+            free = self._busy + self._reserved < self._backlog()
             if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
                 self._reserved += 1
                 return True
         return False
+
+    def _backlog(self) -> float:
+        """How many activities this worker may hold (running or waiting for a thread)."""
+        return min(8.0, max(1.0, BACKLOG_MS / max(self._activity_ms, 0.001))) * self.concurrency
+
+    def _ran(self, started: float) -> None:
+        # Moving average of an activity's run time here (ms); called holding _busy_lock.
+        self._activity_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._activity_ms)
 
     def _lease_dropped(self, n: int) -> None:
         with self._busy_lock:
@@ -413,8 +422,7 @@ class Worker:
             with self._busy_lock:
                 self._busy -= 1
                 self._leased -= 1
-                # Moving average of a leased activity's run time (ms), for the eager backlog.
-                self._leased_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._leased_ms)
+                self._ran(started)
 
     def _on_reclaimed(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
         self._reclaimed.append((stream, entry_id, fields))
@@ -484,14 +492,23 @@ class Worker:
 
     def _handle(self, response: list[Any]) -> None:
         decisions: list[Task] = []
+        # COUNT is per stream, so one read over many activity streams may bring more tasks
+        # than this worker should hold: the excess goes back to its streams for others.
+        room = int(self._backlog()) - self._busy
+        excess: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
         for stream_raw, entries in response:
             stream = stream_raw.decode() if isinstance(stream_raw, bytes) else stream_raw
             for entry_id_raw, fields in entries:
                 entry_id = entry_id_raw.decode() if isinstance(entry_id_raw, bytes) else entry_id_raw
                 if ":wq:" in stream:
                     decisions.append(Task(self.store.keys.partition_of_key(stream), stream, entry_id, fields))
+                elif ":aq:" in stream and room <= 0:
+                    excess.setdefault(stream, []).append((entry_id, fields))
                 else:
+                    room -= ":aq:" in stream
                     self._dispatch(stream, entry_id, fields)
+        for stream, items in excess.items():
+            self.store.requeue(stream, items)
         if decisions:
             self.decider.handle_batch(decisions)
             self.decisions += len(decisions)
@@ -514,6 +531,7 @@ class Worker:
             log.error("task from unknown stream %s", stream)
 
     def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
+        started = time.perf_counter()
         try:
             run_activity(
                 self.store,
@@ -534,6 +552,7 @@ class Worker:
             with self._busy_lock:
                 self._busy -= 1
                 self._in_flight.pop((stream, entry_id), None)
+                self._ran(started)
 
 
 class WorkerThread:

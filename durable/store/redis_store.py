@@ -840,6 +840,16 @@ class RedisStore:
             pipe.xdel(stream, entry_id)
             pipe.execute()
 
+    def requeue(self, stream: str, entries: Sequence[tuple[str, Mapping[bytes, bytes]]]) -> None:
+        """Put tasks this consumer claimed but will not run back at the end of ``stream``
+        (as new entries, for any worker), in one MULTI/EXEC."""
+        with self.pipeline(stream) as pipe:
+            for entry_id, fields in entries:
+                pipe.xadd(stream, dict(fields))
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+            pipe.execute()
+
     def reroute(self, p: int, stream: str, entry_id: str, run_id: str, target: str) -> None:
         """Hand a workflow task to the stream of the build its run is pinned to."""
         with self.pipeline(stream) as pipe:
