@@ -260,6 +260,21 @@ class RedisStore:
                 replies[i] = reply
         return replies
 
+    def _script_many(
+        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
+    ) -> list[Any]:
+        """Run script ``name`` once per ``(keys, args)`` in one round trip per server (each call
+        atomic on its own): raw EVALSHAs on one Redis, a pipeline per node on a cluster."""
+        if self._wire is None:
+            return self._script_per_node(name, calls, raise_on_error=raise_on_error)
+        sha = self._scripts[name].sha
+        replies = self._wire.execute([("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls])
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
     def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self._scripts[name](keys=list(keys), args=list(args))
 
@@ -324,16 +339,19 @@ class RedisStore:
         cluster one MULTI per partition, on the node that holds it."""
         if self._wire is None:
             return self._load_many_cluster(runs)
-        k = self.keys
-        commands: list[tuple[Any, ...]] = []
-        for p, run_id, after_seq in runs:
-            commands.append(("HMGET", k.run(p, run_id), *DECISION_FIELDS))
-            commands.append(("LRANGE", k.inbox(p, run_id), 0, -1))
-            commands.append(("XRANGE", k.history(p, run_id), f"0-{after_seq + 1}", "+"))
-        replies = self._wire.transaction(commands)
+        replies = self._wire.transaction([c for run in runs for c in self._load_commands(*run)])
         for i in range(2, len(replies), 3):
             replies[i] = stream_rows(replies[i])
         return self._loaded(replies)
+
+    def _load_commands(self, p: int, run_id: str, after_seq: int) -> list[tuple[Any, ...]]:
+        """The three reads of a decision's load: record fields, inbox, history after ``after_seq``."""
+        k = self.keys
+        return [
+            ("HMGET", k.run(p, run_id), *DECISION_FIELDS),
+            ("LRANGE", k.inbox(p, run_id), 0, -1),
+            ("XRANGE", k.history(p, run_id), f"0-{after_seq + 1}", "+"),
+        ]
 
     def _load_many_cluster(
         self, runs: Sequence[tuple[int, str, int]]
@@ -346,10 +364,8 @@ class RedisStore:
             try:
                 with self.partition_client(p).pipeline(transaction=True) as pipe:
                     for i in indexes:
-                        _, run_id, after_seq = runs[i]
-                        pipe.hmget(self.keys.run(p, run_id), DECISION_FIELDS)
-                        pipe.lrange(self.keys.inbox(p, run_id), 0, -1)
-                        pipe.xrange(self.keys.history(p, run_id), f"0-{after_seq + 1}", "+")
+                        for command in self._load_commands(*runs[i]):
+                            pipe.execute_command(*command)
                     got = pipe.execute()
             except (rexc.AskError, rexc.ExecAbortError, rexc.ConnectionError, rexc.ClusterDownError):
                 self.refresh_topology()
@@ -545,28 +561,11 @@ class RedisStore:
         Returns, per decision, its :class:`CommitResult` or the exception it
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
-        script = self._scripts["commit"]
-        if self._wire is not None:
-            calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
-            try:
-                replies: list[Any] = self._wire.execute(
-                    [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-                )
-            except redis.RedisError as exc:
-                replies = [exc] * len(decisions)
-        elif len(decisions) == 1:
-            ref, decision = decisions[0]
-            keys, args = self.commit_args(ref, **decision)
-            try:
-                replies = [script(keys=keys, args=args)]
-            except redis.RedisError as exc:
-                replies = [exc]
-        else:
-            calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
-            try:
-                replies = self._script_per_node("commit", calls, raise_on_error=False)
-            except redis.RedisError as exc:
-                replies = [exc] * len(decisions)
+        calls = [self.commit_args(ref, **decision) for ref, decision in decisions]
+        try:
+            replies = self._script_many("commit", calls, raise_on_error=False)
+        except redis.RedisError as exc:
+            replies = [exc] * len(decisions)
         return [
             _commit_outcome(ref.run_id, decision["expected_seq"], reply)
             for (ref, decision), reply in zip(decisions, replies, strict=True)
@@ -607,18 +606,8 @@ class RedisStore:
 
     def complete_many(self, attempts: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
         """Finish several attempts in one round trip (each one atomic on its own)."""
-        script = self._scripts["complete_activity"]
-        if self._wire is not None:
-            calls = [self.complete_args(**attempt) for attempt in attempts]
-            replies = self._wire.execute([("EVALSHA", script.sha, len(k), *k, *a) for k, a in calls])
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-        elif len(attempts) == 1:
-            replies = [script(*self.complete_args(**attempts[0]))]
-        else:
-            calls = [self.complete_args(**attempt) for attempt in attempts]
-            replies = self._script_per_node("complete_activity", calls, raise_on_error=True)
+        calls = [self.complete_args(**attempt) for attempt in attempts]
+        replies = self._script_many("complete_activity", calls, raise_on_error=True)
         return [(_s(reply[0]), int(reply[1]) if _s(reply[0]) == "RETRY" else 0) for reply in replies]
 
     def complete_args(
@@ -1022,21 +1011,13 @@ DECISION_FIELDS = ("seq", "status", "blocked", "build", "wq", "workflow_id", "pa
 
 
 def _decision_record(values: Sequence[Any]) -> dict[str, Any] | None:
+    """An HMGET of :data:`DECISION_FIELDS`, decoded like a whole record (``None``: no run)."""
     if values[0] is None:
         return None
-    out: dict[str, Any] = {}
-    for name, value in zip(DECISION_FIELDS, values, strict=True):
-        if value is None:
-            continue
-        if name == "parent":
-            out[name] = codec.unpack(value) if value else None
-        else:
-            out[name] = _s(value)
-    out["seq"] = int(out["seq"])
-    return out
+    return _decode_run({name: v for name, v in zip(DECISION_FIELDS, values, strict=True) if v is not None})
 
 
-def _decode_run(raw: dict[bytes, bytes]) -> dict[str, Any]:
+def _decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = _s(key)
