@@ -187,37 +187,55 @@ class Scheduler:
                 pipe.execute()
 
     def _check_workers(self) -> None:
-        """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
-        keys = self.store.keys
-        self.renew_lease()
-        for p in range(keys.partitions):
-            self._fail_lost_sessions(p)
-            for raw in self.store.redis.smembers(keys.sticky_hosts(p)):
-                host = raw.decode() if isinstance(raw, bytes) else raw
-                if host != self.session_queue:
-                    moved = self.store.unstick(p, host)
-                    if moved > 0:
-                        log.warning(
-                            "worker %s stopped: %d workflow task(s) it held (partition %d) went back to "
-                            "their queues",
-                            host,
-                            moved,
-                            p,
-                        )
+        """Renew this worker's lease; clean up after workers whose lease ran out (they died).
 
-    def _fail_lost_sessions(self, p: int) -> None:
-        """Fail the queued session tasks of partition ``p`` whose host died."""
+        Two reads for every partition at once (who is named, whose lease lives), then
+        work only for the dead: live workers cost no script calls.
+        """
+        self.renew_lease()
         keys = self.store.keys
-        for raw in self.store.redis.smembers(keys.sessions(p)):
-            host = raw.decode() if isinstance(raw, bytes) else raw
-            if host == self.session_queue or self.store.redis.exists(keys.alive(p, host)):
+        parts = range(keys.partitions)
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            for p in parts:
+                pipe.smembers(keys.sessions(p))
+                pipe.smembers(keys.sticky_hosts(p))
+            named = pipe.execute()
+        # (partition, host, has session tasks, has a private workflow stream)
+        others: list[tuple[int, str, bool, bool]] = []
+        for p in parts:
+            sessions, sticky = ({_name(h) for h in named[2 * p + i]} for i in (0, 1))
+            for host in sorted((sessions | sticky) - {self.session_queue}):
+                others.append((p, host, host in sessions, host in sticky))
+        if not others:
+            return
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            for p, host, _, _ in others:
+                pipe.exists(keys.alive(p, host))
+            alive = pipe.execute()
+        for (p, host, session, sticky), live in zip(others, alive, strict=True):
+            if live:
                 continue
-            stream = keys.activity_tasks(p, host)
-            for entry_id, fields in self.store.redis.xrange(stream):
-                self._fail_session_task(stream, entry_id, fields, host)
-            if not self.store.redis.xlen(stream):
-                self.store.redis.delete(stream)
-                self.store.redis.srem(keys.sessions(p), host)
+            if session:
+                self._fail_lost_sessions(p, host)
+            # unstick checks the lease again, atomically: a worker that renewed meanwhile keeps its tasks.
+            moved = self.store.unstick(p, host) if sticky else 0
+            if moved > 0:
+                log.warning(
+                    "worker %s stopped: %d workflow task(s) it held (partition %d) went back to their queues",
+                    host,
+                    moved,
+                    p,
+                )
+
+    def _fail_lost_sessions(self, p: int, host: str) -> None:
+        """Fail the queued session tasks of the dead session host ``host`` in partition ``p``."""
+        keys = self.store.keys
+        stream = keys.activity_tasks(p, host)
+        for entry_id, fields in self.store.redis.xrange(stream):
+            self._fail_session_task(stream, entry_id, fields, host)
+        if not self.store.redis.xlen(stream):
+            self.store.redis.delete(stream)
+            self.store.redis.srem(keys.sessions(p), host)
 
     def _fail_session_task(self, stream: str, entry_id: Any, fields: dict[bytes, bytes], host: str) -> None:
         entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -262,3 +280,7 @@ class Scheduler:
                     )
                 if start in (b"0-0", "0-0") or not entries:
                     break
+
+
+def _name(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
