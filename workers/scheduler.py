@@ -203,9 +203,9 @@ class Scheduler:
         # (partition, host, has session tasks, has a private workflow stream)
         others: list[tuple[int, str, bool, bool]] = []
         for p in parts:
-            sessions, sticky = ({_name(h) for h in named[2 * p + i]} for i in (0, 1))
-            for host in sorted((sessions | sticky) - {self.session_queue}):
-                others.append((p, host, host in sessions, host in sticky))
+            sessions, stickies = ({_name(h) for h in named[2 * p + i]} for i in (0, 1))
+            for host in sorted((sessions | stickies) - {self.session_queue}):
+                others.append((p, host, host in sessions, host in stickies))
         if not others:
             return
         with self.store.redis.pipeline(transaction=False) as pipe:

@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from .embedded import find_redis_server
+from .embedded import find_redis_server, server_settings
 
 __all__ = ["LocalCluster", "SLOTS"]
 
@@ -116,12 +116,7 @@ class LocalCluster:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "5000",
-                "--appendonly", "yes",
-                "--appendfsync", self.appendfsync,
-                "--save", "",
-                # As the embedded server (see embedded.py): compact small streams and hashes.
-                "--stream-node-max-bytes", "512",
-                "--hash-max-ziplist-value", "512",
+                *server_settings(self.appendfsync),
             ]  # fmt: skip
             self._args.append(args)
             self.procs.append(self._launch(i))

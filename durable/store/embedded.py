@@ -105,6 +105,24 @@ def _bundled_server() -> str | None:
     return None
 
 
+def server_settings(appendfsync: str) -> list[str]:
+    """The ``redis-server`` arguments every server durable starts gets (the embedded one,
+    the local test cluster's nodes): AOF persistence, no RDB snapshots, compact small keys.
+
+    Many small keys per run: Redis 6.2 preallocates a stream's listpack to
+    stream-node-max-bytes (4 KB by default), and a hash with a value over
+    hash-max-ziplist-value (64 B) leaves the compact encoding. These two keep a
+    waiting run near 1.5 KB instead of ~6 KB (see docs/operations.md).
+    """
+    return [
+        "--appendonly", "yes",
+        "--appendfsync", appendfsync,
+        "--save", "",
+        "--stream-node-max-bytes", "512",
+        "--hash-max-ziplist-value", "512",
+    ]  # fmt: skip
+
+
 def find_redis_server() -> str:
     """Locate the ``redis-server`` binary to run for the embedded server.
 
@@ -382,15 +400,7 @@ class EmbeddedRedis:
             "--pidfile", str(self.pidfile),
             "--logfile", str(self.logfile),
             "--daemonize", "no",
-            "--appendonly", "yes",
-            "--appendfsync", self.appendfsync,
-            "--save", "",
-            # Many small keys per run: Redis 6.2 preallocates a stream's listpack to
-            # stream-node-max-bytes (4 KB by default), and a hash with a value over
-            # hash-max-ziplist-value (64 B) leaves the compact encoding. These two keep a
-            # waiting run near 1.5 KB instead of ~6 KB (see docs/operations.md).
-            "--stream-node-max-bytes", "512",
-            "--hash-max-ziplist-value", "512",
+            *server_settings(self.appendfsync),
         ]  # fmt: skip
         try:
             proc = subprocess.Popen(
