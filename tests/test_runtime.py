@@ -5,7 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from apps.basic import Boom, Everything, Failing, Hooked, Looper, Parent, Saga, Sequence, Waiter
+from apps.basic import (
+    EVERYTHING_RESULT,
+    Boom,
+    Everything,
+    Failing,
+    Hooked,
+    Looper,
+    Parent,
+    Saga,
+    Sequence,
+    Waiter,
+)
 from scenarios import assert_history_sound
 from waiting import wait_for
 
@@ -31,17 +42,7 @@ def test_every_call_end_to_end(worker, store: RedisStore) -> None:
     stub.signal("bump", 1)
     stub.signal("bump", 1)
     result = stub.result(timeout=15)
-    assert result == {
-        "a": 11,
-        "pair": [3, 7],
-        "approval": "alice",
-        "bumps": 2,
-        "token": "effect",
-        "uuid_len": 36,
-        "version": 2,
-        "child": 6,
-        "later": True,
-    }
+    assert result == EVERYTHING_RESULT
     assert stub.status() == "completed"
     assert stub.query("progress") == {"stage": "done", "bumps": 2}
     history = stub.history()

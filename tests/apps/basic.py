@@ -88,6 +88,20 @@ class Sequence(Workflow):
         return total
 
 
+EVERYTHING_RESULT = {
+    "a": 11,
+    "pair": [3, 7],
+    "approval": "alice",
+    "bumps": 2,
+    "token": "effect",
+    "uuid_len": 36,
+    "version": 2,
+    "child": 6,
+    "later": True,
+}
+"""What ``Everything(10)`` returns, signalled ``approve("alice")`` and ``bump(1)`` twice."""
+
+
 class Everything(Workflow):
     """Touches every workflow call of the public surface."""
 

@@ -98,31 +98,28 @@ class Scenario:
     eager: str = "no"  # "no", "yes" or "mixed" (every other worker runs with --eager)
 
 
+WORKER_KILLS = {
+    "activity.after_effect": 0.06,
+    "decision.before_commit": 0.03,
+    "decision.after_commit": 0.03,
+    "timers.after_fire": 0.03,
+    "outbox.before_ack": 0.1,
+}
+"""Chance per pass of SIGKILL at each fault point, in the worker-kill scenarios."""
+
 SCENARIOS: dict[str, Scenario] = {
     "worker_kills": Scenario(
         "worker_kills",
         workflows=20,
         workers=3,
-        faults={
-            "activity.after_effect": 0.06,
-            "decision.before_commit": 0.03,
-            "decision.after_commit": 0.03,
-            "timers.after_fire": 0.03,
-            "outbox.before_ack": 0.1,
-        },
+        faults=WORKER_KILLS,
     ),
     "worker_kills_eager": Scenario(
         "worker_kills_eager",
         workflows=16,
         workers=3,
         eager="yes",
-        faults={
-            "activity.after_effect": 0.06,
-            "decision.before_commit": 0.03,
-            "decision.after_commit": 0.03,
-            "timers.after_fire": 0.03,
-            "outbox.before_ack": 0.1,
-        },
+        faults=WORKER_KILLS,
     ),
     "duplicates_and_stalls": Scenario(
         "duplicates_and_stalls", workflows=12, workers=3, duplicates=True, stalls=2
