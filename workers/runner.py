@@ -281,10 +281,11 @@ class Decider:
         for item in results:
             by_run.setdefault(item[0]["rid"], []).append(item)
         pending = []
+        inbox: list[tuple[dict[str, Any], bytes, dict[str, Any]]] = []  # the ordinary path, in one batch
         for rid, items in by_run.items():
             driver = self.cache.pop(rid)
             if driver is None:
-                self._complete_all(items)
+                inbox += items
                 continue
             ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
             entries = []
@@ -298,7 +299,7 @@ class Decider:
             except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
                 # The ordinary path meets (and parks) the problem with a fresh replay.
                 driver.close()
-                self._complete_all(items)
+                inbox += items
                 continue
             plan, leased = self.commit_plan(
                 ref, {"parent": first.get("parent"), "build": self.build_id}, driver, decision, None
@@ -308,17 +309,16 @@ class Decider:
             # (inputs that arrived meanwhile) is left for the run's next workflow task.
             plan["consumed"] = 0
             pending.append((ref, driver, decision, leased, plan, items))
-        if not pending:
-            return
-        outcomes = self.store.commit_many([(ref, plan) for ref, _, _, _, plan, _ in pending])
-        for (ref, driver, decision, leased, _, items), result in zip(pending, outcomes, strict=True):
-            self._after_commit(ref, driver, decision, leased, result)
-            if isinstance(result, Exception):
-                self._complete_all(items)
-
-    def _complete_all(self, items: list[tuple[dict[str, Any], bytes, dict[str, Any]]]) -> None:
-        for body, payload, record in items:
-            complete(self.store, body, payload, record, stream=body["stream"])
+        if pending:
+            outcomes = self.store.commit_many([(ref, plan) for ref, _, _, _, plan, _ in pending])
+            for (ref, driver, decision, leased, _, items), result in zip(pending, outcomes, strict=True):
+                self._after_commit(ref, driver, decision, leased, result)
+                if isinstance(result, Exception):
+                    inbox += items
+        if inbox:
+            complete_batch(
+                self.store, [completion(b, payload, r, stream=b["stream"]) for b, payload, r in inbox]
+            )
 
     def _prepare(
         self,
