@@ -254,7 +254,6 @@ class Worker:
         self._eager_done: deque[tuple[dict[str, Any], bytes, dict[str, Any]]] = deque()
         # Results of queued activity tasks, recorded by the main thread in batches.
         self._completed: deque[dict[str, Any]] = deque()
-        self._leased = 0
         self._reserved = 0
         self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
@@ -397,7 +396,6 @@ class Worker:
         with self._busy_lock:
             self._reserved -= 1
             self._busy += 1
-            self._leased += 1
         self._pool.submit(self._leased_activity, body)
 
     def _leased_activity(self, body: dict[str, Any]) -> None:
@@ -421,7 +419,6 @@ class Worker:
             self._leases.discard(lease)
             with self._busy_lock:
                 self._busy -= 1
-                self._leased -= 1
                 self._ran(started)
 
     def _on_reclaimed(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
@@ -452,15 +449,9 @@ class Worker:
 
     def _pass(self) -> None:
         if self._completed:
-            batch = []
-            while self._completed:
-                batch.append(self._completed.popleft())
-            complete_batch(self.store, batch)
+            complete_batch(self.store, _drain(self._completed))
         if self._eager_done:
-            done = []
-            while self._eager_done:
-                done.append(self._eager_done.popleft())
-            self.decider.apply_eager(done)
+            self.decider.apply_eager(_drain(self._eager_done))
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
             if ":wq:" in stream and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
@@ -505,7 +496,8 @@ class Worker:
                 elif ":aq:" in stream and room <= 0:
                     excess.setdefault(stream, []).append((entry_id, fields))
                 else:
-                    room -= ":aq:" in stream
+                    if ":aq:" in stream:
+                        room -= 1
                     self._dispatch(stream, entry_id, fields)
         for stream, items in excess.items():
             self.store.requeue(stream, items)
@@ -553,6 +545,14 @@ class Worker:
                 self._busy -= 1
                 self._in_flight.pop((stream, entry_id), None)
                 self._ran(started)
+
+
+def _drain(items: deque[Any]) -> list[Any]:
+    """Everything in ``items`` (other threads append; only this one pops)."""
+    out = []
+    while items:
+        out.append(items.popleft())
+    return out
 
 
 class WorkerThread:
