@@ -103,18 +103,18 @@ class Scheduler:
         now = time.time()
         next_due = now + self.max_sleep
         now_ms = self.store.server_time_ms()
-        for p in range(self.store.keys.partitions):
-            fired, due = self.store.fire_timers(p)
+        parts = range(self.store.keys.partitions)
+        for fired, due in self.store.fire_timers(parts):
             if fired:
                 faults.point("timers.after_fire")
             self.fired += fired
             if due >= 0:
                 next_due = min(next_due, due / 1000)
-            # One read of the running set per partition when nothing expired (the usual case).
-            deadline = self.store.next_deadline(p)
+        # One read of every running set when nothing expired (the usual case).
+        for p, deadline in zip(parts, self.store.next_deadlines(parts), strict=True):
             if deadline is not None and deadline <= now_ms:
                 self._expire_attempts(p, now_ms)
-                deadline = self.store.next_deadline(p)
+                deadline = self.store.next_deadlines([p])[0]
             if deadline is not None:
                 next_due = min(next_due, deadline / 1000)
         if now - self._last_claim >= self.claim_idle_ms / 3000:

@@ -724,10 +724,11 @@ class RedisStore:
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ------------------------------------------------------------ scheduler
-    def fire_timers(self, p: int, limit: int = 500) -> tuple[int, int]:
-        """Fire due timers and retries of partition ``p``: ``(fired, next due ms or -1)``."""
-        result = self._run_script("fire_timers", [self.keys.timers(p)], [self.keys.tag(p), limit])
-        return int(result[0]), int(result[1])
+    def fire_timers(self, parts: Sequence[int], limit: int = 500) -> list[tuple[int, int]]:
+        """Fire due timers and retries of partitions ``parts`` (one script each, one round trip):
+        ``(fired, next due ms or -1)`` per partition."""
+        calls = [([self.keys.timers(p)], [self.keys.tag(p), limit]) for p in parts]
+        return [(int(r[0]), int(r[1])) for r in self._script_many("fire_timers", calls, raise_on_error=True)]
 
     def unstick(self, p: int, host: str) -> int:
         """Hand the workflow tasks in the private stream of the stopped worker ``host`` back to
@@ -745,10 +746,13 @@ class RedisStore:
             out.append((rid, aid, int(attempt)))
         return out
 
-    def next_deadline(self, p: int) -> int | None:
-        """The earliest running-attempt deadline (ms) of partition ``p``, if any."""
-        first = self.redis.zrange(self.keys.running(p), 0, 0, withscores=True)
-        return int(first[0][1]) if first else None
+    def next_deadlines(self, parts: Sequence[int]) -> list[int | None]:
+        """The earliest running-attempt deadline (ms) of each partition in ``parts``, if any."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in parts:
+                pipe.zrange(self.keys.running(p), 0, 0, withscores=True)
+            firsts = pipe.execute()
+        return [int(first[0][1]) if first else None for first in firsts]
 
     def server_time_ms(self) -> int:
         sec, usec = self.redis.time()
