@@ -281,3 +281,21 @@ def test_read_only_command_never_starts_an_embedded_server(tmp_path: Path) -> No
         assert str(tmp_path / ".durable") in line
     assert not (tmp_path / ".durable" / "redis.sock").exists()
     assert not (tmp_path / ".durable" / "redis.pid").exists()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_log_records_mask_passwords(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from workers.logging import configure
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure("INFO", fmt)
+        logging.getLogger("durable.test").warning("lost redis://app:%s@db:6379/0", SECRET)
+        err = capsys.readouterr().err
+        assert "redis://app:***@db:6379/0" in err and SECRET not in err
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])

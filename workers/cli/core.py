@@ -73,6 +73,11 @@ class CliState:
             self._store = RedisStore(self.url)
         return self._store
 
+    @property
+    def talked_to(self) -> str | None:
+        """The URL of the Redis this invocation opened, or None (it opened none)."""
+        return self.url if self._store is not None else None
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
@@ -109,7 +114,7 @@ class DurableGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except redis.exceptions.ConnectionError as exc:
-            die(f"cannot reach Redis at {mask_url(_url_of(ctx) or 'redis')}: {one_line(exc)}")
+            die(f"cannot reach Redis at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
         except NoRedisHere as exc:
             die(str(exc))
         except redis.exceptions.RedisError as exc:
@@ -124,9 +129,12 @@ class DurableGroup(click.Group):
             die("interrupted", code=130)
 
 
-def _url_of(ctx: click.Context) -> str | None:
+def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:
+    """The Redis URL of this invocation: the one it opened (``opened``), else the one configured."""
     state = ctx.find_object(CliState)
-    return state.url if state is not None else None
+    if state is None:
+        return None
+    return state.talked_to if opened else state.url
 
 
 def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:

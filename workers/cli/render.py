@@ -194,7 +194,8 @@ def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
     for col in ("activity", "attempt", "outcome", "error", "duration", "time (UTC)"):
         table.add_column(col, overflow="fold")
     for item in attempts:
-        record = item.get("record") if isinstance(item.get("record"), dict) else {}
+        raw = item.get("record")
+        record: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
         duration = record.get("duration_ms")
         outcome = str(item.get("outcome", ""))
         table.add_row(
