@@ -1,4 +1,8 @@
-"""Logging setup for the ``durable`` command: plain text or one JSON object per line."""
+"""Logging setup for the ``durable`` command: plain text or one JSON object per line.
+
+Either way, passwords in URLs are masked (:func:`workers.config.mask_secrets`): a
+message that quotes a Redis URL, or an exception that does, never logs the secret.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["JsonFormatter", "configure"]
+from workers.config import mask_secrets
+
+__all__ = ["JsonFormatter", "MaskingFormatter", "configure"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 FORMATS = ("text", "json")
@@ -31,7 +37,14 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return mask_secrets(json.dumps(out, default=str, ensure_ascii=False))
+
+
+class MaskingFormatter(logging.Formatter):
+    """The text format, with passwords in URLs masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return mask_secrets(super().format(record))
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:
@@ -48,7 +61,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else MaskingFormatter(TEXT_FORMAT))
     handler._durable = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -1,7 +1,9 @@
 """Run N worker processes under one parent (``durable worker --processes N``).
 
-Each child is the same ``durable worker`` command with ``--processes 1``, run
-as ``python -m workers.cli``. The supervisor
+Each child runs ``python -m workers.cli worker-process``: one worker, configured
+by the :class:`~workers.config.WorkerConfig` the supervisor puts in its
+environment (never on its command line, which ``ps`` shows to everyone: the
+Redis URL may hold a password). The supervisor
 
 * forwards SIGTERM and SIGINT to every child and exits once all of them have
   stopped (exit status 0 if every child exited 0, or was ended by the forwarded
@@ -24,6 +26,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers.config import WorkerConfig
 
 log = logging.getLogger("durable.supervisor")
 
@@ -164,6 +168,16 @@ class Supervisor:
             time.sleep(self.poll_interval)
 
 
-def child_argv(cli_args: Sequence[str]) -> list[str]:
-    """The command line of a child: this Python running ``workers.cli`` with ``cli_args``."""
-    return [sys.executable, "-m", "workers.cli", *cli_args]
+#: The hidden ``durable`` command a supervised worker process runs.
+CHILD_COMMAND = "worker-process"
+
+
+def worker_supervisor(config: WorkerConfig, processes: int, **options: Any) -> Supervisor:
+    """A supervisor of ``processes`` worker processes, each configured by ``config``.
+
+    ``options`` are :class:`Supervisor`'s keyword arguments (backoff, ``kill_after``...).
+    """
+    env = dict(os.environ)
+    env.update(config.to_env())
+    argv = [sys.executable, "-m", "workers.cli", CHILD_COMMAND]
+    return Supervisor(argv, processes, env=env, **options)

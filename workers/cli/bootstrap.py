@@ -1,0 +1,76 @@
+"""Turn a :class:`~workers.config.WorkerConfig` into a running worker in this process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from durable.store.redis_store import RedisStore
+from workers.cli.core import CliError, load_apps
+from workers.config import WorkerConfig
+from workers.logging import configure
+from workers.supervisor import PARENT_ENV
+from workers.worker import Worker, code_build_id, tune_gc  # wave-2 merge: worker API (helper B)
+
+__all__ = ["configure_logging", "run_worker"]
+
+log = logging.getLogger("durable.worker")
+
+
+def configure_logging(config: WorkerConfig) -> None:
+    """Set up the process's logging as ``config`` says (a bad level or format is a CliError)."""
+    try:
+        configure(config.log_level, config.log_format)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _watch_parent(stop: Callable[[], None]) -> None:
+    """Under a supervisor: stop when it goes away (SIGKILL leaves no chance to forward)."""
+    raw = os.environ.get(PARENT_ENV, "")
+    if not raw.isdigit():
+        return
+    parent = int(raw)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                stop()
+                return
+
+    threading.Thread(target=watch, name="durable-parent-watch", daemon=True).start()
+
+
+def run_worker(config: WorkerConfig, store: RedisStore) -> None:
+    """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop signal."""
+    # A stop signal while the app modules are imported must not kill the process
+    # half-way: remember it and stop the worker as soon as it exists.
+    early: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda num, _frame: early.append(num))
+    modules = load_apps(config.apps)
+    if config.gc_threshold:
+        tune_gc(config.gc_threshold)
+    build_id = "" if config.unversioned else (config.build_id or code_build_id(modules))
+    worker = Worker(
+        store,
+        queues=list(config.queues) or ["default"],
+        concurrency=config.concurrency,
+        app=list(config.apps),
+        cache_size=config.cache_size,
+        claim_idle_ms=config.claim_idle_ms,
+        eager=config.eager,
+        build_id=build_id,
+        compatible=config.compatible,
+    )
+    log.info("build id: %s", build_id or "(unversioned)")
+    worker.install_signal_handlers()
+    if early:
+        worker.stop()
+    _watch_parent(worker.stop)
+    worker.run()

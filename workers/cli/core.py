@@ -1,0 +1,202 @@
+"""The ``durable`` group: its ``--redis`` option, the per-invocation state, error lines, app loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, NoReturn
+
+import click
+import redis
+
+from durable import DurableError
+from durable.store.embedded import EmbeddedRedis  # wave-2 merge: the embedded default (helper B)
+from durable.store.redis_store import RedisStore
+from workers.config import mask_secrets, mask_url
+from workers.worker import load_app
+
+__all__ = ["CliError", "CliState", "DurableGroup", "cli", "load_apps", "one_line", "parse_args", "pass_state"]
+
+
+class CliError(Exception):
+    """A problem the CLI reports as one ``error:`` line (bad input, missing file...)."""
+
+
+class NoRedisHere(CliError):
+    """No Redis is configured and no embedded server runs here (the line names no Redis)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message (``(…)`` when more followed)."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0] + (" (…)" if len(lines) > 1 else "")
+
+
+# --------------------------------------------------------------------------- state
+
+
+class CliState:
+    """Per-invocation settings; the store is opened on first use (``replay`` and ``check`` need none).
+
+    ``url`` is the Redis URL once known: given (``--redis``, ``$DURABLE_REDIS_URL``) or
+    resolved to the embedded server's.
+    """
+
+    def __init__(self, redis_option: str | None) -> None:
+        self.url: str | None = redis_option or os.environ.get("DURABLE_REDIS_URL") or None
+        self._store: RedisStore | None = None
+
+    @property
+    def store(self) -> RedisStore:
+        """The store; with no URL configured, the embedded server is started (or reused)."""
+        return self._open(start_embedded=True)
+
+    @property
+    def existing_store(self) -> RedisStore:
+        """The store of a Redis that already exists: never starts an embedded server.
+
+        Commands that address existing runs use it: a new, empty server could only
+        answer "no workflow with id ..." and would be left running.
+        """
+        return self._open(start_embedded=False)
+
+    def _open(self, *, start_embedded: bool) -> RedisStore:
+        if self._store is None:
+            if self.url is None:
+                self.url = _embedded_url(start_embedded)
+            self._store = RedisStore(self.url)
+        return self._store
+
+    @property
+    def talked_to(self) -> str | None:
+        """The URL of the Redis this invocation opened, or None (it opened none)."""
+        return self.url if self._store is not None else None
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def _embedded_url(start: bool) -> str:
+    server = EmbeddedRedis()
+    if start:
+        return server.ensure()
+    if server.is_running():
+        return server.url
+    raise NoRedisHere(
+        f"no Redis here: no --redis URL, no $DURABLE_REDIS_URL and no embedded server running in "
+        f"{server.data_dir}; point at yours with --redis URL or `export DURABLE_REDIS_URL=...`, "
+        "or run the command from the project folder"
+    )
+
+
+pass_state = click.make_pass_decorator(CliState)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class DurableGroup(click.Group):
+    """A click group that turns durable and Redis errors into one ``error:`` line, exit 1.
+
+    The line names the Redis the command talked to (password masked).
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except redis.exceptions.ConnectionError as exc:
+            die(f"cannot reach Redis at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
+        except NoRedisHere as exc:
+            die(str(exc))
+        except redis.exceptions.RedisError as exc:
+            die(f"redis: {one_line(exc)}", _url_of(ctx))
+        except CliError as exc:
+            die(str(exc), _url_of(ctx))
+        except DurableError as exc:
+            die(one_line(exc), _url_of(ctx))
+        except TimeoutError as exc:
+            die(one_line(exc) if str(exc) else "timed out", _url_of(ctx))
+        except KeyboardInterrupt:
+            die("interrupted", code=130)
+
+
+def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:
+    """The Redis URL of this invocation: the one it opened (``opened``), else the one configured."""
+    state = ctx.find_object(CliState)
+    if state is None:
+        return None
+    return state.talked_to if opened else state.url
+
+
+def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
+    """Print ``error: message`` (naming the Redis ``url``, secrets masked) and exit ``code``."""
+    if url:
+        message = f"{message} (redis: {url})"
+    click.echo(f"error: {mask_secrets(message)}", err=True)
+    sys.exit(code)
+
+
+# --------------------------------------------------------------------------- input
+
+
+def parse_args(values: Sequence[str]) -> list[Any]:
+    """Each value as JSON, or as a plain string when it is not valid JSON."""
+    out = []
+    for value in values:
+        try:
+            out.append(json.loads(value))
+        except ValueError:
+            out.append(value)
+    return out
+
+
+def load_apps(modules: Sequence[str]) -> list[ModuleType]:
+    """Import the ``--app`` modules; a module that cannot be imported is one :class:`CliError`."""
+    loaded: list[ModuleType] = []
+    for name in modules:
+        try:
+            loaded += load_app([name])
+        except SyntaxError as exc:
+            where = f"{exc.filename}, line {exc.lineno}" if exc.filename else f"line {exc.lineno}"
+            raise CliError(f"cannot import app module {name!r}: {exc.msg} ({where})") from None
+        except ImportError as exc:
+            hint = ""
+            if name.endswith(".py") or "/" in name:
+                dotted = name.removesuffix(".py").replace("/", ".").strip(".")
+                hint = f"; --app takes a module name: drop the .py (--app {dotted})"
+            raise CliError(f"cannot import app module {name!r}: {exc}{hint}") from None
+    return loaded
+
+
+# --------------------------------------------------------------------------- group
+
+
+@click.group(cls=DurableGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis",
+    "redis_option",
+    metavar="URL",
+    default=None,
+    help="Redis URL (default: $DURABLE_REDIS_URL, else the embedded server in .durable/). "
+    "Prefer $DURABLE_REDIS_URL for a URL with a password: a command line is visible in `ps`.",
+)
+@click.version_option(package_name="durable", prog_name="durable")
+@click.pass_context
+def cli(ctx: click.Context, redis_option: str | None) -> None:
+    """durable: durable workflows on Redis Streams.
+
+    Errors exit with status 1 and one `error: ...` line on stderr.
+    Workflow, signal and query arguments are JSON values (or plain strings).
+    """
+    state = CliState(redis_option)
+    ctx.obj = state
+    ctx.call_on_close(state.close)

@@ -1,0 +1,54 @@
+"""History export and import: ``durable history ID --json`` and the files ``durable replay`` reads.
+
+The format: a JSON array of ``{"seq", "type", "ts", "data", "raw"}``, where ``seq``,
+``type``, ``ts`` and ``data`` are exactly what ``WorkflowStub.history()`` gives (made
+JSON-friendly: bytes as base64 ``{"$bytes": ...}``, sets as sorted lists, datetimes as
+ISO 8601, exceptions as ``{"$error": type, "message": ...}``) and ``raw`` is the stored
+entry, base64, from which ``replay`` rebuilds the event losslessly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from durable import events as ev
+from durable.client import _public  # wave-2 merge: the public view of a stored event (client owner)
+from durable.store.redis_store import RedisStore
+from workers.cli.core import CliError
+
+__all__ = ["export_history", "history_files", "load_export"]
+
+
+def export_history(store: RedisStore, workflow_id: str) -> list[dict[str, Any]]:
+    """The current run's history in the export format (see the module docstring)."""
+    ref = store.ref(workflow_id)
+    out = []
+    for entry in store.history(ref):
+        item = _public(entry).to_dict()
+        item["raw"] = base64.b64encode(entry.raw).decode("ascii")
+        out.append(item)
+    return out
+
+
+def history_files(target: Path) -> list[Path]:
+    """The export files to replay: ``target`` itself, or the ``.json`` files of a directory."""
+    if target.is_dir():
+        files = sorted(p for p in target.iterdir() if p.suffix == ".json" and p.is_file())
+        if not files:
+            raise CliError(f"no .json history files in {target}")
+        return files
+    if not target.exists():
+        raise CliError(f"no such file or directory: {target}")
+    return [target]
+
+
+def load_export(path: Path) -> list[ev.Entry]:
+    """Rebuild the stored entries of an exported history file (``history --json``)."""
+    try:
+        items = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CliError(f"{path}: not a JSON history export ({exc})") from None
+    return ev.from_export(items, str(path))

@@ -1,0 +1,99 @@
+"""Commands that look without changing anything: describe, history, list."""
+
+from __future__ import annotations
+
+import click
+
+from durable import WorkflowStub
+from workers.cli.core import CliState, pass_state
+from workers.cli.export import export_history
+from workers.cli.render import (
+    console,
+    dead_letters_table,
+    describe_tables,
+    history_table,
+    runs_table,
+    to_json,
+)
+from workers.config import mask_url
+
+__all__ = ["COMMANDS"]
+
+# Run-record fields `list --json` leaves out: payloads and the snapshot are for `describe`.
+_LIST_SKIP = ("snapshot", "result", "error", "args")
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@pass_state
+def describe(state: CliState, workflow_id: str, as_json: bool) -> None:
+    """Status, blocked reason, pending steps and activity attempts of workflow ID."""
+    info = WorkflowStub.load(workflow_id, store=state.existing_store).describe()
+    if as_json:
+        click.echo(to_json(info, indent=2))
+        return
+    out = console()
+    for table in describe_tables(info, mask_url(state.url or "")):
+        out.print(table)
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="A JSON array of {seq, type, ts, data, raw}: the export format of `durable replay`.",
+)
+@pass_state
+def history(state: CliState, workflow_id: str, as_json: bool) -> None:
+    """The events of workflow ID's current run, as a table or (--json) for export.
+
+    `durable history ID --json > run.json` then `durable replay run.json --app M`
+    checks that today's code still decides as that history says.
+    """
+    if as_json:
+        click.echo(to_json(export_history(state.existing_store, workflow_id), indent=1))
+        return
+    stub = WorkflowStub.load(workflow_id, store=state.existing_store)
+    console().print(history_table(stub.history(), title=f"{workflow_id} (run {stub.run_id})"))
+
+
+@click.command(name="list")
+@click.option("--status", "status_", default=None, help="Only runs with this status (or 'blocked').")
+@click.option("--type", "workflow_type", default=None, help="Only runs of this workflow type.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1), help="At most N rows.")
+@click.option(
+    "--before", "before_ms", type=int, default=None, metavar="MS", help="Only runs created before (paging)."
+)
+@click.option("--dead", is_flag=True, help="Show the dead-letter stream (parked tasks) instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@pass_state
+def list_(
+    state: CliState,
+    status_: str | None,
+    workflow_type: str | None,
+    limit: int,
+    before_ms: int | None,
+    dead: bool,
+    as_json: bool,
+) -> None:
+    """Runs, newest first; page with --before = the last row's created (ms)."""
+    store = state.existing_store
+    where = mask_url(state.url or "")
+    if dead:
+        letters = store.dead_letters(count=limit)
+        if as_json:
+            click.echo(to_json(letters, indent=1))
+        else:
+            console().print(dead_letters_table(letters, where))
+        return
+    runs = store.list_runs(status=status_, workflow_type=workflow_type, limit=limit, before_ms=before_ms)
+    if as_json:
+        click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
+    else:
+        console().print(runs_table(runs, where))
+
+
+COMMANDS = [describe, history, list_]

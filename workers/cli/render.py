@@ -1,0 +1,264 @@
+"""What the CLI prints: JSON (made safe for any stored value) and rich tables."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as _dt
+import decimal
+import enum
+import json
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from durable import HistoryEvent
+
+__all__ = [
+    "console",
+    "dead_letters_table",
+    "describe_tables",
+    "fmt_ms",
+    "history_table",
+    "json_default",
+    "runs_table",
+    "short",
+    "summarize",
+    "to_json",
+]
+
+# --------------------------------------------------------------------------- JSON
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for what history data may hold."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, set | frozenset):
+        items = list(value)
+        try:
+            return sorted(items)
+        except TypeError:
+            return sorted(items, key=repr)
+    if isinstance(value, _dt.datetime | _dt.date | _dt.time):
+        return value.isoformat()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal | uuid.UUID | Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, BaseException):
+        return {"$error": type(value).__name__, "message": str(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, complex):
+        return [value.real, value.imag]
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    return repr(value)
+
+
+def _json_key(key: Any) -> Any:
+    if isinstance(key, str | int | float | bool) or key is None:
+        return key
+    if isinstance(key, bytes | bytearray):
+        # Stored task fields (a parked task's, say) keep Redis's bytes keys.
+        return bytes(key).decode("utf-8", errors="backslashreplace")
+    return str(key)
+
+
+def _string_keys(value: Any) -> Any:
+    """``value`` with every dict key one JSON accepts (``default`` never sees keys)."""
+    if isinstance(value, Mapping):
+        return {_json_key(k): _string_keys(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_string_keys(v) for v in value]
+    return value
+
+
+def to_json(value: Any, *, indent: int | None = None) -> str:
+    """``value`` as JSON: bytes keys decoded, other values through :func:`json_default`."""
+    return json.dumps(
+        _string_keys(value), default=json_default, ensure_ascii=False, indent=indent, allow_nan=True
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+def console(err: bool = False) -> Console:
+    """A rich console; not a terminal (pipes, CliRunner): 160 columns, tables not folded at 80."""
+    out = Console(stderr=err, highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 160
+    return out
+
+
+def fmt_ms(ms: Any, fmt: str = "%Y-%m-%d %H:%M:%S.%f") -> str:
+    """Epoch milliseconds as UTC text ("" for none); beyond year 9999 (a timer set for
+    ages), the milliseconds themselves."""
+    if not isinstance(ms, int | float) or ms <= 0:
+        return ""
+    try:
+        return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC).strftime(fmt)[:-3]
+    except (ValueError, OverflowError, OSError):
+        return f"after 9999-12-31 ({int(ms)} ms)"
+
+
+def short(value: Any, width: int = 80) -> str:
+    """``value`` as text (JSON unless a string), cut to ``width`` with an ellipsis."""
+    text = value if isinstance(value, str) else to_json(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+_SUMMARY_SKIP = {"id", "run_id", "workflow_id", "signal_id", "timeouts", "options", "build_id", "patches"}
+
+
+def summarize(event: HistoryEvent) -> str:
+    """A one-line summary of an event's data for tables."""
+    parts = []
+    for key, value in event.data.items():
+        if key in _SUMMARY_SKIP or value in (None, "", [], {}, False):
+            continue
+        parts.append(f"{key}={short(value, 60)}")
+    return short(", ".join(parts), 100)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def history_table(events: Sequence[HistoryEvent], title: str | None = None) -> Table:
+    """One row per event: seq, time, type (failures in red), step id, data summary."""
+    table = Table(title=title, show_lines=False)
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("time (UTC)", no_wrap=True)
+    table.add_column("type", no_wrap=True)
+    table.add_column("id", no_wrap=True)
+    table.add_column("data", overflow="fold")
+    for e in events:
+        style = "red" if e.type in ("WorkflowFailed", "ActivityFailed", "ChildFailed") else None
+        table.add_row(
+            str(e.seq),
+            fmt_ms(e.ts, "%H:%M:%S.%f"),
+            Text(e.type, style=style or ""),
+            str(e.data.get("id", "")),
+            summarize(e),
+        )
+    return table
+
+
+def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("workflow id", str(info.get("workflow_id")))
+    head.add_row("run id", str(info.get("run_id")))
+    head.add_row("type", str(info.get("type")))
+    head.add_row("status", str(info.get("status")))
+    head.add_row("history length", str(info.get("seq", "")))
+    head.add_row("created", fmt_ms(info.get("created")))
+    if info.get("closed"):
+        head.add_row("closed", fmt_ms(info["closed"]))
+    if info.get("blocked"):
+        head.add_row("blocked", Text(str(info["blocked"]), style="bold red"))
+    if info.get("signals_buffered"):
+        head.add_row("signals buffered", to_json(info["signals_buffered"]))
+    if info.get("cancel_requested"):
+        head.add_row("cancel requested", "yes")
+    head.add_row("redis", redis_url)
+    return head
+
+
+def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title="pending steps", title_justify="left")
+    for col in ("kind", "id", "name", "deadline"):
+        table.add_column(col)
+    for item in pending:
+        name = item.get("name") or item.get("workflow_id") or ""
+        table.add_row(
+            str(item.get("kind", "")), str(item.get("id", "")), str(name), fmt_ms(item.get("deadline"))
+        )
+    return table
+
+
+def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title="activity attempts", title_justify="left")
+    for col in ("activity", "attempt", "outcome", "error", "duration", "time (UTC)"):
+        table.add_column(col, overflow="fold")
+    for item in attempts:
+        raw = item.get("record")
+        record: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+        duration = record.get("duration_ms")
+        outcome = str(item.get("outcome", ""))
+        table.add_row(
+            str(item.get("act", "")) + (f" ({record['name']})" if record.get("name") else ""),
+            str(item.get("attempt", "")),
+            Text(outcome, style="red" if outcome in ("failed", "retry") else ""),
+            short(record.get("error", ""), 80),
+            f"{duration} ms" if duration is not None else "",
+            fmt_ms(item.get("ts")),
+        )
+    return table
+
+
+def _dropped_table(dropped: Sequence[Mapping[str, Any]]) -> Table:
+    table = Table(title="dropped inputs", title_justify="left")
+    table.add_column("time (UTC)")
+    table.add_column("reason", overflow="fold")
+    for item in dropped:
+        table.add_row(fmt_ms(item.get("ts")), str(item.get("reason", "")))
+    return table
+
+
+def describe_tables(info: Mapping[str, Any], redis_url: str) -> list[Table]:
+    """``durable describe``: the run's head, then pending steps, attempts and dropped inputs."""
+    tables = [_describe_head(info, redis_url)]
+    if info.get("pending"):
+        tables.append(_pending_table(info["pending"]))
+    if info.get("attempts"):
+        tables.append(_attempts_table(info["attempts"]))
+    if info.get("dropped"):
+        tables.append(_dropped_table(info["dropped"]))
+    return tables
+
+
+def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
+    """``durable list --dead``: one row per parked task."""
+    table = Table(title=f"dead letters ({len(letters)})", title_justify="left", caption=f"redis: {redis_url}")
+    for col in ("partition", "entry", "kind", "run", "reason"):
+        table.add_column(col, overflow="fold")
+    for item in letters:
+        table.add_row(
+            str(item.get("partition", "")),
+            str(item.get("id", "")),
+            str(item.get("kind", "")),
+            str(item.get("run", "")),
+            str(item.get("reason", "")),
+        )
+    return table
+
+
+def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
+    """``durable list``: one row per run, newest first."""
+    table = Table(title=f"runs ({len(runs)})", title_justify="left", caption=f"redis: {redis_url}")
+    for col in ("workflow id", "run id", "type", "status", "created (UTC)", "created ms", "blocked"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(
+            str(r.get("workflow_id", "")),
+            str(r.get("run_id", "")),
+            str(r.get("type", "")),
+            str(r.get("status", "")),
+            fmt_ms(r.get("created")),
+            str(r.get("created", "")),
+            Text(str(r.get("blocked") or ""), style="red"),
+        )
+    return table

@@ -1,0 +1,155 @@
+"""Commands that drive one run: start, signal, query, cancel, terminate, status, result, repair."""
+
+from __future__ import annotations
+
+import click
+
+from durable import WorkflowStub
+from durable.errors import WorkflowClosed
+from durable.store.redis_store import CLOSED_STATUSES  # wave-2 merge: store constant (helper B)
+from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
+from workers.cli.render import to_json
+
+__all__ = ["COMMANDS"]
+
+
+def _stub(state: CliState, workflow_id: str) -> WorkflowStub:
+    return WorkflowStub.load(workflow_id, store=state.existing_store)
+
+
+@click.command()
+@click.argument("workflow_type", metavar="TYPE")
+@click.argument("args", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option("--id", "workflow_id", default=None, help="Workflow id (default: generated).")
+@click.option("--app", "apps", multiple=True, metavar="MODULE", help="Import the type's module first.")
+@click.option("--queue", default=None, help="Task queue (default: the class's, else 'default').")
+@click.option("--wait/--no-wait", default=False, show_default=True, help="Wait and print the result.")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait with --wait.")
+@pass_state
+def start(
+    state: CliState,
+    workflow_type: str,
+    args: tuple[str, ...],
+    workflow_id: str | None,
+    apps: tuple[str, ...],
+    queue: str | None,
+    wait: bool,
+    timeout: float | None,
+) -> None:
+    """Start a run of workflow TYPE with ARGS (JSON values).
+
+    Prints `workflow_id: ...` and `run_id: ...`; with --wait, then the result as
+    one JSON line (a failed run exits 1 with an error line). An unregistered TYPE
+    is started by name: a worker whose --app defines it will run it.
+    """
+    if apps:
+        load_apps(apps)
+    stub = WorkflowStub.make(workflow_type, id=workflow_id, queue=queue, store=state.store)
+    stub.start(*parse_args(args))
+    click.echo(f"workflow_id: {stub.id}")
+    click.echo(f"run_id: {stub.run_id}")
+    if wait:
+        click.echo(to_json(stub.result(timeout=timeout)))
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.argument("name")
+@click.argument("args", nargs=-1, metavar="[ARGS_JSON]...")
+@pass_state
+def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) -> None:
+    """Send signal NAME with ARGS (JSON values) to workflow ID's current run."""
+    _stub(state, workflow_id).signal(name, *parse_args(args))
+    click.echo(f"signal {name!r} sent to {workflow_id}")
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.argument("name")
+@click.argument("args", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option(
+    "--app", "apps", multiple=True, metavar="MODULE", help="Module defining the workflow (required)."
+)
+@pass_state
+def query(state: CliState, workflow_id: str, name: str, args: tuple[str, ...], apps: tuple[str, ...]) -> None:
+    """Call the @query method NAME on workflow ID's state (replayed here from its history).
+
+    Needs --app: the run's state is rebuilt here, from its history and the workflow's code.
+    """
+    if not apps:
+        # Checked here, not by click (exit 2 and a usage block): one error line, exit 1.
+        raise CliError("query needs --app MODULE: the run's state is replayed here with the workflow's code")
+    load_apps(apps)
+    click.echo(to_json(_stub(state, workflow_id).query(name, *parse_args(args))))
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option("--reason", default="", help="Why (recorded).")
+@pass_state
+def cancel(state: CliState, workflow_id: str, reason: str) -> None:
+    """Request cancellation: the workflow gets CancelledError where it waits and may clean up."""
+    _stub(state, workflow_id).cancel(reason)
+    click.echo(f"cancellation requested for {workflow_id}")
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option("--reason", default="", help="Why (recorded).")
+@pass_state
+def terminate(state: CliState, workflow_id: str, reason: str) -> None:
+    """Close workflow ID's run now; no workflow code runs."""
+    _stub(state, workflow_id).terminate(reason)
+    click.echo(f"terminated {workflow_id}")
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@pass_state
+def status(state: CliState, workflow_id: str) -> None:
+    """Print the status word of workflow ID's current run."""
+    click.echo(_stub(state, workflow_id).status())
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever).")
+@pass_state
+def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
+    """Wait for workflow ID to close; print its result as JSON (a failed run exits 1)."""
+    click.echo(to_json(_stub(state, workflow_id).result(timeout=timeout)))
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.option(
+    "--build-id",
+    default=None,
+    help="Also move the run to this build's workers (check first with `durable replay` that the "
+    "new code replays its history).",
+)
+@pass_state
+def repair(state: CliState, workflow_id: str, build_id: str | None) -> None:
+    """Re-queue a blocked run (after deploying code that decides as its history says)."""
+    store = state.existing_store
+    if not build_id:
+        ref = store.repair(workflow_id)
+        click.echo(f"re-queued {workflow_id} (run {ref.run_id})")
+        return
+    stub = _stub(state, workflow_id)
+    if stub.status() in CLOSED_STATUSES:
+        store.repair(workflow_id)  # raises the "is <status>; nothing to repair" error
+    ref = store.repin(workflow_id, build_id)
+    try:
+        store.repair(workflow_id)
+    except WorkflowClosed:
+        # Moving the run already queued a task for the new build: its workers may have
+        # finished the run before the repair step. That is the repair succeeding.
+        click.echo(
+            f"moved {workflow_id} (run {ref.run_id}) to build {build_id}; it has since {stub.status()}"
+        )
+        return
+    click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on build {build_id}")
+
+
+COMMANDS = [start, signal, query, cancel, terminate, status, result, repair]

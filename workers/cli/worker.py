@@ -1,0 +1,171 @@
+"""Commands that run workers: ``worker`` (one process, or N under a supervisor) and ``dev``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from durable.store.redis_store import RedisStore
+from workers.cli.bootstrap import configure_logging, run_worker
+from workers.cli.core import CliError, CliState, pass_state
+from workers.config import WorkerConfig, mask_url
+from workers.supervisor import worker_supervisor
+
+__all__ = ["COMMANDS"]
+
+_worker_options: list[Callable[[Any], Any]] = [
+    click.option(
+        "--app",
+        "apps",
+        multiple=True,
+        required=True,
+        metavar="MODULE",
+        help="Module defining workflows/activities (repeatable).",
+    ),
+    click.option(
+        "--queue",
+        "queues",
+        multiple=True,
+        default=("default",),
+        show_default=True,
+        help="Task queue to serve (repeatable).",
+    ),
+    click.option(
+        "--concurrency", default=8, show_default=True, type=click.IntRange(1), help="Activity threads."
+    ),
+    click.option(
+        "--cache-size", default=1000, show_default=True, type=click.IntRange(0), help="Runs cached."
+    ),
+    click.option(
+        "--eager/--no-eager",
+        default=False,
+        show_default=True,
+        help="Run scheduled activities of served queues in this worker and commit each result with "
+        "the next decision (fewer round trips per step).",
+    ),
+    click.option(
+        "--claim-idle",
+        default=30.0,
+        show_default=True,
+        type=click.FloatRange(0.1),
+        help="Seconds a task may sit with a silent worker before another worker reclaims it.",
+    ),
+    click.option(
+        "--build-id",
+        default=None,
+        help="Build id of this code (default: a hash of the --app modules' source). Runs this worker "
+        "decides first are pinned to it; new runs go to the newest build's workers.",
+    ),
+    click.option(
+        "--compatible-build-id",
+        "compatible",
+        multiple=True,
+        metavar="BUILD",
+        help="Also decide runs pinned to BUILD (repeatable): this code replays their histories.",
+    ),
+    click.option("--unversioned", is_flag=True, help="No build id: pin nothing, take any unpinned run."),
+    click.option(
+        "--gc-threshold",
+        default=10_000,
+        show_default=True,
+        type=click.IntRange(0),
+        help="Allocations between the garbage collector's young-generation passes (Python's default "
+        "is 700); 0 leaves the collector as Python sets it. See docs/operations.md.",
+    ),
+    click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="Log format.",
+    ),
+    click.option("--log-level", default="INFO", show_default=True, help="Log level."),
+]
+
+
+def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options ``worker`` and ``dev`` share (what a :class:`WorkerConfig` holds)."""
+    for option in reversed(_worker_options):
+        fn = option(fn)
+    return fn
+
+
+def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
+    """The one :class:`WorkerConfig` of this command line (``store``'s URL, resolved)."""
+    return WorkerConfig(
+        redis_url=store.url or "",
+        apps=tuple(options["apps"]),
+        queues=tuple(options["queues"]),
+        concurrency=options["concurrency"],
+        cache_size=options["cache_size"],
+        eager=options["eager"],
+        claim_idle=options["claim_idle"],
+        build_id=options["build_id"],
+        compatible=tuple(options["compatible"]),
+        unversioned=options["unversioned"],
+        gc_threshold=options["gc_threshold"],
+        log_format=options["log_format"],
+        log_level=options["log_level"],
+    )
+
+
+@click.command()
+@worker_options
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Worker processes (more than 1: a supervisor starts and restarts them).",
+)
+@pass_state
+def worker(state: CliState, processes: int, **options: Any) -> None:
+    """Serve workflow and activity tasks of QUEUEs, running the --app modules' code.
+
+    SIGTERM/SIGINT: stop claiming, let running activities finish, exit 0.
+    """
+    store = state.store
+    config = _config(store, options)
+    configure_logging(config)
+    if processes == 1:
+        run_worker(config, store)
+        return
+    supervisor = worker_supervisor(config, processes)
+    supervisor.install_signal_handlers()
+    code = supervisor.run()
+    if code:
+        sys.exit(code)
+
+
+@click.command(name="worker-process", hidden=True)
+@pass_state
+def worker_process(state: CliState) -> None:
+    """One supervised worker process: its configuration comes from the supervisor's environment."""
+    try:
+        config = WorkerConfig.from_env(os.environ)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    configure_logging(config)
+    state.url = config.redis_url
+    run_worker(config, state.store)
+
+
+@click.command()
+@worker_options
+@pass_state
+def dev(state: CliState, **options: Any) -> None:
+    """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL) and one worker."""
+    store = state.store
+    config = _config(store, options)
+    configure_logging(config)
+    shown = mask_url(config.redis_url)
+    click.echo(f"durable dev: Redis at {shown}", err=True)
+    click.echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
+    run_worker(config, store)
+
+
+COMMANDS = [worker, worker_process, dev]

@@ -1,0 +1,111 @@
+"""A worker process's configuration, and how a Redis URL is shown to people.
+
+:class:`WorkerConfig` is built once from the ``durable worker`` options. With
+``--processes N`` the supervisor hands it to its children in the environment
+(:attr:`WorkerConfig.ENV`, JSON), never on their command line: the Redis URL
+may carry a password, and a process's argv is readable by every user of the
+machine (``ps``), its environment only by the same user.
+
+:func:`mask_url` and :func:`mask_secrets` hide passwords wherever the CLI
+prints a URL or a message that may hold one, and in log records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = ["WorkerConfig", "mask_secrets", "mask_url"]
+
+# scheme://user:PASSWORD@ -- a password cannot hold a raw "/" or "@" (URL parsers would
+# split there too), so the match stops at the first of either.
+_USERINFO_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s/@]*@")
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#\s]*", re.IGNORECASE)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``.
+
+    Covers ``scheme://user:password@host`` and a ``password=`` query parameter.
+    """
+    return _QUERY_PASSWORD.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***@", text))
+
+
+def mask_url(url: str) -> str:
+    """A Redis URL fit to print or log: its password (if any) replaced by ``***``.
+
+    >>> mask_url("redis://app:hunter2@db:6379/0")
+    'redis://app:***@db:6379/0'
+    """
+    return mask_secrets(url)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker process needs, as the ``durable worker`` options give it.
+
+    Attributes:
+        redis_url: The Redis to serve (resolved: never the "embedded default" placeholder).
+            Left out of ``repr``: it may carry a password.
+        apps: Modules defining the workflows and activities (``--app``).
+        queues: Task queues to serve.
+        concurrency: Activity threads.
+        cache_size: Runs kept cached.
+        eager: Run scheduled activities in this worker (``--eager``).
+        claim_idle: Seconds a task may sit with a silent worker before another reclaims it.
+        build_id: The build id chosen with ``--build-id`` (``None``: derived from the code).
+        compatible: Other builds whose runs this code also decides.
+        unversioned: No build id at all.
+        gc_threshold: Young-generation allocations between collector passes (0: Python's).
+        log_format: ``text`` or ``json``.
+        log_level: A logging level name.
+    """
+
+    ENV: ClassVar[str] = "DURABLE_WORKER_CONFIG"
+
+    redis_url: str = field(repr=False)
+    apps: tuple[str, ...]
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 8
+    cache_size: int = 1000
+    eager: bool = False
+    claim_idle: float = 30.0
+    build_id: str | None = None
+    compatible: tuple[str, ...] = ()
+    unversioned: bool = False
+    gc_threshold: int = 10_000
+    log_format: str = "text"
+    log_level: str = "INFO"
+
+    @property
+    def claim_idle_ms(self) -> int:
+        """``claim_idle`` in milliseconds."""
+        return int(self.claim_idle * 1000)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment entry that carries this configuration to a child process."""
+        return {self.ENV: json.dumps(dataclasses.asdict(self))}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerConfig:
+        """The configuration :meth:`to_env` put in ``environ``.
+
+        Raises:
+            ValueError: The entry is missing or is not a configuration.
+        """
+        raw = environ.get(cls.ENV)
+        if not raw:
+            raise ValueError(
+                f"${cls.ENV} is not set: this command is started by `durable worker --processes N`"
+            )
+        try:
+            data: dict[str, Any] = json.loads(raw)
+            for name in ("apps", "queues", "compatible"):
+                data[name] = tuple(data[name])
+            return cls(**data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"${cls.ENV} holds no worker configuration ({exc})") from None
