@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from . import codec
 from . import events as ev
@@ -142,6 +142,11 @@ class WorkflowStub:
         return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
 
     @classmethod
+    def from_stub(cls, stub: WorkflowStub) -> Self:
+        """A stub of this class for the same workflow, run, queue and store as ``stub``."""
+        return cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+
+    @classmethod
     def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
         """A stub for an existing workflow id (its current run).
 
@@ -174,6 +179,21 @@ class WorkflowStub:
     def id(self) -> str:
         """The workflow id (instance id)."""
         return self._id
+
+    @property
+    def workflow_type(self) -> str:
+        """The workflow type name (empty for a stub loaded from a run without a record of it)."""
+        return self._type
+
+    @property
+    def queue(self) -> str | None:
+        """The task queue given for new runs (``None``: the workflow class's)."""
+        return self._queue
+
+    @property
+    def store(self) -> RedisStore:
+        """The store this stub talks to."""
+        return self._store
 
     @property
     def run_id(self) -> str | None:
