@@ -168,10 +168,6 @@ class Driver(Commands, Inputs):
         self._root = None
         self._instance = None
 
-    def history_bytes(self) -> int:
-        """Raw bytes of the history at this point of the code (deterministic, like :meth:`history_length`)."""
-        return self._history_size()[1]
-
     def _warn_near_limit(self) -> None:
         """Log once per run, when the decision about to be committed passes 80% of the budget."""
         if self._budget_warned or self._read_only or self._instance is None:
