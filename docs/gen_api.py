@@ -39,7 +39,7 @@ def _section(name: str, obj: Any) -> str:
     module = getattr(obj, "__module__", "")
     if module.endswith(".client"):
         return "Client"
-    if module.endswith((".activity", ".registry")):
+    if module.endswith((".activity", ".registry", ".options")):
         return "Activities"
     return "Workflow code"
 

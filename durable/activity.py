@@ -8,117 +8,28 @@ effects idempotent with :attr:`ActivityContext.idempotency_key`.
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from .errors import ConfigurationError, DurableError
+from .errors import DurableError
+from .options import RetryPolicy, Seconds, to_seconds
+from .registry import register_activity_class
 
-Seconds = float | int | timedelta
-
-
-def to_seconds(value: Seconds | None, what: str) -> float | None:
-    """Normalise seconds-or-timedelta to float seconds (``None`` stays ``None``)."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(
-            f"{what} must be seconds (int/float) or a timedelta, not {type(value).__name__}"
-        )
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigurationError(f"{what} must be a finite, non-negative duration, got {value!r}")
-    return seconds
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a failed activity attempt is retried.
-
-    The delay before attempt ``n + 1`` is
-    ``min(initial_interval * backoff_coefficient ** (n - 1), max_interval)``.
-
-    Args:
-        initial_interval: Seconds before the first retry.
-        backoff_coefficient: Multiplier applied to the delay after each retry (>= 1).
-        max_interval: Cap on the delay, in seconds (default: 100x ``initial_interval``).
-        max_attempts: Total attempts including the first; ``0`` means unlimited
-            (the default, as in Temporal).
-        non_retryable_errors: Exception type names (``"ValueError"`` or
-            ``"myapp.errors.CardDeclined"``) that fail the activity at once.
-    """
-
-    initial_interval: float = 1.0
-    backoff_coefficient: float = 2.0
-    max_interval: float | None = None
-    max_attempts: int = 0
-    non_retryable_errors: tuple[str, ...] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        initial = to_seconds(self.initial_interval, "RetryPolicy.initial_interval")
-        assert initial is not None
-        if initial <= 0:
-            raise ConfigurationError("RetryPolicy.initial_interval must be > 0 seconds")
-        object.__setattr__(self, "initial_interval", initial)
-        if isinstance(self.backoff_coefficient, bool) or not isinstance(
-            self.backoff_coefficient, int | float
-        ):
-            raise ConfigurationError("RetryPolicy.backoff_coefficient must be a number >= 1")
-        if not self.backoff_coefficient >= 1:
-            raise ConfigurationError(
-                f"RetryPolicy.backoff_coefficient must be >= 1, got {self.backoff_coefficient!r}"
-            )
-        object.__setattr__(self, "backoff_coefficient", float(self.backoff_coefficient))
-        max_interval = to_seconds(self.max_interval, "RetryPolicy.max_interval")
-        if max_interval is None:
-            max_interval = 100.0 * initial
-        if max_interval < initial:
-            raise ConfigurationError("RetryPolicy.max_interval must be >= initial_interval")
-        object.__setattr__(self, "max_interval", max_interval)
-        if (
-            isinstance(self.max_attempts, bool)
-            or not isinstance(self.max_attempts, int)
-            or self.max_attempts < 0
-        ):
-            raise ConfigurationError("RetryPolicy.max_attempts must be an int >= 0 (0 = unlimited)")
-        names = self.non_retryable_errors
-        if isinstance(names, str):
-            names = (names,)
-        if not all(isinstance(n, str) and n for n in names):
-            raise ConfigurationError("RetryPolicy.non_retryable_errors must be exception type names (str)")
-        object.__setattr__(self, "non_retryable_errors", tuple(names))
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        assert self.max_interval is not None
-        return min(self.initial_interval * self.backoff_coefficient ** (attempt - 1), self.max_interval)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "initial_interval": self.initial_interval,
-            "backoff_coefficient": self.backoff_coefficient,
-            "max_interval": self.max_interval,
-            "max_attempts": self.max_attempts,
-            "non_retryable_errors": list(self.non_retryable_errors),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> RetryPolicy:
-        if not data:
-            return cls()
-        return cls(
-            initial_interval=data["initial_interval"],
-            backoff_coefficient=data["backoff_coefficient"],
-            max_interval=data["max_interval"],
-            max_attempts=data["max_attempts"],
-            non_retryable_errors=tuple(data.get("non_retryable_errors", ())),
-        )
+# Re-exported: they were defined here first and user code imports them from here.
+__all__ = [
+    "Activity",
+    "ActivityCancelledError",
+    "ActivityContext",
+    "RetryPolicy",
+    "Seconds",
+    "activity_context",
+    "running_activity",
+    "set_worker_identity",
+    "to_seconds",
+    "worker_identity",
+]
 
 
 class ActivityCancelledError(DurableError):
@@ -197,7 +108,23 @@ def activity_context() -> ActivityContext:
     return ctx
 
 
+@contextmanager
+def running_activity(ctx: ActivityContext) -> Iterator[ActivityContext]:
+    """Make ``ctx`` what :func:`activity_context` returns on this thread while the block runs.
+
+    A worker wraps each activity attempt in it; the previous context (if any)
+    is restored on exit.
+    """
+    previous = getattr(_local, "context", None)
+    _local.context = ctx
+    try:
+        yield ctx
+    finally:
+        _local.context = previous
+
+
 def _set_context(ctx: ActivityContext | None) -> None:
+    # Kept for workers/runner.py until it moves to running_activity().
     _local.context = ctx
 
 
@@ -242,8 +169,6 @@ class Activity:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        from .registry import register_activity_class
-
         register_activity_class(cls)
 
     @property

@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from . import codec
 from . import events as ev
+from .config import redis_url
 from .errors import (
     ConfigurationError,
     DurableError,
+    HookError,
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
@@ -20,7 +22,7 @@ from .ids import check_workflow_id, new_run_id
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .store.redis_store import RedisStore, RunRef
-from .workflow import Workflow
+from .workflow import Workflow, effective_history_budget, near_history_limit
 
 _stores: dict[str, RedisStore] = {}
 _stores_lock = threading.Lock()
@@ -28,8 +30,6 @@ _stores_lock = threading.Lock()
 
 def default_store() -> RedisStore:
     """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded)."""
-    from .config import redis_url
-
     url = redis_url()
     with _stores_lock:
         store = _stores.get(url)
@@ -74,7 +74,7 @@ def _public(entry: ev.Entry) -> HistoryEvent:
 def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
     status = ev.STATUS_OF_CLOSING[entry.type]
     cause = None
-    if isinstance(entry.event, ev.WorkflowFailed):
+    if isinstance(entry.event, ev.WorkflowFailedEvent):
         cause = codec.loads(entry.event.error)
         message = f"workflow {workflow_id!r} failed: {type(cause).__name__}: {cause}"
     else:
@@ -142,6 +142,11 @@ class WorkflowStub:
         return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
 
     @classmethod
+    def from_stub(cls, stub: WorkflowStub) -> Self:
+        """A stub of this class for the same workflow, run, queue and store as ``stub``."""
+        return cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+
+    @classmethod
     def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
         """A stub for an existing workflow id (its current run).
 
@@ -166,8 +171,6 @@ class WorkflowStub:
         record = store.run_record(RunRef(p, rid, ""))
         data = codec.dumps((payload,), path="payload")
         if store.redis.hdel(store.keys.hooks(p), token) == 0:
-            from .errors import HookError
-
             raise HookError("hook token already used")
         store.deliver(record["workflow_id"], ev.HookResumed(id=hook_id, payload=data), run_id=rid)
 
@@ -176,6 +179,21 @@ class WorkflowStub:
     def id(self) -> str:
         """The workflow id (instance id)."""
         return self._id
+
+    @property
+    def workflow_type(self) -> str:
+        """The workflow type name (empty for a stub loaded from a run without a record of it)."""
+        return self._type
+
+    @property
+    def queue(self) -> str | None:
+        """The task queue given for new runs (``None``: the workflow class's)."""
+        return self._queue
+
+    @property
+    def store(self) -> RedisStore:
+        """The store this stub talks to."""
+        return self._store
 
     @property
     def run_id(self) -> str | None:
@@ -286,8 +304,6 @@ class WorkflowStub:
 
     def _history_info(self, snap: dict[str, Any]) -> dict[str, Any]:
         """The ``history`` item of :meth:`describe`, from the snapshot the last decision wrote."""
-        from .workflow import effective_history_budget, near_history_limit
-
         budget = snap.pop("history_budget", None)
         if not isinstance(budget, dict):
             try:

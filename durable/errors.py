@@ -86,10 +86,6 @@ class UnknownTypeError(DurableError):
     """A workflow or activity type is not registered in this process."""
 
 
-class TaskParked(DurableError):
-    """A task could not run and was moved to the dead-letter stream."""
-
-
 class SignalTimeout(DurableError):
     """``await_signal(name, timeout=...)`` reached its deadline without a signal."""
 

@@ -1,5 +1,10 @@
 """The event catalog: one small frozen dataclass per history event type.
 
+Each class names its stored type in ``TYPE``; the class name is free to
+change, the ``TYPE`` never is. A class whose stored name is also the name of a
+public error (``ActivityFailed``, ``WorkflowFailed``) carries an ``Event``
+suffix in Python.
+
 A history entry is one msgpack map ``{"type": str, "ts": int, "data": map}``
 (``ts`` in UTC milliseconds). ``data`` is plain msgpack (ids, names, numbers);
 user values inside it (arguments, results, errors, signal payloads) are
@@ -38,15 +43,19 @@ class Event:
     payloads: ClassVar[tuple[str, ...]] = ()
     #: True for events written by a decision (checked on replay).
     is_command: ClassVar[bool] = False
+    #: The type name written to history. Stored data: never change it for an
+    #: existing event (tests/test_replay.py pins every one).
+    TYPE: ClassVar[str] = ""
 
     @property
     def type(self) -> str:
-        return type(self).__name__
+        """The event's stored type name (:attr:`TYPE`)."""
+        return self.TYPE
 
     @property
     def key(self) -> tuple[str, str]:
         """What identifies a command in its run: (event type, command id)."""
-        return (type(self).__name__, getattr(self, "id", ""))
+        return (self.TYPE, getattr(self, "id", ""))
 
     def to_data(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _field_names(type(self))}
@@ -78,6 +87,8 @@ class Event:
 # --------------------------------------------------------------------- start
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowStarted(Event):
+    TYPE = "WorkflowStarted"
+
     workflow_type: str
     workflow_id: str
     run_id: str
@@ -93,6 +104,8 @@ class WorkflowStarted(Event):
 # ---------------------------------------------------------------- activities
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivityScheduled(Event):
+    TYPE = "ActivityScheduled"
+
     id: str
     name: str
     args: bytes
@@ -107,6 +120,8 @@ class ActivityScheduled(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivityCompleted(Event):
+    TYPE = "ActivityCompleted"
+
     id: str
     result: bytes
     attempt: int = 1
@@ -114,7 +129,9 @@ class ActivityCompleted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ActivityFailed(Event):
+class ActivityFailedEvent(Event):
+    TYPE = "ActivityFailed"
+
     id: str
     error: bytes
     attempts: int = 1
@@ -123,6 +140,8 @@ class ActivityFailed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivityCancelled(Event):
+    TYPE = "ActivityCancelled"
+
     id: str
     reason: str = ""
     outcome_unknown: bool = False
@@ -132,6 +151,8 @@ class ActivityCancelled(Event):
 # -------------------------------------------------------------------- timers
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerStarted(Event):
+    TYPE = "TimerStarted"
+
     id: str
     fire_at: int
     compared = ("fire_at",)
@@ -140,11 +161,15 @@ class TimerStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerFired(Event):
+    TYPE = "TimerFired"
+
     id: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerCancelled(Event):
+    TYPE = "TimerCancelled"
+
     id: str
     is_command = True
 
@@ -152,6 +177,8 @@ class TimerCancelled(Event):
 # ------------------------------------------------------------------- signals
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SignalWaitStarted(Event):
+    TYPE = "SignalWaitStarted"
+
     id: str
     name: str
     deadline: int | None = None
@@ -161,6 +188,8 @@ class SignalWaitStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SignalReceived(Event):
+    TYPE = "SignalReceived"
+
     name: str
     payload: bytes
     signal_id: str = ""
@@ -170,6 +199,8 @@ class SignalReceived(Event):
 # ------------------------------------------------------- recorded values
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SideEffectRecorded(Event):
+    TYPE = "SideEffectRecorded"
+
     id: str
     value: bytes | None = None
     error: bytes | None = None
@@ -179,6 +210,8 @@ class SideEffectRecorded(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VersionMarker(Event):
+    TYPE = "VersionMarker"
+
     id: str
     change_id: str
     version: int
@@ -189,6 +222,8 @@ class VersionMarker(Event):
 # ------------------------------------------------------------------ children
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChildStarted(Event):
+    TYPE = "ChildStarted"
+
     id: str
     workflow_type: str
     workflow_id: str
@@ -202,6 +237,8 @@ class ChildStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChildCompleted(Event):
+    TYPE = "ChildCompleted"
+
     id: str
     result: bytes
     payloads = ("result",)
@@ -209,6 +246,8 @@ class ChildCompleted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChildFailed(Event):
+    TYPE = "ChildFailed"
+
     id: str
     error: bytes | None = None
     status: str = "failed"
@@ -218,6 +257,8 @@ class ChildFailed(Event):
 # --------------------------------------------------------------------- hooks
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HookCreated(Event):
+    TYPE = "HookCreated"
+
     id: str
     name: str
     token: str
@@ -229,6 +270,8 @@ class HookCreated(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HookResumed(Event):
+    TYPE = "HookResumed"
+
     id: str
     payload: bytes
     payloads = ("payload",)
@@ -237,19 +280,25 @@ class HookResumed(Event):
 # ------------------------------------------------------------- cancellation
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequested(Event):
+    TYPE = "CancelRequested"
+
     reason: str = ""
 
 
 # ------------------------------------------------------------ run closings
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowCompleted(Event):
+    TYPE = "WorkflowCompleted"
+
     result: bytes
     payloads = ("result",)
     is_command = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WorkflowFailed(Event):
+class WorkflowFailedEvent(Event):
+    TYPE = "WorkflowFailed"
+
     error: bytes
     payloads = ("error",)
     is_command = True
@@ -257,17 +306,23 @@ class WorkflowFailed(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowCancelled(Event):
+    TYPE = "WorkflowCancelled"
+
     reason: str = ""
     is_command = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowTerminated(Event):
+    TYPE = "WorkflowTerminated"
+
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowContinuedAsNew(Event):
+    TYPE = "WorkflowContinuedAsNew"
+
     args: bytes
     new_run_id: str = ""
     payloads = ("args",)
@@ -276,7 +331,7 @@ class WorkflowContinuedAsNew(Event):
 
 CLOSING: tuple[type[Event], ...] = (
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedEvent,
     WorkflowCancelled,
     WorkflowTerminated,
     WorkflowContinuedAsNew,
@@ -284,37 +339,37 @@ CLOSING: tuple[type[Event], ...] = (
 
 #: Terminal status word written for each closing event.
 STATUS_OF_CLOSING: dict[str, str] = {
-    "WorkflowCompleted": "completed",
-    "WorkflowFailed": "failed",
-    "WorkflowCancelled": "cancelled",
-    "WorkflowTerminated": "terminated",
-    "WorkflowContinuedAsNew": "continued",
+    WorkflowCompleted.TYPE: "completed",
+    WorkflowFailedEvent.TYPE: "failed",
+    WorkflowCancelled.TYPE: "cancelled",
+    WorkflowTerminated.TYPE: "terminated",
+    WorkflowContinuedAsNew.TYPE: "continued",
 }
 
-CATALOG: dict[str, type[Event]] = {
-    cls.__name__: cls
-    for cls in (
-        WorkflowStarted,
-        ActivityScheduled,
-        ActivityCompleted,
-        ActivityFailed,
-        ActivityCancelled,
-        TimerStarted,
-        TimerFired,
-        TimerCancelled,
-        SignalWaitStarted,
-        SignalReceived,
-        SideEffectRecorded,
-        VersionMarker,
-        ChildStarted,
-        ChildCompleted,
-        ChildFailed,
-        HookCreated,
-        HookResumed,
-        CancelRequested,
-        *CLOSING,
-    )
-}
+_ALL: tuple[type[Event], ...] = (
+    WorkflowStarted,
+    ActivityScheduled,
+    ActivityCompleted,
+    ActivityFailedEvent,
+    ActivityCancelled,
+    TimerStarted,
+    TimerFired,
+    TimerCancelled,
+    SignalWaitStarted,
+    SignalReceived,
+    SideEffectRecorded,
+    VersionMarker,
+    ChildStarted,
+    ChildCompleted,
+    ChildFailed,
+    HookCreated,
+    HookResumed,
+    CancelRequested,
+    *CLOSING,
+)
+
+#: Every event class by its stored type name (what :func:`decode` reads).
+CATALOG: dict[str, type[Event]] = {cls.TYPE: cls for cls in _ALL}
 
 _FIELDS: dict[type[Event], tuple[frozenset[str], frozenset[str]]] = {}
 _NAMES: dict[type, tuple[str, ...]] = {}

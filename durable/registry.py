@@ -4,17 +4,21 @@ A durable name is what history and tasks record, so it must mean one thing:
 a second, different definition under a taken name is refused when it is
 defined. Re-defining the *same* object (a module imported twice, e.g. as
 ``__main__`` and by name) replaces the entry quietly.
+
+This module imports neither :mod:`durable.activity` nor :mod:`durable.workflow`:
+their base classes register each subclass here when it is defined.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .activity import RetryPolicy, Seconds, to_seconds
 from .errors import ConfigurationError, UnknownTypeError
+from .options import RetryPolicy, Seconds, to_seconds
 
 if TYPE_CHECKING:
     from .activity import Activity
@@ -40,6 +44,8 @@ class ActivityDefinition:
 
 _workflows: dict[str, type[Workflow]] = {}
 _activities: dict[str, ActivityDefinition] = {}
+#: Registered Activity subclasses -> their durable names.
+_activity_classes: dict[type, str] = {}
 
 
 def _origin(obj: Any) -> str:
@@ -79,6 +85,7 @@ def register_workflow_class(cls: type[Workflow]) -> None:
 def register_activity_class(cls: type[Activity]) -> None:
     name = check_name(cls.__dict__.get("name") or cls.__name__, "activity")
     cls.name = name
+    _activity_classes[cls] = name
 
     def call(*args: Any) -> Any:
         return cls().handle(*args)
@@ -173,29 +180,70 @@ def register_module_functions(module: Any) -> None:
             )
 
 
-def activity_definition_for(target: Any) -> ActivityDefinition:
-    """The definition an ``activity(target)`` call refers to (class, function or name)."""
-    from .activity import Activity
+def activity_name(target: Any) -> str:
+    """The durable name an ``activity(target)`` call refers to, without registering anything.
 
+    Args:
+        target: An ``Activity`` subclass, a named function, or a name (str).
+
+    Raises:
+        ConfigurationError: ``target`` is none of those, or the name is invalid.
+    """
     if isinstance(target, str):
-        found = _activities.get(target)
-        return found or ActivityDefinition(name=check_name(target, "activity"), fn=_missing(target))
-    if isinstance(target, type) and issubclass(target, Activity):
-        return _activities[target.name]
+        return check_name(target, "activity")
+    if isinstance(target, type) and target in _activity_classes:
+        return _activity_classes[target]
     if callable(target):
         name = getattr(target, "__durable_activity__", None) or getattr(target, "__name__", None)
-        if not name or name == "<lambda>":
-            raise ConfigurationError(
-                "an activity must be an Activity class, a named function or a name (str)"
-            )
-        found = _activities.get(name)
-        if found is None:
-            found = ActivityDefinition(
-                name=check_name(name, "activity"), fn=target, origin=_origin(target), module=target.__module__
-            )
-            _activities[name] = found
-        return found
+        if name and name != "<lambda>":
+            return check_name(name, "activity")
+        raise ConfigurationError("an activity must be an Activity class, a named function or a name (str)")
     raise ConfigurationError(f"not an activity: {target!r} (use an Activity subclass, a function or a name)")
+
+
+def activity_definition_for(target: Any) -> ActivityDefinition:
+    """The definition an ``activity(target)`` call refers to (class, function or name).
+
+    A plain function that is not registered yet is registered under its name.
+    """
+    name = activity_name(target)
+    found = _activities.get(name)
+    if found is not None:
+        return found
+    if isinstance(target, str):
+        return ActivityDefinition(name=name, fn=_missing(name))
+    found = _activities[name] = ActivityDefinition(
+        name=name, fn=target, origin=_origin(target), module=target.__module__
+    )
+    return found
+
+
+def override_activity(target: Any, fn: Callable[..., Any]) -> Callable[[], None]:
+    """Make the activity ``target`` call ``fn`` in this process, until the returned undo is called.
+
+    The activity keeps its registered options (queue, retry, timeouts); an
+    activity not registered yet gets a definition with defaults. Meant for
+    tests (``TestEnvironment.mock_activity``); undo overrides in reverse order.
+
+    Returns:
+        A function that restores what was registered before.
+    """
+    name = activity_name(target)
+    previous = _activities.get(name)
+    if previous is not None:
+        _activities[name] = dataclasses.replace(previous, fn=fn)
+    else:
+        _activities[name] = ActivityDefinition(
+            name=name, fn=fn, origin=f"mock:{name}", module=getattr(target, "__module__", "") or ""
+        )
+
+    def undo() -> None:
+        if previous is None:
+            _activities.pop(name, None)
+        else:
+            _activities[name] = previous
+
+    return undo
 
 
 def _missing(name: str) -> Callable[..., Any]:

@@ -8,6 +8,9 @@ Two ways in:
   - ``durable_redis_url`` (session): an embedded ``redis-server`` in a temporary
     dir, stopped when the session ends (or ``$DURABLE_TEST_REDIS_URL``: a Redis
     you provide, whose database is **flushed before every test**);
+    ``durable_redis_server`` is that server (``None`` for a Redis you provide);
+  - ``durable_clean_redis_url``: the same URL, flushed for this test (the
+    server restarted first if a test stopped it), ``DURABLE_REDIS_URL`` set to it;
   - ``durable_store``: a :class:`~durable.store.redis_store.RedisStore` on it,
     flushed for this test; ``DURABLE_REDIS_URL`` points at it meanwhile;
   - ``durable_env``: a started :class:`TestEnvironment` (worker thread included);
@@ -37,7 +40,6 @@ history says: give it a stub, the stored entries, or a ``durable history ID
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -48,13 +50,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from . import events as ev
 from . import registry
-from .activity import Activity, Seconds, to_seconds
+from .activity import Activity
 from .client import HistoryEvent, WorkflowStub
 from .errors import ConfigurationError
+from .options import Seconds, to_seconds
 from .replay import Driver
 from .replay import replay_history as _replay_entries
+from .store.embedded import EmbeddedRedis
 from .store.redis_store import RedisStore
 from .workflow import Workflow
 
@@ -102,6 +108,8 @@ class TestEnvironment:
             started the Redis itself.
         queues, concurrency: Passed to the worker.
         worker: Start a worker thread (default True).
+        eager: Run the worker in eager mode (it runs activities itself and
+            commits each result with the next decision).
 
     Example:
         ```python
@@ -124,6 +132,7 @@ class TestEnvironment:
         queues: Sequence[str] = ("default",),
         concurrency: int = 4,
         worker: bool = True,
+        eager: bool = False,
     ) -> None:
         self.time_skipping = time_skipping
         self._redis_url = redis_url
@@ -132,12 +141,13 @@ class TestEnvironment:
         self._queues = list(queues)
         self._concurrency = concurrency
         self._want_worker = worker
+        self._eager = eager
         self._server: Any = None
         self._tmpdir: str | None = None
         self._store: RedisStore | None = None
         self._worker: Worker | None = None
         self._worker_thread: Any = None
-        self._mocks: dict[str, registry.ActivityDefinition | None] = {}
+        self._mock_undos: list[Callable[[], None]] = []
         self._saved_env: str | None = None
         self._env_set = False
         self._lock = threading.Lock()
@@ -159,6 +169,8 @@ class TestEnvironment:
         self.close()
 
     def _open(self) -> None:
+        # durable never imports workers at module level (workers imports durable); the
+        # environment needs a worker only when it is opened.
         from workers.worker import Worker, WorkerThread
 
         if self._given_store is not None:
@@ -167,8 +179,6 @@ class TestEnvironment:
         else:
             url = self._redis_url
             if url is None:
-                from .store.embedded import EmbeddedRedis
-
                 self._tmpdir = tempfile.mkdtemp(prefix="durable-test-")
                 self._server = EmbeddedRedis(self._tmpdir)
                 url = self._server.ensure()
@@ -190,6 +200,7 @@ class TestEnvironment:
                 grace=5.0,
                 claim_idle_ms=2000,
                 block_ms=100,
+                eager=self._eager,
             )
             self._worker_thread = WorkerThread(self._worker)
             self._worker_thread.__enter__()
@@ -262,7 +273,7 @@ class TestEnvironment:
         return self._bind(WorkflowStub.load(id, store=self.store))
 
     def _bind(self, base: WorkflowStub) -> TestWorkflowStub:
-        stub = TestWorkflowStub(self.store, base._type, base._id, base._run_id, base._queue)
+        stub = TestWorkflowStub.from_stub(base)
         stub._env = self
         return stub
 
@@ -317,7 +328,7 @@ class TestEnvironment:
         store = self.store
         keys = store.keys
         worker = self._worker
-        if worker is not None and worker._busy:
+        if worker is not None and worker.busy:
             return False
         streams: list[str] = []
         for p in range(keys.partitions):
@@ -364,44 +375,20 @@ class TestEnvironment:
                 ``Activity`` subclass, an exception instance (raised on every
                 attempt), or any other value (returned as the result).
         """
-        name = _activity_name(target)
-        original = registry._activities.get(name)
-        if name not in self._mocks:
-            self._mocks[name] = original
-        fn = _as_function(replacement)
-        if original is not None:
-            definition = dataclasses.replace(original, fn=fn)
-        else:
-            definition = registry.ActivityDefinition(
-                name=name,
-                fn=fn,
-                origin=f"mock:{name}",
-                module=getattr(target, "__module__", "") or "",
-            )
-        registry._activities[name] = definition
+        try:
+            undo = registry.override_activity(target, _as_function(replacement))
+        except ConfigurationError:
+            if isinstance(target, str):
+                raise
+            raise ConfigurationError(
+                f"mock_activity needs an Activity class, a named function or a name, not {target!r}"
+            ) from None
+        self._mock_undos.append(undo)
 
     def restore_activities(self) -> None:
         """Undo every :meth:`mock_activity` of this environment."""
-        for name, original in self._mocks.items():
-            if original is None:
-                registry._activities.pop(name, None)
-            else:
-                registry._activities[name] = original
-        self._mocks.clear()
-
-
-def _activity_name(target: Any) -> str:
-    if isinstance(target, str):
-        return registry.check_name(target, "activity")
-    if isinstance(target, type) and issubclass(target, Activity):
-        return target.name
-    if callable(target):
-        name = getattr(target, "__durable_activity__", None) or getattr(target, "__name__", None)
-        if name and name != "<lambda>":
-            return registry.check_name(name, "activity")
-    raise ConfigurationError(
-        f"mock_activity needs an Activity class, a named function or a name, not {target!r}"
-    )
+        while self._mock_undos:
+            self._mock_undos.pop()()
 
 
 def _as_function(replacement: Any) -> Callable[..., Any]:
@@ -444,7 +431,8 @@ def replay_history(history: Any, workflow: type[Workflow] | None = None) -> Driv
 
 def _entries(history: Any) -> list[ev.Entry]:
     if isinstance(history, WorkflowStub):
-        return history._store.history(history._ref())
+        store = history.store
+        return store.history(store.ref(history.id))
     if isinstance(history, str | os.PathLike):
         path = Path(history)
         try:
@@ -480,30 +468,41 @@ if pytest is not None:
         )
 
     @pytest.fixture(scope="session")
-    def durable_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-        """A Redis for the session: ``$DURABLE_TEST_REDIS_URL``, else an embedded server in a tmp dir."""
-        external = os.environ.get(TEST_REDIS_ENV)
-        if external:
-            yield external
+    def durable_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis | None]:
+        """The session's embedded ``redis-server`` in a tmp dir; ``None`` when ``$DURABLE_TEST_REDIS_URL`` is set."""
+        if os.environ.get(TEST_REDIS_ENV):
+            yield None
             return
-        from .store.embedded import EmbeddedRedis
-
         server = EmbeddedRedis(tmp_path_factory.mktemp("durable-redis"))
-        url = server.ensure()
+        server.ensure()
         try:
-            yield url
+            yield server
         finally:
             server.stop()
 
-    @pytest.fixture
-    def durable_store(durable_redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisStore]:
-        """A store on the session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
-        import redis
+    @pytest.fixture(scope="session")
+    def durable_redis_url(durable_redis_server: EmbeddedRedis | None) -> str:
+        """A Redis for the session: ``$DURABLE_TEST_REDIS_URL``, else the embedded server."""
+        if durable_redis_server is None:
+            return os.environ[TEST_REDIS_ENV]
+        return durable_redis_server.url
 
+    @pytest.fixture
+    def durable_clean_redis_url(
+        durable_redis_server: EmbeddedRedis | None, durable_redis_url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> str:
+        """The session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
+        if durable_redis_server is not None:
+            durable_redis_server.ensure()  # restarts it if a test stopped it
         with redis.Redis.from_url(durable_redis_url) as client:
             client.flushdb()
         monkeypatch.setenv("DURABLE_REDIS_URL", durable_redis_url)
-        store = RedisStore(durable_redis_url)
+        return durable_redis_url
+
+    @pytest.fixture
+    def durable_store(durable_clean_redis_url: str) -> Iterator[RedisStore]:
+        """A store on the session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
+        store = RedisStore(durable_clean_redis_url)
         try:
             yield store
         finally:

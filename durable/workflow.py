@@ -11,11 +11,14 @@ from __future__ import annotations
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
-from .activity import RetryPolicy, Seconds
-from .errors import DurableError
+from .activity import activity_context
+from .errors import ConfigurationError, DurableError
+from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
+from .registry import register_activity, register_workflow_class
+from .runtime import Hook, current_runtime
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +45,7 @@ class Workflow:
         name: Durable type name (default: the class name). Must be unique.
         queue: Task queue its workflow tasks go to (default ``"default"``).
         patches: Patch ids this code declares; new runs record them and
-            :func:`patched` answers from the run (Flow's patch markers).
+            :func:`patched` answers from the run.
         history_budget: ``{"events": N, "bytes": M}`` (either key; defaults
             10,000 events and 10 MiB): the size past 80% of which
             :func:`should_continue_as_new` is true and a warning is logged.
@@ -78,8 +81,6 @@ class Workflow:
         cls._signals = signals
         cls._queries = queries
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
-        from .registry import register_workflow_class
-
         register_workflow_class(cls)
 
     def handle(self, *args: Any) -> Any:
@@ -113,12 +114,6 @@ def query(fn: F | None = None, *, name: str | None = None) -> Any:
     return mark(fn) if fn is not None else mark
 
 
-def _driver() -> Any:
-    from .replay import current_driver
-
-    return current_driver()
-
-
 def activity(
     target: Any,
     *args: Any,
@@ -143,15 +138,15 @@ def activity(
         ActivityFailed: The activity failed for good; ``.cause`` is its error.
         SerializationError: An argument cannot be encoded.
     """
-    return _driver().call_activity(
-        target,
-        args,
+    options = ActivityOptions(
         id=id,
         queue=queue,
         retry=retry,
-        timeouts=(start_to_close_timeout, schedule_to_close_timeout, heartbeat_timeout),
-        local=False,
+        start_to_close_timeout=start_to_close_timeout,
+        schedule_to_close_timeout=schedule_to_close_timeout,
+        heartbeat_timeout=heartbeat_timeout,
     )
+    return current_runtime().call_activity(target, args, options)
 
 
 def local_activity(
@@ -166,20 +161,13 @@ def local_activity(
     Recorded in history like :func:`activity`, with the same retry semantics;
     it skips the activity queue, so use it for quick work only.
     """
-    return _driver().call_activity(
-        target,
-        args,
-        id=id,
-        queue=None,
-        retry=retry,
-        timeouts=(start_to_close_timeout, None, None),
-        local=True,
-    )
+    options = ActivityOptions(id=id, retry=retry, start_to_close_timeout=start_to_close_timeout, local=True)
+    return current_runtime().call_activity(target, args, options)
 
 
 def timer(duration: Seconds, *, id: str | None = None) -> None:
     """Sleep durably for ``duration`` (seconds or a timedelta). No worker is held meanwhile."""
-    _driver().call_timer(duration, id=id)
+    current_runtime().call_timer(duration, id=id)
 
 
 def await_signal(name: str, timeout: Seconds | None = None, *, id: str | None = None) -> Any:
@@ -192,7 +180,7 @@ def await_signal(name: str, timeout: Seconds | None = None, *, id: str | None = 
     Raises:
         SignalTimeout: ``timeout`` passed without the signal.
     """
-    return _driver().call_await_signal(name, timeout, id=id)
+    return current_runtime().call_await_signal(name, timeout, id=id)
 
 
 def wait_until(
@@ -203,7 +191,7 @@ def wait_until(
     Returns:
         True when the predicate became true, False when ``timeout`` passed first.
     """
-    return bool(_driver().call_wait_until(predicate, timeout, id=id))
+    return current_runtime().call_wait_until(predicate, timeout, id=id)
 
 
 def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
@@ -212,7 +200,7 @@ def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
     The value goes through the codec both times, so live and replayed code see
     the same types. An exception from ``fn`` is recorded and re-raised on replay.
     """
-    return _driver().call_side_effect(fn, id=id)
+    return current_runtime().call_side_effect(fn, id=id)
 
 
 def child(
@@ -235,9 +223,10 @@ def child(
     Raises:
         ChildWorkflowFailed: The child failed, was cancelled or terminated.
     """
-    return _driver().call_child(
-        workflow, args, id=id, workflow_id=workflow_id, queue=queue, policy=parent_close_policy
+    options = ChildOptions(
+        id=id, workflow_id=workflow_id, queue=queue, parent_close_policy=parent_close_policy
     )
+    return current_runtime().call_child(workflow, args, options)
 
 
 def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list[Any]:  # noqa: A001
@@ -247,12 +236,12 @@ def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list
     :class:`CancelledError` at their suspension points (their cleanup may make
     durable calls), and once they have all finished the first error is raised here.
     """
-    return _driver().call_all(list(branches), id=id)
+    return current_runtime().call_all(list(branches), id=id)
 
 
 def now() -> datetime:
     """The workflow's deterministic current time (UTC): the time stamp of the last applied event."""
-    return _driver().now()
+    return current_runtime().now()
 
 
 def uuid4() -> _uuid.UUID:
@@ -266,7 +255,7 @@ def random() -> float:
 
 
 def get_version(change_id: str, min_supported: int, max_supported: int) -> int:
-    """Laravel/Temporal-style versioning of a code change.
+    """Version a code change so that runs started before it keep deciding as they did.
 
     New runs record ``max_supported`` at first use; a run replaying a history
     written before the change gets :data:`DEFAULT_VERSION` (-1). Later calls
@@ -276,16 +265,16 @@ def get_version(change_id: str, min_supported: int, max_supported: int) -> int:
     Raises:
         NondeterminismError: The recorded version is outside [min, max].
     """
-    return _driver().call_get_version(change_id, min_supported, max_supported)
+    return current_runtime().call_get_version(change_id, min_supported, max_supported)
 
 
 def patched(patch_id: str) -> bool:
     """Whether this run was started by code declaring ``patch_id`` in ``Workflow.patches``.
 
-    The set is written into the run at start (Flow's patch markers), so an old
+    The set is written into the run at start, so an old
     run keeps its old branch and a new run takes the new one, on any worker.
     """
-    return _driver().call_patched(patch_id)
+    return current_runtime().call_patched(patch_id)
 
 
 def continue_as_new(*args: Any) -> None:
@@ -293,33 +282,12 @@ def continue_as_new(*args: Any) -> None:
 
     Never returns. The new run keeps the type, queue, build id and patches.
     """
-    _driver().call_continue_as_new(args)
-
-
-class Hook:
-    """A durable callback created by :func:`create_hook`.
-
-    Attributes:
-        id: Command id of the hook in its run.
-        name: The name given at creation.
-        token: Unguessable single-use token; give it to the party that will
-            call ``WorkflowStub.resume_hook(token, payload)``.
-    """
-
-    __slots__ = ("id", "name", "token")
-
-    def __init__(self, id: str, name: str, token: str) -> None:  # noqa: A002
-        self.id = id
-        self.name = name
-        self.token = token
-
-    def __repr__(self) -> str:
-        return f"Hook(id={self.id!r}, name={self.name!r})"
+    current_runtime().call_continue_as_new(args)
 
 
 def create_hook(name: str, metadata: Any = None, *, id: str | None = None) -> Hook:
     """Create a hook with an unguessable token (recorded, so replay returns the same token)."""
-    return _driver().call_create_hook(name, metadata, id=id)
+    return current_runtime().call_create_hook(name, metadata, id=id)
 
 
 def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
@@ -328,7 +296,7 @@ def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
     Raises:
         SignalTimeout: ``timeout`` passed first.
     """
-    return _driver().call_await_hook(hook, timeout)
+    return current_runtime().call_await_hook(hook, timeout)
 
 
 class WorkerSession:
@@ -360,7 +328,7 @@ class WorkerSession:
 
 
 def worker_session(queue: str | None = None) -> WorkerSession:
-    """Pin a sequence of activities to one worker (Laravel's worker sessions).
+    """Pin a sequence of activities to one worker.
 
     Example:
         ```python
@@ -380,8 +348,6 @@ SESSION_OPEN = "durable.session.open"
 
 
 def _session_open() -> str:
-    from .activity import activity_context
-
     queue = activity_context().session_queue
     if not queue:
         raise DurableError("this worker cannot host worker sessions")
@@ -390,7 +356,7 @@ def _session_open() -> str:
 
 def history_length() -> int:
     """Number of events in this run's history so far (for continue-as-new decisions)."""
-    return _driver().history_length()
+    return current_runtime().history_length()
 
 
 def should_continue_as_new() -> bool:
@@ -412,7 +378,7 @@ def should_continue_as_new() -> bool:
                         continue_as_new(cursor)
         ```
     """
-    return _driver().should_continue_as_new()
+    return current_runtime().should_continue_as_new()
 
 
 def effective_history_budget(cls: type[Workflow] | None) -> dict[str, int]:
@@ -421,8 +387,6 @@ def effective_history_budget(cls: type[Workflow] | None) -> dict[str, int]:
     Raises:
         ConfigurationError: not a dict, an unknown key, or a value that is not a positive integer.
     """
-    from .errors import ConfigurationError
-
     budget = dict(DEFAULT_HISTORY_BUDGET)
     given = getattr(cls, "history_budget", None) if cls is not None else None
     if given is None:
@@ -446,7 +410,7 @@ def near_history_limit(events: int, size: int, budget: dict[str, int]) -> bool:
 
 def workflow_info() -> dict[str, Any]:
     """Identity of the running workflow: ``workflow_id``, ``run_id``, ``type``."""
-    return _driver().info()
+    return current_runtime().info()
 
 
 class ContinueAsNew(BaseException):  # noqa: N818 - a control-flow signal, not an error
@@ -457,18 +421,14 @@ class ContinueAsNew(BaseException):  # noqa: N818 - a control-flow signal, not a
         self.args_ = args
 
 
-def _duration_ms(value: Seconds, what: str) -> int:
-    from .activity import to_seconds
-
-    seconds = to_seconds(value, what)
-    assert seconds is not None
-    return int(round(seconds * 1000))
-
-
 __all__ = [
+    "DEFAULT_HISTORY_BUDGET",
     "DEFAULT_VERSION",
-    "DurableError",
+    "NEAR_LIMIT",
+    "SESSION_OPEN",
+    "ContinueAsNew",
     "Hook",
+    "WorkerSession",
     "Workflow",
     "activity",
     "all",
@@ -477,8 +437,11 @@ __all__ = [
     "child",
     "continue_as_new",
     "create_hook",
+    "effective_history_budget",
     "get_version",
+    "history_length",
     "local_activity",
+    "near_history_limit",
     "now",
     "patched",
     "query",
@@ -489,14 +452,9 @@ __all__ = [
     "timer",
     "uuid4",
     "wait_until",
-    "timedelta",
+    "worker_session",
+    "workflow_info",
 ]
 
-
-def _register_builtins() -> None:
-    from .registry import register_activity
-
-    register_activity(_session_open, name=SESSION_OPEN)
-
-
-_register_builtins()
+# The activity that opens a worker session exists in every process that imports durable.
+register_activity(_session_open, name=SESSION_OPEN)

@@ -1,9 +1,11 @@
 """Shared fixtures: a real Redis for the test suite (never a fake).
 
-One embedded ``redis-server`` (see :mod:`durable.store.embedded`) runs for the
-whole session in a temporary dir and is stopped when the session ends. Each test
-that asks for ``redis_url`` gets it freshly flushed, with ``DURABLE_REDIS_URL``
-pointing at it so that code and subprocesses under test find it.
+The Redis, the store and the worker come from durable's own pytest plugin
+(:mod:`durable.testing`): one embedded ``redis-server`` runs for the whole
+session in a temporary dir and is stopped when the session ends. Each test that
+asks for ``redis_url`` gets it freshly flushed, with ``DURABLE_REDIS_URL``
+pointing at it so that code and subprocesses under test find it. The fixtures
+below are the suite's short names for the plugin's.
 
 Tests that kill or restart Redis use ``fresh_redis``, a private server of their
 own, so the shared one is never disturbed.
@@ -17,34 +19,34 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
-from durable.store.embedded import EmbeddedRedis
-from durable.store.redis_store import RedisStore
-from workers.worker import Worker, WorkerThread
+# Before the import below: the plugin's asserts get pytest's rewriting like any plugin's.
+pytest.register_assert_rewrite("durable.testing")
+
+import redis  # noqa: E402
+
+from durable.store.embedded import EmbeddedRedis  # noqa: E402
+from durable.store.redis_store import RedisStore  # noqa: E402
+from durable.testing import TestEnvironment  # noqa: E402
+from workers.worker import Worker  # noqa: E402
+
+pytest_plugins = ["durable.testing"]
 
 # --------------------------------------------------------------------------- Redis
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    """The session's shared embedded Redis: started once, stopped at session end."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    server.ensure()
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def redis_server(durable_redis_server: EmbeddedRedis | None) -> EmbeddedRedis:
+    """The session's shared embedded Redis (``durable_redis_server``)."""
+    if durable_redis_server is None:
+        pytest.skip("the suite runs on a Redis given by $DURABLE_TEST_REDIS_URL")
+    return durable_redis_server
 
 
 @pytest.fixture
-def redis_url(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> str:
-    """URL of the shared server, emptied (FLUSHALL) and exported as ``DURABLE_REDIS_URL``."""
-    url = redis_server.ensure()  # restarts it if a test took it down
-    with redis.Redis.from_url(url) as client:
-        client.flushall()
-    monkeypatch.setenv("DURABLE_REDIS_URL", url)
-    return url
+def redis_url(durable_clean_redis_url: str) -> str:
+    """URL of the shared server, emptied and exported as ``DURABLE_REDIS_URL``."""
+    return durable_clean_redis_url
 
 
 @pytest.fixture
@@ -75,25 +77,18 @@ def fresh_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
 
 
 @pytest.fixture
-def store(redis_url: str) -> Iterator[RedisStore]:
-    """A RedisStore on the flushed shared server."""
-    s = RedisStore(redis_url)
-    try:
-        yield s
-    finally:
-        s.close()
+def store(durable_store: RedisStore) -> RedisStore:
+    """A RedisStore on the flushed shared server (``durable_store``)."""
+    return durable_store
 
 
 @pytest.fixture(params=["queued", "eager"])
-def worker(store: RedisStore, request: pytest.FixtureRequest) -> Iterator[Worker]:
+def worker(durable_store: RedisStore, request: pytest.FixtureRequest) -> Iterator[Worker]:
     """A worker running in a thread of the test process, stopped after the test.
 
     Every test using it runs twice: activities through the task streams, and in
     eager mode (the worker runs them itself and commits each result with the
     next decision).
     """
-    w = Worker(
-        store, concurrency=4, grace=5, claim_idle_ms=2000, block_ms=100, eager=request.param == "eager"
-    )
-    with WorkerThread(w):
-        yield w
+    with TestEnvironment(store=durable_store, eager=request.param == "eager") as env:
+        yield env.worker

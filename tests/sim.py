@@ -156,7 +156,7 @@ class Sim:
         try:
             result = fn(*args)
         except Exception as exc:  # noqa: BLE001 - the activity failed for good
-            return ev.ActivityFailed(id=activity_id, error=codec.dumps(exc), attempts=3)
+            return ev.ActivityFailedEvent(id=activity_id, error=codec.dumps(exc), attempts=3)
         return ev.ActivityCompleted(id=activity_id, result=codec.dumps(result))
 
     def complete(
@@ -166,7 +166,7 @@ class Sim:
         if result is EXECUTE and error is None:
             event = self.execute(activity_id)
         elif error is not None:
-            event = ev.ActivityFailed(id=activity_id, error=codec.dumps(error), attempts=3)
+            event = ev.ActivityFailedEvent(id=activity_id, error=codec.dumps(error), attempts=3)
         else:
             event = ev.ActivityCompleted(id=activity_id, result=codec.dumps(result))
         self.pending_activities.pop(activity_id, None)
@@ -371,7 +371,7 @@ class Sim:
         c = self.closing
         if isinstance(c, ev.WorkflowCompleted):
             return codec.loads(c.result)
-        if isinstance(c, ev.WorkflowFailed):
+        if isinstance(c, ev.WorkflowFailedEvent):
             return codec.loads(c.error)
         return c
 

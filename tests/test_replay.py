@@ -45,7 +45,8 @@ from durable import (
     wait_until,
 )
 from durable import events as ev
-from durable.replay import Driver, _Branch
+from durable.replay import Driver
+from durable.replay.branches import Branch
 from tests.sim import START_TS, Sim, entry
 
 # ------------------------------------------------------------- activities
@@ -962,7 +963,7 @@ def test_changed_command_is_nondeterminism(
         assert issued in str(err)
     assert err.recorded is not None and err.issued is not None
     d.close()
-    assert not [b for b in gc.get_objects() if isinstance(b, _Branch) and b.driver is d and not b.dead]
+    assert not [b for b in gc.get_objects() if isinstance(b, Branch) and b.runtime is d and not b.dead]
 
 
 def test_recorded_command_not_issued_is_nondeterminism(sims: Any) -> None:
@@ -1087,9 +1088,9 @@ def test_duplicate_activity_completion_is_dropped(sims: Any) -> None:
 
 
 # ================================================================ closing
-def live_branches(driver: Driver) -> list[_Branch]:
+def live_branches(driver: Driver) -> list[Branch]:
     gc.collect()
-    return [b for b in gc.get_objects() if isinstance(b, _Branch) and b.driver is driver and not b.dead]
+    return [b for b in gc.get_objects() if isinstance(b, Branch) and b.runtime is driver and not b.dead]
 
 
 class RTFinally(Workflow):

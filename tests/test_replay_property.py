@@ -47,7 +47,8 @@ from durable import (
     wait_until,
 )
 from durable import events as ev
-from durable.replay import Driver, _Branch
+from durable.replay import Driver
+from durable.replay.branches import Branch
 from tests.sim import Sim
 
 SIDE_CALLS: list[Any] = []
@@ -178,13 +179,13 @@ def send_signal(sim: Sim) -> None:
         sim.signal(name, *args)
 
 
-def live_branches() -> list[_Branch]:
+def live_branches() -> list[Branch]:
     """Live greenlets of this module's runs (other tests' workers may hold their own)."""
     gc.collect()
     return [
         o
         for o in gc.get_objects()
-        if isinstance(o, _Branch) and not o.dead and o.driver.workflow_type == PropWorkflow.name
+        if isinstance(o, Branch) and not o.dead and o.runtime.workflow_type == PropWorkflow.name
     ]
 
 
@@ -292,7 +293,7 @@ def count_objects() -> tuple[int, int]:
     gc.collect()
     objects = gc.get_objects()
     greenlets = sum(
-        1 for o in objects if isinstance(o, _Branch) and o.driver.workflow_type == PropWorkflow.name
+        1 for o in objects if isinstance(o, Branch) and o.runtime.workflow_type == PropWorkflow.name
     )
     drivers = sum(1 for o in objects if isinstance(o, Driver) and o.workflow_type == PropWorkflow.name)
     return greenlets, drivers

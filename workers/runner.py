@@ -501,7 +501,7 @@ class Decider:
     def _child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:
         if isinstance(closing, ev.WorkflowCompleted):
             event: ev.Event = ev.ChildCompleted(id=parent["cid"], result=closing.result)
-        elif isinstance(closing, ev.WorkflowFailed):
+        elif isinstance(closing, ev.WorkflowFailedEvent):
             event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
         else:
             event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
@@ -776,7 +776,7 @@ def attempt_failed(
 ) -> dict[str, Any]:
     """The completion-script arguments failing an activity for good with ``error``."""
     attempts = int(body["attempt"])
-    event = ev.ActivityFailed(id=body["aid"], error=codec.dumps(error, path="error"), attempts=attempts)
+    event = ev.ActivityFailedEvent(id=body["aid"], error=codec.dumps(error, path="error"), attempts=attempts)
     return attempt_outcome(body, "failed", record, stream=stream, entry_id=entry_id, event=event)
 
 

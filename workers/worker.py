@@ -275,6 +275,11 @@ class Worker:
         self.activities_run = 0
 
     # ------------------------------------------------------------ lifecycle
+    @property
+    def busy(self) -> int:
+        """Activity attempts running on this worker's threads right now."""
+        return self._busy
+
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down (thread-safe)."""
         self._stop.set()

@@ -1,0 +1,252 @@
+"""The durable calls: what workflow code asks of the driver (:class:`~durable.runtime.WorkflowRuntime`)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar, cast
+
+from .. import codec
+from .. import events as ev
+from ..errors import ConfigurationError, SignalTimeout
+from ..ids import check_command_id, check_workflow_id
+from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
+from ..registry import activity_definition_for
+from ..runtime import Hook
+from ..workflow import DEFAULT_VERSION, ContinueAsNew, Workflow, near_history_limit
+from .branches import POLICIES, Group, Wait, signal_value
+from .core import DriverCore
+
+T = TypeVar("T")
+
+
+class Commands(DriverCore):
+    """The ``call_*`` methods behind :mod:`durable.workflow`: each issues (or matches) a command."""
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self._now / 1000, tz=UTC)
+
+    def history_length(self) -> int:
+        """Events in the history at this point of the code (deterministic: replay sees what live saw)."""
+        return self._history_size()[0]
+
+    def should_continue_as_new(self) -> bool:
+        events, size = self._history_size()
+        return near_history_limit(events, size, self.history_budget())
+
+    def info(self) -> dict[str, Any]:
+        return {"workflow_id": self.workflow_id, "run_id": self.run_id, "type": self.workflow_type}
+
+    def call_activity(self, target: Any, args: tuple[Any, ...], options: ActivityOptions) -> Any:
+        branch = self._branch()
+        definition = activity_definition_for(target)
+        cid = self._next_id(branch, options.id)
+        policy = options.retry or definition.retry
+        if policy is not None and not isinstance(policy, RetryPolicy):
+            raise ConfigurationError(f"retry= must be a RetryPolicy, not {type(policy).__name__}")
+        start_to_close = options.start_to_close_timeout
+        schedule_to_close = options.schedule_to_close_timeout
+        heartbeat = options.heartbeat_timeout
+        event = ev.ActivityScheduled(
+            id=cid,
+            name=definition.name,
+            args=codec.dumps(tuple(args), path="args"),
+            queue=options.queue or definition.queue or self.queue,
+            retry=policy.to_dict() if policy is not None else None,
+            timeouts={
+                "start_to_close": _pick(
+                    start_to_close, definition.start_to_close_timeout, "start_to_close_timeout"
+                ),
+                "schedule_to_close": _pick(
+                    schedule_to_close, definition.schedule_to_close_timeout, "schedule_to_close_timeout"
+                ),
+                "heartbeat": _pick(heartbeat, definition.heartbeat_timeout, "heartbeat_timeout"),
+            },
+            local=options.local,
+        )
+        self._issue(event)
+        return self._suspend(branch, Wait("activity", cid, name=definition.name))
+
+    def call_timer(self, duration: Seconds, *, id: str | None) -> None:  # noqa: A002
+        branch = self._branch()
+        ms = duration_ms(duration, "timer duration")
+        cid = self._next_id(branch, id)
+        if ms <= 0:
+            return
+        fire_at = self._now + ms
+        self._issue(ev.TimerStarted(id=cid, fire_at=fire_at))
+        self._suspend(branch, Wait("timer", cid, deadline=fire_at))
+
+    def call_await_signal(self, name: str, timeout: Seconds | None, *, id: str | None) -> Any:  # noqa: A002
+        branch = self._branch()
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"await_signal needs a signal name (str), got {name!r}")
+        cid = self._next_id(branch, id)
+        buffered = self._signals.get(name)
+        if buffered:
+            return signal_value(buffered.popleft())
+        deadline = self._deadline(timeout, "await_signal timeout")
+        if deadline is not None and deadline <= self._now:
+            raise SignalTimeout(f"no signal {name!r} (timeout 0)")
+        self._issue(ev.SignalWaitStarted(id=cid, name=name, deadline=deadline))
+        self._signal_waiters.setdefault(name, []).append(branch)
+        return self._suspend(branch, Wait("signal", cid, name=name, deadline=deadline))
+
+    def call_wait_until(
+        self, predicate: Callable[[], bool], timeout: Seconds | None, *, id: str | None
+    ) -> bool:  # noqa: A002
+        branch = self._branch()
+        if not callable(predicate):
+            raise ConfigurationError("wait_until needs a callable predicate")
+        cid = self._next_id(branch, id)
+        if self._guarded("wait_until predicate", predicate):
+            return True
+        deadline = self._deadline(timeout, "wait_until timeout")
+        if deadline is not None:
+            if deadline <= self._now:
+                return False
+            self._issue(ev.TimerStarted(id=cid, fire_at=deadline))
+        self._wait_until.append(branch)
+        return bool(self._suspend(branch, Wait("wait_until", cid, deadline=deadline, predicate=predicate)))
+
+    def call_side_effect(self, fn: Callable[[], T], *, id: str | None) -> T:  # noqa: A002
+        branch = self._branch()
+        cid = self._next_id(branch, id)
+        recorded = self._recorded_for((ev.SideEffectRecorded.TYPE, cid))
+        if recorded is not None:
+            assert isinstance(recorded, ev.SideEffectRecorded)
+            event = recorded
+        elif self._replaying():
+            # History has no such command: fail without calling the function.
+            self._issue(ev.SideEffectRecorded(id=cid))
+            raise AssertionError("unreachable: _issue raises while replaying")  # pragma: no cover
+        else:
+            if self._read_only:
+                self._stop_at_frontier()
+            value = error = None
+            try:
+                result = self._guarded("side_effect function", fn, inside_branch=True)
+                value = codec.dumps(result, path="side_effect value")
+            except Exception as exc:  # noqa: BLE001 - recorded, re-raised below and on replay
+                error = codec.dumps(exc, path="side_effect error")
+            event = ev.SideEffectRecorded(id=cid, value=value, error=error)
+        self._issue(event)
+        if event.error is not None:
+            raise codec.loads(event.error)
+        return cast(T, codec.loads(event.value) if event.value is not None else None)
+
+    def call_get_version(self, change_id: str, min_supported: int, max_supported: int) -> int:
+        self._branch()
+        check_command_id(change_id)
+        if (
+            not (isinstance(min_supported, int) and isinstance(max_supported, int))
+            or min_supported > max_supported
+        ):
+            raise ConfigurationError("get_version needs integers min_supported <= max_supported")
+        version = self._versions.get(change_id)
+        if version is None:
+            recorded = self._recorded_for((ev.VersionMarker.TYPE, change_id))
+            if recorded is not None:
+                assert isinstance(recorded, ev.VersionMarker)
+                version = recorded.version
+                self._issue(recorded)
+            elif self._replaying():
+                version = DEFAULT_VERSION
+            else:
+                version = max_supported
+                self._issue(ev.VersionMarker(id=change_id, change_id=change_id, version=version))
+            self._versions[change_id] = version
+        if not min_supported <= version <= max_supported:
+            raise self._nondeterminism(
+                f"get_version({change_id!r}): this run recorded version {version}, outside the supported "
+                f"range [{min_supported}, {max_supported}] of the code now deployed",
+                change_id,
+                version,
+                (min_supported, max_supported),
+            )
+        return version
+
+    def call_patched(self, patch_id: str) -> bool:
+        self._branch()
+        assert self._started is not None
+        return patch_id in self._started.patches
+
+    def call_child(self, workflow: Any, args: tuple[Any, ...], options: ChildOptions) -> Any:
+        branch = self._branch()
+        policy, workflow_id = options.parent_close_policy, options.workflow_id
+        if isinstance(workflow, str):
+            type_name, child_queue = workflow, None
+        elif isinstance(workflow, type) and issubclass(workflow, Workflow):
+            type_name, child_queue = workflow.name, workflow.queue
+        else:
+            raise ConfigurationError(f"child() needs a Workflow subclass or its name, not {workflow!r}")
+        if policy not in POLICIES:
+            raise ConfigurationError(f"parent_close_policy must be one of {POLICIES}, not {policy!r}")
+        cid = self._next_id(branch, options.id)
+        child_id = check_workflow_id(workflow_id) if workflow_id is not None else f"{self.workflow_id}/{cid}"
+        self._issue(
+            ev.ChildStarted(
+                id=cid,
+                workflow_type=type_name,
+                workflow_id=child_id,
+                args=codec.dumps(tuple(args), path="args"),
+                queue=options.queue or child_queue or self.queue,
+                policy=policy,
+            )
+        )
+        return self._suspend(
+            branch, Wait("child", cid, name=type_name, child_workflow_id=child_id, policy=policy)
+        )
+
+    def call_all(self, fns: list[Callable[[], Any]], *, id: str | None) -> list[Any]:  # noqa: A002
+        branch = self._branch()
+        if not all(callable(f) for f in fns):
+            raise ConfigurationError("all() takes a list of callables, e.g. [lambda: activity(A), ...]")
+        cid = self._next_id(branch, id)
+        if not fns:
+            return []
+        group = Group(id=cid, parent=branch, results=[None] * len(fns), remaining=len(fns))
+        for index, fn in enumerate(fns):
+            child = self._spawn(f"{cid}.{index + 1}", fn)
+            child.group, child.index = group, index
+            group.branches.append(child)
+            self._runnable.append((child, None, None))
+        return self._suspend(branch, Wait("all", cid, group=group))
+
+    def call_continue_as_new(self, args: tuple[Any, ...]) -> NoReturn:
+        self._branch()
+        raise ContinueAsNew(args)
+
+    def call_create_hook(self, name: str, metadata: Any, *, id: str | None) -> Hook:  # noqa: A002
+        branch = self._branch()
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("create_hook needs a name (str)")
+        cid = self._next_id(branch, id)
+        recorded = self._recorded_for((ev.HookCreated.TYPE, cid))
+        token = (
+            recorded.token
+            if isinstance(recorded, ev.HookCreated)
+            else self._token_prefix + secrets.token_urlsafe(24)
+        )
+        self._issue(
+            ev.HookCreated(id=cid, name=name, token=token, metadata=codec.dumps(metadata, path="metadata"))
+        )
+        self._hooks.add(cid)
+        return Hook(cid, name, token)
+
+    def call_await_hook(self, hook: Hook, timeout: Seconds | None) -> Any:
+        branch = self._branch()
+        if not isinstance(hook, Hook) or hook.id not in self._hooks:
+            raise ConfigurationError("await_hook needs a Hook returned by create_hook() in this run")
+        if hook.id in self._hook_payloads:
+            return signal_value(self._hook_payloads.pop(hook.id))
+        deadline = self._deadline(timeout, "await_hook timeout")
+        if deadline is not None:
+            self._issue(ev.TimerStarted(id=hook.id, fire_at=deadline))
+        self._waits[("hook", hook.id)] = branch
+        return self._suspend(branch, Wait("hook", hook.id, name=hook.name, deadline=deadline))
+
+
+def _pick(override: Seconds | None, default: float | None, what: str) -> float | None:
+    return to_seconds(override, what) if override is not None else default

@@ -1,0 +1,369 @@
+"""The driver's state and the greenlet machinery every other part of it builds on."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import greenlet
+
+from .. import events as ev
+from ..errors import ConfigurationError, DurableError, NondeterminismError
+from ..ids import check_command_id
+from ..options import Seconds, duration_ms
+from ..registry import get_workflow
+from ..runtime import WorkflowRuntime, forbid_durable_calls
+from ..workflow import Workflow, effective_history_budget
+from .branches import Branch, Wait
+
+
+class DriverCore(WorkflowRuntime):
+    """One run's replay state: branches, waits, the recorded history, the decision being built.
+
+    :class:`~durable.replay.Driver` is this plus the durable calls
+    (:mod:`.commands`), the application of input events (:mod:`.inputs`) and
+    the lifecycle (:mod:`.driver`).
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str = "",
+        workflow_id: str = "",
+        resolve: Callable[[str], type[Workflow]] = get_workflow,
+        token_prefix: str = "",
+        read_only: bool = False,
+    ) -> None:
+        self.run_id = run_id
+        self._token_prefix = token_prefix
+        self._read_only = read_only
+        self.workflow_id = workflow_id
+        self._resolve = resolve
+        self._hub: greenlet.greenlet = greenlet.getcurrent()
+        self._instance: Workflow | None = None
+        self._started: ev.WorkflowStarted | None = None
+        self._root: Branch | None = None
+        self._branches: list[Branch] = []
+        self._runnable: deque[tuple[Branch, Any, BaseException | None]] = deque()
+        self._waits: dict[tuple[str, str], Branch] = {}
+        self._signal_waiters: dict[str, list[Branch]] = {}
+        self._wait_until: list[Branch] = []
+        self._signals: dict[str, deque[bytes]] = {}
+        self._hook_payloads: dict[str, bytes] = {}
+        self._hooks: set[str] = set()
+        self._ids: set[str] = set()
+        self._versions: dict[str, int] = {}
+        self._recorded: dict[tuple[str, str], ev.Entry] = {}
+        self._matched: set[tuple[str, str]] = set()
+        self._at_seq: dict[int, ev.Entry] = {}
+        self._cursor = 0  # replay: seq of the last input applied or command matched
+        self._seq = 0
+        self._pos = 0
+        self._history_end = 0
+        self._bytes_end = 0  # raw bytes of the history up to _history_end
+        self._bytes_at: dict[int, int] = {}  # replay: seq -> raw bytes of the history up to it
+        self._budget_warned = False
+        self._budget: dict[str, int] | None = None  # the class's history budget, once known
+        self._now = 0
+        self._out: list[bytes] = []
+        self._new: list[ev.Event] = []
+        self._dropped: list[tuple[bytes, str]] = []
+        self._close_actions: tuple[list[str], list[str], list[tuple[str, str, str]]] = ([], [], [])
+        self._child_cancels: list[tuple[str, str, str]] = []
+        self._closing: ev.Event | None = None
+        self._cancel_reason: str | None = None
+        self._fatal: BaseException | None = None
+        self._callback: str | None = None
+        self._closed = False
+
+    @property
+    def seq(self) -> int:
+        """Last committed seq this driver has applied."""
+        return self._seq
+
+    @property
+    def closed_run(self) -> bool:
+        """True when the run has closed (a closing event was issued or replayed)."""
+        return self._closing is not None
+
+    @property
+    def status(self) -> str:
+        if self._closing is not None:
+            return ev.STATUS_OF_CLOSING[self._closing.type]
+        if self._started is None:
+            return "pending"
+        if self._cancel_reason is not None:
+            return "cancelling"
+        if any(b.wait is not None and b.wait.kind in ("activity", "child") for b in self._live()):
+            return "running"
+        return "suspended"
+
+    @property
+    def now_ms(self) -> int:
+        """The workflow's current time (UTC ms): ``ts`` of the last applied input."""
+        return self._now
+
+    @property
+    def started(self) -> ev.WorkflowStarted | None:
+        """The run's WorkflowStarted event, once replayed."""
+        return self._started
+
+    @property
+    def workflow_type(self) -> str:
+        return self._started.workflow_type if self._started else ""
+
+    @property
+    def queue(self) -> str:
+        return self._started.queue if self._started else "default"
+
+    def history_budget(self) -> dict[str, int]:
+        """The run's history budget (its class's ``history_budget`` over the defaults)."""
+        if self._budget is None or self._instance is None:
+            budget = effective_history_budget(type(self._instance) if self._instance is not None else None)
+            if self._instance is None:
+                return budget
+            self._budget = budget
+        return dict(self._budget)
+
+    def _history_size(self) -> tuple[int, int]:
+        """(events, bytes) of the history as the calling code sees it.
+
+        Live, that is the committed history plus this decision's events so far.
+        While replaying, the same point is the last entry applied or matched
+        (``_cursor``), so a replayed call answers what the live call answered.
+        """
+        if self._replaying():
+            return self._cursor, self._bytes_at.get(self._cursor, self._bytes_end)
+        return self._history_total()
+
+    def _history_total(self) -> tuple[int, int]:
+        """(events, bytes) of the committed history plus every event of the current decision."""
+        return (
+            self._history_end + len(self._out),
+            self._bytes_end + sum(len(raw) for raw in self._out),
+        )
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise DurableError(f"driver of run {self.run_id} is closed")
+        self._hub = greenlet.getcurrent()
+        self._raise_fatal()
+
+    def _live(self) -> list[Branch]:
+        # Prune finished branches as we go: a long-lived cached run that calls
+        # all() in a loop must not keep every dead greenlet until close().
+        self._branches = [b for b in self._branches if not b.dead]
+        return self._branches
+
+    def _branch(self) -> Branch:
+        g = greenlet.getcurrent()
+        assert isinstance(g, Branch) and g.runtime is self
+        return g
+
+    def _next_id(self, branch: Branch, explicit: str | None) -> str:
+        # Explicit ids consume a number too: adding id= to a call later keeps
+        # every other generated id of the branch stable.
+        branch.counter += 1
+        if explicit is None:
+            cid = f"{branch.path}.{branch.counter}" if branch.path else str(branch.counter)
+        else:
+            cid = check_command_id(explicit)
+        if cid in self._ids:
+            raise ConfigurationError(
+                f"command id {cid!r} is used twice in run {self.run_id}; ids must be unique"
+            )
+        self._ids.add(cid)
+        return cid
+
+    def _deadline(self, timeout: Seconds | None, what: str) -> int | None:
+        if timeout is None:
+            return None
+        return self._now + duration_ms(timeout, what)
+
+    def _replaying(self) -> bool:
+        """True while applying a committed entry that is not the last one."""
+        return self._pos < self._history_end
+
+    def _recorded_for(self, key: tuple[str, str]) -> ev.Event | None:
+        entry = self._recorded.get(key)
+        return entry.event if entry is not None else None
+
+    def _issue(self, event: ev.Event) -> None:
+        """Check a command against history; record it when it is new."""
+        key = event.key
+        entry = self._recorded.get(key)
+        if entry is not None:
+            if key in self._matched:
+                raise self._nondeterminism(f"command {key[0]} {key[1]!r} issued twice", key[1], None, None)
+            if entry.event.fingerprint() != event.fingerprint():
+                raise self._nondeterminism(
+                    f"{key[0]} {key[1]!r} differs from history (seq {entry.seq})",
+                    key[1],
+                    entry.event.describe(),
+                    event.describe(),
+                )
+            if entry.seq != self._cursor + 1:
+                # Commands follow the input whose application issued them, in issue
+                # order: a command issued earlier than recorded, or out of order, moved.
+                there = self._at_seq.get(self._cursor + 1)
+                what = f"{there.type} {there.event.key[1]!r}" if there is not None else "an input"
+                raise self._nondeterminism(
+                    f"{key[0]} {key[1]!r} was issued as seq {self._cursor + 1}, but history records it at "
+                    f"seq {entry.seq} and has {what} at seq {self._cursor + 1} (commands reordered?)",
+                    key[1],
+                    entry.event.describe(),
+                    event.describe(),
+                )
+            self._cursor = entry.seq
+            self._matched.add(key)
+            return
+        if self._read_only:
+            self._stop_at_frontier()
+            return
+        if self._replaying():
+            raise self._nondeterminism(
+                f"{key[0]} {key[1]!r} was issued while replaying seq {self._pos}, but the history has no such "
+                "command (code changed before this point?)",
+                key[1],
+                None,
+                event.describe(),
+            )
+        self._out.append(ev.encode(event, self._now))
+        self._new.append(event)
+
+    def _stop_at_frontier(self) -> None:
+        """Read-only replay reached code beyond the committed history: park this branch for good."""
+        g = greenlet.getcurrent()
+        if isinstance(g, Branch) and g.runtime is self:
+            g.wait = Wait("frontier", "")
+            self._hub.switch()
+            raise AssertionError("a branch parked at the frontier was resumed")  # pragma: no cover
+
+    def _nondeterminism(self, what: str, command_id: str, recorded: Any, issued: Any) -> NondeterminismError:
+        detail = ""
+        if recorded is not None or issued is not None:
+            detail = f" (recorded: {recorded!r}; now: {issued!r})"
+        err = NondeterminismError(
+            f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}{detail}. The run is blocked; "
+            "deploy code that decides as before (use get_version/patched for changes), then `durable repair`",
+            run_id=self.run_id,
+            command_id=command_id,
+            recorded=recorded,
+            issued=issued,
+        )
+        if self._fatal is None:
+            self._fatal = err
+        return err
+
+    def _raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _guarded(self, what: str, fn: Callable[[], Any], *, inside_branch: bool = False) -> Any:
+        """Run user code that must not make durable calls."""
+        if inside_branch:
+            previous, self._callback = self._callback, what
+            try:
+                return fn()
+            finally:
+                self._callback = previous
+        with forbid_durable_calls(what):
+            return fn()
+
+    def _suspend(self, branch: Branch, wait: Wait) -> Any:
+        branch.wait = wait
+        if wait.kind in ("activity", "child", "timer"):
+            self._waits[(wait.kind, wait.id)] = branch
+        if wait.deadline is not None and wait.kind != "timer":
+            self._waits[("timer", wait.id)] = branch
+        return self._hub.switch()
+
+    def _resume(self, branch: Branch, value: Any = None, exc: BaseException | None = None) -> None:
+        wait = branch.wait
+        if wait is not None:
+            self._waits.pop((wait.kind, wait.id), None)
+            if wait.deadline is not None:
+                self._waits.pop(("timer", wait.id), None)
+        branch.wait = None
+        self._runnable.append((branch, value, exc))
+
+    def _spawn(self, path: str, fn: Callable[[], Any]) -> Branch:
+        branch: Branch
+
+        def main(start: Any = None) -> None:
+            try:
+                if isinstance(start, BaseException):
+                    raise start  # cancelled before it ever ran (see _run)
+                result = fn()
+            except greenlet.GreenletExit:
+                return
+            except BaseException as exc:  # noqa: BLE001 - every outcome is routed
+                if not self._closed:  # closing: a finally block raised; nothing to route
+                    self._branch_done(branch, None, exc)
+                return
+            if not self._closed:
+                self._branch_done(branch, result, None)
+
+        branch = Branch(self, path, main, self._hub)
+        self._branches.append(branch)
+        return branch
+
+    def _run(self) -> None:
+        """Run runnable branches to quiescence, then wake true ``wait_until`` waiters one by one."""
+        hub = self._hub
+        while True:
+            while self._runnable and self._fatal is None:
+                branch, value, exc = self._runnable.popleft()
+                if branch.dead:
+                    continue
+                branch.parent = hub
+                if exc is None:
+                    branch.switch(value)
+                elif branch:  # started: raise at its suspension point
+                    branch.throw(exc)
+                else:  # never started: throw() would kill it without running main()
+                    branch.switch(exc)
+            if self._fatal is not None or not self._wake_one_waiter():
+                break
+        self._raise_fatal()
+        if self._closing is not None:
+            for b in self._live():
+                if b is not greenlet.getcurrent():
+                    try:
+                        b.throw(greenlet.GreenletExit)
+                    except BaseException:  # noqa: BLE001
+                        pass
+
+    def _wake_one_waiter(self) -> bool:
+        for branch in list(self._wait_until):
+            wait = branch.wait
+            assert wait is not None and wait.predicate is not None
+            try:
+                ready = self._guarded("wait_until predicate", wait.predicate)
+            except Exception as exc:  # noqa: BLE001 - raised in the waiting code
+                self._wait_until.remove(branch)
+                self._resume(branch, exc=exc)
+                return True
+            if ready:
+                self._wait_until.remove(branch)
+                if wait.deadline is not None:
+                    self._issue(ev.TimerCancelled(id=wait.id))
+                self._resume(branch, True)
+                return True
+        return False
+
+    @abstractmethod
+    def _branch_done(self, branch: Branch, result: Any, exc: BaseException | None) -> None:
+        """Route the outcome of a branch that finished (see :mod:`.inputs`)."""
+
+    def check_call_allowed(self) -> None:
+        if self._callback is not None:
+            raise DurableError(f"durable calls are not allowed inside a {self._callback}")
+        if self._closed:
+            raise DurableError(
+                f"the driver of run {self.run_id} is closed; this workflow code may not continue"
+            )
+        if self._closing is not None:
+            raise DurableError(f"run {self.run_id} has already closed; no more durable calls")

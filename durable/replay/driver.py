@@ -1,0 +1,235 @@
+"""The :class:`Driver`: one run's lifecycle (replay, decide, commit, query, close)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import greenlet
+
+from .. import events as ev
+from ..errors import DurableError, HistoryCorrupt
+from ..registry import get_workflow
+from ..runtime import current_runtime
+from ..workflow import Workflow, near_history_limit
+from .commands import Commands
+from .decision import Decision, build_decision
+from .inputs import Inputs
+
+log = logging.getLogger("durable.workflow")
+
+
+class Driver(Commands, Inputs):
+    """Replays one run's history into greenlets and produces its decisions.
+
+    Args:
+        run_id: The run (for error messages and derived ids).
+        workflow_id: The workflow instance id.
+        resolve: Maps a workflow type name to its class (default: the registry).
+        token_prefix: Prepended to hook tokens (the store routes tokens by it).
+        read_only: For queries: code stops at the first command history does
+            not hold (no side-effect function runs, nothing new is decided).
+    """
+
+    def replay(self, entries: Sequence[ev.Entry]) -> Driver:
+        """Apply committed history (from the driver's current seq on).
+
+        Commands the code issues while the last entry is applied are new: they
+        become part of the next :meth:`decide`.
+        """
+        self._enter()
+        if not entries:
+            return self
+        self._history_end = entries[-1].seq
+        size = self._bytes_end
+        for entry in entries:
+            size += len(entry.raw)
+            self._bytes_at[entry.seq] = size
+        self._bytes_end = size
+        for expected, entry in enumerate(entries, self._seq + 1):
+            if entry.seq != expected:  # checked before any code runs
+                raise HistoryCorrupt(
+                    f"run {self.run_id}: history jumps from seq {expected - 1} to {entry.seq}",
+                    run_id=self.run_id,
+                    seq=entry.seq,
+                )
+            if entry.event.is_command:
+                key = entry.event.key
+                if key in self._recorded:
+                    raise HistoryCorrupt(
+                        f"run {self.run_id} seq {entry.seq}: command {key[0]} {key[1]!r} is recorded twice",
+                        run_id=self.run_id,
+                        seq=entry.seq,
+                    )
+                self._recorded[key] = entry
+                self._at_seq[entry.seq] = entry
+        for entry in entries:
+            self._apply_committed(entry)
+        self._recorded.clear()
+        self._matched.clear()
+        self._at_seq.clear()
+        self._bytes_at.clear()
+        return self
+
+    def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
+        """Apply new inbox items live and return the decision to commit."""
+        self._enter()
+        for item in inbox:
+            self._pos = self._history_end + 1 + len(self._out)
+            if self._closing is not None:
+                self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+                continue
+            mark = len(self._out)
+            self._out.append(item.raw)
+            reason = self._deliver(item.event, item.ts)
+            if reason is not None:
+                del self._out[mark]
+                self._dropped.append((item.raw, reason))
+                continue
+            self._run()
+        return self._decision(consumed=len(inbox))
+
+    def committed(self) -> None:
+        """The last decision was committed: its events are now history."""
+        self._seq += len(self._out)
+        self._history_end = self._seq
+        self._bytes_end += sum(len(raw) for raw in self._out)
+        self._out = []
+        self._new = []
+        self._dropped = []
+        self._child_cancels = []
+        self._close_actions = ([], [], [])
+
+    def query(self, name: str, args: Sequence[Any] = ()) -> Any:
+        """Answer a ``@query`` method from the replayed state (commits nothing)."""
+        self._enter()
+        if self._instance is None:
+            raise DurableError(f"run {self.run_id} has not started; nothing to query")
+        method = type(self._instance)._queries.get(name)
+        if method is None:
+            known = sorted(type(self._instance)._queries)
+            raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
+        return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
+
+    def snapshot(self, status: str | None = None) -> dict[str, Any]:
+        """The run's projection: status, pending steps and waits, buffered signals, history size.
+
+        Args:
+            status: :attr:`status`, when the caller has it already.
+        """
+        events, size = self._history_total()
+        budget = self.history_budget()
+        pending = []
+        for b in self._live():
+            w = b.wait
+            if w is None or w.kind == "all":
+                continue
+            item: dict[str, Any] = {"kind": w.kind, "id": w.id}
+            if w.name:
+                item["name"] = w.name
+            if w.deadline is not None:
+                item["deadline"] = w.deadline
+            if w.child_workflow_id:
+                item["workflow_id"] = w.child_workflow_id
+                item["policy"] = w.policy
+            pending.append(item)
+        return {
+            "status": status or self.status,
+            "pending": pending,
+            "signals_buffered": {k: len(v) for k, v in self._signals.items() if v},
+            "cancel_requested": self._cancel_reason is not None,
+            "history_events": events,
+            "history_bytes": size,
+            "history_budget": budget,
+            "near_history_limit": near_history_limit(events, size, budget),
+        }
+
+    def close(self) -> None:
+        """Kill every live greenlet (GreenletExit). Idempotent; call on the owning thread.
+
+        Suspended greenlets form reference cycles that are never collected, so
+        a driver that is evicted, conflicts or fails must be closed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for b in reversed(self._branches):
+            if not b.dead:
+                try:
+                    b.throw(greenlet.GreenletExit)
+                except BaseException:  # noqa: BLE001 - code in finally blocks may raise anything
+                    pass
+        self._branches.clear()
+        self._runnable.clear()
+        self._waits.clear()
+        self._signal_waiters.clear()
+        self._wait_until.clear()
+        self._root = None
+        self._instance = None
+
+    def _warn_near_limit(self) -> None:
+        """Log once per run, when the decision about to be committed passes 80% of the budget."""
+        if self._budget_warned or self._read_only or self._instance is None:
+            return
+        budget = self.history_budget()
+        if near_history_limit(self._history_end, self._bytes_end, budget):
+            self._budget_warned = True  # an earlier decision passed it (and warned)
+            return
+        events, size = self._history_total()
+        if near_history_limit(events, size, budget):
+            self._budget_warned = True
+            log.warning(
+                "run %s of workflow %r (%s) is near its history budget: %d events, %d bytes of %s; "
+                "call continue_as_new() when should_continue_as_new() is true",
+                self.run_id,
+                self.workflow_id,
+                self.workflow_type,
+                events,
+                size,
+                budget,
+            )
+
+    def _decision(self, consumed: int) -> Decision:
+        self._warn_near_limit()
+        status = self.status
+        return build_decision(
+            expected_seq=self._seq,
+            events=list(self._out),
+            consumed=consumed,
+            dropped=list(self._dropped),
+            new=self._new,
+            close_actions=self._close_actions,
+            child_cancels=self._child_cancels,
+            closing=self._closing if any(e is self._closing for e in self._new) else None,
+            status=status,
+            snapshot=self.snapshot(status),
+        )
+
+
+def current_driver() -> Driver:
+    """The driver of the workflow branch running on this greenlet.
+
+    Raises:
+        DurableError: outside a running workflow, inside a signal handler,
+            query, ``wait_until`` predicate or side-effect function, or on a
+            closed driver.
+    """
+    runtime = current_runtime()
+    if not isinstance(runtime, Driver):
+        raise DurableError(f"this workflow code runs on {type(runtime).__name__}, not a replay Driver")
+    return runtime
+
+
+def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None = None) -> Driver:
+    """Replay a whole history with today's code; raises NondeterminismError on divergence.
+
+    Returns the driver (closed) so callers can read its status.
+    """
+    resolve = (lambda _name: workflow) if workflow is not None else get_workflow
+    driver = Driver(resolve=resolve)
+    try:
+        driver.replay(entries)
+    finally:
+        driver.close()
+    return driver

@@ -1,0 +1,318 @@
+"""Applying events: input events resume branches, branches finish, runs close."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from .. import codec
+from .. import events as ev
+from ..errors import (
+    ActivityFailed,
+    CancelledError,
+    ChildWorkflowFailed,
+    DurableError,
+    HistoryCorrupt,
+    NondeterminismError,
+    SignalTimeout,
+)
+from ..ids import successor_run_id
+from ..workflow import ContinueAsNew
+from .branches import Branch, Wait, signal_value
+from .core import DriverCore
+
+
+class Inputs(DriverCore):
+    """How history drives the code: one input event at a time, then the code runs to quiescence."""
+
+    def _apply_committed(self, entry: ev.Entry) -> None:
+        if entry.seq != self._seq + 1:
+            raise HistoryCorrupt(
+                f"run {self.run_id}: history jumps from seq {self._seq} to {entry.seq}",
+                run_id=self.run_id,
+                seq=entry.seq,
+            )
+        self._pos = entry.seq
+        event = entry.event
+        if event.is_command:
+            if event.key not in self._matched:
+                raise self._nondeterminism(
+                    f"history records {event.type} {event.key[1]!r} at seq {entry.seq}, but the code did not "
+                    "issue it by then",
+                    event.key[1],
+                    event.describe(),
+                    None,
+                )
+        else:
+            self._cursor = entry.seq
+            reason = self._deliver(event, entry.ts)
+            if reason is not None:
+                raise self._nondeterminism(
+                    f"history applies {event.type} at seq {entry.seq} but the code cannot take it ({reason})",
+                    getattr(event, "id", ""),
+                    event.describe(),
+                    None,
+                )
+            self._run()
+        self._seq = entry.seq
+
+    def _deliver(self, event: ev.Event, ts: int) -> str | None:
+        """Route one input event; returns why it was dropped, or None when applied."""
+        if self._closing is not None:
+            return "run already closed"
+        if isinstance(event, ev.WorkflowStarted):
+            if self._started is not None:
+                return "duplicate WorkflowStarted"
+            self._now = ts
+            self._start(event)
+            return None
+        if self._started is None:
+            raise HistoryCorrupt(
+                f"run {self.run_id}: history does not begin with WorkflowStarted ({event.type} first)",
+                run_id=self.run_id,
+                seq=self._pos,
+            )
+        self._now = ts
+        if isinstance(event, ev.ActivityCompleted | ev.ActivityFailedEvent):
+            branch = self._waits.get(("activity", event.id))
+            if branch is None:
+                return f"no activity {event.id!r} is pending (duplicate or late result)"
+            if isinstance(event, ev.ActivityCompleted):
+                self._resume(branch, codec.loads(event.result))
+            else:
+                self._resume(branch, exc=self._activity_error(event, branch))
+            return None
+        if isinstance(event, ev.TimerFired):
+            return self._timer_fired(event.id)
+        if isinstance(event, ev.SignalReceived):
+            self._signal(event)
+            return None
+        if isinstance(event, ev.ChildCompleted | ev.ChildFailed):
+            return self._child_closed(event)
+        if isinstance(event, ev.HookResumed):
+            return self._hook_resumed(event)
+        if isinstance(event, ev.CancelRequested):
+            if self._cancel_reason is not None:
+                return "cancel already requested"
+            self._cancel_reason = event.reason or "cancel requested"
+            if self._root is not None and not self._root.dead:
+                self._cancel_branch(self._root, self._cancel_reason)
+            return None
+        if isinstance(event, ev.WorkflowTerminated):
+            self._closing = event
+            return None
+        raise HistoryCorrupt(
+            f"run {self.run_id} seq {self._pos}: {event.type} cannot be applied as an input",
+            run_id=self.run_id,
+            seq=self._pos,
+        )
+
+    def _child_closed(self, event: ev.ChildCompleted | ev.ChildFailed) -> str | None:
+        branch = self._waits.get(("child", event.id))
+        if branch is None:
+            return f"no child {event.id!r} is pending"
+        if isinstance(event, ev.ChildCompleted):
+            self._resume(branch, codec.loads(event.result))
+        else:
+            assert branch.wait is not None
+            cause = codec.loads(event.error) if event.error is not None else None
+            self._resume(
+                branch,
+                exc=ChildWorkflowFailed(
+                    f"child workflow {branch.wait.child_workflow_id!r} {event.status}"
+                    + (f": {type(cause).__name__}: {cause}" if cause is not None else ""),
+                    workflow_id=branch.wait.child_workflow_id,
+                    status=event.status,
+                    cause=cause,
+                ),
+            )
+        return None
+
+    def _hook_resumed(self, event: ev.HookResumed) -> str | None:
+        if event.id not in self._hooks:
+            return f"no hook {event.id!r} in this run"
+        branch = self._waits.get(("hook", event.id))
+        if branch is None:
+            if event.id in self._hook_payloads:
+                return f"hook {event.id!r} was already resumed"
+            self._hook_payloads[event.id] = event.payload
+        else:
+            self._hooks.discard(event.id)
+            if branch.wait is not None and branch.wait.deadline is not None:
+                self._issue(ev.TimerCancelled(id=event.id))
+            self._resume(branch, signal_value(event.payload))
+        return None
+
+    def _start(self, event: ev.WorkflowStarted) -> None:
+        self._started = event
+        if not self.workflow_id:
+            self.workflow_id = event.workflow_id
+        if not self.run_id:
+            self.run_id = event.run_id
+        cls = self._resolve(event.workflow_type)
+        instance = cls()
+        self._instance = instance
+        args = codec.loads(event.args)
+        self._root = self._spawn("", lambda: instance.handle(*args))
+        self._runnable.append((self._root, None, None))
+
+    def _activity_error(self, event: ev.ActivityFailedEvent, branch: Branch) -> ActivityFailed:
+        assert branch.wait is not None
+        cause = codec.loads(event.error)
+        cause_text = f"{getattr(cause, 'type_name', '') or type(cause).__name__}: {cause}"
+        return ActivityFailed(
+            f"activity {branch.wait.name} ({event.id}) failed after {event.attempts} attempt(s): {cause_text}",
+            activity_id=event.id,
+            activity_name=branch.wait.name,
+            attempts=event.attempts,
+            cause=cause if isinstance(cause, BaseException) else None,
+        )
+
+    def _timer_fired(self, timer_id: str) -> str | None:
+        branch = self._waits.get(("timer", timer_id))
+        if branch is None or branch.wait is None:
+            return f"no timer {timer_id!r} is pending (cancelled or fired already)"
+        wait = branch.wait
+        if wait.kind == "timer":
+            self._resume(branch, None)
+        elif wait.kind == "signal":
+            self._signal_waiters[wait.name].remove(branch)
+            self._resume(branch, exc=SignalTimeout(f"no signal {wait.name!r} before the deadline"))
+        elif wait.kind == "wait_until":
+            self._wait_until.remove(branch)
+            self._resume(branch, False)
+        elif wait.kind == "hook":
+            self._resume(branch, exc=SignalTimeout(f"hook {wait.name!r} was not resumed before the deadline"))
+        else:  # pragma: no cover - deadlines exist only on the kinds above
+            return f"timer {timer_id!r} has no waiter"
+        return None
+
+    def _signal(self, event: ev.SignalReceived) -> None:
+        assert self._instance is not None
+        handler = type(self._instance)._signals.get(event.name)
+        if handler is not None:
+            args = codec.loads(event.payload)
+            try:
+                self._guarded(
+                    f"signal handler {event.name!r}", lambda: getattr(self._instance, handler)(*args)
+                )
+            except Exception as exc:  # noqa: BLE001 - an error in a handler fails the run
+                self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")))
+            return
+        waiters = self._signal_waiters.get(event.name)
+        if waiters:
+            branch = waiters.pop(0)
+            assert branch.wait is not None
+            if branch.wait.deadline is not None:
+                self._issue(ev.TimerCancelled(id=branch.wait.id))
+            self._resume(branch, signal_value(event.payload))
+        else:
+            self._signals.setdefault(event.name, deque()).append(event.payload)
+
+    def _cancel_branch(self, branch: Branch, reason: str) -> None:
+        """Throw CancelledError at a branch's suspension point; ``all()`` branches first."""
+        wait = branch.wait
+        if wait is None:
+            # Runnable but not run yet: an all() branch that has not started, or one
+            # resumed earlier in this pass. It gets CancelledError instead when it runs
+            # (a branch that never started raises it before running any code).
+            self._runnable = deque(
+                (b, None, CancelledError(reason)) if b is branch else (b, v, e) for b, v, e in self._runnable
+            )
+            return
+        if wait.kind == "all":
+            group = wait.group
+            assert group is not None
+            # The all() call itself is cancelled: its caller gets CancelledError
+            # (not the partial results) once every branch has finished.
+            group.cancelled = reason
+            for sibling in group.branches:
+                if not sibling.dead:
+                    self._cancel_branch(sibling, reason)
+            return
+        self._void_wait(branch, wait, reason)
+        self._resume(branch, exc=CancelledError(reason))
+
+    def _void_wait(self, branch: Branch, wait: Wait, reason: str) -> None:
+        """Record that what a branch waited on is no longer wanted."""
+        if wait.kind == "activity":
+            self._issue(ev.ActivityCancelled(id=wait.id, reason=reason, outcome_unknown=True))
+        elif wait.kind == "timer":
+            self._issue(ev.TimerCancelled(id=wait.id))
+        elif wait.kind == "signal":
+            self._signal_waiters[wait.name].remove(branch)
+        elif wait.kind == "wait_until":
+            self._wait_until.remove(branch)
+        elif wait.kind == "child":
+            self._child_cancels.append((wait.id, wait.child_workflow_id, "request_cancel"))
+        if wait.deadline is not None and wait.kind in ("signal", "wait_until", "hook"):
+            self._issue(ev.TimerCancelled(id=wait.id))
+
+    def _branch_done(self, branch: Branch, result: Any, exc: BaseException | None) -> None:
+        if branch is self._root:
+            self._root_done(result, exc)
+            return
+        group = branch.group
+        assert group is not None
+        if exc is None:
+            group.results[branch.index] = result
+        elif group.first_error is None and not isinstance(exc, CancelledError):
+            group.first_error = exc
+            reason = f"branch {branch.path} failed: {type(exc).__name__}: {exc}"
+            for sibling in group.branches:
+                if sibling is not branch and not sibling.dead:
+                    self._cancel_branch(sibling, reason)
+        elif isinstance(exc, NondeterminismError | ContinueAsNew):
+            group.first_error = group.first_error or exc
+        group.remaining -= 1
+        if group.remaining == 0:
+            if group.first_error is not None:
+                self._resume(group.parent, exc=group.first_error)
+            elif group.cancelled is not None:
+                self._resume(group.parent, exc=CancelledError(group.cancelled))
+            else:
+                self._resume(group.parent, group.results)
+
+    def _root_done(self, result: Any, exc: BaseException | None) -> None:
+        if isinstance(exc, NondeterminismError) or self._fatal is not None:
+            self._fatal = self._fatal or exc
+            return
+        closing: ev.Event
+        if exc is None:
+            try:
+                closing = ev.WorkflowCompleted(result=codec.dumps(result, path="result"))
+            except DurableError as err:
+                closing = ev.WorkflowFailedEvent(error=codec.dumps(err, path="error"))
+        elif isinstance(exc, ContinueAsNew):
+            try:
+                closing = ev.WorkflowContinuedAsNew(
+                    args=codec.dumps(exc.args_, path="args"),
+                    new_run_id=successor_run_id(self.run_id, self._now),
+                )
+            except DurableError as err:
+                closing = ev.WorkflowFailedEvent(error=codec.dumps(err, path="error"))
+        elif isinstance(exc, CancelledError):
+            closing = ev.WorkflowCancelled(reason=str(exc) or self._cancel_reason or "cancelled")
+        else:
+            closing = ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error"))
+        self._close(closing)
+
+    def _close(self, closing: ev.Event) -> None:
+        try:
+            self._issue(closing)
+        except NondeterminismError:
+            return
+        self._closing = closing
+        # Whatever live code still waits on is void now (only a failing signal
+        # handler closes a run while branches are suspended).
+        timers, activities, children = self._close_actions
+        for b in self._live():
+            w = b.wait
+            if w is None:
+                continue
+            if w.kind == "activity":
+                activities.append(w.id)
+            if w.kind == "timer" or w.deadline is not None:
+                timers.append(w.id)
+            if w.kind == "child":
+                children.append((w.id, w.child_workflow_id, w.policy))

@@ -1,0 +1,147 @@
+"""The shape of the library: stored event names are pinned, and its modules import no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import durable
+from durable import errors
+from durable import events as ev
+
+ROOT = Path(durable.__file__).parent
+
+#: Every event type name written to history. Stored data: a name here never changes.
+STORED_EVENT_TYPES = {
+    "ActivityCancelled",
+    "ActivityCompleted",
+    "ActivityFailed",
+    "ActivityScheduled",
+    "CancelRequested",
+    "ChildCompleted",
+    "ChildFailed",
+    "ChildStarted",
+    "HookCreated",
+    "HookResumed",
+    "SideEffectRecorded",
+    "SignalReceived",
+    "SignalWaitStarted",
+    "TimerCancelled",
+    "TimerFired",
+    "TimerStarted",
+    "VersionMarker",
+    "WorkflowCancelled",
+    "WorkflowCompleted",
+    "WorkflowContinuedAsNew",
+    "WorkflowFailed",
+    "WorkflowStarted",
+    "WorkflowTerminated",
+}
+
+
+def test_stored_event_type_names_are_pinned() -> None:
+    assert set(ev.CATALOG) == STORED_EVENT_TYPES
+    for name, cls in ev.CATALOG.items():
+        assert "TYPE" in vars(cls), f"{cls.__name__} must name its stored type explicitly"
+        assert name == cls.TYPE
+    assert set(ev.STATUS_OF_CLOSING) == {cls.TYPE for cls in ev.CLOSING}
+
+
+def test_event_classes_do_not_share_names_with_errors() -> None:
+    error_names = {name for name, obj in vars(errors).items() if isinstance(obj, type)}
+    for cls in ev.CATALOG.values():
+        assert cls.__name__ not in error_names
+        assert cls.__name__ in (cls.TYPE, cls.TYPE + "Event")
+
+
+def test_an_event_encodes_its_stored_type_name() -> None:
+    event = ev.ActivityFailedEvent(id="1", error=b"x")
+    entry = ev.decode(ev.encode(event, 5), seq=1)
+    assert entry.type == "ActivityFailed" and entry.event == event
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _top_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """The durable modules ``path`` imports when it is imported (not under TYPE_CHECKING)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_no_import_cycle_among_the_librarys_modules() -> None:
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {name: _top_level_imports(path, set(paths)) for name, path in paths.items()}
+    # A package importing its own submodules is how a package is built, not a cycle.
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_replay_and_the_workflow_api_import_no_store() -> None:
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    pure = [n for n in paths if n.startswith("durable.replay") or n in LEAVES | {"durable.workflow"}]
+    for name in pure:
+        imported = _top_level_imports(paths[name], set(paths))
+        assert not [m for m in imported if m.startswith("durable.store")], name
+
+
+#: Modules the others build on; each imports at most errors (and codec for events).
+LEAVES = {"durable.errors", "durable.options", "durable.ids", "durable.runtime", "durable.registry"}
+
+
+def test_leaf_modules_import_only_errors_and_options() -> None:
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    for name in LEAVES:
+        imported = _top_level_imports(paths[name], set(paths))
+        assert imported <= {"durable.errors", "durable.options"}, (name, imported)
+
+
+def test_no_function_level_import_of_durables_own_modules() -> None:
+    # A function-level import of a sibling module is how a cycle hides; outside durable
+    # (workers, optional dependencies) one may be fine. store/ speaks for itself.
+    found = []
+    for path in ROOT.rglob("*.py"):
+        if "store" in path.relative_to(ROOT).parts:
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(fn):
+                    if (
+                        isinstance(node, ast.ImportFrom)
+                        and (node.level or (node.module or "").startswith("durable"))
+                        or isinstance(node, ast.Import)
+                        and any(a.name.startswith("durable") for a in node.names)
+                    ):
+                        found.append(f"{path.name}:{node.lineno}")
+    assert not found
