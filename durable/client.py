@@ -19,6 +19,7 @@ from .errors import (
 from .ids import check_workflow_id, new_run_id
 from .registry import check_name, get_workflow
 from .replay import Driver
+from .store.embedded import resolve_redis_url
 from .store.redis_store import RedisStore, RunRef
 from .workflow import Workflow
 
@@ -28,9 +29,7 @@ _stores_lock = threading.Lock()
 
 def default_store() -> RedisStore:
     """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded)."""
-    from .config import redis_url
-
-    url = redis_url()
+    url = resolve_redis_url()
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
@@ -165,7 +164,7 @@ class WorkflowStub:
         p, rid, hook_id = store.resolve_hook(token)
         record = store.run_record(RunRef(p, rid, ""))
         data = codec.dumps((payload,), path="payload")
-        if store.redis.hdel(store.keys.hooks(p), token) == 0:
+        if not store.consume_hook(p, token):
             from .errors import HookError
 
             raise HookError("hook token already used")
@@ -329,22 +328,18 @@ class WorkflowStub:
             raise _closing_error(closing, self._id)
 
     def _wait_closing(self, ref: RunRef, deadline: float | None) -> ev.Entry:
-        key = self._store.keys.history(ref.partition, ref.run_id)
-        last = "0-0"
-        conn = self._store.redis
+        last = 0
         while True:
-            rows: Any = conn.xrevrange(key, "+", "-", count=1)
-            if rows:
-                entry_id, fields = rows[0]
-                entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(entry_id.split(b"-")[1]))
+            entry = self._store.last_entry(ref)
+            if entry is not None:
                 if isinstance(entry.event, ev.CLOSING):
                     return entry
-                last = entry_id.decode()
+                last = entry.seq
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"workflow {self._id!r} did not close within the timeout")
             block = 2000 if remaining is None else max(1, min(2000, int(remaining * 1000)))
-            conn.xread({key: last}, count=1, block=block)
+            self._store.wait_for_entry(ref, last, block)
 
     def describe(self) -> dict[str, Any]:
         """Snapshot plus pending steps, activity attempts with their errors, and history size.

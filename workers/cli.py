@@ -105,7 +105,7 @@ class _State:
     @property
     def store(self) -> RedisStore:
         if self._store is None:
-            from durable.config import redis_url
+            from durable.store.embedded import resolve_redis_url as redis_url
 
             self.url = redis_url(self.redis_option)
             self._store = RedisStore(self.url)
