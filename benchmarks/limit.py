@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 from durable import codec  # noqa: E402
 from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.keys import GROUP  # noqa: E402
-from durable.store.redis_store import RedisStore, RunRef, _load_scripts  # noqa: E402
+from durable.store.redis_store import RedisStore, RunRef, load_scripts  # noqa: E402
+from durable.store.tasks import ActivityTask, AttemptOutcome, CommitPlan  # noqa: E402
 
 QUEUE = "default"
 
@@ -60,6 +61,10 @@ def scheduled_event(aid: str, i: int) -> bytes:
     return codec.pack({"type": "ActivityScheduled", "ts": int(time.time() * 1000), "data": data})
 
 
+def _task(k: Any, p: int, rid: str, wid: str) -> ActivityTask:
+    return ActivityTask(rid, wid, p, "1", "noop", b"", 1, k.activity_tasks(p, QUEUE))
+
+
 class Limit:
     def __init__(self, store: RedisStore, n_runs: int) -> None:
         self.store = store
@@ -67,7 +72,7 @@ class Limit:
         self.n = n_runs
         self.conn: Any = None
         self._wq_reply: Any = None
-        src = _load_scripts()
+        src = load_scripts()
         self.sha = {name: store.redis.script_load(body) for name, body in src.items()}
         self.runs: list[dict[str, Any]] = []
         self.wq = [self.keys.workflow_tasks(p, QUEUE) for p in range(self.keys.partitions)]
@@ -93,23 +98,10 @@ class Limit:
                     # Key lists exactly as the store builds them (one place knows the keys).
                     "commit_keys": store.commit_args(
                         RunRef(p, rid, wid),
-                        expected_seq=1,
-                        events=[],
-                        consumed=0,
-                        activities=[(k.activity_tasks(p, QUEUE), "1", b"")],
-                        status="suspended",
-                        snapshot={},
+                        CommitPlan(1, [], 0, "suspended", {}, activities=[_task(k, p, rid, wid)]),
                     )[0],
                     "complete_keys": store.complete_args(
-                        p=p,
-                        run_id=rid,
-                        activity_id="1",
-                        attempt=1,
-                        stream=k.activity_tasks(p, QUEUE),
-                        entry_id="",
-                        outcome="completed",
-                        event=None,
-                        record={},
+                        AttemptOutcome(_task(k, p, rid, wid), "completed", {}, k.activity_tasks(p, QUEUE))
                     )[0],
                 }
             )

@@ -5,7 +5,7 @@ The engine: an embedded Redis (``EmbeddedRedis``, AOF with the chosen
 of N masters (``durable.store.cluster_dev.LocalCluster``) -- workers as separate processes
 (``python -m workers.cli worker --app bench_apps --processes N``), and this
 process as the client (``WorkflowStub`` on a ``RedisStore``). W6 drives the
-``Decider`` of ``workers/runner.py`` in this process on a separate key prefix,
+``Decider`` of ``workers/decider.py`` in this process on a separate key prefix,
 so the worker processes never see its tasks.
 """
 
@@ -275,7 +275,8 @@ class Engine:
         from durable import WorkflowStub
         from durable.store.keys import GROUP
         from durable.store.redis_store import RedisStore
-        from workers.runner import Decider, run_activity
+        from workers.attempts import run_activity
+        from workers.decider import Decider
         from workers.worker import tune_gc
 
         store = RedisStore(self.url, prefix="bench-w6")

@@ -123,11 +123,6 @@ def running_activity(ctx: ActivityContext) -> Iterator[ActivityContext]:
         _local.context = previous
 
 
-def _set_context(ctx: ActivityContext | None) -> None:
-    # Kept for workers/runner.py until it moves to running_activity().
-    _local.context = ctx
-
-
 def set_worker_identity(worker: str, session_queue: str) -> None:
     """Called by a worker on each of its activity threads (thread pool initializer)."""
     _local.identity = (worker, session_queue)

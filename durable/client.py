@@ -9,7 +9,6 @@ from typing import Any, Self
 
 from . import codec
 from . import events as ev
-from .config import redis_url
 from .errors import (
     ConfigurationError,
     DurableError,
@@ -21,6 +20,7 @@ from .errors import (
 from .ids import check_workflow_id, new_run_id
 from .registry import check_name, get_workflow
 from .replay import Driver
+from .store.embedded import resolve_redis_url
 from .store.redis_store import RedisStore, RunRef
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -30,7 +30,7 @@ _stores_lock = threading.Lock()
 
 def default_store() -> RedisStore:
     """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded)."""
-    url = redis_url()
+    url = resolve_redis_url()
     with _stores_lock:
         store = _stores.get(url)
         if store is None:
@@ -56,7 +56,14 @@ class HistoryEvent:
     data: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
+        """The event as plain JSON-friendly fields (what ``durable history --json`` prints)."""
         return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
+
+    @classmethod
+    def from_entry(cls, entry: ev.Entry) -> HistoryEvent:
+        """The public view of a stored history entry: payloads decoded, an undecodable one
+        shown as a ``<undecodable payload: ...>`` string instead of failing the whole read."""
+        return _public(entry)
 
 
 def _public(entry: ev.Entry) -> HistoryEvent:
@@ -170,7 +177,7 @@ class WorkflowStub:
         p, rid, hook_id = store.resolve_hook(token)
         record = store.run_record(RunRef(p, rid, ""))
         data = codec.dumps((payload,), path="payload")
-        if store.redis.hdel(store.keys.hooks(p), token) == 0:
+        if not store.consume_hook(p, token):
             raise HookError("hook token already used")
         store.deliver(record["workflow_id"], ev.HookResumed(id=hook_id, payload=data), run_id=rid)
 
@@ -345,22 +352,18 @@ class WorkflowStub:
             raise _closing_error(closing, self._id)
 
     def _wait_closing(self, ref: RunRef, deadline: float | None) -> ev.Entry:
-        key = self._store.keys.history(ref.partition, ref.run_id)
-        last = "0-0"
-        conn = self._store.redis
+        last = 0
         while True:
-            rows: Any = conn.xrevrange(key, "+", "-", count=1)
-            if rows:
-                entry_id, fields = rows[0]
-                entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(entry_id.split(b"-")[1]))
+            entry = self._store.last_entry(ref)
+            if entry is not None:
                 if isinstance(entry.event, ev.CLOSING):
                     return entry
-                last = entry_id.decode()
+                last = entry.seq
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"workflow {self._id!r} did not close within the timeout")
             block = 2000 if remaining is None else max(1, min(2000, int(remaining * 1000)))
-            conn.xread({key: last}, count=1, block=block)
+            self._store.wait_for_entry(ref, last, block)
 
     def describe(self) -> dict[str, Any]:
         """Snapshot plus pending steps, activity attempts with their errors, and history size.

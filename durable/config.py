@@ -1,7 +1,7 @@
 """Settings shared by the client and the workers, read from the environment.
 
-* ``DURABLE_REDIS_URL`` -- the Redis to use; unset: the embedded server
-  (see :mod:`durable.store.embedded`). A Redis Cluster is named by
+* ``DURABLE_REDIS_URL`` -- the Redis to use; unset: the embedded server, which
+  the store starts on demand (:func:`durable.store.embedded.resolve_redis_url`). A Redis Cluster is named by
   ``redis+cluster://host:port[,host:port...]`` (or ``?cluster=1`` on a
   ``redis://`` URL); see docs/scaling.md.
 * ``DURABLE_HOME`` -- data dir of the embedded server (default ``.durable/``).
@@ -9,7 +9,8 @@
 * ``DURABLE_PARTITIONS`` -- number of task-queue partitions, 1..1024 (default 8).
 
 Values are read on every call (not cached at import), so tests and CLIs can
-change the environment at run time.
+change the environment at run time. This module only reads settings: it
+starts nothing and imports nothing of the store.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from __future__ import annotations
 import os
 
 from durable.errors import ConfigurationError
-from durable.store.embedded import resolve_redis_url
 
 __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_PREFIX",
     "MAX_PARTITIONS",
     "key_prefix",
+    "configured_redis_url",
+    "data_dir",
     "partitions",
-    "redis_url",
 ]
 
 DEFAULT_PREFIX = "durable"
@@ -33,13 +34,15 @@ DEFAULT_PARTITIONS = 8
 MAX_PARTITIONS = 1024
 
 
-def redis_url(explicit: str | None = None) -> str:
-    """The Redis URL to connect to.
+def configured_redis_url(explicit: str | None = None) -> str | None:
+    """The Redis URL the settings name: ``explicit`` if given, else ``$DURABLE_REDIS_URL``;
+    ``None`` when neither does (use the embedded server)."""
+    return explicit or os.environ.get("DURABLE_REDIS_URL") or None
 
-    ``explicit`` if given, else ``$DURABLE_REDIS_URL``, else the URL of the
-    embedded server, which is started (or reused) on demand.
-    """
-    return resolve_redis_url(explicit)
+
+def data_dir() -> str | None:
+    """``$DURABLE_HOME``: the embedded server's data dir, when set."""
+    return os.environ.get("DURABLE_HOME") or None
 
 
 def key_prefix() -> str:

@@ -50,8 +50,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from . import events as ev
 from . import registry
 from .activity import Activity
@@ -185,8 +183,7 @@ class TestEnvironment:
             flush = self._flush if self._flush is not None else self._server is not None
             self._store = RedisStore(url)
         if flush:
-            self._store.redis.flushdb()
-            self._store._check_partitions()
+            self._store.flush()
         self._store.set_clock_offset(0)
         if self._store.url:
             self._saved_env = os.environ.get("DURABLE_REDIS_URL")
@@ -337,26 +334,9 @@ class TestEnvironment:
                 streams += [keys.workflow_tasks(p, q), keys.activity_tasks(p, q)]
             if worker is not None:
                 streams += worker.sticky_streams[p : p + 1]
-        with store.redis.pipeline(transaction=True) as pipe:
-            for stream in streams:
-                pipe.xlen(stream)
-            for p in range(keys.partitions):
-                pipe.zcard(keys.running(p))
-            for p in range(keys.partitions):
-                pipe.zrange(keys.timers(p), 0, 0, withscores=True)
-            pipe.time()
-            pipe.get(keys.tag(0) + ":clock")
-            replies = pipe.execute()
-        n, parts = len(streams), keys.partitions
-        if any(replies[: n + parts]):
-            return False  # a task is pending or an activity is running: time must not move
-        dues = [int(rows[0][1]) for rows in replies[n + parts : n + 2 * parts] if rows]
-        if not dues:
-            return False
-        sec, usec = replies[-2]
-        offset = int(replies[-1] or 0)
-        now = int(sec) * 1000 + int(usec) // 1000 + offset
-        due = min(dues)
+        busy, due, now = store.probe_idle(streams)
+        if busy or due is None:
+            return False  # a task is pending or an activity is running (time must not move), or no timer
         if due <= now:
             if worker is not None:
                 worker.scheduler.notify(0)
@@ -494,8 +474,7 @@ if pytest is not None:
         """The session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
         if durable_redis_server is not None:
             durable_redis_server.ensure()  # restarts it if a test stopped it
-        with redis.Redis.from_url(durable_redis_url) as client:
-            client.flushdb()
+        RedisStore(durable_redis_url, flush=True).close()
         monkeypatch.setenv("DURABLE_REDIS_URL", durable_redis_url)
         return durable_redis_url
 

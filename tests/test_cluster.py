@@ -24,6 +24,7 @@ from waiting import wait_for
 from durable import Workflow, WorkflowStub, child
 from durable.store.cluster_dev import LocalCluster
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
+from durable.store.tasks import ActivityTask, AttemptOutcome
 from workers.worker import Worker, WorkerThread
 
 pytestmark = pytest.mark.slow
@@ -236,16 +237,11 @@ def test_batched_scripts_reload_on_nodes_that_lost_them(cstore: RedisStore, clus
             node.script_flush()
     k = cstore.keys
     attempts = [
-        dict(
-            p=p,
-            run_id=f"gone-{p}",
-            activity_id="1",
-            attempt=1,
-            stream=k.activity_tasks(p, "default"),
-            entry_id="",
-            outcome="completed",
-            event=None,
-            record={},
+        AttemptOutcome(
+            ActivityTask(f"gone-{p}", "gone", p, "1", "noop", b"", 1, k.activity_tasks(p, "default")),
+            "completed",
+            {},
+            k.activity_tasks(p, "default"),
         )
         for p in range(k.partitions)
     ]

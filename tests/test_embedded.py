@@ -247,9 +247,11 @@ def test_resolve_redis_url_precedence(
     monkeypatch.setenv("DURABLE_REDIS_URL", "redis://env:6379/0")
     assert resolve_redis_url("redis://explicit:6379/0") == "redis://explicit:6379/0"
     assert resolve_redis_url() == "redis://env:6379/0"
-    assert config.redis_url() == "redis://env:6379/0"
+    assert config.configured_redis_url() == "redis://env:6379/0"
+    assert config.configured_redis_url("redis://explicit:6379/0") == "redis://explicit:6379/0"
 
     monkeypatch.delenv("DURABLE_REDIS_URL")
+    assert config.configured_redis_url() is None  # a pure settings read: it starts nothing
     monkeypatch.setenv("DURABLE_HOME", str(tmp_path / "home"))
     server = new(servers, tmp_path / "home")
     assert resolve_redis_url() == server.url

@@ -138,7 +138,7 @@ def test_a_worker_does_not_hoard_slow_activity_tasks(store, tmp_path) -> None:
     with WorkerThread(first), WorkerThread(second):
         # Both threads busy first, so the next tasks pile up in several partitions' streams.
         blockers = [WorkflowStub.make(SlowSteps).start(str(tmp_path / f"b{n}"), 1, 0.6) for n in range(2)]
-        wait_for(lambda: first._busy == 1 and second._busy == 1)
+        wait_for(lambda: first.busy == 1 and second.busy == 1)
         stubs = [
             WorkflowStub.make(SlowSteps, id=wid).start(str(tmp_path / wid), 1, 0.2)
             for wid in by_partition.values()

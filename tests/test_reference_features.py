@@ -9,7 +9,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from apps.features import (
@@ -28,6 +27,7 @@ import durable
 from durable import ConfigurationError, HookError, Workflow, WorkflowStub, registry
 from durable.replay import replay_history
 from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
 from workers.cli import cli
 from workers.worker import Worker, WorkerThread
 
@@ -176,9 +176,9 @@ def test_local_activity_runs_in_the_workflow_worker_with_retries(
     leased: list[str] = []
     on_leased = worker.decider.on_leased
 
-    def spy(body: dict[str, Any]) -> None:
-        leased.append(str(body.get("aid")))
-        on_leased(body)
+    def spy(task: ActivityTask) -> None:
+        leased.append(task.activity_id)
+        on_leased(task)
 
     monkeypatch.setattr(worker.decider, "on_leased", spy)
     path = str(tmp_path / "attempts.log")

@@ -15,7 +15,7 @@ from durable import WorkflowStub
 from durable.errors import EventConflict
 from durable.replay import Driver
 from durable.store.redis_store import RedisStore
-from workers.runner import Decider
+from workers.decider import Decider
 from workers.worker import Worker, WorkerThread
 
 
@@ -30,10 +30,10 @@ def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> 
         driver.replay(store.decode_history(ref, rows))
         decisions.append((record, driver, driver.decide([])))
     record, driver, decision = decisions[0]
-    store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None)[0])
+    store.commit(ref, decider.commit_plan(ref, record, driver, decision, None))
     record, driver, decision = decisions[1]
     with pytest.raises(EventConflict, match="seq"):
-        store.commit(ref, **decider.commit_plan(ref, record, driver, decision, None)[0])
+        store.commit(ref, decider.commit_plan(ref, record, driver, decision, None))
     history = stub.history()
     assert [e.seq for e in history] == [1, 2]
     assert [e.type for e in history] == ["WorkflowStarted", "ActivityScheduled"]

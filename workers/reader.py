@@ -25,6 +25,13 @@ of them and the wake pipe are waited on in the same ``select()``. At most one
 read is outstanding per group. A MOVED/ASK reply or a lost node drops every
 connection (their delivered entries stay pending and are reclaimed) and the
 caller retries after a pause; the next read reconnects along the new slot map.
+
+What speaks Redis -- the ``XREADGROUP`` command, its connection, the reply's
+shape, which errors mean a lost connection or a moved slot -- is
+:class:`durable.store.reads.GroupRead`, opened by the store. This module keeps
+the lanes, the wake-up pipe and the ``select()``: they exist for the worker's
+threads (a wake-up comes from an activity thread or the scheduler), not for
+Redis, and the worker's loop is the only caller.
 """
 
 from __future__ import annotations
@@ -34,75 +41,37 @@ import os
 import select
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
 
-import redis
-from redis import exceptions as rexc
-
-from durable.store.keys import GROUP
+from durable.store.reads import CONNECTION_FAILURES, SLOT_MOVES, GroupRead, ReadLost, Reply
 
 log = logging.getLogger("durable.worker")
-
-_CLUSTER_MOVES = (rexc.AskError, rexc.TryAgainError, rexc.ClusterDownError)  # AskError covers MOVED
-
-
-class _Read:
-    """One group's connection and its outstanding read, if any."""
-
-    __slots__ = ("client", "conn", "outstanding", "deadline")
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.conn: Any = client.connection_pool.make_connection()
-        self.outstanding = False
-        self.deadline = 0.0
-
-    def send(self, consumer: str, streams: list[str], count: int, block_ms: int) -> None:
-        args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
-        args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
-        self.conn.send_command(*args)
-        self.outstanding = True
-        # Redis answers a BLOCK read within block_ms (+ its cron tick); much later means
-        # the connection (or the node) is gone.
-        self.deadline = time.monotonic() + block_ms / 1000 + 5
-
-    def close(self) -> None:
-        try:
-            self.conn.disconnect()
-        except Exception:  # noqa: BLE001 - already broken
-            pass
-        self.outstanding = False
 
 
 class TaskReader:
     """Outstanding ``XREADGROUP`` reads on their own connections, interruptible by :meth:`wake`.
 
     Args:
-        client: The client whose server the reads go to (one Redis).
+        open_read: Opens the connection of a read group (the store's ``open_read``).
         consumer: The consumer name in every group.
-        group_of: Maps a stream to its read group (a cluster: its partition). ``None``: one
-            group, a single read over every stream (one Redis).
-        client_for: The client for a group's connection (a cluster: the node owning the
-            partition's slot); default ``client``.
+        group_of: Maps a stream to its read group (the store's ``read_group``: on a
+            cluster its partition; on one Redis ``None``, a single read over every stream).
         on_moved: Called after the connections were dropped because the cluster's slot map
             changed or a node went away (e.g. to refresh the cluster client's slot map).
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        open_read: Callable[[Hashable], GroupRead],
         consumer: str,
         *,
-        group_of: Callable[[str], Hashable] | None = None,
-        client_for: Callable[[Hashable], redis.Redis] | None = None,
+        group_of: Callable[[str], Hashable] = lambda _stream: None,
         on_moved: Callable[[], None] | None = None,
     ) -> None:
-        self._client = client
+        self._open_read = open_read
         self._consumer = consumer
         self._group_of = group_of
-        self._client_for = client_for or (lambda _group: client)
         self._on_moved = on_moved
-        self._reads: dict[Hashable, _Read] = {}
+        self._reads: dict[tuple[str, Hashable], GroupRead] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -121,38 +90,30 @@ class TaskReader:
 
     def read(
         self, lanes: Mapping[str, tuple[list[str], int]], *, block_ms: int, wait: bool = True
-    ) -> list[Any] | None:
-        """The replies of ``XREADGROUP`` over the streams of ``lanes`` (``{lane: (streams,
-        count per stream)}``; ``[]`` when a read timed out), or ``None`` when woken (or, with
-        ``wait=False``, when no reply is there yet).
+    ) -> list[tuple[str, Reply]] | None:
+        """The tasks delivered to reads over the streams of ``lanes`` (``{lane: (streams,
+        count per stream)}``) as ``[(lane, reply)]`` (``[]`` when the reads timed out), or
+        ``None`` when woken (or, with ``wait=False``, when no reply is there yet).
 
         A lane with no outstanding read is sent one; an outstanding read keeps the streams
         and count it was sent with, and its reply is collected even when its lane is no
-        longer asked for. Replies of several reads are concatenated.
+        longer asked for.
         """
         try:
             for lane, (streams, count) in lanes.items():
                 self._send(lane, streams, count, block_ms)
-            ready = [r for r in self._reads.values() if r.outstanding and r.conn.can_read(timeout=0)]
+            ready = [key for key, r in self._reads.items() if r.ready()]
             if not ready:
                 if not wait:
                     return None
                 ready = self._wait()
                 if not ready:
                     return None
-            out: list[Any] = []
-            for r in ready:
-                try:
-                    reply = r.client.parse_response(r.conn, "XREADGROUP")
-                finally:
-                    # Answered, if only with an error (NOGROUP): the connection is free again.
-                    r.outstanding = False
-                out += list(reply or [])
-            return out
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            self._reset(moved=self._group_of is not None)
+            return [(key[0], self._reads[key].reply()) for key in ready]
+        except CONNECTION_FAILURES:
+            self._reset(moved=True)
             raise
-        except _CLUSTER_MOVES as exc:
+        except SLOT_MOVES as exc:
             log.warning(
                 "task read: the cluster's slot map changed (%s); dropping %d read connection(s) and "
                 "reconnecting along the new map (their delivered tasks stay pending and are reclaimed)",
@@ -160,36 +121,32 @@ class TaskReader:
                 len(self._reads),
             )
             self._reset(moved=True)
-            raise redis.ConnectionError(f"cluster reconfigured: {exc}") from exc
+            raise ReadLost(f"cluster reconfigured: {exc}") from exc
 
     def _send(self, lane: str, streams: list[str], count: int, block_ms: int) -> None:
-        if self._group_of is None:
-            groups: dict[Hashable, list[str]] = {None: streams} if streams else {}
-        else:
-            groups = {}
-            for stream in streams:
-                groups.setdefault(self._group_of(stream), []).append(stream)
+        groups: dict[Hashable, list[str]] = {}
+        for stream in streams:
+            groups.setdefault(self._group_of(stream), []).append(stream)
         for group, members in groups.items():
             r = self._reads.get((lane, group))
             if r is None:
-                r = self._reads[(lane, group)] = _Read(self._client_for(group))
+                r = self._reads[(lane, group)] = self._open_read(group)
             if not r.outstanding:
                 r.send(self._consumer, members, count, block_ms)
 
-    def _wait(self) -> list[_Read]:
-        waiting = [r for r in self._reads.values() if r.outstanding]
+    def _wait(self) -> list[tuple[str, Hashable]]:
+        waiting = {key: r for key, r in self._reads.items() if r.outstanding}
         if not waiting:
             return []
-        socks = {r.conn._get_socket(): r for r in waiting}
-        timeout = max(0.0, min(r.deadline for r in waiting) - time.monotonic())
+        socks = [r.socket() for r in waiting.values()]
+        timeout = max(0.0, min(r.deadline for r in waiting.values()) - time.monotonic())
         readable, _, _ = select.select([*socks, self._wake_r], [], [], timeout)
         if self._wake_r in readable:
             self._drain()
-        ready = [r for r in waiting if r.conn.can_read(timeout=0)]
-        if not ready and not readable:
-            late = [r for r in waiting if time.monotonic() >= r.deadline]
-            if late:
-                raise redis.ConnectionError("no reply to a blocking read within its timeout")
+        ready = [key for key, r in waiting.items() if r.ready()]
+        late = not ready and not readable and any(time.monotonic() >= r.deadline for r in waiting.values())
+        if late:
+            raise ReadLost("no reply to a blocking read within its timeout")
         return ready
 
     def close(self) -> None:

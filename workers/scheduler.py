@@ -15,15 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from durable import codec
 from durable.errors import ActivityTimeout, SessionLost
-from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
 
 from . import faults
-from .runner import attempt_failed, fail_attempt, timeout_kind
+from .attempts import attempt_failed, fail_attempt, timeout_kind
 
 log = logging.getLogger("durable.scheduler")
 
@@ -126,23 +124,20 @@ class Scheduler:
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:
         for rid, aid, attempt in self.store.expired_attempts(p, now_ms):
-            body_raw, _ = self.store.activity_state(p, rid, aid)
-            self.store.redis.zrem(self.store.keys.running(p), f"{rid}|{aid}|{attempt}")
-            if body_raw is None:
+            task, _ = self.store.activity_state(p, rid, aid)
+            self.store.drop_deadline(p, rid, aid, attempt)
+            if task is None or task.attempt != attempt:
                 continue
-            body: dict[str, Any] = codec.unpack(body_raw)
-            if int(body["attempt"]) != attempt:
-                continue
-            kind = timeout_kind(body, self.store.attempt_started(p, rid, aid), now_ms)
+            kind = timeout_kind(task, self.store.attempt_started(p, rid, aid), now_ms)
             error = ActivityTimeout(
-                f"activity {body['name']} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
+                f"activity {task.name} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )
             log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
             fail_attempt(
                 self.store,
-                body,
+                task,
                 error,
-                stream=body["stream"],
+                stream=task.stream,
                 entry_id="",
                 started=time.time(),
                 on_timer=self.notify,
@@ -151,70 +146,28 @@ class Scheduler:
     def _refresh_in_flight(self) -> None:
         # Reset the idle time of tasks this worker is still working on, so other
         # workers' reclaim passes only ever take tasks of dead workers.
-        by_stream: dict[str, list[str]] = {}
-        for stream, entry_id in self.in_flight():
-            by_stream.setdefault(stream, []).append(entry_id)
-        for stream, ids in by_stream.items():
-            self.store.redis.xclaim(stream, GROUP, self.consumer, 0, ids, justid=True)
+        self.store.touch_claims(self.consumer, self.in_flight())
         # Likewise push the leases of attempts this worker runs itself (eager, local):
         # only a dead worker's lease runs out.
         leases = self.leases()
         if leases:
-            due = self.store.server_time_ms() + self.claim_idle_ms
-            with self.store.redis.pipeline(transaction=False) as pipe:
-                for p, rid, aid, attempt in leases:
-                    pipe.zadd(self.store.keys.running(p), {f"{rid}|{aid}|{attempt}": due}, xx=True)
-                pipe.execute()
+            self.store.extend_leases(leases, self.store.server_time_ms() + self.claim_idle_ms)
 
     def release(self) -> None:
         """Give up this worker's lease at once (graceful stop): its sessions fail fast and the
         workflow tasks waiting in its private stream go back to their runs' queues."""
-        if not self.session_queue:
-            return
-        keys = self.store.keys
-        self.store.redis.delete(*[keys.alive(p, self.session_queue) for p in range(keys.partitions)])
-        for p in range(keys.partitions):
-            self.store.unstick(p, self.session_queue)
+        if self.session_queue:
+            self.store.release_worker(self.session_queue)
 
     def renew_lease(self) -> None:
         """Take or renew this worker's lease (its sessions' host lease and its sticky runs')."""
-        keys = self.store.keys
         if self.session_queue:
-            with self.store.redis.pipeline(transaction=False) as pipe:
-                for p in range(keys.partitions):
-                    pipe.set(keys.alive(p, self.session_queue), self.consumer, px=self.claim_idle_ms)
-                    pipe.sadd(keys.sticky_hosts(p), self.session_queue)
-                pipe.execute()
+            self.store.renew_worker(self.session_queue, self.consumer, self.claim_idle_ms)
 
     def _check_workers(self) -> None:
-        """Renew this worker's lease; clean up after workers whose lease ran out (they died).
-
-        Two reads for every partition at once (who is named, whose lease lives), then
-        work only for the dead: live workers cost no script calls.
-        """
+        """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
         self.renew_lease()
-        keys = self.store.keys
-        parts = range(keys.partitions)
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for p in parts:
-                pipe.smembers(keys.sessions(p))
-                pipe.smembers(keys.sticky_hosts(p))
-            named = pipe.execute()
-        # (partition, host, has session tasks, has a private workflow stream)
-        others: list[tuple[int, str, bool, bool]] = []
-        for p in parts:
-            sessions, stickies = ({_name(h) for h in named[2 * p + i]} for i in (0, 1))
-            for host in sorted((sessions | stickies) - {self.session_queue}):
-                others.append((p, host, host in sessions, host in stickies))
-        if not others:
-            return
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for p, host, _, _ in others:
-                pipe.exists(keys.alive(p, host))
-            alive = pipe.execute()
-        for (p, host, session, sticky), live in zip(others, alive, strict=True):
-            if live:
-                continue
+        for p, host, session, sticky in self.store.dead_workers(self.session_queue):
             if session:
                 self._fail_lost_sessions(p, host)
             # unstick checks the lease again, atomically: a worker that renewed meanwhile keeps its tasks.
@@ -229,58 +182,36 @@ class Scheduler:
 
     def _fail_lost_sessions(self, p: int, host: str) -> None:
         """Fail the queued session tasks of the dead session host ``host`` in partition ``p``."""
-        keys = self.store.keys
-        stream = keys.activity_tasks(p, host)
-        for entry_id, fields in self.store.redis.xrange(stream):
-            self._fail_session_task(stream, entry_id, fields, host)
-        if not self.store.redis.xlen(stream):
-            self.store.redis.delete(stream)
-            self.store.redis.srem(keys.sessions(p), host)
+        stream, entries = self.store.session_tasks(p, host)
+        for entry_id, fields in entries:
+            self._fail_session_task(p, stream, entry_id, fields, host)
+        self.store.drop_session_queue(p, host)
 
-    def _fail_session_task(self, stream: str, entry_id: Any, fields: dict[bytes, bytes], host: str) -> None:
-        entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    def _fail_session_task(
+        self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes], host: str
+    ) -> None:
         try:
-            body = codec.unpack(fields[b"body"])
+            task = ActivityTask.decode(fields[b"body"])
         except Exception:  # noqa: BLE001 - not ours to interpret: park it with the reason
             self.store.park(
-                p=self.store.keys.partition_of_key(stream),
+                p=p,
                 stream=stream,
-                entry_id=entry,
+                entry_id=entry_id,
                 kind="activity",
                 reason="undecodable session task",
                 fields={"raw": repr(fields)[:500]},
             )
             return
         error = SessionLost(
-            f"worker session host {host} stopped; activity {body.get('name')} ({body.get('aid')}) cannot run "
+            f"worker session host {host} stopped; activity {task.name} ({task.activity_id}) cannot run "
             "there — open a new worker_session()"
         )
         log.warning("%s", error)
         record = {"error": str(error), "final": "session host lost"}
-        self.store.complete_activity(**attempt_failed(body, error, record, stream=stream, entry_id=entry))
+        self.store.complete_activity(attempt_failed(task, error, record, stream=stream, entry_id=entry_id))
 
     def _reclaim(self) -> None:
         for stream in self.streams:
-            start = "0-0"
-            while True:
-                try:
-                    result = self.store.redis.xautoclaim(
-                        stream, GROUP, self.consumer, self.claim_idle_ms, start, count=100
-                    )
-                except Exception as exc:  # noqa: BLE001 - a missing group is created by the worker
-                    log.debug("xautoclaim %s: %s", stream, exc)
-                    break
-                start, entries = result[0], result[1]
-                for entry_id, fields in entries:
-                    if fields is None:
-                        continue
-                    log.warning("reclaimed task %s from %s (its worker stopped responding)", entry_id, stream)
-                    self.reclaimed(
-                        stream, entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields
-                    )
-                if start in (b"0-0", "0-0") or not entries:
-                    break
-
-
-def _name(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
+            for entry_id, fields in self.store.reclaim(stream, self.consumer, self.claim_idle_ms):
+                log.warning("reclaimed task %s from %s (its worker stopped responding)", entry_id, stream)
+                self.reclaimed(stream, entry_id, fields)

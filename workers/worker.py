@@ -34,24 +34,25 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from durable import events as ev
 from durable import registry
 from durable.activity import set_worker_identity
-from durable.store.redis_store import TRANSIENT_ERRORS, RedisStore, consumer_name
-
-from .reader import TaskReader
-from .runner import (
-    Decider,
-    Task,
-    attempt_deadline,
-    complete_batch,
-    completion,
-    execute_attempt,
-    handle_outbox,
-    run_activity,
+from durable.store.connect import (
+    TRANSIENT_ERRORS,
+    CommandRefused,
+    ConnectionLost,
+    consumer_name,
+    is_missing_group,
 )
+from durable.store.reads import Reply
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
+
+from .allowed import Allowed
+from .attempts import attempt_deadline, complete_batch, completion, execute_attempt, run_activity
+from .decider import Decider, Task
+from .outbox import handle_outbox
+from .reader import TaskReader
 from .scheduler import Scheduler
 from .threads import ActivityThreads
 
@@ -103,14 +104,12 @@ def code_build_id(modules: Sequence[Any]) -> str:
     return digest.hexdigest()[:12]
 
 
-def _defined_in(modules: Sequence[str]) -> Callable[[str], bool]:
-    """Whether a module name is one of ``modules`` (or inside one); with none, anything is."""
-    prefixes = tuple(modules)
+WORKFLOW, OUTBOX, ACTIVITY = "workflow", "outbox", "activity"
+"""What a task stream holds; the worker registers each stream it reads under one."""
 
-    def check(module: str) -> bool:
-        return not prefixes or any(module == m or module.startswith(m + ".") for m in prefixes)
-
-    return check
+DECISIONS, ACTIVITIES = "decisions", "activities"
+"""The worker's read lanes: workflow and outbox tasks in large batches; activity tasks only
+as many as it has free threads."""
 
 
 class Worker:
@@ -165,59 +164,14 @@ class Worker:
         self.block_ms = block_ms
         self.max_deliveries = max_deliveries
         self.consumer = consumer_name()
-        defined = _defined_in(self.app)
-
-        # Asked once per decision and per activity: an allowed name is remembered.
-        allowed: set[tuple[str, str]] = set()
-
-        def workflow_ok(name: str) -> bool:
-            if ("w", name) in allowed:
-                return True
-            cls = registry.workflows().get(name)
-            ok = cls is not None and defined(cls.__module__)
-            if ok:
-                allowed.add(("w", name))
-            return ok
-
-        def activity_ok(name: str) -> bool:
-            if ("a", name) in allowed:
-                return True
-            definition = registry.activities().get(name)
-            # durable's own activities (opening a worker session) run on every worker.
-            ok = definition is not None and (
-                defined(definition.module) or definition.module.startswith("durable.")
-            )
-            if ok:
-                allowed.add(("a", name))
-            return ok
-
-        self._workflow_ok = workflow_ok
-        self._activity_ok = activity_ok
-        keys = self.store.keys
-        parts = range(keys.partitions)
-        # Versioned workers (a build id) read the streams of runs pinned to their build
-        # and to builds declared compatible; the unpinned streams (new runs) only while
-        # their build is the queue's current one. Unversioned workers read unpinned only.
+        allowed = Allowed(self.app)
+        self._workflow_ok = allowed.workflow
+        self._activity_ok = allowed.activity
         self.build_id = build_id
         self.promote = promote
-        self.builds = [build_id, *compatible] if build_id else []
-        self.pinned_streams = [
-            keys.workflow_tasks(p, q, b) for b in self.builds for q in self.queues for p in parts
-        ]
-        self.unpinned_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
-        self.workflow_streams = self.pinned_streams + self.unpinned_streams
-        self._takes_new_runs = True
-        self._current_checked = 0.0
         # A private queue only this worker serves: worker sessions pin activities to it.
         self.session_queue = "@" + self.consumer.replace(":", "-")
-        self.activity_streams = [
-            keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
-        ]
-        # Workflow tasks of runs this worker decided last (their drivers are in its cache).
-        self.sticky_streams = (
-            [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
-        )
-        self.outbox_streams = [keys.outbox(p) for p in parts]
+        self._plan_streams(list(compatible), cache_size)
         self._pool = ActivityThreads(
             concurrency, initializer=set_worker_identity, initargs=(self.consumer, self.session_queue)
         )
@@ -225,35 +179,22 @@ class Worker:
         self._busy_lock = threading.Lock()
         self._in_flight: dict[tuple[str, str], float] = {}
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
-        if self.store.cluster:
-            # A read over several partitions' streams is CROSSSLOT on a cluster: one
-            # outstanding read per partition, on the node owning its slot.
-            self.reader = TaskReader(
-                self.store.redis,
-                self.consumer,
-                group_of=keys.partition_of_key,
-                client_for=self.store.partition_client,  # type: ignore[arg-type]
-                on_moved=self.store.refresh_topology,
-            )
-        else:
-            self.reader = TaskReader(self.store.redis, self.consumer)
-        # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
-        self._transient = TRANSIENT_ERRORS if self.store.cluster else (redis.ConnectionError,)
-        self._stop = threading.Event()
-        self.scheduler = Scheduler(
-            self.store,
-            streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
-            consumer=self.consumer,
-            reclaimed=self._on_reclaimed,
-            in_flight=lambda: list(self._in_flight),
-            leases=lambda: list(self._leases),
-            session_queue=self.session_queue,
-            claim_idle_ms=claim_idle_ms,
+        # On a cluster a read over several partitions' streams is CROSSSLOT: the store's
+        # read groups give one outstanding read per partition, on the node owning its slot.
+        self.reader = TaskReader(
+            self.store.open_read,  # type: ignore[arg-type]
+            self.consumer,
+            group_of=self.store.read_group,
+            on_moved=self.store.refresh_topology,
         )
+        # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
+        self._transient = TRANSIENT_ERRORS if self.store.cluster else (ConnectionLost,)
+        self._stop = threading.Event()
+        self.scheduler = self._make_scheduler(claim_idle_ms)
         self.eager = eager
-        self._eager_done: deque[tuple[dict[str, Any], bytes, dict[str, Any]]] = deque()
+        self._eager_done: deque[AttemptResult] = deque()
         # Results of queued activity tasks, recorded by the main thread in batches.
-        self._completed: deque[dict[str, Any]] = deque()
+        self._completed: deque[AttemptOutcome] = deque()
         self._reserved = 0
         self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
@@ -273,6 +214,49 @@ class Worker:
         )
         self.decisions = 0
         self.activities_run = 0
+
+    def _make_scheduler(self, claim_idle_ms: int) -> Scheduler:
+        return Scheduler(
+            self.store,
+            streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
+            consumer=self.consumer,
+            reclaimed=self._on_reclaimed,
+            in_flight=lambda: list(self._in_flight),
+            leases=lambda: list(self._leases),
+            session_queue=self.session_queue,
+            claim_idle_ms=claim_idle_ms,
+        )
+
+    def _plan_streams(self, compatible: list[str], cache_size: int) -> None:
+        """The task streams this worker reads, and what each holds (:attr:`stream_kinds`).
+
+        Versioned workers (a build id) read the streams of runs pinned to their build
+        and to builds declared compatible; the unpinned streams (new runs) only while
+        their build is the queue's current one. Unversioned workers read unpinned only.
+        """
+        keys = self.store.keys
+        parts = range(keys.partitions)
+        self.builds = [self.build_id, *compatible] if self.build_id else []
+        self.pinned_streams = [
+            keys.workflow_tasks(p, q, b) for b in self.builds for q in self.queues for p in parts
+        ]
+        self.unpinned_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
+        self.workflow_streams = self.pinned_streams + self.unpinned_streams
+        self._takes_new_runs = True
+        self._current_checked = 0.0
+        self.activity_streams = [
+            keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
+        ]
+        # Workflow tasks of runs this worker decided last (their drivers are in its cache).
+        self.sticky_streams = (
+            [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
+        )
+        self.outbox_streams = [keys.outbox(p) for p in parts]
+        self.stream_kinds: dict[str, str] = dict.fromkeys(
+            self.workflow_streams + self.sticky_streams, WORKFLOW
+        )
+        self.stream_kinds.update(dict.fromkeys(self.outbox_streams, OUTBOX))
+        self.stream_kinds.update(dict.fromkeys(self.activity_streams, ACTIVITY))
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -308,8 +292,8 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._pass()
-                except redis.ResponseError as exc:
-                    if "NOGROUP" not in str(exc):
+                except CommandRefused as exc:
+                    if not is_missing_group(exc):
                         raise
                     # A stream of ours was deleted (another worker took this one for dead
                     # while it stalled and handed its private tasks back): recreate it.
@@ -340,7 +324,7 @@ class Worker:
         # Results handed to this thread but not yet recorded: record them through the
         # inbox now (no more decisions are made here).
         pending = list(self._completed)
-        pending += [completion(b, payload, r, stream=b["stream"]) for b, payload, r in self._eager_done]
+        pending += [completion(r, stream=r.task.stream) for r in self._eager_done]
         if pending:
             try:
                 complete_batch(self.store, pending)
@@ -393,35 +377,32 @@ class Worker:
         with self._busy_lock:
             self._reserved -= n
 
-    def _run_leased(self, body: dict[str, Any]) -> None:
+    def _run_leased(self, task: ActivityTask) -> None:
         # Renewed while it waits for a thread and while it runs (unless the attempt has
         # deadlines of its own, which then rule).
-        if attempt_deadline(body, time.time()) is None:
-            self._leases.add((body["p"], body["rid"], body["aid"], int(body["attempt"])))
+        if attempt_deadline(task, time.time()) is None:
+            self._leases.add(task.lease)
         with self._busy_lock:
             self._reserved -= 1
             self._busy += 1
-        self._pool.submit(self._leased_activity, body)
+        self._pool.submit(self._leased_activity, task)
 
-    def _leased_activity(self, body: dict[str, Any]) -> None:
-        lease = (body["p"], body["rid"], body["aid"], int(body["attempt"]))
+    def _leased_activity(self, task: ActivityTask) -> None:
         started = time.perf_counter()
         try:
             execute_attempt(
                 self.store,
-                body,
-                stream=body["stream"],
+                task,
+                stream=task.stream,
                 allowed=self._activity_ok,
                 on_timer=self.scheduler.notify,
                 on_result=self._eager_result if self.eager else None,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
-            log.exception(
-                "leased activity %s of run %s could not be recorded", body.get("aid"), body.get("rid")
-            )
+            log.exception("leased activity %s of run %s could not be recorded", task.activity_id, task.run_id)
         finally:
-            self._leases.discard(lease)
+            self._leases.discard(task.lease)
             with self._busy_lock:
                 self._busy -= 1
                 self._ran(started)
@@ -430,8 +411,8 @@ class Worker:
         self._reclaimed.append((stream, entry_id, fields))
         self.reader.wake()
 
-    def _eager_result(self, body: dict[str, Any], payload: bytes, record: dict[str, Any]) -> None:
-        self._eager_done.append((body, payload, record))
+    def _eager_result(self, result: AttemptResult) -> None:
+        self._eager_done.append(result)
         self.reader.wake()
 
     def _decision_streams(self) -> list[str]:
@@ -443,11 +424,9 @@ class Worker:
             self._takes_new_runs = all(b == self.build_id for b in self.store.current_build(self.queues))
         return self.sticky_streams + (self.workflow_streams if self._takes_new_runs else self.pinned_streams)
 
-    def _queued_result(
-        self, stream: str, entry_id: str
-    ) -> Callable[[dict[str, Any], bytes, dict[str, Any]], None]:
-        def hand_over(body: dict[str, Any], payload: bytes, record: dict[str, Any]) -> None:
-            self._completed.append(completion(body, payload, record, stream=stream, entry_id=entry_id))
+    def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
+        def hand_over(result: AttemptResult) -> None:
+            self._completed.append(completion(result, stream=stream, entry_id=entry_id))
             self.reader.wake()
 
         return hand_over
@@ -459,7 +438,8 @@ class Worker:
             self.decider.apply_eager(_drain(self._eager_done))
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
-            if ":wq:" in stream and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
+            kind = self.stream_kinds.get(stream)
+            if kind == WORKFLOW and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
                 # The same decision keeps dying with its worker: block the run, keep the task.
                 p = self.store.keys.partition_of_key(stream)
                 run_id = fields.get(b"run", b"").decode()
@@ -475,35 +455,39 @@ class Worker:
                     "its worker); fix the code, then `durable repair`",
                 )
                 continue
-            self._dispatch(stream, entry_id, fields, redelivered=True)
+            self._dispatch(kind, stream, entry_id, fields, redelivered=True)
         # Workflow and outbox tasks in large batches; activity tasks (their own read) only
         # while a thread is free, at most as many as are free (COUNT is per stream).
-        lanes = {"decisions": (self._decision_streams() + self.outbox_streams, 64)}
+        lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
         free = self.concurrency - self._busy
         if free > 0:
-            lanes["activities"] = (self.activity_streams, free)
+            lanes[ACTIVITIES] = (self.activity_streams, free)
         idle = not (self._eager_done or self._reclaimed or self._completed)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
         self._handle(response or [])
 
-    def _handle(self, response: list[Any]) -> None:
+    def _handle(self, response: list[tuple[str, Reply]]) -> None:
         decisions: list[Task] = []
         # COUNT is per stream, so one read over many activity streams may bring more tasks
         # than this worker should hold: the excess goes back to its streams for others.
         room = int(self._backlog()) - self._busy
         excess: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
-        for stream_raw, entries in response:
-            stream = stream_raw.decode() if isinstance(stream_raw, bytes) else stream_raw
-            for entry_id_raw, fields in entries:
-                entry_id = entry_id_raw.decode() if isinstance(entry_id_raw, bytes) else entry_id_raw
-                if ":wq:" in stream:
-                    decisions.append(Task(self.store.keys.partition_of_key(stream), stream, entry_id, fields))
-                elif ":aq:" in stream and room <= 0:
-                    excess.setdefault(stream, []).append((entry_id, fields))
+        partition_of = self.store.keys.partition_of_key
+        for lane, reply in response:
+            for stream, entries in reply:
+                if lane == ACTIVITIES:
+                    for entry_id, fields in entries:
+                        if room > 0:
+                            room -= 1
+                            self._dispatch(ACTIVITY, stream, entry_id, fields)
+                        else:
+                            excess.setdefault(stream, []).append((entry_id, fields))
+                elif self.stream_kinds.get(stream) == OUTBOX:
+                    for entry_id, fields in entries:
+                        self._dispatch(OUTBOX, stream, entry_id, fields)
                 else:
-                    if ":aq:" in stream:
-                        room -= 1
-                    self._dispatch(stream, entry_id, fields)
+                    p = partition_of(stream)
+                    decisions += [Task(p, stream, entry_id, fields) for entry_id, fields in entries]
         for stream, items in excess.items():
             self.store.requeue(stream, items)
         if decisions:
@@ -511,15 +495,21 @@ class Worker:
             self.decisions += len(decisions)
 
     def _dispatch(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool = False
+        self,
+        kind: str | None,
+        stream: str,
+        entry_id: str,
+        fields: dict[bytes, bytes],
+        *,
+        redelivered: bool = False,
     ) -> None:
         p = self.store.keys.partition_of_key(stream)
-        if stream.endswith(":ox"):
+        if kind == OUTBOX:
             handle_outbox(self.store, p, stream, entry_id, fields)
-        elif ":wq:" in stream:
+        elif kind == WORKFLOW:
             self.decider.handle(p, stream, entry_id, fields)
             self.decisions += 1
-        elif ":aq:" in stream:
+        elif kind == ACTIVITY:
             with self._busy_lock:
                 self._busy += 1
                 self._in_flight[(stream, entry_id)] = time.time()

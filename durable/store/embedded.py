@@ -45,6 +45,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from durable.config import configured_redis_url, data_dir
 from durable.errors import ConfigurationError
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "resolve_redis_url", "default_data_dir"]
@@ -239,7 +240,7 @@ def _unlink(path: Path) -> None:
 
 def default_data_dir() -> Path:
     """``$DURABLE_HOME`` if set, else ``.durable/`` in the current directory."""
-    home = os.environ.get("DURABLE_HOME")
+    home = data_dir()
     return Path(home) if home else Path.cwd() / ".durable"
 
 
@@ -492,10 +493,7 @@ def resolve_redis_url(explicit: str | None = None) -> str:
     """The Redis URL to use: ``explicit``, else ``$DURABLE_REDIS_URL``, else the embedded server's.
 
     The last case starts (or reuses) :class:`EmbeddedRedis` in :func:`default_data_dir`.
+    The settings are read by :func:`durable.config.configured_redis_url`; this is the
+    store-side half that may start a server.
     """
-    if explicit:
-        return explicit
-    from_env = os.environ.get("DURABLE_REDIS_URL")
-    if from_env:
-        return from_env
-    return EmbeddedRedis().ensure()
+    return configured_redis_url(explicit) or EmbeddedRedis().ensure()

@@ -18,8 +18,11 @@ Layout (``T`` = ``prefix:{p}``)::
     T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
     T:aq:<queue>           stream  activity tasks (consumer group "workers")
     T:ox                   stream  outbox: cross-partition messages (children)
+    T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
+                           <aid>:hb heartbeat details, <aid>:started attempt start (ms)
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
+    T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
     T:runs                 zset    created (ms) -> run id, for `durable list`
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token -> "run|hook id"
@@ -36,6 +39,87 @@ import zlib
 
 GROUP = "workers"
 """Consumer group name on every task stream."""
+
+PRIVATE = "@"
+"""First character of a private queue name (a worker's own queue: sessions, sticky runs)."""
+
+SEP = "|"
+"""Separator inside zset members and hook targets (run ids and activity ids never hold one)."""
+
+TIMER = "t"
+"""Kind of a workflow timer's member in ``T:timers``."""
+
+RETRY = "r"
+"""Kind of an activity retry's member in ``T:timers``."""
+
+# Fields of the activity hash ``T:act:<run id>`` beside ``<aid>`` (the current task body).
+ATTEMPT_SUFFIX = "#"
+STREAM_SUFFIX = "@"
+HEARTBEAT_SUFFIX = ":hb"
+STARTED_SUFFIX = ":started"
+
+
+def timer_member(run_id: str, timer_id: str) -> str:
+    """The ``T:timers`` member of a workflow timer."""
+    return f"{TIMER}{SEP}{run_id}{SEP}{timer_id}"
+
+
+def retry_member(run_id: str, activity_id: str) -> str:
+    """The ``T:timers`` member of an activity's next attempt, waiting for its backoff."""
+    return f"{RETRY}{SEP}{run_id}{SEP}{activity_id}"
+
+
+def parse_timer_member(member: str) -> tuple[str, str, str]:
+    """``(kind, run id, timer or activity id)`` of a ``T:timers`` member."""
+    kind, run_id, item = member.split(SEP, 2)
+    return kind, run_id, item
+
+
+def attempt_member(run_id: str, activity_id: str, attempt: int) -> str:
+    """The ``T:running`` member of a running attempt (its score is the attempt's deadline)."""
+    return f"{run_id}{SEP}{activity_id}{SEP}{attempt}"
+
+
+def parse_attempt_member(member: str) -> tuple[str, str, int]:
+    """``(run id, activity id, attempt)`` of a ``T:running`` member."""
+    run_id, activity_id, attempt = member.rsplit(SEP, 2)
+    return run_id, activity_id, int(attempt)
+
+
+def hook_target(run_id: str, hook_id: str) -> str:
+    """The ``T:hooks`` value of a hook token: which run, which hook."""
+    return f"{run_id}{SEP}{hook_id}"
+
+
+def parse_hook_target(value: str) -> tuple[str, str]:
+    """``(run id, hook id)`` of a ``T:hooks`` value."""
+    run_id, hook_id = value.split(SEP, 1)
+    return run_id, hook_id
+
+
+def attempt_field(activity_id: str) -> str:
+    """Activity-hash field: the activity's current attempt number."""
+    return activity_id + ATTEMPT_SUFFIX
+
+
+def stream_field(activity_id: str) -> str:
+    """Activity-hash field: the task stream the activity's attempts go to."""
+    return activity_id + STREAM_SUFFIX
+
+
+def heartbeat_field(activity_id: str) -> str:
+    """Activity-hash field: the last heartbeat details of the current attempt."""
+    return activity_id + HEARTBEAT_SUFFIX
+
+
+def started_field(activity_id: str) -> str:
+    """Activity-hash field: when the current attempt started (ms)."""
+    return activity_id + STARTED_SUFFIX
+
+
+def is_private(queue: str) -> bool:
+    """Whether ``queue`` is a worker's private queue (``@<worker>``)."""
+    return queue.startswith(PRIVATE)
 
 
 class Keys:
@@ -110,6 +194,10 @@ class Keys:
 
     def hooks(self, p: int) -> str:
         return f"{self.tag(p)}:hooks"
+
+    def clock(self, p: int) -> str:
+        """Partition ``p``'s clock offset (tests only: time skipping; see ``_lib.lua``)."""
+        return f"{self.tag(p)}:clock"
 
     def partition_of_key(self, key: str) -> int:
         """Parse the partition back out of a key (for task streams read in bulk)."""

@@ -14,7 +14,7 @@ from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
 from workers.supervisor import PARENT_ENV
-from workers.worker import Worker, code_build_id, tune_gc  # wave-2 merge: worker API (helper B)
+from workers.worker import Worker, code_build_id, tune_gc
 
 __all__ = ["configure_logging", "run_worker"]
 

@@ -13,7 +13,7 @@ import click
 import redis
 
 from durable import DurableError
-from durable.store.embedded import EmbeddedRedis  # wave-2 merge: the embedded default (helper B)
+from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers.config import mask_secrets, mask_url
 from workers.worker import load_app

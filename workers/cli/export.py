@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from durable import events as ev
-from durable.client import _public  # wave-2 merge: the public view of a stored event (client owner)
+from durable.client import HistoryEvent
 from durable.store.redis_store import RedisStore
 from workers.cli.core import CliError
 
@@ -27,7 +27,7 @@ def export_history(store: RedisStore, workflow_id: str) -> list[dict[str, Any]]:
     ref = store.ref(workflow_id)
     out = []
     for entry in store.history(ref):
-        item = _public(entry).to_dict()
+        item = HistoryEvent.from_entry(entry).to_dict()
         item["raw"] = base64.b64encode(entry.raw).decode("ascii")
         out.append(item)
     return out

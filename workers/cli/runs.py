@@ -6,7 +6,7 @@ import click
 
 from durable import WorkflowStub
 from durable.errors import WorkflowClosed
-from durable.store.redis_store import CLOSED_STATUSES  # wave-2 merge: store constant (helper B)
+from durable.store.redis_store import CLOSED_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.render import to_json
 

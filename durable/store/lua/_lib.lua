@@ -1,4 +1,4 @@
--- Shared helpers, prepended to every script when it is loaded (redis_store.py).
+-- Shared helpers, prepended to every script when it is loaded (store/base.py).
 -- Every key a script touches shares one partition hash tag, so a script runs
 -- unchanged on one Redis or on a Redis Cluster. Keys built here from a tag
 -- (run keys named inside task or timer members) stay in that same slot.

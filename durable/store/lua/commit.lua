@@ -4,7 +4,7 @@
 --   workflow task; re-wake the run if inputs arrived meanwhile.
 -- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
 --       then every stream the plan names (activity queues, next run's keys).
--- ARGV: plan (msgpack map, see redis_store.RedisStore.commit)
+-- ARGV: plan (msgpack map, built by store/runs.py RunStore.commit_args from a CommitPlan)
 -- Returns {'OK', new seq, inbox length} | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

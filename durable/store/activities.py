@@ -1,0 +1,117 @@
+"""Activity attempts in Redis: their outcomes, heartbeats and deadlines, and due timers.
+
+An activity's state lives in the run's activity hash (its current task body and
+the fields :mod:`durable.store.keys` names); a running attempt's deadline is a
+member of the partition's running set; a timer or a retry's backoff is a member
+of its timers set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .. import codec
+from .. import events as ev
+from .base import StoreBase
+from .keys import GROUP, attempt_member, heartbeat_field, parse_attempt_member, started_field
+from .records import text
+from .tasks import ActivityTask, AttemptOutcome
+
+
+class ActivityStore(StoreBase):
+    """Activity attempts: record their outcomes, heartbeats and deadlines; fire due timers."""
+
+    def complete_activity(self, outcome: AttemptOutcome) -> tuple[str, int]:
+        """Finish an attempt (see :meth:`complete_args`); returns ``('OK'|'RETRY'|'STALE', due ms
+        of the retry or 0)``."""
+        return self.complete_many([outcome])[0]
+
+    def complete_many(self, outcomes: Sequence[AttemptOutcome]) -> list[tuple[str, int]]:
+        """Finish several attempts in one round trip (each one atomic on its own)."""
+        calls = [self.complete_args(outcome) for outcome in outcomes]
+        replies = self._script_many("complete_activity", calls, raise_on_error=True)
+        return [(text(reply[0]), int(reply[1]) if text(reply[0]) == "RETRY" else 0) for reply in replies]
+
+    def complete_args(self, outcome: AttemptOutcome) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of the completion script (``lua/complete_activity.lua``)."""
+        k, task = self.keys, outcome.task
+        p, rid = task.partition, task.run_id
+        event = outcome.event
+        type_name, data = ev.encode_input_data(event) if event is not None else ("", b"")
+        keys = [k.run(p, rid), k.inbox(p, rid), k.activities(p, rid), k.log(p, rid)]
+        keys += [k.timers(p), k.running(p), outcome.stream]
+        args = [
+            rid,
+            task.activity_id,
+            task.attempt,
+            outcome.entry_id,
+            outcome.outcome,
+            type_name,
+            data,
+            outcome.retry_delay_ms,
+            outcome.next_task.encode() if outcome.next_task is not None else b"",
+            codec.pack(outcome.record),
+        ]
+        return keys, args
+
+    def heartbeat(self, task: ActivityTask, details: bytes, extend_ms: int) -> bool:
+        """Record a heartbeat of ``task``'s attempt (push its deadline by ``extend_ms`` unless 0);
+        returns True when the activity was cancelled or superseded."""
+        k, p = self.keys, task.partition
+        result = self._run_script(
+            "heartbeat",
+            [k.activities(p, task.run_id), k.running(p)],
+            [task.run_id, task.activity_id, task.attempt, details, extend_ms],
+        )
+        return int(result) == 1
+
+    def set_deadline(self, task: ActivityTask, due_ms: int, started_ms: int) -> None:
+        """Register a running attempt's deadline (start-to-close, heartbeat or schedule-to-close)."""
+        p, rid, aid = task.partition, task.run_id, task.activity_id
+        with self.pipeline(self.keys.running(p)) as pipe:
+            pipe.zadd(self.keys.running(p), {attempt_member(rid, aid, task.attempt): due_ms})
+            pipe.hset(self.keys.activities(p, rid), started_field(aid), started_ms)
+            pipe.execute()
+
+    def attempt_started(self, p: int, run_id: str, activity_id: str) -> int | None:
+        """When the current attempt of an activity started (ms), if it registered a deadline."""
+        value = self.redis.hget(self.keys.activities(p, run_id), started_field(activity_id))
+        return int(value) if value is not None else None
+
+    def activity_state(
+        self, p: int, run_id: str, activity_id: str
+    ) -> tuple[ActivityTask | None, bytes | None]:
+        """(current attempt, last heartbeat details) of a pending activity (``None``: not pending)."""
+        key = self.keys.activities(p, run_id)
+        body, details = self.redis.hmget(key, activity_id, heartbeat_field(activity_id))
+        return (ActivityTask.decode(body) if body is not None else None), details
+
+    def delivery_count(self, stream: str, entry_id: str) -> int:
+        """How many times a pending task entry has been delivered (0 if it is not pending)."""
+        rows = self.redis.xpending_range(stream, GROUP, min=entry_id, max=entry_id, count=1)
+        return int(rows[0]["times_delivered"]) if rows else 0
+
+    # ------------------------------------------------------ timers, deadlines
+    def fire_timers(self, parts: Sequence[int], limit: int = 500) -> list[tuple[int, int]]:
+        """Fire due timers and retries of partitions ``parts`` (one script each, one round trip):
+        ``(fired, next due ms or -1)`` per partition."""
+        calls = [([self.keys.timers(p)], [self.keys.tag(p), limit]) for p in parts]
+        return [(int(r[0]), int(r[1])) for r in self._script_many("fire_timers", calls, raise_on_error=True)]
+
+    def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
+        """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""
+        members = self.redis.zrangebyscore(self.keys.running(p), "-inf", now_ms, start=0, num=limit)
+        return [parse_attempt_member(text(m)) for m in members]
+
+    def drop_deadline(self, p: int, run_id: str, activity_id: str, attempt: int) -> None:
+        """Forget an attempt's deadline (it expired and is being dealt with)."""
+        self.redis.zrem(self.keys.running(p), attempt_member(run_id, activity_id, attempt))
+
+    def next_deadlines(self, parts: Sequence[int]) -> list[int | None]:
+        """The earliest running-attempt deadline (ms) of each partition in ``parts``, if any."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in parts:
+                pipe.zrange(self.keys.running(p), 0, 0, withscores=True)
+            firsts = pipe.execute()
+        return [int(first[0][1]) if first else None for first in firsts]

@@ -1,0 +1,173 @@
+"""The store's connection layer: the client, the scripts, batches per server or per cluster node.
+
+Each state change that must be atomic is one Lua script in ``lua/`` (named for
+what it does). On one Redis the hot path (load, commit, complete) goes through
+:class:`~durable.store.wire.Wire`'s raw pipelines; on a Redis Cluster through
+redis-py's per-node pipelines. The store's feature modules (runs, activities,
+task queues, leases) build on :class:`StoreBase`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis
+from redis import exceptions as rexc
+
+from ..config import key_prefix, partitions
+from ..errors import ConfigurationError
+from .connect import Client, connect, is_cluster_client
+from .embedded import resolve_redis_url
+from .keys import Keys
+from .wire import Wire
+
+log = logging.getLogger("durable.store")
+
+
+def load_scripts() -> dict[str, str]:
+    """Every script's source by name, with the shared ``_lib.lua`` prepended."""
+    folder = resources.files("durable.store") / "lua"
+    lib = (folder / "_lib.lua").read_text()
+    return {
+        entry.name[:-4]: lib + "\n" + entry.read_text()
+        for entry in folder.iterdir()
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
+    }
+
+
+class StoreBase:
+    """The client, the key names and the scripts of one deployment (see :class:`RedisStore`)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        prefix: str | None = None,
+        partitions_: int | None = None,
+        client: redis.Redis | None = None,
+        flush: bool = False,
+    ) -> None:
+        self.url = url or (None if client is not None else resolve_redis_url())
+        self.redis: Client = client or connect(self.url)  # type: ignore[arg-type]
+        #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
+        self.cluster = is_cluster_client(self.redis)
+        self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
+        self._scripts = {name: self.redis.register_script(src) for name, src in load_scripts().items()}
+        # The hot path (load, commit, complete) on one Redis skips redis-py's pipeline layers.
+        self._wire = None if self.cluster else Wire(self.redis, self._load_all_scripts)
+        if flush:
+            self.redis.flushdb()
+        self._check_partitions()
+
+    def _load_all_scripts(self) -> None:
+        for script in self._scripts.values():
+            self.redis.script_load(script.script)
+
+    def _check_partitions(self) -> None:
+        want = self.keys.partitions
+        self.redis.hsetnx(self.keys.meta, "partitions", want)
+        have = int(self.redis.hget(self.keys.meta, "partitions") or want)
+        if have != want:
+            raise ConfigurationError(
+                f"this Redis holds a durable deployment (prefix {self.keys.prefix!r}) with {have} partitions, "
+                f"but {want} were configured; the partition count cannot change while runs exist — set "
+                f"DURABLE_PARTITIONS={have}, or use another prefix/database"
+            )
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def flush(self) -> None:
+        """Delete everything in this Redis database (tests), then record the partition count again."""
+        self.redis.flushdb()
+        self._check_partitions()
+
+    def server_time_ms(self) -> int:
+        sec, usec = self.redis.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    # -------------------------------------------------------------- cluster
+    def node_client(self, key: str) -> Client:
+        """A plain client for the server holding ``key``'s slot: ``self.redis`` on one Redis; on a
+        cluster, the node that owns the slot (its pipelines take EVALSHA and same-slot MULTI)."""
+        if not self.cluster:
+            return self.redis
+        rc: Any = self.redis
+        return rc.get_redis_connection(rc.get_node_from_key(key))
+
+    def partition_client(self, p: int) -> Client:
+        """:meth:`node_client` of partition ``p`` (every key of a partition is in one slot)."""
+        return self.node_client(self.keys.tag(p))
+
+    def node_name(self, key: str) -> str:
+        """Which server holds ``key`` (one name on one Redis)."""
+        if not self.cluster:
+            return ""
+        return str(self.redis.get_node_from_key(key).name)
+
+    def pipeline(self, key: str, *, transaction: bool = True) -> Any:
+        """A pipeline for commands on keys in ``key``'s slot (a MULTI on a cluster node is
+        refused across slots): ``self.redis.pipeline`` on one Redis."""
+        if not self.cluster:
+            return self.redis.pipeline(transaction=transaction)
+        return self.node_client(key).pipeline(transaction=transaction)
+
+    def refresh_topology(self) -> None:
+        """Re-read the cluster's slot map (after MOVED/ASK or a node going away); no-op on one Redis."""
+        if not self.cluster:
+            return
+        try:
+            self.redis.nodes_manager.initialize()
+        except Exception as exc:  # noqa: BLE001 - the next command retries
+            log.warning("could not refresh the cluster slot map: %s", exc)
+
+    def _by_node(self, keys: Sequence[str]) -> dict[str, list[int]]:
+        """Indexes of ``keys`` grouped by the node holding their slot, in first-seen order."""
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(self.node_name(key), []).append(i)
+        return groups
+
+    def _script_per_node(
+        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
+    ) -> list[Any]:
+        """Run script ``name`` once per ``(keys, args)``: one pipeline per cluster node (the
+        scripts are loaded on a node when it lacks them: NOSCRIPT is handled by the pipeline)."""
+        script = self._scripts[name]
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node([keys[0] for keys, _ in calls]).values():
+            client = self.node_client(calls[indexes[0]][0][0])
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for i in indexes:
+                        script(keys=calls[i][0], args=calls[i][1], client=pipe)
+                    got = pipe.execute(raise_on_error=raise_on_error)
+            except (rexc.AskError, rexc.ConnectionError, rexc.ClusterDownError):
+                self.refresh_topology()
+                raise
+            if any(isinstance(r, rexc.AskError) for r in got):
+                self.refresh_topology()
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _script_many(
+        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
+    ) -> list[Any]:
+        """Run script ``name`` once per ``(keys, args)`` in one round trip per server (each call
+        atomic on its own): raw EVALSHAs on one Redis, a pipeline per node on a cluster."""
+        if self._wire is None:
+            return self._script_per_node(name, calls, raise_on_error=raise_on_error)
+        sha = self._scripts[name].sha
+        replies = self._wire.execute([("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls])
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    def _run_script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._scripts[name](keys=list(keys), args=list(args))

@@ -1,0 +1,113 @@
+"""Connecting to Redis (one server or a Cluster), and the errors callers must tell apart.
+
+The worker and the client never import ``redis`` themselves: they catch the
+error groups named here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import time
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+from redis import exceptions as rexc
+from redis.cluster import ClusterNode, RedisCluster
+
+from ..errors import ConfigurationError
+
+#: Errors that mean "Redis (or one cluster node) is unavailable or the cluster is
+#: reconfiguring": callers wait a moment and retry; tasks in flight stay pending.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.AskError,  # MovedError too (a subclass)
+    rexc.SlotNotCoveredError,
+)
+
+#: The connection to one Redis broke (on one Redis, the only transient error).
+ConnectionLost = rexc.ConnectionError
+
+#: Redis refused a command (e.g. NOGROUP: a task stream was deleted under its reader).
+CommandRefused = rexc.ResponseError
+
+
+def is_missing_group(exc: BaseException) -> bool:
+    """Whether ``exc`` says a task stream (and so its consumer group) does not exist."""
+    return isinstance(exc, rexc.ResponseError) and "NOGROUP" in str(exc)
+
+
+CLUSTER_SCHEME = "redis+cluster"
+
+# redis-py's type hints cannot express that our clients return bytes (decode_responses
+# is off), nor that a RedisCluster stands in for a Redis: the store types them as this.
+Client = Any
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a Redis Cluster: ``redis+cluster://host:port[,host:port...]``, or any
+    Redis URL with ``?cluster=1`` (also ``true``/``yes``)."""
+    if not url:
+        return False
+    parts = urlsplit(url)
+    if parts.scheme in (CLUSTER_SCHEME, "rediss+cluster"):
+        return True
+    flag = parse_qs(parts.query).get("cluster", [""])[-1].lower()
+    return flag in ("1", "true", "yes", "on")
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster."""
+    return isinstance(client, RedisCluster)
+
+
+def connect(url: str) -> Client:
+    """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
+    cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url)
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    nodes = _cluster_nodes(netloc[-1])
+    if not nodes:
+        raise ConfigurationError(f"cluster URL {url!r} names no host:port")
+    kwargs: dict[str, Any] = {}
+    if len(netloc) == 2:
+        user, _, password = netloc[0].partition(":")
+        if password:
+            kwargs["username"] = unquote(user) or None
+            kwargs["password"] = unquote(password)
+        else:
+            kwargs["password"] = unquote(user)
+    if parts.scheme.startswith("rediss"):
+        kwargs["ssl"] = True
+    return RedisCluster(startup_nodes=nodes, **kwargs)
+
+
+def _cluster_nodes(hosts: str) -> list[ClusterNode]:
+    nodes = []
+    for item in hosts.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.startswith("["):  # [ipv6]:port
+            host, _, port = item[1:].partition("]")
+            port = port.lstrip(":")
+        else:
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+        nodes.append(ClusterNode(host or "127.0.0.1", int(port or 6379)))
+    return nodes
+
+
+_consumers = itertools.count(1)
+
+
+def consumer_name() -> str:
+    """A unique consumer name: host, pid, start time, and a counter (several workers may start
+    in one process within the same millisecond; each needs its own private queue)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{int(time.time() * 1000) % 100000}.{next(_consumers)}"

@@ -1,0 +1,121 @@
+"""Worker leases in Redis: who is alive, what a dead worker left behind, and reclaiming it.
+
+A worker holds a lease per partition (``T:alive:@<worker>``, expiring unless
+renewed). Its sessions' activity tasks and its private (sticky) workflow tasks
+depend on it: once it expires, the scheduler of any live worker fails the
+sessions' tasks and hands the sticky tasks back to their runs' queues. Task
+entries a dead worker had claimed are reclaimed from the consumer group's
+pending list once idle long enough.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .base import StoreBase
+from .keys import GROUP, attempt_member
+from .records import text
+
+log = logging.getLogger("durable.store")
+
+Entry = tuple[str, dict[bytes, bytes]]
+"""A task stream entry: its id and its fields."""
+
+
+class LeaseStore(StoreBase):
+    """Worker leases, dead workers' sessions and sticky tasks, and reclaiming idle tasks."""
+
+    def renew_worker(self, host: str, consumer: str, ttl_ms: int) -> None:
+        """Take or renew the lease of the worker whose private queue is ``host`` (every partition)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                pipe.set(self.keys.alive(p, host), consumer, px=ttl_ms)
+                pipe.sadd(self.keys.sticky_hosts(p), host)
+            pipe.execute()
+
+    def release_worker(self, host: str) -> None:
+        """Give up ``host``'s lease at once (graceful stop) and hand its sticky tasks back."""
+        k = self.keys
+        self.redis.delete(*[k.alive(p, host) for p in range(k.partitions)])
+        for p in range(k.partitions):
+            self.unstick(p, host)
+
+    def unstick(self, p: int, host: str) -> int:
+        """Hand the workflow tasks in the private stream of the stopped worker ``host`` back to
+        their runs' queues. Returns how many moved, or -1 (and does nothing) while its lease lives."""
+        k = self.keys
+        keys = [k.workflow_tasks(p, host), k.alive(p, host), k.sticky_hosts(p)]
+        return int(self._run_script("unstick", keys, [host]))
+
+    def dead_workers(self, me: str) -> list[tuple[int, str, bool, bool]]:
+        """Workers other than ``me`` whose lease ran out while they still have sessions or
+        sticky runs: ``(partition, host, has session tasks, has a private workflow stream)``.
+
+        Two reads for every partition at once (who is named, whose lease lives): live
+        workers cost no script calls.
+        """
+        k, parts = self.keys, range(self.keys.partitions)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in parts:
+                pipe.smembers(k.sessions(p))
+                pipe.smembers(k.sticky_hosts(p))
+            named = pipe.execute()
+        others: list[tuple[int, str, bool, bool]] = []
+        for p in parts:
+            sessions, stickies = ({text(h) for h in named[2 * p + i]} for i in (0, 1))
+            for host in sorted((sessions | stickies) - {me}):
+                others.append((p, host, host in sessions, host in stickies))
+        if not others:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p, host, _, _ in others:
+                pipe.exists(k.alive(p, host))
+            alive = pipe.execute()
+        return [other for other, live in zip(others, alive, strict=True) if not live]
+
+    def session_tasks(self, p: int, host: str) -> tuple[str, list[Entry]]:
+        """The activity tasks queued for the session host ``host``: ``(its stream, entries)``."""
+        stream = self.keys.activity_tasks(p, host)
+        return stream, [(text(entry_id), fields) for entry_id, fields in self.redis.xrange(stream)]
+
+    def drop_session_queue(self, p: int, host: str) -> None:
+        """Forget the session host ``host``'s queue in partition ``p`` once it is empty."""
+        stream = self.keys.activity_tasks(p, host)
+        if not self.redis.xlen(stream):
+            self.redis.delete(stream)
+            self.redis.srem(self.keys.sessions(p), host)
+
+    def touch_claims(self, consumer: str, entries: Iterable[tuple[str, str]]) -> None:
+        """Reset the idle time of ``(stream, entry id)`` tasks ``consumer`` is still working on,
+        so other workers' reclaim passes only ever take tasks of dead workers."""
+        by_stream: dict[str, list[str]] = {}
+        for stream, entry_id in entries:
+            by_stream.setdefault(stream, []).append(entry_id)
+        for stream, ids in by_stream.items():
+            self.redis.xclaim(stream, GROUP, consumer, 0, ids, justid=True)
+
+    def extend_leases(self, attempts: Iterable[tuple[int, str, str, int]], due_ms: int) -> None:
+        """Push the lease of running attempts ``(partition, run, activity, attempt)`` to ``due_ms``
+        (attempts a worker runs itself: only a dead worker's lease runs out)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p, rid, aid, attempt in attempts:
+                pipe.zadd(self.keys.running(p), {attempt_member(rid, aid, attempt): due_ms}, xx=True)
+            pipe.execute()
+
+    def reclaim(self, stream: str, consumer: str, idle_ms: int) -> Iterator[Entry]:
+        """Claim for ``consumer`` the tasks of ``stream`` idle longer than ``idle_ms`` in another
+        consumer's pending list (its worker died); a stream without a group yields nothing."""
+        start: Any = "0-0"
+        while True:
+            try:
+                start, entries = self.redis.xautoclaim(stream, GROUP, consumer, idle_ms, start, count=100)[:2]
+            except Exception as exc:  # noqa: BLE001 - a missing group is created by the worker
+                log.debug("xautoclaim %s: %s", stream, exc)
+                return
+            for entry_id, fields in entries:
+                if fields is not None:  # deleted meanwhile
+                    yield text(entry_id), fields
+            if start in (b"0-0", "0-0") or not entries:
+                return

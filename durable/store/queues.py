@@ -1,0 +1,216 @@
+"""Task streams in Redis: consumer groups, acks, dead letters, build routing, and time skipping.
+
+Each task stream has one consumer group (:data:`~durable.store.keys.GROUP`);
+a task that cannot run is parked (moved to the partition's dead-letter stream
+with its reason), never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from .. import codec
+from ..errors import WorkflowClosed
+from .keys import GROUP
+from .reads import GroupRead
+from .records import RunRef, text
+from .runs import RunStore
+from .tasks import ActivityTask
+
+log = logging.getLogger("durable.store")
+
+
+class QueueStore(RunStore):
+    """Task streams: groups, acks, requeues, dead letters, build routing; the clock offset."""
+
+    def open_read(self, group: int | None) -> GroupRead:
+        """A connection for blocking task reads of ``group`` (see :meth:`read_group`)."""
+        return GroupRead(self.partition_client(group) if group is not None else self.redis)
+
+    def read_group(self, stream: str) -> int | None:
+        """Which read a task stream joins: on a cluster its partition (a read over several
+        slots is refused), on one Redis ``None`` (one read over every stream)."""
+        return self.keys.partition_of_key(stream) if self.cluster else None
+
+    def ensure_groups(self, streams: Iterable[str]) -> None:
+        """Create the consumer group on each task stream (idempotent)."""
+        for stream in streams:
+            try:
+                self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def park(
+        self,
+        *,
+        p: int,
+        stream: str,
+        entry_id: str,
+        kind: str,
+        reason: str,
+        fields: Mapping[Any, Any],
+        run_id: str = "",
+        block: bool = False,
+    ) -> None:
+        """Move a task that cannot run to the dead-letter stream (and block its run)."""
+        k = self.keys
+        safe = {
+            key: (value if isinstance(value, bytes | str | int | float) else repr(value))
+            for key, value in fields.items()
+        }
+        self._run_script(
+            "park",
+            [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
+            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0"],
+        )
+        log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
+
+    def current_build(self, queues: Sequence[str]) -> list[str]:
+        """The current build id of each queue (``""`` when none was promoted)."""
+        names = [self.keys.current_build(q) for q in queues]
+        if not names:
+            values: list[Any] = []
+        elif self.cluster:  # the keys are in different slots
+            values = self.redis.mget_nonatomic(names)
+        else:
+            values = self.redis.mget(names)
+        return [text(v) if v is not None else "" for v in values]
+
+    def promote_build(self, queues: Sequence[str], build: str) -> None:
+        """Make ``build`` the one whose workers start the new runs of ``queues``."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.set(self.keys.current_build(queue), build)
+            pipe.execute()
+
+    def repin(self, workflow_id: str, build: str) -> RunRef:
+        """Move a run to another build id (after checking with `durable replay` that the new
+        code replays its history): its workflow tasks go to that build's workers."""
+        ref = self.ref(workflow_id)
+        record = self.run_record(ref)
+        stream = self.keys.workflow_tasks(ref.partition, record.get("queue", "default"), build)
+        self.ensure_groups([stream])
+        with self.pipeline(stream) as pipe:
+            run_key = self.keys.run(ref.partition, ref.run_id)
+            pipe.hset(run_key, mapping={"build": build, "wq": stream})
+            pipe.hdel(run_key, "sticky")
+            pipe.xadd(stream, {"run": ref.run_id})
+            pipe.execute()
+        return ref
+
+    def ack_task(self, stream: str, entry_id: str) -> None:
+        """Ack and delete one task entry (MULTI/EXEC; on a cluster, on the stream's node)."""
+        with self.pipeline(stream) as pipe:
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def requeue(self, stream: str, entries: Sequence[tuple[str, Mapping[bytes, bytes]]]) -> None:
+        """Put tasks this consumer claimed but will not run back at the end of ``stream``
+        (as new entries, for any worker), in one MULTI/EXEC."""
+        with self.pipeline(stream) as pipe:
+            for entry_id, fields in entries:
+                pipe.xadd(stream, dict(fields))
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def reroute(self, stream: str, entry_id: str, run_id: str, target: str) -> None:
+        """Hand a workflow task to the stream of the build its run is pinned to."""
+        with self.pipeline(stream) as pipe:
+            pipe.xadd(target, {"run": run_id})
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
+    def repair(self, workflow_id: str) -> RunRef:
+        """Re-queue a blocked run (after a fixed deploy)."""
+        ref = self.ref(workflow_id)
+        result = self._run_script("repair", [self.keys.run(ref.partition, ref.run_id)], [ref.run_id])
+        if text(result[0]) == "CLOSED":
+            raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
+        # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue.
+        dead = self.keys.dead(ref.partition)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, fields in self.redis.xrange(dead):
+                if fields.get(b"run") != ref.run_id.encode() or fields.get(b"kind") != b"activity":
+                    continue
+                raw_body = codec.unpack(fields[b"task"]).get("body")
+                if not isinstance(raw_body, bytes):
+                    continue
+                task = ActivityTask.decode(raw_body)
+                pipe.xadd(task.stream, {"run": ref.run_id, "act": task.activity_id, "body": raw_body})
+                pipe.xdel(dead, entry_id)
+            pipe.execute()
+        return ref
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
+        """Parked tasks of every partition, newest last."""
+        out = []
+        for p in range(self.keys.partitions):
+            for entry_id, fields in self.redis.xrange(self.keys.dead(p), count=count):
+                item = {text(k): v for k, v in fields.items()}
+                for key in ("kind", "stream", "entry", "run", "reason"):
+                    if key in item:
+                        item[key] = text(item[key])
+                if "task" in item:
+                    try:
+                        item["task"] = codec.unpack(item["task"])
+                    except Exception:  # noqa: BLE001 - show raw bytes rather than hide the letter
+                        pass
+                item["id"] = text(entry_id)
+                item["partition"] = p
+                out.append(item)
+        return out
+
+    # ----------------------------------------------------------------- clock
+    def set_clock_offset(self, ms: int) -> None:
+        """Shift the clock every script stamps time with by ``ms`` (tests only: time skipping).
+
+        Writes ``<tag>:clock`` in every partition (deleted for 0). Workflow
+        ``now()``, timer due checks and event time stamps follow it; Python-side
+        waits (worker and scheduler sleeps) do not.
+        """
+        ms = int(ms)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                key = self.keys.clock(p)
+                if ms:
+                    pipe.set(key, ms)
+                else:
+                    pipe.delete(key)
+            pipe.execute()
+
+    def clock_offset(self) -> int:
+        """The clock offset set by :meth:`set_clock_offset` (ms; 0 when none)."""
+        value = self.redis.get(self.keys.clock(0))
+        return int(value) if value is not None else 0
+
+    def probe_idle(self, streams: Sequence[str]) -> tuple[bool, int | None, int]:
+        """One consistent look for time skipping: ``(busy, earliest due timer ms or None, now ms)``.
+
+        Busy: a task waits in one of ``streams`` or an activity attempt is running. ``now``
+        is the scripts' clock (Redis TIME plus the offset).
+        """
+        k, parts = self.keys, range(self.keys.partitions)
+        with self.redis.pipeline(transaction=True) as pipe:
+            for stream in streams:
+                pipe.xlen(stream)
+            for p in parts:
+                pipe.zcard(k.running(p))
+            for p in parts:
+                pipe.zrange(k.timers(p), 0, 0, withscores=True)
+            pipe.time()
+            pipe.get(k.clock(0))
+            replies = pipe.execute()
+        n = len(streams) + len(parts)
+        busy = any(replies[:n])
+        dues = [int(rows[0][1]) for rows in replies[n : n + len(parts)] if rows]
+        sec, usec = replies[-2]
+        now = int(sec) * 1000 + int(usec) // 1000 + int(replies[-1] or 0)
+        return busy, (min(dues) if dues else None), now

@@ -1,0 +1,90 @@
+"""Blocking task reads: one ``XREADGROUP`` left outstanding on a dedicated connection.
+
+The worker's reader (``workers/reader.py``) waits on several such reads and on
+a wake-up pipe at once, with ``select()``. The split is by what each side
+knows: this module speaks Redis (the command, its connection and socket, the
+reply's shape, which errors mean the connection or the cluster's slot map is
+gone); the worker side owns the lanes, the wake-up pipe and the waiting, which
+are about the worker's threads, not about Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from redis import exceptions as rexc
+
+from .keys import GROUP
+
+#: The read's connection (or its node) is gone: drop every read connection and retry.
+CONNECTION_FAILURES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+#: The cluster's slot map changed under a read (AskError covers MOVED).
+SLOT_MOVES: tuple[type[BaseException], ...] = (rexc.AskError, rexc.TryAgainError, rexc.ClusterDownError)
+
+#: What a reader raises after dropping its connections (callers pause and retry).
+ReadLost = redis.ConnectionError
+
+Reply = list[tuple[str, list[tuple[str, dict[bytes, bytes]]]]]
+"""``[(stream, [(entry id, fields)])]``: the tasks one read delivered."""
+
+
+class GroupRead:
+    """One connection for ``XREADGROUP`` reads, at most one outstanding at a time.
+
+    Args:
+        client: The client whose server (a cluster: the node owning the streams' slot)
+            the connection goes to.
+    """
+
+    __slots__ = ("client", "conn", "outstanding", "deadline")
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.conn: Any = client.connection_pool.make_connection()
+        self.outstanding = False
+        self.deadline = 0.0
+
+    def send(self, consumer: str, streams: list[str], count: int, block_ms: int) -> None:
+        """Send a read of up to ``count`` new tasks per stream, blocking up to ``block_ms``."""
+        args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
+        args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
+        self.conn.send_command(*args)
+        self.outstanding = True
+        # Redis answers a BLOCK read within block_ms (+ its cron tick); much later means
+        # the connection (or the node) is gone.
+        self.deadline = time.monotonic() + block_ms / 1000 + 5
+
+    def ready(self) -> bool:
+        """Whether the outstanding read's reply has arrived."""
+        return self.outstanding and bool(self.conn.can_read(timeout=0))
+
+    def socket(self) -> Any:
+        """The connection's socket, to wait on with ``select()``."""
+        return self.conn._get_socket()
+
+    def reply(self) -> Reply:
+        """The outstanding read's reply (``[]``: it timed out); the connection is free again."""
+        try:
+            raw = self.client.parse_response(self.conn, "XREADGROUP")
+        finally:
+            # Answered, if only with an error (NOGROUP): the connection is free again.
+            self.outstanding = False
+        return [
+            (_text(stream), [(_text(entry_id), fields) for entry_id, fields in entries])
+            for stream, entries in raw or ()
+        ]
+
+    def close(self) -> None:
+        """Drop the connection (an outstanding read's entries stay pending for reclaim)."""
+        try:
+            self.conn.disconnect()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
+        self.outstanding = False
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,86 @@
+"""Plain records the store reads back: where a run lives, a run's record, a commit's outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codec
+from ..errors import DurableError, EventConflict, WorkflowClosed
+
+OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
+CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled", "terminated", "continued"})
+
+DECISION_FIELDS = ("seq", "status", "blocked", "build", "wq", "workflow_id", "parent", "queue")
+"""The fields of a run record a decision reads (the rest, e.g. the snapshot, only clients use)."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Where a run lives: its partition, run id and workflow id."""
+
+    partition: int
+    run_id: str
+    workflow_id: str
+
+
+class StaleCompletion(DurableError):
+    """An eager commit carried the result of an attempt that is no longer current."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Outcome of :meth:`RedisStore.commit`."""
+
+    seq: int
+    inbox: int
+
+
+def text(value: Any) -> str:
+    """A reply (bytes) or a value as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decision_record(values: Sequence[Any]) -> dict[str, Any] | None:
+    """An HMGET of :data:`DECISION_FIELDS`, decoded like a whole record (``None``: no run)."""
+    if values[0] is None:
+        return None
+    return decode_run({name: v for name, v in zip(DECISION_FIELDS, values, strict=True) if v is not None})
+
+
+def decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """A run hash as read from Redis, decoded (snapshot and parent unpacked)."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = text(key)
+        if name in ("seq", "created", "updated", "closed"):
+            out[name] = int(value)
+        elif name == "snapshot":
+            out[name] = codec.unpack(value) if value else {}
+        elif name == "parent":
+            out[name] = codec.unpack(value) if value else None
+        elif name in ("result", "error"):
+            out[name] = value
+        else:
+            out[name] = text(value)
+    return out
+
+
+def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult | Exception:
+    """The commit script's reply as a :class:`CommitResult` or the exception it stands for."""
+    if isinstance(reply, Exception):
+        return reply
+    outcome = text(reply[0])
+    if outcome == "CONFLICT":
+        return EventConflict(
+            f"run {run_id}: history is at seq {int(reply[1])}, decision expected {expected_seq} "
+            "(another decider committed first)"
+        )
+    if outcome == "CLOSED":
+        return WorkflowClosed(f"run {run_id} is {text(reply[1])}; decision discarded")
+    if outcome == "STALE":
+        return StaleCompletion(
+            f"run {run_id}: activity {text(reply[1])} is no longer pending; eager result not applied"
+        )
+    return CommitResult(seq=int(reply[1]), inbox=int(reply[2]))

@@ -1,0 +1,452 @@
+"""Runs in Redis: start, load for a decision, commit a decision, deliver inputs, terminate, list.
+
+Key names come only from :mod:`durable.store.keys`; every state change is one
+script in ``lua/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import redis
+from redis import exceptions as rexc
+
+from .. import codec
+from .. import events as ev
+from ..errors import (
+    DurableError,
+    HistoryCorrupt,
+    HookError,
+    WorkflowAlreadyStarted,
+    WorkflowClosed,
+    WorkflowNotFound,
+)
+from ..ids import check_workflow_id
+from .base import StoreBase
+from .keys import parse_hook_target, timer_member
+from .records import (
+    DECISION_FIELDS,
+    CommitResult,
+    RunRef,
+    commit_outcome,
+    decision_record,
+    decode_run,
+    text,
+)
+from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
+from .wire import stream_rows
+
+Rows = list[tuple[bytes, dict[bytes, bytes]]]
+"""History stream entries as read: ``[(entry id, {field: value})]``."""
+
+Loaded = tuple[dict[str, Any] | None, list[bytes], Rows]
+"""What a decision loads: the run record's decision fields, the inbox, the history rows."""
+
+
+class RunStore(StoreBase):
+    """Runs: their records, histories, inboxes and the decisions committed on them."""
+
+    # ------------------------------------------------------------- lookups
+    def ref(self, workflow_id: str, run_id: str | None = None) -> RunRef:
+        """Locate a workflow's current run (or the given run of it).
+
+        Raises:
+            WorkflowNotFound: no such workflow id (or run).
+        """
+        check_workflow_id(workflow_id)
+        p = self.keys.partition(workflow_id)
+        if run_id is None:
+            current = self.redis.hget(self.keys.instance(p, workflow_id), "run")
+            if current is None:
+                raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+            run_id = text(current)
+        elif not self.redis.exists(self.keys.run(p, run_id)):
+            raise WorkflowNotFound(f"workflow {workflow_id!r} has no run {run_id!r}")
+        return RunRef(p, run_id, workflow_id)
+
+    def run_record(self, ref: RunRef) -> dict[str, Any]:
+        """The run hash, decoded (snapshot unpacked; result/error left as payload bytes)."""
+        raw = self.redis.hgetall(self.keys.run(ref.partition, ref.run_id))
+        if not raw:
+            raise WorkflowNotFound(f"run {ref.run_id!r} of workflow {ref.workflow_id!r} does not exist")
+        return decode_run(raw)
+
+    def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
+        """The run's committed events after ``after_seq``, decoded, in seq order."""
+        return self.decode_history(
+            ref, self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
+        )
+
+    def history_rows(self, p: int, run_id: str) -> Rows:
+        """The run's whole history, undecoded (see :meth:`decode_history`)."""
+        rows: Rows = self.redis.xrange(self.keys.history(p, run_id), "-", "+")
+        return rows
+
+    def last_entry(self, ref: RunRef) -> ev.Entry | None:
+        """The run's last committed event (``None``: no history)."""
+        rows = self.redis.xrevrange(self.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
+        return self.decode_history(ref, rows)[0] if rows else None
+
+    def wait_for_entry(self, ref: RunRef, after_seq: int, block_ms: int) -> None:
+        """Block until the run's history has an event after ``after_seq``, at most ``block_ms``."""
+        key = self.keys.history(ref.partition, ref.run_id)
+        self.redis.xread({key: f"0-{after_seq}"}, count=1, block=block_ms)
+
+    def decode_history(self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[ev.Entry]:
+        out = []
+        for entry_id, fields in rows:
+            seq = int(entry_id.split(b"-")[1])
+            raw = fields.get(b"e")
+            if raw is None:
+                raise HistoryCorrupt(
+                    f"run {ref.run_id} seq {seq}: history entry has no 'e' field (foreign entry?)",
+                    run_id=ref.run_id,
+                    seq=seq,
+                )
+            out.append(ev.decode(raw, run_id=ref.run_id, seq=seq))
+        return out
+
+    def load_for_decision(self, p: int, run_id: str, after_seq: int) -> Loaded:
+        """One consistent read for a decision: the run record's :data:`DECISION_FIELDS` (``None``:
+        no such run), the inbox items, the history after ``after_seq``."""
+        return self.load_many([(p, run_id, after_seq)])[0]
+
+    def load_many(self, runs: Sequence[tuple[int, str, int]]) -> list[Loaded]:
+        """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC); on a
+        cluster one MULTI per partition, on the node that holds it."""
+        if self._wire is None:
+            return self._load_many_cluster(runs)
+        replies = self._wire.transaction([c for run in runs for c in self._load_commands(*run)])
+        for i in range(2, len(replies), 3):
+            replies[i] = stream_rows(replies[i])
+        return self._loaded(replies)
+
+    def _load_commands(self, p: int, run_id: str, after_seq: int) -> list[tuple[Any, ...]]:
+        """The three reads of a decision's load: record fields, inbox, history after ``after_seq``."""
+        k = self.keys
+        return [
+            ("HMGET", k.run(p, run_id), *DECISION_FIELDS),
+            ("LRANGE", k.inbox(p, run_id), 0, -1),
+            ("XRANGE", k.history(p, run_id), f"0-{after_seq + 1}", "+"),
+        ]
+
+    def _load_many_cluster(self, runs: Sequence[tuple[int, str, int]]) -> list[Loaded]:
+        by_partition: dict[int, list[int]] = {}
+        for i, (p, _, _) in enumerate(runs):
+            by_partition.setdefault(p, []).append(i)
+        replies: list[Any] = [None] * (3 * len(runs))
+        for p, indexes in by_partition.items():
+            try:
+                with self.partition_client(p).pipeline(transaction=True) as pipe:
+                    for i in indexes:
+                        for command in self._load_commands(*runs[i]):
+                            pipe.execute_command(*command)
+                    got = pipe.execute()
+            except (rexc.AskError, rexc.ExecAbortError, rexc.ConnectionError, rexc.ClusterDownError):
+                self.refresh_topology()
+                raise
+            for n, i in enumerate(indexes):
+                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 3]
+        return self._loaded(replies)
+
+    @staticmethod
+    def _loaded(
+        replies: list[Any],
+    ) -> list[Loaded]:
+        return [
+            (decision_record(replies[i]), replies[i + 1], replies[i + 2]) for i in range(0, len(replies), 3)
+        ]
+
+    def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
+        """Activity attempts and dropped inputs kept beside the history."""
+        rows = self.redis.xrange(self.keys.log(ref.partition, ref.run_id), count=count)
+        out = []
+        for _, fields in rows:
+            item = {text(k): v for k, v in fields.items()}
+            for k in ("kind", "act", "outcome", "reason"):
+                if k in item:
+                    item[k] = text(item[k])
+            for k in ("attempt", "ts"):
+                if k in item:
+                    item[k] = int(item[k])
+            if "record" in item:
+                item["record"] = codec.unpack(item["record"])
+            out.append(item)
+        return out
+
+    # ------------------------------------------------------------- starting
+    def start(
+        self,
+        *,
+        workflow_type: str,
+        workflow_id: str,
+        run_id: str,
+        args: bytes,
+        queue: str,
+        parent: dict[str, Any] | None = None,
+        build_id: str = "",
+        patches: Sequence[str] = (),
+        options: dict[str, Any] | None = None,
+    ) -> RunRef:
+        """Create a run: instance + run record + WorkflowStarted + first workflow task.
+
+        Raises:
+            WorkflowAlreadyStarted: the workflow id has an open run.
+        """
+        p = self.keys.partition(workflow_id)
+        data = ev.WorkflowStarted(
+            workflow_type=workflow_type,
+            workflow_id=workflow_id,
+            run_id=run_id,
+            args=args,
+            queue=queue,
+            parent=parent,
+            build_id=build_id,
+            patches=list(patches),
+            options=options or {},
+        ).to_data()
+        k = self.keys
+        result = self._run_script(
+            "start_run",
+            [
+                k.instance(p, workflow_id),
+                k.run(p, run_id),
+                k.history(p, run_id),
+                k.workflow_tasks(p, queue),
+                k.runs(p),
+            ],
+            [
+                workflow_id,
+                run_id,
+                workflow_type,
+                queue,
+                codec.pack(data),
+                codec.pack(parent) if parent else b"",
+            ],
+        )
+        if text(result[0]) == "ALREADY":
+            raise WorkflowAlreadyStarted(
+                f"workflow {workflow_id!r} already has an open run ({text(result[1])}); "
+                "signal it, wait for it, or start with another id"
+            )
+        return RunRef(p, run_id, workflow_id)
+
+    # ------------------------------------------------------------ decisions
+    def commit_args(self, ref: RunRef, plan: CommitPlan) -> tuple[list[str], list[bytes]]:
+        """Keys and argument of the commit script for one decision (see ``lua/commit.lua``)."""
+        p, rid = ref.partition, ref.run_id
+        k = self.keys
+        payload: dict[str, Any] = {
+            "rid": rid,
+            "seq": plan.expected_seq,
+            "events": list(plan.events),
+            "consumed": plan.consumed,
+            "dropped": [[raw, reason, 1 if poison else 0] for raw, reason, poison in plan.dropped],
+            "activities": [[t.stream, t.activity_id, t.encode()] for t in plan.activities],
+            "timers": [[timer_member(rid, tid), due] for tid, due in plan.timers],
+            "untimers": [timer_member(rid, tid) for tid in plan.cancelled_timers],
+            "cancel_activities": list(plan.cancelled_activities),
+            "outbox": list(plan.outbox),
+            "hooks": [list(h) for h in plan.hooks],
+            "leased": [[t.stream, t.activity_id, t.encode(), plan.lease_due] for t in plan.leased],
+            "eager": [[r.task.activity_id, r.task.attempt, codec.pack(r.record)] for r in plan.eager],
+            "status": plan.status,
+            "snapshot": codec.pack(plan.snapshot),
+        }
+        extra = [t.stream for t in plan.activities]
+        if plan.close is not None:
+            payload["close"] = plan.close
+        if plan.sticky:
+            payload["sticky"] = plan.sticky
+        if plan.pin is not None:
+            build, queue = plan.pin
+            payload["pin"] = [build, k.workflow_tasks(p, queue, build)]
+            extra.append(payload["pin"][1])
+        if plan.next_run is not None:
+            nxt = payload["next"] = self._next_run_args(p, plan.next_run)
+            extra += [nxt["run"], nxt["history"], nxt["wq"], nxt["runs"]]
+        if plan.task is not None:
+            payload["task"] = list(plan.task)
+            extra.append(plan.task[0])
+        keys = [
+            k.run(p, rid),
+            k.history(p, rid),
+            k.inbox(p, rid),
+            k.instance(p, ref.workflow_id),
+            k.timers(p),
+            k.activities(p, rid),
+            k.log(p, rid),
+            k.outbox(p),
+            k.hooks(p),
+            k.dead(p),
+            k.running(p),
+            k.sessions(p),
+            *dict.fromkeys(extra),
+        ]
+        return keys, [pack_plan(payload)]
+
+    def _next_run_args(self, p: int, nxt: NextRun) -> dict[str, Any]:
+        """The ``next`` map of the commit script: the continued run, its keys, its first task."""
+        k = self.keys
+        return {
+            "rid": nxt.run_id,
+            "wid": nxt.workflow_id,
+            "type": nxt.workflow_type,
+            "queue": nxt.queue,
+            "data": nxt.started,
+            "parent": nxt.parent,
+            "run": k.run(p, nxt.run_id),
+            "history": k.history(p, nxt.run_id),
+            "wq": k.workflow_tasks(p, nxt.queue, nxt.build),
+            "runs": k.runs(p),
+            "build": nxt.build,
+        }
+
+    def commit(self, ref: RunRef, plan: CommitPlan) -> CommitResult:
+        """Commit one decision atomically against its expected seq.
+
+        Raises:
+            EventConflict: the history moved past the expected seq.
+            WorkflowClosed: the run closed meanwhile (terminated).
+        """
+        result = self.commit_many([(ref, plan)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def commit_many(self, decisions: Sequence[tuple[RunRef, CommitPlan]]) -> list[CommitResult | Exception]:
+        """Commit several runs' decisions in one round trip (each one atomic on its own).
+
+        Returns, per decision, its :class:`CommitResult` or the exception it
+        met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
+        """
+        calls = [self.commit_args(ref, plan) for ref, plan in decisions]
+        try:
+            replies = self._script_many("commit", calls, raise_on_error=False)
+        except redis.RedisError as exc:
+            replies = [exc] * len(decisions)
+        return [
+            commit_outcome(ref.run_id, plan.expected_seq, reply)
+            for (ref, plan), reply in zip(decisions, replies, strict=True)
+        ]
+
+    # --------------------------------------------------------------- inputs
+    def deliver(self, workflow_id: str, event: ev.Event, *, run_id: str | None = None) -> RunRef:
+        """Push an input event onto a workflow's current run (or exactly ``run_id``).
+
+        Raises:
+            WorkflowNotFound: unknown workflow id.
+            WorkflowClosed: the run is closed.
+        """
+        k = self.keys
+        type_name, data = ev.encode_input_data(event)
+        if run_id is None:
+            check_workflow_id(workflow_id)
+            p = k.partition(workflow_id)
+            keys = [k.instance(p, workflow_id)]
+        else:
+            p = self.ref(workflow_id, run_id).partition
+            keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
+        result = self._run_script("deliver", keys, [run_id or "", type_name, data])
+        outcome = text(result[0])
+        if outcome == "NOTFOUND":
+            raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+        if outcome == "CLOSED":
+            raise WorkflowClosed(
+                f"workflow {workflow_id!r} (run {text(result[2])}) is {text(result[1])}; it takes no more "
+                f"{event.type} — start a new run to continue"
+            )
+        return RunRef(p, text(result[1]), workflow_id)
+
+    def terminate(self, workflow_id: str, reason: str) -> tuple[RunRef, dict[str, Any]]:
+        """Close the current run now (WorkflowTerminated); returns its last snapshot."""
+        for _ in range(5):
+            ref = self.ref(workflow_id)
+            k, p, rid = self.keys, ref.partition, ref.run_id
+            parent_raw = self.redis.hget(k.run(p, rid), "parent")
+            parent = codec.unpack(parent_raw) if parent_raw else None
+            to_parent = b""
+            if parent:
+                to_parent = child_result_message(
+                    parent, ev.ChildFailed(id=parent["cid"], status="terminated")
+                )
+            result = self._run_script(
+                "terminate",
+                [
+                    k.instance(p, workflow_id),
+                    k.run(p, rid),
+                    k.history(p, rid),
+                    k.inbox(p, rid),
+                    k.activities(p, rid),
+                    k.log(p, rid),
+                    k.outbox(p),
+                ],
+                [rid, codec.pack(ev.WorkflowTerminated(reason=reason).to_data()), to_parent],
+            )
+            outcome = text(result[0])
+            if outcome == "OK":
+                return ref, codec.unpack(result[2]) if result[2] else {}
+            if outcome == "CLOSED":
+                raise WorkflowClosed(f"workflow {workflow_id!r} (run {rid}) is already {text(result[1])}")
+        raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
+
+    # ----------------------------------------------------------------- hooks
+    def resolve_hook(self, token: str) -> tuple[int, str, str]:
+        """(partition, run id, hook id) of a hook token."""
+        if not isinstance(token, str) or "." not in token:
+            raise HookError(f"unknown hook token {token[:6] if isinstance(token, str) else token!r}…")
+        p_text = token.split(".", 1)[0]
+        if not p_text.isdigit() or int(p_text) >= self.keys.partitions:
+            raise HookError("unknown hook token")
+        p = int(p_text)
+        target = self.redis.hget(self.keys.hooks(p), token)
+        if target is None:
+            raise HookError("unknown or already used hook token")
+        rid, hook_id = parse_hook_target(text(target))
+        return p, rid, hook_id
+
+    def consume_hook(self, p: int, token: str) -> bool:
+        """Use up a hook token (single use): False when it was already used."""
+        return bool(self.redis.hdel(self.keys.hooks(p), token))
+
+    # ------------------------------------------------------------------ list
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow_type: str | None = None,
+        limit: int = 50,
+        before_ms: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs of every partition, newest first, filtered by status and type.
+
+        Page with ``before_ms`` = the ``created`` of the last row of the previous page.
+        """
+        upper = f"({before_ms}" if before_ms is not None else "+inf"
+        candidates: list[tuple[int, int, str]] = []
+        for p in range(self.keys.partitions):
+            rows = self.redis.zrevrangebyscore(
+                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4, withscores=True
+            )
+            candidates += [(int(score), p, text(rid)) for rid, score in rows]
+        candidates.sort(reverse=True)
+        out: list[dict[str, Any]] = []
+        for created, p, rid in candidates:
+            raw = self.redis.hgetall(self.keys.run(p, rid))
+            if not raw:
+                continue
+            record = decode_run(raw)
+            if (
+                status is not None
+                and record.get("status") != status
+                and not (status == "blocked" and record.get("blocked"))
+            ):
+                continue
+            if workflow_type is not None and record.get("type") != workflow_type:
+                continue
+            record.update(run_id=rid, partition=p, created=created)
+            out.append(record)
+            if len(out) >= limit:
+                break
+        return out

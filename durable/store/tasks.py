@@ -1,0 +1,280 @@
+"""Typed records the worker hands the store, and the only code that encodes or decodes them.
+
+* :class:`ActivityTask` -- an activity task body: one attempt of one activity.
+  Stored msgpack-encoded (stream entries, the activity hash, dead letters) under
+  short field names (``rid``, ``wid``, ``p``, ``aid``...) that existing data and
+  the Lua scripts keep using; only :meth:`ActivityTask.encode` and
+  :meth:`ActivityTask.decode` know them.
+* :class:`CommitPlan` -- everything one decision commits; the store turns it
+  into the commit script's argument (:func:`commit_payload`).
+* :class:`AttemptOutcome` -- what happened to one attempt, for the completion
+  script; :class:`AttemptResult` -- a result a worker commits itself (eager).
+* Outbox messages (child start, child result, cancel), which cross partitions.
+
+All are frozen, slotted dataclasses built positionally on the hot path: they
+cost what the dicts they replace cost, and a misspelt field is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .. import codec
+from .. import events as ev
+from ..ids import successor_run_id
+
+_REQUIRED = frozenset({"rid", "wid", "p", "aid", "name", "args", "attempt", "stream"})
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityTask:
+    """One attempt of one activity, as its task body says.
+
+    Attributes:
+        run_id: The run that scheduled the activity.
+        workflow_id: That run's workflow id.
+        partition: The run's partition.
+        activity_id: The activity's command id in the run.
+        name: The activity type.
+        args: The encoded arguments.
+        attempt: Which attempt this is (1 first).
+        stream: The activity task stream its attempts go to.
+        retry: The retry policy as a dict (``None``: the default policy).
+        timeouts: ``start_to_close``, ``schedule_to_close``, ``heartbeat`` (seconds, or absent).
+        scheduled: When the activity was scheduled (ms, the run's clock).
+        parent: The run's parent (child workflows), if any.
+    """
+
+    run_id: str
+    workflow_id: str
+    partition: int
+    activity_id: str
+    name: str
+    args: bytes
+    attempt: int
+    stream: str
+    retry: dict[str, Any] | None = None
+    timeouts: dict[str, Any] | None = None
+    scheduled: int = 0
+    parent: dict[str, Any] | None = None
+
+    def encode(self) -> bytes:
+        """The stored body (field names and order as every earlier version wrote them)."""
+        return codec.pack(
+            {
+                "rid": self.run_id,
+                "wid": self.workflow_id,
+                "p": self.partition,
+                "aid": self.activity_id,
+                "name": self.name,
+                "args": self.args,
+                "attempt": self.attempt,
+                "retry": self.retry,
+                "timeouts": self.timeouts,
+                "stream": self.stream,
+                "scheduled": self.scheduled,
+                "parent": self.parent,
+            }
+        )
+
+    @staticmethod
+    def decode(raw: bytes) -> ActivityTask:
+        """A stored body as a task.
+
+        Raises:
+            ValueError: a required field is missing (a foreign or damaged entry).
+            Exception: whatever msgpack raises on bytes that are not a body.
+        """
+        body = codec.unpack(raw)
+        if not isinstance(body, dict):
+            raise ValueError(f"task body is a {type(body).__name__}, not a map")
+        missing = _REQUIRED - body.keys()
+        if missing:
+            raise ValueError(f"missing field(s) {sorted(missing)}")
+        get = body.get
+        return ActivityTask(
+            body["rid"],
+            body["wid"],
+            body["p"],
+            body["aid"],
+            body["name"],
+            body["args"],
+            int(body["attempt"]),
+            body["stream"],
+            get("retry"),
+            get("timeouts"),
+            get("scheduled") or 0,
+            get("parent"),
+        )
+
+    def next_attempt(self) -> ActivityTask:
+        """The same activity's next attempt."""
+        return ActivityTask(
+            self.run_id,
+            self.workflow_id,
+            self.partition,
+            self.activity_id,
+            self.name,
+            self.args,
+            self.attempt + 1,
+            self.stream,
+            self.retry,
+            self.timeouts,
+            self.scheduled,
+            self.parent,
+        )
+
+    def timeout(self, kind: str) -> float | None:
+        """The ``kind`` timeout in seconds (``start_to_close``...), or ``None`` when not set."""
+        return (self.timeouts or {}).get(kind) or None
+
+    @property
+    def lease(self) -> tuple[int, str, str, int]:
+        """``(partition, run id, activity id, attempt)``: which attempt a lease is for."""
+        return (self.partition, self.run_id, self.activity_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """An attempt's result before it is recorded: its task, the encoded value, the log record."""
+
+    task: ActivityTask
+    payload: bytes
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptOutcome:
+    """What happened to one attempt, for the completion script.
+
+    Attributes:
+        task: The attempt.
+        outcome: ``completed`` or ``failed`` (``event`` goes to the run's inbox),
+            ``retry`` (``next_task`` is scheduled after ``retry_delay_ms``), or anything
+            else (only logged, e.g. ``skipped``).
+        record: The attempt's log record (duration, error, traceback...).
+        stream: The task stream the attempt's task entry is in.
+        entry_id: That entry, acked by the script (``""``: none, e.g. a leased attempt).
+        event: The inbox event (ActivityCompleted / ActivityFailed).
+        retry_delay_ms: The backoff before ``next_task``.
+        next_task: The next attempt (``retry`` only).
+    """
+
+    task: ActivityTask
+    outcome: str
+    record: dict[str, Any]
+    stream: str
+    entry_id: str = ""
+    event: ev.Event | None = None
+    retry_delay_ms: int = 0
+    next_task: ActivityTask | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NextRun:
+    """The run a continue-as-new starts, in the same commit (same workflow id, same partition)."""
+
+    run_id: str
+    workflow_id: str
+    workflow_type: str
+    queue: str
+    started: bytes
+    parent: bytes
+    build: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlan:
+    """Everything one decision commits, atomically, against its expected seq.
+
+    Attributes:
+        expected_seq: The seq the decision was made on.
+        events: History entries to append (encoded events).
+        consumed: Inbox items the decision read (from the head).
+        status: The run's status after the decision.
+        snapshot: The run's projection.
+        dropped: ``(raw, reason, poison)`` inbox items not applied (poison: also a dead letter).
+        activities: Activity tasks to enqueue on their streams.
+        leased: Activity tasks this worker runs itself, under a lease until ``lease_due``.
+        lease_due: When the leases of ``leased`` run out (ms, Redis clock).
+        timers: ``(timer id, due ms)`` to set.
+        cancelled_timers: Timer ids to remove.
+        cancelled_activities: Activity ids whose task or attempt is void.
+        outbox: Cross-partition messages (see :func:`child_start_message`...).
+        hooks: ``(token, hook id)`` of hooks created.
+        eager: Results of attempts this worker ran, applied by this decision.
+        close: The closing status word when the run ends.
+        next_run: The run a continue-as-new starts.
+        pin: ``(build id, queue)``: pin the run to this worker's build (first versioned decision).
+        task: ``(stream, entry id)`` of the workflow task to ack (``None``: eager, no task).
+        sticky: The committing worker's private queue: the run's next tasks go there.
+    """
+
+    expected_seq: int
+    events: Sequence[bytes]
+    consumed: int
+    status: str
+    snapshot: dict[str, Any]
+    dropped: Sequence[tuple[bytes, str, bool]] = ()
+    activities: Sequence[ActivityTask] = ()
+    leased: Sequence[ActivityTask] = ()
+    lease_due: int = 0
+    timers: Sequence[tuple[str, int]] = ()
+    cancelled_timers: Sequence[str] = ()
+    cancelled_activities: Sequence[str] = ()
+    outbox: Sequence[bytes] = ()
+    hooks: Sequence[tuple[str, str]] = ()
+    eager: Sequence[AttemptResult] = ()
+    close: str | None = None
+    next_run: NextRun | None = None
+    pin: tuple[str, str] | None = None
+    task: tuple[str, str] | None = None
+    sticky: str = ""
+
+
+def pack_plan(plan: dict[str, Any]) -> bytes:
+    """The commit script's argument: Lua's cmsgpack predates msgpack's bin type, so bytes go as
+    raw strings."""
+    packed: bytes = msgpack.packb(plan, use_bin_type=False)
+    return packed
+
+
+# ----------------------------------------------------------------- outbox messages
+
+
+def child_start_message(workflow_id: str, run_id: str, child: ev.ChildStarted) -> bytes:
+    """An outbox message starting the child ``child`` of run ``run_id`` (another partition)."""
+    return codec.pack(
+        {
+            "kind": "start",
+            "type": child.workflow_type,
+            "wid": child.workflow_id,
+            "rid": successor_run_id(f"{run_id}/{child.id}", 0),
+            "args": child.args,
+            "queue": child.queue,
+            "parent": {"wid": workflow_id, "rid": run_id, "cid": child.id, "policy": child.policy},
+        }
+    )
+
+
+def child_policy_message(policy: str, workflow_id: str) -> bytes:
+    """An outbox message applying a parent's close policy (``request_cancel``, ``terminate``,
+    ``abandon``) to its child ``workflow_id``."""
+    return codec.pack({"kind": policy, "wid": workflow_id})
+
+
+def child_result_message(parent: dict[str, Any], event: ev.Event) -> bytes:
+    """An outbox message delivering a child's outcome to its parent run (another partition)."""
+    return codec.pack(
+        {
+            "kind": "deliver",
+            "wid": parent["wid"],
+            "rid": parent["rid"],
+            "type": event.type,
+            "data": event.to_data(),
+        }
+    )

@@ -1,0 +1,292 @@
+"""Activity attempts: run one attempt of an activity task and record what happened.
+
+An attempt's result is recorded through the run's inbox (the completion
+script), or handed to the caller to commit with the run's next decision (eager
+mode). A failure schedules the next attempt after the retry policy's backoff,
+or fails the activity for good.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from durable import codec
+from durable import events as ev
+from durable.activity import ActivityContext, RetryPolicy, running_activity
+from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
+from durable.registry import ActivityDefinition, get_activity
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
+
+from . import faults
+
+log = logging.getLogger("durable.worker")
+
+OnResult = Callable[[AttemptResult], None]
+"""Takes an attempt's result to commit it later (eager mode, or the worker's main thread)."""
+
+
+def _never(_due: int) -> None:
+    pass
+
+
+def _all(_name: str) -> bool:
+    return True
+
+
+def run_activity(
+    store: RedisStore,
+    stream: str,
+    entry_id: str,
+    fields: dict[bytes, bytes],
+    *,
+    allowed: Callable[[str], bool] = _all,
+    redelivered: bool = False,
+    on_timer: Callable[[int], None] = _never,
+    on_result: OnResult | None = None,
+) -> str:
+    """Run one activity attempt from a task stream and record its outcome (see
+    :func:`execute_attempt`). Returns the outcome word."""
+    try:
+        task = ActivityTask.decode(fields[b"body"])
+    except Exception as exc:  # noqa: BLE001
+        store.park(
+            p=store.keys.partition_of_key(stream),
+            stream=stream,
+            entry_id=entry_id,
+            kind="activity",
+            reason=f"undecodable activity task: {exc}",
+            fields=fields,
+        )
+        return "parked"
+    if redelivered:
+        current, _ = store.activity_state(task.partition, task.run_id, task.activity_id)
+        if current is None or current.attempt != task.attempt:
+            note = {"note": "redelivered attempt no longer current"}
+            store.complete_activity(AttemptOutcome(task, "skipped", note, stream, entry_id))
+            return "stale"
+    return execute_attempt(
+        store, task, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer, on_result=on_result
+    )
+
+
+def execute_attempt(
+    store: RedisStore,
+    task: ActivityTask,
+    *,
+    stream: str,
+    entry_id: str = "",
+    allowed: Callable[[str], bool] = _all,
+    on_timer: Callable[[int], None] = _never,
+    on_result: OnResult | None = None,
+) -> str:
+    """Run one attempt of ``task`` and record what happened.
+
+    A failure is recorded at once (retry timer or ActivityFailed). A result is
+    recorded with the completion script, or handed to ``on_result`` when the
+    caller commits it itself together with the run's next decision (eager mode).
+    """
+    resolved = _resolve(store, task, stream, entry_id, allowed)
+    if resolved is None:
+        return "parked"
+    definition, args = resolved
+    started = time.time()
+    deadline = attempt_deadline(task, started)
+    if deadline is not None:
+        store.set_deadline(task, int(deadline * 1000), int(started * 1000))
+        on_timer(int(deadline * 1000))
+    _, details = (
+        store.activity_state(task.partition, task.run_id, task.activity_id)
+        if task.attempt > 1
+        else (None, None)
+    )
+    context = ActivityContext(
+        workflow_id=task.workflow_id,
+        run_id=task.run_id,
+        activity_id=task.activity_id,
+        name=task.name,
+        attempt=task.attempt,
+        heartbeat_details=codec.loads(details) if details else None,
+        heartbeat_fn=_heartbeat(store, task, started),
+    )
+    try:
+        with running_activity(context):
+            payload = codec.dumps(definition.fn(*args), path="result")
+            faults.point("activity.after_effect")
+    except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
+        return fail_attempt(
+            store, task, exc, stream=stream, entry_id=entry_id, started=started, on_timer=on_timer
+        )
+    result = AttemptResult(task, payload, {"duration_ms": int((time.time() - started) * 1000)})
+    if on_result is not None:
+        on_result(result)
+    else:
+        complete_batch(store, [completion(result, stream=stream, entry_id=entry_id)])
+    return "completed"
+
+
+def _resolve(
+    store: RedisStore, task: ActivityTask, stream: str, entry_id: str, allowed: Callable[[str], bool]
+) -> tuple[ActivityDefinition, Any] | None:
+    """The activity's definition and decoded arguments; ``None`` when the task was parked."""
+    try:
+        if not allowed(task.name):
+            raise UnknownTypeError(f"activity {task.name!r} is not defined in this worker's --app modules")
+        return get_activity(task.name), codec.loads(task.args)
+    except (UnknownTypeError, SerializationError) as exc:
+        store.park(
+            p=task.partition,
+            stream=stream,
+            entry_id=entry_id,
+            kind="activity",
+            reason=f"{type(exc).__name__}: {exc}",
+            fields={"body": task.encode()},
+            run_id=task.run_id,
+            # The run cannot go on without this activity: block it, visibly, until a
+            # worker that has the activity is deployed and `durable repair` re-queues it.
+            block=True,
+        )
+        return None
+
+
+def _heartbeat(store: RedisStore, task: ActivityTask, started: float) -> Callable[[Any], bool]:
+    """The attempt's heartbeat function (see ``ActivityContext.heartbeat``)."""
+    heartbeat_timeout = task.timeout("heartbeat")
+
+    def heartbeat(value: Any) -> bool:
+        extend = 0
+        if heartbeat_timeout:
+            # Push the deadline by one heartbeat timeout, never past the attempt's hard limits.
+            hard = attempt_deadline(task, started, heartbeat=False)
+            due = time.time() + heartbeat_timeout
+            extend = max(1, int(((min(due, hard) if hard else due) - time.time()) * 1000))
+        details = codec.dumps(value, path="details") if value is not None else b""
+        return store.heartbeat(task, details, extend)
+
+    return heartbeat
+
+
+def completion(result: AttemptResult, *, stream: str, entry_id: str = "") -> AttemptOutcome:
+    """The outcome recording an attempt's result through the run's inbox."""
+    task = result.task
+    event = ev.ActivityCompleted(id=task.activity_id, result=result.payload, attempt=task.attempt)
+    return AttemptOutcome(task, "completed", result.record, stream, entry_id, event)
+
+
+def attempt_failed(
+    task: ActivityTask, error: BaseException, record: dict[str, Any], *, stream: str, entry_id: str = ""
+) -> AttemptOutcome:
+    """The outcome failing an activity for good with ``error``."""
+    event = ev.ActivityFailedEvent(
+        id=task.activity_id, error=codec.dumps(error, path="error"), attempts=task.attempt
+    )
+    return AttemptOutcome(task, "failed", record, stream, entry_id, event)
+
+
+def complete_batch(store: RedisStore, outcomes: list[AttemptOutcome]) -> None:
+    """Record several attempts' results in one round trip; late results are logged as discarded."""
+    for outcome, (reply, _) in zip(outcomes, store.complete_many(outcomes), strict=True):
+        if reply == "STALE":
+            task = outcome.task
+            log.info(
+                "late result of activity %s (run %s, attempt %d) discarded",
+                task.activity_id,
+                task.run_id,
+                task.attempt,
+            )
+
+
+def attempt_deadline(task: ActivityTask, started: float, *, heartbeat: bool = True) -> float | None:
+    """When an attempt started at ``started`` must have finished (or heartbeated), if ever;
+    without ``heartbeat``, only its hard limits (start-to-close, schedule-to-close)."""
+    kinds = ("start_to_close", "heartbeat") if heartbeat else ("start_to_close",)
+    limits = [started + t for t in map(task.timeout, kinds) if t]
+    schedule_to_close = task.timeout("schedule_to_close")
+    if schedule_to_close:
+        limits.append(task.scheduled / 1000 + schedule_to_close)
+    return min(limits) if limits else None
+
+
+def timeout_kind(task: ActivityTask, started_ms: int | None, now_ms: int) -> str:
+    """Which timeout an expired attempt hit: schedule_to_close, start_to_close, heartbeat, or
+    ``lease`` (the worker running a leased attempt stopped renewing it: it died)."""
+    timeouts = task.timeouts or {}
+    if not any(timeouts.values()):
+        return "lease"
+    schedule_to_close, start_to_close = task.timeout("schedule_to_close"), task.timeout("start_to_close")
+    if schedule_to_close and now_ms >= task.scheduled + schedule_to_close * 1000:
+        return "schedule_to_close"
+    if start_to_close and started_ms is not None and now_ms >= started_ms + start_to_close * 1000:
+        return "start_to_close"
+    return "heartbeat" if task.timeout("heartbeat") else "start_to_close"
+
+
+def _type_names(exc: BaseException) -> set[str]:
+    names = set()
+    for klass in type(exc).__mro__:
+        names.add(klass.__name__)
+        names.add(f"{klass.__module__}.{klass.__qualname__}")
+    type_name = getattr(exc, "type_name", "")
+    if type_name:
+        names.add(type_name)
+        names.add(type_name.rsplit(".", 1)[-1])
+    return names
+
+
+def _final_reason(task: ActivityTask, exc: BaseException, policy: RetryPolicy, delay: float) -> str:
+    """Why the attempt that raised ``exc`` is the activity's last (``""``: retry it)."""
+    schedule_to_close = task.timeout("schedule_to_close")
+    if isinstance(exc, NonRetryableError | SerializationError):
+        return "non-retryable error"
+    if isinstance(exc, ActivityTimeout) and exc.kind == "schedule_to_close":
+        return "schedule_to_close_timeout passed"
+    if _type_names(exc) & set(policy.non_retryable_errors):
+        return "error type listed in non_retryable_errors"
+    if policy.max_attempts and task.attempt >= policy.max_attempts:
+        return f"max_attempts={policy.max_attempts} reached"
+    if schedule_to_close and time.time() + delay > task.scheduled / 1000 + schedule_to_close:
+        return "schedule_to_close_timeout would pass before the next attempt"
+    return ""
+
+
+def fail_attempt(
+    store: RedisStore,
+    task: ActivityTask,
+    exc: BaseException,
+    *,
+    stream: str,
+    entry_id: str,
+    started: float,
+    on_timer: Callable[[int], None] = _never,
+) -> str:
+    """Record a failed attempt: schedule the retry, or fail the activity for good."""
+    policy = RetryPolicy.from_dict(task.retry)
+    delay = policy.delay(task.attempt)
+    final_reason = _final_reason(task, exc, policy, delay)
+    record: dict[str, Any] = {
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "duration_ms": int((time.time() - started) * 1000),
+    }
+    if final_reason:
+        record["final"] = final_reason
+        error = exc
+        if final_reason.startswith("schedule_to_close"):
+            error = ActivityTimeout(
+                f"activity {task.name} ({task.activity_id}) exceeded schedule_to_close_timeout; last error: {exc}",
+                kind="schedule_to_close",
+            )
+        store.complete_activity(attempt_failed(task, error, record, stream=stream, entry_id=entry_id))
+        return "failed"
+    record["retry_in_s"] = delay
+    retry = AttemptOutcome(
+        task, "retry", record, stream, entry_id, None, int(delay * 1000), task.next_attempt()
+    )
+    outcome, due = store.complete_activity(retry)
+    if outcome == "RETRY":
+        on_timer(due)
+    return "retry"

@@ -1,0 +1,494 @@
+"""The decider: turns workflow tasks into commits.
+
+For each task it loads the run (record, inbox, new history) in one round trip
+shared by the batch, replays the history or reuses the run's cached driver,
+lets the workflow code decide, and commits the decision as one
+:class:`~durable.store.tasks.CommitPlan` (one script per run, one round trip
+for the batch). Drivers hold suspended greenlets, which only the thread that
+created them can resume, so the decider and its :class:`RunCache` live on the
+worker's main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from durable import codec
+from durable import events as ev
+from durable.errors import (
+    EventConflict,
+    HistoryCorrupt,
+    NondeterminismError,
+    SerializationError,
+    UnknownTypeError,
+    WorkflowClosed,
+)
+from durable.registry import get_workflow
+from durable.replay import Decision, Driver
+from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
+from durable.store.tasks import (
+    ActivityTask,
+    AttemptResult,
+    CommitPlan,
+    NextRun,
+    child_policy_message,
+    child_result_message,
+    child_start_message,
+)
+
+from . import faults
+from .attempts import complete_batch, completion
+
+log = logging.getLogger("durable.worker")
+
+
+class RunCache:
+    """LRU of live drivers (suspended greenlets + last applied seq), per worker thread.
+
+    A hit makes a decision cost O(new events) instead of O(history). Evicted
+    drivers are closed: suspended greenlets in cycles are never collected.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._drivers: OrderedDict[str, Driver] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, run_id: str, seq: int) -> Driver | None:
+        driver = self._drivers.pop(run_id, None)
+        if driver is not None and driver.seq == seq:
+            self.hits += 1
+            return driver
+        if driver is not None:
+            driver.close()
+        self.misses += 1
+        return None
+
+    def put(self, run_id: str, driver: Driver) -> None:
+        if self.size <= 0 or driver.closed_run:
+            driver.close()
+            return
+        self._drivers[run_id] = driver
+        while len(self._drivers) > self.size:
+            _, old = self._drivers.popitem(last=False)
+            old.close()
+
+    def seq_of(self, run_id: str) -> int:
+        """The seq the cached driver of ``run_id`` has applied (0 when not cached)."""
+        driver = self._drivers.get(run_id)
+        return driver.seq if driver is not None else 0
+
+    def pop(self, run_id: str) -> Driver | None:
+        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits)."""
+        return self._drivers.pop(run_id, None)
+
+    def clear(self) -> None:
+        for driver in self._drivers.values():
+            driver.close()
+        self._drivers.clear()
+
+    def __len__(self) -> int:
+        return len(self._drivers)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One claimed workflow task entry: its partition, stream, entry id and fields."""
+
+    p: int
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
+
+    @property
+    def run_id(self) -> str:
+        raw = self.fields.get(b"run")
+        return raw.decode() if raw is not None else ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.stream, self.entry_id)
+
+
+class Decider:
+    """Runs workflow tasks: load run, replay (or reuse the cached driver), decide, commit."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        cache_size: int = 1000,
+        allowed: Callable[[str], bool] = lambda _name: True,
+        on_timer: Callable[[int], None] = lambda _due: None,
+        runs_activity: Callable[[ev.ActivityScheduled], bool] = lambda _a: False,
+        on_leased: Callable[[ActivityTask], None] = lambda _task: None,
+        on_lease_dropped: Callable[[int], None] = lambda _n: None,
+        lease_ms: int = 30_000,
+        build_id: str = "",
+        compatible: tuple[str, ...] = (),
+        sticky: str = "",
+    ) -> None:
+        self.store = store
+        self.cache = RunCache(cache_size)
+        # This worker's private queue: a run it decided keeps coming back here while it
+        # lives, so its driver is a cache hit instead of a replay (empty: no affinity).
+        self.sticky = sticky if cache_size > 0 else ""
+        self.allowed = allowed
+        self.on_timer = on_timer
+        self.runs_activity = runs_activity
+        self.on_leased = on_leased
+        self.on_lease_dropped = on_lease_dropped
+        self.build_id = build_id
+        self.builds = {build_id, *compatible} if build_id else {""}
+        self.lease_ms = lease_ms
+        # Local clock -> Redis clock, so eager completions are stamped on Redis's time line.
+        self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
+
+    def _resolve(self, name: str) -> Any:
+        if not self.allowed(name):
+            raise UnknownTypeError(
+                f"workflow type {name!r} is not defined in this worker's --app modules; start a worker "
+                "with the module that defines it"
+            )
+        return get_workflow(name)
+
+    def handle(self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """Decide one workflow task."""
+        self.handle_batch([Task(p, stream, entry_id, fields)])
+
+    def handle_batch(self, tasks: list[Task]) -> None:
+        """Decide a batch of workflow tasks: one round trip loads every run, one commits
+        every decision (each commit is its own atomic script)."""
+        ready: list[Task] = []
+        for task in tasks:
+            if task.run_id:
+                ready.append(task)
+            else:
+                self.store.park(
+                    p=task.p,
+                    stream=task.stream,
+                    entry_id=task.entry_id,
+                    kind="workflow",
+                    reason="task has no run id",
+                    fields=task.fields,
+                )
+        conflicts: dict[str, int] = {}
+        while ready:
+            # A run twice in one batch (a reclaimed task beside a fresh one) is decided in turn.
+            this_round: dict[str, Task] = {}
+            later: list[Task] = []
+            for task in ready:
+                if task.run_id in this_round:
+                    later.append(task)
+                else:
+                    this_round[task.run_id] = task
+            # A task whose commit met a newer history is decided again at once, on a
+            # fresh replay: the other writer (an eager commit, a stale decider) may have
+            # left inputs in the inbox that only this task will read.
+            for task in self._round(list(this_round.values())):
+                conflicts[task.run_id] = conflicts.get(task.run_id, 0) + 1
+                if conflicts[task.run_id] <= 5:
+                    later.append(task)
+            ready = later
+
+    def _round(self, tasks: list[Task]) -> list[Task]:
+        """Decide tasks of distinct runs; returns those whose commit conflicted."""
+        afters = []
+        for task in tasks:
+            afters.append(self.cache.seq_of(task.run_id))
+        loaded = self.store.load_many(
+            [(t.p, t.run_id, after) for t, after in zip(tasks, afters, strict=True)]
+        )
+        pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
+        for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
+            prepared = self._prepare(task, after, record, inbox, rows)
+            if prepared is not None:
+                pending.append((task, *prepared))
+        if not pending:
+            return []
+        faults.point("decision.before_commit")
+        plans = [
+            self.commit_plan(ref, record, driver, decision, task.key)
+            for task, ref, driver, decision, record in pending
+        ]
+        try:
+            results = self.store.commit_many([(p[1], plan) for p, plan in zip(pending, plans, strict=True)])
+        except BaseException:
+            for _, _, driver, _, _ in pending:
+                driver.close()
+            raise
+        faults.point("decision.after_commit")
+        conflicted = []
+        for (task, ref, driver, decision, _), plan, result in zip(pending, plans, results, strict=True):
+            if isinstance(result, WorkflowClosed):
+                self._ack_only(task.key)
+            elif isinstance(result, EventConflict):
+                conflicted.append(task)
+            self._after_commit(ref, driver, decision, plan.leased, result)
+        return conflicted
+
+    def _after_commit(
+        self, ref: RunRef, driver: Driver, decision: Decision, leased: Sequence[ActivityTask], result: Any
+    ) -> None:
+        if isinstance(result, Exception) and leased:
+            self.on_lease_dropped(len(leased))
+        if isinstance(result, EventConflict):
+            log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
+            driver.close()
+        elif isinstance(result, Exception):
+            driver.close()
+            if not isinstance(result, WorkflowClosed | StaleCompletion):
+                log.error(
+                    "commit of run %s failed: %s; the task stays pending and is retried", ref.run_id, result
+                )
+        else:
+            driver.committed()
+            self.cache.put(ref.run_id, driver)
+            # After the commit: a scheduler woken earlier would not see the timer yet.
+            for _, due in decision.timers:
+                self.on_timer(due)
+            for task in leased:
+                self.on_leased(task)
+
+    def apply_eager(self, results: list[AttemptResult]) -> None:
+        """Commit results of activities this worker ran itself together with each run's next
+        decision, in one script per run (eager mode): no inbox, no workflow task.
+
+        A run not in the cache, or whose history moved on meanwhile, takes the
+        ordinary path: the result goes through the inbox (completion script).
+        """
+        by_run: dict[str, list[AttemptResult]] = {}
+        for result in results:
+            by_run.setdefault(result.task.run_id, []).append(result)
+        pending: list[tuple[RunRef, Driver, Decision, CommitPlan, list[AttemptResult]]] = []
+        inbox: list[AttemptResult] = []  # the ordinary path, in one batch
+        for rid, items in by_run.items():
+            driver = self.cache.pop(rid)
+            if driver is None:
+                inbox += items
+                continue
+            ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
+            entries = []
+            for item in items:
+                event = ev.ActivityCompleted(
+                    id=item.task.activity_id, result=item.payload, attempt=item.task.attempt
+                )
+                entries.append(ev.Entry(seq=0, ts=ts, event=event, raw=ev.encode(event, ts)))
+            first = items[0].task
+            ref = RunRef(first.partition, rid, first.workflow_id)
+            try:
+                decision = driver.decide(entries)
+            except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
+                # The ordinary path meets (and parks) the problem with a fresh replay.
+                driver.close()
+                inbox += items
+                continue
+            record = {"parent": first.parent, "build": self.build_id}
+            plan = self.commit_plan(ref, record, driver, decision, None, eager=items)
+            pending.append((ref, driver, decision, plan, items))
+        if pending:
+            outcomes = self.store.commit_many([(ref, plan) for ref, _, _, plan, _ in pending])
+            for (ref, driver, decision, plan, items), outcome in zip(pending, outcomes, strict=True):
+                self._after_commit(ref, driver, decision, plan.leased, outcome)
+                if isinstance(outcome, Exception):
+                    inbox += items
+        if inbox:
+            complete_batch(self.store, [completion(r, stream=r.task.stream) for r in inbox])
+
+    def _prepare(
+        self,
+        task: Task,
+        after: int,
+        record: dict[str, Any] | None,
+        inbox: list[bytes],
+        rows: list[tuple[bytes, dict[bytes, bytes]]],
+    ) -> tuple[RunRef, Driver, Decision, dict[str, Any]] | None:
+        """Replay (or reuse the cached driver) and decide; park the task if the run cannot go on."""
+        p, rid = task.p, task.run_id
+        if record is None:
+            self.store.park(
+                p=p,
+                stream=task.stream,
+                entry_id=task.entry_id,
+                kind="workflow",
+                reason=f"run {rid} does not exist",
+                fields=task.fields,
+            )
+            return None
+        if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
+            self._ack_only(task.key)
+            return None
+        pinned = record.get("build", "")
+        if pinned and pinned not in self.builds:
+            # Pinned to code this worker does not have: hand the task to that build's workers.
+            self.store.reroute(task.stream, task.entry_id, rid, record["wq"])
+            return None
+        ref = RunRef(p, rid, record.get("workflow_id", ""))
+        driver = self.cache.take(rid, record["seq"])
+        try:
+            if driver is None:
+                if after != 0:
+                    rows = self.store.history_rows(p, rid)
+                driver = Driver(
+                    run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
+                )
+                driver.replay(self.store.decode_history(ref, rows))
+            entries, poison = [], []
+            for raw in inbox:
+                try:
+                    entries.append(ev.decode(raw, run_id=rid))
+                except HistoryCorrupt as exc:
+                    poison.append((raw, str(exc)))
+            decision = (
+                driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
+            )
+        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
+            if driver is not None:
+                driver.close()
+            self.store.park(
+                p=p,
+                stream=task.stream,
+                entry_id=task.entry_id,
+                kind="workflow",
+                reason=f"{type(exc).__name__}: {exc}",
+                fields=task.fields,
+                run_id=rid,
+                block=True,
+            )
+            return None
+        except BaseException:
+            if driver is not None:
+                driver.close()
+            raise
+        return ref, driver, decision, record
+
+    def _decide_around_poison(
+        self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]
+    ) -> Decision:
+        good = []
+        bad = {raw for raw, _ in poison}
+        for raw in inbox:
+            if raw not in bad:
+                good.append(ev.decode(raw))
+        decision = driver.decide(good)
+        decision.consumed = len(inbox)
+        decision.dropped.extend((raw, f"poison: {reason}") for raw, reason in poison)
+        return decision
+
+    def _ack_only(self, task: tuple[str, str]) -> None:
+        self.store.ack_task(task[0], task[1])
+
+    def commit_plan(
+        self,
+        ref: RunRef,
+        record: dict[str, Any],
+        driver: Driver,
+        decision: Decision,
+        task: tuple[str, str] | None,
+        *,
+        eager: Sequence[AttemptResult] = (),
+    ) -> CommitPlan:
+        """What a decision commits: its events, the activity tasks it schedules (those this
+        worker runs itself are leased to it), outbox messages, timers, the run's new state.
+
+        ``eager``: results of attempts this worker ran, applied by the decision; the run's
+        inbox (inputs that arrived meanwhile) is then left for its next workflow task.
+        """
+        p = ref.partition
+        queued: list[ActivityTask] = []
+        leased: list[ActivityTask] = []
+        for a in decision.activities:
+            activity = ActivityTask(
+                ref.run_id,
+                ref.workflow_id,
+                p,
+                a.id,
+                a.name,
+                a.args,
+                1,
+                self.store.keys.activity_tasks(p, a.queue),
+                a.retry,
+                a.timeouts,
+                driver.now_ms,
+                record.get("parent"),
+            )
+            (leased if self.runs_activity(a) else queued).append(activity)
+        outbox = [child_start_message(ref.workflow_id, ref.run_id, c) for c in decision.children]
+        outbox += [child_policy_message(policy, wid) for _cid, wid, policy in decision.cancelled_children]
+        close = next_run = None
+        if decision.closing is not None:
+            close = ev.STATUS_OF_CLOSING[decision.closing.type]
+            if isinstance(decision.closing, ev.WorkflowContinuedAsNew):
+                next_run = self._next_run(ref, record, driver, decision.closing)
+            elif record.get("parent"):
+                outbox.append(self._child_result(record["parent"], decision.closing))
+        pin = None
+        if self.build_id and not record.get("build"):
+            pin = (self.build_id, record.get("queue", driver.queue))
+        return CommitPlan(
+            expected_seq=decision.expected_seq,
+            events=decision.events,
+            consumed=0 if eager else decision.consumed,
+            status=decision.status,
+            snapshot=decision.snapshot,
+            dropped=[(raw, reason, reason.startswith("poison")) for raw, reason in decision.dropped],
+            activities=queued,
+            leased=leased,
+            lease_due=int(time.time() * 1000) + self.clock_offset_ms + self.lease_ms,
+            timers=decision.timers,
+            cancelled_timers=decision.cancelled_timers,
+            cancelled_activities=decision.cancelled_activities,
+            outbox=outbox,
+            hooks=[(h.token, h.id) for h in decision.hooks],
+            eager=eager,
+            close=close,
+            next_run=next_run,
+            pin=pin,
+            task=task,
+            sticky=self.sticky if close is None else "",
+        )
+
+    @staticmethod
+    def _child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:
+        if isinstance(closing, ev.WorkflowCompleted):
+            event: ev.Event = ev.ChildCompleted(id=parent["cid"], result=closing.result)
+        elif isinstance(closing, ev.WorkflowFailedEvent):
+            event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
+        else:
+            event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
+        return child_result_message(parent, event)
+
+    def _next_run(
+        self, ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew
+    ) -> NextRun:
+        started = driver.started
+        assert started is not None
+        # The next run keeps the build id (and the patches): same code, same routing.
+        build = record.get("build") or self.build_id
+        data = ev.WorkflowStarted(
+            workflow_type=started.workflow_type,
+            workflow_id=ref.workflow_id,
+            run_id=closing.new_run_id,
+            args=closing.args,
+            queue=started.queue,
+            parent=started.parent,
+            build_id=build,
+            patches=list(started.patches),
+            options={**started.options, "continued_from": ref.run_id},
+        ).to_data()
+        parent = codec.pack(started.parent) if started.parent else b""
+        return NextRun(
+            closing.new_run_id,
+            ref.workflow_id,
+            started.workflow_type,
+            started.queue,
+            codec.pack(data),
+            parent,
+            build,
+        )

@@ -1,0 +1,79 @@
+"""The outbox: messages one partition's commit leaves for another (child workflows).
+
+A commit is atomic within one partition only, so starting a child, delivering
+a child's outcome to its parent and applying a parent's close policy to its
+children are messages in the committing partition's outbox stream. Any
+worker carries a message out, then acks it; every step is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from durable import codec
+from durable import events as ev
+from durable.errors import DurableError, WorkflowClosed, WorkflowNotFound
+from durable.store.redis_store import RedisStore
+
+from . import faults
+
+log = logging.getLogger("durable.worker")
+
+
+def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    """Carry out one cross-partition message (child start, child result, child cancel)."""
+    try:
+        msg = codec.unpack(fields[b"m"])
+        kind = msg["kind"]
+    except Exception as exc:  # noqa: BLE001 - poison message: park it, never drop it
+        store.park(
+            p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=f"undecodable: {exc}", fields=fields
+        )
+        return
+    try:
+        if kind == "start":
+            _start_child(store, msg)
+        elif kind == "deliver":
+            event = ev.CATALOG[msg["type"]](**msg["data"])
+            try:
+                store.deliver(msg["wid"], event, run_id=msg["rid"])
+            except (WorkflowClosed, WorkflowNotFound):
+                log.info("parent %s closed before child result arrived; dropped", msg["wid"])
+        elif kind in ("request_cancel", "terminate"):
+            try:
+                if kind == "terminate":
+                    store.terminate(msg["wid"], "parent closed (policy terminate)")
+                else:
+                    store.deliver(msg["wid"], ev.CancelRequested(reason="parent requested cancel"))
+            except (WorkflowClosed, WorkflowNotFound):
+                pass
+        elif kind != "abandon":
+            reason = f"unknown message kind {kind!r}"
+            store.park(p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=reason, fields=fields)
+            return
+    except Exception:
+        log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
+        raise
+    faults.point("outbox.before_ack")
+    store.ack_task(stream, entry_id)
+
+
+def _start_child(store: RedisStore, msg: dict[str, Any]) -> None:
+    """Start a child run; if it cannot start, tell its parent (ChildFailed)."""
+    parent = msg["parent"]
+    try:
+        store.start(
+            workflow_type=msg["type"],
+            workflow_id=msg["wid"],
+            run_id=msg["rid"],
+            args=msg["args"],
+            queue=msg["queue"],
+            parent=parent,
+        )
+    except DurableError as exc:  # WorkflowAlreadyStarted among others
+        failed = ev.ChildFailed(id=parent["cid"], error=codec.dumps(exc, path="error"), status="failed")
+        try:
+            store.deliver(parent["wid"], failed, run_id=parent["rid"])
+        except (WorkflowClosed, WorkflowNotFound):
+            pass
