@@ -58,6 +58,7 @@ from .errors import ConfigurationError
 from .options import Seconds, to_seconds
 from .replay import Driver
 from .replay import replay_history as _replay_entries
+from .store.connect import flush_database
 from .store.embedded import EmbeddedRedis
 from .store.redis_store import RedisStore
 from .workflow import Workflow
@@ -474,7 +475,7 @@ if pytest is not None:
         """The session Redis, flushed for this test; ``DURABLE_REDIS_URL`` points at it."""
         if durable_redis_server is not None:
             durable_redis_server.ensure()  # restarts it if a test stopped it
-        RedisStore(durable_redis_url, flush=True).close()
+        flush_database(durable_redis_url)
         monkeypatch.setenv("DURABLE_REDIS_URL", durable_redis_url)
         return durable_redis_url
 

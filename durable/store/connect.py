@@ -89,6 +89,15 @@ def connect(url: str) -> Client:
     return RedisCluster(startup_nodes=nodes, **kwargs)
 
 
+def flush_database(url: str) -> None:
+    """Empty the Redis database at ``url``, leaving not even durable's own metadata (tests)."""
+    client = connect(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
 def _cluster_nodes(hosts: str) -> list[ClusterNode]:
     nodes = []
     for item in hosts.split(","):
