@@ -88,7 +88,9 @@ def _resolve(kind: str, name: str, base: type) -> type:
     if found.cls is None:
         _missing(kind, name, found.module)
     if not (isinstance(found.cls, type) and issubclass(found.cls, base)):
-        raise SerializationError(f"cannot decode <{name}>: it is not {'an' if kind == 'enum' else 'a'} {kind} here", type_name=name)
+        raise SerializationError(
+            f"cannot decode <{name}>: it is not {'an' if kind == 'enum' else 'a'} {kind} here", type_name=name
+        )
     if not allowlist.is_allowed(found.cls):
         _disallowed(kind, name, found.module)
     return found.cls
@@ -96,7 +98,9 @@ def _resolve(kind: str, name: str, base: type) -> type:
 
 def _dec_bigint(data: bytes) -> int:
     if len(data) * 8 > limits.MAX_INT_BITS + 8:
-        raise SerializationError(f"cannot decode int of {len(data)} bytes: over durable.codec.MAX_INT_BITS ({limits.MAX_INT_BITS})")
+        raise SerializationError(
+            f"cannot decode int of {len(data)} bytes: over durable.codec.MAX_INT_BITS ({limits.MAX_INT_BITS})"
+        )
     n = int.from_bytes(data, "big", signed=True)
     reason = limits.int_reason(n)
     if reason is not None:
@@ -136,6 +140,8 @@ def _dec_tz(tz: Any) -> tzinfo | None:
 
 def _dec_datetime(data: bytes) -> datetime:
     y, mo, d, h, mi, s, us, fold, tz = _scalar_body(data)
+    if tz is None:
+        raise SerializationError("cannot decode a naive datetime (the encoder refuses them too)")
     return datetime(y, mo, d, h, mi, s, us, tzinfo=_dec_tz(tz), fold=fold)
 
 
@@ -178,7 +184,8 @@ def _dec_dataclass(data: bytes) -> Any:
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise SerializationError(
-            f"cannot decode dataclass <{name}>: it has no field(s) {', '.join(map(repr, unknown))}", type_name=name
+            f"cannot decode dataclass <{name}>: it has no field(s) {', '.join(map(repr, unknown))}",
+            type_name=name,
         )
     init = {key: value for key, value in values.items() if fields[key].init}
     try:
@@ -186,7 +193,8 @@ def _dec_dataclass(data: bytes) -> Any:
         obj = cls(**init)
     except Exception as exc:
         raise SerializationError(
-            f"cannot decode dataclass <{name}>: {name}(...) raised {type(exc).__name__}: {exc}", type_name=name
+            f"cannot decode dataclass <{name}>: {name}(...) raised {type(exc).__name__}: {exc}",
+            type_name=name,
         ) from exc
     for key, value in values.items():
         if not fields[key].init:
@@ -199,7 +207,7 @@ def _dec_enum(data: bytes) -> enum.Enum:
     name, value = _unpackb(data)
     cls = _resolve("enum", name, enum.Enum)
     try:
-        return cls(value)  # type: ignore[no-any-return]
+        return cls(value)
     except ValueError as exc:
         raise SerializationError(f"cannot decode <{name}>: {exc}", type_name=name) from exc
 
@@ -207,7 +215,7 @@ def _dec_enum(data: bytes) -> enum.Enum:
 def _builtin_base(cls: type[BaseException]) -> type[BaseException]:
     for base in cls.__mro__:
         if base.__module__ == "builtins":
-            return base  # type: ignore[no-any-return]
+            return base
     return BaseException
 
 
@@ -247,7 +255,9 @@ def _dec_exception(data: bytes) -> BaseException:
     exc: BaseException | None = None
     if cls is not None:
         args = [_unpackb(arg) for arg in body["args"]]
-        attrs = {k: _unpackb(v) for k, v in body["attrs"].items() if isinstance(k, str) and not k.startswith("__")}
+        attrs = {
+            k: _unpackb(v) for k, v in body["attrs"].items() if isinstance(k, str) and not k.startswith("__")
+        }
         try:
             exc = _rebuild(cls, args, attrs)
         except Exception as error:

@@ -198,6 +198,13 @@ def _exc_arg(arg: Any) -> bytes:
         return _packb(f"<{type_name(type(arg))}>")
 
 
+def _exc_args(exc: BaseException) -> tuple[Any, ...]:
+    if isinstance(exc, OSError) and exc.filename is not None and len(exc.args) == 2:
+        # OSError keeps the file names outside args; passed back, they are set again.
+        return (*exc.args, exc.filename, None, exc.filename2)
+    return exc.args
+
+
 def _exc_body(exc: BaseException) -> dict[str, Any]:
     attrs = {}
     for name, value in exception_attrs(exc):
@@ -208,7 +215,7 @@ def _exc_body(exc: BaseException) -> dict[str, Any]:
     return {
         "type": type_name(type(exc)),
         "message": _exc_message(exc),
-        "args": [_exc_arg(arg) for arg in exc.args],
+        "args": [_exc_arg(arg) for arg in _exc_args(exc)],
         "traceback": _exc_traceback(exc),
         "cause": None if cause is None else _try_pack(cause),
         "attrs": attrs,
@@ -342,11 +349,15 @@ def _find(obj: Any, path: str) -> Found | None:
 
 
 def _encode_error(value: Any, path: str, exc: BaseException) -> SerializationError:
-    if isinstance(exc, limits.TooDeep):
+    if isinstance(exc, limits.HashFlood):
+        found = (value, path, exc.reason)
+    elif isinstance(exc, limits.TooDeep):
         found = _find_too_deep(value, path, 0, set()) or (value, path, limits.depth_reason())
     else:
         found = _find(value, path) or (
-            (exc.obj, path, exc.reason) if isinstance(exc, EncodeFail) else (value, path, f"{type(exc).__name__}: {exc}")
+            (exc.obj, path, exc.reason)
+            if isinstance(exc, EncodeFail)
+            else (value, path, f"{type(exc).__name__}: {exc}")
         )
     obj, where, reason = found
     name = type_name(type(obj))
@@ -355,7 +366,15 @@ def _encode_error(value: Any, path: str, exc: BaseException) -> SerializationErr
 
 _tls = threading.local()
 
-_ENCODE_ERRORS = (EncodeFail, limits.TooDeep, TypeError, ValueError, OverflowError, RecursionError)
+_ENCODE_ERRORS = (
+    EncodeFail,
+    limits.TooDeep,
+    limits.HashFlood,
+    TypeError,
+    ValueError,
+    OverflowError,
+    RecursionError,
+)
 
 
 def encode(value: Any, path: str) -> bytes:
@@ -370,7 +389,7 @@ def encode(value: Any, path: str) -> bytes:
     _tls.packer = None  # taken: a re-entrant call (user __str__ calling dumps) gets its own
     try:
         # Checked before packing: msgpack recurses on the C stack and would crash first.
-        limits.check_depth(value)
+        limits.check_depth(value, hashes=True)
         return packer.pack(value)
     except _ENCODE_ERRORS as exc:
         raise _encode_error(value, path, exc) from None

@@ -34,7 +34,22 @@ MAX_DECIMAL_EXPONENT = 6144
 MAX_HASH_COLLISIONS = 64
 
 _LEAVES = frozenset(
-    {type(None), bool, int, float, str, bytes, bytearray, memoryview, datetime, date, time, timedelta, Decimal, UUID}
+    {
+        type(None),
+        bool,
+        int,
+        float,
+        str,
+        bytes,
+        bytearray,
+        memoryview,
+        datetime,
+        date,
+        time,
+        timedelta,
+        Decimal,
+        UUID,
+    }
 )
 # Below this many members a container is scanned item by item; above, one C-speed pass over
 # the members' types first skips containers holding only leaves.
@@ -45,8 +60,18 @@ class TooDeep(Exception):
     """A value nests more than :data:`MAX_DEPTH` containers."""
 
 
+class HashFlood(Exception):
+    """A set or dict holds more than :data:`MAX_HASH_COLLISIONS` items whose hash collides."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 def depth_reason() -> str:
-    return f"nesting deeper than {MAX_DEPTH} levels (the limit, durable.codec.MAX_DEPTH; a circular reference?)"
+    return (
+        f"nesting deeper than {MAX_DEPTH} levels (the limit, durable.codec.MAX_DEPTH; a circular reference?)"
+    )
 
 
 def _groups(value: Any) -> tuple[Collection[Any], ...] | None:
@@ -109,19 +134,34 @@ def _height(value: Any, budget: int, memo: dict[int, int | None]) -> int:
         return 0
     if budget <= 0:
         raise TooDeep
+    if _HASHES in memo and type(value) in _HASHED and len(value) > MAX_HASH_COLLISIONS:
+        # The decoder refuses such a set or dict: refuse to write it.
+        reason = collision_reason(list(groups[0]))
+        if reason is not None:
+            raise HashFlood(reason)
     return 1 + _members_height(groups, budget - 1, memo)
 
 
-def check_depth(value: Any) -> None:
-    """Raise :class:`TooDeep` when ``value`` nests more than :data:`MAX_DEPTH` containers."""
+# A memo key no id() takes: present when the walk also checks set elements and dict keys.
+_HASHES = -1
+_HASHED = frozenset({set, frozenset, dict})
+
+
+def check_depth(value: Any, *, hashes: bool = False) -> None:
+    """Raise :class:`TooDeep` when ``value`` nests more than :data:`MAX_DEPTH` containers.
+
+    With ``hashes``, also raise :class:`HashFlood` for a set or dict the decoder would refuse.
+    """
     if type(value) not in _LEAVES:
-        _height(value, MAX_DEPTH, {})
+        _height(value, MAX_DEPTH, {_HASHES: 1} if hashes else {})
 
 
 def int_reason(n: int) -> str | None:
     """Why ``n`` is refused, or ``None``."""
     if n.bit_length() > MAX_INT_BITS:
-        return f"int of {n.bit_length()} bits exceeds the limit of {MAX_INT_BITS} (durable.codec.MAX_INT_BITS)"
+        return (
+            f"int of {n.bit_length()} bits exceeds the limit of {MAX_INT_BITS} (durable.codec.MAX_INT_BITS)"
+        )
     return None
 
 
@@ -140,18 +180,26 @@ def decimal_reason(d: Decimal) -> str | None:
     return None
 
 
+def collision_reason(items: Sequence[Any]) -> str | None:
+    """Why set elements or dict keys are refused (too many share a hash), or ``None``."""
+    if len(items) <= MAX_HASH_COLLISIONS:
+        return None
+    # Hash values are ints below 2**61, which hash to themselves: this set cannot be flooded.
+    collisions = len(items) - len(set(map(hash, items)))
+    if collisions <= MAX_HASH_COLLISIONS:
+        return None
+    return (
+        f"{collisions} of its {len(items)} items share a hash with another (more than "
+        f"{MAX_HASH_COLLISIONS}, durable.codec.MAX_HASH_COLLISIONS; building it would take quadratic time)"
+    )
+
+
 def check_hashes(items: Sequence[Any], what: str) -> None:
     """Refuse set elements or dict keys crafted to share one hash (quadratic to insert).
 
     Raises:
         SerializationError: More than :data:`MAX_HASH_COLLISIONS` items collide.
     """
-    if len(items) <= MAX_HASH_COLLISIONS:
-        return
-    # Hash values are ints below 2**61, which hash to themselves: this set cannot be attacked.
-    collisions = len(items) - len(set(map(hash, items)))
-    if collisions > MAX_HASH_COLLISIONS:
-        raise SerializationError(
-            f"cannot decode {what}: {collisions} of its {len(items)} items share a hash with another "
-            f"(more than {MAX_HASH_COLLISIONS}, durable.codec.MAX_HASH_COLLISIONS; a hash-flooding payload?)"
-        )
+    reason = collision_reason(items)
+    if reason is not None:
+        raise SerializationError(f"cannot decode {what}: {reason}")
