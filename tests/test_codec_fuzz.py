@@ -25,6 +25,8 @@ FUZZ = textwrap.dedent(
 
     import apps.payments  # a module with registered workflows: its types are allowed
 
+    assert codec.__file__.startswith(sys.argv[2]), codec.__file__  # this worktree's codec
+
     NAMES = [
         "apps.payments.PaymentDeclined", "apps.payment_errors.GatewayDown", "builtins.ValueError",
         "builtins.KeyboardInterrupt", "subprocess.Popen", "os.system", "http.HTTPStatus",
@@ -102,7 +104,7 @@ FUZZ = textwrap.dedent(
 
 def test_decoder_fuzz_never_crashes() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", FUZZ, "1500"],
+        [sys.executable, "-c", FUZZ, "1500", str(ROOT)],
         cwd=ROOT / "tests",
         env={**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
         capture_output=True,

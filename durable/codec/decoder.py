@@ -104,7 +104,7 @@ def _dec_bigint(data: bytes) -> int:
     n = int.from_bytes(data, "big", signed=True)
     reason = limits.int_reason(n)
     if reason is not None:
-        raise SerializationError(f"cannot decode: {reason}")
+        raise SerializationError(f"cannot decode payload: {reason}")
     return n
 
 
@@ -165,7 +165,7 @@ def _dec_decimal(data: bytes) -> Decimal:
     d = Decimal(data.decode("ascii"))
     reason = limits.decimal_reason(d)
     if reason is not None:
-        raise SerializationError(f"cannot decode: {reason}")
+        raise SerializationError(f"cannot decode payload: {reason}")
     return d
 
 
