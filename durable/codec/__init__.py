@@ -26,6 +26,8 @@ size, hash collisions) exactly as the encoder does.
 
 A byte-level :class:`PayloadHook` (encryption, compression) can be installed
 with :func:`set_payload_hook`; it wraps the output of :func:`dumps` only.
+:class:`KeyRing` is such a hook that encrypts with named keys (key id in the envelope,
+rotation), e.g. with :class:`AesGcm`.
 
 Modules: ``encoder`` and ``decoder`` (the two directions), ``allowlist`` (which classes
 a payload may name), ``limits``, ``hooks`` (the payload hook), ``plain`` (envelopes),
@@ -40,10 +42,14 @@ from .allowlist import allow_module, is_allowed, register_type
 from .decoder import decode
 from .encoder import encode
 from .hooks import PayloadHook, apply, canonical, get_payload_hook, set_payload_hook
+from .keyring import AesGcm, Cipher, KeyRing
 from .limits import MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT, MAX_DEPTH, MAX_HASH_COLLISIONS, MAX_INT_BITS
 from .plain import pack, unpack
 
 __all__ = [
+    "AesGcm",
+    "Cipher",
+    "KeyRing",
     "MAX_DECIMAL_DIGITS",
     "MAX_DECIMAL_EXPONENT",
     "MAX_DEPTH",

@@ -37,3 +37,14 @@ class Checkout(Workflow):
                 "original_type": cause.type_name if isinstance(cause, ApplicationError) else None,
             }
         return {}
+
+
+def echo(value: str) -> str:
+    return value
+
+
+class SecretEcho(Workflow):
+    """Passes its argument through an activity, a signal-free round trip of one payload."""
+
+    def handle(self, value: str) -> str:
+        return activity(echo, value)
