@@ -319,7 +319,8 @@ def decode(data: bytes) -> Any:
     """
     try:
         value = _unpackb(data)
-        limits.check_depth(value)
+        if len(data) > limits.MAX_DEPTH:  # each container takes a byte at least: short ones pass
+            limits.check_depth(value)
     except SerializationError:
         raise
     except limits.TooDeep:

@@ -127,14 +127,19 @@ def _members_height(groups: tuple[Collection[Any], ...], budget: int, memo: dict
 
 def _height(value: Any, budget: int, memo: dict[int, int | None]) -> int:
     """Containers on the longest path down from ``value``; :class:`TooDeep` beyond ``budget``."""
-    if isinstance(value, BaseException):
+    tp = type(value)
+    groups: tuple[Collection[Any], ...] | None
+    if tp is list or tp is tuple:  # the common case first: no further checks
+        groups = (value,)
+    elif isinstance(value, BaseException):
         return _exc_height(value, budget, memo)
-    groups = _groups(value)
-    if groups is None:
-        return 0
+    else:
+        groups = _groups(value)
+        if groups is None:
+            return 0
     if budget <= 0:
         raise TooDeep
-    if _HASHES in memo and type(value) in _HASHED and len(value) > MAX_HASH_COLLISIONS:
+    if _HASHES in memo and tp in _HASHED and len(value) > MAX_HASH_COLLISIONS:
         # The decoder refuses such a set or dict: refuse to write it.
         reason = collision_reason(list(groups[0]))
         if reason is not None:
