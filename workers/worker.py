@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from durable import codec, registry
 from durable import events as ev
-from durable import registry
 from durable.activity import set_worker_identity
 from durable.store.connect import (
     TRANSIENT_ERRORS,
@@ -71,6 +71,8 @@ def load_app(modules: Iterable[str]) -> list[Any]:
         sys.path.insert(0, os.getcwd())
     for name in modules:
         module = importlib.import_module(name)
+        # Payloads may name the app's own types (dataclasses, enums, exceptions): allow them.
+        codec.allow_module(name)
         registry.register_module_functions(module)
         loaded.append(module)
     return loaded

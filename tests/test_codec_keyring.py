@@ -1,0 +1,113 @@
+"""The KeyRing payload hook: key id in the envelope, rotation, AES-GCM, no plaintext in Redis."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from apps.payments import SecretEcho
+
+from durable import WorkflowStub, codec
+from durable.errors import SerializationError
+
+needs_cryptography = pytest.mark.skipif(
+    importlib.util.find_spec("cryptography") is None,
+    reason="the AES-GCM example needs the optional 'cryptography' package (pip install cryptography)",
+)
+
+
+class Xor:
+    """A toy cipher (not secure) so the ring logic is tested without cryptography."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def encrypt(self, data: bytes, aad: bytes) -> bytes:
+        return aad + bytes(b ^ self.key for b in data)
+
+    def decrypt(self, data: bytes, aad: bytes) -> bytes:
+        if not data.startswith(aad):
+            raise ValueError("aad mismatch")
+        return bytes(b ^ self.key for b in data[len(aad) :])
+
+
+@pytest.fixture
+def no_hook() -> Iterator[None]:
+    yield
+    codec.set_payload_hook(None)
+
+
+def test_envelope_names_the_key_and_rotation_keeps_old_payloads_readable(no_hook: None) -> None:
+    codec.set_payload_hook(codec.KeyRing({"k1": Xor(1)}, current="k1"))
+    old = codec.dumps({"card": "4111"})
+    assert old.startswith(b"DK1\x02k1") and b"4111" not in old
+    codec.set_payload_hook(codec.KeyRing({"k1": Xor(1), "k2": Xor(2)}, current="k2"))
+    new = codec.dumps({"card": "4111"})
+    assert new.startswith(b"DK1\x02k2")
+    assert codec.loads(old) == codec.loads(new) == {"card": "4111"}
+    assert codec.canonical(old) == codec.canonical(new)
+    codec.set_payload_hook(codec.KeyRing({"k2": Xor(2)}, current="k2"))
+    with pytest.raises(SerializationError, match=r"key id 'k1', which is not in the key ring \['k2'\]"):
+        codec.loads(old)
+
+
+def test_plaintext_and_tampering(no_hook: None) -> None:
+    plain = codec.dumps([1, 2])
+    codec.set_payload_hook(codec.KeyRing({"k": Xor(3)}, current="k"))
+    with pytest.raises(SerializationError, match="not encrypted by a KeyRing"):
+        codec.loads(plain)
+    codec.set_payload_hook(codec.KeyRing({"k": Xor(3)}, current="k", accept_plaintext=True))
+    assert codec.loads(plain) == [1, 2]
+    with pytest.raises(ValueError, match="not in the ring"):
+        codec.KeyRing({"k": Xor(3)}, current="other")
+
+
+@needs_cryptography
+def test_aes_gcm_round_trip_and_authentication(no_hook: None) -> None:
+    ring = codec.KeyRing({"2025-01": codec.AesGcm(os.urandom(32))}, current="2025-01")
+    codec.set_payload_hook(ring)
+    data = codec.dumps({"card": "4111 1111 1111 1111"})
+    assert b"4111" not in data
+    assert codec.loads(data) == {"card": "4111 1111 1111 1111"}
+    assert codec.dumps("x") != codec.dumps("x")  # random nonce; canonical bytes still equal
+    tampered = data[:-1] + bytes((data[-1] ^ 1,))
+    with pytest.raises(SerializationError, match="does not decrypt: InvalidTag"):
+        codec.loads(tampered)
+    forged_key_id = data.replace(b"2025-01", b"2025-02", 1)
+    with pytest.raises(SerializationError, match="not in the key ring"):
+        codec.loads(forged_key_id)
+
+
+def _all_redis_bytes(client: redis.Redis) -> Iterator[bytes]:
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        yield key
+        if kind == b"string":
+            yield client.get(key) or b""
+        elif kind == b"hash":
+            for field, value in client.hgetall(key).items():
+                yield field + b"=" + value
+        elif kind == b"stream":
+            for _, fields in client.xrange(key):
+                yield from (f + b"=" + v for f, v in fields.items())
+        elif kind == b"list":
+            yield from client.lrange(key, 0, -1)
+        elif kind == b"set":
+            yield from client.smembers(key)
+        elif kind == b"zset":
+            yield from client.zrange(key, 0, -1)
+
+
+@needs_cryptography
+def test_no_payload_plaintext_in_redis_after_a_run(
+    worker: Any, redis_client: redis.Redis, no_hook: None
+) -> None:
+    codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
+    secret = "4111-1111-1111-1111-secret"
+    assert WorkflowStub.make(SecretEcho).start(secret).result(timeout=15) == secret
+    leaks = [blob for blob in _all_redis_bytes(redis_client) if secret.encode() in blob]
+    assert leaks == []
