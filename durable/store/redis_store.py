@@ -89,11 +89,23 @@ def is_cluster_url(url: str | None) -> bool:
 Client = Any
 
 
+POOL_SIZE = 100
+"""Connections per client (redis-py's default cap); more callers wait for one."""
+
+POOL_WAIT_S = 60
+"""How long a caller waits for a free connection before ``ConnectionError``."""
+
+
 def connect(url: str) -> Client:
     """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
     cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
     if not is_cluster_url(url):
-        return redis.Redis.from_url(url)
+        # A pool that waits for a free connection (``timeout`` s) instead of raising
+        # MaxConnectionsError past ``max_connections`` (both overridable in the URL's query).
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S)
+        client = redis.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True
+        return client
     from redis.cluster import ClusterNode, RedisCluster
 
     parts = urlsplit(url)
@@ -308,6 +320,11 @@ class RedisStore:
         return self.decode_history(
             ref, self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
         )
+
+    def history_tail(self, ref: RunRef) -> ev.Entry | None:
+        """The run's last committed event (``None``: it has no history)."""
+        rows = self.redis.xrevrange(self.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
+        return self.decode_history(ref, rows)[0] if rows else None
 
     def decode_history(self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[ev.Entry]:
         out = []
@@ -779,8 +796,10 @@ class RedisStore:
         fields: Mapping[Any, Any],
         run_id: str = "",
         block: bool = False,
+        block_kind: str = "",
     ) -> None:
-        """Move a task that cannot run to the dead-letter stream (and block its run)."""
+        """Move a task that cannot run to the dead-letter stream (and block its run; ``block_kind``
+        is one of :data:`durable.runinfo.BLOCKED_KINDS`, default: derived from ``reason``)."""
         k = self.keys
         safe = {
             key: (value if isinstance(value, bytes | str | int | float) else repr(value))
@@ -789,7 +808,7 @@ class RedisStore:
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
-            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0"],
+            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0", block_kind],
         )
         log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
 
@@ -936,7 +955,9 @@ class RedisStore:
             if (
                 status is not None
                 and record.get("status") != status
-                and not (status == "blocked" and record.get("blocked"))
+                and not (
+                    status == "blocked" and record.get("blocked") and record.get("status") in OPEN_STATUSES
+                )
             ):
                 continue
             if workflow_type is not None and record.get("type") != workflow_type:
