@@ -35,6 +35,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .registry import register_activity
+from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
@@ -74,6 +75,7 @@ __all__ = [
     "ActivityContext",
     "ActivityFailed",
     "ApplicationError",
+    "BlockedReason",
     "CancelledError",
     "ChildWorkflowFailed",
     "ConfigurationError",
@@ -86,6 +88,8 @@ __all__ = [
     "NonRetryableError",
     "NondeterminismError",
     "RetryPolicy",
+    "RunDescription",
+    "RunOutcome",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",
