@@ -78,6 +78,7 @@ def test_a_thousand_threads_wait_at_once(redis_url: str) -> None:
     with workers(redis_url, app="apps.basic"):
         stubs = [WorkflowStub.make(Waiter, id=f"w-{i}").start(0) for i in range(THREADS)]
         wait_for(lambda: all(s.status() == "suspended" for s in stubs[-5:]), timeout=120)
+        others = _blocked_in_xread()  # waits left by earlier tests of the suite, if any
         inside = threading.Semaphore(0)
 
         def wait(i: int) -> Any:
@@ -90,7 +91,7 @@ def test_a_thousand_threads_wait_at_once(redis_url: str) -> None:
         for _ in range(THREADS):
             assert inside.acquire(timeout=60)
         time.sleep(1.0)  # they are all blocked now: in the shared read, not each on a connection
-        assert _blocked_in_xread() == 1
+        assert _blocked_in_xread() <= others + 1
         for i, stub in enumerate(stubs):
             stub.signal("go", i)
         runner.join(timeout=200)
