@@ -29,11 +29,13 @@ from .errors import (
     SignalTimeout,
     UnknownTypeError,
     WorkflowAlreadyStarted,
+    WorkflowBlocked,
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
 )
 from .registry import register_activity
+from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
@@ -73,6 +75,7 @@ __all__ = [
     "ActivityContext",
     "ActivityFailed",
     "ApplicationError",
+    "BlockedReason",
     "CancelledError",
     "ChildWorkflowFailed",
     "ConfigurationError",
@@ -85,12 +88,15 @@ __all__ = [
     "NonRetryableError",
     "NondeterminismError",
     "RetryPolicy",
+    "RunDescription",
+    "RunOutcome",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",
     "UnknownTypeError",
     "Workflow",
     "WorkflowAlreadyStarted",
+    "WorkflowBlocked",
     "WorkflowClosed",
     "WorkflowFailed",
     "WorkflowNotFound",

@@ -20,8 +20,10 @@ from .errors import (
 from .ids import check_workflow_id, new_run_id
 from .registry import check_name, get_workflow
 from .replay import Driver
+from .runinfo import BlockedReason, RunDescription, RunOutcome, blocked_reason, outcome_of
 from .store.embedded import resolve_redis_url
-from .store.redis_store import RedisStore, RunRef
+from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
 _stores: dict[str, RedisStore] = {}
@@ -290,11 +292,21 @@ class WorkflowStub:
         record = self._store.run_record(self._ref())
         return str(record.get("status", "pending"))
 
+    def blocked(self) -> BlockedReason | None:
+        """Why the current run cannot make progress until an operator acts (``None``: it can,
+        or it is closed). :meth:`status` still says ``pending`` or ``suspended`` for it."""
+        return blocked_reason(self._store.run_record(self._ref()))
+
     def snapshot(self) -> dict[str, Any]:
-        """The run's projection: status, pending steps and waits, buffered signals, blocked reason."""
+        """The run's projection: status, pending steps and waits, buffered signals, blocked
+        reason (``blocked``: its message, ``blocked_kind``: its kind) and, once closed, its
+        ``outcome`` (:meth:`RunOutcome.to_dict`: status, result or error type and message,
+        close time)."""
         ref = self._ref()
         record = self._store.run_record(ref)
         snap = dict(record.get("snapshot") or {})
+        blocked = blocked_reason(record)
+        outcome = self._outcome(ref, record)
         snap.update(
             workflow_id=self._id,
             run_id=ref.run_id,
@@ -303,11 +315,21 @@ class WorkflowStub:
             seq=record.get("seq"),
             created=record.get("created"),
             closed=record.get("closed"),
-            blocked=record.get("blocked"),
+            blocked=blocked.message if blocked else None,
+            blocked_kind=blocked.kind if blocked else None,
+            outcome=outcome.to_dict() if outcome else None,
             build_id=record.get("build") or None,
         )
         snap.setdefault("pending", [])
         return snap
+
+    def _outcome(self, ref: RunRef, record: dict[str, Any]) -> RunOutcome | None:
+        if record.get("status") not in CLOSED_STATUSES:
+            return None
+        closing = self._store.last_entry(ref)
+        if closing is None or not isinstance(closing.event, ev.CLOSING):
+            return None
+        return outcome_of(closing, record.get("closed"))
 
     def _history_info(self, snap: dict[str, Any]) -> dict[str, Any]:
         """The ``history`` item of :meth:`describe`, from the snapshot the last decision wrote."""
@@ -333,16 +355,22 @@ class WorkflowStub:
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the run to close and return its result (follows continue-as-new).
 
-        Blocks on the history stream (``XREAD BLOCK``), not by polling.
+        Waits without polling: the process's waits share one blocking read
+        (``XREAD BLOCK``) on one connection, so any number of threads may wait.
 
         Raises:
             WorkflowFailed: the run failed, was cancelled or terminated (``.status``, ``.cause``).
+            WorkflowBlocked: the run is blocked, or becomes blocked while waiting (``.kind``,
+                ``.reason``); raised at once, not at the timeout.
             TimeoutError: ``timeout`` seconds passed first.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         ref = self._ref()
         while True:
-            closing = self._wait_closing(ref, deadline)
+            if self._store.cluster:  # one XREAD cannot span a cluster's slots
+                closing = wait_alone(self._store, ref, deadline)
+            else:
+                closing = waiter_for(self._store).wait(self._store, ref, deadline)
             if isinstance(closing.event, ev.WorkflowCompleted):
                 return codec.loads(closing.event.result)
             if isinstance(closing.event, ev.WorkflowContinuedAsNew):
@@ -351,35 +379,41 @@ class WorkflowStub:
                 continue
             raise _closing_error(closing, self._id)
 
-    def _wait_closing(self, ref: RunRef, deadline: float | None) -> ev.Entry:
-        last = 0
-        while True:
-            entry = self._store.last_entry(ref)
-            if entry is not None:
-                if isinstance(entry.event, ev.CLOSING):
-                    return entry
-                last = entry.seq
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"workflow {self._id!r} did not close within the timeout")
-            block = 2000 if remaining is None else max(1, min(2000, int(remaining * 1000)))
-            self._store.wait_for_entry(ref, last, block)
+    def describe(self) -> RunDescription:
+        """Everything known about the current run: status, blocked reason, outcome, pending
+        steps, activity attempts with their errors, dropped inputs and history size.
 
-    def describe(self) -> dict[str, Any]:
-        """Snapshot plus pending steps, activity attempts with their errors, and history size.
-
+        The :class:`~durable.runinfo.RunDescription` also reads as a mapping (``info["attempts"]``).
         ``history`` is ``{"events", "bytes", "budget", "near_limit"}``: the size
         of the run's history as of its last decision, its class's
         ``history_budget``, and whether it passed 80% of either threshold
         (see :func:`durable.should_continue_as_new`).
         """
         ref = self._ref()
-        snap = self.snapshot()
-        snap["history"] = self._history_info(snap)
-        snap["attempts"] = [e for e in self._store.log_entries(ref) if e.get("kind") == "attempt"]
-        snap["dropped"] = [
-            {"reason": e.get("reason"), "ts": e.get("ts")}
-            for e in self._store.log_entries(ref)
-            if e.get("kind") == "dropped"
-        ]
-        return snap
+        record = self._store.run_record(ref)
+        snap = dict(record.get("snapshot") or {})
+        snap.update(type=record.get("type"), seq=record.get("seq"))
+        history = self._history_info(snap)
+        log = self._store.log_entries(ref)
+        outcome = self._outcome(ref, record)
+        for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
+            snap.pop(name, None)
+        return RunDescription(
+            workflow_id=self._id,
+            run_id=ref.run_id,
+            type=record.get("type"),
+            status=str(record.get("status", "pending")),
+            blocked=blocked_reason(record),
+            outcome=outcome,
+            created=record.get("created"),
+            closed=record.get("closed"),
+            seq=record.get("seq"),
+            build_id=record.get("build") or None,
+            pending=list((record.get("snapshot") or {}).get("pending") or []),
+            history=history,
+            attempts=[e for e in log if e.get("kind") == "attempt"],
+            dropped=[
+                {"reason": e.get("reason"), "ts": e.get("ts")} for e in log if e.get("kind") == "dropped"
+            ],
+            extra=snap,
+        )

@@ -180,6 +180,28 @@ class WorkflowFailed(DurableError):
         self.__cause__ = cause
 
 
+class WorkflowBlocked(DurableError):
+    """``result()`` was asked of a run that is blocked: it cannot make progress until an
+    operator acts (deploy a fix, then ``durable repair ID``; or start a worker for its build).
+
+    Attributes:
+        workflow_id: The workflow id.
+        run_id: The blocked run.
+        kind: What blocks it: ``nondeterminism``, ``unknown_type``, ``no_live_worker``,
+            ``runaway_decision``, ``parked_input``, ``history_corrupt`` or ``other``.
+        reason: The reason recorded with the block, in words.
+    """
+
+    def __init__(
+        self, message: str, *, workflow_id: str = "", run_id: str = "", kind: str = "", reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+        self.kind = kind
+        self.reason = reason
+
+
 class ApplicationError(DurableError):
     """An exception from remote code whose class is not importable here.
 

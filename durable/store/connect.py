@@ -66,11 +66,23 @@ def is_cluster_client(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
+POOL_SIZE = 100
+"""Connections per client (redis-py's default cap); more callers wait for one."""
+
+POOL_WAIT_S = 60
+"""How long a caller waits for a free connection before ``ConnectionError``."""
+
+
 def connect(url: str) -> Client:
     """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
     cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
     if not is_cluster_url(url):
-        return redis.Redis.from_url(url)
+        # A pool that waits for a free connection (``timeout`` s) instead of raising
+        # MaxConnectionsError past ``max_connections`` (both overridable in the URL's query).
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S)
+        client = redis.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True
+        return client
     parts = urlsplit(url)
     netloc = parts.netloc.rsplit("@", 1)
     nodes = _cluster_nodes(netloc[-1])

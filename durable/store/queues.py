@@ -56,8 +56,10 @@ class QueueStore(RunStore):
         fields: Mapping[Any, Any],
         run_id: str = "",
         block: bool = False,
+        block_kind: str = "",
     ) -> None:
-        """Move a task that cannot run to the dead-letter stream (and block its run)."""
+        """Move a task that cannot run to the dead-letter stream (and block its run; ``block_kind``
+        is one of :data:`durable.runinfo.BLOCKED_KINDS`, default: derived from ``reason``)."""
         k = self.keys
         safe = {
             key: (value if isinstance(value, bytes | str | int | float) else repr(value))
@@ -66,7 +68,7 @@ class QueueStore(RunStore):
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
-            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0"],
+            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0", block_kind],
         )
         log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
 

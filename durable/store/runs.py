@@ -27,6 +27,7 @@ from .base import StoreBase
 from .keys import parse_hook_target, timer_member
 from .records import (
     DECISION_FIELDS,
+    OPEN_STATUSES,
     CommitResult,
     RunRef,
     commit_outcome,
@@ -87,11 +88,6 @@ class RunStore(StoreBase):
         """The run's last committed event (``None``: no history)."""
         rows = self.redis.xrevrange(self.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
         return self.decode_history(ref, rows)[0] if rows else None
-
-    def wait_for_entry(self, ref: RunRef, after_seq: int, block_ms: int) -> None:
-        """Block until the run's history has an event after ``after_seq``, at most ``block_ms``."""
-        key = self.keys.history(ref.partition, ref.run_id)
-        self.redis.xread({key: f"0-{after_seq}"}, count=1, block=block_ms)
 
     def decode_history(self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[ev.Entry]:
         out = []
@@ -440,7 +436,9 @@ class RunStore(StoreBase):
             if (
                 status is not None
                 and record.get("status") != status
-                and not (status == "blocked" and record.get("blocked"))
+                and not (
+                    status == "blocked" and record.get("blocked") and record.get("status") in OPEN_STATUSES
+                )
             ):
                 continue
             if workflow_type is not None and record.get("type") != workflow_type:

@@ -29,7 +29,7 @@ _LIST_SKIP = ("snapshot", "result", "error", "args")
 @pass_state
 def describe(state: CliState, workflow_id: str, as_json: bool) -> None:
     """Status, blocked reason, pending steps and activity attempts of workflow ID."""
-    info = WorkflowStub.load(workflow_id, store=state.existing_store).describe()
+    info = WorkflowStub.load(workflow_id, store=state.existing_store).describe().to_dict()
     if as_json:
         click.echo(to_json(info, indent=2))
         return

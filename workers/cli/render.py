@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import HistoryEvent
+from durable.runinfo import blocked_reason
 
 __all__ = [
     "console",
@@ -168,7 +169,13 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
     if info.get("closed"):
         head.add_row("closed", fmt_ms(info["closed"]))
     if info.get("blocked"):
-        head.add_row("blocked", Text(str(info["blocked"]), style="bold red"))
+        reason = f"{info.get('blocked_kind') or 'other'}: {info['blocked']}"
+        head.add_row("blocked", Text(reason, style="bold red"))
+    outcome = info.get("outcome") or {}
+    if outcome.get("error"):
+        head.add_row("error", Text(f"{outcome['error']['type']}: {outcome['error']['message']}", style="red"))
+    elif outcome.get("status") == "completed":
+        head.add_row("result", short(to_json(outcome.get("result")), 200))
     if info.get("signals_buffered"):
         head.add_row("signals buffered", to_json(info["signals_buffered"]))
     if info.get("cancel_requested"):
@@ -259,6 +266,6 @@ def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
             str(r.get("status", "")),
             fmt_ms(r.get("created")),
             str(r.get("created", "")),
-            Text(str(r.get("blocked") or ""), style="red"),
+            Text(str(blocked_reason(r) or ""), style="red"),
         )
     return table

@@ -107,8 +107,9 @@ def terminate(state: CliState, workflow_id: str, reason: str) -> None:
 @click.argument("workflow_id", metavar="ID")
 @pass_state
 def status(state: CliState, workflow_id: str) -> None:
-    """Print the status word of workflow ID's current run."""
-    click.echo(_stub(state, workflow_id).status())
+    """Print the status word of workflow ID's current run (and why, when it is blocked)."""
+    info = _stub(state, workflow_id).describe()
+    click.echo(f"{info.status} (blocked: {info.blocked.message})" if info.blocked else info.status)
 
 
 @click.command()

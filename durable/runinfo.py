@@ -1,0 +1,211 @@
+"""What a client can know about one run besides its status word: whether it is blocked
+(and why), and how it ended. :meth:`WorkflowStub.describe` returns a :class:`RunDescription`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import codec
+from . import events as ev
+from .errors import ApplicationError, DurableError
+from .store.redis_store import OPEN_STATUSES
+
+BLOCKED_KINDS = (
+    "nondeterminism",
+    "unknown_type",
+    "no_live_worker",
+    "runaway_decision",
+    "parked_input",
+    "history_corrupt",
+    "other",
+)
+"""The kinds of :attr:`BlockedReason.kind` (``other``: a reason not classified here)."""
+
+# Reasons written before runs recorded a kind (and writers that give none) name the
+# error type first ("NondeterminismError: ...") or say what happened in words.
+_PREFIX_KINDS = (
+    ("NondeterminismError", "nondeterminism"),
+    ("UnknownTypeError", "unknown_type"),
+    ("SerializationError", "parked_input"),
+    ("HistoryCorrupt", "history_corrupt"),
+    ("the decision did not finish", "runaway_decision"),
+    ("decision exceeded", "runaway_decision"),
+    ("no live worker", "no_live_worker"),
+)
+
+
+def classify_block(message: str) -> str:
+    """The :data:`BLOCKED_KINDS` entry a recorded blocked reason belongs to."""
+    for prefix, kind in _PREFIX_KINDS:
+        if message.startswith(prefix):
+            return kind
+    return "other"
+
+
+@dataclass(frozen=True)
+class BlockedReason:
+    """Why an open run cannot make progress until an operator acts.
+
+    Attributes:
+        kind: One of :data:`BLOCKED_KINDS`.
+        message: The reason as recorded (names the error, the type, the build...).
+    """
+
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def blocked_reason(record: Mapping[str, Any]) -> BlockedReason | None:
+    """The blocked reason of a decoded run record (``None``: not blocked, or closed).
+
+    The record's ``blocked`` field holds the message; ``blocked_kind``, when a
+    writer gave one, the kind (else it is derived from the message).
+    """
+    message = record.get("blocked")
+    if not message or record.get("status", "pending") not in OPEN_STATUSES:
+        return None
+    kind = str(record.get("blocked_kind") or "") or classify_block(str(message))
+    return BlockedReason(kind=kind, message=str(message))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a closed run ended.
+
+    Attributes:
+        status: ``completed``, ``failed``, ``cancelled``, ``terminated`` or ``continued``.
+        closed: When it closed (UTC ms).
+        result: The return value (``completed`` only).
+        error_type: The failure's type name (``failed``), or the closing event's name
+            (``WorkflowCancelled``, ``WorkflowTerminated``); ``None`` when it completed.
+        error_message: The failure's message, or the cancel/terminate reason.
+        continued_as: The next run's id (``continued`` only).
+    """
+
+    status: str
+    closed: int | None
+    result: Any = None
+    error_type: str | None = None
+    error_message: str | None = None
+    continued_as: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        error = None
+        if self.error_type is not None:
+            error = {"type": self.error_type, "message": self.error_message or ""}
+        out: dict[str, Any] = {
+            "status": self.status,
+            "closed": self.closed,
+            "result": self.result,
+            "error": error,
+        }
+        if self.continued_as:
+            out["continued_as"] = self.continued_as
+        return out
+
+
+def _decoded(payload: bytes) -> Any:
+    try:
+        return codec.loads(payload)
+    except DurableError as exc:
+        return f"<undecodable payload: {exc}>"
+
+
+def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
+    """The outcome recorded by a run's closing event."""
+    event = closing.event
+    status = ev.STATUS_OF_CLOSING[closing.type]
+    when = closed if closed is not None else closing.ts
+    if isinstance(event, ev.WorkflowCompleted):
+        return RunOutcome(status, when, result=_decoded(event.result))
+    if isinstance(event, ev.WorkflowFailedEvent):
+        cause = _decoded(event.error)
+        if isinstance(cause, ApplicationError) and cause.type_name:
+            type_name = cause.type_name
+        elif isinstance(cause, BaseException):
+            type_name = type(cause).__name__
+        else:
+            type_name = "Undecodable"
+        return RunOutcome(status, when, error_type=type_name, error_message=str(cause))
+    if isinstance(event, ev.WorkflowContinuedAsNew):
+        return RunOutcome(status, when, continued_as=event.new_run_id)
+    return RunOutcome(status, when, error_type=closing.type, error_message=getattr(event, "reason", ""))
+
+
+@dataclass(frozen=True)
+class RunDescription(Mapping[str, Any]):
+    """One run as :meth:`WorkflowStub.describe` sees it.
+
+    It also reads as the mapping :meth:`to_dict` returns (``info["attempts"]``,
+    ``info.get("pending")``), as ``describe()`` did when it returned a dict.
+
+    Attributes:
+        workflow_id: The workflow id.
+        run_id: The run described (the workflow id's current run).
+        type: The workflow type name.
+        status: The status word (see :meth:`WorkflowStub.status`).
+        blocked: Why the run cannot make progress, or ``None``.
+        outcome: How it ended, or ``None`` while open.
+        created: When the run started (UTC ms).
+        closed: When it closed (UTC ms), or ``None``.
+        seq: Its history length.
+        build_id: The build it is pinned to, or ``None``.
+        pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...).
+        history: ``{"events", "bytes", "budget", "near_limit"}``.
+        attempts: Activity attempts with their outcomes and errors.
+        dropped: Inputs read but not applied (``reason``, ``ts``).
+        extra: Other snapshot fields (``signals_buffered``, ``cancel_requested``...).
+    """
+
+    workflow_id: str
+    run_id: str
+    type: str | None
+    status: str
+    blocked: BlockedReason | None
+    outcome: RunOutcome | None
+    created: int | None
+    closed: int | None
+    seq: int | None
+    build_id: str | None
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    history: dict[str, Any] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready but for payload values): ``blocked`` is the reason's message
+        and ``blocked_kind`` its kind; ``outcome`` is :meth:`RunOutcome.to_dict` or ``None``."""
+        out = dict(self.extra)
+        out.update(
+            workflow_id=self.workflow_id,
+            run_id=self.run_id,
+            type=self.type,
+            status=self.status,
+            seq=self.seq,
+            created=self.created,
+            closed=self.closed,
+            blocked=self.blocked.message if self.blocked else None,
+            blocked_kind=self.blocked.kind if self.blocked else None,
+            build_id=self.build_id,
+            outcome=self.outcome.to_dict() if self.outcome else None,
+            pending=self.pending,
+            history=self.history,
+            attempts=self.attempts,
+            dropped=self.dropped,
+        )
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())

@@ -1,0 +1,328 @@
+"""Waiting for runs to close, multiplexed: one thread and one Redis connection per process
+and store, however many callers wait in :meth:`WorkflowStub.result`.
+
+A caller first looks itself (the run may be closed or blocked already). Otherwise it
+registers the run's history stream with the store's :class:`RunWaiter` and sleeps on
+its own event. The waiter thread blocks in one ``XREAD`` over every watched stream;
+when a stream grows it reads that stream's last entry and, if it closes the run,
+wakes that run's callers. So a process waiting on N runs holds one connection, and
+the work done is per appended event of a watched run, not per event times waiter.
+Every :data:`BLOCK_CHECK_S` it also reads the watched runs' ``blocked`` fields (a
+block is written to the run record, not to the history) and wakes their callers.
+
+A Redis Cluster cannot ``XREAD`` keys of different slots at once: there each caller
+blocks on its own stream (:func:`wait_alone`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from .. import events as ev
+from ..errors import WorkflowBlocked, WorkflowNotFound
+from ..runinfo import BlockedReason, blocked_reason
+from .redis_store import RedisStore, RunRef
+
+log = logging.getLogger("durable.client")
+
+BLOCK_MS = 1000
+"""How long one ``XREAD`` of the waiter thread blocks (new runs to watch interrupt it)."""
+
+IDLE_S = 10.0
+"""How long the waiter thread stays (with its connection) after the last wait ended."""
+
+BLOCK_CHECK_S = 1.0
+"""How often the waiter thread reads the watched runs' blocked reasons."""
+
+_RECORD_FIELDS = ("status", "blocked", "blocked_kind")
+
+
+def blocked_error(workflow_id: str, run_id: str, reason: BlockedReason) -> WorkflowBlocked:
+    """The error ``result()`` raises for a blocked run."""
+    return WorkflowBlocked(
+        f"workflow {workflow_id!r} (run {run_id}) is blocked ({reason.kind}): {reason.message}; "
+        f"fix the cause, then `durable repair {workflow_id}` (`durable describe {workflow_id}` shows more)",
+        workflow_id=workflow_id,
+        run_id=run_id,
+        kind=reason.kind,
+        reason=reason.message,
+    )
+
+
+def _record(values: list[Any]) -> dict[str, Any] | None:
+    if values[0] is None:
+        return None
+    return {name: v.decode() for name, v in zip(_RECORD_FIELDS, values, strict=True) if v is not None}
+
+
+def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
+    """(stream id of the last entry or ``"0-0"``, that entry if it closes the run)."""
+    if not rows:
+        return "0-0", None
+    entry_id, fields = rows[0]
+    entry = ev.decode(fields[b"e"], run_id=run_id, seq=int(entry_id.split(b"-")[1]))
+    return entry_id.decode(), entry if isinstance(entry.event, ev.CLOSING) else None
+
+
+def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
+    """One look at a run: its closing entry, or the last stream id to wait after.
+
+    Raises:
+        WorkflowBlocked: the run is open and blocked.
+        WorkflowNotFound: the run record is gone (expired or purged).
+    """
+    with store.redis.pipeline(transaction=False) as pipe:
+        pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
+        pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
+        rows, values = pipe.execute()
+    last, closing = _last_entry(rows, ref.run_id)
+    if closing is not None:
+        return last, closing
+    record = _record(values)
+    if record is None:
+        raise WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
+    reason = blocked_reason(record)
+    if reason is not None:
+        raise blocked_error(ref.workflow_id, ref.run_id, reason)
+    return last, None
+
+
+def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
+    """Wait for ``ref`` to close, blocking a connection of this caller's own (a cluster's way)."""
+    key = store.keys.history(ref.partition, ref.run_id)
+    while True:
+        last, closing = look(store, ref)
+        if closing is not None:
+            return closing
+        block_s = BLOCK_CHECK_S
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
+            block_s = min(block_s, remaining)
+        store.redis.xread({key: last}, count=1, block=max(1, int(block_s * 1000)))
+
+
+@dataclass
+class _Caller:
+    """One thread waiting in ``result()``: woken with the closing entry or an error."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    entry: ev.Entry | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Watch:
+    ref: RunRef
+    last: str
+    callers: list[_Caller] = field(default_factory=list)
+
+
+class RunWaiter:
+    """The process's waits on one store's runs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        # No reference to the store: waiters live in a map weakly keyed by it. The thread
+        # holds the store only while runs are watched.
+        self._lock = threading.Lock()
+        self._watches: dict[str, _Watch] = {}
+        self._idle = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._client_id: int | None = None
+        self._in_read = False
+        self._kicked = False
+        self._next_check = 0.0
+        self._failures = 0
+
+    def wait(self, store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
+        """The closing entry of ``ref`` (a run of ``store``) once it is written.
+
+        Raises:
+            WorkflowBlocked: the run is (or becomes) blocked.
+            WorkflowNotFound: the run record is gone.
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
+            redis.RedisError: Redis failed while waiting.
+        """
+        last, closing = look(store, ref)
+        if closing is not None:
+            return closing
+        caller = _Caller()
+        key = store.keys.history(ref.partition, ref.run_id)
+        with self._lock:
+            watch = self._watches.get(key)
+            fresh = watch is None
+            if watch is None:
+                watch = self._watches[key] = _Watch(ref, last)
+            watch.callers.append(caller)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, args=(store,), name="durable-run-waiter", daemon=True
+                )
+                self._thread.start()
+            self._idle.notify()
+            kick = fresh and self._in_read and not self._kicked
+            if kick:
+                self._kicked = True
+        if kick:
+            self._interrupt_read(store)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not caller.event.wait(remaining):
+            with self._lock:
+                self._drop(key, caller)
+            if not caller.event.is_set():
+                raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
+        if caller.error is not None:
+            raise caller.error
+        assert caller.entry is not None
+        return caller.entry
+
+    def _drop(self, key: str, caller: _Caller) -> None:
+        watch = self._watches.get(key)
+        if watch is not None and caller in watch.callers:
+            watch.callers.remove(caller)
+            if not watch.callers:
+                del self._watches[key]
+
+    def _interrupt_read(self, store: RedisStore) -> None:
+        """End the thread's blocking read early, so it starts watching a new run now."""
+        client_id = self._client_id
+        if client_id is None:
+            return
+        try:
+            store.redis.client_unblock(client_id)
+        except redis.RedisError:  # e.g. CLIENT not allowed by an ACL: the read ends within BLOCK_MS
+            self._client_id = None
+
+    # ------------------------------------------------------------ the thread
+    def _run(self, store: RedisStore) -> None:
+        conn: Any = None
+        try:
+            while self._has_work():
+                conn = self._read_once(store, conn)
+        finally:
+            self._client_id = None
+            if conn is not None:
+                conn.close()
+
+    def _has_work(self) -> bool:
+        """Whether runs are watched (after waiting up to IDLE_S for one; if not, the thread ends)."""
+        with self._lock:
+            if not self._watches:
+                self._idle.wait(IDLE_S)
+            if not self._watches:
+                self._thread = None
+                return False
+            return True
+
+    def _read_once(self, store: RedisStore, conn: Any) -> Any:
+        """One blocking read over the watched streams and what follows from it; the
+        connection to read on next (``None`` after an error: a new one)."""
+        with self._lock:
+            streams = {key: w.last for key, w in self._watches.items()}
+            self._in_read, self._kicked = True, False
+        if not streams:
+            return conn
+        try:
+            if conn is None:
+                conn = redis.Redis(connection_pool=store.redis.connection_pool, single_connection_client=True)
+                self._client_id = int(conn.client_id())
+            replies = conn.xread(streams, count=1, block=BLOCK_MS)
+            with self._lock:
+                self._in_read = False
+            woken = [(k.decode() if isinstance(k, bytes) else k) for k, _ in replies or []]
+            if woken:
+                self._look_at(store, woken)
+            if time.monotonic() >= self._next_check:
+                self._check_blocked(store)
+                self._next_check = time.monotonic() + BLOCK_CHECK_S
+            self._failures = 0
+            return conn
+        except redis.RedisError as exc:
+            # Every caller waiting now learns of it, as a caller blocking on its own would.
+            self._failures += 1
+            self._fail_all(exc)
+            if conn is not None:
+                conn.close()
+            self._client_id = None
+            time.sleep(min(2.0, 0.1 * 2**self._failures))
+            return None
+
+    def _watched(self, keys: list[str] | None = None) -> list[tuple[str, _Watch]]:
+        with self._lock:
+            if keys is None:
+                return list(self._watches.items())
+            return [(k, self._watches[k]) for k in keys if k in self._watches]
+
+    def _look_at(self, store: RedisStore, keys: list[str]) -> None:
+        """Read the last entry of each grown stream; wake the callers of runs it closes."""
+        watched = self._watched(keys)
+        with store.redis.pipeline(transaction=False) as pipe:
+            for key, _ in watched:
+                pipe.xrevrange(key, "+", "-", count=1)
+            rows = pipe.execute()
+        with self._lock:
+            for (key, watch), row in zip(watched, rows, strict=True):
+                last, closing = _last_entry(row, watch.ref.run_id)
+                if closing is None:
+                    watch.last = last
+                else:
+                    self._wake(key, entry=closing)
+
+    def _check_blocked(self, store: RedisStore) -> None:
+        watched = self._watched()
+        if not watched:
+            return
+        keys = store.keys
+        with store.redis.pipeline(transaction=False) as pipe:
+            for _, watch in watched:
+                pipe.hmget(keys.run(watch.ref.partition, watch.ref.run_id), _RECORD_FIELDS)
+            rows = pipe.execute()
+        with self._lock:
+            for (key, watch), values in zip(watched, rows, strict=True):
+                record = _record(values)
+                ref = watch.ref
+                if record is None:
+                    error: BaseException = WorkflowNotFound(
+                        f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists"
+                    )
+                    self._wake(key, error=error)
+                    continue
+                reason = blocked_reason(record)
+                if reason is not None:
+                    self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
+
+    def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
+        """Wake every caller of ``key`` (the lock is held)."""
+        watch = self._watches.pop(key, None)
+        for caller in watch.callers if watch else ():
+            caller.entry, caller.error = entry, error
+            caller.event.set()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._in_read = False
+            for key in list(self._watches):
+                self._wake(key, error=exc)
+
+
+_waiters: weakref.WeakKeyDictionary[RedisStore, tuple[int, RunWaiter]] = weakref.WeakKeyDictionary()
+_waiters_lock = threading.Lock()
+
+
+def waiter_for(store: RedisStore) -> RunWaiter:
+    """The process's waiter for ``store`` (a new one after ``fork``: threads do not survive it)."""
+    pid = os.getpid()
+    with _waiters_lock:
+        held = _waiters.get(store)
+        if held is None or held[0] != pid:
+            held = _waiters[store] = (pid, RunWaiter())
+        return held[1]

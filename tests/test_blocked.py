@@ -1,0 +1,186 @@
+"""Blocked runs say so (issue 13 item 12) and closed runs carry their outcome (item 13).
+
+A blocked run keeps its status word (``pending``/``suspended``); ``blocked()``,
+``snapshot()``, ``describe()``, ``durable status|describe|list`` name the reason and
+its kind, and ``result()`` raises ``WorkflowBlocked`` at once instead of timing out.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from apps import failures
+from apps.basic import Boom, Looper, Sequence, Waiter
+from apps.failures import Changing
+from click.testing import CliRunner
+from waiting import wait_for
+
+from durable import WorkflowBlocked, WorkflowFailed, WorkflowStub
+from durable.runinfo import BLOCKED_KINDS, RunDescription, classify_block, outcome_of
+from durable.store.redis_store import RedisStore, RunRef
+from workers.cli import cli
+
+UNKNOWN_WORKFLOW = "UnknownTypeError: workflow type 'BlNoSuchWorkflow' is not defined"
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.output
+
+
+def _assert_raises_blocked_soon(stub: WorkflowStub, kind: str, within: float = 5.0) -> WorkflowBlocked:
+    started = time.monotonic()
+    with pytest.raises(WorkflowBlocked) as info:
+        stub.result(timeout=60)
+    assert time.monotonic() - started < within, "result() waited for the timeout instead"
+    assert info.value.kind == kind and info.value.workflow_id == stub.id and info.value.run_id == stub.run_id
+    assert info.value.reason in str(info.value) and f"durable repair {stub.id}" in str(info.value)
+    return info.value
+
+
+def test_unknown_workflow_type_blocks_visibly(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make("BlNoSuchWorkflow").start(1)
+    wait_for(stub.blocked)
+    error = _assert_raises_blocked_soon(stub, "unknown_type")
+    assert error.reason.startswith(UNKNOWN_WORKFLOW)
+    assert stub.status() == "pending"  # the status word stays one of the documented ones
+    snap = stub.snapshot()
+    assert (
+        snap["blocked"] == error.reason and snap["blocked_kind"] == "unknown_type" and snap["outcome"] is None
+    )
+    info = stub.describe()
+    assert isinstance(info, RunDescription)
+    assert (
+        info.blocked is not None and info.blocked.kind == "unknown_type" and info["blocked"] == error.reason
+    )
+    assert _cli("status", stub.id).strip() == f"pending (blocked: {error.reason})"
+    described = json.loads(_cli("describe", stub.id, "--json"))
+    assert described["blocked"] == error.reason and described["blocked_kind"] == "unknown_type"
+    assert "unknown_type: UnknownTypeError" in _cli("describe", stub.id)
+    listed = json.loads(_cli("list", "--status", "blocked", "--json"))
+    assert [r["workflow_id"] for r in listed] == [stub.id]
+
+
+def test_result_raises_when_the_run_becomes_blocked_while_waiting(worker) -> None:
+    failures.VERSION["value"] = 1
+    try:
+        stub = WorkflowStub.make(Changing).start()
+        wait_for(lambda: stub.status() == "suspended")
+        failures.VERSION["value"] = 2  # a deploy changed the code under a running workflow
+        worker.decider.cache.clear()
+        stub.signal("go", "!")
+        error = _assert_raises_blocked_soon(stub, "nondeterminism", within=10)
+        assert error.reason.startswith("NondeterminismError")
+        assert stub.status() == "suspended"
+        assert _cli("status", stub.id).startswith("suspended (blocked: NondeterminismError")
+        assert [r["workflow_id"] for r in json.loads(_cli("list", "--status", "blocked", "--json"))] == [
+            stub.id
+        ]
+        failures.VERSION["value"] = 1  # the fix is deployed
+        _cli("repair", stub.id)
+        assert stub.blocked() is None and stub.snapshot()["blocked_kind"] is None
+        assert stub.result(timeout=10) == "a!"
+    finally:
+        failures.VERSION["value"] = 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("no_live_worker", "no live worker serves build v9 of queue default (last seen 2 min ago)"),
+        ("runaway_decision", "decision exceeded 2 s at app.py:12"),
+        ("parked_input", "SerializationError: cannot decode the signal payload"),
+    ],
+)
+def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, reason: str) -> None:
+    """A component that blocks a run for a new reason parks with a kind; every view shows it."""
+    stub = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: the task stays queued
+    ref = store.ref(stub.id)
+    stream = store.keys.workflow_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    entries = store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=10)
+    entry_id, fields = entries[0][1][0]
+    store.park(
+        p=ref.partition,
+        stream=stream,
+        entry_id=entry_id.decode(),
+        kind="workflow",
+        reason=reason,
+        fields=fields,
+        run_id=ref.run_id,
+        block=True,
+        block_kind=kind,
+    )
+    _assert_raises_blocked_soon(stub, kind)
+    assert stub.blocked() is not None and stub.blocked().kind == kind  # type: ignore[union-attr]
+    assert _cli("status", stub.id).strip() == f"pending (blocked: {reason})"
+    assert [r["workflow_id"] for r in json.loads(_cli("list", "--status", "blocked", "--json"))] == [stub.id]
+    stub.terminate("gave up")
+    assert stub.blocked() is None and json.loads(_cli("list", "--status", "blocked", "--json")) == []
+
+
+def test_reasons_recorded_without_a_kind_are_classified() -> None:
+    assert classify_block("NondeterminismError: step 3 ...") == "nondeterminism"
+    assert classify_block("UnknownTypeError: activity 'x' ...") == "unknown_type"
+    assert classify_block("HistoryCorrupt: run r seq 4: ...") == "history_corrupt"
+    assert classify_block("SerializationError: cannot decode") == "parked_input"
+    assert (
+        classify_block("the decision did not finish in 3 deliveries (it crashed ...)") == "runaway_decision"
+    )
+    assert classify_block("something new") == "other"
+    assert set(BLOCKED_KINDS) >= {"nondeterminism", "unknown_type", "no_live_worker", "runaway_decision"}
+
+
+def test_a_run_that_is_not_blocked_still_times_out(worker) -> None:
+    stub = WorkflowStub.make(Waiter).start(60)
+    with pytest.raises(TimeoutError):
+        stub.result(timeout=0.5)
+    assert stub.blocked() is None and stub.describe().blocked is None
+
+
+# ----------------------------------------------------------------- outcomes (item 13)
+
+
+def test_completed_run_carries_its_result_and_close_time(worker) -> None:
+    stub = WorkflowStub.make(Sequence).start(4)
+    assert stub.result(timeout=20) == 6
+    snap = stub.snapshot()
+    assert snap["outcome"]["status"] == "completed" and snap["outcome"]["result"] == 6
+    assert snap["outcome"]["error"] is None and snap["outcome"]["closed"] == snap["closed"] > 0
+    info = stub.describe()
+    assert info.outcome is not None and info.outcome.result == 6 and info.closed == snap["closed"]
+    assert info["outcome"]["result"] == 6
+    assert '"result": 6' in _cli("describe", stub.id, "--json")
+    assert "result" in _cli("describe", stub.id)
+
+
+def test_failed_run_carries_error_type_and_message(worker) -> None:
+    stub = WorkflowStub.make(Boom).start()
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=20)
+    outcome = stub.describe().outcome
+    assert outcome is not None and outcome.status == "failed"
+    assert outcome.error_type == "KeyError" and "boom" in (outcome.error_message or "")
+    assert stub.snapshot()["outcome"]["error"] == {"type": "KeyError", "message": outcome.error_message}
+    assert "KeyError" in _cli("describe", stub.id)
+
+
+def test_terminated_and_continued_runs_carry_their_outcome(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(Waiter).start(60)
+    wait_for(lambda: stub.status() == "suspended")
+    stub.terminate("no longer needed")
+    outcome = stub.describe().outcome
+    assert outcome is not None and outcome.status == "terminated"
+    assert (outcome.error_type, outcome.error_message) == ("WorkflowTerminated", "no longer needed")
+
+    looper = WorkflowStub.make(Looper).start(1, 0)
+    first_run = looper.run_id
+    assert looper.result(timeout=20) == 1
+    ref = store.ref(looper.id)
+    tail = store.history_tail(RunRef(ref.partition, str(first_run), looper.id))
+    assert tail is not None
+    continued = outcome_of(tail, None)
+    assert (continued.status, continued.continued_as) == ("continued", ref.run_id)
+    assert continued.to_dict()["continued_as"] == ref.run_id
