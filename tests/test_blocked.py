@@ -179,7 +179,7 @@ def test_terminated_and_continued_runs_carry_their_outcome(worker, store: RedisS
     first_run = looper.run_id
     assert looper.result(timeout=20) == 1
     ref = store.ref(looper.id)
-    tail = store.history_tail(RunRef(ref.partition, str(first_run), looper.id))
+    tail = store.last_entry(RunRef(ref.partition, str(first_run), looper.id))
     assert tail is not None
     continued = outcome_of(tail, None)
     assert (continued.status, continued.continued_as) == ("continued", ref.run_id)
