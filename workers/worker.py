@@ -196,16 +196,7 @@ class Worker:
         # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
         self._transient = TRANSIENT_ERRORS if self.store.cluster else (ConnectionLost,)
         self._stop = threading.Event()
-        self.membership = Membership(
-            self.store,
-            name=self.consumer,
-            build=build_id,
-            compatible=compatible,
-            queues=self.queues,
-            workflows=[n for n in registry.workflows() if self._workflow_ok(n)],
-            activities=[n for n in registry.activities() if self._activity_ok(n)],
-            promote=promote,
-        )
+        self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms)
         self.eager = eager
         self._eager_done: deque[AttemptResult] = deque()
@@ -230,6 +221,19 @@ class Worker:
         )
         self.decisions = 0
         self.activities_run = 0
+
+    def _make_membership(self, compatible: Sequence[str], promote: bool) -> Membership:
+        """The registry entry: this worker's build, queues and the types its app defines."""
+        return Membership(
+            self.store,
+            name=self.consumer,
+            build=self.build_id,
+            compatible=compatible,
+            queues=self.queues,
+            workflows=[n for n in registry.workflows() if self._workflow_ok(n)],
+            activities=[n for n in registry.activities() if self._activity_ok(n)],
+            promote=promote,
+        )
 
     def _make_scheduler(self, claim_idle_ms: int) -> Scheduler:
         return Scheduler(

@@ -107,8 +107,11 @@ def terminate(state: CliState, workflow_id: str, reason: str) -> None:
 @click.argument("workflow_id", metavar="ID")
 @pass_state
 def status(state: CliState, workflow_id: str) -> None:
-    """Print the status word of workflow ID's current run."""
-    click.echo(_stub(state, workflow_id).status())
+    """Print the status word of workflow ID's current run (and why, when it is blocked)."""
+    store = state.existing_store
+    record = store.run_record(store.ref(workflow_id))
+    word, unserved = str(record.get("status", "pending")), store.unserved_reason(record)
+    click.echo(f"{word} (blocked: {unserved})" if unserved else word)
 
 
 @click.command()
