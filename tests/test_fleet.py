@@ -208,3 +208,20 @@ def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, sto
         table = invoke("workers").stdout
         assert "b7" in table and "(unversioned)" in table
     assert json.loads(invoke("workers", "--json").stdout)["workers"] == []
+
+
+def test_start_refuses_a_type_its_app_does_not_define(redis_url: str, store: RedisStore) -> None:
+    refused = invoke("start", "Waitr", "--app", "apps.basic")
+    assert refused.exit_code == 1
+    assert "'Waitr' is not defined in --app apps.basic; did you mean 'Waiter'?" in refused.stderr
+    assert store.list_runs() == []
+
+
+def test_start_warns_when_no_live_worker_runs_the_type(redis_url: str, store: RedisStore) -> None:
+    started = invoke("start", "Waiter", "0.01", "--app", "apps.basic")
+    assert started.exit_code == 0
+    assert "warning: no live worker on queue 'default' runs workflow type 'Waiter'" in started.stderr
+    with worker(redis_url):
+        wait_registered(store, 1)
+        quiet = invoke("start", "Waiter", "0.01")
+        assert quiet.exit_code == 0 and "warning" not in quiet.stderr

@@ -7,6 +7,7 @@ with the reason, computed on read from the worker registry.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
@@ -14,9 +15,10 @@ import click
 from rich.table import Table
 from rich.text import Text
 
+from durable import registry
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo, no_live_worker_reason, served_queues, takes_new_runs
-from workers.cli.core import CliState, pass_state
+from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
 from workers.config import mask_url
 
@@ -73,6 +75,22 @@ def with_unserved(
     runs += [r for r in recent if r.get("blocked_kind") == NO_LIVE_WORKER and r["run_id"] not in seen]
     runs.sort(key=lambda r: r.get("created", 0), reverse=True)
     return runs[:limit]
+
+
+def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Sequence[str]) -> str | None:
+    """Before ``durable start``: refuse a type the loaded ``--app`` modules do not define
+    (:class:`CliError`); return a warning when no live worker of ``queue`` runs the type."""
+    if apps and workflow_type not in registry.workflows():
+        known = sorted(registry.workflows())
+        near = difflib.get_close_matches(workflow_type, known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f" (it defines: {', '.join(known) or 'none'})"
+        raise CliError(f"workflow type {workflow_type!r} is not defined in --app {', '.join(apps)}{hint}")
+    if any(workflow_type in w.workflows and queue in w.queues for w in store.live_workers()):
+        return None
+    return (
+        f"warning: no live worker on queue {queue!r} runs workflow type {workflow_type!r}; "
+        "the run waits until one starts (see `durable workers`)"
+    )
 
 
 def fleet_report(store: RedisStore) -> dict[str, Any]:
