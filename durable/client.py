@@ -20,7 +20,7 @@ from .errors import (
 from .ids import check_workflow_id, new_run_id
 from .registry import check_name, get_workflow
 from .replay import Driver
-from .runinfo import BlockedReason, RunDescription, RunOutcome, blocked_reason, outcome_of
+from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from .store.waits import wait_alone, waiter_for
@@ -295,7 +295,7 @@ class WorkflowStub:
     def blocked(self) -> BlockedReason | None:
         """Why the current run cannot make progress until an operator acts (``None``: it can,
         or it is closed). :meth:`status` still says ``pending`` or ``suspended`` for it."""
-        return blocked_reason(self._store.run_record(self._ref()))
+        return self._store.why_blocked(self._store.run_record(self._ref()))
 
     def snapshot(self) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, blocked
@@ -305,7 +305,7 @@ class WorkflowStub:
         ref = self._ref()
         record = self._store.run_record(ref)
         snap = dict(record.get("snapshot") or {})
-        blocked = blocked_reason(record)
+        blocked = self._store.why_blocked(record)
         outcome = self._outcome(ref, record)
         snap.update(
             workflow_id=self._id,
@@ -403,7 +403,7 @@ class WorkflowStub:
             run_id=ref.run_id,
             type=record.get("type"),
             status=str(record.get("status", "pending")),
-            blocked=blocked_reason(record),
+            blocked=self._store.why_blocked(record),
             outcome=outcome,
             created=record.get("created"),
             closed=record.get("closed"),

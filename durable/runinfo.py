@@ -10,7 +10,7 @@ from typing import Any
 from . import codec
 from . import events as ev
 from .errors import ApplicationError, DurableError
-from .store.redis_store import OPEN_STATUSES
+from .store.records import OPEN_STATUSES
 
 BLOCKED_KINDS = (
     "nondeterminism",
@@ -22,6 +22,9 @@ BLOCKED_KINDS = (
     "other",
 )
 """The kinds of :attr:`BlockedReason.kind` (``other``: a reason not classified here)."""
+
+NO_LIVE_WORKER = "no_live_worker"
+"""The kind of a run pinned to a build that no live worker serves (found on read, not recorded)."""
 
 # Reasons written before runs recorded a kind (and writers that give none) name the
 # error type first ("NondeterminismError: ...") or say what happened in words.

@@ -12,8 +12,10 @@ from durable.store.redis_store import RedisStore
 from workers.worker import Worker, WorkerThread
 
 
-def versioned(store: RedisStore, build: str, *compatible: str) -> WorkerThread:
-    return WorkerThread(Worker(store, build_id=build, compatible=compatible, grace=5, block_ms=100))
+def versioned(store: RedisStore, build: str, *compatible: str, promote: bool = False) -> WorkerThread:
+    return WorkerThread(
+        Worker(store, build_id=build, compatible=compatible, grace=5, block_ms=100, promote=promote)
+    )
 
 
 def test_rolling_deploy_old_runs_stay_on_old_code(store: RedisStore) -> None:
@@ -23,7 +25,7 @@ def test_rolling_deploy_old_runs_stay_on_old_code(store: RedisStore) -> None:
     try:
         first = WorkflowStub.make(Waiter).start(0.01)
         wait_for(lambda: first.snapshot()["build_id"] == "v1" and first.status() == "suspended")
-        with versioned(store, "v2"):
+        with versioned(store, "v2", promote=True):  # the operator moves new runs to v2
             time.sleep(1.2)  # the old worker notices it is no longer the current build
             second = WorkflowStub.make(Waiter).start(0.01)
             wait_for(lambda: second.snapshot()["build_id"] == "v2" and second.status() == "suspended")

@@ -57,9 +57,11 @@ class WorkerConfig:
         cache_size: Runs kept cached.
         eager: Run scheduled activities in this worker (``--eager``).
         claim_idle: Seconds a task may sit with a silent worker before another reclaims it.
-        build_id: The build id chosen with ``--build-id`` (``None``: derived from the code).
+        build_id: The build id chosen with ``--build-id`` (``None``: unversioned; ``"auto"``:
+            a hash of the ``--app`` sources).
         compatible: Other builds whose runs this code also decides.
-        unversioned: No build id at all.
+        unversioned: No build id at all (the default; overrides ``build_id``).
+        promote: Make the build the queues' current one at start (``--promote``).
         gc_threshold: Young-generation allocations between collector passes (0: Python's).
         log_format: ``text`` or ``json``.
         log_level: A logging level name.
@@ -77,6 +79,7 @@ class WorkerConfig:
     build_id: str | None = None
     compatible: tuple[str, ...] = ()
     unversioned: bool = False
+    promote: bool = False
     gc_threshold: int = 10_000
     log_format: str = "text"
     log_level: str = "INFO"

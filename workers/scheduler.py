@@ -19,6 +19,7 @@ from collections.abc import Callable
 from durable.errors import ActivityTimeout, SessionLost
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+from durable.store.workers import HEARTBEAT_S
 
 from . import faults
 from .attempts import attempt_failed, fail_attempt, timeout_kind
@@ -37,6 +38,8 @@ class Scheduler:
         claim_idle_ms: A task idle this long in another consumer's pending list
             is taken as abandoned (its worker died). Live workers refresh theirs.
         max_sleep: Longest sleep between scans, in seconds.
+        heartbeat: Called every :data:`~durable.store.workers.HEARTBEAT_S` (the worker's
+            registry entry and current-build failover).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Scheduler:
         session_queue: str = "",
         claim_idle_ms: int = 30_000,
         max_sleep: float = 1.0,
+        heartbeat: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.streams = streams
@@ -61,6 +65,8 @@ class Scheduler:
         self.session_queue = session_queue
         self.claim_idle_ms = claim_idle_ms
         self.max_sleep = max_sleep
+        self.heartbeat = heartbeat
+        self._last_beat = time.time()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._next_due = float("inf")
@@ -120,6 +126,12 @@ class Scheduler:
             self._refresh_in_flight()
             self._reclaim()
             self._check_workers()
+        if now - self._last_beat >= HEARTBEAT_S:
+            self._last_beat = now
+            try:
+                self.heartbeat()
+            except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
+                log.warning("worker heartbeat failed: %s", exc)
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:

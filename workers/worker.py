@@ -51,6 +51,7 @@ from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 from .allowed import Allowed
 from .attempts import attempt_deadline, complete_batch, completion, execute_attempt, run_activity
 from .decider import Decider, Task
+from .membership import Membership
 from .outbox import handle_outbox
 from .reader import TaskReader
 from .scheduler import Scheduler
@@ -94,9 +95,13 @@ def tune_gc(threshold: int) -> None:
     gc.set_threshold(threshold, second, third)
 
 
+AUTO_BUILD_ID = "auto"
+"""``--build-id auto``: the build id is :func:`code_build_id` of the ``--app`` modules."""
+
+
 def code_build_id(modules: Sequence[Any]) -> str:
-    """A build id derived from the app's code: a hash of the loaded ``--app`` modules' source
-    files, so changed workflow code gets a new build id without anyone choosing one."""
+    """A build id derived from the app's code (``--build-id auto``): a hash of the loaded
+    ``--app`` modules' source files, so any change (even a comment) gets a new build id."""
     digest = hashlib.sha256()
     for module in sorted(modules, key=lambda m: m.__name__):
         digest.update(module.__name__.encode())
@@ -133,8 +138,10 @@ class Worker:
             pinned to it: their workflow tasks go only to workers of that build
             (or declaring it compatible). Empty: unversioned, nothing pinned.
         compatible: Build ids whose pinned runs this worker may also decide.
-        promote: Make ``build_id`` the queues' current build, so new runs start
-            on this worker's code (older builds keep only their pinned runs).
+        promote: Make ``build_id`` the queues' current build at once, so new runs
+            start on this worker's code (older builds keep only their pinned runs).
+            Without it the build becomes current only when the current one has no
+            live worker left (see :mod:`workers.membership`).
         eager: Run the activities its decisions schedule on its own queues
             itself, under a lease, and commit each result together with the
             run's next decision (one script per step instead of four). Local
@@ -156,7 +163,7 @@ class Worker:
         eager: bool = False,
         build_id: str = "",
         compatible: Sequence[str] = (),
-        promote: bool = True,
+        promote: bool = False,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
@@ -170,7 +177,6 @@ class Worker:
         self._workflow_ok = allowed.workflow
         self._activity_ok = allowed.activity
         self.build_id = build_id
-        self.promote = promote
         # A private queue only this worker serves: worker sessions pin activities to it.
         self.session_queue = "@" + self.consumer.replace(":", "-")
         self._plan_streams(list(compatible), cache_size)
@@ -192,6 +198,7 @@ class Worker:
         # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
         self._transient = TRANSIENT_ERRORS if self.store.cluster else (ConnectionLost,)
         self._stop = threading.Event()
+        self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms)
         self.eager = eager
         self._eager_done: deque[AttemptResult] = deque()
@@ -217,6 +224,19 @@ class Worker:
         self.decisions = 0
         self.activities_run = 0
 
+    def _make_membership(self, compatible: Sequence[str], promote: bool) -> Membership:
+        """The registry entry: this worker's build, queues and the types its app defines."""
+        return Membership(
+            self.store,
+            name=self.consumer,
+            build=self.build_id,
+            compatible=compatible,
+            queues=self.queues,
+            workflows=[n for n in registry.workflows() if self._workflow_ok(n)],
+            activities=[n for n in registry.activities() if self._activity_ok(n)],
+            promote=promote,
+        )
+
     def _make_scheduler(self, claim_idle_ms: int) -> Scheduler:
         return Scheduler(
             self.store,
@@ -227,13 +247,14 @@ class Worker:
             leases=lambda: list(self._leases),
             session_queue=self.session_queue,
             claim_idle_ms=claim_idle_ms,
+            heartbeat=self.membership.heartbeat,
         )
 
     def _plan_streams(self, compatible: list[str], cache_size: int) -> None:
         """The task streams this worker reads, and what each holds (:attr:`stream_kinds`).
 
         Versioned workers (a build id) read the streams of runs pinned to their build
-        and to builds declared compatible; the unpinned streams (new runs) only while
+        and to builds declared compatible; a queue's unpinned streams (new runs) only while
         their build is the queue's current one. Unversioned workers read unpinned only.
         """
         keys = self.store.keys
@@ -242,10 +263,9 @@ class Worker:
         self.pinned_streams = [
             keys.workflow_tasks(p, q, b) for b in self.builds for q in self.queues for p in parts
         ]
-        self.unpinned_streams = [keys.workflow_tasks(p, q) for q in self.queues for p in parts]
+        self._unpinned_of = {q: [keys.workflow_tasks(p, q) for p in parts] for q in self.queues}
+        self.unpinned_streams = [s for q in self.queues for s in self._unpinned_of[q]]
         self.workflow_streams = self.pinned_streams + self.unpinned_streams
-        self._takes_new_runs = True
-        self._current_checked = 0.0
         self.activity_streams = [
             keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
         ]
@@ -282,8 +302,7 @@ class Worker:
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
         self._ensure_groups()
-        if self.build_id and self.promote:
-            self.store.promote_build(self.queues, self.build_id)
+        self.membership.join()
         # The lease first: the runs this worker decides from now on come back to it.
         self.scheduler.renew_lease()
         self.scheduler.start()
@@ -341,8 +360,9 @@ class Worker:
         self._pool.shutdown()
         self.scheduler.stop()
         try:
+            self.membership.leave()
             self.scheduler.release()
-        except Exception:  # noqa: BLE001 - the lease expires by itself
+        except Exception:  # noqa: BLE001 - the lease and the registry entry expire by themselves
             pass
         self.reader.close()
         self.decider.cache.clear()
@@ -418,13 +438,8 @@ class Worker:
         self.reader.wake()
 
     def _decision_streams(self) -> list[str]:
-        if not self.build_id:
-            return self.sticky_streams + self.unpinned_streams
-        now = time.monotonic()
-        if now - self._current_checked > 1.0:
-            self._current_checked = now
-            self._takes_new_runs = all(b == self.build_id for b in self.store.current_build(self.queues))
-        return self.sticky_streams + (self.workflow_streams if self._takes_new_runs else self.pinned_streams)
+        unpinned = [s for q in self.membership.poll() for s in self._unpinned_of[q]]
+        return self.sticky_streams + self.pinned_streams + unpinned
 
     def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
         def hand_over(result: AttemptResult) -> None:

@@ -31,6 +31,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:sticky               set     workers (private queue names) whose private workflow streams exist
     prefix:meta            hash    deployment settings (partition count)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
+    prefix:workers         set     names of registered workers (entries whose key expired are stale)
+    prefix:worker:<name>   string  a live worker's registry entry (JSON; expires unless its heartbeat renews it)
 """
 
 from __future__ import annotations
@@ -164,6 +166,14 @@ class Keys:
     def current_build(self, queue: str) -> str:
         """Which build id takes the new runs of ``queue`` (plain key: read outside scripts)."""
         return f"{self.prefix}:build:{queue}"
+
+    def worker_index(self) -> str:
+        """The names of registered workers (plain key: read outside scripts)."""
+        return f"{self.prefix}:workers"
+
+    def worker(self, name: str) -> str:
+        """A worker's registry entry: what it serves; it expires unless the worker renews it."""
+        return f"{self.prefix}:worker:{name}"
 
     def activity_tasks(self, p: int, queue: str) -> str:
         return f"{self.tag(p)}:aq:{queue}"

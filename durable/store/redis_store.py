@@ -12,7 +12,8 @@ The class is assembled from one module per concern:
 * :mod:`~durable.store.runs` -- start, load, commit, deliver, terminate, hooks, listing;
 * :mod:`~durable.store.queues` -- task streams, dead letters, builds, the test clock;
 * :mod:`~durable.store.activities` -- attempt outcomes, heartbeats, deadlines, timers;
-* :mod:`~durable.store.leases` -- worker leases, dead workers' tasks, reclaim.
+* :mod:`~durable.store.leases` -- worker leases, dead workers' tasks, reclaim;
+* :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .leases import LeaseStore
 from .queues import QueueStore
 from .records import CLOSED_STATUSES, OPEN_STATUSES, CommitResult, RunRef, StaleCompletion
 from .tasks import child_result_message
+from .workers import WorkerRegistry
 
 __all__ = [
     "CLOSED_STATUSES",
@@ -42,7 +44,7 @@ __all__ = [
 ]
 
 
-class RedisStore(QueueStore, ActivityStore, LeaseStore):
+class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry):
     """durable's state in Redis: histories, inboxes, task streams, timers.
 
     Args:

@@ -16,7 +16,7 @@ The package is a thin layer over :mod:`durable`:
 
 * :mod:`~workers.cli.core` -- the group, its state (which Redis), error lines, ``--app`` loading;
 * :mod:`~workers.cli.runs`, :mod:`~workers.cli.inspect`, :mod:`~workers.cli.worker`,
-  :mod:`~workers.cli.tools` -- the commands;
+  :mod:`~workers.cli.fleet`, :mod:`~workers.cli.tools` -- the commands;
 * :mod:`~workers.cli.render` -- JSON and tables; :mod:`~workers.cli.export` -- the history
   export format of ``durable replay``;
 * :mod:`~workers.cli.bootstrap` -- a :class:`~workers.config.WorkerConfig` to a running worker.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.cli import inspect, runs, tools, worker
+from workers.cli import fleet, inspect, runs, tools, worker
 from workers.cli.core import CliError, cli, parse_args
 from workers.cli.export import export_history, load_export
 from workers.cli.render import json_default, to_json
@@ -44,7 +44,7 @@ __all__ = [
     "to_json",
 ]
 
-for _command in (*runs.COMMANDS, *inspect.COMMANDS, *worker.COMMANDS, *tools.COMMANDS):
+for _command in (*runs.COMMANDS, *inspect.COMMANDS, *worker.COMMANDS, *fleet.COMMANDS, *tools.COMMANDS):
     cli.add_command(_command)
 
 

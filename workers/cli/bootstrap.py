@@ -14,7 +14,7 @@ from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
 from workers.supervisor import PARENT_ENV
-from workers.worker import Worker, code_build_id, tune_gc
+from workers.worker import AUTO_BUILD_ID, Worker, code_build_id, tune_gc
 
 __all__ = ["configure_logging", "run_worker"]
 
@@ -56,7 +56,9 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
     modules = load_apps(config.apps)
     if config.gc_threshold:
         tune_gc(config.gc_threshold)
-    build_id = "" if config.unversioned else (config.build_id or code_build_id(modules))
+    build_id = "" if config.unversioned or not config.build_id else config.build_id
+    if build_id == AUTO_BUILD_ID:
+        build_id = code_build_id(modules)
     worker = Worker(
         store,
         queues=list(config.queues) or ["default"],
@@ -67,6 +69,7 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         eager=config.eager,
         build_id=build_id,
         compatible=config.compatible,
+        promote=config.promote,
     )
     log.info("build id: %s", build_id or "(unversioned)")
     worker.install_signal_handlers()

@@ -7,6 +7,7 @@ import click
 from durable import WorkflowStub
 from workers.cli.core import CliState, pass_state
 from workers.cli.export import export_history
+from workers.cli.fleet import with_unserved
 from workers.cli.render import (
     console,
     dead_letters_table,
@@ -90,6 +91,7 @@ def list_(
             console().print(dead_letters_table(letters, where))
         return
     runs = store.list_runs(status=status_, workflow_type=workflow_type, limit=limit, before_ms=before_ms)
+    runs = with_unserved(store, runs, status_ == "blocked", workflow_type, limit, before_ms)
     if as_json:
         click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
     else:

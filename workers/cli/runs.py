@@ -8,6 +8,7 @@ from durable import WorkflowStub
 from durable.errors import WorkflowClosed
 from durable.store.redis_store import CLOSED_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
+from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
 
 __all__ = ["COMMANDS"]
@@ -40,12 +41,16 @@ def start(
 
     Prints `workflow_id: ...` and `run_id: ...`; with --wait, then the result as
     one JSON line (a failed run exits 1 with an error line). An unregistered TYPE
-    is started by name: a worker whose --app defines it will run it.
+    is started by name: a worker whose --app defines it will run it (with --app, TYPE
+    must be defined there). Warns when no live worker of the queue runs TYPE.
     """
     if apps:
         load_apps(apps)
     stub = WorkflowStub.make(workflow_type, id=workflow_id, queue=queue, store=state.store)
+    warning = check_startable(stub.store, workflow_type, stub.queue or "default", apps)
     stub.start(*parse_args(args))
+    if warning:
+        click.echo(warning, err=True)
     click.echo(f"workflow_id: {stub.id}")
     click.echo(f"run_id: {stub.run_id}")
     if wait:
@@ -108,8 +113,9 @@ def terminate(state: CliState, workflow_id: str, reason: str) -> None:
 @pass_state
 def status(state: CliState, workflow_id: str) -> None:
     """Print the status word of workflow ID's current run (and why, when it is blocked)."""
-    info = _stub(state, workflow_id).describe()
-    click.echo(f"{info.status} (blocked: {info.blocked.message})" if info.blocked else info.status)
+    stub = _stub(state, workflow_id)
+    word, blocked = stub.status(), stub.blocked()
+    click.echo(f"{word} (blocked: {blocked.message})" if blocked else word)
 
 
 @click.command()

@@ -57,8 +57,16 @@ _worker_options: list[Callable[[Any], Any]] = [
     click.option(
         "--build-id",
         default=None,
-        help="Build id of this code (default: a hash of the --app modules' source). Runs this worker "
-        "decides first are pinned to it; new runs go to the newest build's workers.",
+        metavar="BUILD",
+        help="Pin runs to this build (default: unversioned, runs continue on whatever code the live "
+        "workers have). Runs this worker decides first are pinned to BUILD; 'auto' = a hash of the "
+        "--app sources. New runs go to the queue's current build: see --promote.",
+    ),
+    click.option(
+        "--promote",
+        is_flag=True,
+        help="Make --build-id the queues' current build now (new runs go to it). Without it a build "
+        "becomes current only when the current one has no live worker left.",
     ),
     click.option(
         "--compatible-build-id",
@@ -67,7 +75,11 @@ _worker_options: list[Callable[[Any], Any]] = [
         metavar="BUILD",
         help="Also decide runs pinned to BUILD (repeatable): this code replays their histories.",
     ),
-    click.option("--unversioned", is_flag=True, help="No build id: pin nothing, take any unpinned run."),
+    click.option(
+        "--unversioned",
+        is_flag=True,
+        help="No build id (the default; overrides --build-id): pin nothing, take any unpinned run.",
+    ),
     click.option(
         "--gc-threshold",
         default=10_000,
@@ -107,6 +119,7 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         build_id=options["build_id"],
         compatible=tuple(options["compatible"]),
         unversioned=options["unversioned"],
+        promote=options["promote"],
         gc_threshold=options["gc_threshold"],
         log_format=options["log_format"],
         log_level=options["log_level"],

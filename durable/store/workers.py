@@ -1,0 +1,194 @@
+"""The worker registry in Redis: which workers live, what they serve, which build takes new runs.
+
+Every worker writes an entry (``prefix:worker:<name>``, JSON) from its scheduler
+thread every few seconds, with a time to live of several heartbeats, and names
+itself in ``prefix:workers``. An entry whose key expired is a worker that died
+(a graceful stop deletes it at once); readers drop such names from the index.
+
+The registry answers the operator's questions (``durable workers``), tells a
+versioned worker whether the queue's current build still has a live worker (if
+not, it takes over, see :meth:`WorkerRegistry.claim_current_build`), and tells
+clients that a run pinned to a build is stranded because no live worker serves
+that build (:func:`no_live_worker_reason`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
+from .base import StoreBase
+from .keys import is_private
+from .records import OPEN_STATUSES, text
+
+__all__ = [
+    "HEARTBEAT_S",
+    "REGISTRY_TTL_MS",
+    "WorkerInfo",
+    "WorkerRegistry",
+    "no_live_worker_reason",
+    "served_queues",
+    "takes_new_runs",
+]
+
+HEARTBEAT_S = 2.0
+"""Seconds between a worker's registry heartbeats."""
+
+REGISTRY_TTL_MS = 10_000
+"""A registry entry not renewed this long (five heartbeats) is a dead worker's."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker's registry entry.
+
+    Attributes:
+        name: The worker's consumer name (unique per process).
+        host: The machine's host name.
+        pid: The worker's process id.
+        build: Its build id (``""``: unversioned, it pins nothing).
+        compatible: Other builds whose pinned runs it also decides.
+        queues: The task queues it serves (its private queue left out).
+        workflows: The workflow type names it can run.
+        activities: The activity type names it can run.
+        started: When it started (Redis time, ms).
+        seen: Its last heartbeat (Redis time, ms).
+    """
+
+    name: str
+    host: str = ""
+    pid: int = 0
+    build: str = ""
+    compatible: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    workflows: tuple[str, ...] = ()
+    activities: tuple[str, ...] = ()
+    started: int = 0
+    seen: int = 0
+
+    @property
+    def builds(self) -> set[str]:
+        """The builds whose pinned runs this worker decides (``{""}`` when unversioned)."""
+        return {self.build, *self.compatible} if self.build else {""}
+
+    def to_json(self) -> str:
+        """The entry as stored."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerInfo | None:
+        """An entry read back (``None`` when it is not one: written by something else)."""
+        try:
+            # Fields a newer worker added are left out rather than making the entry unreadable.
+            known = {f.name for f in fields(cls)}
+            data = {k: v for k, v in json.loads(raw).items() if k in known}
+            for name in ("compatible", "queues", "workflows", "activities"):
+                data[name] = tuple(data.get(name) or ())
+            return cls(**data)
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
+    """Why an open run pinned to a build cannot move: no live worker serves that build on its queue.
+
+    Args:
+        record: The run record (``build``, ``queue``, ``status``, ``blocked``, ``workflow_id``).
+        live: The live workers (:meth:`WorkerRegistry.live_workers`).
+
+    Returns:
+        The reason (it starts with ``"no live worker"``), or ``None``: the run is not
+        pinned, is closed, is already blocked for another reason, or a live worker
+        of its queue decides its build.
+    """
+    build = str(record.get("build") or "")
+    if not build or record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
+        return None
+    queue = str(record.get("queue") or "default")
+    if any(queue in w.queues and build in w.builds for w in live):
+        return None
+    wid = record.get("workflow_id") or "ID"
+    return (
+        f"no live worker serves build {build!r} on queue {queue!r}, and the run is pinned to it: start "
+        f"`durable worker --build-id {build}` (or a worker with `--compatible-build-id {build}`), "
+        f"or move the run with `durable repair {wid} --build-id NEW`"
+    )
+
+
+def served_queues(live: Iterable[WorkerInfo]) -> list[str]:
+    """The shared queues ``live`` workers serve, sorted (private queues left out)."""
+    return sorted({q for w in live for q in w.queues if not is_private(q)})
+
+
+def takes_new_runs(queue: str, current: str, live: Iterable[WorkerInfo]) -> list[WorkerInfo]:
+    """The live workers that start ``queue``'s new runs: unversioned ones, and those of the
+    queue's ``current`` build (versioned workers of other builds only decide their pinned runs)."""
+    return [w for w in live if queue in w.queues and (not w.build or w.build == current)]
+
+
+class WorkerRegistry(StoreBase):
+    """Workers' registry entries, and the compare-and-set of a queue's current build."""
+
+    def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> None:
+        """Write (or renew) ``info``; it lapses after ``ttl_ms`` unless written again."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms)
+            pipe.sadd(self.keys.worker_index(), info.name)
+            pipe.execute()
+
+    def unregister_worker(self, name: str) -> None:
+        """Remove a stopping worker's entry at once (others stop counting on it)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(self.keys.worker(name))
+            pipe.srem(self.keys.worker_index(), name)
+            pipe.execute()
+
+    def live_workers(self) -> list[WorkerInfo]:
+        """Every worker whose entry has not lapsed, by name; lapsed names leave the index."""
+        index = self.keys.worker_index()
+        names = sorted(text(n) for n in self.redis.smembers(index))
+        if not names:
+            return []
+        keys = [self.keys.worker(n) for n in names]
+        # The entries are plain keys in different slots on a cluster.
+        raw = self.redis.mget_nonatomic(keys) if self.cluster else self.redis.mget(keys)
+        live, gone = [], []
+        for name, value in zip(names, raw, strict=True):
+            info = WorkerInfo.from_json(value) if value is not None else None
+            if info is None:
+                gone.append(name)
+            else:
+                live.append(info)
+        if gone:
+            self.redis.srem(index, *gone)
+        return live
+
+    def live_builds(self, queue: str) -> set[str]:
+        """The builds live workers of ``queue`` decide (``""`` for unversioned workers)."""
+        out: set[str] = set()
+        for w in self.live_workers():
+            if queue in w.queues:
+                out |= w.builds
+        return out
+
+    def unserved_reason(self, record: Mapping[str, Any]) -> str | None:
+        """:func:`no_live_worker_reason` of a run record, against the live workers now."""
+        if not record.get("build") or record.get("status", "pending") not in OPEN_STATUSES:
+            return None  # no registry read for the common case
+        return no_live_worker_reason(record, self.live_workers())
+
+    def why_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
+        """Why an open run cannot move: the reason its record holds (nondeterminism, unknown
+        type, ...), else a pinned build that no live worker serves; ``None``: it can move."""
+        reason = blocked_reason(record)
+        if reason is None and (unserved := self.unserved_reason(record)):
+            reason = BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
+        return reason
+
+    def claim_current_build(self, queue: str, expected: str, build: str) -> bool:
+        """Make ``build`` the current build of ``queue`` if it still is ``expected`` (``""``:
+        none). Returns whether it was set (another writer may have changed it first)."""
+        return bool(self._run_script("claim_build", [self.keys.current_build(queue)], [expected, build]))

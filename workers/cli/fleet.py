@@ -1,0 +1,203 @@
+"""Commands about the workers: ``workers`` (who is live, what they serve) and ``promote``.
+
+Also the CLI's view of a run pinned to a build no live worker serves
+(:func:`mark_unserved`): ``status``, ``describe`` and ``list`` show it as blocked,
+with the reason, computed on read from the worker registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, MutableMapping, Sequence
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from durable import registry
+from durable.runinfo import NO_LIVE_WORKER
+from durable.store.records import OPEN_STATUSES
+from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo, no_live_worker_reason, served_queues, takes_new_runs
+from workers.cli.core import CliError, CliState, pass_state
+from workers.cli.render import console, to_json
+from workers.config import mask_url
+
+__all__ = [
+    "COMMANDS",
+    "fleet_report",
+    "mark_unserved",
+    "with_unserved",
+]
+
+
+def mark_unserved(records: Iterable[MutableMapping[str, Any]], live: Sequence[WorkerInfo]) -> None:
+    """Set ``blocked`` (and ``blocked_kind``) on each open run record pinned to a build that no
+    live worker of its queue serves; records blocked for another reason keep theirs."""
+    for record in records:
+        reason = no_live_worker_reason(record, live)
+        if reason:
+            record["blocked"] = reason
+            record["blocked_kind"] = NO_LIVE_WORKER
+
+
+def with_unserved(
+    store: RedisStore,
+    runs: list[dict[str, Any]],
+    blocked_only: bool,
+    workflow_type: str | None,
+    limit: int,
+    before_ms: int | None,
+) -> list[dict[str, Any]]:
+    """``durable list``'s rows with stranded pinned runs marked blocked; for ``--status blocked``,
+    the runs blocked on record plus the stranded ones among the newest open runs."""
+    live = store.live_workers()
+    mark_unserved(runs, live)
+    if not blocked_only:
+        return runs
+    seen = {r["run_id"] for r in runs}
+    recent = store.list_runs(workflow_type=workflow_type, limit=limit * 4, before_ms=before_ms)
+    mark_unserved(recent, live)
+    runs += [
+        r
+        for r in recent
+        if r.get("blocked_kind") == NO_LIVE_WORKER
+        and r.get("status") in OPEN_STATUSES
+        and r["run_id"] not in seen
+    ]
+    runs.sort(key=lambda r: r.get("created", 0), reverse=True)
+    return runs[:limit]
+
+
+def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Sequence[str]) -> str | None:
+    """Before ``durable start``: refuse a type the loaded ``--app`` modules do not define
+    (:class:`CliError`); return a warning when no live worker of ``queue`` runs the type."""
+    if apps and workflow_type not in registry.workflows():
+        known = sorted(registry.workflows())
+        near = difflib.get_close_matches(workflow_type, known, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f" (it defines: {', '.join(known) or 'none'})"
+        raise CliError(f"workflow type {workflow_type!r} is not defined in --app {', '.join(apps)}{hint}")
+    if any(workflow_type in w.workflows and queue in w.queues for w in store.live_workers()):
+        return None
+    return (
+        f"warning: no live worker on queue {queue!r} runs workflow type {workflow_type!r}; "
+        "the run waits until one starts (see `durable workers`)"
+    )
+
+
+def fleet_report(store: RedisStore) -> dict[str, Any]:
+    """What ``durable workers --json`` prints: the live workers, and per queue which build
+    is current and which workers start its new runs."""
+    live = store.live_workers()
+    now = store.server_time_ms()
+    queues = served_queues(live)
+    current = store.current_build(queues)
+    per_queue = {}
+    for queue, build in zip(queues, current, strict=True):
+        starters = takes_new_runs(queue, build, live)
+        per_queue[queue] = {
+            "current_build": build or None,
+            "current_build_live": any(w.build == build for w in starters) if build else None,
+            "new_runs_to": sorted({w.build or "(unversioned)" for w in starters}),
+            "workers": sorted(w.name for w in live if queue in w.queues),
+        }
+    workers = [
+        {
+            "name": w.name,
+            "host": w.host,
+            "pid": w.pid,
+            "build_id": w.build or None,
+            "compatible": list(w.compatible),
+            "queues": list(w.queues),
+            "workflows": list(w.workflows),
+            "activities": list(w.activities),
+            "started": w.started,
+            "last_heartbeat": w.seen,
+            "heartbeat_age_s": round(max(0, now - w.seen) / 1000, 1),
+        }
+        for w in live
+    ]
+    return {"workers": workers, "queues": per_queue}
+
+
+def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
+    table = Table(
+        title=f"live workers ({len(report['workers'])})", title_justify="left", caption=f"redis: {redis_url}"
+    )
+    for col in ("worker", "pid", "build", "queues", "workflows", "activities", "heartbeat"):
+        table.add_column(col, overflow="fold")
+    for w in report["workers"]:
+        table.add_row(
+            w["name"],
+            str(w["pid"]),
+            (w["build_id"] or "(unversioned)") + "".join(f"\n+{b}" for b in w["compatible"]),
+            ", ".join(w["queues"]),
+            ", ".join(w["workflows"]),
+            ", ".join(w["activities"]),
+            f"{w['heartbeat_age_s']} s ago",
+        )
+    return table
+
+
+def _queues_table(report: dict[str, Any]) -> Table:
+    table = Table(title="new runs", title_justify="left")
+    for col in ("queue", "current build", "new runs go to"):
+        table.add_column(col, overflow="fold")
+    for queue, q in report["queues"].items():
+        current = q["current_build"] or "(none)"
+        if q["current_build_live"] is False:
+            current = Text(f"{current} (no live worker)", style="red")
+        starters = ", ".join(q["new_runs_to"])
+        table.add_row(queue, current, starters or Text("no live worker takes new runs", style="bold red"))
+    return table
+
+
+@click.command(name="workers")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@pass_state
+def workers_(state: CliState, as_json: bool) -> None:
+    """The live workers: build ids, queues, the types they run, last heartbeat; and per queue,
+    which build takes new runs."""
+    report = fleet_report(state.existing_store)
+    if as_json:
+        click.echo(to_json(report, indent=1))
+        return
+    out = console()
+    out.print(_workers_table(report, mask_url(state.url or "")))
+    if report["queues"]:
+        out.print(_queues_table(report))
+
+
+@click.command()
+@click.argument("build")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    help="Queue whose new runs go to BUILD (repeatable).",
+)
+@pass_state
+def promote(state: CliState, build: str, queues: tuple[str, ...]) -> None:
+    """Make BUILD the current build of QUEUEs: their new runs start on BUILD's workers.
+
+    Runs already pinned to other builds stay with them. Unversioned workers keep taking
+    new runs whatever the current build.
+    """
+    store = state.existing_store
+    before = store.current_build(queues)
+    store.promote_build(queues, build)
+    live = store.live_workers()
+    for queue, old in zip(queues, before, strict=True):
+        click.echo(f"queue {queue}: new runs go to build {build} (was {old or 'none'})")
+        if not any(queue in w.queues and w.build == build for w in live):
+            click.echo(
+                f"warning: no live worker of build {build} serves queue {queue}: start its workers first "
+                "(meanwhile a live worker of another build takes the new runs back within seconds)",
+                err=True,
+            )
+
+
+COMMANDS = [workers_, promote]

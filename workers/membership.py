@@ -1,0 +1,147 @@
+"""A worker's place in the fleet: its registry entry, and whether it starts new runs.
+
+The worker writes its registry entry (:class:`~durable.store.workers.WorkerInfo`:
+build, queues, the types it can run, last heartbeat) when it starts and on every
+heartbeat of its scheduler thread, and deletes it when it stops.
+
+Which workers start a queue's new runs (its unpinned workflow tasks):
+
+* unversioned workers (no build id, the default): always;
+* versioned workers: while their build is the queue's *current* build.
+
+The current build changes only when an operator says so (``durable worker
+--promote``, ``durable promote``) or when it has no live worker left: then a
+live versioned worker of the queue takes over at its next heartbeat, and logs
+it with both build ids. Starting a worker never takes new runs away from live
+workers of the current build.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
+
+__all__ = ["CURRENT_POLL_S", "Membership"]
+
+log = logging.getLogger("durable.worker")
+
+CURRENT_POLL_S = 1.0
+"""How often the main thread re-reads the queues' current builds (an operator's promotion
+shows within this)."""
+
+
+class Membership:
+    """This worker's registry entry, and the queues whose new runs it starts.
+
+    Args:
+        store: The store.
+        name: The worker's consumer name.
+        build: Its build id (``""``: unversioned).
+        compatible: Builds whose pinned runs it also decides.
+        queues: The shared queues it serves.
+        workflows: The workflow types it can run.
+        activities: The activity types it can run.
+        promote: Make ``build`` the queues' current build when starting (``--promote``).
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        name: str,
+        build: str,
+        compatible: Sequence[str],
+        queues: Sequence[str],
+        workflows: Sequence[str],
+        activities: Sequence[str],
+        promote: bool,
+    ) -> None:
+        self.store = store
+        self.build = build
+        self.promote = promote
+        self.queues = list(queues)
+        self.info = WorkerInfo(
+            name=name,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            build=build,
+            compatible=tuple(compatible),
+            queues=tuple(queues),
+            workflows=tuple(sorted(workflows)),
+            activities=tuple(sorted(activities)),
+        )
+        self._started = 0
+        # Queues whose new runs this worker starts: all of them when unversioned.
+        self.new_run_queues: list[str] = [] if build else list(queues)
+        self._polled = 0.0
+
+    def join(self) -> None:
+        """Register, then (versioned) promote if asked or take over queues nobody serves."""
+        self._started = self.store.server_time_ms()
+        self._register()
+        if self.build and self.promote:
+            before = self.store.current_build(self.queues)
+            self.store.promote_build(self.queues, self.build)
+            for queue, old in zip(self.queues, before, strict=True):
+                if old != self.build:
+                    log.warning(
+                        "queue %s: new runs now go to build %s (was %s), as --promote asked",
+                        queue,
+                        self.build,
+                        old or "none",
+                    )
+        self.heartbeat(register=False)
+
+    def leave(self) -> None:
+        """Remove the registry entry at once (a graceful stop): others fail over now."""
+        self.store.unregister_worker(self.info.name)
+
+    def heartbeat(self, *, register: bool = True) -> None:
+        """Renew the entry; a versioned worker takes over queues whose current build has no
+        live worker (scheduler thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
+        if register:
+            self._register()
+        if not self.build:
+            return
+        current = self.store.current_build(self.queues)
+        stale = [(q, c) for q, c in zip(self.queues, current, strict=True) if c != self.build]
+        if not stale:
+            return
+        live = self.store.live_workers()
+        for queue, old in stale:
+            if old and any(queue in w.queues and w.build == old for w in live):
+                continue  # the current build is alive: it keeps the new runs
+            if self.store.claim_current_build(queue, old, self.build):
+                if old:
+                    log.warning(
+                        "queue %s: build %s has no live worker left; new runs now go to build %s (this worker)",
+                        queue,
+                        old,
+                        self.build,
+                    )
+                else:
+                    log.info("queue %s: new runs go to build %s (no build was current)", queue, self.build)
+        self._polled = 0.0  # re-read the current builds at the next pass
+
+    def poll(self) -> list[str]:
+        """The queues whose new runs this worker starts, re-read at most every
+        :data:`CURRENT_POLL_S` (main thread: it decides which streams to read)."""
+        if not self.build:
+            return self.new_run_queues
+        now = time.monotonic()
+        if now - self._polled >= CURRENT_POLL_S:
+            self._polled = now
+            current = self.store.current_build(self.queues)
+            self.new_run_queues = [q for q, c in zip(self.queues, current, strict=True) if c == self.build]
+        return self.new_run_queues
+
+    def _register(self) -> None:
+        now = self.store.server_time_ms()
+        self.store.register_worker(replace(self.info, started=self._started or now, seen=now))
