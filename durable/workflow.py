@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .activity import RetryPolicy, Seconds
 from .errors import DurableError
+from .retention import retention_ms
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +47,10 @@ class Workflow:
         history_budget: ``{"events": N, "bytes": M}`` (either key; defaults
             10,000 events and 10 MiB): the size past 80% of which
             :func:`should_continue_as_new` is true and a warning is logged.
+        retention: How long a closed run of this type stays in Redis before the
+            scheduler purges it: a ``timedelta``, seconds, or ``"30d"``; ``None``
+            (default): the namespace's (``durable worker --retention``, else 7 days).
+            Recorded in the run when it starts.
 
     Example:
         ```python
@@ -62,6 +67,7 @@ class Workflow:
     queue: ClassVar[str] = "default"
     patches: ClassVar[tuple[str, ...]] = ()
     history_budget: ClassVar[dict[str, int]] = dict(DEFAULT_HISTORY_BUDGET)
+    retention: ClassVar[timedelta | float | str | None] = None
     _signals: ClassVar[dict[str, str]] = {}
     _queries: ClassVar[dict[str, str]] = {}
 
@@ -78,6 +84,8 @@ class Workflow:
         cls._signals = signals
         cls._queries = queries
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
+        if cls.retention is not None:
+            retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention
         from .registry import register_workflow_class
 
         register_workflow_class(cls)

@@ -21,6 +21,7 @@ from durable import codec
 from durable.errors import ActivityTimeout, SessionLost
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
+from durable.store.retention import Purger
 
 from . import faults
 from .runner import attempt_failed, fail_attempt, timeout_kind
@@ -69,6 +70,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
         self.fired = 0
+        #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
+        self.purger = Purger(store)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
@@ -122,6 +125,7 @@ class Scheduler:
             self._refresh_in_flight()
             self._reclaim()
             self._check_workers()
+        self.purger.tick()
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:

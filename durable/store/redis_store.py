@@ -35,6 +35,7 @@ from ..errors import (
     WorkflowNotFound,
 )
 from ..ids import check_workflow_id
+from ..retention import type_retention_ms
 from .keys import GROUP, Keys
 from .wire import Wire, stream_rows
 
@@ -447,6 +448,7 @@ class RedisStore:
                 queue,
                 codec.pack(data),
                 codec.pack(parent) if parent else b"",
+                type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
             ],
         )
         if _s(result[0]) == "ALREADY":
