@@ -49,7 +49,7 @@ class Workflow:
             :func:`should_continue_as_new` is true and a warning is logged.
         retention: How long a closed run of this type stays in Redis before the
             scheduler purges it: a ``timedelta``, seconds, or ``"30d"``; ``None``
-            (default): the namespace's (``durable worker --retention``, else 7 days).
+            (default): the namespace's (``durable worker --retention``, else 3 days).
             Recorded in the run when it starts.
 
     Example:

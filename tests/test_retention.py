@@ -68,7 +68,7 @@ def test_durations_parse_and_bad_ones_are_refused() -> None:
             parse_duration(bad)
     assert retention_ms(timedelta(days=30)) == 30 * 86_400_000
     assert retention_ms(1.5) == 1500
-    assert timedelta(days=7) == DEFAULT_RETENTION
+    assert timedelta(days=3) == DEFAULT_RETENTION
 
 
 def test_a_bad_workflow_retention_fails_at_class_definition() -> None:
@@ -88,11 +88,11 @@ def test_cutoff_takes_a_date_or_a_duration_ago() -> None:
 
 
 def test_namespace_retention_is_stored_per_partition(store: RedisStore) -> None:
-    assert namespace_retention_ms(store) == 7 * 86_400_000
-    assert set_namespace_retention(store, "3d") == 3 * 86_400_000
     assert namespace_retention_ms(store) == 3 * 86_400_000
+    assert set_namespace_retention(store, "12h") == 12 * 3_600_000
+    assert namespace_retention_ms(store) == 12 * 3_600_000
     assert {int(store.redis.get(store.keys.retention(p))) for p in range(store.keys.partitions)} == {
-        3 * 86_400_000
+        12 * 3_600_000
     }
 
 

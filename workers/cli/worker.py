@@ -104,7 +104,7 @@ retention_option = click.option(
     metavar="DURATION",
     help=f"Namespace retention of closed runs (30s, 5m, 1h, 7d), stored in Redis for runs closing from "
     f"now on; a workflow class's `retention` overrides it [env: {ENV}; unset: keep the stored one, "
-    "else 7d].",
+    "else 3d].",
 )
 
 

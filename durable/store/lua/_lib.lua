@@ -69,9 +69,9 @@ end
 
 -- Retention: a run that closes is indexed in `<tag>:closed` by when its retention ends
 -- (its own `retention` field, set at start from its type, else the namespace's
--- `<tag>:retention`, else 7 days), in server time without the test clock offset:
+-- `<tag>:retention`, else 3 days), in server time without the test clock offset:
 -- retention is operations, not workflow time. The scheduler purges it then.
-local DEFAULT_RETENTION_MS = 604800000
+local DEFAULT_RETENTION_MS = 259200000  -- durable.retention.DEFAULT_RETENTION
 
 local function real_now_ms()
   local t = redis.call('TIME')
