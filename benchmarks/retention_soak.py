@@ -63,7 +63,7 @@ def settle(store: RedisStore) -> tuple[int, int]:
     return memory(store)
 
 
-def sizing(store: RedisStore, runs: int, inflight: int) -> None:
+def sizing(store: RedisStore, runs: int, inflight: int) -> float:
     run_batch(store, inflight)  # warm up: groups, scripts, the worker's caches
     mem0, aof0 = settle(store)
     done = 0
@@ -78,6 +78,7 @@ def sizing(store: RedisStore, runs: int, inflight: int) -> None:
         f"  durable purge: {report.total_runs} runs, {report.instances} instances, {report.events} events; "
         f"used_memory {mem1:,} -> {mem2:,} B ({(mem1 - mem2) / max(1, report.total_runs):,.0f} B/run freed)"
     )
+    return (mem1 - mem0) / runs
 
 
 def soak(store: RedisStore, minutes: float, inflight: int, every: float, rate: float) -> list[dict[str, Any]]:
@@ -120,7 +121,7 @@ def soak(store: RedisStore, minutes: float, inflight: int, every: float, rate: f
     return samples
 
 
-def summary(samples: list[dict[str, Any]], retention_s: float) -> None:
+def summary(samples: list[dict[str, Any]], retention_s: float, per_run: float) -> None:
     steady = [s for s in samples if s["t"] >= 2 * retention_s + 20]
     if len(steady) < 4:
         print("too short for a steady-state summary")
@@ -136,8 +137,11 @@ def summary(samples: list[dict[str, Any]], retention_s: float) -> None:
         f"min {min(mems) / 1e6:.2f} MB, max {max(mems) / 1e6:.2f} MB; mean of first third "
         f"{first / 1e6:.2f} MB, last third {last / 1e6:.2f} MB ({(last - first) / 1e6:+.2f} MB)"
     )
-    unbounded = runs * 10_000 / 1e6
-    print(f"  without retention those runs would have added ~{unbounded:.0f} MB (at ~10 KB per closed run)")
+    total = samples[-1]["runs"]
+    print(
+        f"  without retention the {total:,} runs would have added ~{total * per_run / 1e6:.0f} MB "
+        f"(at {per_run:,.0f} B per closed run)"
+    )
 
 
 def main() -> None:
@@ -168,15 +172,14 @@ def main() -> None:
             env=env,
         )
         try:
-            if args.sizing:
-                sizing(store, args.sizing, args.inflight)
+            per_run = sizing(store, args.sizing, args.inflight) if args.sizing else 10_000.0
             set_namespace_retention(store, args.retention)
             print(
                 f"soak: {args.minutes} min, retention {args.retention}, batches of {args.inflight} runs, "
                 f"at most {args.rate} runs/s"
             )
             samples = soak(store, args.minutes, args.inflight, args.every, args.rate)
-            summary(samples, parse_duration(args.retention))
+            summary(samples, parse_duration(args.retention), per_run)
         finally:
             worker.terminate()
             worker.wait(30)

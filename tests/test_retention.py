@@ -188,6 +188,10 @@ def _close_runs(store: RedisStore) -> tuple[list[str], str]:
 
 def test_purge_dry_run_counts_without_deleting(store: RedisStore) -> None:
     closed, open_rid = _close_runs(store)
+    # Closed under the default retention (3 days): indexed to be purged then.
+    ref = store.ref("cli-a")
+    score = store.redis.zscore(store.keys.closed(ref.partition), ref.run_id)
+    assert score is not None and abs(score - time.time() * 1000 - 3 * 86_400_000) < 60_000
     before = sorted(store.redis.keys("*"))
     result = invoke("purge", "--closed-before", "2999-01-01", "--dry-run")
     assert result.exit_code == 0, result.output
