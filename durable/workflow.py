@@ -11,13 +11,14 @@ from __future__ import annotations
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from .activity import activity_context
 from .errors import ConfigurationError, DurableError
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
 from .registry import register_activity, register_workflow_class
+from .retention import retention_ms
 from .runtime import Hook, current_runtime
 
 T = TypeVar("T")
@@ -49,6 +50,10 @@ class Workflow:
         history_budget: ``{"events": N, "bytes": M}`` (either key; defaults
             10,000 events and 10 MiB): the size past 80% of which
             :func:`should_continue_as_new` is true and a warning is logged.
+        retention: How long a closed run of this type stays in Redis before the
+            scheduler purges it: a ``timedelta``, seconds, or ``"30d"``; ``None``
+            (default): the namespace's (``durable worker --retention``, else 3 days).
+            Recorded in the run when it starts.
 
     Example:
         ```python
@@ -65,6 +70,7 @@ class Workflow:
     queue: ClassVar[str] = "default"
     patches: ClassVar[tuple[str, ...]] = ()
     history_budget: ClassVar[dict[str, int]] = dict(DEFAULT_HISTORY_BUDGET)
+    retention: ClassVar[timedelta | float | str | None] = None
     _signals: ClassVar[dict[str, str]] = {}
     _queries: ClassVar[dict[str, str]] = {}
 
@@ -81,6 +87,8 @@ class Workflow:
         cls._signals = signals
         cls._queries = queries
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
+        if cls.retention is not None:
+            retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention
         register_workflow_class(cls)
 
     def handle(self, *args: Any) -> Any:

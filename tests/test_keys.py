@@ -21,6 +21,8 @@ LUA = {
 NOT_KEYS = {
     "0-",  # a history entry id: 0-<seq>
     "\\131",  # the msgpack header of an event envelope (a map of 3)
+    "(",  # an exclusive XRANGE bound: (<ms>-0
+    "-0",
 }
 
 
@@ -55,6 +57,11 @@ def _fragments() -> dict[str, str]:
         "workflow tasks key": infix(k.workflow_tasks(0, x)),
         "sessions key": infix(k.sessions(0)),
         "clock key": infix(k.clock(0)),
+        "instance key": infix(k.instance(0, x)),
+        "history key": infix(k.history(0, x)),
+        "log key": infix(k.log(0, x)),
+        "closed runs key": k.closed(0)[len(tag) :],
+        "retention key": k.retention(0)[len(tag) :],
         "attempt field": K.attempt_field(x)[len(x) :],
         "stream field": K.stream_field(x)[len(x) :],
         "heartbeat field": K.heartbeat_field(x)[len(x) :],
@@ -107,6 +114,7 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
             (K.timer_member("r1", "t2"), [K.TIMER, "r1", "t2"]),
             (K.retry_member("r1", "a|2"), [K.RETRY, "r1", "a|2"]),
         ],
+        "^([^|]+)|": [(K.hook_target("r1", "h|2"), ["r1"])],
     }
     assert _patterns() == set(cases), "a script matches with a pattern this test does not check"
     for pattern, examples in cases.items():

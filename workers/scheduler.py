@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from durable.errors import ActivityTimeout, SessionLost
 from durable.store.redis_store import RedisStore
+from durable.store.retention import Purger
 from durable.store.tasks import ActivityTask
 from durable.store.workers import HEARTBEAT_S
 
@@ -73,6 +74,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
         self.fired = 0
+        #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
+        self.purger = Purger(store)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
@@ -132,6 +135,7 @@ class Scheduler:
                 self.heartbeat()
             except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
                 log.warning("worker heartbeat failed: %s", exc)
+        self.purger.tick()
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:

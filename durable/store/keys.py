@@ -24,6 +24,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
     T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
     T:runs                 zset    created (ms) -> run id, for `durable list`
+    T:closed               zset    end of retention (ms) -> run id of a closed run, purged then
+    T:retention            string  the namespace's retention (ms) of runs closing from now on
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token -> "run|hook id"
     T:sessions             set     private queues (worker sessions) that got activity tasks
@@ -189,6 +191,14 @@ class Keys:
 
     def runs(self, p: int) -> str:
         return f"{self.tag(p)}:runs"
+
+    def closed(self, p: int) -> str:
+        """Closed runs by the end of their retention (ms): the scheduler purges them then."""
+        return f"{self.tag(p)}:closed"
+
+    def retention(self, p: int) -> str:
+        """The namespace retention (ms), one copy per partition: the closing scripts read it."""
+        return f"{self.tag(p)}:retention"
 
     def dead(self, p: int) -> str:
         return f"{self.tag(p)}:dead"

@@ -23,6 +23,7 @@ from ..errors import (
     WorkflowNotFound,
 )
 from ..ids import check_workflow_id
+from ..retention import type_retention_ms
 from .base import StoreBase
 from .keys import parse_hook_target, timer_member
 from .records import (
@@ -219,6 +220,7 @@ class RunStore(StoreBase):
                 queue,
                 codec.pack(data),
                 codec.pack(parent) if parent else b"",
+                type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
             ],
         )
         if text(result[0]) == "ALREADY":

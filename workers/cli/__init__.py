@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.cli import fleet, inspect, runs, tools, worker
+from workers.cli import fleet, inspect, purge, runs, tools, worker
 from workers.cli.core import CliError, cli, parse_args
 from workers.cli.export import export_history, load_export
 from workers.cli.render import json_default, to_json
@@ -44,7 +44,14 @@ __all__ = [
     "to_json",
 ]
 
-for _command in (*runs.COMMANDS, *inspect.COMMANDS, *worker.COMMANDS, *fleet.COMMANDS, *tools.COMMANDS):
+for _command in (
+    *runs.COMMANDS,
+    *inspect.COMMANDS,
+    *worker.COMMANDS,
+    *fleet.COMMANDS,
+    *tools.COMMANDS,
+    *purge.COMMANDS,
+):
     cli.add_command(_command)
 
 

@@ -9,7 +9,10 @@ from typing import Any
 
 import click
 
+from durable.errors import ConfigurationError
+from durable.retention import ENV
 from durable.store.redis_store import RedisStore
+from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, run_worker
 from workers.cli.core import CliError, CliState, pass_state
 from workers.config import WorkerConfig, mask_url
@@ -103,7 +106,27 @@ def worker_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options ``worker`` and ``dev`` share (what a :class:`WorkerConfig` holds)."""
     for option in reversed(_worker_options):
         fn = option(fn)
-    return fn
+    return retention_option(fn)
+
+
+retention_option = click.option(
+    "--retention",
+    envvar=ENV,
+    default=None,
+    metavar="DURATION",
+    help=f"Namespace retention of closed runs (30s, 5m, 1h, 7d), stored in Redis for runs closing from "
+    f"now on; a workflow class's `retention` overrides it [env: {ENV}; unset: keep the stored one, "
+    "else 3d].",
+)
+
+
+def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
+    value = options.pop("retention", None)
+    if value:
+        try:
+            set_namespace_retention(store, value)
+        except ConfigurationError as exc:
+            raise CliError(f"--retention: {exc}") from None
 
 
 def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
@@ -142,6 +165,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     SIGTERM/SIGINT: stop claiming, let running activities finish, exit 0.
     """
     store = state.store
+    _apply_retention(store, options)
     config = _config(store, options)
     configure_logging(config)
     if processes == 1:
@@ -173,6 +197,7 @@ def worker_process(state: CliState) -> None:
 def dev(state: CliState, **options: Any) -> None:
     """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL) and one worker."""
     store = state.store
+    _apply_retention(store, options)
     config = _config(store, options)
     configure_logging(config)
     shown = mask_url(config.redis_url)

@@ -66,3 +66,24 @@ local function ack(stream, entry_id)
     redis.call('XDEL', stream, entry_id)
   end
 end
+
+-- Retention: a run that closes is indexed in `<tag>:closed` by when its retention ends
+-- (its own `retention` field, set at start from its type, else the namespace's
+-- `<tag>:retention`, else 3 days), in server time without the test clock offset:
+-- retention is operations, not workflow time. The scheduler purges it then.
+local DEFAULT_RETENTION_MS = 259200000  -- durable.retention.DEFAULT_RETENTION
+
+local function real_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function namespace_retention_ms(tag)
+  return tonumber(redis.call('GET', tag .. ':retention')) or DEFAULT_RETENTION_MS
+end
+
+local function index_closed(run_key, rid)
+  local tag = string.match(run_key, '^(.-{%d+})')
+  local keep = tonumber(redis.call('HGET', run_key, 'retention')) or namespace_retention_ms(tag)
+  redis.call('ZADD', tag .. ':closed', real_now_ms() + keep, rid)
+end

@@ -88,6 +88,7 @@ if closed or plan.status ~= st[2] then
 end
 if closed then
   redis.call('HSET', run, 'closed', ts, 'outcome', plan.close)
+  index_closed(run, rid)
   -- Nothing can apply what is still in the inbox: keep it beside the history.
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
     redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
@@ -100,6 +101,8 @@ if closed then
     redis.call('HSET', nxt.run, 'workflow_id', nxt.wid, 'type', nxt.type, 'queue', nxt.queue,
       'status', 'pending', 'seq', 1, 'task', '1', 'created', ts, 'updated', ts, 'wq', nxt.wq,
       'parent', nxt.parent, 'previous', rid, 'build', nxt.build)
+    local keep = redis.call('HGET', run, 'retention')
+    if keep then redis.call('HSET', nxt.run, 'retention', keep) end
     redis.call('XADD', nxt.history, '0-1', 'e', envelope('WorkflowStarted', ts, nxt.data))
     redis.call('XADD', nxt.wq, '*', 'run', nxt.rid)
     redis.call('ZADD', nxt.runs, ts, nxt.rid)

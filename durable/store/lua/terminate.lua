@@ -19,5 +19,6 @@ redis.call('DEL', inbox, acts)
 redis.call('HSET', run, 'seq', seq, 'status', 'terminated', 'closed', ts, 'outcome', 'terminated', 'task', '0',
   'updated', ts)
 redis.call('HSET', instance, 'status', 'terminated', 'updated', ts)
+index_closed(run, rid)
 if to_parent ~= '' then redis.call('XADD', outbox, '*', 'm', to_parent) end
 return {'OK', seq, fields[3] or ''}

@@ -1,0 +1,254 @@
+"""Retention of closed runs (issue 14 item 4): the scheduler purges every key of a closed run once
+its retention ends, never an open run; per-type retention; ``durable purge``.
+
+Real Redis (the shared test server) and a real worker in a thread; its scheduler's retention
+pass runs every 0.2 s instead of 10 s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+from apps.retention import Chain, KeptLong, Open, Steps
+from click.testing import CliRunner, Result
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.errors import ConfigurationError
+from durable.retention import DEFAULT_RETENTION, parse_duration, retention_ms
+from durable.store.redis_store import RedisStore
+from durable.store.retention import (
+    namespace_retention_ms,
+    purge_closed_before,
+    run_scripts,
+    set_namespace_retention,
+)
+from workers.cli import cli
+from workers.cli.purge import parse_cutoff
+from workers.worker import Worker, WorkerThread
+
+
+@pytest.fixture
+def fast_worker(store: RedisStore) -> Iterator[Worker]:
+    w = Worker(store, concurrency=2, grace=5, claim_idle_ms=2000, block_ms=100)
+    w.scheduler.purger.interval = 0.2
+    with WorkerThread(w):
+        yield w
+
+
+def keys_of(client: redis.Redis, *needles: str) -> list[str]:
+    """Every key whose name contains one of ``needles`` (a SCAN of the whole database)."""
+    return sorted(k.decode() for k in client.scan_iter(count=1000) if any(n in k.decode() for n in needles))
+
+
+def hook_targets(store: RedisStore) -> list[str]:
+    return [v.decode() for p in range(store.keys.partitions) for v in store.redis.hvals(store.keys.hooks(p))]
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+# ------------------------------------------------------------------------- settings
+
+
+def test_durations_parse_and_bad_ones_are_refused() -> None:
+    assert parse_duration("30s") == 30
+    assert parse_duration("5m") == 300
+    assert parse_duration("1h") == 3600
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("1d12h") == 36 * 3600
+    assert parse_duration("90") == 90
+    for bad in ("", "7x", "d", "0", "-1s", "1h 2"):
+        with pytest.raises(ConfigurationError):
+            parse_duration(bad)
+    assert retention_ms(timedelta(days=30)) == 30 * 86_400_000
+    assert retention_ms(1.5) == 1500
+    assert timedelta(days=3) == DEFAULT_RETENTION
+
+
+def test_a_bad_workflow_retention_fails_at_class_definition() -> None:
+    from durable import Workflow
+
+    with pytest.raises(ConfigurationError, match="Bad.retention"):
+
+        class Bad(Workflow):  # noqa: F841 - defining it is the test
+            name = "test_retention.Bad"
+            retention = "forever"
+
+
+def test_cutoff_takes_a_date_or_a_duration_ago() -> None:
+    assert parse_cutoff("2024-05-01") == 1714521600000
+    assert parse_cutoff("2024-05-01T02:00:00+02:00") == 1714521600000
+    assert parse_cutoff("1h", now=10_000.0) == (10_000 - 3600) * 1000
+
+
+def test_namespace_retention_is_stored_per_partition(store: RedisStore) -> None:
+    assert namespace_retention_ms(store) == 3 * 86_400_000
+    assert set_namespace_retention(store, "12h") == 12 * 3_600_000
+    assert namespace_retention_ms(store) == 12 * 3_600_000
+    assert {int(store.redis.get(store.keys.retention(p))) for p in range(store.keys.partitions)} == {
+        12 * 3_600_000
+    }
+
+
+# ------------------------------------------------------------------------- scheduler
+
+
+def test_scheduler_purges_every_key_of_a_closed_run_and_never_an_open_one(
+    store: RedisStore, fast_worker: Worker
+) -> None:
+    set_namespace_retention(store, "1s")
+    waiting = WorkflowStub.make(Open, id="ret-open", store=store).start()
+    stub = WorkflowStub.make(Steps, id="ret-steps", store=store).start(3)
+    assert stub.result(timeout=20) == 6
+    rid, open_rid = stub.run_id, waiting.run_id
+    assert rid and open_rid
+    assert keys_of(store.redis, rid), "the closed run has keys before its retention ends"
+    assert any(t.startswith(rid + "|") for t in hook_targets(store)), "its unresumed hook token exists"
+    p = store.keys.partition("ret-steps")
+    assert store.redis.zscore(store.keys.closed(p), rid) is not None
+
+    wait_for(lambda: not keys_of(store.redis, rid, "ret-steps"), timeout=15)
+    assert store.redis.zscore(store.keys.runs(p), rid) is None
+    assert store.redis.zscore(store.keys.closed(p), rid) is None
+    wait_for(lambda: not any(t.startswith(rid + "|") for t in hook_targets(store)), timeout=15)
+    # Nothing of the run id is left anywhere: no key, no member, no field.
+    for key in store.redis.scan_iter(count=1000):
+        kind = store.redis.type(key).decode()
+        if kind == "zset":
+            assert store.redis.zscore(key, rid) is None, key
+        elif kind == "hash":
+            assert not any(rid.encode() in v for v in store.redis.hvals(key)), key
+    assert fast_worker.scheduler.purger.purged >= 1
+
+    # The open run outlived several retention periods: untouched.
+    time.sleep(1.5)
+    assert waiting.status() in ("running", "suspended", "pending")
+    assert keys_of(store.redis, open_rid)
+    waiting.signal("go", "now")
+    assert waiting.result(timeout=20) == "now"
+    wait_for(lambda: not keys_of(store.redis, open_rid, "ret-open"), timeout=15)
+
+
+def test_purge_script_skips_an_open_run(store: RedisStore) -> None:
+    WorkflowStub.make(Open, id="ret-open2", store=store).start()
+    ref = store.ref("ret-open2")
+    k, p = store.keys, ref.partition
+    reply = run_scripts(store, "purge_runs", [([k.closed(p), k.runs(p)], ["ids", 10, ref.run_id])])[0]
+    assert [int(x) for x in reply] == [0, 0, 1]
+    assert store.redis.exists(k.run(p, ref.run_id), k.history(p, ref.run_id), k.instance(p, "ret-open2")) == 3
+
+
+def test_per_type_retention_is_recorded_at_start_and_honoured(store: RedisStore, fast_worker: Worker) -> None:
+    set_namespace_retention(store, "1s")
+    long = WorkflowStub.make(KeptLong, id="ret-long", store=store).start()
+    short = WorkflowStub.make(Steps, id="ret-short", store=store).start(1)
+    assert long.result(timeout=20) == "kept"
+    assert short.result(timeout=20) == 0
+    ref = store.ref("ret-long")
+    assert store.run_record(ref)["retention"] == str(3_600_000)
+    score = store.redis.zscore(store.keys.closed(ref.partition), ref.run_id)
+    assert score is not None and score - time.time() * 1000 > 3_500_000
+    wait_for(lambda: not keys_of(store.redis, short.run_id or "?"), timeout=15)
+    assert store.run_record(ref)["status"] == "completed"  # an hour to go
+
+
+def test_continue_as_new_keeps_the_retention_and_old_runs_are_purged(
+    store: RedisStore, fast_worker: Worker
+) -> None:
+    stub = WorkflowStub.make(Chain, id="ret-chain", store=store).start(2)
+    assert stub.result(timeout=20) == 0
+    p = store.keys.partition("ret-chain")
+    runs = [r.decode() for r in store.redis.zrange(store.keys.runs(p), 0, -1)]
+    assert len(runs) == 3
+    assert {store.redis.hget(store.keys.run(p, r), "retention") for r in runs} == {b"2000"}
+    wait_for(lambda: not keys_of(store.redis, "ret-chain", *runs), timeout=20)
+
+
+# ------------------------------------------------------------------------- durable purge
+
+
+def _close_runs(store: RedisStore) -> tuple[list[str], str]:
+    """Three closed runs (two Steps, one KeptLong) and an open one; no worker: the test closes
+    them by terminating, which indexes them like any close."""
+    for wid in ("cli-a", "cli-b"):
+        WorkflowStub.make(Steps, id=wid, store=store).start(1)
+        store.terminate(wid, "test")
+    WorkflowStub.make(KeptLong, id="cli-long", store=store).start()
+    store.terminate("cli-long", "test")
+    WorkflowStub.make(Open, id="cli-open", store=store).start()
+    closed = [store.ref(w).run_id for w in ("cli-a", "cli-b", "cli-long")]
+    return closed, store.ref("cli-open").run_id
+
+
+def test_purge_dry_run_counts_without_deleting(store: RedisStore) -> None:
+    closed, open_rid = _close_runs(store)
+    # Closed under the default retention (3 days): indexed to be purged then.
+    ref = store.ref("cli-a")
+    score = store.redis.zscore(store.keys.closed(ref.partition), ref.run_id)
+    assert score is not None and abs(score - time.time() * 1000 - 3 * 86_400_000) < 60_000
+    before = sorted(store.redis.keys("*"))
+    result = invoke("purge", "--closed-before", "2999-01-01", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "would purge 3 run(s) (terminated 3)" in result.output
+    assert "instance records: 3" in result.output
+    assert sorted(store.redis.keys("*")) == before
+
+
+def test_purge_type_filter_and_runs_closed_before_retention_existed(store: RedisStore) -> None:
+    closed, open_rid = _close_runs(store)
+    # Runs closed before this change have no closed-index entry: the runs index finds them.
+    for p in range(store.keys.partitions):
+        store.redis.delete(store.keys.closed(p))
+    result = invoke("purge", "--closed-before", "2999-01-01", "--type", "Steps")
+    assert result.exit_code == 0, result.output
+    assert "purged 2 run(s)" in result.output
+    for rid in closed[:2]:
+        assert not keys_of(store.redis, rid)
+    assert keys_of(store.redis, closed[2]) and keys_of(store.redis, open_rid)
+    assert store.ref("cli-long").run_id == closed[2]
+
+    report = purge_closed_before(store, int(time.time() * 1000) + 60_000)
+    assert report.total_runs == 1 and report.instances == 1
+    assert not keys_of(store.redis, closed[2], "cli-long")
+    assert keys_of(store.redis, open_rid, "cli-open"), "an open run is never purged"
+
+
+def test_purge_before_a_past_date_keeps_recent_runs(store: RedisStore) -> None:
+    closed, _ = _close_runs(store)
+    result = invoke("purge", "--closed-before", "1h", "--json")
+    assert result.exit_code == 0, result.output
+    assert '"runs": 0' in result.output
+    assert all(keys_of(store.redis, rid) for rid in closed)
+    bad = CliRunner().invoke(cli, ["purge", "--closed-before", "soon"])
+    assert bad.exit_code == 1 and "not a date" in bad.output
+
+
+# ------------------------------------------------------------------------- bounded work
+
+
+def test_purging_a_10000_event_history_is_one_short_script(store: RedisStore) -> None:
+    """UNLINK frees a big history in the background: the script's own time stays small."""
+    k, p, rid = store.keys, 0, "big-run"
+    with store.redis.pipeline(transaction=False) as pipe:
+        for seq in range(1, 10_001):
+            pipe.xadd(k.history(p, rid), {"e": b"x" * 200}, id=f"0-{seq}")
+            pipe.xadd(k.log(p, rid), {"kind": "attempt", "record": b"y" * 100})
+        pipe.hset(k.run(p, rid), mapping={"status": "completed", "workflow_id": "big", "closed": 1})
+        pipe.zadd(k.closed(p), {rid: 1})
+        pipe.execute()
+    store.redis.slowlog_reset()
+    store.redis.config_set("slowlog-log-slower-than", 0)
+    try:
+        reply = run_scripts(store, "purge_runs", [([k.closed(p), k.runs(p)], ["due", 50])])[0]
+        micros = [e["duration"] for e in store.redis.slowlog_get(10) if b"EVALSHA" in e["command"]]
+    finally:
+        store.redis.config_set("slowlog-log-slower-than", 10_000)
+    assert int(reply[0]) == 1
+    assert not store.redis.exists(k.history(p, rid), k.log(p, rid), k.run(p, rid))
+    assert micros and max(micros) < 10_000, micros
