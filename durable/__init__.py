@@ -22,8 +22,10 @@ from .errors import (
     EventConflict,
     HistoryCorrupt,
     HookError,
+    LimitExceeded,
     NondeterminismError,
     NonRetryableError,
+    PayloadTooLarge,
     SerializationError,
     SessionLost,
     SignalTimeout,
@@ -34,6 +36,7 @@ from .errors import (
     WorkflowFailed,
     WorkflowNotFound,
 )
+from .limits import Limits
 from .registry import register_activity
 from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .workflow import (
@@ -85,8 +88,11 @@ __all__ = [
     "HistoryEvent",
     "Hook",
     "HookError",
+    "LimitExceeded",
+    "Limits",
     "NonRetryableError",
     "NondeterminismError",
+    "PayloadTooLarge",
     "RetryPolicy",
     "RunDescription",
     "RunOutcome",

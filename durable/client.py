@@ -18,6 +18,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .ids import check_workflow_id, new_run_id
+from .limits import check_name_length, check_queue_name
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
@@ -148,6 +149,8 @@ class WorkflowStub:
                 f"WorkflowStub.make needs a Workflow subclass or its name, not {workflow!r}"
             )
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
+        if queue is not None:
+            check_queue_name(queue)
         return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
 
     @classmethod
@@ -254,14 +257,26 @@ class WorkflowStub:
         Raises:
             WorkflowNotFound: unknown id.
             WorkflowClosed: the run is closed (signals are never silently dropped).
+            LimitExceeded: the name is longer than ``max_name_length``, the payload larger
+                than ``max_payload_bytes`` (``PayloadTooLarge``), or the run already has
+                ``max_pending_signals`` inputs waiting or ``max_history_events`` events
+                (see :mod:`durable.limits`). Nothing is written.
         """
         if not isinstance(name, str) or not name:
             raise ConfigurationError("signal name must be a non-empty string")
+        check_name_length(name, "signal")
         payload = codec.dumps(tuple(args), path="args")
-        self._store.deliver(self._id, ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id()))
+        signal = ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id())
+        self._store.deliver(self._id, signal, limited=True)
 
     def query(self, name: str, *args: Any) -> Any:
-        """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history."""
+        """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history.
+
+        Raises:
+            LimitExceeded: the name is longer than ``max_name_length`` (:mod:`durable.limits`).
+        """
+        if isinstance(name, str):
+            check_name_length(name, "query")
         ref = self._ref()
         history = self._store.history(ref)
         driver = Driver(run_id=ref.run_id, workflow_id=self._id, read_only=True)

@@ -34,6 +34,37 @@ class SerializationError(DurableError):
         self.type_name = type_name
 
 
+class LimitExceeded(DurableError):
+    """A configured limit was exceeded (payload size, history size, pending work, name length).
+
+    The message names the limit, its value and the environment variable that raises it
+    (see :mod:`durable.limits` and ``docs/operations.md``, "Limits").
+
+    Attributes:
+        limit: The :class:`~durable.limits.Limits` field, e.g. ``max_payload_bytes``.
+        value: The limit's value in this process.
+        actual: The size or count that broke it, when known.
+    """
+
+    def __init__(self, message: str, *, limit: str = "", value: int = 0, actual: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.actual = actual
+
+
+class PayloadTooLarge(LimitExceeded, SerializationError):
+    """An encoded payload is larger than ``max_payload_bytes`` (nothing was written).
+
+    Also a :class:`SerializationError`, so code that handles encoding errors handles it too.
+    """
+
+    def __init__(self, message: str, *, limit: str = "", value: int = 0, actual: int | None = None) -> None:
+        LimitExceeded.__init__(self, message, limit=limit, value=value, actual=actual)
+        self.path = ""
+        self.type_name = ""
+
+
 class NondeterminismError(DurableError):
     """Workflow code issued a different command than its history recorded.
 

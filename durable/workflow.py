@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .activity import activity_context
 from .errors import ConfigurationError, DurableError
+from .limits import check_name_length, check_queue_name
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
 from .registry import register_activity, register_workflow_class
 from .retention import retention_ms
@@ -86,6 +87,9 @@ class Workflow:
                     queries[value.__durable_query__] = attr
         cls._signals = signals
         cls._queries = queries
+        check_queue_name(cls.queue, f"{cls.__name__}.queue")
+        for name in (*signals, *queries):
+            check_name_length(name, f"{cls.__name__} signal/query")
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         if cls.retention is not None:
             retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention

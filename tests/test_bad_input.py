@@ -21,6 +21,8 @@ from durable import (
     CancelledError,
     ConfigurationError,
     DurableError,
+    Limits,
+    PayloadTooLarge,
     RetryPolicy,
     SerializationError,
     Workflow,
@@ -33,6 +35,7 @@ from durable import (
     query,
     timer,
 )
+from durable.limits import set_limits
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 
@@ -324,9 +327,16 @@ HUGE = 20 * 1024 * 1024
 
 
 def test_20_mb_argument_round_trips(worker, redis_url: str) -> None:
-    """A 20 MiB bytes argument works: history, activity task, activity args and result all carry it."""
+    """A 20 MiB bytes argument is refused by default (max_payload_bytes); with the limits
+    raised it works: history, activity task, activity args and result all carry it."""
     blob = bytes(range(256)) * (HUGE // 256)
-    result = WorkflowStub.make(BiBig).start(blob).result(timeout=60)
+    with pytest.raises(PayloadTooLarge, match="max_payload_bytes"):
+        WorkflowStub.make(BiBig).start(blob)
+    set_limits(Limits(max_payload_bytes=2 * HUGE, max_history_bytes=10 * HUGE))
+    try:
+        result = WorkflowStub.make(BiBig).start(blob).result(timeout=60)
+    finally:
+        set_limits(None)
     assert result["size"] == HUGE and result["echo"] == blob
 
 

@@ -36,8 +36,11 @@ a payload may name), ``limits``, ``hooks`` (the payload hook), ``plain`` (envelo
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from .. import limits as run_limits
+from ..errors import ApplicationError, PayloadTooLarge
 from .allowlist import allow_module, is_allowed, register_type
 from .decoder import decode
 from .encoder import encode
@@ -82,8 +85,51 @@ def dumps(value: Any, *, path: str = "value") -> bytes:
     Raises:
         SerializationError: A value cannot be encoded or breaks a limit; the message names its
             type and where it sits, e.g. ``cannot encode <app.Foo> at args[1]['when']: ...``.
+        PayloadTooLarge: The encoded bytes exceed ``max_payload_bytes`` (:mod:`durable.limits`;
+            an exception is stored cut down instead). Over ``warn_payload_bytes`` a warning is logged.
     """
-    return apply(encode(value, path))
+    data = apply(encode(value, path))
+    bounds = run_limits.current()
+    if len(data) > bounds.warn_payload_bytes or len(data) > bounds.max_payload_bytes:
+        data = _sized(value, path, data)
+    return data
+
+
+_log = logging.getLogger("durable.limits")
+
+
+def _sized(value: Any, path: str, data: bytes) -> bytes:
+    """Refuse a payload over ``max_payload_bytes``; warn about one over ``warn_payload_bytes``.
+
+    An exception too large to store (a huge message) is stored as an ``ApplicationError``
+    keeping its type name and the start of its message: refusing it would lose the failure.
+    """
+    current = run_limits.current()
+    if len(data) <= current.max_payload_bytes:
+        if len(data) <= current.warn_payload_bytes:
+            return data
+        _log.warning(
+            "payload %s of %d bytes is over %d (warn_payload_bytes); large payloads slow every replay "
+            "of the run: store big data elsewhere and pass a reference",
+            path,
+            len(data),
+            current.warn_payload_bytes,
+        )
+        return data
+    if isinstance(value, BaseException):
+        stand_in = ApplicationError(
+            f"{str(value)[:2000]} [error of {len(data):,} bytes cut to fit max_payload_bytes]",
+            type_name=f"{type(value).__module__}.{type(value).__qualname__}",
+        )
+        return apply(encode(stand_in, path))
+    raise PayloadTooLarge(
+        f"{path}: encoded payload of {len(data):,} bytes exceeds the limit max_payload_bytes "
+        f"({current.max_payload_bytes:,}); nothing was written. Store large data elsewhere and pass a "
+        f"reference, or raise the limit with {run_limits.ENV['max_payload_bytes']}",
+        limit="max_payload_bytes",
+        value=current.max_payload_bytes,
+        actual=len(data),
+    )
 
 
 def loads(data: bytes) -> Any:

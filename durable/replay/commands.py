@@ -11,6 +11,7 @@ from .. import codec
 from .. import events as ev
 from ..errors import ConfigurationError, SignalTimeout
 from ..ids import check_command_id, check_workflow_id
+from ..limits import check_name_length, check_queue_name
 from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
 from ..registry import activity_definition_for
 from ..runtime import Hook
@@ -48,11 +49,13 @@ class Commands(DriverCore):
         start_to_close = options.start_to_close_timeout
         schedule_to_close = options.schedule_to_close_timeout
         heartbeat = options.heartbeat_timeout
+        queue = _queue(options.queue or definition.queue or self.queue)
+        self._check_pending("activity", "max_pending_activities")
         event = ev.ActivityScheduled(
             id=cid,
             name=definition.name,
             args=codec.dumps(tuple(args), path="args"),
-            queue=options.queue or definition.queue or self.queue,
+            queue=queue,
             retry=policy.to_dict() if policy is not None else None,
             timeouts={
                 "start_to_close": _pick(
@@ -82,6 +85,7 @@ class Commands(DriverCore):
         branch = self._branch()
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"await_signal needs a signal name (str), got {name!r}")
+        check_name_length(name, "signal")
         cid = self._next_id(branch, id)
         buffered = self._signals.get(name)
         if buffered:
@@ -185,13 +189,15 @@ class Commands(DriverCore):
             raise ConfigurationError(f"parent_close_policy must be one of {POLICIES}, not {policy!r}")
         cid = self._next_id(branch, options.id)
         child_id = check_workflow_id(workflow_id) if workflow_id is not None else f"{self.workflow_id}/{cid}"
+        queue = check_queue_name(options.queue or child_queue or self.queue, "child queue")
+        self._check_pending("child", "max_pending_children")
         self._issue(
             ev.ChildStarted(
                 id=cid,
                 workflow_type=type_name,
                 workflow_id=child_id,
                 args=codec.dumps(tuple(args), path="args"),
-                queue=options.queue or child_queue or self.queue,
+                queue=queue,
                 policy=policy,
             )
         )
@@ -222,6 +228,7 @@ class Commands(DriverCore):
         branch = self._branch()
         if not isinstance(name, str) or not name:
             raise ConfigurationError("create_hook needs a name (str)")
+        check_name_length(name, "hook")
         cid = self._next_id(branch, id)
         recorded = self._recorded_for((ev.HookCreated.TYPE, cid))
         token = (
@@ -246,6 +253,13 @@ class Commands(DriverCore):
             self._issue(ev.TimerStarted(id=hook.id, fire_at=deadline))
         self._waits[("hook", hook.id)] = branch
         return self._suspend(branch, Wait("hook", hook.id, name=hook.name, deadline=deadline))
+
+
+def _queue(queue: str) -> str:
+    """An activity's queue: a worker session's private one (``@<worker>``) or a valid name."""
+    if isinstance(queue, str) and queue.startswith("@") and len(queue) > 1:
+        return queue
+    return check_queue_name(queue, "activity queue")
 
 
 def _pick(override: Seconds | None, default: float | None, what: str) -> float | None:

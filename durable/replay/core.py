@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +12,7 @@ import greenlet
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError
 from ..ids import check_command_id
+from ..limits import LIMIT_REASON, current, limit_error
 from ..options import Seconds, duration_ms
 from ..registry import get_workflow
 from ..runtime import WorkflowRuntime, forbid_durable_calls
@@ -75,6 +76,11 @@ class DriverCore(WorkflowRuntime):
         self._closing: ev.Event | None = None
         self._cancel_reason: str | None = None
         self._fatal: BaseException | None = None
+        # A limit stopped the code (its reason, the run is then terminated); in replay, the seq
+        # of such a recorded termination, past which the code never ran.
+        self._halt: str | None = None
+        self._limit_end: int | None = None
+        self._pending: Counter[str] = Counter()  # branches waiting on an activity / a child
         self._callback: str | None = None
         self._closed = False
 
@@ -222,6 +228,11 @@ class DriverCore(WorkflowRuntime):
         if self._read_only:
             self._stop_at_frontier()
             return
+        if self._replaying() and self._limit_end == self._cursor + 1:
+            # History records that a limit terminated the run here: this command never ran.
+            self._halt = "replayed limit"
+            self._stop_at_frontier()
+            return
         if self._replaying():
             raise self._nondeterminism(
                 f"{key[0]} {key[1]!r} was issued while replaying seq {self._pos}, but the history has no such "
@@ -272,8 +283,26 @@ class DriverCore(WorkflowRuntime):
         with forbid_durable_calls(what):
             return fn()
 
+    def _check_pending(self, kind: str, field: str) -> None:
+        """Before a new activity or child: past its pending limit, stop the code (live only).
+
+        The decision then terminates the run (:meth:`Inputs._terminate_for_limit`). Only
+        live code is checked, so replay follows history whatever the limits are now.
+        """
+        if self._replaying() or self._read_only or self._pending[kind] < getattr(current(), field):
+            return
+        err = limit_error(
+            field,
+            f"run {self.run_id} ({self.workflow_type}) would have too many pending {kind} calls",
+            self._pending[kind] + 1,
+        )
+        self._halt = f"{LIMIT_REASON}{err}"
+        self._stop_at_frontier()
+
     def _suspend(self, branch: Branch, wait: Wait) -> Any:
         branch.wait = wait
+        if wait.kind in ("activity", "child"):
+            self._pending[wait.kind] += 1
         if wait.kind in ("activity", "child", "timer"):
             self._waits[(wait.kind, wait.id)] = branch
         if wait.deadline is not None and wait.kind != "timer":
@@ -283,6 +312,8 @@ class DriverCore(WorkflowRuntime):
     def _resume(self, branch: Branch, value: Any = None, exc: BaseException | None = None) -> None:
         wait = branch.wait
         if wait is not None:
+            if wait.kind in ("activity", "child"):
+                self._pending[wait.kind] -= 1
             self._waits.pop((wait.kind, wait.id), None)
             if wait.deadline is not None:
                 self._waits.pop(("timer", wait.id), None)
@@ -314,7 +345,7 @@ class DriverCore(WorkflowRuntime):
         """Run runnable branches to quiescence, then wake true ``wait_until`` waiters one by one."""
         hub = self._hub
         while True:
-            while self._runnable and self._fatal is None:
+            while self._runnable and self._fatal is None and self._halt is None:
                 branch, value, exc = self._runnable.popleft()
                 if branch.dead:
                     continue
@@ -325,16 +356,21 @@ class DriverCore(WorkflowRuntime):
                     branch.throw(exc)
                 else:  # never started: throw() would kill it without running main()
                     branch.switch(exc)
-            if self._fatal is not None or not self._wake_one_waiter():
+            if self._fatal is not None or self._halt is not None or not self._wake_one_waiter():
                 break
         self._raise_fatal()
         if self._closing is not None:
-            for b in self._live():
-                if b is not greenlet.getcurrent():
-                    try:
-                        b.throw(greenlet.GreenletExit)
-                    except BaseException:  # noqa: BLE001
-                        pass
+            self._kill_live()
+
+    def _kill_live(self) -> None:
+        """End every live branch but the caller's (the run closed)."""
+        self._runnable.clear()
+        for b in self._live():
+            if b is not greenlet.getcurrent():
+                try:
+                    b.throw(greenlet.GreenletExit)
+                except BaseException:  # noqa: BLE001
+                    pass
 
     def _wake_one_waiter(self) -> bool:
         for branch in list(self._wait_until):

@@ -10,6 +10,7 @@ import greenlet
 
 from .. import events as ev
 from ..errors import DurableError, HistoryCorrupt
+from ..limits import LIMIT_REASON
 from ..registry import get_workflow
 from ..runtime import current_runtime
 from ..workflow import Workflow, near_history_limit
@@ -64,6 +65,10 @@ class Driver(Commands, Inputs):
                     )
                 self._recorded[key] = entry
                 self._at_seq[entry.seq] = entry
+            elif isinstance(entry.event, ev.WorkflowTerminated) and entry.event.reason.startswith(
+                LIMIT_REASON
+            ):
+                self._limit_end = entry.seq
         for entry in entries:
             self._apply_committed(entry)
         self._recorded.clear()
@@ -88,6 +93,12 @@ class Driver(Commands, Inputs):
                 self._dropped.append((item.raw, reason))
                 continue
             self._run()
+            if self._halt is not None and self._closing is None:
+                self._terminate_for_limit(self._halt)  # the inputs after it are dropped
+        if self._closing is None:
+            broken = self._halt or self._history_limit()
+            if broken is not None:
+                self._terminate_for_limit(broken)
         return self._decision(consumed=len(inbox))
 
     def committed(self) -> None:

@@ -17,6 +17,7 @@ from ..errors import (
     SignalTimeout,
 )
 from ..ids import successor_run_id
+from ..limits import LIMIT_REASON, current, limit_error
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
 from .core import DriverCore
@@ -303,8 +304,38 @@ class Inputs(DriverCore):
         except NondeterminismError:
             return
         self._closing = closing
+        self._void_on_close()
+
+    def _terminate_for_limit(self, reason: str) -> None:
+        """Close the run as terminated because it broke a limit (live decisions only).
+
+        The ``WorkflowTerminated`` goes into the history as an input (as ``durable terminate``
+        writes it), so a replay closes the run at the same point whatever the limits are then.
+        """
+        event = ev.WorkflowTerminated(reason=reason)
+        self._out.append(ev.encode(event, self._now))
+        self._new.append(event)
+        self._closing = event
+        self._void_on_close()
+        self._kill_live()
+
+    def _history_limit(self) -> str | None:
+        """Why this decision's history breaks ``max_history_events``/``max_history_bytes``, or None."""
+        events, size = self._history_total()
+        limits = current()
+        if events > limits.max_history_events:
+            err = limit_error(
+                "max_history_events", f"run {self.run_id} ({self.workflow_type}) history", events
+            )
+        elif size > limits.max_history_bytes:
+            err = limit_error("max_history_bytes", f"run {self.run_id} ({self.workflow_type}) history", size)
+        else:
+            return None
+        return f"{LIMIT_REASON}{err} (continue_as_new() before should_continue_as_new() turns true keeps it short)"
+
+    def _void_on_close(self) -> None:
         # Whatever live code still waits on is void now (only a failing signal
-        # handler closes a run while branches are suspended).
+        # handler or a broken limit closes a run while branches are suspended).
         timers, activities, children = self._close_actions
         for b in self._live():
             w = b.wait

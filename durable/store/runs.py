@@ -14,6 +14,7 @@ from redis import exceptions as rexc
 
 from .. import codec
 from .. import events as ev
+from .. import limits as run_limits
 from ..errors import (
     DurableError,
     HistoryCorrupt,
@@ -330,12 +331,18 @@ class RunStore(StoreBase):
         ]
 
     # --------------------------------------------------------------- inputs
-    def deliver(self, workflow_id: str, event: ev.Event, *, run_id: str | None = None) -> RunRef:
+    def deliver(
+        self, workflow_id: str, event: ev.Event, *, run_id: str | None = None, limited: bool = False
+    ) -> RunRef:
         """Push an input event onto a workflow's current run (or exactly ``run_id``).
+
+        ``limited``: refuse it when the run's inbox holds ``max_pending_signals`` inputs or its
+        history and inbox ``max_history_events`` events (:mod:`durable.limits`).
 
         Raises:
             WorkflowNotFound: unknown workflow id.
             WorkflowClosed: the run is closed.
+            LimitExceeded: ``limited`` and the run is at one of those limits (nothing written).
         """
         k = self.keys
         type_name, data = ev.encode_input_data(event)
@@ -346,8 +353,18 @@ class RunStore(StoreBase):
         else:
             p = self.ref(workflow_id, run_id).partition
             keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
-        result = self._run_script("deliver", keys, [run_id or "", type_name, data])
+        bounds = [run_limits.current().max_pending_signals, run_limits.current().max_history_events]
+        args = [run_id or "", type_name, data, *(bounds if limited else [])]
+        result = self._run_script("deliver", keys, args)
         outcome = text(result[0])
+        if outcome == "LIMIT":
+            limit = text(result[1])
+            raise run_limits.limit_error(
+                limit,
+                f"workflow {workflow_id!r} (run {text(result[3])}) refused {event.type}: "
+                + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
+                int(result[2]) + 1,
+            )
         if outcome == "NOTFOUND":
             raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
         if outcome == "CLOSED":

@@ -1,0 +1,62 @@
+"""Workflows that run into the limits of durable.limits (tests/test_limits.py)."""
+
+from __future__ import annotations
+
+from durable import NonRetryableError, Workflow, activity, all, await_signal, child, side_effect
+
+
+def echo(value: int) -> int:
+    return value
+
+
+def shout(size: int) -> None:
+    raise NonRetryableError("x" * size)
+
+
+class FanOut(Workflow):
+    """``all()`` of ``n`` activities."""
+
+    def handle(self, n: int) -> int:
+        return sum(all([lambda i=i: activity(echo, i) for i in range(n)]))
+
+
+class Leaf(Workflow):
+    def handle(self, value: int) -> int:
+        return value
+
+
+class ChildFanOut(Workflow):
+    """``all()`` of ``n`` child workflows."""
+
+    def handle(self, n: int) -> int:
+        return sum(all([lambda i=i: child(Leaf, i) for i in range(n)]))
+
+
+class Grower(Workflow):
+    """Appends two events per step, forever (only a limit stops it)."""
+
+    def handle(self) -> None:
+        step = 0
+        while True:
+            step = activity(echo, step + 1)
+
+
+class Sink(Workflow):
+    """Waits for a ``stop`` signal; other signals are buffered."""
+
+    def handle(self) -> str:
+        return str(await_signal("stop"))
+
+
+class Loud(Workflow):
+    """Fails with an activity error too large to store whole."""
+
+    def handle(self, size: int) -> None:
+        activity(shout, size)
+
+
+class BigResult(Workflow):
+    """Returns a result of ``size`` bytes."""
+
+    def handle(self, size: int) -> str:
+        return side_effect(lambda: "r") * size

@@ -1,0 +1,219 @@
+"""Limits (durable.limits): each one refused with an error naming it, nothing written.
+
+Payload size, signal/query names, queue names, pending signals and history size at the
+client; pending activities/children and the history hard limit in the decision, which
+terminates the run with a reason naming the limit (also in a real worker process).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, Sink
+from procs import workers
+from waiting import wait_for
+
+from durable import (
+    ApplicationError,
+    ConfigurationError,
+    LimitExceeded,
+    Limits,
+    PayloadTooLarge,
+    SerializationError,
+    Workflow,
+    WorkflowFailed,
+    WorkflowNotFound,
+    WorkflowStub,
+)
+from durable import codec as payload_codec
+from durable.limits import ENV, current, reset_limits, set_limits
+from durable.replay import replay_history
+from durable.store.redis_store import RedisStore
+from durable.testing import TestEnvironment
+
+
+@pytest.fixture(autouse=True)
+def _default_limits() -> Iterator[None]:
+    reset_limits()
+    yield
+    reset_limits()
+
+
+def _use(**overrides: int) -> None:
+    set_limits(Limits(**overrides))
+
+
+def _history_types(stub: WorkflowStub) -> list[str]:
+    return [e.type for e in stub.history()]
+
+
+# ----------------------------------------------------------------- configuration
+def test_defaults_follow_temporal_and_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = current()
+    assert limits.max_payload_bytes == 2 * 1024 * 1024 and limits.warn_payload_bytes == 256 * 1024
+    assert (limits.max_history_events, limits.max_history_bytes) == (51_200, 50 * 1024 * 1024)
+    assert limits.max_pending_activities == limits.max_pending_children == 2_000
+    assert limits.max_name_length == 255
+    monkeypatch.setenv(ENV["max_pending_activities"], "500")
+    monkeypatch.setenv("DURABLE_MAX_PAYLOAD_BYTES", "1_000_000")
+    reset_limits()
+    assert current().max_pending_activities == 500 and current().max_payload_bytes == 1_000_000
+    monkeypatch.setenv("DURABLE_MAX_HISTORY_EVENTS", "lots")
+    reset_limits()
+    with pytest.raises(ConfigurationError, match="DURABLE_MAX_HISTORY_EVENTS"):
+        current()
+    with pytest.raises(ConfigurationError, match="max_name_length"):
+        Limits(max_name_length=0)
+
+
+# ------------------------------------------------------------------- the client
+def test_payload_too_large_is_refused_before_anything_is_written(store: RedisStore) -> None:
+    _use(max_payload_bytes=10_000)
+    with pytest.raises(PayloadTooLarge, match="max_payload_bytes.*DURABLE_MAX_PAYLOAD_BYTES") as info:
+        WorkflowStub.make(Sink, id="big-start", store=store).start("x" * 20_000)
+    assert isinstance(info.value, SerializationError) and info.value.limit == "max_payload_bytes"
+    assert info.value.value == 10_000 and info.value.actual > 20_000
+    with pytest.raises(WorkflowNotFound):
+        WorkflowStub.load("big-start", store=store)
+    stub = WorkflowStub.make(Sink, id="big-signal", store=store).start()
+    before = _history_types(stub)
+    with pytest.raises(PayloadTooLarge):
+        stub.signal("note", "y" * 20_000)
+    assert (
+        _history_types(stub) == before
+        and store.redis.llen(store.keys.inbox(stub._ref().partition, stub.run_id)) == 0
+    )
+
+
+def test_large_payload_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    _use(warn_payload_bytes=1_000)
+    with caplog.at_level(logging.WARNING, logger="durable.limits"):
+        payload_codec.dumps("z" * 2_000, path="args")
+    assert "warn_payload_bytes" in caplog.text and "args" in caplog.text
+
+
+def test_an_error_too_large_to_store_is_cut_down() -> None:
+    _use(max_payload_bytes=10_000, warn_payload_bytes=5_000)
+    error = payload_codec.loads(payload_codec.dumps(KeyError("k" * 50_000), path="error"))
+    assert isinstance(error, ApplicationError) and error.type_name == "builtins.KeyError"
+    assert "max_payload_bytes" in str(error) and len(str(error)) < 3_000
+
+
+def test_long_names_and_bad_queues_are_refused(store: RedisStore) -> None:
+    stub = WorkflowStub.make(Sink, id="names", store=store).start()
+    before = _history_types(stub)
+    with pytest.raises(LimitExceeded, match="max_name_length.*DURABLE_MAX_NAME_LENGTH") as info:
+        stub.signal("s" * 1_000_000)
+    assert info.value.limit == "max_name_length" and info.value.actual == 1_000_000
+    assert len(str(info.value)) < 400  # the name is not echoed whole
+    with pytest.raises(LimitExceeded, match="max_name_length"):
+        stub.query("q" * 256)
+    assert _history_types(stub) == before
+    for bad in ("", "a b", "@private", "x" * 101, "new\nline", "ü"):
+        with pytest.raises(ConfigurationError, match="queue name"):
+            WorkflowStub.make(Sink, queue=bad, store=store)
+    with pytest.raises(ConfigurationError, match="BadQueue.queue"):
+
+        class BadQueue(Workflow):
+            queue = "has space"
+
+            def handle(self) -> None:
+                return None
+
+
+def test_signal_spam_is_refused_past_pending_signals(store: RedisStore) -> None:
+    # No worker: every signal waits in the inbox, as under a flood faster than deciding.
+    _use(max_pending_signals=5)
+    stub = WorkflowStub.make(Sink, id="spam", store=store).start()
+    for i in range(5):
+        stub.signal("note", i)
+    inbox = store.keys.inbox(stub._ref().partition, stub.run_id)
+    with pytest.raises(
+        LimitExceeded, match="max_pending_signals.*6 > 5.*DURABLE_MAX_PENDING_SIGNALS"
+    ) as info:
+        stub.signal("note", 5)
+    assert info.value.limit == "max_pending_signals" and store.redis.llen(inbox) == 5
+    stub.cancel("cancel is not a signal: never refused")
+    assert store.redis.llen(inbox) == 6
+
+
+def test_signals_are_refused_at_the_history_limit(store: RedisStore) -> None:
+    _use(max_history_events=4)
+    stub = WorkflowStub.make(Sink, id="full", store=store).start()  # seq 1
+    for i in range(3):
+        stub.signal("note", i)
+    with pytest.raises(LimitExceeded, match="max_history_events"):
+        stub.signal("note", 3)
+    assert _history_types(stub) == ["WorkflowStarted"]
+
+
+# ---------------------------------------------------------------- the decision
+def _terminated(stub: WorkflowStub, limit: str) -> str:
+    with pytest.raises(WorkflowFailed) as info:
+        stub.result(timeout=30)
+    assert info.value.status == "terminated" and limit in str(info.value)
+    assert f"DURABLE_{limit.upper()}" in str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_fan_out_past_pending_activities_terminates_the_run(durable_store: RedisStore, eager: bool) -> None:
+    _use(max_pending_activities=20)
+    with TestEnvironment(store=durable_store, eager=eager) as env:
+        ok = env.start(FanOut, 20)
+        assert ok.result(timeout=30) == sum(range(20))
+        stub = env.start(FanOut, 50)
+        message = _terminated(stub, "max_pending_activities")
+        assert "21 > 20" in message
+    types = _history_types(stub)
+    assert types.count("ActivityScheduled") == 20 and types[-1] == "WorkflowTerminated"
+    assert "ActivityCompleted" not in types  # the scheduled ones were voided, never run
+    entries = durable_store.history(stub._ref())
+    replay_history(entries)  # replay stops where the limit stopped the code: no nondeterminism
+    assert stub.describe().status == "terminated"
+
+
+def test_fan_out_past_pending_children_terminates_the_run(durable_store: RedisStore) -> None:
+    _use(max_pending_children=5)
+    with TestEnvironment(store=durable_store) as env:
+        stub = env.start(ChildFanOut, 8)
+        _terminated(stub, "max_pending_children")
+        types = _history_types(stub)
+        assert types.count("ChildStarted") == 5 and types[-1] == "WorkflowTerminated"
+        replay_history(durable_store.history(stub._ref()))
+
+
+def test_history_hard_limit_terminates_the_run(durable_store: RedisStore) -> None:
+    _use(max_history_events=40)
+    with TestEnvironment(store=durable_store) as env:
+        stub = env.start(Grower)
+        message = _terminated(stub, "max_history_events")
+    assert "continue_as_new" in message
+    types = _history_types(stub)
+    assert 40 < len(types) <= 43 and types[-1] == "WorkflowTerminated"
+    replay_history(durable_store.history(stub._ref()))
+
+
+def test_history_bytes_limit_and_oversized_result(durable_store: RedisStore) -> None:
+    _use(max_history_bytes=6_000, max_payload_bytes=4_000, warn_payload_bytes=1_000)
+    with TestEnvironment(store=durable_store) as env:
+        big = env.start(BigResult, 5_000)
+        with pytest.raises(WorkflowFailed, match="max_payload_bytes") as info:
+            big.result(timeout=30)
+        assert isinstance(info.value.cause, PayloadTooLarge)
+        loud = env.start(Loud, 100_000)
+        with pytest.raises(WorkflowFailed, match="cut to fit max_payload_bytes"):
+            loud.result(timeout=30)
+        grower = env.start(Grower)
+        _terminated(grower, "max_history_bytes")
+
+
+def test_a_real_worker_process_obeys_the_environment(durable_store: RedisStore, redis_url: str) -> None:
+    env = {"DURABLE_MAX_PENDING_ACTIVITIES": "10"}
+    with workers(redis_url, app="apps.limits", env=env):
+        stub = WorkflowStub.make(FanOut, id="proc-fan", store=durable_store).start(11)
+        wait_for(lambda: stub.status() == "terminated", timeout=30)
+        _terminated(stub, "max_pending_activities")
+    assert _history_types(stub).count("ActivityScheduled") == 10
