@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.errors import ConfigurationError
 from durable.store.embedded import EmbeddedRedis
 
 
@@ -59,3 +60,19 @@ def test_gitignore_is_dropped_and_kept(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert _mode(data) == 0o700
+
+
+def test_a_dir_that_cannot_be_made_private_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's dir: chmod is refused (simulated: the suite may run as root, who may chmod)."""
+    data = tmp_path / "theirs"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+
+    def refuse(self: Path, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(self))
+
+    monkeypatch.setattr(Path, "chmod", refuse)
+    with pytest.raises(ConfigurationError, match=r"cannot be made private \(0700\).*DURABLE_HOME"):
+        EmbeddedRedis(data).ensure()

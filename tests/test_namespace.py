@@ -148,6 +148,14 @@ def test_acl_user_runs_its_namespace_and_is_refused_elsewhere(fresh_redis: Embed
             assert hooked.result(timeout=30) == {"paid": True}
     finally:
         store.close()
+    runner = CliRunner()  # the CLI as that user
+    for command in (["list"], ["describe", stub.id], ["history", stub.id], ["workers"]):
+        result = runner.invoke(cli, ["--redis", url, "--namespace", "shop", *command])
+        assert result.exit_code == 0, (command, result.output)
+    purge = runner.invoke(
+        cli, ["--redis", url, "--namespace", "shop", "purge", "--closed-before", "2100-01-01"]
+    )
+    assert purge.exit_code == 0 and "purged 3 run(s)" in purge.output, purge.output  # with the child
     client = redis.Redis.from_url(url)
     try:
         with pytest.raises(redis.exceptions.NoPermissionError):
