@@ -194,7 +194,9 @@ def test_two_apps_on_one_redis_keep_apart(fresh_redis: EmbeddedRedis) -> None:
             stubs += [WorkflowStub.make("Steps", id=f"b{i}", store=billing).start(3) for i in range(4)]
             assert [s.result(timeout=60) for s in stubs] == [3] * 4 + [6] * 4
             # Each namespace's registry lists its own workers only: 2 processes and 1.
-            assert len(shop.live_workers()) == 2 and len(billing.live_workers()) == 1
+            # (the second shop process may register after the runs are done: wait for it)
+            wait_for(lambda: len(shop.live_workers()) == 2, timeout=30)
+            assert len(billing.live_workers()) == 1
         assert shop.dead_letters() == [] and billing.dead_letters() == []
     finally:
         shop.close()
