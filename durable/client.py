@@ -9,6 +9,7 @@ from typing import Any, Self
 
 from . import codec
 from . import events as ev
+from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
     DurableError,
@@ -27,17 +28,18 @@ from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
-_stores: dict[str, RedisStore] = {}
+_stores: dict[tuple[str, str], RedisStore] = {}
 _stores_lock = threading.Lock()
 
 
 def default_store() -> RedisStore:
-    """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded)."""
-    url = resolve_redis_url()
+    """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded) and
+    namespace (``DURABLE_NAMESPACE``)."""
+    url, name = resolve_redis_url(), configured_namespace()
     with _stores_lock:
-        store = _stores.get(url)
+        store = _stores.get((url, name))
         if store is None:
-            store = _stores[url] = RedisStore(url)
+            store = _stores[url, name] = RedisStore(url, namespace=name)
         return store
 
 

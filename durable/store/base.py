@@ -17,7 +17,8 @@ from typing import Any
 import redis
 from redis import exceptions as rexc
 
-from ..config import key_prefix, partitions
+from ..config import namespace as configured_namespace
+from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
 from .connect import Client, connect, is_cluster_client
 from .embedded import resolve_redis_url
@@ -46,6 +47,7 @@ class StoreBase:
         url: str | None = None,
         *,
         prefix: str | None = None,
+        namespace: str | None = None,
         partitions_: int | None = None,
         client: redis.Redis | None = None,
         flush: bool = False,
@@ -54,7 +56,8 @@ class StoreBase:
         self.redis: Client = client or connect(self.url)  # type: ignore[arg-type]
         #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
         self.cluster = is_cluster_client(self.redis)
-        self.keys = Keys(prefix or key_prefix(), partitions_ or partitions())
+        self.keys = Keys(configured_namespace(namespace or prefix), partitions_ or partitions())
+        warn_if_shared_default(self.url, self.keys.prefix)
         self._scripts = {name: self.redis.register_script(src) for name, src in load_scripts().items()}
         # The hot path (load, commit, complete) on one Redis skips redis-py's pipeline layers.
         self._wire = None if self.cluster else Wire(self.redis, self._load_all_scripts)

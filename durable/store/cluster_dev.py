@@ -59,12 +59,22 @@ class LocalCluster:
         base_dir: Each node gets ``base_dir/node-<i>`` (AOF, nodes.conf, log).
         masters: Number of nodes (each a master).
         appendfsync: AOF fsync policy of every node.
+        announce_ports: The port each node tells clients to use (``cluster-announce-port``), e.g.
+            a TLS proxy's in front of it; default: its own.
     """
 
-    def __init__(self, base_dir: str | Path, *, masters: int = 3, appendfsync: str = "everysec") -> None:
+    def __init__(
+        self,
+        base_dir: str | Path,
+        *,
+        masters: int = 3,
+        appendfsync: str = "everysec",
+        announce_ports: list[int] | None = None,
+    ) -> None:
         self.base_dir = Path(base_dir)
         self.masters = masters
         self.appendfsync = appendfsync
+        self.announce_ports = announce_ports
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self._args: list[list[str]] = []
@@ -118,6 +128,9 @@ class LocalCluster:
                 "--cluster-node-timeout", "5000",
                 *server_settings(self.appendfsync),
             ]  # fmt: skip
+            if self.announce_ports:
+                bus = ["--cluster-announce-bus-port", str(port + 10000)]
+                args += ["--cluster-announce-port", str(self.announce_ports[i]), *bus]
             self._args.append(args)
             self.procs.append(self._launch(i))
         clients = [self._wait_ping(i) for i in range(self.masters)]

@@ -15,7 +15,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis import exceptions as rexc
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
+from redis.connection import parse_url
 
 from ..errors import ConfigurationError
 
@@ -75,7 +76,16 @@ POOL_WAIT_S = 60
 
 def connect(url: str) -> Client:
     """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
-    cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list."""
+    cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list.
+
+    A cluster URL takes the query options of a ``redis://`` URL: ``ssl_ca_certs``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname``, timeouts...
+    (``rediss+cluster://`` turns TLS on); they apply to every node.
+
+    Raises:
+        ConfigurationError: A cluster URL names no node, a database other than 0, or an
+            option the cluster client does not take.
+    """
     if not is_cluster_url(url):
         # A pool that waits for a free connection (``timeout`` s) instead of raising
         # MaxConnectionsError past ``max_connections`` (both overridable in the URL's query).
@@ -87,8 +97,8 @@ def connect(url: str) -> Client:
     netloc = parts.netloc.rsplit("@", 1)
     nodes = _cluster_nodes(netloc[-1])
     if not nodes:
-        raise ConfigurationError(f"cluster URL {url!r} names no host:port")
-    kwargs: dict[str, Any] = {}
+        raise ConfigurationError(f"cluster URL {_masked(url)!r} names no host:port")
+    kwargs = _cluster_options(url)
     if len(netloc) == 2:
         user, _, password = netloc[0].partition(":")
         if password:
@@ -99,6 +109,41 @@ def connect(url: str) -> Client:
     if parts.scheme.startswith("rediss"):
         kwargs["ssl"] = True
     return RedisCluster(startup_nodes=nodes, **kwargs)
+
+
+def _cluster_options(url: str) -> dict[str, Any]:
+    """The connection options in a cluster URL's query (and path: the database), parsed as
+    redis-py parses a one-server URL's; ``cluster=1`` is ours, not an option."""
+    parts = urlsplit(url)
+    query = "&".join(item for item in parts.query.split("&") if item and item.partition("=")[0] != "cluster")
+    # The one-server parser, on a stand-in host: it converts the values (timeouts to float,
+    # ssl_check_hostname to bool...) exactly as redis-py does for redis:// URLs.
+    options: dict[str, Any] = parse_url(f"redis://stand-in{parts.path}?{query}")
+    for name in ("host", "port", "connection_class"):
+        options.pop(name, None)
+    if options.pop("db", 0) != 0:
+        raise ConfigurationError(
+            f"cluster URL {_masked(url)!r} names database {parts.path.strip('/')}: "
+            "a Redis Cluster has database 0 only"
+        )
+    unknown = sorted(set(options) - set(REDIS_ALLOWED_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"cluster URL {_masked(url)!r}: the cluster client takes no option {', '.join(unknown)}; "
+            "options it takes include ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_cert_reqs, "
+            "ssl_check_hostname, socket_timeout, socket_connect_timeout"
+        )
+    return options
+
+
+def _masked(url: str) -> str:
+    """``url`` without the password of its user info (for error messages)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0] if ":" in userinfo else ""
+    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
 
 
 def flush_database(url: str) -> None:

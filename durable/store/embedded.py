@@ -10,7 +10,9 @@ starts -- or reuses -- a local ``redis-server`` owned by the project:
   snapshots, so every acknowledged write survives a SIGKILL of the server
   (``everysec``: up to about one second of writes may be lost on a machine
   crash; ``always``: none);
-* pidfile ``<dir>/redis.pid`` and log ``<dir>/redis.log``.
+* pidfile ``<dir>/redis.pid`` and log ``<dir>/redis.log``;
+* private: the dir is created (or tightened) to 0700 and holds a ``.gitignore``
+  of ``*``; the server runs with umask 077, so its files are 0600.
 
 Start-or-reuse runs under an ``fcntl.flock`` on ``<dir>/redis.lock`` so that
 any number of threads and processes pointed at the same dir share one server.
@@ -345,13 +347,35 @@ class EmbeddedRedis:
         Each call opens the file anew, so the lock also excludes other threads
         of this process (flock locks belong to the open file description).
         """
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._make_private_dir()
         fd = os.open(self.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def _make_private_dir(self) -> None:
+        """Create the data dir 0700, or tighten an existing one to 0700, and keep it out of git.
+
+        The AOF holds every payload and hook token in the clear (unless a payload codec
+        encrypts them): a dir that already existed as 0755 would let any local user read it.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            if self.data_dir.stat().st_mode & 0o077:
+                self.data_dir.chmod(0o700)
+        except PermissionError:
+            raise ConfigurationError(
+                f"data dir {self.data_dir} is readable by other users and cannot be made private "
+                f"(0700): it belongs to another user; set DURABLE_HOME to a dir of your own"
+            ) from None
+        ignore = self.data_dir / ".gitignore"
+        if not ignore.exists():
+            # Written whole or not at all, so a concurrent starter never sees half a file.
+            tmp = self.data_dir / f".gitignore.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text("# durable's embedded Redis: data, AOF, socket -- never commit\n*\n")
+            os.replace(tmp, ignore)
 
     def ensure(self) -> str:
         """Start the server, or reuse the one already running; return its URL.
@@ -411,6 +435,8 @@ class EmbeddedRedis:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
+                # Files the server creates (AOF, rewrites, log, pidfile) are the owner's only.
+                umask=0o077,
             )
         except OSError as exc:
             raise ConfigurationError(f"cannot run {binary}: {exc}") from exc

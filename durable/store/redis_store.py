@@ -49,7 +49,9 @@ class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry):
 
     Args:
         url: Redis URL; default ``DURABLE_REDIS_URL`` or the embedded server.
-        prefix: Key prefix (default ``DURABLE_PREFIX`` or ``durable``).
+        prefix: Older name of ``namespace``.
+        namespace: The namespace, prefix of every key (default ``DURABLE_NAMESPACE``, else
+            ``DURABLE_PREFIX``, else ``durable``); see docs/security.md.
         partitions: Partition count (default ``DURABLE_PARTITIONS`` or 8). It
             is fixed per deployment: a store that already holds a different
             count refuses to open.

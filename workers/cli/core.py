@@ -13,6 +13,7 @@ import click
 import redis
 
 from durable import DurableError
+from durable.config import check_namespace
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers.config import mask_secrets, mask_url
@@ -48,8 +49,10 @@ class CliState:
     resolved to the embedded server's.
     """
 
-    def __init__(self, redis_option: str | None) -> None:
+    def __init__(self, redis_option: str | None, namespace: str | None = None) -> None:
         self.url: str | None = redis_option or os.environ.get("DURABLE_REDIS_URL") or None
+        #: ``--namespace``, or None: the store reads ``$DURABLE_NAMESPACE`` (default ``durable``).
+        self.namespace = namespace
         self._store: RedisStore | None = None
 
     @property
@@ -70,7 +73,7 @@ class CliState:
         if self._store is None:
             if self.url is None:
                 self.url = _embedded_url(start_embedded)
-            self._store = RedisStore(self.url)
+            self._store = RedisStore(self.url, namespace=self.namespace)
         return self._store
 
     @property
@@ -189,14 +192,46 @@ def load_apps(modules: Sequence[str]) -> list[ModuleType]:
     help="Redis URL (default: $DURABLE_REDIS_URL, else the embedded server in .durable/). "
     "Prefer $DURABLE_REDIS_URL for a URL with a password: a command line is visible in `ps`.",
 )
+@click.option(
+    "--namespace",
+    "namespace_option",
+    metavar="NAME",
+    default=None,
+    help="Namespace: the prefix of every Redis key, so apps sharing one Redis keep apart "
+    "(default: $DURABLE_NAMESPACE, else durable). See docs/security.md.",
+)
 @click.version_option(package_name="durable", prog_name="durable")
 @click.pass_context
-def cli(ctx: click.Context, redis_option: str | None) -> None:
+def cli(ctx: click.Context, redis_option: str | None, namespace_option: str | None) -> None:
     """durable: durable workflows on Redis Streams.
 
     Errors exit with status 1 and one `error: ...` line on stderr.
     Workflow, signal and query arguments are JSON values (or plain strings).
     """
-    state = CliState(redis_option)
+    if namespace_option is not None:
+        try:
+            namespace_option = check_namespace(namespace_option)
+        except DurableError as exc:
+            raise click.BadParameter(str(exc), param_hint="--namespace") from None
+        _export_namespace(ctx, namespace_option)
+    state = CliState(redis_option, namespace_option)
     ctx.obj = state
     ctx.call_on_close(state.close)
+
+
+def _export_namespace(ctx: click.Context, name: str) -> None:
+    """Put ``--namespace`` in the environment for this command: worker processes the supervisor
+    starts inherit it, and so does app code that opens the default store. Restored on close
+    (the CLI also runs in-process, under tests)."""
+    saved = {var: os.environ.get(var) for var in ("DURABLE_NAMESPACE", "DURABLE_PREFIX")}
+    os.environ["DURABLE_NAMESPACE"] = name
+    os.environ.pop("DURABLE_PREFIX", None)
+
+    def restore() -> None:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+    ctx.call_on_close(restore)
