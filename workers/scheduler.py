@@ -78,7 +78,7 @@ class Scheduler:
         self.fired = 0
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
-        self._outage = Incident(log, "scheduler", settle=5.0)
+        self._outage = Incident(log, "scheduler", settle=3.0)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)

@@ -199,7 +199,7 @@ class Worker:
         )
         # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
         # still work while its writes are refused (OOM): only a quiet spell ends an incident.
-        self._outage = Incident(log, "worker loop", settle=5.0)
+        self._outage = Incident(log, "worker loop", settle=3.0)
         self._stop = threading.Event()
         self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms)
