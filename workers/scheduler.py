@@ -141,7 +141,10 @@ class Scheduler:
             try:
                 self.heartbeat()
             except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
-                log.warning("worker heartbeat failed: %s", exc)
+                if is_transient(exc):
+                    self._outage.failed(exc)  # one line per outage, not per heartbeat
+                else:
+                    log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
         return max(0.0, next_due - time.time())
 

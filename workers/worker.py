@@ -320,7 +320,7 @@ class Worker:
                         # A stream of ours was deleted (another worker took this one for dead
                         # while it stalled and handed its private tasks back): recreate it.
                         log.warning("task stream gone (%s); recreating the consumer groups", exc)
-                        self._ensure_groups()
+                        retry_transient(self._ensure_groups, self._outage, stop=self._stop)
                     else:
                         raise
                 else:
