@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
 from durable.registry import ActivityDefinition, get_activity
+from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
@@ -28,6 +30,11 @@ log = logging.getLogger("durable.worker")
 
 OnResult = Callable[[AttemptResult], None]
 """Takes an attempt's result to commit it later (eager mode, or the worker's main thread)."""
+
+#: Recording an attempt's outcome after the activity ran: retried for as long as Redis is
+#: unavailable (the effect happened; running it again is what waiting avoids). One incident
+#: log for every activity thread of the process.
+_recording = Incident(log, "activity threads (recording attempt outcomes)")
 
 
 def _never(_due: int) -> None:
@@ -125,7 +132,8 @@ def execute_attempt(
     if on_result is not None:
         on_result(result)
     else:
-        complete_batch(store, [completion(result, stream=stream, entry_id=entry_id)])
+        outcome = completion(result, stream=stream, entry_id=entry_id)
+        retry_transient(lambda: complete_batch(store, [outcome]), _recording)
     return "completed"
 
 
@@ -280,13 +288,49 @@ def fail_attempt(
                 f"activity {task.name} ({task.activity_id}) exceeded schedule_to_close_timeout; last error: {exc}",
                 kind="schedule_to_close",
             )
-        store.complete_activity(attempt_failed(task, error, record, stream=stream, entry_id=entry_id))
+        failed = attempt_failed(task, error, record, stream=stream, entry_id=entry_id)
+        retry_transient(lambda: store.complete_activity(failed), _recording)
         return "failed"
     record["retry_in_s"] = delay
     retry = AttemptOutcome(
         task, "retry", record, stream, entry_id, None, int(delay * 1000), task.next_attempt()
     )
-    outcome, due = store.complete_activity(retry)
+    outcome, due = retry_transient(lambda: store.complete_activity(retry), _recording)
     if outcome == "RETRY":
         on_timer(due)
     return "retry"
+
+
+def record_in_hand(
+    store: RedisStore,
+    completed: deque[AttemptOutcome],
+    eager: deque[AttemptResult],
+    apply_eager: Callable[[list[AttemptResult]], None],
+) -> None:
+    """Record the results other threads handed to the worker's main thread: queued tasks'
+    outcomes through their runs' inboxes, eager results with their runs' next decisions
+    (``apply_eager``). When Redis refuses (it is unavailable for now), nothing is dropped:
+    the outcomes stay in ``completed`` for the next call, and so do the eager results, as
+    inbox outcomes (some may be committed already: the inbox discards those as stale)."""
+    if completed:
+        batch = _drain(completed)
+        try:
+            complete_batch(store, batch)
+        except BaseException:
+            completed.extendleft(reversed(batch))
+            raise
+    if eager:
+        results = _drain(eager)
+        try:
+            apply_eager(results)
+        except BaseException:
+            completed.extend(completion(r, stream=r.task.stream) for r in results)
+            raise
+
+
+def _drain(items: deque[Any]) -> list[Any]:
+    """Everything in ``items`` (other threads append; only this one pops)."""
+    out = []
+    while items:
+        out.append(items.popleft())
+    return out

@@ -30,6 +30,7 @@ from durable.errors import (
 )
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
+from durable.store.connect import is_transient
 from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
 from durable.store.tasks import (
     ActivityTask,
@@ -231,6 +232,9 @@ class Decider:
             elif isinstance(result, EventConflict):
                 conflicted.append(task)
             self._after_commit(ref, driver, decision, plan.leased, result)
+        unavailable = [r for r in results if isinstance(r, Exception) and is_transient(r)]
+        if unavailable:
+            raise unavailable[0]  # the worker waits the outage out; these tasks stay pending
         return conflicted
 
     def _after_commit(
@@ -243,7 +247,7 @@ class Decider:
             driver.close()
         elif isinstance(result, Exception):
             driver.close()
-            if not isinstance(result, WorkflowClosed | StaleCompletion):
+            if not isinstance(result, WorkflowClosed | StaleCompletion) and not is_transient(result):
                 log.error(
                     "commit of run %s failed: %s; the task stays pending and is retried", ref.run_id, result
                 )

@@ -110,8 +110,12 @@ class TaskReader:
                 if not ready:
                     return None
             return [(key[0], self._reads[key].reply()) for key in ready]
-        except CONNECTION_FAILURES:
+        except CONNECTION_FAILURES as exc:
             self._reset(moved=True)
+            if isinstance(exc, OSError) and not isinstance(exc, TimeoutError | ConnectionError):
+                # A socket error redis-py did not wrap (select() on a dropped socket): say
+                # what it is, a lost read connection, so the loop retries instead of stopping.
+                raise ReadLost(f"task read connection failed: {exc}") from exc
             raise
         except SLOT_MOVES as exc:
             log.warning(

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 
 from durable.errors import ActivityTimeout, SessionLost
+from durable.store.connect import is_transient
+from durable.store.outage import Incident
 from durable.store.redis_store import RedisStore
 from durable.store.retention import Purger
 from durable.store.tasks import ActivityTask
@@ -76,6 +78,7 @@ class Scheduler:
         self.fired = 0
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
+        self._outage = Incident(log, "scheduler", settle=3.0)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
@@ -98,9 +101,13 @@ class Scheduler:
             self._next_due = float("inf")
             try:
                 sleep = self.tick()
-            except Exception:  # noqa: BLE001 - keep scheduling; Redis may be restarting
-                log.exception("scheduler pass failed; retrying in 1 s")
-                sleep = 1.0
+                self._outage.recovered()
+            except Exception as exc:  # noqa: BLE001 - keep scheduling whatever happens
+                if is_transient(exc):
+                    sleep = self._outage.failed(exc)  # logged once per outage
+                else:
+                    log.exception("scheduler pass failed; retrying in 1 s")
+                    sleep = 1.0
             self._next_due = time.time() + sleep
             self._wake.wait(sleep)
             self._wake.clear()
@@ -134,7 +141,10 @@ class Scheduler:
             try:
                 self.heartbeat()
             except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
-                log.warning("worker heartbeat failed: %s", exc)
+                if is_transient(exc):
+                    self._outage.failed(exc)  # one line per outage, not per heartbeat
+                else:
+                    log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
         return max(0.0, next_due - time.time())
 

@@ -37,19 +37,21 @@ from typing import Any
 from durable import codec, registry
 from durable import events as ev
 from durable.activity import set_worker_identity
-from durable.store.connect import (
-    TRANSIENT_ERRORS,
-    CommandRefused,
-    ConnectionLost,
-    consumer_name,
-    is_missing_group,
-)
+from durable.store.connect import consumer_name, is_missing_group, is_transient
+from durable.store.outage import Incident, retry_transient
 from durable.store.reads import Reply
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from .allowed import Allowed
-from .attempts import attempt_deadline, complete_batch, completion, execute_attempt, run_activity
+from .attempts import (
+    attempt_deadline,
+    complete_batch,
+    completion,
+    execute_attempt,
+    record_in_hand,
+    run_activity,
+)
 from .decider import Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
@@ -195,8 +197,9 @@ class Worker:
             group_of=self.store.read_group,
             on_moved=self.store.refresh_topology,
         )
-        # What makes the loop pause and retry instead of stop (a cluster adds MOVED, CLUSTERDOWN...).
-        self._transient = TRANSIENT_ERRORS if self.store.cluster else (ConnectionLost,)
+        # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
+        # still work while its writes are refused (OOM): only a quiet spell ends an incident.
+        self._outage = Incident(log, "worker loop", settle=3.0)
         self._stop = threading.Event()
         self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms)
@@ -301,10 +304,7 @@ class Worker:
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
-        self._ensure_groups()
-        self.membership.join()
-        # The lease first: the runs this worker decides from now on come back to it.
-        self.scheduler.renew_lease()
+        retry_transient(self._join, self._outage, stop=self._stop)
         self.scheduler.start()
         log.info(
             "worker %s serving queues %s (%d activity threads)", self.consumer, self.queues, self.concurrency
@@ -313,18 +313,18 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     self._pass()
-                except CommandRefused as exc:
-                    if not is_missing_group(exc):
+                except Exception as exc:
+                    if is_transient(exc):
+                        self._wait_out(exc)
+                    elif is_missing_group(exc):
+                        # A stream of ours was deleted (another worker took this one for dead
+                        # while it stalled and handed its private tasks back): recreate it.
+                        log.warning("task stream gone (%s); recreating the consumer groups", exc)
+                        retry_transient(self._ensure_groups, self._outage, stop=self._stop)
+                    else:
                         raise
-                    # A stream of ours was deleted (another worker took this one for dead
-                    # while it stalled and handed its private tasks back): recreate it.
-                    log.warning("task stream gone (%s); recreating the consumer groups", exc)
-                    self._ensure_groups()
-                except self._transient as exc:
-                    log.warning("redis unavailable (%s); retrying in 0.5 s", exc)
-                    if self.store.cluster:
-                        self.store.refresh_topology()
-                    time.sleep(0.5)
+                else:
+                    self._outage.recovered()
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it
@@ -332,6 +332,23 @@ class Worker:
                 self._handle(self.reader.read({}, block_ms=self.block_ms) or [])
         finally:
             self._shutdown()
+
+    def _join(self) -> None:
+        self._ensure_groups()
+        self.membership.join()
+        # The lease first: the runs this worker decides from now on come back to it.
+        self.scheduler.renew_lease()
+
+    def _wait_out(self, exc: BaseException) -> None:
+        """Pause: ``exc`` says Redis is unavailable for now. Results in hand stay for the next
+        pass, tasks read but not finished stay pending in Redis."""
+        delay = self._outage.failed(exc)
+        if self.store.cluster:
+            try:
+                self.store.refresh_topology()
+            except Exception as refresh_error:  # noqa: BLE001 - the next pass tries again
+                log.debug("cluster slot map not refreshed: %s", refresh_error)
+        self._stop.wait(delay)
 
     def _ensure_groups(self) -> None:
         self.store.ensure_groups(
@@ -449,10 +466,8 @@ class Worker:
         return hand_over
 
     def _pass(self) -> None:
-        if self._completed:
-            complete_batch(self.store, _drain(self._completed))
-        if self._eager_done:
-            self.decider.apply_eager(_drain(self._eager_done))
+        if self._completed or self._eager_done:
+            record_in_hand(self.store, self._completed, self._eager_done, self.decider.apply_eager)
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
             kind = self.stream_kinds.get(stream)
@@ -557,14 +572,6 @@ class Worker:
                 self._busy -= 1
                 self._in_flight.pop((stream, entry_id), None)
                 self._ran(started)
-
-
-def _drain(items: deque[Any]) -> list[Any]:
-    """Everything in ``items`` (other threads append; only this one pops)."""
-    out = []
-    while items:
-        out.append(items.popleft())
-    return out
 
 
 class WorkerThread:

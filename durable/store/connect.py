@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -21,7 +22,8 @@ from redis.connection import parse_url
 from ..errors import ConfigurationError
 
 #: Errors that mean "Redis (or one cluster node) is unavailable or the cluster is
-#: reconfiguring": callers wait a moment and retry; tasks in flight stay pending.
+#: reconfiguring": callers wait a moment and retry; tasks in flight stay pending. Error
+#: *replies* can say the same (BUSY, LOADING, OOM...): :func:`is_transient` knows both.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     rexc.ConnectionError,
     rexc.TimeoutError,
@@ -36,6 +38,62 @@ ConnectionLost = rexc.ConnectionError
 
 #: Redis refused a command (e.g. NOGROUP: a task stream was deleted under its reader).
 CommandRefused = rexc.ResponseError
+
+
+#: Error replies meaning "not now": Redis refused the command without running any of it
+#: (a script busy past ``lua-time-limit``, a dataset loading, ``maxmemory`` reached under
+#: ``noeviction``, a transaction discarded for one of those, a replica cut off from its
+#: master, a cluster reconfiguring). Retrying later is safe.
+REFUSED_FOR_NOW = ("BUSY", "LOADING", "OOM", "EXECABORT", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+# Where such a reply's code can stand in an error's text: first (redis-py leaves codes it has
+# no class for in the message), after a pipeline's "caused error: " prefix, or inside a Lua
+# script's error, which Redis 6.2 reports as ``... @user_script: 1: -OOM command not allowed ...``.
+# ``\b`` keeps BUSYGROUP (a consumer group that exists already) out.
+_REFUSED_CODE = re.compile(r"(?:^|caused error: |: -)(" + "|".join(REFUSED_FOR_NOW) + r")\b")
+
+_REFUSED_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (rexc.BusyLoadingError, "LOADING"),
+    (rexc.OutOfMemoryError, "OOM"),
+    (rexc.ExecAbortError, "EXECABORT"),
+    (rexc.MasterDownError, "MASTERDOWN"),
+    (rexc.TryAgainError, "TRYAGAIN"),
+    (rexc.ClusterDownError, "CLUSTERDOWN"),
+)
+
+
+def unavailable_kind(exc: BaseException) -> str | None:
+    """What kind of temporary Redis unavailability ``exc`` reports, or ``None`` when it is
+    not one (a bug, bad data, a wrong password: retrying would not help).
+
+    The kinds: ``"timeout"`` (no reply within the socket timeout: Redis stalled or the
+    network dropped), ``"connection lost"``, ``"cluster reconfiguring"`` (MOVED, ASK, a slot
+    not covered) and the codes of :data:`REFUSED_FOR_NOW` (``"BUSY"``, ``"LOADING"``,
+    ``"OOM"``...). Every one of them means the caller may wait and send the same command
+    again: a refused command ran nothing, and each of durable's writes is safe to repeat
+    (a timed-out one may have run; its repeat finds its work done).
+    """
+    for klass, kind in _REFUSED_CLASSES:
+        if isinstance(exc, klass):
+            return kind
+    if isinstance(exc, rexc.AuthenticationError):
+        return None  # a wrong password stays wrong: say so instead of retrying forever
+    if isinstance(exc, rexc.TimeoutError | TimeoutError):
+        return "timeout"
+    if isinstance(exc, rexc.ConnectionError | ConnectionError):
+        return "connection lost"
+    if isinstance(exc, rexc.AskError | rexc.SlotNotCoveredError):
+        return "cluster reconfiguring"
+    if isinstance(exc, rexc.ResponseError):
+        found = _REFUSED_CODE.search(str(exc))
+        return found.group(1) if found else None
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` means Redis is unavailable for now (see :func:`unavailable_kind`):
+    wait with :class:`~durable.store.outage.Backoff` and try again."""
+    return unavailable_kind(exc) is not None
 
 
 def is_missing_group(exc: BaseException) -> bool:

@@ -49,6 +49,7 @@ class Wire:
 
         Raises:
             redis.ConnectionError: the connection broke (it is dropped; nothing is retried).
+            redis.TimeoutError: no reply within the socket timeout (Redis stalled; dropped too).
         """
         replies = self._round_trip(commands)
         refused = [i for i, r in enumerate(replies) if isinstance(r, rexc.NoScriptError)]
@@ -63,12 +64,18 @@ class Wire:
 
         Raises:
             redis.ResponseError: the first command Redis refused (e.g. WRONGTYPE on a
-                foreign key), as redis-py's pipelines do.
+                foreign key, or OOM at ``maxmemory``: the transaction ran nothing), as
+                redis-py's pipelines do. Redis being unavailable for now (BUSY, LOADING,
+                OOM, EXECABORT, a timeout) is told apart by
+                :func:`~durable.store.connect.is_transient`.
         """
         replies = self._round_trip([("MULTI",), *commands, ("EXEC",)])
         result = replies[-1]
         if isinstance(result, Exception):
-            raise result
+            # EXECABORT: Redis refused a command as it was queued (OOM, a busy script...) and
+            # ran none; the refusal says why, and is what callers classify (as redis-py does).
+            queued = [r for r in replies[1:-1] if isinstance(r, Exception)]
+            raise queued[0] if isinstance(result, rexc.ExecAbortError) and queued else result
         if result is None:  # pragma: no cover - no WATCH is ever used
             raise rexc.WatchError("transaction aborted")
         for reply in result:

@@ -11,7 +11,11 @@ retried activity, timers, a signal, a child, ``all()``) across several
   nothing acknowledged may be lost; ``everysec``: see :data:`EVERYSEC_WINDOW_S`);
 * **duplicated task deliveries**: copies of live activity-task and
   workflow-task entries XADDed into their streams;
-* **stalled workers**: SIGSTOP for longer than ``--claim-idle``, then SIGCONT.
+* **stalled workers**: SIGSTOP for longer than ``--claim-idle``, then SIGCONT;
+* **Redis hiccups** that must not end a worker (each counts as a worker restart):
+  a SIGSTOP of Redis longer than the clients' socket timeout (every call times out,
+  then SIGCONT), and a period at ``maxmemory`` under ``noeviction`` (writes refused
+  with OOM, transactions with EXECABORT), then the limit lifted.
 
 Afterwards :meth:`Harness.check` verifies, over every run and its child: closed
 exactly once with the expected result; seqs contiguous; every command id
@@ -55,6 +59,7 @@ from faults_app import EFFECTS_PER_RUN, Chaos, expected  # noqa: E402
 
 from durable import WorkflowStub  # noqa: E402
 from durable.errors import WorkflowAlreadyStarted, WorkflowClosed, WorkflowNotFound  # noqa: E402
+from durable.store.connect import is_transient  # noqa: E402
 from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.keys import GROUP  # noqa: E402
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore  # noqa: E402
@@ -67,6 +72,10 @@ ALL_POINTS = (
     "outbox.before_ack",
 )
 KILL_LINE = re.compile(r"fault injection: SIGKILL at (\S+)")
+OUTAGE_LINE = re.compile(r"redis unavailable \(([^:]+):")
+"""A worker's WARNING at the start of a Redis outage (``durable.store.outage``), by kind."""
+OOM_HEADROOM = 64 * 1024
+"""``maxmemory`` during a redis_oom period: this many bytes above what Redis used when it began."""
 EVERYSEC_WINDOW_S = 2.0
 """What ``appendfsync everysec`` can lose, precisely: Redis write()s the AOF buffer to the
 kernel before it sends the replies of a batch, and fsyncs once a second in the background.
@@ -93,6 +102,10 @@ class Scenario:
     appendfsync: str = "always"
     duplicates: bool = False
     stalls: int = 0
+    redis_stalls: int = 0  # SIGSTOPs of Redis, each redis_stall_s long
+    redis_stall_s: float = 12.0  # past redis-py's 5 s socket timeout, and its retries of it
+    oom_periods: int = 0  # periods at maxmemory (noeviction), each oom_s long
+    oom_s: float = 4.0
     claim_idle: float = 1.0
     timeout: float = 60.0
     eager: str = "no"  # "no", "yes" or "mixed" (every other worker runs with --eager)
@@ -128,6 +141,8 @@ SCENARIOS: dict[str, Scenario] = {
     "redis_kill_everysec": Scenario(
         "redis_kill_everysec", workflows=10, workers=2, redis_kills=2, appendfsync="everysec"
     ),
+    "redis_stall": Scenario("redis_stall", workflows=12, workers=2, redis_stalls=1),
+    "redis_oom": Scenario("redis_oom", workflows=8, workers=2, oom_periods=1),
     "everything": Scenario(
         "everything",
         workflows=16,
@@ -221,8 +236,14 @@ class WorkerProc:
         self._err.close()
 
     def kills(self) -> collections.Counter:
-        text = self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-        return collections.Counter(KILL_LINE.findall(text))
+        return collections.Counter(KILL_LINE.findall(self._stderr()))
+
+    def outages(self) -> collections.Counter:
+        """The Redis outages this worker logged, by kind (``OOM``, ``timeout``...)."""
+        return collections.Counter(OUTAGE_LINE.findall(self._stderr()))
+
+    def _stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
 
 
 def _retry(fn, *args, attempts: int = 100, **kwargs):
@@ -250,7 +271,9 @@ class Harness:
         seed: int = 0,
         verbose: bool = True,
     ) -> None:
-        if (scenario.redis_kills or scenario.appendfsync != "always") and server is None:
+        if (
+            scenario.redis_kills or scenario.redis_stalls or scenario.appendfsync != "always"
+        ) and server is None:
             raise ValueError(f"scenario {scenario.name} kills Redis: pass the EmbeddedRedis it may kill")
         self.sc = scenario
         self.url = url
@@ -358,6 +381,33 @@ class Harness:
                 self.out.faults["duplicate_activity_task(from_run)"] += 1
                 return
 
+    def _stall_redis(self) -> None:
+        """SIGSTOP Redis for longer than the socket timeout: every worker call times out."""
+        assert self.server is not None and self.server.pid is not None
+        pid = self.server.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(self.sc.redis_stall_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        self.out.faults["redis_stalls(SIGSTOP)"] += 1
+
+    def _redis_oom(self) -> None:
+        """Hold Redis at ``maxmemory`` (noeviction) for a while: writes are refused with OOM."""
+        r = redis.Redis.from_url(self.url)
+        try:
+            limit, policy = (r.config_get(k)[k] for k in ("maxmemory", "maxmemory-policy"))
+            r.config_set("maxmemory-policy", "noeviction")
+            r.config_set("maxmemory", int(r.info("memory")["used_memory"]) + OOM_HEADROOM)
+            try:
+                time.sleep(self.sc.oom_s)
+            finally:
+                r.config_set("maxmemory", limit)
+                r.config_set("maxmemory-policy", policy)
+            self.out.faults["redis_at_maxmemory"] += 1
+        finally:
+            r.close()
+
     # --------------------------------------------------------------- runs
     def _start_runs(self) -> None:
         for idx in range(self.sc.workflows):
@@ -443,6 +493,7 @@ class Harness:
                 w.stop()
             for w in self.workers + self.retired:
                 self.out.faults.update({f"worker_sigkill@{p}": n for p, n in w.kills().items()})
+                self.out.faults.update({f"worker_saw_redis_{k}": n for k, n in w.outages().items()})
         if self.server is not None:
             self.server.ensure()
         self.check()
@@ -460,6 +511,11 @@ class Harness:
         # Fault schedule: spread Redis kills and stalls over the first seconds of the run.
         redis_at = sorted(t0 + self.rng.uniform(1.0, 6.0) for _ in range(sc.redis_kills))
         stall_at = sorted(t0 + self.rng.uniform(0.5, 5.0) for _ in range(sc.stalls))
+        hiccups = sorted(
+            [(t0 + self.rng.uniform(1.0, 3.0), self._stall_redis) for _ in range(sc.redis_stalls)]
+            + [(t0 + self.rng.uniform(0.5, 1.5), self._redis_oom) for _ in range(sc.oom_periods)],
+            key=lambda item: item[0],
+        )
         pending_signals = list(self.runs.values())
         self.rng.shuffle(pending_signals)
         next_dup = t0
@@ -474,6 +530,8 @@ class Harness:
                 if stall_at and now >= stall_at[0]:
                     stall_at.pop(0)
                     self._stall()
+                if hiccups and now >= hiccups[0][0]:
+                    hiccups.pop(0)[1]()
                 # Signals trickle in, so some arrive before the wait and some after.
                 if pending_signals and now >= t0 + 0.3:
                     self._signal(pending_signals[-1])
@@ -482,11 +540,13 @@ class Harness:
                     next_dup = now + 0.05
                     self._duplicate()
                 self._poll()
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            except Exception as exc:  # noqa: BLE001 - Redis restarting, stalled or at maxmemory
+                if not is_transient(exc):
+                    raise
                 time.sleep(0.1)
                 continue
             open_runs = [i for i in self.runs.values() if not i.get("closed")]
-            if not open_runs and not pending_signals and not redis_at and not stall_at:
+            if not open_runs and not pending_signals and not redis_at and not stall_at and not hiccups:
                 return
             # everysec: runs outside the fsync window must finish; give the rest a little longer.
             if (

@@ -114,3 +114,29 @@ def test_everything_at_once(redis_always: EmbeddedRedis, tmp_path: Path) -> None
     )
     assert_clean(out)
     assert out.completed == out.workflows
+
+
+def test_redis_stalled_past_the_socket_timeout_ends_no_worker(
+    redis_always: EmbeddedRedis, tmp_path: Path
+) -> None:
+    """Redis SIGSTOPped for longer than the clients' socket timeout: every worker call times
+    out meanwhile; the workers wait it out (no restart) and every run finishes."""
+    out = run_scenario(
+        "redis_stall", url=redis_always.url, server=redis_always, workdir=tmp_path / "work", seed=40
+    )
+    assert_clean(out)
+    assert out.completed == out.workflows
+    assert out.faults["redis_stalls(SIGSTOP)"] == 1
+    assert out.faults["worker_restarts"] == 0, f"a worker ended during the stall: {dict(out.faults)}"
+
+
+def test_redis_at_maxmemory_ends_no_worker(redis_always: EmbeddedRedis, tmp_path: Path) -> None:
+    """A period at maxmemory (noeviction): writes are refused with OOM, transactions with
+    EXECABORT; the workers retry (no restart) and every run finishes once the limit is lifted."""
+    out = run_scenario(
+        "redis_oom", url=redis_always.url, server=redis_always, workdir=tmp_path / "work", seed=17
+    )
+    assert_clean(out)
+    assert out.completed == out.workflows
+    assert out.faults["redis_at_maxmemory"] == 1
+    assert out.faults["worker_restarts"] == 0, f"a worker ended at maxmemory: {dict(out.faults)}"

@@ -1,0 +1,166 @@
+"""Riding out a Redis outage: back off, log it once, carry on.
+
+A worker never gives up on Redis: a stall longer than the socket timeout, a
+script running past ``lua-time-limit`` (BUSY), a restart loading its dataset
+(LOADING), ``maxmemory`` reached under ``noeviction`` (OOM) all end, and every
+write of durable's is safe to send again. So each part of a worker (its loop,
+its scheduler, the threads recording activity results) retries for as long as
+the outage lasts, waiting a little longer each time (:class:`Backoff`), and
+reports the outage as one **incident** (:class:`Incident`): a WARNING when it
+starts, naming the error, and an INFO when it ends, with its duration -- not a
+line per retry. Which errors count is :func:`~durable.store.connect.is_transient`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from .connect import unavailable_kind
+
+T = TypeVar("T")
+
+FIRST_DELAY_S = 0.1
+"""The first wait after a failure."""
+
+MAX_DELAY_S = 5.0
+"""The longest wait between two tries (an outage's end is noticed within about this)."""
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: ``first``, doubling up to ``cap`` seconds, each
+    delay drawn from its upper half (so many workers do not retry in step).
+
+    Args:
+        first: The first delay, in seconds.
+        cap: The longest delay, in seconds.
+    """
+
+    def __init__(self, first: float = FIRST_DELAY_S, cap: float = MAX_DELAY_S) -> None:
+        self.first = first
+        self.cap = cap
+        self._tries = 0
+
+    def next(self) -> float:
+        """The delay before the next try (longer each call, up to the cap)."""
+        delay = min(self.cap, self.first * 2 ** min(self._tries, 30))
+        self._tries += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        """Start from the first delay again (call after a success)."""
+        self._tries = 0
+
+
+class Incident:
+    """One part of a worker's view of Redis outages, logged once each (thread-safe).
+
+    :meth:`failed` on every transient error (the first one of an outage logs a WARNING
+    naming it) returns how long to wait; :meth:`recovered` on every success (the first one
+    after an outage logs an INFO line with its duration, tries and error kinds).
+
+    Args:
+        log: Where to log.
+        what: Which part of the worker retries (``"worker loop"``, ``"scheduler"``...).
+        settle: A success only ends the incident once no failure came for this many
+            seconds (a loop whose reads still work while its writes are refused would
+            otherwise report an outage per write); ``0``: at the first success.
+    """
+
+    def __init__(self, log: logging.Logger, what: str, *, settle: float = 0.0) -> None:
+        self.log = log
+        self.what = what
+        self.settle = settle
+        self.backoff = Backoff()
+        self._lock = threading.Lock()
+        self._started: float | None = None
+        self._last_failure = 0.0
+        self._ok_since: float | None = None  # the first success after the last failure
+        self._tries = 0
+        self._kinds: list[str] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether an outage is going on (a failure not yet followed by a settled success)."""
+        return self._started is not None
+
+    def failed(self, exc: BaseException) -> float:
+        """Note a transient failure; returns the seconds to wait before trying again."""
+        kind = unavailable_kind(exc) or type(exc).__name__
+        now = time.monotonic()
+        with self._lock:
+            first = self._started is None
+            if first:
+                self._started = now
+                self._tries = 0
+                self._kinds = []
+                self.backoff.reset()
+            self._last_failure = now
+            self._ok_since = None
+            self._tries += 1
+            if kind not in self._kinds:
+                self._kinds.append(kind)
+            delay = self.backoff.next()
+        if first:
+            self.log.warning(
+                "redis unavailable (%s: %s); the %s retries with backoff (%.1f s up to %.0f s) until "
+                "it answers, no work is lost meanwhile",
+                kind,
+                _first_line(exc),
+                self.what,
+                self.backoff.first,
+                self.backoff.cap,
+            )
+        return delay
+
+    def recovered(self) -> None:
+        """Note a success: ends the incident (once settled), logging its duration."""
+        if self._started is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            started = self._started
+            if started is None:
+                return
+            if self._ok_since is None:
+                self._ok_since = now
+            if now - self._last_failure < self.settle:
+                return
+            self._started = None
+            duration, tries, kinds = self._ok_since - started, self._tries, ", ".join(self._kinds)
+            self.backoff.reset()
+        self.log.info(
+            "redis available again: the %s carries on after %.1f s of outage (%s; %d failed tries)",
+            self.what,
+            duration,
+            kinds,
+            tries,
+        )
+
+
+def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threading.Event | None = None) -> T:
+    """``call()``, tried again after each transient Redis error (for as long as the outage
+    lasts), waiting as ``incident`` says; any other error is raised, and so is a transient
+    one once ``stop`` is set."""
+    while True:
+        try:
+            result = call()
+        except Exception as exc:
+            if unavailable_kind(exc) is None or (stop is not None and stop.is_set()):
+                raise
+            delay = incident.failed(exc)
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+            continue
+        incident.recovered()
+        return result
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0][:200]
