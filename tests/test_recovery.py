@@ -16,8 +16,9 @@ from apps.recovery import NOTES, MailingToStop, OneRecoveringActivity
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import WorkflowStub, codec
 from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
 
 HEARTBEAT_TIMEOUT = 2.0  # apps.recovery.BeatingUntilKilled
 STICKY_TIMEOUT = 5.0  # the worker's default --sticky-timeout
@@ -73,6 +74,42 @@ def test_the_sweep_leaves_tasks_the_owner_has_read(store: RedisStore) -> None:
     r.xreadgroup("workers", "busy-consumer", {stream: ">"}, count=10)
     assert store.sweep_sticky(5000) == (0, None)
     assert r.xlen(stream) == 1 and r.hget(k.run(0, "deciding"), "sticky") == b"@busy"
+
+
+# ------------------------------------------------------------------ the begin check
+def _queued(store: RedisStore, attempt: int) -> tuple[ActivityTask, str, str]:
+    """An activity task of run r-1 in its stream, read by a worker: (task, stream, entry id)."""
+    k = store.keys
+    stream = k.activity_tasks(0, "default")
+    store.ensure_groups([stream])
+    task = ActivityTask("r-1", "wf-1", 0, "a1", "send_mail", codec.dumps([]), attempt, stream)
+    entry_id = store.redis.xadd(stream, {"run": "r-1", "act": "a1", "body": task.encode()}).decode()
+    store.redis.xreadgroup("workers", "w", {stream: ">"})
+    return task, stream, entry_id
+
+
+def test_an_attempt_begins_only_while_its_run_is_open_and_it_is_current(store: RedisStore) -> None:
+    k, r = store.keys, store.redis
+    r.hset(k.run(0, "r-1"), "status", "running")
+    r.hset(k.activities(0, "r-1"), mapping={"a1#": 2, "a1:hb": codec.dumps({"step": 3})})
+    task, stream, entry_id = _queued(store, 2)
+    begun = store.begin_attempt(task, stream, entry_id, 123_456, 1000)
+    assert begun.ok and codec.loads(begun.details) == {"step": 3}
+    assert r.zscore(k.running(0), "r-1|a1|2") == 123_456
+    assert r.hget(k.activities(0, "r-1"), "a1:started") == b"1000"
+    assert r.xlen(stream) == 1, "a begun attempt's task stays until its outcome is recorded"
+
+    stale, stream, entry_id = _queued(store, 1)
+    assert store.begin_attempt(stale, stream, entry_id, 0, 0)[:2] == (False, "a newer attempt is current")
+    assert r.xlen(stream) == 1, "the refused task is acked and deleted"
+
+    r.hset(k.run(0, "r-1"), "status", "terminated")
+    task, stream, entry_id = _queued(store, 2)
+    assert store.begin_attempt(task, stream, entry_id, 0, 0).reason == "the run is closed"
+    r.hset(k.run(0, "r-1"), "status", "running")
+    r.hdel(k.activities(0, "r-1"), "a1#")
+    assert store.begin_attempt(task, stream, "", 0, 0).reason.startswith("the activity is no longer pending")
+    assert r.xlen(stream) == 1 and r.xpending(stream, "workers")["pending"] == 1, "only the begun one is left"
 
 
 # ------------------------------------------------------------- real worker processes
