@@ -12,13 +12,14 @@ import signal
 import time
 
 import pytest
-from apps.recovery import NOTES, MailingToStop, OneRecoveringActivity
+from apps.recovery import NOTES, MailingToStop, MailingWithCleanup, OneRecoveringActivity
 from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub, codec
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+from workers.worker import Worker, WorkerThread
 
 HEARTBEAT_TIMEOUT = 2.0  # apps.recovery.BeatingUntilKilled
 STICKY_TIMEOUT = 5.0  # the worker's default --sticky-timeout
@@ -110,6 +111,18 @@ def test_an_attempt_begins_only_while_its_run_is_open_and_it_is_current(store: R
     r.hdel(k.activities(0, "r-1"), "a1#")
     assert store.begin_attempt(task, stream, "", 0, 0).reason.startswith("the activity is no longer pending")
     assert r.xlen(stream) == 1 and r.xpending(stream, "workers")["pending"] == 1, "only the begun one is left"
+
+
+def test_no_cancelled_activity_starts_while_its_run_goes_on(store: RedisStore) -> None:
+    worker = Worker(store, concurrency=1, grace=5, block_ms=100)
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(MailingWithCleanup).start("cleanup", 60)
+        wait_for(lambda: len(_notes(store, "cleanup")) >= 2, timeout=30)
+        stub.cancel("stop")
+        cancelled = time.time()
+        assert stub.result(timeout=30) == "cleaned up"
+    late = [float(t) for t in _notes(store, "cleanup") if float(t) > cancelled + 0.05]
+    assert late == [] and len(_notes(store, "cleanup:cleanup")) == 1
 
 
 # ------------------------------------------------------------- real worker processes

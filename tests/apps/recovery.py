@@ -11,7 +11,7 @@ import time
 
 import redis
 
-from durable import Activity, RetryPolicy, Workflow, activity, all
+from durable import Activity, CancelledError, RetryPolicy, Workflow, activity, all
 
 NOTES = "test:recovery:"
 """Prefix of the keys these activities write."""
@@ -75,3 +75,15 @@ class MailingToStop(Workflow):
 
     def handle(self, key: str, n: int) -> list:
         return all([lambda i=i: activity(send_mail, key, i) for i in range(n)])
+
+
+class MailingWithCleanup(Workflow):
+    """Sends ``n`` e-mails; cancelled, it stays open and sends one apology instead."""
+
+    def handle(self, key: str, n: int) -> str:
+        try:
+            all([lambda i=i: activity(send_mail, key, i) for i in range(n)])
+            return "sent"
+        except CancelledError:
+            activity(send_mail, key + ":cleanup", -1)
+            return "cleaned up"
