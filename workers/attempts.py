@@ -70,12 +70,8 @@ def run_activity(
             fields=fields,
         )
         return "parked"
-    if redelivered:
-        current, _ = store.activity_state(task.partition, task.run_id, task.activity_id)
-        if current is None or current.attempt != task.attempt:
-            note = {"note": "redelivered attempt no longer current"}
-            store.complete_activity(AttemptOutcome(task, "skipped", note, stream, entry_id))
-            return "stale"
+    # A redelivered attempt that is no longer current is refused by execute_attempt's
+    # begin check, like any other void task (``redelivered`` is kept for callers).
     return execute_attempt(
         store, task, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer, on_result=on_result
     )
@@ -103,14 +99,23 @@ def execute_attempt(
     definition, args = resolved
     started = time.time()
     deadline = attempt_deadline(task, started)
-    if deadline is not None:
-        store.set_deadline(task, int(deadline * 1000), int(started * 1000))
-        on_timer(int(deadline * 1000))
-    _, details = (
-        store.activity_state(task.partition, task.run_id, task.activity_id)
-        if task.attempt > 1
-        else (None, None)
-    )
+    due_ms = int(deadline * 1000) if deadline is not None else 0
+    # One round trip, before any user code: the run must be open and the attempt current
+    # (a terminated or cancelled run's queued tasks stop here), and the last heartbeat
+    # details come back whichever path re-delivered the activity.
+    begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000))
+    if not begun.ok:
+        log.info(
+            "activity %s (run %s, attempt %d) not started: %s; its task is dropped",
+            task.activity_id,
+            task.run_id,
+            task.attempt,
+            begun.reason,
+        )
+        return "void"
+    if due_ms:
+        on_timer(due_ms)
+    details = begun.details
     context = ActivityContext(
         workflow_id=task.workflow_id,
         run_id=task.run_id,
@@ -126,9 +131,18 @@ def execute_attempt(
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
         return fail_attempt(
-            store, task, exc, stream=stream, entry_id=entry_id, started=started, on_timer=on_timer
+            store,
+            task,
+            exc,
+            stream=stream,
+            entry_id=entry_id,
+            started=started,
+            on_timer=on_timer,
+            started_ms=begun.now_ms,
         )
-    result = AttemptResult(task, payload, {"duration_ms": int((time.time() - started) * 1000)})
+    # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
+    record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
+    result = AttemptResult(task, payload, record)
     if on_result is not None:
         on_result(result)
     else:
@@ -270,8 +284,10 @@ def fail_attempt(
     entry_id: str,
     started: float,
     on_timer: Callable[[int], None] = _never,
+    started_ms: int = 0,
 ) -> str:
-    """Record a failed attempt: schedule the retry, or fail the activity for good."""
+    """Record a failed attempt: schedule the retry, or fail the activity for good
+    (``started_ms``: when it began, on the scripts' clock; 0 when not known)."""
     policy = RetryPolicy.from_dict(task.retry)
     delay = policy.delay(task.attempt)
     final_reason = _final_reason(task, exc, policy, delay)
@@ -280,6 +296,8 @@ def fail_attempt(
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
         "duration_ms": int((time.time() - started) * 1000),
     }
+    if started_ms:
+        record["started_ms"] = started_ms
     if final_reason:
         record["final"] = final_reason
         error = exc

@@ -57,6 +57,8 @@ class WorkerConfig:
         cache_size: Runs kept cached.
         eager: Run scheduled activities in this worker (``--eager``).
         claim_idle: Seconds a task may sit with a silent worker before another reclaims it.
+        sticky_timeout: Seconds a workflow task may wait unread in a worker's private (sticky)
+            stream before it goes to the shared queue (0: only when that worker's lease lapses).
         build_id: The build id chosen with ``--build-id`` (``None``: unversioned; ``"auto"``:
             a hash of the ``--app`` sources).
         compatible: Other builds whose runs this code also decides.
@@ -76,6 +78,7 @@ class WorkerConfig:
     cache_size: int = 1000
     eager: bool = False
     claim_idle: float = 30.0
+    sticky_timeout: float = 5.0
     build_id: str | None = None
     compatible: tuple[str, ...] = ()
     unversioned: bool = False

@@ -43,6 +43,9 @@ class Scheduler:
         max_sleep: Longest sleep between scans, in seconds.
         heartbeat: Called every :data:`~durable.store.workers.HEARTBEAT_S` (the worker's
             registry entry and current-build failover).
+        sticky_timeout_ms: A workflow task left unread this long in a worker's private
+            (sticky) stream goes to its run's shared queue (0: only once that worker's
+            lease lapses, after ``claim_idle_ms``).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class Scheduler:
         claim_idle_ms: int = 30_000,
         max_sleep: float = 1.0,
         heartbeat: Callable[[], None] = lambda: None,
+        sticky_timeout_ms: int = 5_000,
     ) -> None:
         self.store = store
         self.streams = streams
@@ -75,6 +79,8 @@ class Scheduler:
         self._next_due = float("inf")
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
+        self.sticky_timeout_ms = sticky_timeout_ms
+        self._next_sweep = 0.0
         self.fired = 0
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
@@ -131,6 +137,7 @@ class Scheduler:
                 deadline = self.store.next_deadlines([p])[0]
             if deadline is not None:
                 next_due = min(next_due, deadline / 1000)
+        next_due = min(next_due, self._sweep_sticky(now))
         if now - self._last_claim >= self.claim_idle_ms / 3000:
             self._last_claim = now
             self._refresh_in_flight()
@@ -147,6 +154,24 @@ class Scheduler:
                     log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
         return max(0.0, next_due - time.time())
+
+    def _sweep_sticky(self, now: float) -> float:
+        """Hand back sticky workflow tasks left unread past the sticky timeout; returns when
+        to look again (the oldest unread one's timeout, else half the timeout from now)."""
+        if not self.sticky_timeout_ms:
+            return float("inf")
+        if now >= self._next_sweep:
+            moved, wait_ms = self.store.sweep_sticky(self.sticky_timeout_ms)
+            if moved:
+                log.warning(
+                    "%d workflow task(s) waited %.1f s unread in a worker's private stream (that worker "
+                    "died or is stuck): handed back to their runs' queues",
+                    moved,
+                    self.sticky_timeout_ms / 1000,
+                )
+            wait = wait_ms if wait_ms is not None else self.sticky_timeout_ms // 2
+            self._next_sweep = now + wait / 1000
+        return self._next_sweep
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:
         for rid, aid, attempt in self.store.expired_attempts(p, now_ms):

@@ -133,6 +133,8 @@ class Worker:
         cache_size: Live runs kept in the cache.
         grace: Seconds to let in-flight activities finish on shutdown.
         claim_idle_ms: A task idle this long with a silent worker is reclaimed.
+        sticky_timeout_ms: A workflow task left unread this long in a worker's private
+            (sticky) stream goes to its run's shared queue (0: only when that worker's lease lapses).
         block_ms: Longest blocking read (bounds how fast a stop is noticed).
         max_deliveries: A workflow task delivered more often than this (its
             decision keeps killing workers) is parked and its run blocked.
@@ -160,6 +162,7 @@ class Worker:
         cache_size: int = 1000,
         grace: float = 30.0,
         claim_idle_ms: int = 30_000,
+        sticky_timeout_ms: int = 5_000,
         block_ms: int = 1000,
         max_deliveries: int = 5,
         eager: bool = False,
@@ -202,7 +205,7 @@ class Worker:
         self._outage = Incident(log, "worker loop", settle=3.0)
         self._stop = threading.Event()
         self.membership = self._make_membership(compatible, promote)
-        self.scheduler = self._make_scheduler(claim_idle_ms)
+        self.scheduler = self._make_scheduler(claim_idle_ms, sticky_timeout_ms)
         self.eager = eager
         self._eager_done: deque[AttemptResult] = deque()
         # Results of queued activity tasks, recorded by the main thread in batches.
@@ -240,7 +243,7 @@ class Worker:
             promote=promote,
         )
 
-    def _make_scheduler(self, claim_idle_ms: int) -> Scheduler:
+    def _make_scheduler(self, claim_idle_ms: int, sticky_timeout_ms: int = 5_000) -> Scheduler:
         return Scheduler(
             self.store,
             streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
@@ -250,6 +253,7 @@ class Worker:
             leases=lambda: list(self._leases),
             session_queue=self.session_queue,
             claim_idle_ms=claim_idle_ms,
+            sticky_timeout_ms=sticky_timeout_ms,
             heartbeat=self.membership.heartbeat,
         )
 
@@ -551,8 +555,9 @@ class Worker:
 
     def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
         started = time.perf_counter()
+        outcome = ""
         try:
-            run_activity(
+            outcome = run_activity(
                 self.store,
                 stream,
                 entry_id,
@@ -572,6 +577,10 @@ class Worker:
                 self._busy -= 1
                 self._in_flight.pop((stream, entry_id), None)
                 self._ran(started)
+        if outcome == "void":
+            # A void task (its run closed, its activity no longer wanted) frees its thread at
+            # once: read the next task now, not when the blocking read times out.
+            self.reader.wake()
 
 
 class WorkerThread:

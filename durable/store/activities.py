@@ -9,7 +9,7 @@ of its timers set.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import codec
 from .. import events as ev
@@ -17,6 +17,22 @@ from .base import StoreBase
 from .keys import GROUP, attempt_member, heartbeat_field, parse_attempt_member, started_field
 from .records import text
 from .tasks import ActivityTask, AttemptOutcome
+
+
+class Begun(NamedTuple):
+    """Whether an attempt may run (:meth:`ActivityStore.begin_attempt`).
+
+    Attributes:
+        ok: The run is open and the attempt current: run it.
+        reason: Why it may not run (``ok`` false).
+        details: The activity's last heartbeat details (encoded), if any were recorded.
+        now_ms: When it began (the scripts' clock: Redis time plus any test offset).
+    """
+
+    ok: bool
+    reason: str = ""
+    details: bytes | None = None
+    now_ms: int = 0
 
 
 class ActivityStore(StoreBase):
@@ -66,13 +82,26 @@ class ActivityStore(StoreBase):
         )
         return int(result) == 1
 
-    def set_deadline(self, task: ActivityTask, due_ms: int, started_ms: int) -> None:
-        """Register a running attempt's deadline (start-to-close, heartbeat or schedule-to-close)."""
-        p, rid, aid = task.partition, task.run_id, task.activity_id
-        with self.pipeline(self.keys.running(p)) as pipe:
-            pipe.zadd(self.keys.running(p), {attempt_member(rid, aid, task.attempt): due_ms})
-            pipe.hset(self.keys.activities(p, rid), started_field(aid), started_ms)
-            pipe.execute()
+    def begin_attempt(
+        self, task: ActivityTask, stream: str, entry_id: str, due_ms: int, started_ms: int
+    ) -> Begun:
+        """Begin ``task``'s attempt before its code runs (``lua/begin_attempt.lua``), in one round trip.
+
+        Refused unless the run is open and the attempt is still the activity's current one
+        (a terminated, cancelled or closed run's queued tasks become no-ops here; the task
+        entry ``entry_id`` of ``stream`` is then acked and deleted). A begun attempt is marked
+        started at ``started_ms``, gets its deadline ``due_ms`` (0: none), and the activity's
+        last heartbeat details.
+        """
+        k, p, rid = self.keys, task.partition, task.run_id
+        reply = self._run_script(
+            "begin_attempt",
+            [k.run(p, rid), k.activities(p, rid), k.running(p), stream],
+            [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms],
+        )
+        if text(reply[0]) != "OK":
+            return Begun(False, text(reply[1]))
+        return Begun(True, "", bytes(reply[1]) or None, int(reply[2]))
 
     def attempt_started(self, p: int, run_id: str, activity_id: str) -> int | None:
         """When the current attempt of an activity started (ms), if it registered a deadline."""

@@ -3,7 +3,9 @@
 A worker holds a lease per partition (``T:alive:@<worker>``, expiring unless
 renewed). Its sessions' activity tasks and its private (sticky) workflow tasks
 depend on it: once it expires, the scheduler of any live worker fails the
-sessions' tasks and hands the sticky tasks back to their runs' queues. Task
+sessions' tasks and hands the sticky tasks back to their runs' queues. A sticky
+task its worker has not read within the sticky timeout goes back at once, lease or
+not (:meth:`LeaseStore.sweep_sticky`): a dead worker's lease outlives it. Task
 entries a dead worker had claimed are reclaimed from the consumer group's
 pending list once idle long enough.
 """
@@ -48,6 +50,21 @@ class LeaseStore(StoreBase):
         k = self.keys
         keys = [k.workflow_tasks(p, host), k.alive(p, host), k.sticky_hosts(p)]
         return int(self._run_script("unstick", keys, [host]))
+
+    def sweep_sticky(self, timeout_ms: int, limit: int = 100) -> tuple[int, int | None]:
+        """Hand back to their runs' queues the workflow tasks that waited unread in any worker's
+        private stream for ``timeout_ms`` (its worker died with its lease still running, or is
+        stuck): one script per partition (``lua/sweep_sticky.lua``), one round trip.
+
+        Returns ``(tasks moved, ms until the oldest unread task left times out, or None)``.
+        """
+        calls = [([self.keys.sticky_hosts(p)], [timeout_ms, limit]) for p in range(self.keys.partitions)]
+        moved, waits = 0, []
+        for reply in self._script_many("sweep_sticky", calls, raise_on_error=True):
+            moved += int(reply[0])
+            if int(reply[1]) >= 0:
+                waits.append(int(reply[1]))
+        return moved, (min(waits) if waits else None)
 
     def dead_workers(self, me: str) -> list[tuple[int, str, bool, bool]]:
         """Workers other than ``me`` whose lease ran out while they still have sessions or

@@ -701,6 +701,29 @@ class Harness:
         except Exception as exc:  # noqa: BLE001 - a report, not a check
             return f"(state unreadable: {exc})"
 
+    def _late_attempts(self, ref) -> list[str]:
+        """Attempts that began after their run closed or their activity was done: none may (the
+        worker's begin check refuses them). Each attempt's log record carries when it began
+        (``started_ms``); the run record when it closed; the completion log when it was done."""
+        closed = self.store.redis.hget(self.store.keys.run(ref.partition, ref.run_id), "closed")
+        done: dict[str, int] = {}
+        began: list[tuple[str, int, int]] = []
+        for item in self.store.log_entries(ref, count=10_000):
+            if item.get("kind") != "attempt":
+                continue
+            if item.get("outcome") in ("completed", "failed"):
+                done[item["act"]] = min(done.get(item["act"], item["ts"]), item["ts"])
+            started = (item.get("record") or {}).get("started_ms")
+            if started:
+                began.append((item["act"], item["attempt"], int(started)))
+        late = []
+        for act, attempt, started in began:
+            if closed is not None and started > int(closed):
+                late.append(f"{ref.workflow_id}: activity {act} attempt {attempt} began after the run closed")
+            elif act in done and started > done[act]:
+                late.append(f"{ref.workflow_id}: activity {act} attempt {attempt} began after it was done")
+        return late
+
     def check(self) -> None:
         v = self.out.violations
         for idx, info in self.runs.items():
@@ -722,6 +745,7 @@ class Harness:
             if checked is None or child is None:
                 continue
             self.out.completed += 1
+            v.extend(self._late_attempts(checked[0]) + self._late_attempts(child[0]))
             keys = checked[1] + child[1]
             if len(keys) != EFFECTS_PER_RUN:
                 v.append(f"run {idx}: {len(keys)} activities scheduled, expected {EFFECTS_PER_RUN}")

@@ -66,6 +66,7 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         app=list(config.apps),
         cache_size=config.cache_size,
         claim_idle_ms=config.claim_idle_ms,
+        sticky_timeout_ms=int(config.sticky_timeout * 1000),
         eager=config.eager,
         build_id=build_id,
         compatible=config.compatible,

@@ -58,6 +58,14 @@ _worker_options: list[Callable[[Any], Any]] = [
         help="Seconds a task may sit with a silent worker before another worker reclaims it.",
     ),
     click.option(
+        "--sticky-timeout",
+        default=5.0,
+        show_default=True,
+        type=click.FloatRange(0),
+        help="Seconds a run's next workflow task may wait unread for the worker that has the run "
+        "cached before any worker takes it (0: until that worker's --claim-idle lease lapses).",
+    ),
+    click.option(
         "--build-id",
         default=None,
         metavar="BUILD",
@@ -139,6 +147,7 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         cache_size=options["cache_size"],
         eager=options["eager"],
         claim_idle=options["claim_idle"],
+        sticky_timeout=options["sticky_timeout"],
         build_id=options["build_id"],
         compatible=tuple(options["compatible"]),
         unversioned=options["unversioned"],

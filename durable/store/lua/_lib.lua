@@ -51,6 +51,26 @@ local function task_stream(run_key)
   return fields[1]
 end
 
+-- Hand one of a private stream's workflow tasks (run `rid`) back to the run's queue, where
+-- any worker takes it: its owner `host` is gone or too slow. The run stops being sticky
+-- to that host, so its later tasks go to the queue too (the next decider makes it its own).
+-- Returns 1 when the task moved, 0 when the run is gone.
+local function hand_back(tag, host, rid)
+  local run = tag .. ':run:' .. rid
+  local wq = redis.call('HGET', run, 'wq')
+  if not wq then return 0 end
+  if redis.call('HGET', run, 'sticky') == host then redis.call('HDEL', run, 'sticky') end
+  redis.call('XADD', wq, '*', 'run', rid)
+  return 1
+end
+
+-- The run id a workflow task entry names ('' when none).
+local function entry_run(entry)
+  local f = entry[2]
+  for i = 1, #f, 2 do if f[i] == 'run' then return f[i + 1] end end
+  return ''
+end
+
 -- Enqueue a workflow task for the run unless one is already pending: a run
 -- has at most one pending workflow task, however many inputs arrive.
 local function wake(run_key, run_id)

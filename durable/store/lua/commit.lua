@@ -62,7 +62,7 @@ end
 for _, t in ipairs(plan.timers) do redis.call('ZADD', timers, t[2], t[1]) end
 for _, m in ipairs(plan.untimers) do redis.call('ZREM', timers, m) end
 for _, aid in ipairs(plan.cancel_activities) do
-  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb')
+  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started')
   redis.call('ZREM', timers, 'r|' .. rid .. '|' .. aid)
 end
 for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end

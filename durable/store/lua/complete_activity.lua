@@ -35,7 +35,7 @@ if outcome == 'retry' then
   redis.call('ZADD', timers, due, 'r|' .. rid .. '|' .. aid)
   return {'RETRY', due}
 end
-redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb')
+redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started')
 redis.call('RPUSH', inbox, envelope(ARGV[6], ts, ARGV[7]))
 wake(run, rid)
 return {'OK'}

@@ -11,17 +11,8 @@ local moved = 0
 -- Delivered-but-unacked entries are still in the stream: they move too (their
 -- decider is gone; were it only slow, the commit's seq check stops the loser).
 for _, entry in ipairs(redis.call('XRANGE', stream, '-', '+')) do
-  local f, rid = entry[2], nil
-  for i = 1, #f, 2 do if f[i] == 'run' then rid = f[i + 1] end end
-  if rid then
-    local run = tag .. ':run:' .. rid
-    local wq = redis.call('HGET', run, 'wq')
-    if wq then
-      if redis.call('HGET', run, 'sticky') == host then redis.call('HDEL', run, 'sticky') end
-      redis.call('XADD', wq, '*', 'run', rid)
-      moved = moved + 1
-    end
-  end
+  local rid = entry_run(entry)
+  if rid ~= '' then moved = moved + hand_back(tag, host, rid) end
 end
 redis.call('DEL', stream)
 redis.call('SREM', hosts, host)

@@ -1,0 +1,30 @@
+-- Begin one activity attempt, before any of its code runs: the run must be open and the
+-- attempt still the activity's current one (not completed, cancelled, superseded, or voided
+-- when the run closed or was terminated: closing deletes the activities hash). A refused
+-- attempt's task entry is acked and deleted: the task is void, nothing runs.
+-- A begun attempt is marked started (with its deadline, if any), and gets the activity's
+-- last heartbeat details, whichever attempt recorded them and however it was re-delivered.
+-- KEYS: run, activities, running, the attempt's task stream
+-- ARGV: run id, activity id, attempt, task entry id ('' = none: a leased attempt),
+--       deadline ms (0 = none), started ms
+-- Returns {'OK', heartbeat details or '', now ms} | {'SKIP', why}
+local run, acts, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rid, aid, attempt, entry_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local deadline = tonumber(ARGV[5])
+
+local why = nil
+local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb')
+if not is_open(redis.call('HGET', run, 'status')) then
+  why = 'the run is closed'
+elseif not current[1] then
+  why = 'the activity is no longer pending (completed, cancelled or timed out)'
+elseif tonumber(current[1]) ~= attempt then
+  why = 'a newer attempt is current'
+end
+if why then
+  ack(stream, entry_id)
+  return {'SKIP', why}
+end
+redis.call('HSET', acts, aid .. ':started', ARGV[6])
+if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
+return {'OK', current[2] or '', now_ms()}
