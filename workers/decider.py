@@ -349,6 +349,8 @@ class Decider:
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
         except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
+            # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
+            culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
             if driver is not None:
                 driver.close()
             self.store.park(
@@ -360,6 +362,7 @@ class Decider:
                 fields=task.fields,
                 run_id=rid,
                 block=True,
+                input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
             )
             return None
         except BaseException:

@@ -15,7 +15,7 @@ from ..runtime import current_runtime
 from ..workflow import Workflow, near_history_limit
 from .commands import Commands
 from .decision import Decision, build_decision
-from .inputs import Inputs
+from .inputs import Inputs, undecodable_input
 
 log = logging.getLogger("durable.workflow")
 
@@ -31,6 +31,9 @@ class Driver(Commands, Inputs):
         read_only: For queries: code stops at the first command history does
             not hold (no side-effect function runs, nothing new is decided).
     """
+
+    #: The inbox item :meth:`decide` is applying; when it raises, the item that blocks the run.
+    applying: ev.Entry | None = None
 
     def replay(self, entries: Sequence[ev.Entry]) -> Driver:
         """Apply committed history (from the driver's current seq on).
@@ -76,9 +79,14 @@ class Driver(Commands, Inputs):
         """Apply new inbox items live and return the decision to commit."""
         self._enter()
         for item in inbox:
+            self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
                 self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+                continue
+            poison = undecodable_input(item.event)
+            if poison is not None:  # a bad signal is a dead letter, not a crash of the run
+                self._dropped.append((item.raw, f"poison: {poison}"))
                 continue
             mark = len(self._out)
             self._out.append(item.raw)
@@ -88,6 +96,7 @@ class Driver(Commands, Inputs):
                 self._dropped.append((item.raw, reason))
                 continue
             self._run()
+        self.applying = None
         return self._decision(consumed=len(inbox))
 
     def committed(self) -> None:

@@ -14,12 +14,33 @@ from ..errors import (
     DurableError,
     HistoryCorrupt,
     NondeterminismError,
+    SerializationError,
     SignalTimeout,
 )
 from ..ids import successor_run_id
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
 from .core import DriverCore
+
+
+def undecodable_input(event: ev.Event) -> str | None:
+    """Why a new signal or hook payload cannot be decoded (``None``: it can).
+
+    Checked before the input is applied, so the workflow never sees it. Only inputs
+    from outside (anyone allowed to signal) are checked: an activity or child result
+    this worker cannot decode blocks the run until a deploy brings the type.
+    """
+    if isinstance(event, ev.SignalReceived):
+        what, payload = f"SignalReceived {event.name!r}", event.payload
+    elif isinstance(event, ev.HookResumed):
+        what, payload = f"HookResumed {event.id!r}", event.payload
+    else:
+        return None
+    try:
+        codec.loads(payload)
+    except SerializationError as exc:
+        return f"{what}: {exc}"
+    return None
 
 
 class Inputs(DriverCore):
