@@ -70,7 +70,16 @@ class QueueStore(RunStore):
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
-            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0", block_kind, input_at or ""],
+            [
+                entry_id,
+                kind,
+                reason,
+                codec.pack(safe),
+                run_id,
+                "1" if block else "0",
+                block_kind,
+                input_at or "",
+            ],
         )
         log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
 
