@@ -338,6 +338,7 @@ class Decider:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
+                driver.hook_secrets = self.store.hook_secrets
                 driver.replay(self.store.decode_history(ref, rows))
             entries, poison = [], []
             for raw in inbox:
@@ -449,6 +450,7 @@ class Decider:
             cancelled_activities=decision.cancelled_activities,
             outbox=outbox,
             hooks=[(h.token, h.id) for h in decision.hooks],
+            expired_hooks=decision.expired_hooks,
             eager=eager,
             close=close,
             next_run=next_run,

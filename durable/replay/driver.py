@@ -107,6 +107,7 @@ class Driver(Commands, Inputs):
         self._out = []
         self._new = []
         self._dropped = []
+        self._expired_now = []
         self._child_cancels = []
         self._close_actions = ([], [], [])
 
@@ -202,7 +203,7 @@ class Driver(Commands, Inputs):
     def _decision(self, consumed: int) -> Decision:
         self._warn_near_limit()
         status = self.status
-        return build_decision(
+        decision = build_decision(
             expected_seq=self._seq,
             events=list(self._out),
             consumed=consumed,
@@ -214,6 +215,8 @@ class Driver(Commands, Inputs):
             status=status,
             snapshot=self.snapshot(status),
         )
+        decision.expired_hooks = list(self._expired_now)
+        return decision
 
 
 def current_driver() -> Driver:

@@ -164,6 +164,12 @@ class Inputs(DriverCore):
             self._resume(branch, signal_value(event.payload))
         return None
 
+    def _expire_hook(self, hook_id: str) -> None:
+        """A wait on a hook ended without a resume (deadline, cancel): the token dies with it."""
+        self._hooks.discard(hook_id)
+        self._hooks_expired.add(hook_id)
+        self._expired_now.append(hook_id)
+
     def _start(self, event: ev.WorkflowStarted) -> None:
         self._started = event
         if not self.workflow_id:
@@ -203,6 +209,7 @@ class Inputs(DriverCore):
             self._wait_until.remove(branch)
             self._resume(branch, False)
         elif wait.kind == "hook":
+            self._expire_hook(wait.id)
             self._resume(branch, exc=SignalTimeout(f"hook {wait.name!r} was not resumed before the deadline"))
         else:  # pragma: no cover - deadlines exist only on the kinds above
             return f"timer {timer_id!r} has no waiter"
@@ -266,6 +273,8 @@ class Inputs(DriverCore):
             self._wait_until.remove(branch)
         elif wait.kind == "child":
             self._child_cancels.append((wait.id, wait.child_workflow_id, "request_cancel"))
+        elif wait.kind == "hook":
+            self._expire_hook(wait.id)
         if wait.deadline is not None and wait.kind in ("signal", "wait_until", "hook"):
             self._issue(ev.TimerCancelled(id=wait.id))
 
