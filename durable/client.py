@@ -7,13 +7,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Self
 
-from . import codec
+from . import codec, hooktokens
 from . import events as ev
 from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
     DurableError,
-    HookError,
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
@@ -80,6 +79,8 @@ def _public(entry: ev.Entry) -> HistoryEvent:
                 data[name] = codec.loads(value)
             except DurableError as exc:
                 data[name] = f"<undecodable payload: {exc}>"
+    if isinstance(entry.event, ev.HookCreated):
+        data["token"] = hooktokens.mask(data.get("token"))  # never printed, even as a digest in full
     return HistoryEvent(seq=entry.seq, type=entry.type, ts=entry.ts, data=data)
 
 
@@ -176,17 +177,16 @@ class WorkflowStub:
     def resume_hook(token: str, payload: Any = None, *, store: RedisStore | None = None) -> None:
         """Deliver ``payload`` to the hook with this token (single use).
 
+        One script finds the hook's run, uses the token up and pushes the payload onto the
+        run's inbox: nothing can use the token without delivering.
+
         Raises:
-            HookError: unknown or used token.
+            HookError: unknown, used or expired token (the message never repeats it).
             WorkflowClosed: the hook's run is closed.
         """
         store = store or default_store()
-        p, rid, hook_id = store.resolve_hook(token)
-        record = store.run_record(RunRef(p, rid, ""))
-        data = codec.dumps((payload,), path="payload")
-        if not store.consume_hook(p, token):
-            raise HookError("hook token already used")
-        store.deliver(record["workflow_id"], ev.HookResumed(id=hook_id, payload=data), run_id=rid)
+        # One script resolves, uses up and delivers: a crash cannot burn the token alone.
+        store.resume_hook(token, codec.dumps((payload,), path="payload"))
 
     # ------------------------------------------------------------ identity
     @property
@@ -281,7 +281,10 @@ class WorkflowStub:
             check_name_length(name, "query")
         ref = self._ref()
         history = self._store.history(ref)
-        driver = Driver(run_id=ref.run_id, workflow_id=self._id, read_only=True)
+        driver = Driver(
+            run_id=ref.run_id, workflow_id=self._id, read_only=True, token_prefix=f"{ref.partition}."
+        )
+        driver.hook_secrets = self._store.hook_secrets
         try:
             driver.replay(history)
             return driver.query(name, args)

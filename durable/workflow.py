@@ -298,7 +298,12 @@ def continue_as_new(*args: Any) -> None:
 
 
 def create_hook(name: str, metadata: Any = None, *, id: str | None = None) -> Hook:
-    """Create a hook with an unguessable token (recorded, so replay returns the same token)."""
+    """Create a hook with an unguessable, single-use token.
+
+    The token is derived from a secret (``DURABLE_HOOK_SECRET``, else the namespace's own),
+    never stored: history records its digest, and replay derives the same token again. It
+    lives as long as the wait on it: an ``await_hook`` timeout or the run closing voids it.
+    """
     return current_runtime().call_create_hook(name, metadata, id=id)
 
 

@@ -4,7 +4,7 @@ when the provider calls back, the web handler calls
 ``WorkflowStub.resume_hook(token, payload)`` and the workflow continues.
 
 Shows: ``create_hook(name, metadata)`` (the token is unguessable, single use
-and recorded, so replay gives the same one), ``await_hook(hook, timeout=...)``,
+and derived, never stored: replay gives the same one), ``await_hook(hook, timeout=...)``,
 ``WorkflowStub.resume_hook`` from code that knows only the token, and a
 ``@query`` to read the token from outside.
 

@@ -23,6 +23,10 @@ NOT_KEYS = {
     "\\131",  # the msgpack header of an event envelope (a map of 3)
     "(",  # an exclusive XRANGE bound: (<ms>-0
     "-0",
+    "\\130",  # the msgpack header of HookResumed's data (a map of 2)
+    " ",  # the run record's list of hook tokens: " <hook id>=<digest>" words
+    "=",
+    "dropped by durable repair: ",  # a dead letter's reason
 }
 
 
@@ -62,6 +66,7 @@ def _fragments() -> dict[str, str]:
         "log key": infix(k.log(0, x)),
         "closed runs key": k.closed(0)[len(tag) :],
         "retention key": k.retention(0)[len(tag) :],
+        "hooks key": k.hooks(0)[len(tag) :],
         "attempt field": K.attempt_field(x)[len(x) :],
         "stream field": K.stream_field(x)[len(x) :],
         "heartbeat field": K.heartbeat_field(x)[len(x) :],
@@ -115,6 +120,7 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
             (K.retry_member("r1", "a|2"), [K.RETRY, "r1", "a|2"]),
         ],
         "^([^|]+)|": [(K.hook_target("r1", "h|2"), ["r1"])],
+        "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
     }
     assert _patterns() == set(cases), "a script matches with a pattern this test does not check"
     for pattern, examples in cases.items():

@@ -109,7 +109,9 @@ def test_scheduler_purges_every_key_of_a_closed_run_and_never_an_open_one(
     rid, open_rid = stub.run_id, waiting.run_id
     assert rid and open_rid
     assert keys_of(store.redis, rid), "the closed run has keys before its retention ends"
-    assert any(t.startswith(rid + "|") for t in hook_targets(store)), "its unresumed hook token exists"
+    assert not any(t.startswith(rid + "|") for t in hook_targets(store)), (
+        "its unresumed hook token went at close"
+    )
     p = store.keys.partition("ret-steps")
     assert store.redis.zscore(store.keys.closed(p), rid) is not None
 

@@ -342,6 +342,7 @@ class Decider:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
+                driver.hook_secrets = self.store.hook_secrets
                 driver.replay(self.store.decode_history(ref, rows))
             entries, poison = [], []
             for raw in inbox:
@@ -353,6 +354,8 @@ class Decider:
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
         except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
+            # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
+            culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
             if driver is not None:
                 driver.close()
             self.store.park(
@@ -364,6 +367,7 @@ class Decider:
                 fields=task.fields,
                 run_id=rid,
                 block=True,
+                input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
             )
             return None
         except BaseException:
@@ -450,6 +454,7 @@ class Decider:
             cancelled_activities=decision.cancelled_activities,
             outbox=outbox,
             hooks=[(h.token, h.id) for h in decision.hooks],
+            expired_hooks=decision.expired_hooks,
             eager=eager,
             close=close,
             next_run=next_run,

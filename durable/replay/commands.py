@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar, cast
 
-from .. import codec
+from .. import codec, hooktokens
 from .. import events as ev
 from ..errors import ConfigurationError, SignalTimeout
 from ..ids import check_command_id, check_workflow_id
@@ -24,6 +23,10 @@ T = TypeVar("T")
 
 class Commands(DriverCore):
     """The ``call_*`` methods behind :mod:`durable.workflow`: each issues (or matches) a command."""
+
+    #: Gives the hook secrets (current first) tokens are derived with; called only when a
+    #: hook is created or replayed. Default: the process's (see durable.hooktokens).
+    hook_secrets: Callable[[], tuple[bytes, ...]] = staticmethod(hooktokens.process_secrets)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self._now / 1000, tz=UTC)
@@ -231,19 +234,41 @@ class Commands(DriverCore):
         check_name_length(name, "hook")
         cid = self._next_id(branch, id)
         recorded = self._recorded_for((ev.HookCreated.TYPE, cid))
-        token = (
-            recorded.token
-            if isinstance(recorded, ev.HookCreated)
-            else self._token_prefix + secrets.token_urlsafe(24)
-        )
+        token = self._hook_token(cid, recorded.token if isinstance(recorded, ev.HookCreated) else None)
+        # History records the token's digest only (see durable.hooktokens).
         self._issue(
-            ev.HookCreated(id=cid, name=name, token=token, metadata=codec.dumps(metadata, path="metadata"))
+            ev.HookCreated(
+                id=cid,
+                name=name,
+                token=hooktokens.digest(token),
+                metadata=codec.dumps(metadata, path="metadata"),
+            )
         )
         self._hooks.add(cid)
         return Hook(cid, name, token)
 
+    def _hook_token(self, cid: str, recorded: str | None) -> str:
+        """The token of hook ``cid``: derived under the current secret, or on replay under
+        whichever secret gives the recorded digest."""
+        keys = self.hook_secrets()
+        if recorded is None:
+            return hooktokens.derive(keys[0], self._token_prefix, self.run_id, cid)
+        if not recorded.startswith(hooktokens.DIGEST_PREFIX):
+            return recorded  # recorded in plaintext by an older version
+        for key in keys:
+            token = hooktokens.derive(key, self._token_prefix, self.run_id, cid)
+            if hooktokens.digest(token) == recorded:
+                return token
+        # Not derivable here (offline replay, a secret dropped from DURABLE_HOOK_SECRET): code
+        # that only awaits the hook replays fine; code that hands the token out diverges.
+        return f"{self._token_prefix}<hook token unavailable: this process lacks its hook secret>"
+
     def call_await_hook(self, hook: Hook, timeout: Seconds | None) -> Any:
         branch = self._branch()
+        if isinstance(hook, Hook) and hook.id in self._hooks_expired:
+            raise SignalTimeout(
+                f"hook {hook.name!r} expired: an earlier wait on it ended, and its token with it"
+            )
         if not isinstance(hook, Hook) or hook.id not in self._hooks:
             raise ConfigurationError("await_hook needs a Hook returned by create_hook() in this run")
         if hook.id in self._hook_payloads:

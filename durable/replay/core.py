@@ -54,6 +54,8 @@ class DriverCore(WorkflowRuntime):
         self._signals: dict[str, deque[bytes]] = {}
         self._hook_payloads: dict[str, bytes] = {}
         self._hooks: set[str] = set()
+        self._hooks_expired: set[str] = set()  # waits ended without a resume: tokens void
+        self._expired_now: list[str] = []  # ... in the decision being made
         self._ids: set[str] = set()
         self._versions: dict[str, int] = {}
         self._recorded: dict[tuple[str, str], ev.Entry] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import events as ev
@@ -31,7 +31,8 @@ class Decision:
         cancelled_activities: Activity ids whose pending task/attempt is void.
         children: Child workflows to start.
         cancelled_children: ``(command id, child workflow id, policy)`` to act on.
-        hooks: Hooks created (token -> run routing).
+        hooks: Hooks created (token digest -> run routing).
+        expired_hooks: Ids of hooks whose wait ended without a resume: their tokens are void.
         closing: The closing event when the run ends, else ``None``.
         status: The run's status word after this decision.
         snapshot: The projection written with the commit.
@@ -51,6 +52,7 @@ class Decision:
     closing: ev.Event | None
     status: str
     snapshot: dict[str, Any]
+    expired_hooks: list[str] = field(default_factory=list)
 
 
 def build_decision(

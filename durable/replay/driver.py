@@ -16,7 +16,7 @@ from ..runtime import current_runtime
 from ..workflow import Workflow, near_history_limit
 from .commands import Commands
 from .decision import Decision, build_decision
-from .inputs import Inputs
+from .inputs import Inputs, undecodable_input
 
 log = logging.getLogger("durable.workflow")
 
@@ -32,6 +32,9 @@ class Driver(Commands, Inputs):
         read_only: For queries: code stops at the first command history does
             not hold (no side-effect function runs, nothing new is decided).
     """
+
+    #: The inbox item :meth:`decide` is applying; when it raises, the item that blocks the run.
+    applying: ev.Entry | None = None
 
     def replay(self, entries: Sequence[ev.Entry]) -> Driver:
         """Apply committed history (from the driver's current seq on).
@@ -81,9 +84,14 @@ class Driver(Commands, Inputs):
         """Apply new inbox items live and return the decision to commit."""
         self._enter()
         for item in inbox:
+            self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
                 self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+                continue
+            poison = undecodable_input(item.event)
+            if poison is not None:  # a bad signal is a dead letter, not a crash of the run
+                self._dropped.append((item.raw, f"poison: {poison}"))
                 continue
             mark = len(self._out)
             self._out.append(item.raw)
@@ -95,6 +103,7 @@ class Driver(Commands, Inputs):
             self._run()
             if self._halt is not None and self._closing is None:
                 self._terminate_for_limit(self._halt)  # the inputs after it are dropped
+        self.applying = None
         if self._closing is None:
             broken = self._halt or self._history_limit()
             if broken is not None:
@@ -109,6 +118,7 @@ class Driver(Commands, Inputs):
         self._out = []
         self._new = []
         self._dropped = []
+        self._expired_now = []
         self._child_cancels = []
         self._close_actions = ([], [], [])
 
@@ -204,7 +214,7 @@ class Driver(Commands, Inputs):
     def _decision(self, consumed: int) -> Decision:
         self._warn_near_limit()
         status = self.status
-        return build_decision(
+        decision = build_decision(
             expected_seq=self._seq,
             events=list(self._out),
             consumed=consumed,
@@ -216,6 +226,8 @@ class Driver(Commands, Inputs):
             status=status,
             snapshot=self.snapshot(status),
         )
+        decision.expired_hooks = list(self._expired_now)
+        return decision
 
 
 def current_driver() -> Driver:

@@ -14,6 +14,7 @@ from ..errors import (
     DurableError,
     HistoryCorrupt,
     NondeterminismError,
+    SerializationError,
     SignalTimeout,
 )
 from ..ids import successor_run_id
@@ -21,6 +22,26 @@ from ..limits import LIMIT_REASON, current, limit_error
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
 from .core import DriverCore
+
+
+def undecodable_input(event: ev.Event) -> str | None:
+    """Why a new signal or hook payload cannot be decoded (``None``: it can).
+
+    Checked before the input is applied, so the workflow never sees it. Only inputs
+    from outside (anyone allowed to signal) are checked: an activity or child result
+    this worker cannot decode blocks the run until a deploy brings the type.
+    """
+    if isinstance(event, ev.SignalReceived):
+        what, payload = f"SignalReceived {event.name!r}", event.payload
+    elif isinstance(event, ev.HookResumed):
+        what, payload = f"HookResumed {event.id!r}", event.payload
+    else:
+        return None
+    try:
+        codec.loads(payload)
+    except SerializationError as exc:
+        return f"{what}: {exc}"
+    return None
 
 
 class Inputs(DriverCore):
@@ -144,6 +165,12 @@ class Inputs(DriverCore):
             self._resume(branch, signal_value(event.payload))
         return None
 
+    def _expire_hook(self, hook_id: str) -> None:
+        """A wait on a hook ended without a resume (deadline, cancel): the token dies with it."""
+        self._hooks.discard(hook_id)
+        self._hooks_expired.add(hook_id)
+        self._expired_now.append(hook_id)
+
     def _start(self, event: ev.WorkflowStarted) -> None:
         self._started = event
         if not self.workflow_id:
@@ -183,6 +210,7 @@ class Inputs(DriverCore):
             self._wait_until.remove(branch)
             self._resume(branch, False)
         elif wait.kind == "hook":
+            self._expire_hook(wait.id)
             self._resume(branch, exc=SignalTimeout(f"hook {wait.name!r} was not resumed before the deadline"))
         else:  # pragma: no cover - deadlines exist only on the kinds above
             return f"timer {timer_id!r} has no waiter"
@@ -246,6 +274,8 @@ class Inputs(DriverCore):
             self._wait_until.remove(branch)
         elif wait.kind == "child":
             self._child_cancels.append((wait.id, wait.child_workflow_id, "request_cancel"))
+        elif wait.kind == "hook":
+            self._expire_hook(wait.id)
         if wait.deadline is not None and wait.kind in ("signal", "wait_until", "hook"):
             self._issue(ev.TimerCancelled(id=wait.id))
 

@@ -27,11 +27,12 @@ Layout (``T`` = ``prefix:{p}``)::
     T:closed               zset    end of retention (ms) -> run id of a closed run, purged then
     T:retention            string  the namespace's retention (ms) of runs closing from now on
     T:dead                 stream  dead letters: tasks parked with their reason
-    T:hooks                hash    hook token -> "run|hook id"
+    T:hooks                hash    hook token digest (sha256:<hex>) -> "run|hook id"
     T:sessions             set     private queues (worker sessions) that got activity tasks
     T:alive:@<worker>      string  a worker's lease (expires when it dies): its sessions, its sticky runs
     T:sticky               set     workers (private queue names) whose private workflow streams exist
     prefix:meta            hash    deployment settings (partition count)
+    prefix:hook-secret     string  the secret hook tokens are derived with (unless DURABLE_HOOK_SECRET is set)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
     prefix:workers         set     names of registered workers (entries whose key expired are stale)
     prefix:worker:<name>   string  a live worker's registry entry (JSON; expires unless its heartbeat renews it)
@@ -168,6 +169,10 @@ class Keys:
     def current_build(self, queue: str) -> str:
         """Which build id takes the new runs of ``queue`` (plain key: read outside scripts)."""
         return f"{self.prefix}:build:{queue}"
+
+    def hook_secret(self) -> str:
+        """The namespace's hook token secret (plain key: read outside scripts)."""
+        return f"{self.prefix}:hook-secret"
 
     def worker_index(self) -> str:
         """The names of registered workers (plain key: read outside scripts)."""

@@ -57,9 +57,11 @@ class QueueStore(RunStore):
         run_id: str = "",
         block: bool = False,
         block_kind: str = "",
+        input_at: int = 0,
     ) -> None:
         """Move a task that cannot run to the dead-letter stream (and block its run; ``block_kind``
-        is one of :data:`durable.runinfo.BLOCKED_KINDS`, default: derived from ``reason``)."""
+        is one of :data:`durable.runinfo.BLOCKED_KINDS`, default: derived from ``reason``;
+        ``input_at``: 1-based position of the inbox item that blocks it, 0: none)."""
         k = self.keys
         safe = {
             key: (value if isinstance(value, bytes | str | int | float) else repr(value))
@@ -68,7 +70,16 @@ class QueueStore(RunStore):
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
-            [entry_id, kind, reason, codec.pack(safe), run_id, "1" if block else "0", block_kind],
+            [
+                entry_id,
+                kind,
+                reason,
+                codec.pack(safe),
+                run_id,
+                "1" if block else "0",
+                block_kind,
+                input_at or "",
+            ],
         )
         log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
 
@@ -130,10 +141,21 @@ class QueueStore(RunStore):
             pipe.xdel(stream, entry_id)
             pipe.execute()
 
-    def repair(self, workflow_id: str) -> RunRef:
-        """Re-queue a blocked run (after a fixed deploy)."""
+    def repair(self, workflow_id: str, *, drop_input: bool = False) -> RunRef:
+        """Re-queue a blocked run (after a fixed deploy).
+
+        Args:
+            workflow_id: The workflow whose current run is re-queued.
+            drop_input: First move the inbox item that blocks the run (the first one when
+                the run does not say) to the dead-letter stream.
+        """
         ref = self.ref(workflow_id)
-        result = self._run_script("repair", [self.keys.run(ref.partition, ref.run_id)], [ref.run_id])
+        k, p, rid = self.keys, ref.partition, ref.run_id
+        result = self._run_script(
+            "repair",
+            [k.run(p, rid), k.inbox(p, rid), k.dead(p), k.log(p, rid)],
+            [rid, "1" if drop_input else "0"],
+        )
         if text(result[0]) == "CLOSED":
             raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
         # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue.

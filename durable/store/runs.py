@@ -6,13 +6,14 @@ script in ``lua/``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 from redis import exceptions as rexc
 
-from .. import codec
+from .. import codec, hooktokens
 from .. import events as ev
 from .. import limits as run_limits
 from ..errors import (
@@ -26,7 +27,7 @@ from ..errors import (
 from ..ids import check_workflow_id
 from ..retention import type_retention_ms
 from .base import StoreBase
-from .keys import parse_hook_target, timer_member
+from .keys import timer_member
 from .records import (
     DECISION_FIELDS,
     OPEN_STATUSES,
@@ -248,6 +249,7 @@ class RunStore(StoreBase):
             "cancel_activities": list(plan.cancelled_activities),
             "outbox": list(plan.outbox),
             "hooks": [list(h) for h in plan.hooks],
+            "unhooks": list(plan.expired_hooks),
             "leased": [[t.stream, t.activity_id, t.encode(), plan.lease_due] for t in plan.leased],
             "eager": [[r.task.activity_id, r.task.attempt, codec.pack(r.record)] for r in plan.eager],
             "status": plan.status,
@@ -407,23 +409,51 @@ class RunStore(StoreBase):
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ----------------------------------------------------------------- hooks
-    def resolve_hook(self, token: str) -> tuple[int, str, str]:
-        """(partition, run id, hook id) of a hook token."""
-        if not isinstance(token, str) or "." not in token:
-            raise HookError(f"unknown hook token {token[:6] if isinstance(token, str) else token!r}…")
-        p_text = token.split(".", 1)[0]
-        if not p_text.isdigit() or int(p_text) >= self.keys.partitions:
-            raise HookError("unknown hook token")
-        p = int(p_text)
-        target = self.redis.hget(self.keys.hooks(p), token)
-        if target is None:
-            raise HookError("unknown or already used hook token")
-        rid, hook_id = parse_hook_target(text(target))
-        return p, rid, hook_id
+    def hook_secrets(self) -> tuple[bytes, ...]:
+        """The secrets hook tokens are derived with (current first): ``DURABLE_HOOK_SECRET``,
+        else the namespace's own random secret, created on first use (see durable.hooktokens).
 
-    def consume_hook(self, p: int, token: str) -> bool:
-        """Use up a hook token (single use): False when it was already used."""
-        return bool(self.redis.hdel(self.keys.hooks(p), token))
+        Read each time (one round trip, only for runs that create hooks): a process must
+        never keep deriving with a secret the store no longer holds.
+        """
+        found = hooktokens.env_secrets()
+        if found:
+            return found
+        key = self.keys.hook_secret()
+        value = self.redis.get(key)
+        if value is None:
+            self.redis.set(key, secrets.token_hex(32), nx=True)
+            value = self.redis.get(key)
+        return (text(value).encode(),)
+
+    def resume_hook(self, token: str, data: bytes) -> RunRef:
+        """Use up a hook token and push ``HookResumed`` (payload ``data``) onto its run's inbox,
+        in one script (see ``lua/resume_hook.lua``).
+
+        Raises:
+            HookError: a token that is malformed, unknown, expired or already used (the
+                message never repeats the token).
+            WorkflowClosed: the hook's run is closed (the token is deleted with it).
+        """
+        p_text = token.split(".", 1)[0] if isinstance(token, str) and "." in token else ""
+        if not p_text.isdigit() or int(p_text) >= self.keys.partitions:
+            raise HookError("unknown or already used hook token (it is not a token this store issued)")
+        p = int(p_text)
+        result = self._run_script(
+            "resume_hook",
+            [self.keys.hooks(p)],
+            [hooktokens.digest(token), codec.pack({"payload": data}), token],
+        )
+        outcome = text(result[0])
+        if outcome == "UNKNOWN":
+            raise HookError(
+                "unknown or already used hook token (or its await_hook deadline passed, or its run closed)"
+            )
+        if outcome == "CLOSED":
+            raise WorkflowClosed(
+                f"the hook's run {text(result[2])} is {text(result[1])}; it takes no more input"
+            )
+        return RunRef(p, text(result[1]), "")
 
     # ------------------------------------------------------------------ list
     def list_runs(

@@ -205,7 +205,8 @@ class CommitPlan:
         cancelled_timers: Timer ids to remove.
         cancelled_activities: Activity ids whose task or attempt is void.
         outbox: Cross-partition messages (see :func:`child_start_message`...).
-        hooks: ``(token, hook id)`` of hooks created.
+        hooks: ``(token digest, hook id)`` of hooks created.
+        expired_hooks: Ids of hooks whose wait ended: their tokens are deleted.
         eager: Results of attempts this worker ran, applied by this decision.
         close: The closing status word when the run ends.
         next_run: The run a continue-as-new starts.
@@ -228,6 +229,7 @@ class CommitPlan:
     cancelled_activities: Sequence[str] = ()
     outbox: Sequence[bytes] = ()
     hooks: Sequence[tuple[str, str]] = ()
+    expired_hooks: Sequence[str] = ()
     eager: Sequence[AttemptResult] = ()
     close: str | None = None
     next_run: NextRun | None = None

@@ -135,14 +135,23 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     help="Also move the run to this build's workers (check first with `durable replay` that the "
     "new code replays its history).",
 )
+@click.option(
+    "--drop-input",
+    is_flag=True,
+    help="First move the inbox item that blocks the run (e.g. a result this worker cannot decode) "
+    "to the dead letters (`durable list --dead` shows it).",
+)
 @pass_state
-def repair(state: CliState, workflow_id: str, build_id: str | None) -> None:
+def repair(state: CliState, workflow_id: str, build_id: str | None, drop_input: bool) -> None:
     """Re-queue a blocked run (after deploying code that decides as its history says)."""
     store = state.existing_store
     if not build_id:
-        ref = store.repair(workflow_id)
-        click.echo(f"re-queued {workflow_id} (run {ref.run_id})")
+        ref = store.repair(workflow_id, drop_input=drop_input)
+        dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
+        click.echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
         return
+    if drop_input:
+        raise click.UsageError("--drop-input and --build-id go in two separate repairs")
     stub = _stub(state, workflow_id)
     if stub.status() in CLOSED_STATUSES:
         store.repair(workflow_id)  # raises the "is <status>; nothing to repair" error

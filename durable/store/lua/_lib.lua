@@ -107,3 +107,36 @@ local function index_closed(run_key, rid)
   local keep = tonumber(redis.call('HGET', run_key, 'retention')) or namespace_retention_ms(tag)
   redis.call('ZADD', tag .. ':closed', real_now_ms() + keep, rid)
 end
+
+-- Hook tokens: the partition's `<tag>:hooks` maps a token's digest to "run|hook id"; the
+-- run record's `hooks` field lists its live tokens as " <hook id>=<digest>" words, so a
+-- token goes when its wait ends, when it is used, and when the run closes.
+local function hooks_key(run_key)
+  return string.match(run_key, '^(.-{%d+})') .. ':hooks'
+end
+
+local function hook_add(run_key, rid, hook_id, digest)
+  redis.call('HSET', hooks_key(run_key), digest, rid .. '|' .. hook_id)
+  local list = redis.call('HGET', run_key, 'hooks') or ''
+  redis.call('HSET', run_key, 'hooks', list .. ' ' .. hook_id .. '=' .. digest)
+end
+
+local function hook_remove(run_key, hook_id)
+  local list = redis.call('HGET', run_key, 'hooks')
+  if not list then return end
+  local needle = ' ' .. hook_id .. '='
+  local at = string.find(list, needle, 1, true)
+  if not at then return end
+  local stop = string.find(list, ' ', at + 1, true) or (#list + 1)
+  redis.call('HDEL', hooks_key(run_key), string.sub(list, at + #needle, stop - 1))
+  local rest = string.sub(list, 1, at - 1) .. string.sub(list, stop)
+  if rest == '' then redis.call('HDEL', run_key, 'hooks') else redis.call('HSET', run_key, 'hooks', rest) end
+end
+
+local function close_hooks(run_key)
+  local list = redis.call('HGET', run_key, 'hooks')
+  if not list then return end
+  local hooks = hooks_key(run_key)
+  for digest in string.gmatch(list, '=(%S+)') do redis.call('HDEL', hooks, digest) end
+  redis.call('HDEL', run_key, 'hooks')
+end

@@ -66,7 +66,8 @@ for _, aid in ipairs(plan.cancel_activities) do
   redis.call('ZREM', timers, 'r|' .. rid .. '|' .. aid)
 end
 for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
-for _, h in ipairs(plan.hooks) do redis.call('HSET', hooks, h[1], rid .. '|' .. h[2]) end
+for _, h in ipairs(plan.hooks) do hook_add(run, rid, h[2], h[1]) end
+for _, hid in ipairs(plan.unhooks) do hook_remove(run, hid) end
 
 if plan.sticky ~= nil then
   -- The committing worker holds the run's driver in its cache: its next tasks go there.
@@ -89,6 +90,7 @@ end
 if closed then
   redis.call('HSET', run, 'closed', ts, 'outcome', plan.close)
   index_closed(run, rid)
+  close_hooks(run)
   -- Nothing can apply what is still in the inbox: keep it beside the history.
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
     redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)

@@ -3,15 +3,17 @@
 -- block = '1' the run is marked blocked (its task flag stays set, so inputs
 -- queue in the inbox until `durable repair` re-queues it).
 -- KEYS: dead, task stream, run (or any key of the partition)
--- ARGV: task entry id, kind, reason, task fields (msgpack), run id or '', block, blocked kind or ''
+-- ARGV: task entry id, kind, reason, task fields (msgpack), run id or '', block, blocked kind or '',
+--       position (1-based) of the inbox item that blocks the run or '' (`repair --drop-input` drops it)
 local dead, stream, run = KEYS[1], KEYS[2], KEYS[3]
 local entry_id, kind, reason, fields, rid, block = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local block_kind = ARGV[7] or ''
+local block_kind, input_at = ARGV[7] or '', ARGV[8] or ''
 local ts = now_ms()
 redis.call('XADD', dead, '*', 'kind', kind, 'stream', stream, 'entry', entry_id, 'run', rid,
   'reason', reason, 'task', fields, 'ts', ts)
 ack(stream, entry_id)
 if rid ~= '' and block == '1' and redis.call('EXISTS', run) == 1 then
   redis.call('HSET', run, 'blocked', reason, 'blocked_kind', block_kind, 'updated', ts)
+  if input_at ~= '' then redis.call('HSET', run, 'blocked_input', input_at) end
 end
 return {'OK'}

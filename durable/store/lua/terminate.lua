@@ -20,5 +20,6 @@ redis.call('HSET', run, 'seq', seq, 'status', 'terminated', 'closed', ts, 'outco
   'updated', ts)
 redis.call('HSET', instance, 'status', 'terminated', 'updated', ts)
 index_closed(run, rid)
+close_hooks(run)
 if to_parent ~= '' then redis.call('XADD', outbox, '*', 'm', to_parent) end
 return {'OK', seq, fields[3] or ''}
