@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from durable.errors import ActivityTimeout, SessionLost
+from durable.schedule_pass import SchedulePass
 from durable.store.redis_store import RedisStore
 from durable.store.retention import Purger
 from durable.store.tasks import ActivityTask
@@ -76,6 +77,8 @@ class Scheduler:
         self.fired = 0
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
+        #: Claims and starts the due times of schedules (exactly once across schedulers).
+        self.schedules = SchedulePass(store)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
@@ -136,6 +139,9 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
                 log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
+        soonest = self.schedules.tick()
+        if soonest is not None:
+            next_due = min(next_due, soonest / 1000)
         return max(0.0, next_due - time.time())
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:
