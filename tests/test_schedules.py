@@ -331,3 +331,11 @@ def test_catch_up_window(store: RedisStore) -> None:
     assert "missed" in actions
     assert 3 <= desc.started <= 4  # the last 3 s (+ the boundary), not 10
     assert _ms(desc.next_times[0]) > now
+
+
+def test_example(store: RedisStore) -> None:
+    from examples import schedule as example  # noqa: PLC0415 - the example module, loaded like tests/test_examples.py
+
+    out = example.main(store, seconds=2.5)
+    assert out["started"] >= 2 and out["result"]["region"] == "eu"
+    assert store.schedule_ids() == []
