@@ -3,7 +3,8 @@
 Write a :class:`Workflow` whose ``handle()`` calls :func:`activity`,
 :func:`timer`, :func:`await_signal`, :func:`side_effect`, :func:`child` and
 :func:`all`; run workers with ``durable worker --app yourmodule``; start and
-drive runs with :class:`WorkflowStub`. Everything importable from here is the
+drive runs with :class:`WorkflowStub`; start runs on a cron or interval with
+:class:`ScheduleHandle` and a :class:`Schedule`. Everything importable from here is the
 public API; other modules are machinery.
 """
 
@@ -39,6 +40,14 @@ from .errors import (
 from .limits import Limits
 from .registry import register_activity
 from .runinfo import BlockedReason, RunDescription, RunOutcome
+from .schedules import (
+    Schedule,
+    ScheduleDescription,
+    ScheduleExists,
+    ScheduleHandle,
+    ScheduleNotFound,
+    ScheduleOverlap,
+)
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
@@ -96,6 +105,12 @@ __all__ = [
     "RetryPolicy",
     "RunDescription",
     "RunOutcome",
+    "Schedule",
+    "ScheduleDescription",
+    "ScheduleExists",
+    "ScheduleHandle",
+    "ScheduleNotFound",
+    "ScheduleOverlap",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",

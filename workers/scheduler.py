@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from durable.errors import ActivityTimeout, SessionLost
+from durable.schedule_pass import SchedulePass
 from durable.store.connect import is_transient
 from durable.store.outage import Incident
 from durable.store.redis_store import RedisStore
@@ -85,6 +86,8 @@ class Scheduler:
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
         self._outage = Incident(log, "scheduler", settle=3.0)
+        #: Claims and starts the due times of schedules (exactly once across schedulers).
+        self.schedules = SchedulePass(store)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
@@ -153,6 +156,9 @@ class Scheduler:
                 else:
                     log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
+        soonest = self.schedules.tick()
+        if soonest is not None:
+            next_due = min(next_due, soonest / 1000)
         return max(0.0, next_due - time.time())
 
     def _sweep_sticky(self, now: float) -> float:

@@ -31,6 +31,15 @@ Layout (``T`` = ``prefix:{p}``)::
     T:sessions             set     private queues (worker sessions) that got activity tasks
     T:alive:@<worker>      string  a worker's lease (expires when it dies): its sessions, its sticky runs
     T:sticky               set     workers (private queue names) whose private workflow streams exist
+    T:sc:<schedule id>     hash    a schedule (in its id's partition): spec, args, next time, paused, counters
+    T:scc:<schedule id>    zset    start due (ms, after jitter) -> "<scheduled ms>|<kind>|<overlap>" claimed times
+    T:scb:<schedule id>    list    claimed times buffered by the overlap policy (same members)
+    T:scr:<schedule id>    zset    scheduled ms -> workflow id of the runs it started (pruned once closed)
+    T:sca:<schedule id>    list    recent actions (JSON), newest first
+    T:scl:<schedule id>    string  the lock of the scheduler working on the schedule (expires)
+    T:schedules            zset    next scheduled time (ms) -> schedule id, of active schedules
+    T:schedbusy            set     schedule ids with claimed or buffered times to start
+    T:schedall             set     every schedule id of the partition (for `durable schedule list`)
     prefix:meta            hash    deployment settings (partition count)
     prefix:hook-secret     string  the secret hook tokens are derived with (unless DURABLE_HOOK_SECRET is set)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
@@ -223,6 +232,38 @@ class Keys:
     def clock(self, p: int) -> str:
         """Partition ``p``'s clock offset (tests only: time skipping; see ``_lib.lua``)."""
         return f"{self.tag(p)}:clock"
+
+    def schedule(self, p: int, schedule_id: str) -> str:
+        """A schedule's record (partition: ``partition(schedule_id)``, like a workflow id's)."""
+        return f"{self.tag(p)}:sc:{schedule_id}"
+
+    def schedule_keys(self, p: int, schedule_id: str) -> list[str]:
+        """Every key of one schedule, in the order the schedule scripts take them: record,
+        claimed, buffer, runs, actions, lock, then the partition's active, busy and all indexes."""
+        t = self.tag(p)
+        return [
+            f"{t}:sc:{schedule_id}",
+            f"{t}:scc:{schedule_id}",
+            f"{t}:scb:{schedule_id}",
+            f"{t}:scr:{schedule_id}",
+            f"{t}:sca:{schedule_id}",
+            f"{t}:scl:{schedule_id}",
+            f"{t}:schedules",
+            f"{t}:schedbusy",
+            f"{t}:schedall",
+        ]
+
+    def schedules_due(self, p: int) -> str:
+        """Active schedules of partition ``p`` by their next scheduled time (ms)."""
+        return f"{self.tag(p)}:schedules"
+
+    def schedules_busy(self, p: int) -> str:
+        """Schedules of partition ``p`` with claimed or buffered times still to start."""
+        return f"{self.tag(p)}:schedbusy"
+
+    def schedules_all(self, p: int) -> str:
+        """Every schedule id of partition ``p``."""
+        return f"{self.tag(p)}:schedall"
 
     def partition_of_key(self, key: str) -> int:
         """Parse the partition back out of a key (for task streams read in bulk)."""

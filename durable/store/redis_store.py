@@ -13,7 +13,8 @@ The class is assembled from one module per concern:
 * :mod:`~durable.store.queues` -- task streams, dead letters, builds, the test clock;
 * :mod:`~durable.store.activities` -- attempt outcomes, heartbeats, deadlines, timers;
 * :mod:`~durable.store.leases` -- worker leases, dead workers' tasks, reclaim;
-* :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover.
+* :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover;
+* :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .connect import CLUSTER_SCHEME, TRANSIENT_ERRORS, connect, consumer_name, i
 from .leases import LeaseStore
 from .queues import QueueStore
 from .records import CLOSED_STATUSES, OPEN_STATUSES, CommitResult, RunRef, StaleCompletion
+from .schedules import ScheduleStore
 from .tasks import child_result_message
 from .workers import WorkerRegistry
 
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 
-class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry):
+class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore):
     """durable's state in Redis: histories, inboxes, task streams, timers.
 
     Args:

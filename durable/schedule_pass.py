@@ -1,0 +1,290 @@
+"""The schedule pass: claim due times, apply the overlap policy, start the runs.
+
+Every worker's scheduler runs :meth:`SchedulePass.tick` on each of its passes, and
+``ScheduleHandle.trigger``/``backfill`` run :meth:`SchedulePass.process` at once. Exactly
+once, however many schedulers run:
+
+1. a scheduler takes the schedule's short lock (``SET NX PX``) so one of them works on it
+   at a time (a stopped holder's lock expires and another takes over);
+2. ``schedule_claim.lua`` moves the due times into the schedule's claimed set and its next
+   time forward, compare-and-set on the next time: a time is claimed once;
+3. each claimed time is started with a deterministic workflow id and run id
+   (``<schedule id>-<UTC ISO time>``): a start retried after a crash between claim and
+   settle, or raced by a stale lock holder, lands on the same run (``start_run.lua`` is
+   idempotent for the same run id) and cannot start a second one;
+4. ``schedule_settle.lua`` records the outcome (started, skipped, buffered) if the lock is
+   still ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Any
+
+from .client import WorkflowStub
+from .errors import DurableError, WorkflowAlreadyStarted, WorkflowClosed, WorkflowNotFound
+from .ids import successor_run_id
+from .registry import get_workflow
+from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
+from .store.records import OPEN_STATUSES
+from .store.redis_store import RedisStore
+from .store.schedules import ScheduleState, claim_member, parse_claim_member
+
+log = logging.getLogger("durable.schedules")
+
+CLAIM_BATCH = 100
+"""Most scheduled times one pass claims for one schedule (a long catch-up continues next pass)."""
+
+LOCK_MS = 30_000
+"""How long a scheduler's lock on a schedule lasts if it stops without releasing it."""
+
+
+class LockLost(DurableError):
+    """Another scheduler took over the schedule (this one's lock expired): stop working on it."""
+
+
+def action(what: str, now_ms: int, **fields: Any) -> dict[str, Any]:
+    """A recent-action entry (JSON): what happened, when (ms), and its details."""
+    return {"action": what, "ts": now_ms, **{k: v for k, v in fields.items() if v is not None}}
+
+
+class SchedulePass:
+    """Claims and starts the due times of every schedule (see the module docstring).
+
+    Args:
+        store: The store.
+        lock_ms: Lifetime of a scheduler's lock on one schedule.
+        limit: Most due schedules one tick takes per partition.
+    """
+
+    def __init__(self, store: RedisStore, *, lock_ms: int = LOCK_MS, limit: int = 500) -> None:
+        self.store = store
+        self.lock_ms = lock_ms
+        self.limit = limit
+        #: Runs started by this pass (tests, benchmarks).
+        self.started = 0
+        self._base = (0, 0.0)
+
+    def clock(self) -> int:
+        """Redis server time (ms) as of the last :meth:`tick`, advanced by the local monotonic
+        clock since (a time per start without a round trip each)."""
+        ms, mono = self._base
+        return ms + int((time.monotonic() - mono) * 1000)
+
+    def tick(self) -> int | None:
+        """Work on every schedule with a time due or a start waiting; returns the soonest next
+        time (ms) of the others (``None``: no active schedule)."""
+        now = self.store.server_time_ms()
+        self._base = (now, time.monotonic())
+        ids, soonest = self.store.schedule_work(now, self.limit)
+        # Several schedulers walk the due schedules in different orders: they share the work
+        # instead of queueing behind each other's locks.
+        random.shuffle(ids)
+        for schedule_id in ids:
+            try:
+                self.process(schedule_id, self.clock())
+            except LockLost:
+                log.warning("schedule %s: another scheduler took over (lock expired)", schedule_id)
+            except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+                log.exception("schedule %s: pass failed; retrying on the next pass", schedule_id)
+        return soonest
+
+    def process(self, schedule_id: str, now_ms: int | None = None) -> bool:
+        """Claim the schedule's due times and settle its waiting starts (``False``: another
+        scheduler holds it; it will)."""
+        token = os.urandom(12).hex()
+        if not self.store.schedule_lock(schedule_id, token, self.lock_ms):
+            return False
+        try:
+            state = self.store.schedule_state(schedule_id)
+            if state is None:
+                return True
+            if now_ms is None:
+                self._base = (self.store.server_time_ms(), time.monotonic())
+            now = self.clock()
+            spec = Schedule.from_json(state.record["spec"])
+            state.claimed += self._claim_due(schedule_id, spec, state, token, now)
+            _Settle(self, schedule_id, spec, state, token, now).run()
+        finally:
+            self.store.schedule_unlock(schedule_id, token)
+        return True
+
+    def _claim_due(
+        self, schedule_id: str, spec: Schedule, state: ScheduleState, token: str, now: int
+    ) -> list[tuple[str, int]]:
+        record = state.record
+        if record.get("paused") == "1" or not record.get("next"):
+            return []
+        first = int(record["next"])
+        if first > now:
+            return []
+        fired = int(record.get("fired") or 0)
+        window_start = now - int(float(spec.catchup_window) * 1000)  # type: ignore[arg-type]
+        missed = None
+        t: int | None = first
+        if first < window_start:
+            # Times older than the catch-up window are recorded as missed, not started.
+            t = spec.next_after(window_start - 1)
+            missed = action(
+                "missed", now, first=iso(first), until=iso(window_start), reason="catch-up window"
+            )
+        times: list[int] = []
+        while t is not None and t <= now and len(times) < CLAIM_BATCH:
+            if spec.max_runs is not None and fired + len(times) >= spec.max_runs:
+                t = None
+                break
+            times.append(t)
+            t = spec.next_after(t)
+        if t is not None and spec.max_runs is not None and fired + len(times) >= spec.max_runs:
+            t = None
+        overlap = str(spec.overlap)
+        items = [
+            (ms + spec.jitter_ms(schedule_id, ms), claim_member(ms, "scheduled", overlap)) for ms in times
+        ]
+        reply = self.store.schedule_claim(
+            schedule_id,
+            token=token,
+            expected=first,
+            next_ms=t,
+            last_ms=times[-1] if times else int(record.get("last") or 0) or None,
+            count=len(times),
+            items=[(due, member) for due, member in items],
+            action=missed,
+        )
+        if reply == "LOST":
+            raise LockLost(schedule_id)
+        return [(member, due) for due, member in items] if reply == "OK" else []
+
+    def start_run(self, schedule_id: str, spec: Schedule, args: bytes, scheduled_ms: int, kind: str) -> str:
+        """Start the run of one scheduled time (idempotent: deterministic ids); its workflow id."""
+        workflow_id = scheduled_workflow_id(schedule_id, scheduled_ms)
+        run_id = successor_run_id(workflow_id, scheduled_ms)  # derived, so a retry is the same run
+        try:
+            cls = get_workflow(spec.workflow)
+        except DurableError:
+            cls = None
+        queue = spec.queue or (cls.queue if cls is not None else "default")
+        try:
+            self.store.start(
+                workflow_type=spec.workflow,
+                workflow_id=workflow_id,
+                run_id=run_id,
+                args=args,
+                queue=queue,
+                patches=list(getattr(cls, "patches", ())) if cls is not None else [],
+                options={"schedule_id": schedule_id, "scheduled_at": scheduled_ms, "schedule_kind": kind},
+            )
+        except WorkflowAlreadyStarted:
+            return workflow_id  # started under this id by other means: not ours to start again
+        self.store.mark_scheduled_run(workflow_id, run_id, schedule_id, scheduled_ms)
+        self.started += 1
+        return workflow_id
+
+
+class _Settle:
+    """Settles one schedule's waiting starts under its lock: buffered first, then claimed times
+    whose start is due, each by its overlap policy."""
+
+    def __init__(
+        self,
+        owner: SchedulePass,
+        schedule_id: str,
+        spec: Schedule,
+        state: ScheduleState,
+        token: str,
+        now: int,
+    ) -> None:
+        self.owner = owner
+        self.store = owner.store
+        self.id = schedule_id
+        self.spec = spec
+        self.state = state
+        self.token = token
+        self.now = now
+        self.open: list[str] = []
+        self.buffer = list(state.buffer)
+
+    def _now(self) -> int:
+        return self.owner.clock()
+
+    def _settle(self, op: str, **kw: Any) -> str:
+        reply = self.store.schedule_settle(self.id, token=self.token, op=op, **kw)
+        if reply == "LOST":
+            raise LockLost(self.id)
+        return reply
+
+    def run(self) -> None:
+        self._prune_runs()
+        while self.buffer and not self.open:
+            member = self.buffer.pop(0)
+            self._start(member, "start_buffered")
+        ready = sorted((due, member) for member, due in self.state.claimed if due <= self.now)
+        for due, member in ready:
+            self._claimed(member, due)
+
+    def _prune_runs(self) -> None:
+        ids = [wid for wid, _ in self.state.runs]
+        for wid, status in zip(ids, self.store.instance_statuses(ids), strict=True):
+            if status in OPEN_STATUSES:
+                self.open.append(wid)
+            else:
+                self._settle("forget", workflow_id=wid)
+
+    def _start(self, member: str, op: str) -> str:
+        ms, kind, _ = parse_claim_member(member)
+        wid = self.owner.start_run(self.id, self.spec, self.state.record.get("args") or b"", ms, kind)
+        now = self._now()
+        due = ms + (self.spec.jitter_ms(self.id, ms) if kind == "scheduled" else 0)
+        entry = action(
+            "started", now, scheduled_at=iso(ms), kind=kind, workflow_id=wid, late_ms=max(0, now - due)
+        )
+        self._settle(op, member=member, workflow_id=wid, scheduled_ms=ms, action=entry)
+        self.open.append(wid)
+        return wid
+
+    def _claimed(self, member: str, due: int) -> None:
+        ms, kind, overlap = parse_claim_member(member)
+        wid = scheduled_workflow_id(self.id, ms)
+        policy = ScheduleOverlap.parse(overlap)
+        if self.store.instance_statuses([wid])[0] is not None or not self.open or policy == "allow_all":
+            # Already started (a retry after a crash) is settled as started by the same call.
+            self._start(member, "start_claimed")
+            return
+        entry = {"scheduled_at": iso(ms), "kind": kind, "running": list(self.open)}
+        if policy == ScheduleOverlap.SKIP or (policy == ScheduleOverlap.BUFFER_ONE and self.buffer):
+            reason = "buffer full" if self.buffer else "a run is open"
+            self._settle("skip", member=member, action=action("skipped", self._now(), reason=reason, **entry))
+        elif policy in (ScheduleOverlap.BUFFER_ONE, ScheduleOverlap.BUFFER_ALL):
+            self._settle("buffer", member=member, action=action("buffered", self._now(), **entry))
+            self.buffer.append(member)
+        elif policy == ScheduleOverlap.CANCEL_OTHER:
+            self._close_open(cancel=True)
+            replaced = len(self.buffer)
+            self._settle(
+                "replace_buffer",
+                member=member,
+                action=action(
+                    "buffered", self._now(), reason="cancelling the open run", replaced=replaced, **entry
+                ),
+            )
+            self.buffer = [member]
+        else:  # terminate_other
+            self._close_open(cancel=False)
+            self._start(member, "start_claimed")
+
+    def _close_open(self, *, cancel: bool) -> None:
+        reason = f"schedule {self.id}: overlap policy {'cancel_other' if cancel else 'terminate_other'}"
+        for wid in list(self.open):
+            stub = WorkflowStub(self.store, "", wid)
+            try:
+                if cancel:
+                    stub.cancel(reason)
+                else:
+                    stub.terminate(reason)
+                    self.open.remove(wid)
+            except (WorkflowClosed, WorkflowNotFound):
+                if wid in self.open:
+                    self.open.remove(wid)

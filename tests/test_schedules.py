@@ -1,0 +1,341 @@
+"""Schedules: interval and cron times, overlap policies, pause, trigger, backfill, catch-up, bad input.
+
+Real Redis; runs are fired by an in-process worker's scheduler (``durable_env``) or by
+:class:`SchedulePass` called directly (several at once for exactly-once).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from durable import (
+    ConfigurationError,
+    Schedule,
+    ScheduleExists,
+    ScheduleHandle,
+    ScheduleNotFound,
+    Workflow,
+    WorkflowStub,
+    timer,
+)
+from durable.schedule_pass import SchedulePass
+from durable.schedule_spec import scheduled_workflow_id
+from durable.store.redis_store import RedisStore
+from durable.store.schedules import claim_member
+from tests.waiting import wait_for
+
+
+class SchedTick(Workflow):
+    """Finishes at once with its argument."""
+
+    def handle(self, tag: str = "") -> str:
+        return tag
+
+
+class SchedSleep(Workflow):
+    """Stays open for ``seconds``."""
+
+    def handle(self, seconds: float = 3.0) -> str:
+        timer(seconds)
+        return "slept"
+
+
+def _ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _started(handle: ScheduleHandle) -> list[dict]:
+    return [a for a in handle.describe().recent_actions if a["action"] == "started"]
+
+
+# --------------------------------------------------------------------------- times (unit)
+
+
+def test_interval_times_align_to_the_epoch_or_start_at() -> None:
+    spec = Schedule(workflow="X", every="5m")
+    base = _ms("2024-05-01T12:03:10Z")
+    assert spec.upcoming(base, 3) == [
+        _ms("2024-05-01T12:05:00Z"),
+        _ms("2024-05-01T12:10:00Z"),
+        _ms("2024-05-01T12:15:00Z"),
+    ]
+    anchored = Schedule(workflow="X", every=90, start_at="2024-05-01T12:00:30Z")
+    assert anchored.upcoming(_ms("2024-05-01T11:00:00Z"), 2) == [
+        _ms("2024-05-01T12:00:30Z"),
+        _ms("2024-05-01T12:02:00Z"),
+    ]
+
+
+def test_cron_in_a_time_zone_across_dst() -> None:
+    spec = Schedule(workflow="X", cron="30 2 * * *", timezone="Europe/Berlin")
+    berlin = ZoneInfo("Europe/Berlin")
+    # Spring forward (2024-03-31): 02:30 does not exist; it fires once, at the jump (03:00 CEST).
+    times = [
+        datetime.fromtimestamp(ms / 1000, berlin) for ms in spec.upcoming(_ms("2024-03-30T00:00:00Z"), 3)
+    ]
+    assert [t.isoformat() for t in times] == [
+        "2024-03-30T02:30:00+01:00",
+        "2024-03-31T03:00:00+02:00",
+        "2024-04-01T02:30:00+02:00",
+    ]
+    # Fall back (2024-10-27): 02:30 happens twice; it fires once.
+    times = [
+        datetime.fromtimestamp(ms / 1000, berlin) for ms in spec.upcoming(_ms("2024-10-26T00:00:00Z"), 3)
+    ]
+    assert [t.isoformat() for t in times] == [
+        "2024-10-26T02:30:00+02:00",
+        "2024-10-27T02:30:00+02:00",
+        "2024-10-28T02:30:00+01:00",
+    ]
+    # 09:00 local stays 09:00 local across the change: 07:00 UTC in summer, 08:00 UTC in winter.
+    nine = Schedule(workflow="X", cron="0 9 * * *", timezone="Europe/Berlin")
+    got = nine.upcoming(_ms("2024-10-26T12:00:00Z"), 2)
+    assert got == [_ms("2024-10-27T08:00:00Z"), _ms("2024-10-28T08:00:00Z")]
+
+
+def test_start_end_and_max_runs_bound_the_times() -> None:
+    spec = Schedule(workflow="X", every="1h", start_at="2024-05-01T00:00:00Z", end_at="2024-05-01T02:00:00Z")
+    assert spec.upcoming(0, 10) == [
+        _ms("2024-05-01T00:00:00Z"),
+        _ms("2024-05-01T01:00:00Z"),
+        _ms("2024-05-01T02:00:00Z"),
+    ]
+
+
+def test_workflow_id_is_deterministic() -> None:
+    assert scheduled_workflow_id("nightly", _ms("2024-05-01T02:00:00Z")) == "nightly-2024-05-01T02:00:00Z"
+    assert scheduled_workflow_id("t", _ms("2024-05-01T02:00:00.250Z")) == "t-2024-05-01T02:00:00.250Z"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cron": "61 * * * *"}, "invalid cron expression '61 * * * *': field 1 (minute) '61' at column 1"),
+        ({"cron": "0 0 32 * *"}, "field 3 (day of month) '32' at column 5"),
+        ({"cron": "* * * *"}, "4 field(s), a cron expression has 5"),
+        ({"cron": "* * * * *", "every": "1m"}, "exactly one of cron"),
+        ({}, "exactly one of cron"),
+        ({"every": "soon"}, "every: not a duration: 'soon'"),
+        (
+            {"every": "1m", "overlap": "queue"},
+            "unknown overlap policy 'queue': use one of skip, buffer_one, buffer_all, allow_all, cancel_other, terminate_other",
+        ),
+        ({"every": "1m", "timezone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+        ({"every": "1m", "max_runs": 0}, "max_runs must be an int >= 1"),
+        (
+            {"every": "1m", "start_at": "2024-05-02", "end_at": "2024-05-01"},
+            "end_at (2024-05-01T00:00:00Z) is before start_at",
+        ),
+        ({"every": "1m", "start_at": "tomorrow"}, "start_at 'tomorrow': not a date-time"),
+    ],
+)
+def test_bad_specs_raise_and_write_nothing(store: RedisStore, kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        ScheduleHandle.create("bad", Schedule(workflow="SchedTick", **kwargs), store=store)
+    assert message in str(info.value)
+    assert store.schedule_ids() == []
+    assert store.redis.dbsize() == 1  # only the deployment's meta record
+
+
+def test_bad_id_and_duplicates(store: RedisStore) -> None:
+    with pytest.raises(ConfigurationError, match="invalid schedule id 'a b'"):
+        ScheduleHandle.create("a b", Schedule(workflow="SchedTick", every="1m"), store=store)
+    ScheduleHandle.create("dup", Schedule(workflow="SchedTick", every="1m"), store=store)
+    with pytest.raises(ScheduleExists, match="schedule 'dup' already exists"):
+        ScheduleHandle.create("dup", Schedule(workflow="SchedTick", every="1h"), store=store)
+    with pytest.raises(ScheduleNotFound, match="no schedule with id 'nope'"):
+        ScheduleHandle("nope", store=store).describe()
+    with pytest.raises(ConfigurationError, match="unknown overlap policy"):
+        ScheduleHandle("dup", store=store).update(overlap="never")
+    assert ScheduleHandle("dup", store=store).spec.every == 60.0
+
+
+# --------------------------------------------------------------------------- firing
+
+
+def test_interval_schedule_fires_runs_with_deterministic_ids(durable_env) -> None:
+    store = durable_env.store
+    handle = ScheduleHandle.create("tick", Schedule(workflow=SchedTick, args=("hi",), every=1), store=store)
+    wait_for(lambda: len(_started(handle)) >= 2, timeout=10)
+    desc = handle.describe()
+    first = _started(handle)[-1]
+    assert first["workflow_id"] == scheduled_workflow_id("tick", _ms(first["scheduled_at"]))
+    assert first["late_ms"] < 1500
+    stub = WorkflowStub.load(first["workflow_id"], store=store)
+    assert stub.result(timeout=10) == "hi"
+    started = stub.history()[0].data["options"]
+    assert started["schedule_id"] == "tick" and started["scheduled_at"] == _ms(first["scheduled_at"])
+    record = store.run_record(store.ref(first["workflow_id"]))
+    assert record["schedule_id"] == "tick"
+    assert len(desc.next_times) == 5
+    assert desc.spec.every == 1.0
+
+
+def test_pause_unpause_trigger_delete(durable_env) -> None:
+    store = durable_env.store
+    handle = ScheduleHandle.create("p", Schedule(workflow=SchedTick, every="1h", paused=True), store=store)
+    desc = handle.describe()
+    assert desc.paused and desc.next_times == []
+    wid = handle.trigger()
+    assert WorkflowStub.load(wid, store=store).result(timeout=10) == ""
+    handle.unpause()
+    assert len(handle.describe().next_times) == 5
+    handle.pause("maintenance")
+    desc = handle.describe()
+    assert desc.paused and desc.note == "maintenance"
+    assert [a["action"] for a in desc.recent_actions][:4] == ["paused", "unpaused", "started", "triggered"]
+    handle.delete()
+    assert store.schedule_ids() == []
+    with pytest.raises(ScheduleNotFound):
+        handle.delete()
+
+
+def test_backfill_starts_each_past_time_once(store: RedisStore) -> None:
+    handle = ScheduleHandle.create(
+        "bf", Schedule(workflow="SchedTick", every="1h", overlap="allow_all"), store=store
+    )
+    times = handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T03:00:00Z")
+    assert times == [
+        "2024-05-01T00:00:00Z",
+        "2024-05-01T01:00:00Z",
+        "2024-05-01T02:00:00Z",
+        "2024-05-01T03:00:00Z",
+    ]
+    for t in times:
+        assert store.ref(f"bf-{t}")
+    # Again: the same ids; nothing new starts.
+    handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T03:00:00Z")
+    assert handle.describe(runs=False).started == 8  # settled as started, but the runs are the same
+    assert len([k for k in store.redis.scan_iter(match="*:wf:bf-*")]) == 4
+
+
+def test_update_changes_the_times(store: RedisStore) -> None:
+    handle = ScheduleHandle.create("u", Schedule(workflow="SchedTick", every="1h"), store=store)
+    handle.update(cron="0 3 * * *", timezone="America/New_York")
+    desc = handle.describe()
+    assert desc.spec.cron == "0 3 * * *" and desc.spec.every is None
+    assert all(t.endswith(("T07:00:00Z", "T08:00:00Z")) for t in desc.next_times)
+
+
+# --------------------------------------------------------------------------- overlap
+
+
+def _claim_now(store: RedisStore, handle: ScheduleHandle, ms: int) -> None:
+    """Make a scheduled time due now (as if the schedule's next time had come)."""
+    spec = handle.spec
+    store.schedule_claim(
+        handle.id,
+        token="",
+        expected=None,
+        next_ms=None,
+        last_ms=None,
+        count=0,
+        items=[(0, claim_member(ms, "scheduled", str(spec.overlap)))],
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "started_at_once", "buffered"),
+    [
+        ("skip", 1, 0),
+        ("allow_all", 3, 0),
+        ("buffer_one", 1, 1),
+        ("buffer_all", 1, 2),
+        ("terminate_other", 3, 0),
+        ("cancel_other", 1, 1),
+    ],
+)
+def test_overlap_policies(store: RedisStore, policy: str, started_at_once: int, buffered: int) -> None:
+    handle = ScheduleHandle.create(
+        f"o-{policy}", Schedule(workflow="SchedSleep", every="1h", overlap=policy), store=store
+    )
+    base = _ms("2024-05-01T00:00:00Z")
+    sched = SchedulePass(store)
+    for i in range(3):
+        _claim_now(store, handle, base + i * 1000)
+        sched.process(handle.id)
+    desc = handle.describe()
+    assert desc.started == started_at_once
+    assert len(desc.buffered) == buffered
+    open_runs = [r["workflow_id"] for r in desc.running]
+    if policy == "terminate_other":
+        assert open_runs == [scheduled_workflow_id(handle.id, base + 2000)]
+        assert WorkflowStub.load(scheduled_workflow_id(handle.id, base), store=store).status() == "terminated"
+    if policy == "allow_all":
+        assert len(open_runs) == 3
+    if policy == "cancel_other":
+        assert desc.buffered == ["2024-05-01T00:00:02Z"]
+    if buffered:
+        # Close the open run: the buffered time starts next.
+        for wid in open_runs:
+            WorkflowStub.load(wid, store=store).terminate("test")
+        sched.process(handle.id)
+        desc = handle.describe()
+        assert desc.started == started_at_once + 1
+        assert len(desc.buffered) == buffered - 1
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+def test_each_time_fires_once_with_several_schedulers(store: RedisStore) -> None:
+    for i in range(20):
+        ScheduleHandle.create(
+            f"x{i}", Schedule(workflow="SchedTick", every=1, overlap="allow_all"), store=store
+        )
+    stop = threading.Event()
+    passes = [SchedulePass(RedisStore(store.url)) for _ in range(3)]
+
+    def loop(sched: SchedulePass) -> None:
+        while not stop.is_set():
+            sched.tick()
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=loop, args=(s,)) for s in passes]
+    for t in threads:
+        t.start()
+    time.sleep(3.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    for i in range(20):
+        desc = ScheduleHandle(f"x{i}", store=store).describe(runs=False)
+        started = [a for a in desc.recent_actions if a["action"] == "started"]
+        times = [a["scheduled_at"] for a in started]
+        assert len(times) == len(set(times)) >= 3, times
+        assert desc.started == len(times) == desc.fired
+    assert sum(s.started for s in passes) == sum(
+        ScheduleHandle(f"x{i}", store=store).describe(runs=False).started for i in range(20)
+    )
+
+
+def test_catch_up_window(store: RedisStore) -> None:
+    """Times missed while no scheduler ran: those within the window fire, older are recorded missed."""
+    handle = ScheduleHandle.create(
+        "cu", Schedule(workflow="SchedTick", every=1, catchup_window=3, overlap="allow_all"), store=store
+    )
+    key = store.keys.schedule(store.keys.partition("cu"), "cu")
+    now = store.server_time_ms()
+    store.redis.hset(key, "next", (now // 1000 - 10) * 1000)  # as if schedulers were down for 10 s
+    SchedulePass(store).process("cu")
+    desc = handle.describe(runs=False)
+    actions = [a["action"] for a in desc.recent_actions]
+    assert "missed" in actions
+    assert 3 <= desc.started <= 4  # the last 3 s (+ the boundary), not 10
+    assert _ms(desc.next_times[0]) > now
+
+
+def test_example(store: RedisStore) -> None:
+    from examples import schedule as example  # noqa: PLC0415 - the example module, loaded like tests/test_examples.py
+
+    out = example.main(store, seconds=2.5)
+    assert out["started"] >= 2 and out["result"]["region"] == "eu"
+    assert store.schedule_ids() == []

@@ -1,0 +1,145 @@
+"""``durable schedule ...`` in process, and schedules fired by real `durable worker` processes:
+each scheduled time starts exactly one run however many workers' schedulers race; a schedule
+survives a Redis restart."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+
+import pytest
+from click.testing import CliRunner, Result
+
+from durable import Schedule, ScheduleHandle, WorkflowStub
+from durable.store.embedded import EmbeddedRedis
+from durable.store.redis_store import RedisStore
+from tests.procs import workers
+from tests.waiting import wait_for
+from workers.cli import cli
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _ms(text: str) -> int:
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def test_cli_create_describe_list_pause_trigger_backfill_update_delete(redis_url: str) -> None:
+    made = invoke(
+        "schedule", "create", "nightly", "--workflow", "Report", "--args", '"eu"', "--args", "3",
+        "--cron", "0 2 * * *", "--timezone", "Europe/Berlin", "--overlap", "buffer_one", "--json",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    data = json.loads(made.output)
+    assert data["spec"]["args"] == ["eu", 3] and data["spec"]["overlap"] == "buffer_one"
+    assert len(data["next_times"]) == 5 and all(
+        t.endswith(("T00:00:00Z", "T01:00:00Z")) for t in data["next_times"]
+    )
+
+    text = invoke("schedule", "describe", "nightly").output
+    assert "cron '0 2 * * *' (Europe/Berlin), overlap buffer_one" in text and "next: " in text
+    listed = json.loads(invoke("schedule", "list", "--json").output)
+    assert [d["id"] for d in listed] == ["nightly"]
+
+    assert invoke("schedule", "pause", "nightly", "--note", "deploy").output == "schedule nightly paused\n"
+    paused = json.loads(invoke("schedule", "describe", "nightly", "--json").output)
+    assert paused["paused"] and paused["note"] == "deploy" and paused["next_times"] == []
+    invoke("schedule", "unpause", "nightly")
+
+    fired = json.loads(invoke("schedule", "trigger", "nightly", "--json").output)
+    assert fired["workflow_id"].startswith("nightly-")
+    filled = json.loads(
+        invoke(
+            "schedule",
+            "backfill",
+            "nightly",
+            "--from",
+            "2024-05-01",
+            "--to",
+            "2024-05-03T12:00:00Z",
+            "--overlap",
+            "allow_all",
+            "--json",
+        ).output  # fmt: skip
+    )
+    assert filled["scheduled"] == ["2024-05-01T00:00:00Z", "2024-05-02T00:00:00Z", "2024-05-03T00:00:00Z"]
+    assert WorkflowStub.load("nightly-2024-05-02T00:00:00Z").status() == "pending"
+
+    updated = json.loads(invoke("schedule", "update", "nightly", "--every", "15m", "--json").output)
+    assert updated["spec"]["every"] == 900.0 and updated["spec"]["cron"] is None
+    assert invoke("schedule", "delete", "nightly").output == "schedule nightly deleted\n"
+    assert invoke("schedule", "list").output == "no schedules\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--cron", "0 25 * * *"),
+            "error: invalid cron expression '0 25 * * *': field 2 (hour) '25' at column 3",
+        ),
+        (
+            ("--every", "1m", "--overlap", "sometimes"),
+            "error: unknown overlap policy 'sometimes': use one of skip, ",
+        ),
+        (("--every", "fast"), "error: every: not a duration: 'fast'"),
+        ((), "error: a schedule needs exactly one of cron"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_writes_nothing(
+    redis_url: str, args: tuple[str, ...], message: str
+) -> None:
+    result = CliRunner().invoke(cli, ["schedule", "create", "s", "--workflow", "Report", *args])
+    assert result.exit_code == 1
+    assert result.output.startswith(message), result.output
+    assert RedisStore(redis_url).schedule_ids() == []
+
+
+def test_cli_unknown_schedule(redis_url: str) -> None:
+    result = CliRunner().invoke(cli, ["schedule", "describe", "ghost"])
+    assert result.exit_code == 1
+    assert "error: no schedule with id 'ghost'" in result.output
+
+
+@pytest.mark.slow
+def test_exactly_once_with_three_worker_processes(redis_url: str) -> None:
+    store = RedisStore(redis_url)
+    ids = [f"e{i}" for i in range(10)]
+    with workers(redis_url, n=3, app="apps.schedules"):
+        for sid in ids:
+            invoke("schedule", "create", sid, "--workflow", "SchedEcho", "--args", sid, "--every", "1s",
+                   "--overlap", "allow_all")  # fmt: skip
+        time.sleep(5)
+        for sid in ids:
+            ScheduleHandle(sid, store=store).pause()
+        time.sleep(0.5)
+    for sid in ids:
+        desc = ScheduleHandle(sid, store=store).describe(runs=False)
+        started = [a for a in desc.recent_actions if a["action"] == "started"]
+        times = sorted(_ms(a["scheduled_at"]) for a in started)
+        assert len(times) >= 3, (sid, times)
+        assert len(times) == len(set(times)) == desc.started == desc.fired, (sid, times)
+        # No time skipped in between, none twice.
+        assert times == list(range(times[0], times[-1] + 1, 1000)), (sid, times)
+        instances = list(store.redis.scan_iter(match=f"*:wf:{sid}-*"))
+        assert len(instances) == len(times)
+    store.close()
+
+
+@pytest.mark.slow
+def test_schedule_survives_a_redis_restart(fresh_redis: EmbeddedRedis) -> None:
+    store = RedisStore(fresh_redis.url)
+    ScheduleHandle.create("keep", Schedule(workflow="SchedEcho", every="1h"), store=store)
+    before = ScheduleHandle("keep", store=store).describe().next_times
+    store.redis.save()  # the embedded server's persistence: a restart reloads the data
+    fresh_redis.stop()
+    fresh_redis.ensure()
+    store = RedisStore(fresh_redis.url)
+    assert ScheduleHandle("keep", store=store).describe().next_times == before
+    with workers(fresh_redis.url, n=1, app="apps.schedules"):
+        wid = ScheduleHandle("keep", store=store).trigger()
+        assert wait_for(lambda: WorkflowStub.load(wid, store=store).status() == "completed", timeout=15)
+    store.close()

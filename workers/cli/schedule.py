@@ -1,0 +1,268 @@
+"""``durable schedule``: create, list, describe, pause, unpause, trigger, backfill, update, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from durable import Schedule, ScheduleDescription, ScheduleHandle, ScheduleOverlap
+from workers.cli.core import CliState, load_apps, parse_args, pass_state
+from workers.cli.render import to_json
+
+__all__ = ["COMMANDS"]
+
+_POLICIES = click.Choice([p.value for p in ScheduleOverlap])
+
+
+def _spec_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The spec options of ``create`` (``update`` takes the same, all optional)."""
+    options = [
+        click.option(
+            "--workflow", "workflow", required=create, metavar="TYPE", help="Workflow type to start."
+        ),
+        click.option(
+            "--args",
+            "args",
+            multiple=True,
+            metavar="JSON",
+            help="An argument of every run (JSON, else a string); repeat for several.",
+        ),
+        click.option(
+            "--cron", default=None, metavar="EXPR", help="Five-field cron expression ('*/5 * * * *')."
+        ),
+        click.option("--every", default=None, metavar="DURATION", help="Interval: 30s, 5m, 1h, 1d."),
+        click.option("--timezone", default=None, metavar="TZ", help="IANA zone of --cron (default UTC)."),
+        click.option("--jitter", default=None, metavar="D", help="Random start delay below D (e.g. 10s)."),
+        click.option(
+            "--overlap", default=None, metavar="POLICY", help=f"One of {', '.join(_POLICIES.choices)}."
+        ),
+        click.option(
+            "--start-at", "start_at", default=None, metavar="T", help="No time before T (ISO; UTC)."
+        ),
+        click.option("--end-at", "end_at", default=None, metavar="T", help="No time after T (ISO; UTC)."),
+        click.option(
+            "--max-runs", "max_runs", type=int, default=None, metavar="N", help="Stop after N times."
+        ),
+        click.option(
+            "--catchup-window",
+            "catchup_window",
+            default=None,
+            metavar="D",
+            help="Times missed while no scheduler ran fire if at most D old (default 60s).",
+        ),
+        click.option(
+            "--queue", default=None, help="Task queue of the runs (default: the class's, else 'default')."
+        ),
+        click.option(
+            "--app", "apps", multiple=True, metavar="MODULE", help="Import the type's module first."
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the schedule as JSON."),
+    ]
+    if create:
+        options.append(click.option("--paused", is_flag=True, help="Create it paused."))
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
+def _changes(fields: dict[str, Any]) -> dict[str, Any]:
+    """The spec fields given on the command line (``--args`` parsed as JSON values)."""
+    out = {k: v for k, v in fields.items() if v not in (None, ())}
+    if "args" in out:
+        out["args"] = tuple(parse_args(out["args"]))
+    return out
+
+
+def _lines(desc: ScheduleDescription) -> list[str]:
+    spec = desc.spec
+    when = f"cron {spec.cron!r} ({spec.timezone})" if spec.cron else f"every {spec.every:g}s"
+    lines = [
+        f"schedule: {desc.id}",
+        f"workflow: {spec.workflow} {to_json(list(spec.args))}"
+        + (f" on queue {spec.queue}" if spec.queue else ""),
+        f"when: {when}, overlap {spec.overlap}"
+        + (f", jitter {spec.jitter:g}s" if spec.jitter else "")
+        + (f", max runs {spec.max_runs}" if spec.max_runs else ""),
+        f"state: {'paused' if desc.paused else 'active'}"
+        + (f" ({desc.note})" if desc.note else "")
+        + f"; fired {desc.fired}, started {desc.started}",
+        "next: " + (", ".join(desc.next_times) if desc.next_times else "-"),
+    ]
+    if desc.buffered:
+        lines.append("buffered: " + ", ".join(desc.buffered))
+    lines.append(
+        "running: " + (", ".join(f"{r['workflow_id']} ({r['status']})" for r in desc.running) or "-")
+    )
+    lines.append("recent actions:")
+    for item in desc.recent_actions[:10]:
+        details = ", ".join(
+            f"{k}={v}" for k, v in item.items() if k not in ("action", "ts", "at") and v not in (None, [], "")
+        )
+        lines.append(f"  {item.get('at')}  {item['action']}" + (f"  {details}" if details else ""))
+    return lines
+
+
+def _echo(desc: ScheduleDescription, as_json: bool) -> None:
+    if as_json:
+        click.echo(to_json(desc.to_dict()))
+    else:
+        for line in _lines(desc):
+            click.echo(line)
+
+
+def _handle(state: CliState, schedule_id: str) -> ScheduleHandle:
+    return ScheduleHandle(schedule_id, store=state.existing_store)
+
+
+@click.group()
+def schedule() -> None:
+    """Start runs on a cron expression or an interval (see docs/schedules.md).
+
+    Every worker fires the due times; each scheduled time starts one run, whose
+    workflow id is `<schedule id>-<UTC ISO time>`.
+    """
+
+
+@schedule.command("create")
+@click.argument("schedule_id", metavar="ID")
+@_spec_options(create=True)
+@pass_state
+def create(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bool, **fields: Any) -> None:
+    """Create schedule ID: run --workflow TYPE on --cron EXPR or --every DURATION.
+
+    Everything is checked first: on bad input nothing is written.
+    """
+    if apps:
+        load_apps(apps)
+    spec = Schedule(**_changes(fields))
+    handle = ScheduleHandle.create(schedule_id, spec, store=state.store)
+    desc = handle.describe(runs=False)
+    if as_json:
+        click.echo(to_json(desc.to_dict()))
+        return
+    click.echo(f"schedule {schedule_id} created; next: {', '.join(desc.next_times[:3]) or '-'}")
+
+
+@schedule.command("update")
+@click.argument("schedule_id", metavar="ID")
+@_spec_options(create=False)
+@pass_state
+def update(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bool, **fields: Any) -> None:
+    """Change schedule ID's options (the others stay); checked first, nothing written on bad input."""
+    if apps:
+        load_apps(apps)
+    handle = _handle(state, schedule_id)
+    handle.update(**_changes(fields))
+    desc = handle.describe(runs=False)
+    if as_json:
+        click.echo(to_json(desc.to_dict()))
+        return
+    click.echo(f"schedule {schedule_id} updated; next: {', '.join(desc.next_times[:3]) or '-'}")
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+@pass_state
+def list_(state: CliState, as_json: bool) -> None:
+    """Every schedule: id, workflow, when, state, next time."""
+    items = ScheduleHandle.list(store=state.existing_store)
+    if as_json:
+        click.echo(to_json([d.to_dict() for d in items]))
+        return
+    if not items:
+        click.echo("no schedules")
+        return
+    for d in items:
+        when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {d.spec.every:g}s"
+        nxt = d.next_times[0] if d.next_times else "-"
+        click.echo(
+            f"{d.id}  {d.spec.workflow}  {when}  {'paused' if d.paused else 'active'}  next {nxt}  started {d.started}"
+        )
+
+
+@schedule.command("describe")
+@click.argument("schedule_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_state
+def describe(state: CliState, schedule_id: str, as_json: bool) -> None:
+    """Schedule ID: its spec, the next 5 times, recent actions and the open runs it started."""
+    _echo(_handle(state, schedule_id).describe(), as_json)
+
+
+def _simple(name: str, verb: str) -> click.Command:
+    @click.argument("schedule_id", metavar="ID")
+    @click.option("--note", default="", help="Why (shown by describe).")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    @pass_state
+    def command(state: CliState, schedule_id: str, note: str, as_json: bool) -> None:
+        getattr(_handle(state, schedule_id), name)(note)
+        if as_json:
+            click.echo(to_json({"id": schedule_id, "paused": name == "pause", "note": note}))
+        else:
+            click.echo(f"schedule {schedule_id} {verb}")
+
+    command.__doc__ = f"{name.capitalize()} schedule ID." + (
+        " Times passing meanwhile are not made up." if name == "pause" else " It fires from the next time on."
+    )
+    return schedule.command(name)(command)
+
+
+_simple("pause", "paused")
+_simple("unpause", "unpaused")
+
+
+@schedule.command("trigger")
+@click.argument("schedule_id", metavar="ID")
+@click.option(
+    "--overlap", type=_POLICIES, default=None, help="Overlap policy for this run (default: the schedule's)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the workflow id as JSON.")
+@pass_state
+def trigger(state: CliState, schedule_id: str, overlap: str | None, as_json: bool) -> None:
+    """Start a run of schedule ID now (its overlap policy applies)."""
+    wid = _handle(state, schedule_id).trigger(overlap=overlap)
+    click.echo(to_json({"workflow_id": wid}) if as_json else f"workflow_id: {wid}")
+
+
+@schedule.command("backfill")
+@click.argument("schedule_id", metavar="ID")
+@click.option("--from", "start", required=True, metavar="T", help="First time (ISO; no zone: UTC).")
+@click.option("--to", "end", required=True, metavar="T", help="Last time, inclusive.")
+@click.option(
+    "--overlap", type=_POLICIES, default=None, help="Policy between these runs (default: the schedule's)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the scheduled times as JSON.")
+@pass_state
+def backfill(
+    state: CliState, schedule_id: str, start: str, end: str, overlap: str | None, as_json: bool
+) -> None:
+    """Start the runs of schedule ID's times between --from and --to, as if it had run then."""
+    times = _handle(state, schedule_id).backfill(start, end, overlap=overlap)
+    if as_json:
+        click.echo(to_json({"id": schedule_id, "scheduled": times}))
+        return
+    click.echo(
+        f"backfilled {len(times)} time(s) of {schedule_id}"
+        + (f": {times[0]} .. {times[-1]}" if times else "")
+    )
+
+
+@schedule.command("delete")
+@click.argument("schedule_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@pass_state
+def delete(state: CliState, schedule_id: str, as_json: bool) -> None:
+    """Delete schedule ID (the runs it started go on)."""
+    _handle(state, schedule_id).delete()
+    click.echo(
+        to_json({"id": schedule_id, "deleted": True}) if as_json else f"schedule {schedule_id} deleted"
+    )
+
+
+COMMANDS = [schedule]
