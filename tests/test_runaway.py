@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import greenlet
 import pytest
 from apps import runaway
 from apps.runaway import Sleepy, Spin, ThreeSteps
@@ -25,7 +26,8 @@ from waiting import wait_for
 from durable import WorkflowBlocked, WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
-from workers.watchdog import RUNAWAY_EXIT, STOP_TIMEOUT_EXIT
+from workers.decider import Task
+from workers.watchdog import RUNAWAY_EXIT, STOP_TIMEOUT_EXIT, DecisionWatchdog, Stuck
 from workers.worker import Worker, WorkerThread
 
 
@@ -150,3 +152,34 @@ def test_a_worker_thread_blocks_the_run_without_exiting(store: RedisStore) -> No
             assert saga.result(timeout=20) == ["reserve", "charge", "ship"]
     finally:
         runaway.SPINNING["on"] = True
+
+
+def _watch(timeout: float) -> tuple[DecisionWatchdog, list[Stuck]]:
+    found: list[Stuck] = []
+    watchdog = DecisionWatchdog(timeout, found.append)
+    watchdog.start()
+    return watchdog, found
+
+
+TASK = Task(0, "stream", "1-0", {b"run": b"r1"})
+
+
+def test_the_watchdog_ignores_waits_on_redis_and_code_that_yields(redis_client) -> None:
+    watchdog, found = _watch(0.3)
+    try:
+        with watchdog.deciding(TASK):
+            redis_client.blpop(["h1-nothing"], timeout=1)  # the decider waiting on Redis
+        hub = greenlet.getcurrent()
+        yielding = greenlet.greenlet(lambda: [(time.sleep(0.1), hub.switch()) for _ in range(8)])
+        with watchdog.deciding(TASK):
+            for _ in range(8):  # workflow code that hands control back every 0.1 s
+                yielding.switch()
+        assert found == []
+        with watchdog.deciding(TASK):
+            time.sleep(0.8)
+        assert [s.task for s in found] == [TASK] and found[0].where.endswith(
+            "in test_the_watchdog_ignores_waits_on_redis_and_code_that_yields"
+        )
+        assert found[0].reason.startswith("decision exceeded 0.3 s at tests/test_runaway.py:")
+    finally:
+        watchdog.stop()
