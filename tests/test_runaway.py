@@ -18,7 +18,7 @@ from pathlib import Path
 import greenlet
 import pytest
 from apps import runaway
-from apps.runaway import Sleepy, Spin, ThreeSteps
+from apps.runaway import Sleepy, Spin, StepThenSpin, ThreeSteps
 from click.testing import CliRunner
 from procs import ROOT, TESTS
 from waiting import wait_for
@@ -37,6 +37,7 @@ def _line_of(cls: type, marker: str) -> int:
 
 
 SPIN_AT = f"runaway.py:{_line_of(Spin, 'the runaway line')} in handle"
+STEP_SPIN_AT = f"runaway.py:{_line_of(StepThenSpin, 'the runaway line after a step')} in handle"
 SLEEP_AT = f"runaway.py:{_line_of(Sleepy, 'the sleeping line')} in handle"
 
 
@@ -137,17 +138,22 @@ def test_single_process_worker_exits_after_a_runaway_decision(redis_url: str, tm
     assert "Run workers under a supervisor" in log.read_text()
 
 
-def test_a_worker_thread_blocks_the_run_without_exiting(store: RedisStore) -> None:
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_worker_thread_blocks_the_run_without_exiting(store: RedisStore, eager: bool) -> None:
     runaway.SPINNING["on"] = True
-    worker = Worker(store, concurrency=2, grace=5, block_ms=100, decision_timeout=0.5)
+    worker = Worker(store, concurrency=2, grace=5, block_ms=100, decision_timeout=0.5, eager=eager)
     try:
         with WorkerThread(worker):
-            spin = WorkflowStub.make(Spin).start()
+            # Eager: the loop runs in the decision applying the activity's result (no workflow task).
+            spin = WorkflowStub.make(StepThenSpin if eager else Spin).start()
             assert _blocked_reason(spin, timeout=10).startswith("decision exceeded 0.5 s at ")
-            assert SPIN_AT in spin.describe().blocked.message
+            assert (STEP_SPIN_AT if eager else SPIN_AT) in spin.describe().blocked.message
+            parked = [d for d in store.dead_letters() if d["run"] == spin.run_id]
+            assert [bool(d["entry"]) for d in parked] == [not eager]  # eager: no workflow task to park
             # The thread cannot be replaced: once the code does return, its (slow) decision commits.
             runaway.SPINNING["on"] = False
-            assert spin.result(timeout=20) == "released"
+            wait_for(lambda: spin.status() == "completed")
+            assert spin.result(timeout=5) == "released"
             saga = WorkflowStub.make(ThreeSteps).start()
             assert saga.result(timeout=20) == ["reserve", "charge", "ship"]
     finally:

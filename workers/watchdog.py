@@ -266,6 +266,15 @@ def block_runaway(store: RedisStore, stuck: Stuck) -> None:
         stuck.where,
         stuck.stack.rstrip(),
     )
+    try:
+        _park(store, stuck)
+    except Exception:  # noqa: BLE001 - exit anyway: the task stays pending, and a run whose
+        # decision keeps ending its worker is blocked after 5 deliveries
+        log.exception("run %s: could not record the block", task.run_id)
+
+
+def _park(store: RedisStore, stuck: Stuck) -> None:
+    task = stuck.task
     store.park(
         p=task.p,
         # Any key of the run's partition: with no entry id, park acks nothing.
@@ -288,7 +297,10 @@ def hand_back(store: RedisStore, batch: Sequence[Task], *, but: Task) -> None:
         if task.key != but.key:
             by_stream.setdefault(task.stream, []).append((task.entry_id, task.fields))
     for stream, items in by_stream.items():
-        store.requeue(stream, items)
+        try:
+            store.requeue(stream, items)
+        except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
+            log.exception("could not hand %d workflow tasks of %s back", len(items), stream)
 
 
 def exit_runaway(consumer: str, stuck: Stuck) -> None:

@@ -24,6 +24,16 @@ class Spin(Workflow):
         return "released"
 
 
+class StepThenSpin(Workflow):
+    """Busy-loops after its first activity (in eager mode, in the decision applying its result)."""
+
+    def handle(self) -> str:
+        activity(step, "first")
+        while SPINNING["on"]:  # the runaway line after a step
+            pass
+        return "released"
+
+
 class Sleepy(Workflow):
     """``time.sleep`` in workflow code (it should be a ``timer()``)."""
 
