@@ -59,6 +59,10 @@ class WorkerConfig:
         claim_idle: Seconds a task may sit with a silent worker before another reclaims it.
         sticky_timeout: Seconds a workflow task may wait unread in a worker's private (sticky)
             stream before it goes to the shared queue (0: only when that worker's lease lapses).
+        grace: Seconds a stop lets running activities finish (the process ends at the
+            latest 5 s after that, whatever its workflows do).
+        decision_timeout: Seconds a decision may run workflow code without yielding before
+            its run is blocked and the process exits for its supervisor to restart (0: none).
         build_id: The build id chosen with ``--build-id`` (``None``: unversioned; ``"auto"``:
             a hash of the ``--app`` sources).
         compatible: Other builds whose runs this code also decides.
@@ -79,6 +83,8 @@ class WorkerConfig:
     eager: bool = False
     claim_idle: float = 30.0
     sticky_timeout: float = 5.0
+    grace: float = 30.0
+    decision_timeout: float = 2.0
     build_id: str | None = None
     compatible: tuple[str, ...] = ()
     unversioned: bool = False

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +151,8 @@ class Decider:
         self.lease_ms = lease_ms
         # Local clock -> Redis clock, so eager completions are stamped on Redis's time line.
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
+        # Wraps each run's replay and decision (the worker's watchdog times them).
+        self.deciding: Callable[[Task], AbstractContextManager[object]] = nullcontext
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
@@ -208,7 +211,8 @@ class Decider:
         )
         pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
         for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
-            prepared = self._prepare(task, after, record, inbox, rows)
+            with self.deciding(task):
+                prepared = self._prepare(task, after, record, inbox, rows)
             if prepared is not None:
                 pending.append((task, *prepared))
         if not pending:
@@ -287,7 +291,8 @@ class Decider:
             first = items[0].task
             ref = RunRef(first.partition, rid, first.workflow_id)
             try:
-                decision = driver.decide(entries)
+                with self.deciding(Task(ref.partition, "", "", {b"run": rid.encode()})):
+                    decision = driver.decide(entries)
             except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
                 # The ordinary path meets (and parks) the problem with a fresh replay.
                 driver.close()

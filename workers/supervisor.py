@@ -10,7 +10,9 @@ Redis URL may hold a password). The supervisor
   signal itself);
 * restarts a child that dies without being asked to, after a backoff that
   doubles on each quick death of that slot (1 s up to 30 s; reset once a child
-  has lived for a minute);
+  has lived for a minute). A child that exits with
+  :data:`~workers.watchdog.RUNAWAY_EXIT` gave up a runaway decision (its run is
+  blocked, the child was healthy): it is restarted after the shortest backoff;
 * sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
   whose supervisor vanishes (SIGKILL) stops by itself.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.config import WorkerConfig
+from workers.watchdog import RUNAWAY_EXIT
 
 log = logging.getLogger("durable.supervisor")
 
@@ -143,6 +146,16 @@ class Supervisor:
                     lived = now - slot.started
                     if lived >= self.stable_after:
                         slot.backoff = 0.0
+                    if code == RUNAWAY_EXIT:
+                        slot.restart_at = now + self.min_backoff
+                        log.warning(
+                            "worker process %d (pid %d) gave up a runaway decision (see its log: the run is "
+                            "blocked); restarting in %.1f s",
+                            slot.index,
+                            proc.pid,
+                            self.min_backoff,
+                        )
+                        continue
                     slot.backoff = min(self.max_backoff, max(self.min_backoff, slot.backoff * 2))
                     slot.restart_at = now + slot.backoff
                     log.warning(

@@ -14,28 +14,24 @@ One worker process has:
   lease alive (its sessions and sticky runs depend on it).
 
 SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to
-``grace`` seconds), exit. A task still unfinished stays in the consumer
-group's pending list and another worker reclaims it: nothing is lost.
+``grace`` seconds), exit (at the latest ``grace`` + 5 s later, whatever the
+workflows do). A task still unfinished stays in the consumer group's pending
+list and another worker reclaims it: nothing is lost. A decision that runs
+workflow code past ``decision_timeout`` blocks its run (``watchdog.py``).
 """
 
 from __future__ import annotations
 
-import gc
-import hashlib
-import importlib
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from durable import codec, registry
 from durable import events as ev
+from durable import registry
 from durable.activity import set_worker_identity
 from durable.store.connect import consumer_name, is_missing_group, is_transient
 from durable.store.outage import Incident, retry_transient
@@ -44,6 +40,7 @@ from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from .allowed import Allowed
+from .app import AUTO_BUILD_ID, code_build_id, load_app, tune_gc  # noqa: F401 - re-exported (examples)
 from .attempts import (
     attempt_deadline,
     complete_batch,
@@ -58,6 +55,16 @@ from .outbox import handle_outbox
 from .reader import TaskReader
 from .scheduler import Scheduler
 from .threads import ActivityThreads
+from .watchdog import (
+    DEFAULT_DECISION_TIMEOUT,
+    STOP_MARGIN,
+    DecisionWatchdog,
+    StopDeadline,
+    Stuck,
+    block_runaway,
+    exit_runaway,
+    hand_back,
+)
 
 log = logging.getLogger("durable.worker")
 
@@ -65,52 +72,6 @@ BACKLOG_MS = 5.0
 """How much claimed-but-not-started activity work (by recent run times) a worker holds per
 thread: activity tasks it read beyond that, and leased (eager) activities beyond that, are
 left to other workers."""
-
-
-def load_app(modules: Iterable[str]) -> list[Any]:
-    """Import the user's modules (``--app``); their workflows and activities register themselves."""
-    loaded = []
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in modules:
-        module = importlib.import_module(name)
-        # Payloads may name the app's own types (dataclasses, enums, exceptions): allow them.
-        codec.allow_module(name)
-        registry.register_module_functions(module)
-        loaded.append(module)
-    return loaded
-
-
-def tune_gc(threshold: int) -> None:
-    """Set up the garbage collector for a worker process (call once its app is imported).
-
-    A worker keeps thousands of live objects per cached run (suspended greenlets,
-    their frames, replay state) and allocates many short-lived ones per decision.
-    With Python's default (a young-generation pass every 700 allocations) the
-    collector kept scanning them: measured on 2 cores, W2 eager rose from about
-    7,400 to 8,600 steps/s with ``threshold`` 10,000. ``gc.freeze()`` moves what
-    the imports built into a generation no pass scans. Cycles are still
-    collected, only in larger batches.
-    """
-    gc.freeze()
-    _, second, third = gc.get_threshold()
-    gc.set_threshold(threshold, second, third)
-
-
-AUTO_BUILD_ID = "auto"
-"""``--build-id auto``: the build id is :func:`code_build_id` of the ``--app`` modules."""
-
-
-def code_build_id(modules: Sequence[Any]) -> str:
-    """A build id derived from the app's code (``--build-id auto``): a hash of the loaded
-    ``--app`` modules' source files, so any change (even a comment) gets a new build id."""
-    digest = hashlib.sha256()
-    for module in sorted(modules, key=lambda m: m.__name__):
-        digest.update(module.__name__.encode())
-        path = getattr(module, "__file__", None)
-        if path:
-            digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:12]
 
 
 WORKFLOW, OUTBOX, ACTIVITY = "workflow", "outbox", "activity"
@@ -146,6 +107,10 @@ class Worker:
             start on this worker's code (older builds keep only their pinned runs).
             Without it the build becomes current only when the current one has no
             live worker left (see :mod:`workers.membership`).
+        decision_timeout: Seconds a decision may run workflow code without yielding;
+            past it the run is blocked and, when this worker runs on the process's
+            main thread, the process exits with :data:`~workers.watchdog.RUNAWAY_EXIT`
+            for its supervisor to restart (0: no deadline).
         eager: Run the activities its decisions schedule on its own queues
             itself, under a lease, and commit each result together with the
             run's next decision (one script per step instead of four). Local
@@ -169,6 +134,7 @@ class Worker:
         build_id: str = "",
         compatible: Sequence[str] = (),
         promote: bool = False,
+        decision_timeout: float = DEFAULT_DECISION_TIMEOUT,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
@@ -214,7 +180,16 @@ class Worker:
         self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
         self._leases: set[tuple[int, str, str, int]] = set()
-        self.decider = Decider(
+        self.decider = self._make_decider(cache_size, claim_idle_ms, compatible)
+        self.decisions = 0
+        self.activities_run = 0
+        self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
+        self._owns_process = False
+        self._stop_deadline = StopDeadline()
+        self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
+
+    def _make_decider(self, cache_size: int, claim_idle_ms: int, compatible: Sequence[str]) -> Decider:
+        return Decider(
             self.store,
             cache_size=cache_size,
             allowed=self._workflow_ok,
@@ -223,12 +198,10 @@ class Worker:
             on_leased=self._run_leased,
             on_lease_dropped=self._lease_dropped,
             lease_ms=claim_idle_ms,
-            build_id=build_id,
+            build_id=self.build_id,
             compatible=tuple(compatible),
             sticky=self.session_queue,
         )
-        self.decisions = 0
-        self.activities_run = 0
 
     def _make_membership(self, compatible: Sequence[str], promote: bool) -> Membership:
         """The registry entry: this worker's build, queues and the types its app defines."""
@@ -300,9 +273,11 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: Any) -> None:
+            self._stop_deadline.arm(self.grace + STOP_MARGIN)  # first: whatever the rest does
             log.info("received %s: finishing in-flight work, then exiting", signal.Signals(signum).name)
             self.stop()
 
+        self._stop_deadline.start()
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
@@ -310,6 +285,9 @@ class Worker:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
         retry_transient(self._join, self._outage, stop=self._stop)
         self.scheduler.start()
+        self._owns_process = threading.current_thread() is threading.main_thread()
+        if self.watchdog is not None:
+            self.watchdog.start()
         log.info(
             "worker %s serving queues %s (%d activity threads)", self.consumer, self.queues, self.concurrency
         )
@@ -360,6 +338,27 @@ class Worker:
         )
 
     def _shutdown(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self._finish_activities()
+        self._leave()
+        self.reader.close()
+        self.decider.cache.clear()
+        self._stop_deadline.cancel()
+        log.info("worker %s stopped", self.consumer)
+
+    def _runaway(self, stuck: Stuck) -> None:
+        """A decision runs workflow code that does not yield (called on the watchdog thread)."""
+        block_runaway(self.store, stuck)
+        if self._owns_process:  # else a thread of a larger process (tests): it stays busy meanwhile
+            # The main thread will not return: hand back its other tasks, finish what the
+            # activity threads run, leave, and end the process for its supervisor to replace.
+            hand_back(self.store, self._batch, but=stuck.task)
+            self._finish_activities()
+            self._leave()
+            exit_runaway(self.consumer, stuck)
+
+    def _finish_activities(self) -> None:
         deadline = time.time() + self.grace
         while self._busy and time.time() < deadline:
             time.sleep(0.05)
@@ -379,15 +378,14 @@ class Worker:
                 self.grace,
             )
         self._pool.shutdown()
+
+    def _leave(self) -> None:
         self.scheduler.stop()
         try:
             self.membership.leave()
             self.scheduler.release()
         except Exception:  # noqa: BLE001 - the lease and the registry entry expire by themselves
             pass
-        self.reader.close()
-        self.decider.cache.clear()
-        log.info("worker %s stopped", self.consumer)
 
     # ----------------------------------------------------------------- loop
     def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
@@ -527,7 +525,9 @@ class Worker:
         for stream, items in excess.items():
             self.store.requeue(stream, items)
         if decisions:
+            self._batch = decisions
             self.decider.handle_batch(decisions)
+            self._batch = []
             self.decisions += len(decisions)
 
     def _dispatch(

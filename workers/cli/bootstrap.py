@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 
 from durable.store.redis_store import RedisStore
+from workers.app import AUTO_BUILD_ID, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
 from workers.supervisor import PARENT_ENV
-from workers.worker import AUTO_BUILD_ID, Worker, code_build_id, tune_gc
+from workers.worker import Worker
 
 __all__ = ["configure_logging", "run_worker"]
 
@@ -67,14 +68,22 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         cache_size=config.cache_size,
         claim_idle_ms=config.claim_idle_ms,
         sticky_timeout_ms=int(config.sticky_timeout * 1000),
+        grace=config.grace,
+        decision_timeout=config.decision_timeout,
         eager=config.eager,
         build_id=build_id,
         compatible=config.compatible,
         promote=config.promote,
     )
-    log.info("build id: %s", build_id or "(unversioned)")
+    log.info(
+        "build id: %s; decision timeout: %s",
+        build_id or "(unversioned)",
+        f"{config.decision_timeout:g} s" if config.decision_timeout > 0 else "off",
+    )
     worker.install_signal_handlers()
+    # Through the handler, so the stop is bounded (grace + a margin) like a signal's.
+    stop = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     if early:
-        worker.stop()
-    _watch_parent(worker.stop)
+        stop()
+    _watch_parent(stop)
     worker.run()

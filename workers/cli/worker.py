@@ -66,6 +66,24 @@ _worker_options: list[Callable[[Any], Any]] = [
         "cached before any worker takes it (0: until that worker's --claim-idle lease lapses).",
     ),
     click.option(
+        "--grace",
+        default=30.0,
+        show_default=True,
+        type=click.FloatRange(0),
+        help="Seconds a stop (SIGTERM/SIGINT) lets running activities finish; the process ends at the "
+        "latest 5 s after that, whatever its workflows do.",
+    ),
+    click.option(
+        "--decision-timeout",
+        default=2.0,
+        show_default=True,
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+        help="Longest a decision may run workflow code without yielding (a busy loop, time.sleep): "
+        "past it the run is blocked (`durable repair` after the fix) and the worker process exits "
+        "for its supervisor to restart. 0: no deadline.",
+    ),
+    click.option(
         "--build-id",
         default=None,
         metavar="BUILD",
@@ -148,6 +166,8 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         eager=options["eager"],
         claim_idle=options["claim_idle"],
         sticky_timeout=options["sticky_timeout"],
+        grace=options["grace"],
+        decision_timeout=options["decision_timeout"],
         build_id=options["build_id"],
         compatible=tuple(options["compatible"]),
         unversioned=options["unversioned"],
@@ -171,7 +191,10 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
 def worker(state: CliState, processes: int, **options: Any) -> None:
     """Serve workflow and activity tasks of QUEUEs, running the --app modules' code.
 
-    SIGTERM/SIGINT: stop claiming, let running activities finish, exit 0.
+    SIGTERM/SIGINT: stop claiming, let running activities finish (up to --grace), exit 0; a
+    stop still unfinished 5 s later (workflow code that never returns) exits 75. A decision past
+    --decision-timeout blocks its run and exits 70: run workers under a supervisor
+    (--processes N, systemd) to have them restarted.
     """
     store = state.store
     _apply_retention(store, options)

@@ -1,0 +1,49 @@
+"""Workflows whose code never hands control back to durable (issue 13 item 9), and a normal
+saga to run beside them. Worker processes import this module as ``apps.runaway``."""
+
+from __future__ import annotations
+
+import time
+
+from durable import Workflow, activity
+
+SPINNING = {"on": True}
+"""While true, :class:`Spin` busy-loops (an in-process test turns it off to free its thread)."""
+
+
+def step(name: str) -> str:
+    return name
+
+
+class Spin(Workflow):
+    """A busy loop in workflow code: the decision never returns."""
+
+    def handle(self) -> str:
+        while SPINNING["on"]:  # the runaway line
+            pass
+        return "released"
+
+
+class StepThenSpin(Workflow):
+    """Busy-loops after its first activity (in eager mode, in the decision applying its result)."""
+
+    def handle(self) -> str:
+        activity(step, "first")
+        while SPINNING["on"]:  # the runaway line after a step
+            pass
+        return "released"
+
+
+class Sleepy(Workflow):
+    """``time.sleep`` in workflow code (it should be a ``timer()``)."""
+
+    def handle(self, seconds: float) -> str:
+        time.sleep(seconds)  # the sleeping line
+        return "woke"
+
+
+class ThreeSteps(Workflow):
+    """An ordinary saga of three activities."""
+
+    def handle(self) -> list[str]:
+        return [activity(step, name) for name in ("reserve", "charge", "ship")]

@@ -1,0 +1,63 @@
+"""The user's app in a worker process: importing its modules, the build id of its code,
+the garbage collector tuned for it."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from durable import codec, registry
+
+__all__ = ["AUTO_BUILD_ID", "code_build_id", "load_app", "tune_gc"]
+
+
+def load_app(modules: Iterable[str]) -> list[Any]:
+    """Import the user's modules (``--app``); their workflows and activities register themselves."""
+    loaded = []
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        module = importlib.import_module(name)
+        # Payloads may name the app's own types (dataclasses, enums, exceptions): allow them.
+        codec.allow_module(name)
+        registry.register_module_functions(module)
+        loaded.append(module)
+    return loaded
+
+
+def tune_gc(threshold: int) -> None:
+    """Set up the garbage collector for a worker process (call once its app is imported).
+
+    A worker keeps thousands of live objects per cached run (suspended greenlets,
+    their frames, replay state) and allocates many short-lived ones per decision.
+    With Python's default (a young-generation pass every 700 allocations) the
+    collector kept scanning them: measured on 2 cores, W2 eager rose from about
+    7,400 to 8,600 steps/s with ``threshold`` 10,000. ``gc.freeze()`` moves what
+    the imports built into a generation no pass scans. Cycles are still
+    collected, only in larger batches.
+    """
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(threshold, second, third)
+
+
+AUTO_BUILD_ID = "auto"
+"""``--build-id auto``: the build id is :func:`code_build_id` of the ``--app`` modules."""
+
+
+def code_build_id(modules: Sequence[Any]) -> str:
+    """A build id derived from the app's code (``--build-id auto``): a hash of the loaded
+    ``--app`` modules' source files, so any change (even a comment) gets a new build id."""
+    digest = hashlib.sha256()
+    for module in sorted(modules, key=lambda m: m.__name__):
+        digest.update(module.__name__.encode())
+        path = getattr(module, "__file__", None)
+        if path:
+            digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:12]
