@@ -136,7 +136,8 @@ def update(fn: F | None = None, *, name: str | None = None) -> Any:
     make durable calls (activities, timers, ...) and its return value (or error)
     goes back to the caller. An optional validator, declared with
     ``@<handler>.validator``, runs first with the same arguments and rejects the
-    update by raising; it must be deterministic and may not make durable calls.
+    update by raising; it must be deterministic, must not change the workflow's state
+    (replay does not run it again) and may not make durable calls.
     ``name`` defaults to the method name.
 
     Example:
