@@ -13,17 +13,19 @@ from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
     DurableError,
+    UpdateRejected,
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
 )
-from .ids import check_workflow_id, new_run_id
+from .ids import check_command_id, check_workflow_id, new_run_id
 from .limits import check_name_length, check_queue_name
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from .store.updates import deliver_update, update_result, wait_update
 from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -270,6 +272,55 @@ class WorkflowStub:
         payload = codec.dumps(tuple(args), path="args")
         signal = ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id())
         self._store.deliver(self._id, signal, limited=True)
+
+    def update(
+        self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
+    ) -> Any:
+        """Run the ``@update`` handler ``name`` with ``args`` in the current run; return its result.
+
+        The run's validator (if any) accepts or rejects the update before anything the
+        workflow sees is written; an accepted update is recorded in history and its
+        handler (which may call activities, timers, ...) runs in its own branch.
+        ``update_id`` makes a retried call exactly-once: a second call with the same id
+        runs nothing and returns (or raises) what the first one did. See docs/updates.md.
+
+        Args:
+            name: The ``@update`` method's name.
+            timeout: Seconds to wait for the outcome (``None``: no limit). The update
+                stays delivered: call again with the same ``update_id`` to keep waiting.
+            update_id: The update's id (letters, digits, ``_ . : - /``; not starting with
+                a digit). Default: a new unique id.
+
+        Raises:
+            UpdateRejected: the validator raised (``.cause``), the workflow has no such
+                ``@update``, or the arguments cannot be decoded.
+            Exception: whatever the handler raised, as it raised it.
+            WorkflowNotFound: unknown id.
+            WorkflowClosed: the run is closed, or closed before the update had an outcome.
+            TimeoutError: ``timeout`` passed first.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("update name must be a non-empty string")
+        check_name_length(name, "update")
+        uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
+        self._check_update_name(name)
+        payload = codec.dumps(tuple(args), path="args")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ref, after = deliver_update(self._store, self._id, uid, name, payload)
+        self._run_id = ref.run_id
+        return update_result(wait_update(self._store, ref, uid, after, deadline), self._id, name)
+
+    def _check_update_name(self, name: str) -> None:
+        """Refuse an unknown update name before writing, when this process has the class."""
+        try:
+            cls = get_workflow(self._type)
+        except DurableError:
+            return  # not registered here: the run's worker rejects an unknown name
+        if name not in cls._updates:
+            raise UpdateRejected(
+                f"workflow {self._type!r} has no @update {name!r}; it has {sorted(cls._updates)}",
+                name=name,
+            )
 
     def query(self, name: str, *args: Any) -> Any:
         """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history.

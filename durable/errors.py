@@ -233,6 +233,27 @@ class WorkflowBlocked(DurableError):
         self.reason = reason
 
 
+class UpdateRejected(DurableError):
+    """``WorkflowStub.update`` was refused before its handler ran: its validator raised,
+    the workflow has no ``@update`` of that name, or its arguments could not be decoded.
+    Nothing the workflow sees was written.
+
+    Attributes:
+        update_id: The update's id.
+        name: The update's name.
+        cause: The validator's error (or the error naming what was wrong).
+    """
+
+    def __init__(
+        self, message: str, *, update_id: str = "", name: str = "", cause: BaseException | None = None
+    ) -> None:
+        super().__init__(message)
+        self.update_id = update_id
+        self.name = name
+        self.cause = cause
+        self.__cause__ = cause
+
+
 class ApplicationError(DurableError):
     """An exception from remote code whose class is not importable here.
 

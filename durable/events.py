@@ -277,6 +277,60 @@ class HookResumed(Event):
     payloads = ("payload",)
 
 
+# ------------------------------------------------------------------- updates
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateRequested(Event):
+    """An update as the client pushes it onto the inbox. Never written to history: the
+    decision that applies it writes :class:`UpdateAccepted` or :class:`UpdateRejectedEvent`."""
+
+    TYPE = "UpdateRequested"
+
+    id: str
+    name: str
+    args: bytes
+    payloads = ("args",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateAccepted(Event):
+    """An update the validator accepted: replay runs its handler again from here."""
+
+    TYPE = "UpdateAccepted"
+
+    id: str
+    name: str
+    args: bytes
+    payloads = ("args",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateRejectedEvent(Event):
+    """An update refused before its handler ran (validator, unknown name, bad arguments).
+
+    In history for the caller to read; replay skips it: the workflow never sees it.
+    """
+
+    TYPE = "UpdateRejected"
+
+    id: str
+    name: str
+    error: bytes
+    payloads = ("error",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateCompleted(Event):
+    """The handler of an accepted update returned (``result``) or raised (``error``)."""
+
+    TYPE = "UpdateCompleted"
+
+    id: str
+    result: bytes | None = None
+    error: bytes | None = None
+    payloads = ("result", "error")
+    is_command = True
+
+
 # ------------------------------------------------------------- cancellation
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CancelRequested(Event):
@@ -364,6 +418,10 @@ _ALL: tuple[type[Event], ...] = (
     ChildFailed,
     HookCreated,
     HookResumed,
+    UpdateRequested,
+    UpdateAccepted,
+    UpdateRejectedEvent,
+    UpdateCompleted,
     CancelRequested,
     *CLOSING,
 )

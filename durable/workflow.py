@@ -74,6 +74,8 @@ class Workflow:
     retention: ClassVar[timedelta | float | str | None] = None
     _signals: ClassVar[dict[str, str]] = {}
     _queries: ClassVar[dict[str, str]] = {}
+    #: ``@update`` name -> (handler attribute, validator attribute or None).
+    _updates: ClassVar[dict[str, tuple[str, str | None]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -87,8 +89,9 @@ class Workflow:
                     queries[value.__durable_query__] = attr
         cls._signals = signals
         cls._queries = queries
+        cls._updates = _update_handlers(cls)
         check_queue_name(cls.queue, f"{cls.__name__}.queue")
-        for name in (*signals, *queries):
+        for name in (*signals, *queries, *cls._updates):
             check_name_length(name, f"{cls.__name__} signal/query")
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         if cls.retention is not None:
@@ -124,6 +127,59 @@ def query(fn: F | None = None, *, name: str | None = None) -> Any:
         return f
 
     return mark(fn) if fn is not None else mark
+
+
+def update(fn: F | None = None, *, name: str | None = None) -> Any:
+    """Mark a workflow method as the handler of an update (``WorkflowStub.update``).
+
+    An update is a signal with an answer: its handler runs in its own branch, may
+    make durable calls (activities, timers, ...) and its return value (or error)
+    goes back to the caller. An optional validator, declared with
+    ``@<handler>.validator``, runs first with the same arguments and rejects the
+    update by raising; it must be deterministic, must not change the workflow's state
+    (replay does not run it again) and may not make durable calls.
+    ``name`` defaults to the method name.
+
+    Example:
+        ```python
+        class Cart(Workflow):
+            @update
+            def add(self, sku: str) -> int:
+                activity(Reserve, sku)
+                self.items.append(sku)
+                return len(self.items)
+
+            @add.validator
+            def _check_add(self, sku: str) -> None:
+                if not sku:
+                    raise ValueError("empty sku")
+        ```
+    """
+
+    def mark(f: F) -> F:
+        f.__durable_update__ = name or f.__name__  # type: ignore[attr-defined]
+
+        def validator(check: F) -> F:
+            f.__durable_update_validator__ = check.__name__  # type: ignore[attr-defined]
+            return check
+
+        f.validator = validator  # type: ignore[attr-defined]
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def _update_handlers(cls: type) -> dict[str, tuple[str, str | None]]:
+    """``@update`` name -> (handler attribute, validator attribute) of a workflow class."""
+    updates: dict[str, tuple[str, str | None]] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            if hasattr(value, "__durable_update__"):
+                updates[value.__durable_update__] = (
+                    attr,
+                    getattr(value, "__durable_update_validator__", None),
+                )
+    return updates
 
 
 def activity(
@@ -467,6 +523,7 @@ __all__ = [
     "side_effect",
     "signal",
     "timer",
+    "update",
     "uuid4",
     "wait_until",
     "worker_session",

@@ -10,7 +10,16 @@ from click.testing import CliRunner
 
 from durable.store.redis_store import RedisStore
 
-EXAMPLES = ["saga", "approval", "fanout", "subscription", "versioning", "hook_callback", "children"]
+EXAMPLES = [
+    "saga",
+    "approval",
+    "fanout",
+    "subscription",
+    "versioning",
+    "hook_callback",
+    "children",
+    "updates",
+]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,6 +61,15 @@ def test_approval(store: RedisStore) -> None:
     assert result["approved"]["outcome"] == "approved by alice"
     assert result["approved"]["comments"] == ["receipts attached"]
     assert result["late"]["outcome"] == "timed out"
+
+
+def test_updates(store: RedisStore) -> None:
+    result = _example("updates").main(store, timeout=30)
+    assert result["sizes"] == [1, 2, 2]
+    assert result["rejected"] == "'milk' is empty or already in the cart"
+    assert result["reserved"] == ["milk", "tea"]
+    assert result["cart"]["items"] == {"milk": "reservation-milk", "tea": "reservation-tea"}
+    assert result["cart"]["notes"] == ["leave at the door"]
 
 
 def test_fanout(store: RedisStore) -> None:

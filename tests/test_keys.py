@@ -64,6 +64,7 @@ def _fragments() -> dict[str, str]:
         "instance key": infix(k.instance(0, x)),
         "history key": infix(k.history(0, x)),
         "log key": infix(k.log(0, x)),
+        "updates key": infix(k.updates(0, x)),
         "closed runs key": k.closed(0)[len(tag) :],
         "retention key": k.retention(0)[len(tag) :],
         "hooks key": k.hooks(0)[len(tag) :],

@@ -16,7 +16,8 @@ POLICIES = ("terminate", "request_cancel", "abandon")
 
 
 class Branch(WorkflowGreenlet):
-    """A greenlet running workflow code: the root ``handle()`` or one ``all()`` branch."""
+    """A greenlet running workflow code: the root ``handle()``, one ``all()`` branch or an
+    ``@update`` handler."""
 
     def __init__(
         self, runtime: WorkflowRuntime, path: str, run: Callable[[], Any], parent: greenlet.greenlet
@@ -27,6 +28,7 @@ class Branch(WorkflowGreenlet):
         self.wait: Wait | None = None
         self.group: Group | None = None
         self.index = 0
+        self.update_id: str | None = None  # the update whose handler this branch runs
 
 
 @dataclass

@@ -57,6 +57,7 @@ class DriverCore(WorkflowRuntime):
         self._hooks_expired: set[str] = set()  # waits ended without a resume: tokens void
         self._expired_now: list[str] = []  # ... in the decision being made
         self._ids: set[str] = set()
+        self._update_ids: set[str] = set()  # updates applied (accepted or rejected) in this run
         self._versions: dict[str, int] = {}
         self._recorded: dict[tuple[str, str], ev.Entry] = {}
         self._matched: set[tuple[str, str]] = set()

@@ -93,9 +93,16 @@ class Driver(Commands, Inputs):
             if poison is not None:  # a bad signal is a dead letter, not a crash of the run
                 self._dropped.append((item.raw, f"poison: {poison}"))
                 continue
+            event, raw = item.event, item.raw
+            if isinstance(event, ev.UpdateRequested):  # validated here, live only
+                admitted = self._admit_update(event, item.ts)
+                if isinstance(admitted, str):
+                    self._dropped.append((raw, admitted))
+                    continue
+                event, raw = admitted
             mark = len(self._out)
-            self._out.append(item.raw)
-            reason = self._deliver(item.event, item.ts)
+            self._out.append(raw)
+            reason = self._deliver(event, item.ts)
             if reason is not None:
                 del self._out[mark]
                 self._dropped.append((item.raw, reason))

@@ -21,7 +21,7 @@ from ..ids import successor_run_id
 from ..limits import LIMIT_REASON, current, limit_error
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
-from .core import DriverCore
+from .updates import Updates
 
 
 def undecodable_input(event: ev.Event) -> str | None:
@@ -44,7 +44,7 @@ def undecodable_input(event: ev.Event) -> str | None:
     return None
 
 
-class Inputs(DriverCore):
+class Inputs(Updates):
     """How history drives the code: one input event at a time, then the code runs to quiescence."""
 
     def _apply_committed(self, entry: ev.Entry) -> None:
@@ -113,6 +113,8 @@ class Inputs(DriverCore):
             return self._child_closed(event)
         if isinstance(event, ev.HookResumed):
             return self._hook_resumed(event)
+        if isinstance(event, ev.UpdateAccepted | ev.UpdateRejectedEvent):
+            return self._update_input(event)
         if isinstance(event, ev.CancelRequested):
             if self._cancel_reason is not None:
                 return "cancel already requested"
@@ -282,6 +284,9 @@ class Inputs(DriverCore):
     def _branch_done(self, branch: Branch, result: Any, exc: BaseException | None) -> None:
         if branch is self._root:
             self._root_done(result, exc)
+            return
+        if branch.update_id is not None:
+            self._update_done(branch, result, exc)
             return
         group = branch.group
         assert group is not None

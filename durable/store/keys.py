@@ -13,6 +13,7 @@ Layout (``T`` = ``prefix:{p}``)::
     T:in:<run id>          list    inbox: stamped input events not yet decided
     T:act:<run id>         hash    activity id -> current task body (attempt, state)
     T:log:<run id>         stream  beside the history: attempts, dropped inputs
+    T:upd:<run id>         hash    update id -> ms it was delivered: one delivery per id (exactly-once)
     T:wq:<queue>           stream  workflow tasks of runs not pinned to a build (consumer group "workers")
     T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
     T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
@@ -170,6 +171,9 @@ class Keys:
 
     def log(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:log:{run_id}"
+
+    def updates(self, p: int, run_id: str) -> str:
+        return f"{self.tag(p)}:upd:{run_id}"
 
     def workflow_tasks(self, p: int, queue: str, build: str = "") -> str:
         """Workflow tasks of ``queue``: runs pinned to ``build``, or not pinned (``""``)."""

@@ -1,11 +1,12 @@
-"""Commands that drive one run: start, signal, query, cancel, terminate, status, result, repair."""
+"""Commands that drive one run: start, signal, update, query, cancel, terminate, status, result, repair."""
 
 from __future__ import annotations
 
 import click
 
 from durable import WorkflowStub
-from durable.errors import WorkflowClosed
+from durable.errors import DurableError, WorkflowClosed
+from durable.ids import new_run_id
 from durable.store.redis_store import CLOSED_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
@@ -66,6 +67,57 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
     """Send signal NAME with ARGS (JSON values) to workflow ID's current run."""
     _stub(state, workflow_id).signal(name, *parse_args(args))
     click.echo(f"signal {name!r} sent to {workflow_id}")
+
+
+@click.command()
+@click.argument("workflow_id", metavar="ID")
+@click.argument("name")
+@click.argument("args", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option(
+    "--update-id",
+    default=None,
+    help="The update's id; calling again with the same id runs nothing and prints the first outcome "
+    "(default: generated, and printed).",
+)
+@click.option(
+    "--timeout", type=float, default=None, help="Seconds to wait for the outcome (default: forever)."
+)
+@click.option(
+    "--app", "apps", multiple=True, metavar="MODULE", help="Check NAME against the workflow's class."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print only the handler's result, as one JSON value.")
+@pass_state
+def update(
+    state: CliState,
+    workflow_id: str,
+    name: str,
+    args: tuple[str, ...],
+    update_id: str | None,
+    timeout: float | None,
+    apps: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Run the @update handler NAME with ARGS (JSON values) in workflow ID's run; print its result.
+
+    A rejected update (its validator raised, or no such @update) and a handler that raised
+    exit 1 with an error line. Retry with --update-id to get the same outcome exactly once.
+    """
+    if apps:
+        load_apps(apps)
+    stub = _stub(state, workflow_id)
+    uid = update_id or f"cli-{new_run_id().lower()}"
+    try:
+        value = stub.update(name, *parse_args(args), timeout=timeout, update_id=uid)
+    except (DurableError, TimeoutError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the handler's own error, reported as one line
+        raise CliError(
+            f"update {name!r} ({uid}) of {workflow_id} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if as_json:
+        click.echo(to_json(value))
+    else:
+        click.echo(f"update {name!r} ({uid}) of {workflow_id}: {to_json(value)}")
 
 
 @click.command()
@@ -168,4 +220,4 @@ def repair(state: CliState, workflow_id: str, build_id: str | None, drop_input: 
     click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on build {build_id}")
 
 
-COMMANDS = [start, signal, query, cancel, terminate, status, result, repair]
+COMMANDS = [start, signal, update, query, cancel, terminate, status, result, repair]

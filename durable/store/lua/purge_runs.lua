@@ -1,4 +1,4 @@
--- Purge closed runs of one partition: every key of each run (record, history, inbox,
+-- Purge closed runs of one partition: every key of each run (record, history, inbox, updates,
 -- activities, log), its entries in the runs and closed indexes, and the instance record
 -- when the run is still the instance's current one. An open run is never touched.
 -- Bounded: at most `limit` runs per call (callers loop). Keys go by UNLINK, which
@@ -26,7 +26,7 @@ for _, rid in ipairs(ids) do
     skipped = skipped + 1
   else
     redis.call('UNLINK', run, tag .. ':h:' .. rid, tag .. ':in:' .. rid, tag .. ':act:' .. rid,
-      tag .. ':log:' .. rid)
+      tag .. ':log:' .. rid, tag .. ':upd:' .. rid)
     redis.call('ZREM', runs, rid)
     redis.call('ZREM', closed, rid)
     if f[2] then

@@ -1,0 +1,141 @@
+"""Updates in Redis: deliver one exactly once (``lua/update.lua``), wait for its outcome.
+
+An update's outcome is in the run's history: ``UpdateCompleted`` (the handler returned
+or raised) or ``UpdateRejected`` (refused before it ran), both carrying the update id.
+The caller reads the history stream after the point it delivered at, blocking on it
+(``XREAD BLOCK``) on its own connection: the process's shared waiter
+(:class:`~durable.store.waits.RunWaiter`) wakes callers on a run's *closing* entry only,
+while an update's outcome can be any entry. Its one-look check
+(:func:`~durable.store.waits.look`) is reused for blocked and vanished runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .. import codec
+from .. import events as ev
+from .. import limits as run_limits
+from ..errors import DurableError, UpdateRejected, WorkflowClosed
+from .records import RunRef, text
+from .redis_store import RedisStore
+from .waits import BLOCK_CHECK_S, look
+
+#: How many times a delivery follows the workflow to its next run (continue-as-new racing it).
+_FOLLOW = 5
+#: Entries read per XREAD while looking for an outcome.
+_BATCH = 256
+
+Outcome = ev.UpdateCompleted | ev.UpdateRejectedEvent
+
+
+def deliver_update(
+    store: RedisStore, workflow_id: str, update_id: str, name: str, args: bytes
+) -> tuple[RunRef, str]:
+    """Push an update onto the workflow's current run, unless that run already has its id.
+
+    Returns the run and the history stream id to read its outcome after (``0-0`` for a
+    repeated id: the first delivery's outcome may be anywhere in the history).
+
+    Raises:
+        WorkflowNotFound: unknown workflow id.
+        WorkflowClosed: the current run is closed (and never got this update id).
+        LimitExceeded: the run has ``max_pending_signals`` inputs waiting or
+            ``max_history_events`` events (nothing written).
+    """
+    type_name, data = ev.encode_input_data(ev.UpdateRequested(id=update_id, name=name, args=args))
+    limits = run_limits.current()
+    k = store.keys
+    for _ in range(_FOLLOW):
+        ref = store.ref(workflow_id)
+        p, rid = ref.partition, ref.run_id
+        last = store.redis.xrevrange(k.history(p, rid), "+", "-", count=1)
+        after = last[0][0].decode() if last else "0-0"
+        result = store._run_script(
+            "update",
+            [k.run(p, rid), k.inbox(p, rid), k.updates(p, rid)],
+            [rid, update_id, type_name, data, limits.max_pending_signals, limits.max_history_events],
+        )
+        outcome = text(result[0])
+        if outcome == "OK":
+            return ref, after
+        if outcome == "DUP":
+            return ref, "0-0"
+        if outcome == "LIMIT":
+            limit = text(result[1])
+            raise run_limits.limit_error(
+                limit,
+                f"workflow {workflow_id!r} (run {rid}) refused update {name!r}: "
+                + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
+                int(result[2]) + 1,
+            )
+        status = text(result[1])
+        if status != "continued":
+            raise WorkflowClosed(
+                f"workflow {workflow_id!r} (run {rid}) is {status}; it takes no more updates — "
+                "start a new run to continue"
+            )
+    raise WorkflowClosed(
+        f"workflow {workflow_id!r} kept continuing as new; update {name!r} was not delivered"
+    )
+
+
+def wait_update(
+    store: RedisStore, ref: RunRef, update_id: str, after: str, deadline: float | None
+) -> Outcome:
+    """The entry recording the outcome of update ``update_id`` of run ``ref``.
+
+    Raises:
+        WorkflowClosed: the run closed before the update had an outcome.
+        WorkflowBlocked: the run is (or becomes) blocked.
+        WorkflowNotFound: the run is gone.
+        TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
+    """
+    key = store.keys.history(ref.partition, ref.run_id)
+    last = after
+    while True:
+        block_s = BLOCK_CHECK_S
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
+                    "call update() again with the same update_id to keep waiting"
+                )
+            block_s = min(block_s, remaining)
+        reply = store.redis.xread({key: last}, count=_BATCH, block=max(1, int(block_s * 1000)))
+        rows: list[Any] = reply[0][1] if reply else []
+        for entry_id, fields in rows:
+            last = entry_id.decode()
+            entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1]))
+            event = entry.event
+            if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
+                return event
+            if isinstance(event, ev.CLOSING):
+                raise WorkflowClosed(
+                    f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
+                    f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
+                )
+        if not rows:
+            look(store, ref)  # raises for a blocked or vanished run
+
+
+def update_result(event: Outcome, workflow_id: str, name: str) -> Any:
+    """What ``WorkflowStub.update`` returns for an outcome, or the error it raises."""
+    if isinstance(event, ev.UpdateRejectedEvent):
+        cause = codec.loads(event.error)
+        error = cause if isinstance(cause, BaseException) else None
+        raise UpdateRejected(
+            f"update {name!r} ({event.id}) of workflow {workflow_id!r} was rejected: "
+            f"{type(cause).__name__}: {cause}",
+            update_id=event.id,
+            name=name,
+            cause=error,
+        )
+    if event.error is not None:
+        error = codec.loads(event.error)
+        if isinstance(error, BaseException):
+            raise error
+        raise DurableError(f"update {name!r} ({event.id}) of workflow {workflow_id!r} failed: {error!r}")
+    return codec.loads(event.result) if event.result is not None else None
