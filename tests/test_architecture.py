@@ -38,6 +38,7 @@ STORED_EVENT_TYPES = {
     "WorkflowFailed",
     "WorkflowStarted",
     "WorkflowTerminated",
+    "WorkflowTimeoutFired",
 }
 
 
