@@ -243,7 +243,7 @@ class RunStore(StoreBase):
             found, old_keys = (
                 open_run(self.redis, k, p, workflow_id) if conflict == "terminate_existing" else ({}, [])
             )
-            result = self._run_script("start_run", keys + old_keys, [*args_, codec.pack(extra | found)])
+            result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found)])
             if text(result[0]) != "MOVED":
                 return started_run(result, p, workflow_id, policy)
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
