@@ -2,7 +2,7 @@
 
 Write a :class:`Workflow` whose ``handle()`` calls :func:`activity`,
 :func:`timer`, :func:`await_signal`, :func:`side_effect`, :func:`child` and
-:func:`all`; run workers with ``durable worker --app yourmodule``; start and
+:func:`all` (or :func:`all_settled`); run workers with ``durable worker --app yourmodule``; start and
 drive runs with :class:`WorkflowStub`; start runs on a cron or interval with
 :class:`ScheduleHandle` and a :class:`Schedule`. Everything importable from here is the
 public API; other modules are machinery.
@@ -37,6 +37,7 @@ from .errors import (
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
+    WorkflowTimeout,
 )
 from .limits import Limits
 from .registry import register_activity
@@ -52,10 +53,12 @@ from .schedules import (
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
+    Settled,
     WorkerSession,
     Workflow,
     activity,
     all,
+    all_settled,
     await_hook,
     await_signal,
     child,
@@ -113,6 +116,7 @@ __all__ = [
     "ScheduleHandle",
     "ScheduleNotFound",
     "ScheduleOverlap",
+    "Settled",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",
@@ -124,11 +128,13 @@ __all__ = [
     "WorkflowClosed",
     "WorkflowFailed",
     "WorkflowNotFound",
+    "WorkflowTimeout",
     "WorkerSession",
     "WorkflowStub",
     "activity",
     "activity_context",
     "all",
+    "all_settled",
     "await_hook",
     "await_signal",
     "child",

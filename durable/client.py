@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -20,9 +21,12 @@ from .errors import (
 )
 from .ids import check_command_id, check_workflow_id, new_run_id
 from .limits import check_name_length, check_queue_name
+from .options import Seconds
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
+from .start_policy import DEFAULT as DEFAULT_POLICY
+from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from .store.updates import deliver_update, update_result, wait_update
@@ -123,6 +127,7 @@ class WorkflowStub:
         self._id = workflow_id
         self._run_id = run_id
         self._queue = queue
+        self._policy = DEFAULT_POLICY
 
     # ------------------------------------------------------------- creation
     @classmethod
@@ -133,6 +138,10 @@ class WorkflowStub:
         *,
         queue: str | None = None,
         store: RedisStore | None = None,
+        id_reuse_policy: str = "allow_duplicate",
+        id_conflict_policy: str | None = None,
+        execution_timeout: Seconds | str | None = None,
+        run_timeout: Seconds | str | None = None,
     ) -> WorkflowStub:  # noqa: A002
         """A stub for a new workflow instance (nothing is written until :meth:`start`).
 
@@ -140,9 +149,22 @@ class WorkflowStub:
             workflow: A ``Workflow`` subclass or its registered name.
             id: The workflow id (1-256 printable characters); default: a new unique id.
             queue: Task queue (default: the class's ``queue``).
+            id_reuse_policy: When the id's last run is closed: ``allow_duplicate`` (start),
+                ``allow_duplicate_failed_only`` (start unless it completed) or
+                ``reject_duplicate`` (:class:`WorkflowAlreadyStarted`).
+            id_conflict_policy: When the id has an open run: ``fail``
+                (:class:`WorkflowAlreadyStarted`; the default of :meth:`start`),
+                ``use_existing`` (the stub takes that run; the default of
+                :meth:`signal_with_start`) or ``terminate_existing`` (terminate it, then start).
+            execution_timeout: The id's runs together (across continue-as-new) must close
+                within it; seconds, a timedelta or a duration like ``"1h"``.
+            run_timeout: Each run must close within it of its own start. A run past either
+                timeout closes as ``failed`` with a :class:`~durable.errors.WorkflowTimeout`
+                cause (see :mod:`durable.start_policy`).
 
         Raises:
-            ConfigurationError: bad id or not a workflow.
+            ConfigurationError: bad id, not a workflow, an unknown policy (the message lists
+                the valid ones) or a timeout that is not a positive duration.
         """
         if isinstance(workflow, str):
             type_name = check_name(workflow, "workflow")
@@ -156,12 +178,22 @@ class WorkflowStub:
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
         if queue is not None:
             check_queue_name(queue)
-        return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+        policy = StartPolicy.of(
+            id_reuse_policy=id_reuse_policy,
+            id_conflict_policy=id_conflict_policy,
+            execution_timeout=execution_timeout,
+            run_timeout=run_timeout,
+        )
+        stub = cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+        stub._policy = policy
+        return stub
 
     @classmethod
     def from_stub(cls, stub: WorkflowStub) -> Self:
-        """A stub of this class for the same workflow, run, queue and store as ``stub``."""
-        return cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+        """A stub of this class for the same workflow, run, queue, store and start policy as ``stub``."""
+        copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+        copy._policy = stub._policy
+        return copy
 
     @classmethod
     def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
@@ -230,12 +262,42 @@ class WorkflowStub:
     def start(self, *args: Any) -> WorkflowStub:
         """Start a run with ``args`` and return this stub.
 
+        The stub's id policies apply (:meth:`make`): with ``id_conflict_policy='use_existing'``
+        an open run of the id becomes the stub's run and nothing is started.
+
         Raises:
             SerializationError: an argument cannot be encoded (nothing written).
-            WorkflowAlreadyStarted: the id has an open run.
+            WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its
+                ``id_reuse_policy`` does not start again.
             UnknownTypeError: the workflow type is not registered in this process.
         """
+        self._start(codec.dumps(tuple(args), path="args"), None)
+        return self
+
+    def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> WorkflowStub:
+        """Send signal ``name`` with ``args``, starting a run with ``start_args`` first if the id
+        has no open run; one script does both, so two clients racing start one run and both
+        signals reach it. Returns this stub (its :attr:`run_id` is the run that got the signal).
+
+        The id conflict policy is ``use_existing`` unless the stub was made with
+        ``terminate_existing``; a closed id follows the stub's ``id_reuse_policy``.
+
+        Raises:
+            ConfigurationError: a bad signal name, or ``id_conflict_policy='fail'``.
+            SerializationError: an argument cannot be encoded (nothing written).
+            WorkflowAlreadyStarted: the id is closed and its ``id_reuse_policy`` forbids a run.
+            LimitExceeded: the open run has ``max_pending_signals`` inputs waiting or
+                ``max_history_events`` events (see :mod:`durable.limits`). Nothing is written.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("signal name must be a non-empty string")
+        check_name_length(name, "signal")
         payload = codec.dumps(tuple(args), path="args")
+        signal = ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id())
+        self._start(codec.dumps(tuple(start_args), path="start_args"), signal)
+        return self
+
+    def _start(self, payload: bytes, signal: ev.SignalReceived | None) -> None:
         cls = None
         try:
             cls = get_workflow(self._type)
@@ -243,17 +305,19 @@ class WorkflowStub:
             cls = None
         queue = self._queue or (cls.queue if cls is not None else "default")
         patches = list(getattr(cls, "patches", ())) if cls is not None else []
-        run_id = new_run_id()
-        self._store.start(
+        run = self._store.start(
             workflow_type=self._type,
             workflow_id=self._id,
-            run_id=run_id,
+            run_id=new_run_id(),
             args=payload,
             queue=queue,
             patches=patches,
+            policy=self._policy,
+            signal=signal,
         )
-        self._run_id = run_id
-        return self
+        self._run_id = run.run_id
+        if run.replaced:
+            self._close_children(run.replaced, "parent replaced (id_conflict_policy terminate_existing)")
 
     def signal(self, name: str, *args: Any) -> None:
         """Send signal ``name`` with ``args`` to the current run.
@@ -349,10 +413,14 @@ class WorkflowStub:
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided."""
         _, snapshot = self._store.terminate(self._id, reason or "terminated")
+        self._close_children(snapshot, "parent terminated")
+
+    def _close_children(self, snapshot: dict[str, Any], reason: str) -> None:
+        """Terminate the children a terminated run was waiting on."""
         for item in snapshot.get("pending", []):
             if item.get("kind") == "child" and item.get("workflow_id"):
                 try:
-                    WorkflowStub(self._store, "", item["workflow_id"]).terminate("parent terminated")
+                    WorkflowStub(self._store, "", item["workflow_id"]).terminate(reason)
                 except (WorkflowClosed, WorkflowNotFound):
                     pass
 

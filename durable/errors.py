@@ -211,6 +211,20 @@ class WorkflowFailed(DurableError):
         self.__cause__ = cause
 
 
+class WorkflowTimeout(DurableError):
+    """A run's workflow timeout passed: the run closed as ``failed`` with this as its cause
+    (``WorkflowFailed.cause``, ``ChildWorkflowFailed.cause`` in a parent).
+
+    Attributes:
+        timeout: ``execution`` (the workflow id's runs together, across continue-as-new) or
+            ``run`` (this run alone).
+    """
+
+    def __init__(self, message: str, *, timeout: str = "run") -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
 class WorkflowBlocked(DurableError):
     """``result()`` was asked of a run that is blocked: it cannot make progress until an
     operator acts (deploy a fix, then ``durable repair ID``; or start a worker for its build).

@@ -339,6 +339,17 @@ class CancelRequested(Event):
     reason: str = ""
 
 
+# ------------------------------------------------------------ workflow timeouts
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowTimeoutFired(Event):
+    """A run's workflow timeout passed (``timeout``: ``run`` or ``execution``); applying it
+    closes the run as failed with :class:`~durable.errors.WorkflowTimeout`."""
+
+    TYPE = "WorkflowTimeoutFired"
+
+    timeout: str
+
+
 # ------------------------------------------------------------ run closings
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowCompleted(Event):
@@ -423,6 +434,7 @@ _ALL: tuple[type[Event], ...] = (
     UpdateRejectedEvent,
     UpdateCompleted,
     CancelRequested,
+    WorkflowTimeoutFired,
     *CLOSING,
 )
 

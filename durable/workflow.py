@@ -8,14 +8,16 @@ Called anywhere else, they raise :class:`durable.DurableError`.
 
 from __future__ import annotations
 
+import builtins
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from .activity import activity_context
-from .errors import ConfigurationError, DurableError
+from .errors import ConfigurationError, DurableError, NondeterminismError
 from .limits import check_name_length, check_queue_name
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
 from .registry import register_activity, register_workflow_class
@@ -305,6 +307,55 @@ def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list
     durable calls), and once they have all finished the first error is raised here.
     """
     return current_runtime().call_all(list(branches), id=id)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """One branch's outcome in :func:`all_settled`.
+
+    Attributes:
+        ok: The branch returned (``value``); false: it raised (``error``).
+        value: What the branch returned.
+        error: What the branch raised.
+    """
+
+    ok: bool
+    value: Any = None
+    error: Exception | None = None
+
+
+def _settle(fn: Callable[[], Any]) -> Callable[[], Settled]:
+    def run() -> Settled:
+        try:
+            return Settled(True, value=fn())
+        except NondeterminismError:
+            raise  # the code no longer matches its history: never an outcome to collect
+        except Exception as exc:  # noqa: BLE001 - every failure is this branch's outcome
+            return Settled(False, error=exc)
+
+    return run
+
+
+def all_settled(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list[Settled]:  # noqa: A002
+    """Run callables concurrently like :func:`all`, but without fail-fast: wait for every branch
+    and return each one's outcome (:class:`Settled`), in input order.
+
+    A branch that raises does not cancel its siblings; its exception is its ``error``.
+    Cancelling the workflow still cancels every branch (``CancelledError`` is not an outcome),
+    and the call raises :class:`CancelledError` once they have finished. Deterministic on replay
+    as :func:`all` is: the same branches, the same command ids.
+
+    Example:
+        ```python
+        outcomes = all_settled([lambda i=i: activity(Charge, i) for i in items])
+        failed = [(i, o.error) for i, o in zip(items, outcomes) if not o.ok]
+        ```
+    """
+    fns = list(branches)
+    # This module's all() shadows the builtin.
+    if not builtins.all(callable(fn) for fn in fns):
+        raise ConfigurationError("all_settled() takes a list of callables, e.g. [lambda: activity(A), ...]")
+    return current_runtime().call_all([_settle(fn) for fn in fns], id=id)
 
 
 def now() -> datetime:

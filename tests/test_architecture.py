@@ -42,6 +42,7 @@ STORED_EVENT_TYPES = {
     "WorkflowFailed",
     "WorkflowStarted",
     "WorkflowTerminated",
+    "WorkflowTimeoutFired",
 }
 
 

@@ -94,7 +94,7 @@ def test_timer_kinds_match() -> None:
     kinds = set()
     for source in LUA.values():
         kinds |= set(re.findall(r"kind == '(\w+)'", _code(source)))
-    assert kinds == {K.TIMER, K.RETRY}
+    assert kinds == {K.TIMER, K.RETRY, K.DEADLINE}
 
 
 def test_private_queue_marker() -> None:
@@ -119,6 +119,7 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
         "^(%a)|([^|]+)|(.+)$": [
             (K.timer_member("r1", "t2"), [K.TIMER, "r1", "t2"]),
             (K.retry_member("r1", "a|2"), [K.RETRY, "r1", "a|2"]),
+            (K.deadline_member("r1", "execution"), [K.DEADLINE, "r1", "execution"]),
         ],
         "^([^|]+)|": [(K.hook_target("r1", "h|2"), ["r1"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
@@ -134,5 +135,6 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
 def test_members_round_trip(run_id: str, item: str) -> None:
     assert K.parse_timer_member(K.timer_member(run_id, item)) == (K.TIMER, run_id, item)
     assert K.parse_timer_member(K.retry_member(run_id, item)) == (K.RETRY, run_id, item)
+    assert K.parse_timer_member(K.deadline_member(run_id, "run")) == (K.DEADLINE, run_id, "run")
     assert K.parse_hook_target(K.hook_target(run_id, item)) == (run_id, item)
     assert K.parse_attempt_member(K.attempt_member(run_id, "a", 3)) == (run_id, "a", 3)

@@ -16,6 +16,7 @@ from ..errors import (
     NondeterminismError,
     SerializationError,
     SignalTimeout,
+    WorkflowTimeout,
 )
 from ..ids import successor_run_id
 from ..limits import LIMIT_REASON, current, limit_error
@@ -125,10 +126,25 @@ class Inputs(Updates):
         if isinstance(event, ev.WorkflowTerminated):
             self._closing = event
             return None
+        if isinstance(event, ev.WorkflowTimeoutFired):
+            self._close(ev.WorkflowFailedEvent(error=codec.dumps(self._timeout_error(event), path="error")))
+            return None
         raise HistoryCorrupt(
             f"run {self.run_id} seq {self._pos}: {event.type} cannot be applied as an input",
             run_id=self.run_id,
             seq=self._pos,
+        )
+
+    def _timeout_error(self, event: ev.WorkflowTimeoutFired) -> WorkflowTimeout:
+        """The cause a timed-out run fails with, from history alone (replay builds the same)."""
+        assert self._started is not None
+        options = self._started.options
+        limit = options.get("execution_timeout_ms" if event.timeout == "execution" else "run_timeout_ms")
+        within = f" of {limit / 1000:g} s" if isinstance(limit, int) else ""
+        scope = "across its runs" if event.timeout == "execution" else "for this run"
+        return WorkflowTimeout(
+            f"workflow {self.workflow_id!r} timed out: its {event.timeout} timeout{within} ({scope}) passed",
+            timeout=event.timeout,
         )
 
     def _child_closed(self, event: ev.ChildCompleted | ev.ChildFailed) -> str | None:

@@ -21,7 +21,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:ox                   stream  outbox: cross-partition messages (children)
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
                            <aid>:hb heartbeat details, <aid>:started attempt start (ms)
-    T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry
+    T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry,
+                                   "d|run|run" / "d|run|execution" workflow timeout
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
     T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
     T:runs                 zset    created (ms) -> run id, for `durable list`
@@ -67,6 +68,9 @@ TIMER = "t"
 RETRY = "r"
 """Kind of an activity retry's member in ``T:timers``."""
 
+DEADLINE = "d"
+"""Kind of a run's workflow timeout member in ``T:timers`` (item: ``run`` or ``execution``)."""
+
 # Fields of the activity hash ``T:act:<run id>`` beside ``<aid>`` (the current task body).
 ATTEMPT_SUFFIX = "#"
 STREAM_SUFFIX = "@"
@@ -82,6 +86,11 @@ def timer_member(run_id: str, timer_id: str) -> str:
 def retry_member(run_id: str, activity_id: str) -> str:
     """The ``T:timers`` member of an activity's next attempt, waiting for its backoff."""
     return f"{RETRY}{SEP}{run_id}{SEP}{activity_id}"
+
+
+def deadline_member(run_id: str, timeout: str) -> str:
+    """The ``T:timers`` member of a run's workflow timeout (``run`` or ``execution``)."""
+    return f"{DEADLINE}{SEP}{run_id}{SEP}{timeout}"
 
 
 def parse_timer_member(member: str) -> tuple[str, str, str]:

@@ -20,14 +20,15 @@ from ..errors import (
     DurableError,
     HistoryCorrupt,
     HookError,
-    WorkflowAlreadyStarted,
     WorkflowClosed,
     WorkflowNotFound,
 )
 from ..ids import check_workflow_id
 from ..retention import type_retention_ms
+from ..start_policy import DEFAULT as DEFAULT_POLICY
+from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
 from .base import StoreBase
-from .keys import timer_member
+from .keys import deadline_member, timer_member
 from .records import (
     DECISION_FIELDS,
     OPEN_STATUSES,
@@ -38,6 +39,7 @@ from .records import (
     decode_run,
     text,
 )
+from .starts import StartedRun, deadline_args, open_run, script_now_ms, script_options, started_run
 from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
 from .wire import stream_rows
 
@@ -187,13 +189,25 @@ class RunStore(StoreBase):
         build_id: str = "",
         patches: Sequence[str] = (),
         options: dict[str, Any] | None = None,
-    ) -> RunRef:
-        """Create a run: instance + run record + WorkflowStarted + first workflow task.
+        policy: StartPolicy | None = None,
+        signal: ev.SignalReceived | None = None,
+    ) -> StartedRun:
+        """Create a run: instance + run record + WorkflowStarted + first workflow task, in one
+        script that applies the start ``policy`` (:mod:`durable.start_policy`) and, with
+        ``signal`` (signal-with-start), pushes the signal onto the started or open run's inbox.
 
         Raises:
-            WorkflowAlreadyStarted: the workflow id has an open run.
+            WorkflowAlreadyStarted: the workflow id has an open run (conflict policy ``fail``),
+                or a closed one its id reuse policy does not start again.
+            LimitExceeded: a signal-with-start's open run is at its signal or history limit.
         """
-        p = self.keys.partition(workflow_id)
+        k = self.keys
+        p = k.partition(workflow_id)
+        policy = policy or DEFAULT_POLICY
+        conflict = policy.conflict(signal=signal is not None)
+        started_options = dict(options or {})
+        if policy.has_timeouts:
+            started_options.update(policy.started_options(script_now_ms(self.redis, k, p)))
         data = ev.WorkflowStarted(
             workflow_type=workflow_type,
             workflow_id=workflow_id,
@@ -203,34 +217,36 @@ class RunStore(StoreBase):
             parent=parent,
             build_id=build_id,
             patches=list(patches),
-            options=options or {},
+            options=started_options,
         ).to_data()
-        k = self.keys
-        result = self._run_script(
-            "start_run",
-            [
-                k.instance(p, workflow_id),
-                k.run(p, run_id),
-                k.history(p, run_id),
-                k.workflow_tasks(p, queue),
-                k.runs(p),
-            ],
-            [
-                workflow_id,
-                run_id,
-                workflow_type,
-                queue,
-                codec.pack(data),
-                codec.pack(parent) if parent else b"",
-                type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
-            ],
-        )
-        if text(result[0]) == "ALREADY":
-            raise WorkflowAlreadyStarted(
-                f"workflow {workflow_id!r} already has an open run ({text(result[1])}); "
-                "signal it, wait for it, or start with another id"
+        keys = [
+            k.instance(p, workflow_id),
+            k.run(p, run_id),
+            k.history(p, run_id),
+            k.workflow_tasks(p, queue),
+            k.runs(p),
+            k.timers(p),
+            k.inbox(p, run_id),
+        ]
+        args_ = [
+            workflow_id,
+            run_id,
+            workflow_type,
+            queue,
+            codec.pack(data),
+            codec.pack(parent) if parent else b"",
+            type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
+        ]
+        extra = script_options(policy, conflict, run_id, started_options, signal)
+        for _ in range(5):
+            # terminate_existing: the script terminates the open run only if it is still this one.
+            found, old_keys = (
+                open_run(self.redis, k, p, workflow_id) if conflict == "terminate_existing" else ({}, [])
             )
-        return RunRef(p, run_id, workflow_id)
+            result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found)])
+            if text(result[0]) != "MOVED":
+                return started_run(result, p, workflow_id, policy)
+        raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ------------------------------------------------------------ decisions
     def commit_args(self, ref: RunRef, plan: CommitPlan) -> tuple[list[str], list[bytes]]:
@@ -258,6 +274,7 @@ class RunStore(StoreBase):
         extra = [t.stream for t in plan.activities]
         if plan.close is not None:
             payload["close"] = plan.close
+            payload["undeadlines"] = [deadline_member(rid, w) for w in (RUN_TIMEOUT, EXECUTION_TIMEOUT)]
         if plan.sticky:
             payload["sticky"] = plan.sticky
         if plan.pin is not None:
@@ -302,6 +319,7 @@ class RunStore(StoreBase):
             "wq": k.workflow_tasks(p, nxt.queue, nxt.build),
             "runs": k.runs(p),
             "build": nxt.build,
+            "deadlines": deadline_args(nxt.run_id, codec.unpack(nxt.started).get("options") or {}),
         }
 
     def commit(self, ref: RunRef, plan: CommitPlan) -> CommitResult:

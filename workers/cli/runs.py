@@ -7,6 +7,7 @@ import click
 from durable import WorkflowStub
 from durable.errors import DurableError, WorkflowClosed
 from durable.ids import new_run_id
+from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
@@ -27,6 +28,41 @@ def _stub(state: CliState, workflow_id: str) -> WorkflowStub:
 @click.option("--queue", default=None, help="Task queue (default: the class's, else 'default').")
 @click.option("--wait/--no-wait", default=False, show_default=True, help="Wait and print the result.")
 @click.option("--timeout", type=float, default=None, help="Seconds to wait with --wait.")
+@click.option(
+    "--signal",
+    "signal_name",
+    default=None,
+    metavar="NAME",
+    help="Signal-with-start: send signal NAME, starting the run first if the id has none open "
+    "(atomically; the open run gets it otherwise).",
+)
+@click.option(
+    "--signal-arg", "signal_args", multiple=True, metavar="JSON", help="An argument of --signal (repeatable)."
+)
+@click.option(
+    "--id-reuse-policy",
+    type=click.Choice(ID_REUSE_POLICIES),
+    default="allow_duplicate",
+    show_default=True,
+    help="When the id's last run is closed: start, start unless it completed, or refuse.",
+)
+@click.option(
+    "--id-conflict-policy",
+    type=click.Choice(ID_CONFLICT_POLICIES),
+    default=None,
+    help="When the id has an open run: fail (default; with --signal: use_existing), use it, "
+    "or terminate it and start.",
+)
+@click.option(
+    "--execution-timeout",
+    default=None,
+    metavar="DURATION",
+    help="The id's runs together (across continue-as-new) must close within it (e.g. 1h); "
+    "else the run fails with WorkflowTimeout.",
+)
+@click.option(
+    "--run-timeout", default=None, metavar="DURATION", help="Each run must close within it (e.g. 10m)."
+)
 @pass_state
 def start(
     state: CliState,
@@ -37,6 +73,12 @@ def start(
     queue: str | None,
     wait: bool,
     timeout: float | None,
+    signal_name: str | None,
+    signal_args: tuple[str, ...],
+    id_reuse_policy: str,
+    id_conflict_policy: str | None,
+    execution_timeout: str | None,
+    run_timeout: str | None,
 ) -> None:
     """Start a run of workflow TYPE with ARGS (JSON values).
 
@@ -44,16 +86,35 @@ def start(
     one JSON line (a failed run exits 1 with an error line). An unregistered TYPE
     is started by name: a worker whose --app defines it will run it (with --app, TYPE
     must be defined there). Warns when no live worker of the queue runs TYPE.
+    With --signal, also `signal: NAME -> started run` or `-> existing run`.
     """
     if apps:
         load_apps(apps)
-    stub = WorkflowStub.make(workflow_type, id=workflow_id, queue=queue, store=state.store)
+    if signal_args and not signal_name:
+        raise click.UsageError("--signal-arg needs --signal NAME")
+    stub = WorkflowStub.make(
+        workflow_type,
+        id=workflow_id,
+        queue=queue,
+        store=state.store,
+        id_reuse_policy=id_reuse_policy,
+        id_conflict_policy=id_conflict_policy,
+        execution_timeout=execution_timeout,
+        run_timeout=run_timeout,
+    )
     warning = check_startable(stub.store, workflow_type, stub.queue or "default", apps)
-    stub.start(*parse_args(args))
+    if signal_name:
+        before = stub.run_id
+        stub.signal_with_start(signal_name, *parse_args(signal_args), start_args=parse_args(args))
+        started = "existing" if stub.run_id == before else "started"
+    else:
+        stub.start(*parse_args(args))
     if warning:
         click.echo(warning, err=True)
     click.echo(f"workflow_id: {stub.id}")
     click.echo(f"run_id: {stub.run_id}")
+    if signal_name:
+        click.echo(f"signal: {signal_name} -> {started} run")
     if wait:
         click.echo(to_json(stub.result(timeout=timeout)))
 

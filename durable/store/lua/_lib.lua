@@ -140,3 +140,24 @@ local function close_hooks(run_key)
   for digest in string.gmatch(list, '=(%S+)') do redis.call('HDEL', hooks, digest) end
   redis.call('HDEL', run_key, 'hooks')
 end
+
+-- Close an open run as terminated: WorkflowTerminated after its last seq, inbox kept
+-- beside the history as dropped, pending activities voided, hooks deleted, the parent
+-- told (`to_parent`: an outbox message, or ''). Shared by terminate.lua and the
+-- terminate_existing conflict policy of start_run.lua. Returns the new seq.
+local function terminate_run(rid, instance, run, history, inbox, acts, log, outbox, data, to_parent)
+  local ts = now_ms()
+  local seq = tonumber(redis.call('HGET', run, 'seq')) + 1
+  redis.call('XADD', history, '0-' .. seq, 'e', envelope('WorkflowTerminated', ts, data))
+  for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
+    redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run terminated', 'ts', ts)
+  end
+  redis.call('DEL', inbox, acts)
+  redis.call('HSET', run, 'seq', seq, 'status', 'terminated', 'closed', ts, 'outcome', 'terminated', 'task', '0',
+    'updated', ts)
+  redis.call('HSET', instance, 'status', 'terminated', 'updated', ts)
+  index_closed(run, rid)
+  close_hooks(run)
+  if to_parent ~= '' then redis.call('XADD', outbox, '*', 'm', to_parent) end
+  return seq
+end

@@ -108,7 +108,15 @@ if closed then
     redis.call('XADD', nxt.history, '0-1', 'e', envelope('WorkflowStarted', ts, nxt.data))
     redis.call('XADD', nxt.wq, '*', 'run', nxt.rid)
     redis.call('ZADD', nxt.runs, ts, nxt.rid)
+    -- Workflow timeouts: the execution deadline stays, the run timeout starts again.
+    for _, d in ipairs(nxt.deadlines or {}) do
+      local due = tonumber(d[2]) or 0
+      if due <= 0 then due = ts + tonumber(d[3]) end
+      redis.call('ZADD', timers, due, d[1])
+    end
   end
+  -- A closed run's workflow timeouts have nothing left to time out.
+  for _, m in ipairs(plan.undeadlines or {}) do redis.call('ZREM', timers, m) end
 end
 
 if plan.task ~= nil then ack(plan.task[1], plan.task[2]) end

@@ -1,5 +1,6 @@
 -- Fire due timers of one partition: a workflow timer becomes TimerFired in
--- its run's inbox; an activity retry re-enqueues the activity's next attempt.
+-- its run's inbox; an activity retry re-enqueues the activity's next attempt;
+-- a workflow timeout (run or execution deadline) becomes WorkflowTimeoutFired.
 -- Safe to run from many workers at once: each member is removed before use.
 -- KEYS: timers
 -- ARGV: partition key tag, max members
@@ -23,6 +24,10 @@ for _, member in ipairs(due) do
         local private = string.match(task[2], ':aq:(@.+)$')
         if private then redis.call('SADD', tag .. ':sessions', private) end
       end
+    elseif kind == 'd' then
+      -- The decision that applies it closes the run as failed (WorkflowTimeout).
+      redis.call('RPUSH', tag .. ':in:' .. rid, envelope('WorkflowTimeoutFired', ts, cmsgpack.pack({timeout = id})))
+      wake(run, rid)
     end
   end
 end

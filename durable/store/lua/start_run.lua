@@ -1,15 +1,61 @@
--- Start a run: instance + run record + WorkflowStarted (seq 1) + first workflow task.
--- KEYS: instance, run, history, workflow task stream, runs index
+-- Start a run: instance + run record + WorkflowStarted (seq 1) + first workflow task, after the
+-- workflow id's start policies (durable/start_policy.py), and with signal-with-start the signal
+-- on the started (or the open) run's inbox: one script, so no other start, signal or close
+-- can come between the check and the writes.
+-- KEYS: instance, run, history, workflow task stream, runs index, timers, inbox
+--       [, the open run's run, history, inbox, activities, log keys and the outbox: terminate_existing]
 -- ARGV: workflow id, run id, type, queue, WorkflowStarted data (msgpack), parent (msgpack or ''),
---       retention ms of the type ('' = the namespace's)
--- Returns {'OK', run id, ts} | {'ALREADY', current run id} (a start retried with the same
--- run id is idempotent and returns OK).
-local instance, run, history, wq, runs = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+--       retention ms of the type ('' = the namespace's),
+--       options (msgpack map or ''): reuse, conflict (policy names; default allow_duplicate, fail),
+--       expect (the open run terminate_existing may terminate), terminated (its WorkflowTerminated
+--       data), to_parent (message telling its parent, or ''), signal ({type, data}),
+--       limits ({most inbox items, most history events} of an open run taking the signal),
+--       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts)
+-- Returns {'OK', run id, ts, snapshot of a terminated run or ''} (a start retried with the same run
+--   id is idempotent and returns OK) | {'ALREADY', open run id} | {'EXISTING', open run id}
+--   | {'REJECTED', closed run id, status} | {'MOVED', open run id} (not the one to terminate)
+--   | {'LIMIT', limit, count, open run id}
+local instance, run, history, wq, runs, timers, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local wid, rid, wtype, queue, data, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local opt = {}
+if ARGV[8] and ARGV[8] ~= '' then opt = cmsgpack.unpack(ARGV[8]) end
+local reuse, conflict = opt.reuse or 'allow_duplicate', opt.conflict or 'fail'
 
 local current = redis.call('HMGET', instance, 'run', 'status')
-if current[1] == rid then return {'OK', rid, 0} end
-if current[1] and is_open(current[2]) then return {'ALREADY', current[1]} end
+if current[1] == rid then return {'OK', rid, 0, ''} end
+local replaced = ''
+if current[1] and is_open(current[2]) then
+  local cur = current[1]
+  if conflict == 'use_existing' then
+    if opt.signal then
+      local tag = string.match(instance, '^(.-{%d+})')
+      local cur_run, cur_inbox = tag .. ':run:' .. cur, tag .. ':in:' .. cur
+      local limits = opt.limits or {}
+      local max_inbox, max_events = tonumber(limits[1]) or 0, tonumber(limits[2]) or 0
+      local pending = redis.call('LLEN', cur_inbox)
+      if max_inbox > 0 and pending >= max_inbox then return {'LIMIT', 'max_pending_signals', pending, cur} end
+      local events = (tonumber(redis.call('HGET', cur_run, 'seq')) or 0) + pending
+      if max_events > 0 and events >= max_events then return {'LIMIT', 'max_history_events', events, cur} end
+      redis.call('RPUSH', cur_inbox, envelope(opt.signal[1], now_ms(), opt.signal[2]))
+      wake(cur_run, cur)
+    end
+    return {'EXISTING', cur}
+  elseif conflict == 'terminate_existing' then
+    if opt.expect ~= cur or not KEYS[8] then return {'MOVED', cur} end
+    local fields = redis.call('HMGET', KEYS[8], 'status', 'snapshot')
+    if is_open(fields[1]) then
+      replaced = fields[2] or ''
+      terminate_run(cur, instance, KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], opt.terminated,
+        opt.to_parent or '')
+    end
+  else
+    return {'ALREADY', cur}
+  end
+elseif current[1] then
+  if reuse == 'reject_duplicate' or (reuse == 'allow_duplicate_failed_only' and current[2] == 'completed') then
+    return {'REJECTED', current[1], current[2] or 'missing'}
+  end
+end
 
 local ts = now_ms()
 redis.call('HSET', instance, 'run', rid, 'type', wtype, 'status', 'pending', 'updated', ts)
@@ -20,4 +66,11 @@ if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', run, 'retention', ARGV[7]) 
 redis.call('XADD', history, '0-1', 'e', envelope('WorkflowStarted', ts, data))
 redis.call('XADD', wq, '*', 'run', rid)
 redis.call('ZADD', runs, ts, rid)
-return {'OK', rid, ts}
+for _, d in ipairs(opt.deadlines or {}) do
+  local due = tonumber(d[2]) or 0
+  if due <= 0 then due = ts + tonumber(d[3]) end
+  redis.call('ZADD', timers, due, d[1])
+end
+-- Signal-with-start: the first workflow task (queued above) reads it after WorkflowStarted.
+if opt.signal then redis.call('RPUSH', inbox, envelope(opt.signal[1], ts, opt.signal[2])) end
+return {'OK', rid, ts, replaced}

@@ -1,0 +1,129 @@
+"""The start script's options and replies (``lua/start_run.lua``): start policies,
+signal-with-start, workflow timeouts. :meth:`RunStore.start` drives it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codec
+from .. import events as ev
+from .. import limits as run_limits
+from ..errors import WorkflowAlreadyStarted
+from ..start_policy import StartPolicy, deadlines
+from .connect import Client
+from .keys import Keys, deadline_member
+from .records import OPEN_STATUSES, RunRef, text
+from .tasks import child_result_message
+
+
+@dataclass(frozen=True)
+class StartedRun(RunRef):
+    """The run a start left the workflow id with.
+
+    Attributes:
+        started: True when this start created the run; False when ``use_existing`` found the
+            id's open run (and a signal-with-start delivered its signal there).
+        replaced: ``terminate_existing``: the last snapshot of the run it terminated.
+    """
+
+    started: bool = True
+    replaced: dict[str, Any] | None = None
+
+
+def deadline_args(run_id: str, options: dict[str, Any]) -> list[list[Any]]:
+    """The ``deadlines`` a run with these WorkflowStarted ``options`` puts in the timers set:
+    ``[member, due ms or 0, ms from the run's start or 0]`` each."""
+    return [[deadline_member(run_id, which), due, after] for which, due, after in deadlines(options)]
+
+
+def script_options(
+    policy: StartPolicy, conflict: str, run_id: str, options: dict[str, Any], signal: ev.Event | None
+) -> dict[str, Any]:
+    """The start script's options map, but for what terminating an open run needs."""
+    out: dict[str, Any] = {
+        "reuse": policy.id_reuse_policy,
+        "conflict": conflict,
+        "deadlines": deadline_args(run_id, options),
+    }
+    if signal is not None:
+        type_name, data = ev.encode_input_data(signal)
+        limits = run_limits.current()
+        out["signal"] = [type_name, data]
+        out["limits"] = [limits.max_pending_signals, limits.max_history_events]
+    return out
+
+
+def started_run(reply: list[Any], p: int, workflow_id: str, policy: StartPolicy) -> StartedRun:
+    """What the start script's reply means (``MOVED`` is the caller's to retry).
+
+    Raises:
+        WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its id
+            reuse policy does not restart.
+        LimitExceeded: a signal-with-start's open run is at a signal or history limit.
+    """
+    outcome = text(reply[0])
+    if outcome == "OK":
+        snapshot = codec.unpack(reply[3]) if len(reply) > 3 and reply[3] else None
+        return StartedRun(
+            p, text(reply[1]), workflow_id, True, snapshot if isinstance(snapshot, dict) else None
+        )
+    if outcome == "EXISTING":
+        return StartedRun(p, text(reply[1]), workflow_id, False)
+    if outcome == "ALREADY":
+        raise WorkflowAlreadyStarted(
+            f"workflow {workflow_id!r} already has an open run ({text(reply[1])}); "
+            "signal it, wait for it, or start with another id"
+            " (or with id_conflict_policy 'use_existing' or 'terminate_existing')"
+        )
+    if outcome == "REJECTED":
+        why = (
+            "only a run that did not complete may be followed"
+            if policy.id_reuse_policy == "allow_duplicate_failed_only"
+            else "a closed id is never started again"
+        )
+        raise WorkflowAlreadyStarted(
+            f"workflow {workflow_id!r} already ran (run {text(reply[1])} {text(reply[2])}) and its "
+            f"id_reuse_policy {policy.id_reuse_policy!r} forbids a new run ({why}); start with another "
+            "id, or with id_reuse_policy 'allow_duplicate'"
+        )
+    if outcome == "LIMIT":
+        limit = text(reply[1])
+        raise run_limits.limit_error(
+            limit,
+            f"workflow {workflow_id!r} (run {text(reply[3])}) refused SignalReceived (signal-with-start): "
+            + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
+            int(reply[2]) + 1,
+        )
+    raise AssertionError(f"start script replied {outcome!r}")  # pragma: no cover
+
+
+def script_now_ms(client: Client, keys: Keys, p: int) -> int:
+    """The scripts' clock in partition ``p`` (Redis time plus its test offset), in ms."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.get(keys.clock(p))
+        (sec, usec), offset = pipe.execute()
+    return int(sec) * 1000 + int(usec) // 1000 + int(offset or 0)
+
+
+def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict[str, Any], list[str]]:
+    """What ``terminate_existing`` needs of the id's open run, if any: ``(script options: expect,
+    terminated, to_parent; its run, history, inbox, activities and log keys and the outbox)``."""
+    rid_raw, status = client.hmget(keys.instance(p, workflow_id), "run", "status")
+    if rid_raw is None or text(status) not in OPEN_STATUSES:
+        return {}, []
+    rid = text(rid_raw)
+    parent_raw = client.hget(keys.run(p, rid), "parent")
+    parent = codec.unpack(parent_raw) if parent_raw else None
+    to_parent = b""
+    if parent:
+        to_parent = child_result_message(parent, ev.ChildFailed(id=parent["cid"], status="terminated"))
+    reason = "replaced by a new run (id_conflict_policy terminate_existing)"
+    found = {
+        "expect": rid,
+        "terminated": codec.pack(ev.WorkflowTerminated(reason=reason).to_data()),
+        "to_parent": to_parent,
+    }
+    run_keys = [keys.run(p, rid), keys.history(p, rid), keys.inbox(p, rid), keys.activities(p, rid)]
+    return found, [*run_keys, keys.log(p, rid), keys.outbox(p)]
