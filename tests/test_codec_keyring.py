@@ -11,7 +11,7 @@ import pytest
 import redis
 from apps.payments import SecretEcho
 
-from durable import WorkflowStub, codec
+from durable import WorkflowFailed, WorkflowStub, codec
 from durable.errors import SerializationError
 
 needs_cryptography = pytest.mark.skipif(
@@ -111,3 +111,69 @@ def test_no_payload_plaintext_in_redis_after_a_run(
     assert WorkflowStub.make(SecretEcho).start(secret).result(timeout=15) == secret
     leaks = [blob for blob in _all_redis_bytes(redis_client) if secret.encode() in blob]
     assert leaks == []
+
+
+CARD = "4111111111111111"
+
+
+@needs_cryptography
+def test_activity_errors_and_tracebacks_are_encrypted_and_describe_decodes_them(
+    worker: Any, redis_client: redis.Redis, no_hook: None
+) -> None:
+    """The attempt log (error message, traceback) and the failure go through the key ring."""
+    from apps.sealed import ChargeCard  # noqa: PLC0415 - the app module registers on import
+
+    codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
+    stub = WorkflowStub.make(ChargeCard).start(CARD)
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=15)
+    leaks = [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob]
+    assert leaks == []
+    info = stub.describe()
+    attempts = info["attempts"]
+    assert [a["outcome"] for a in attempts] == ["retry", "failed"]
+    for attempt in attempts:
+        record = attempt["record"]
+        assert record["error"] == f"ValueError: card {CARD} declined"
+        assert CARD in record["traceback"] and record["error_type"] == "ValueError"
+    assert info.outcome is not None and CARD in (info.outcome.error_message or "")
+    # A process without the key still reads what operators need, and a placeholder.
+    codec.set_payload_hook(None)
+    record = stub.describe()["attempts"][0]["record"]
+    assert record["error_type"] == "ValueError" and record["error"].startswith("<sealed text:")
+
+
+@needs_cryptography
+def test_parked_and_blocked_reasons_are_encrypted(
+    store: Any, redis_client: redis.Redis, no_hook: None
+) -> None:
+    """A dead letter's reason and a run's blocked reason may quote user data: sealed too,
+    the blocked kind stays readable, and `repair --drop-input` keeps the reason sealed."""
+    from apps.sealed import AwaitCard  # noqa: PLC0415
+
+    codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
+    stub = WorkflowStub.make(AwaitCard, store=store).start()  # no worker: the task stays queued
+    stub.signal("card", CARD)
+    ref = store.ref(stub.id)
+    stream = store.keys.workflow_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    entry_id, fields = store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=1)[0][1][0]
+    reason = f"SerializationError: cannot decode <Card>: bad card {CARD}"
+    store.park(
+        p=ref.partition,
+        stream=stream,
+        entry_id=entry_id.decode(),
+        kind="workflow",
+        reason=reason,
+        fields=fields,
+        run_id=ref.run_id,
+        block=True,
+        input_at=1,
+    )
+    blocked = stub.blocked()
+    assert blocked is not None and blocked.kind == "parked_input" and blocked.message == reason
+    assert [d["reason"] for d in store.dead_letters()] == [reason]
+    store.repair(stub.id, drop_input=True)
+    assert store.log_entries(ref)[-1]["reason"] == f"dropped by durable repair: {reason}"
+    assert [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob] == []
+    stub.terminate("test over")
