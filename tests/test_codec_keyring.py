@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,3 +181,52 @@ def test_parked_and_blocked_reasons_are_encrypted(
     assert store.log_entries(ref)[-1]["reason"] == f"dropped by durable repair: {reason}"
     assert [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob] == []
     stub.terminate("test over")
+
+
+@needs_cryptography
+def test_cli_installs_the_hook_named_by_the_environment(
+    worker: Any, redis_url: str, no_hook: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`durable describe` (a real process) decrypts with $DURABLE_PAYLOAD_HOOK; without it,
+    operators still see the error type, and the message only as sealed text."""
+    from apps.sealed import ChargeCard  # noqa: PLC0415
+
+    from examples.encryption import payload_hook  # noqa: PLC0415
+
+    keys = f"k:{base64.b64encode(os.urandom(32)).decode()}"
+    codec.set_payload_hook(payload_hook(keys))
+    stub = WorkflowStub.make(ChargeCard).start(CARD)
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=15)
+    root = Path(__file__).resolve().parent.parent
+
+    def describe(**env: str) -> str:
+        full = {**os.environ, "DURABLE_REDIS_URL": redis_url, **env}
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.cli", "describe", stub.id],
+            cwd=root,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    shown = describe(DURABLE_PAYLOAD_KEYS=keys, DURABLE_PAYLOAD_HOOK="examples.encryption:payload_hook")
+    assert f"card {CARD} declined" in shown.replace("\n", " ") or CARD in shown
+    monkeypatch.delenv("DURABLE_PAYLOAD_HOOK", raising=False)
+    hidden = describe()
+    assert CARD not in hidden and "ValueError: <sealed text" in hidden
+    assert "this process has no payload hook" in hidden  # the run's error, a payload
+    bad = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "describe", stub.id],
+        cwd=root,
+        env={**os.environ, "DURABLE_REDIS_URL": redis_url, "DURABLE_PAYLOAD_HOOK": "nowhere"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1 and "expected module:attribute" in bad.stderr

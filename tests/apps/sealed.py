@@ -7,7 +7,7 @@ from durable import RetryPolicy, Workflow, activity, await_signal
 TWICE = RetryPolicy(max_attempts=2, initial_interval=0.01)
 
 
-def charge_card(card: str) -> str:
+def decline_card(card: str) -> str:
     raise ValueError(f"card {card} declined")
 
 
@@ -15,7 +15,7 @@ class ChargeCard(Workflow):
     """Charges a card; the activity fails twice and so does the run (ActivityFailed)."""
 
     def handle(self, card: str) -> str:
-        return activity(charge_card, card, retry=TWICE)
+        return activity(decline_card, card, retry=TWICE)
 
 
 class AwaitCard(Workflow):
