@@ -16,7 +16,8 @@ import redis
 from apps.payments import SecretEcho
 
 from durable import WorkflowFailed, WorkflowStub, codec
-from durable.errors import SerializationError
+from durable.codec import sealed as sealed_text
+from durable.errors import ConfigurationError, SerializationError
 
 needs_cryptography = pytest.mark.skipif(
     importlib.util.find_spec("cryptography") is None,
@@ -230,3 +231,36 @@ def test_cli_installs_the_hook_named_by_the_environment(
         check=False,
     )
     assert bad.returncode == 1 and "expected module:attribute" in bad.stderr
+
+
+def test_hook_from_the_environment_and_reading_without_a_hook(
+    no_hook: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", "")
+    assert codec.install_payload_hook_from_env() is None
+    for value, message in [
+        ("nowhere", "expected module:attribute"),
+        ("no_such_module_x:hook", "ModuleNotFoundError"),
+        ("durable.codec:MAX_DEPTH", "is a int, not a payload hook"),
+    ]:
+        monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", value)
+        with pytest.raises(ConfigurationError, match=message):
+            codec.install_payload_hook_from_env()
+    monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", f"{__name__}:_xor_ring")
+    ring = codec.install_payload_hook_from_env()
+    assert isinstance(ring, codec.KeyRing) and codec.get_payload_hook() is ring
+    data = codec.dumps("4111")
+    sealed = sealed_text.seal_text("card 4111 declined")
+    assert isinstance(sealed, bytes) and b"4111" not in sealed
+    assert sealed_text.open_text(b"dropped: " + sealed) == "dropped: card 4111 declined"
+    codec.set_payload_hook(None)
+    with pytest.raises(
+        SerializationError, match=r"encrypted by a KeyRing \(key id 'x'\) and this process has no"
+    ):
+        codec.loads(data)
+    assert sealed_text.open_text(sealed).startswith("<sealed text: payload is encrypted by a KeyRing")
+    assert sealed_text.seal_text("plain") == "plain"  # no hook: stored as before
+
+
+def _xor_ring() -> codec.KeyRing:
+    return codec.KeyRing({"x": Xor(5)}, current="x")
