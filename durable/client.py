@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from . import codec, hooktokens
 from . import events as ev
@@ -96,8 +96,22 @@ def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
     return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
 
 
-class WorkflowStub:
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class _Handles(Protocol[R_co]):
+    """A workflow class whose ``handle`` returns ``R_co`` (what a typed stub's ``result()`` gives)."""
+
+    def handle(self, *args: Any, **kwargs: Any) -> R_co: ...
+
+
+class WorkflowStub(Generic[R]):
     """A handle on one workflow instance (its id), used from ordinary code.
+
+    ``WorkflowStub.make(Order)`` is typed ``WorkflowStub[T]`` where ``T`` is the return
+    annotation of ``Order.handle``, so a type checker knows what ``result()`` returns; a
+    stub made from a type name or loaded by id is ``WorkflowStub[Any]``.
 
     Example:
         ```python
@@ -123,15 +137,37 @@ class WorkflowStub:
         self._queue = queue
 
     # ------------------------------------------------------------- creation
+    @overload
     @classmethod
     def make(
         cls,
-        workflow: type[Workflow] | str,
+        workflow: type[_Handles[R]],
         id: str | None = None,
         *,
         queue: str | None = None,
         store: RedisStore | None = None,
-    ) -> WorkflowStub:  # noqa: A002
+    ) -> WorkflowStub[R]: ...  # noqa: A002
+
+    @overload
+    @classmethod
+    def make(
+        cls,
+        workflow: str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+        store: RedisStore | None = None,
+    ) -> WorkflowStub[Any]: ...  # noqa: A002
+
+    @classmethod
+    def make(
+        cls,
+        workflow: type[Workflow] | type[_Handles[R]] | str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+        store: RedisStore | None = None,
+    ) -> WorkflowStub[Any]:  # noqa: A002
         """A stub for a new workflow instance (nothing is written until :meth:`start`).
 
         Args:
@@ -225,7 +261,7 @@ class WorkflowStub:
         return ref
 
     # ------------------------------------------------------------- actions
-    def start(self, *args: Any) -> WorkflowStub:
+    def start(self, *args: Any) -> Self:
         """Start a run with ``args`` and return this stub.
 
         Raises:
@@ -372,7 +408,7 @@ class WorkflowStub:
         """The current run's events in order (``seq``, ``type``, ``ts``, ``data``)."""
         return [_public(e) for e in self._store.history(self._ref())]
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
 
         Waits without polling: the process's waits share one blocking read
