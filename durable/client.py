@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
-from . import codec, hooktokens
+from . import codec
 from . import events as ev
 from .config import namespace as configured_namespace
 from .errors import (
@@ -24,7 +23,7 @@ from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow
 from .replay import Driver
-from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
+from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
@@ -48,48 +47,6 @@ def default_store() -> RedisStore:
         return store
 
 
-@dataclass(frozen=True)
-class HistoryEvent:
-    """One event of a run's history, as ``WorkflowStub.history()`` returns it.
-
-    Attributes:
-        seq: Position in the run's history, from 1, contiguous.
-        type: Event name, e.g. ``ActivityScheduled``.
-        ts: UTC milliseconds.
-        data: The event's fields, payloads decoded; command events carry
-            their command id as ``data["id"]``.
-    """
-
-    seq: int
-    type: str
-    ts: int
-    data: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The event as plain JSON-friendly fields (what ``durable history --json`` prints)."""
-        return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
-
-    @classmethod
-    def from_entry(cls, entry: ev.Entry) -> HistoryEvent:
-        """The public view of a stored history entry: payloads decoded, an undecodable one
-        shown as a ``<undecodable payload: ...>`` string instead of failing the whole read."""
-        return _public(entry)
-
-
-def _public(entry: ev.Entry) -> HistoryEvent:
-    data = entry.event.to_data()
-    for name in entry.event.payloads:
-        value = data.get(name)
-        if value is not None:
-            try:
-                data[name] = codec.loads(value)
-            except DurableError as exc:
-                data[name] = f"<undecodable payload: {exc}>"
-    if isinstance(entry.event, ev.HookCreated):
-        data["token"] = hooktokens.mask(data.get("token"))  # never printed, even as a digest in full
-    return HistoryEvent(seq=entry.seq, type=entry.type, ts=entry.ts, data=data)
-
-
 def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
     status = ev.STATUS_OF_CLOSING[entry.type]
     cause = None
@@ -102,8 +59,22 @@ def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
     return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
 
 
-class WorkflowStub:
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class _Handles(Protocol[R_co]):
+    """A workflow class whose ``handle`` returns ``R_co`` (what a typed stub's ``result()`` gives)."""
+
+    def handle(self, *args: Any, **kwargs: Any) -> R_co: ...
+
+
+class WorkflowStub(Generic[R]):
     """A handle on one workflow instance (its id), used from ordinary code.
+
+    ``WorkflowStub.make(Order)`` is typed ``WorkflowStub[T]`` where ``T`` is the return
+    annotation of ``Order.handle``, so a type checker knows what ``result()`` returns; a
+    stub made from a type name or loaded by id is ``WorkflowStub[Any]``.
 
     Example:
         ```python
@@ -130,10 +101,11 @@ class WorkflowStub:
         self._policy = DEFAULT_POLICY
 
     # ------------------------------------------------------------- creation
+    @overload
     @classmethod
     def make(
         cls,
-        workflow: type[Workflow] | str,
+        workflow: type[_Handles[R]],
         id: str | None = None,
         *,
         queue: str | None = None,
@@ -142,7 +114,36 @@ class WorkflowStub:
         id_conflict_policy: str | None = None,
         execution_timeout: Seconds | str | None = None,
         run_timeout: Seconds | str | None = None,
-    ) -> WorkflowStub:  # noqa: A002
+    ) -> WorkflowStub[R]: ...  # noqa: A002
+
+    @overload
+    @classmethod
+    def make(
+        cls,
+        workflow: str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+        store: RedisStore | None = None,
+        id_reuse_policy: str = "allow_duplicate",
+        id_conflict_policy: str | None = None,
+        execution_timeout: Seconds | str | None = None,
+        run_timeout: Seconds | str | None = None,
+    ) -> WorkflowStub[Any]: ...  # noqa: A002
+
+    @classmethod
+    def make(
+        cls,
+        workflow: type[Workflow] | type[_Handles[R]] | str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+        store: RedisStore | None = None,
+        id_reuse_policy: str = "allow_duplicate",
+        id_conflict_policy: str | None = None,
+        execution_timeout: Seconds | str | None = None,
+        run_timeout: Seconds | str | None = None,
+    ) -> WorkflowStub[Any]:  # noqa: A002
         """A stub for a new workflow instance (nothing is written until :meth:`start`).
 
         Args:
@@ -259,7 +260,7 @@ class WorkflowStub:
         return ref
 
     # ------------------------------------------------------------- actions
-    def start(self, *args: Any) -> WorkflowStub:
+    def start(self, *args: Any) -> Self:
         """Start a run with ``args`` and return this stub.
 
         The stub's id policies apply (:meth:`make`): with ``id_conflict_policy='use_existing'``
@@ -274,7 +275,7 @@ class WorkflowStub:
         self._start(codec.dumps(tuple(args), path="args"), None)
         return self
 
-    def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> WorkflowStub:
+    def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> Self:
         """Send signal ``name`` with ``args``, starting a run with ``start_args`` first if the id
         has no open run; one script does both, so two clients racing start one run and both
         signals reach it. Returns this stub (its :attr:`run_id` is the run that got the signal).
@@ -489,9 +490,9 @@ class WorkflowStub:
 
     def history(self) -> list[HistoryEvent]:
         """The current run's events in order (``seq``, ``type``, ``ts``, ``data``)."""
-        return [_public(e) for e in self._store.history(self._ref())]
+        return [HistoryEvent.from_entry(e) for e in self._store.history(self._ref())]
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
 
         Waits without polling: the process's waits share one blocking read

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec
+from . import codec, hooktokens
 from . import events as ev
 from .errors import ApplicationError, DurableError
 from .store.records import OPEN_STATUSES
@@ -212,3 +212,41 @@ class RunDescription(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.to_dict())
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One event of a run's history, as ``WorkflowStub.history()`` returns it.
+
+    Attributes:
+        seq: Position in the run's history, from 1, contiguous.
+        type: Event name, e.g. ``ActivityScheduled``.
+        ts: UTC milliseconds.
+        data: The event's fields, payloads decoded; command events carry
+            their command id as ``data["id"]``.
+    """
+
+    seq: int
+    type: str
+    ts: int
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as plain JSON-friendly fields (what ``durable history --json`` prints)."""
+        return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
+
+    @classmethod
+    def from_entry(cls, entry: ev.Entry) -> HistoryEvent:
+        """The public view of a stored history entry: payloads decoded, an undecodable one
+        shown as a ``<undecodable payload: ...>`` string instead of failing the whole read."""
+        data = entry.event.to_data()
+        for name in entry.event.payloads:
+            value = data.get(name)
+            if value is not None:
+                try:
+                    data[name] = codec.loads(value)
+                except DurableError as exc:
+                    data[name] = f"<undecodable payload: {exc}>"
+        if isinstance(entry.event, ev.HookCreated):
+            data["token"] = hooktokens.mask(data.get("token"))  # never printed, even as a digest in full
+        return cls(seq=entry.seq, type=entry.type, ts=entry.ts, data=data)

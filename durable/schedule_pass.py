@@ -278,7 +278,7 @@ class _Settle:
     def _close_open(self, *, cancel: bool) -> None:
         reason = f"schedule {self.id}: overlap policy {'cancel_other' if cancel else 'terminate_other'}"
         for wid in list(self.open):
-            stub = WorkflowStub(self.store, "", wid)
+            stub: WorkflowStub[Any] = WorkflowStub(self.store, "", wid)
             try:
                 if cancel:
                     stub.cancel(reason)

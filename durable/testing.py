@@ -2,8 +2,9 @@
 
 Two ways in:
 
-* **pytest**: add ``pytest_plugins = ["durable.testing"]`` to your top-level
-  ``conftest.py`` (or a test module) and use the fixtures:
+* **pytest**: installing durable registers this module as a pytest plugin (the
+  ``pytest11`` entry point ``durable.testing``), so tests use the fixtures with no
+  ``conftest.py`` import (``pytest_plugins = ["durable.testing"]`` still works):
 
   - ``durable_redis_url`` (session): an embedded ``redis-server`` in a temporary
     dir, stopped when the session ends (or ``$DURABLE_TEST_REDIS_URL``: a Redis

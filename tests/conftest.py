@@ -1,7 +1,7 @@
 """Shared fixtures: a real Redis for the test suite (never a fake).
 
 The Redis, the store and the worker come from durable's own pytest plugin
-(:mod:`durable.testing`): one embedded ``redis-server`` runs for the whole
+(:mod:`durable.testing`, registered below): one embedded ``redis-server`` runs for the whole
 session in a temporary dir and is stopped when the session ends. Each test that
 asks for ``redis_url`` gets it freshly flushed, with ``DURABLE_REDIS_URL``
 pointing at it so that code and subprocesses under test find it. The fixtures
@@ -25,12 +25,24 @@ pytest.register_assert_rewrite("durable.testing")
 
 import redis  # noqa: E402
 
+import durable.testing  # noqa: E402
 from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.redis_store import RedisStore  # noqa: E402
 from durable.testing import TestEnvironment  # noqa: E402
 from workers.worker import Worker  # noqa: E402
 
-pytest_plugins = ["durable.testing"]
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register this checkout's ``durable.testing`` as the suite's plugin.
+
+    Users get the plugin from the installed package's ``pytest11`` entry point. The suite
+    blocks that one (``-p no:durable.testing`` in pyproject.toml: it would import durable
+    from where the package is installed, before ``pythonpath`` puts this checkout first) and
+    registers the checkout's module under a name of its own, which the block does not cover.
+    """
+    if not config.pluginmanager.is_registered(durable.testing):
+        config.pluginmanager.register(durable.testing, "durable.testing.suite")
+
 
 # --------------------------------------------------------------------------- Redis
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from apps.payments import SecretEcho
 
-from durable import WorkflowStub, codec
-from durable.errors import SerializationError
+from durable import WorkflowFailed, WorkflowStub, codec
+from durable.codec import sealed as sealed_text
+from durable.errors import ConfigurationError, SerializationError
 
 needs_cryptography = pytest.mark.skipif(
     importlib.util.find_spec("cryptography") is None,
@@ -111,3 +116,151 @@ def test_no_payload_plaintext_in_redis_after_a_run(
     assert WorkflowStub.make(SecretEcho).start(secret).result(timeout=15) == secret
     leaks = [blob for blob in _all_redis_bytes(redis_client) if secret.encode() in blob]
     assert leaks == []
+
+
+CARD = "4111111111111111"
+
+
+@needs_cryptography
+def test_activity_errors_and_tracebacks_are_encrypted_and_describe_decodes_them(
+    worker: Any, redis_client: redis.Redis, no_hook: None
+) -> None:
+    """The attempt log (error message, traceback) and the failure go through the key ring."""
+    from apps.sealed import ChargeCard  # noqa: PLC0415 - the app module registers on import
+
+    codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
+    stub = WorkflowStub.make(ChargeCard).start(CARD)
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=15)
+    leaks = [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob]
+    assert leaks == []
+    info = stub.describe()
+    attempts = info["attempts"]
+    assert [a["outcome"] for a in attempts] == ["retry", "failed"]
+    for attempt in attempts:
+        record = attempt["record"]
+        assert record["error"] == f"ValueError: card {CARD} declined"
+        assert CARD in record["traceback"] and record["error_type"] == "ValueError"
+    assert info.outcome is not None and CARD in (info.outcome.error_message or "")
+    # A process without the key still reads what operators need, and a placeholder.
+    codec.set_payload_hook(None)
+    record = stub.describe()["attempts"][0]["record"]
+    assert record["error_type"] == "ValueError" and record["error"].startswith("<sealed text:")
+
+
+@needs_cryptography
+def test_parked_and_blocked_reasons_are_encrypted(
+    store: Any, redis_client: redis.Redis, no_hook: None
+) -> None:
+    """A dead letter's reason and a run's blocked reason may quote user data: sealed too,
+    the blocked kind stays readable, and `repair --drop-input` keeps the reason sealed."""
+    from apps.sealed import AwaitCard  # noqa: PLC0415
+
+    codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
+    stub = WorkflowStub.make(AwaitCard, store=store).start()  # no worker: the task stays queued
+    stub.signal("card", CARD)
+    ref = store.ref(stub.id)
+    stream = store.keys.workflow_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    entry_id, fields = store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=1)[0][1][0]
+    reason = f"SerializationError: cannot decode <Card>: bad card {CARD}"
+    store.park(
+        p=ref.partition,
+        stream=stream,
+        entry_id=entry_id.decode(),
+        kind="workflow",
+        reason=reason,
+        fields=fields,
+        run_id=ref.run_id,
+        block=True,
+        input_at=1,
+    )
+    blocked = stub.blocked()
+    assert blocked is not None and blocked.kind == "parked_input" and blocked.message == reason
+    assert [d["reason"] for d in store.dead_letters()] == [reason]
+    store.repair(stub.id, drop_input=True)
+    assert store.log_entries(ref)[-1]["reason"] == f"dropped by durable repair: {reason}"
+    assert [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob] == []
+    stub.terminate("test over")
+
+
+@needs_cryptography
+def test_cli_installs_the_hook_named_by_the_environment(
+    worker: Any, redis_url: str, no_hook: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`durable describe` (a real process) decrypts with $DURABLE_PAYLOAD_HOOK; without it,
+    operators still see the error type, and the message only as sealed text."""
+    from apps.sealed import ChargeCard  # noqa: PLC0415
+
+    from examples.encryption import payload_hook  # noqa: PLC0415
+
+    keys = f"k:{base64.b64encode(os.urandom(32)).decode()}"
+    codec.set_payload_hook(payload_hook(keys))
+    stub = WorkflowStub.make(ChargeCard).start(CARD)
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=15)
+    root = Path(__file__).resolve().parent.parent
+
+    def describe(**env: str) -> str:
+        full = {**os.environ, "DURABLE_REDIS_URL": redis_url, **env}
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.cli", "describe", stub.id],
+            cwd=root,
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    shown = describe(DURABLE_PAYLOAD_KEYS=keys, DURABLE_PAYLOAD_HOOK="examples.encryption:payload_hook")
+    assert f"card {CARD} declined" in shown.replace("\n", " ") or CARD in shown
+    monkeypatch.delenv("DURABLE_PAYLOAD_HOOK", raising=False)
+    hidden = describe()
+    assert CARD not in hidden and "ValueError: <sealed text" in hidden
+    assert "this process has no payload hook" in hidden  # the run's error, a payload
+    bad = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "describe", stub.id],
+        cwd=root,
+        env={**os.environ, "DURABLE_REDIS_URL": redis_url, "DURABLE_PAYLOAD_HOOK": "nowhere"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 1 and "expected module:attribute" in bad.stderr
+
+
+def test_hook_from_the_environment_and_reading_without_a_hook(
+    no_hook: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", "")
+    assert codec.install_payload_hook_from_env() is None
+    for value, message in [
+        ("nowhere", "expected module:attribute"),
+        ("no_such_module_x:hook", "ModuleNotFoundError"),
+        ("durable.codec:MAX_DEPTH", "is a int, not a payload hook"),
+    ]:
+        monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", value)
+        with pytest.raises(ConfigurationError, match=message):
+            codec.install_payload_hook_from_env()
+    monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", f"{__name__}:_xor_ring")
+    ring = codec.install_payload_hook_from_env()
+    assert isinstance(ring, codec.KeyRing) and codec.get_payload_hook() is ring
+    data = codec.dumps("4111")
+    sealed = sealed_text.seal_text("card 4111 declined")
+    assert isinstance(sealed, bytes) and b"4111" not in sealed
+    assert sealed_text.open_text(b"dropped: " + sealed) == "dropped: card 4111 declined"
+    codec.set_payload_hook(None)
+    with pytest.raises(
+        SerializationError, match=r"encrypted by a KeyRing \(key id 'x'\) and this process has no"
+    ):
+        codec.loads(data)
+    assert sealed_text.open_text(sealed).startswith("<sealed text: payload is encrypted by a KeyRing")
+    assert sealed_text.seal_text("plain") == "plain"  # no hook: stored as before
+
+
+def _xor_ring() -> codec.KeyRing:
+    return codec.KeyRing({"x": Xor(5)}, current="x")

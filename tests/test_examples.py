@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ EXAMPLES = [
     "hook_callback",
     "children",
     "updates",
+    "encryption",
 ]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,3 +110,20 @@ def test_children(store: RedisStore) -> None:
     assert by_user["ada"]["grants"] == ["uid-ada@wiki", "uid-ada@git"]
     assert "deny list" in by_user["mallory"]["error"]
     assert result["announcement"] == "#data: welcome ada, grace!"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("cryptography") is None, reason="needs the optional 'cryptography'"
+)
+def test_encryption(store: RedisStore) -> None:
+    result = _example("encryption").main(store, timeout=30)
+    assert result["paid"] == {
+        "status": "paid",
+        "receipt": "receipt for 1250 cents on card ending 1111",
+        "confirmation": "shipped",
+    }
+    assert result["declined"] == {"status": "declined", "error": "card 4000000000000002 declined"}
+    assert result["attempt_error"] == "ValueError: card 4000000000000002 declined"
+    assert result["attempt_error_type"] == "ValueError"
+    assert result["key_ids_in_redis"] == ["2024-06", "2025-01"]  # payloads from before and after the rotation
+    assert result["card_numbers_in_redis"] == 0

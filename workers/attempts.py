@@ -292,6 +292,9 @@ def fail_attempt(
     delay = policy.delay(task.attempt)
     final_reason = _final_reason(task, exc, policy, delay)
     record: dict[str, Any] = {
+        # error_type stays readable for operators; error and traceback may quote user data and
+        # are sealed (encrypted) by the store when a payload hook is installed.
+        "error_type": type(exc).__name__,
         "error": f"{type(exc).__name__}: {exc}",
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
         "duration_ms": int((time.time() - started) * 1000),

@@ -27,10 +27,13 @@ size, hash collisions) exactly as the encoder does.
 A byte-level :class:`PayloadHook` (encryption, compression) can be installed
 with :func:`set_payload_hook`; it wraps the output of :func:`dumps` only.
 :class:`KeyRing` is such a hook that encrypts with named keys (key id in the envelope,
-rotation), e.g. with :class:`AesGcm`.
+rotation), e.g. with :class:`AesGcm`. Text stored outside payloads that may quote user
+data (activity error messages and tracebacks, parked and blocked reasons) is encrypted by
+the same hook (:mod:`durable.codec.sealed`).
 
 Modules: ``encoder`` and ``decoder`` (the two directions), ``allowlist`` (which classes
-a payload may name), ``limits``, ``hooks`` (the payload hook), ``plain`` (envelopes),
+a payload may name), ``limits``, ``hooks`` (the payload hook), ``keyring`` (encryption), ``sealed`` (encrypted text
+outside payloads), ``plain`` (envelopes),
 ``ext`` (extension type codes).
 """
 
@@ -44,7 +47,14 @@ from ..errors import ApplicationError, PayloadTooLarge
 from .allowlist import allow_module, is_allowed, register_type
 from .decoder import decode
 from .encoder import encode
-from .hooks import PayloadHook, apply, canonical, get_payload_hook, set_payload_hook
+from .hooks import (
+    PayloadHook,
+    apply,
+    canonical,
+    get_payload_hook,
+    install_payload_hook_from_env,
+    set_payload_hook,
+)
 from .keyring import AesGcm, Cipher, KeyRing
 from .limits import MAX_DECIMAL_DIGITS, MAX_DECIMAL_EXPONENT, MAX_DEPTH, MAX_HASH_COLLISIONS, MAX_INT_BITS
 from .plain import pack, unpack
@@ -63,6 +73,7 @@ __all__ = [
     "canonical",
     "dumps",
     "get_payload_hook",
+    "install_payload_hook_from_env",
     "is_allowed",
     "loads",
     "pack",

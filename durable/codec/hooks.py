@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Protocol
 
-from durable.errors import SerializationError
+from durable.errors import ConfigurationError, SerializationError
+
+from .keyring import MAGIC, key_id_of
+
+#: ``module:attribute`` naming the payload hook (or a function returning it) that
+#: :func:`install_payload_hook_from_env` installs; the ``durable`` CLI reads it at startup.
+ENV_HOOK = "DURABLE_PAYLOAD_HOOK"
 
 
 class PayloadHook(Protocol):
@@ -38,6 +46,43 @@ def set_payload_hook(hook: PayloadHook | None) -> None:
     _hook = hook
 
 
+def install_payload_hook_from_env() -> PayloadHook | None:
+    """Install the payload hook that ``$DURABLE_PAYLOAD_HOOK`` names, if it is set.
+
+    The variable is ``module:attribute``; the attribute is a hook (an object with
+    ``encode``/``decode``) or a function of no arguments returning one. The ``durable`` CLI
+    calls this at startup, so ``durable describe``, ``history`` and ``list --dead`` read
+    encrypted runs; call it (or :func:`set_payload_hook`) in your own processes.
+
+    Returns:
+        The installed hook, or ``None`` when the variable is unset or empty.
+
+    Raises:
+        ConfigurationError: The value is not ``module:attribute``, the module does not
+            import, or the attribute is not a hook.
+    """
+    spec = os.environ.get(ENV_HOOK, "").strip()
+    if not spec:
+        return None
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(
+            f"{ENV_HOOK}={spec!r}: expected module:attribute, e.g. shop.crypto:payload_hook"
+        )
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}") from None
+    hook = target if hasattr(target, "encode") else target() if callable(target) else target
+    if not (callable(getattr(hook, "encode", None)) and callable(getattr(hook, "decode", None))):
+        raise ConfigurationError(
+            f"{ENV_HOOK}={spec!r} is a {type(hook).__name__}, not a payload hook "
+            "(an object with encode(bytes) and decode(bytes), or a function returning one)"
+        )
+    set_payload_hook(hook)
+    return hook
+
+
 def get_payload_hook() -> PayloadHook | None:
     """Return the installed payload hook, or ``None``."""
     return _hook
@@ -66,6 +111,11 @@ def canonical(data: bytes) -> bytes:
     """
     hook = _hook
     if hook is None:
+        if data.startswith(MAGIC):  # never a plain payload: the key ring's envelope
+            raise SerializationError(
+                f"payload is encrypted by a KeyRing (key id {key_id_of(data)!r}) and this process has no "
+                f"payload hook: install the key ring with set_payload_hook() or ${ENV_HOOK}"
+            )
         return data
     try:
         return hook.decode(data)

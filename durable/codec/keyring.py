@@ -26,6 +26,14 @@ from durable.errors import SerializationError
 MAGIC = b"DK1"
 
 
+def key_id_of(data: bytes) -> str:
+    """The key id an envelope names (``""``: not an envelope)."""
+    if not data.startswith(MAGIC) or len(data) <= len(MAGIC):
+        return ""
+    end = len(MAGIC) + 1 + data[len(MAGIC)]
+    return data[len(MAGIC) + 1 : end].decode("ascii", "replace")
+
+
 class Cipher(Protocol):
     """Authenticated encryption of payload bytes; ``aad`` (the key id) must be authenticated."""
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from .. import codec
 from .. import events as ev
+from ..codec.sealed import seal_fields
 from .base import StoreBase
 from .keys import GROUP, attempt_member, heartbeat_field, parse_attempt_member, started_field
 from .records import text
@@ -67,7 +68,8 @@ class ActivityStore(StoreBase):
             data,
             outcome.retry_delay_ms,
             outcome.next_task.encode() if outcome.next_task is not None else b"",
-            codec.pack(outcome.record),
+            # An error message or traceback may quote user data: encrypted like payloads.
+            codec.pack(seal_fields(outcome.record)),
         ]
         return keys, args
 

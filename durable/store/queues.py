@@ -14,7 +14,9 @@ from typing import Any
 import redis
 
 from .. import codec
+from ..codec.sealed import open_text, seal_text
 from ..errors import WorkflowClosed
+from ..runinfo import classify_block
 from .keys import GROUP
 from .reads import GroupRead
 from .records import RunRef, text
@@ -67,13 +69,16 @@ class QueueStore(RunStore):
             key: (value if isinstance(value, bytes | str | int | float) else repr(value))
             for key, value in fields.items()
         }
+        if block and not block_kind:
+            # Derived here, from the plain text: the stored reason may be sealed (encrypted).
+            block_kind = classify_block(reason)
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
             [
                 entry_id,
                 kind,
-                reason,
+                seal_text(reason),
                 codec.pack(safe),
                 run_id,
                 "1" if block else "0",
@@ -179,9 +184,11 @@ class QueueStore(RunStore):
         for p in range(self.keys.partitions):
             for entry_id, fields in self.redis.xrange(self.keys.dead(p), count=count):
                 item = {text(k): v for k, v in fields.items()}
-                for key in ("kind", "stream", "entry", "run", "reason"):
+                for key in ("kind", "stream", "entry", "run"):
                     if key in item:
                         item[key] = text(item[key])
+                if "reason" in item:
+                    item["reason"] = open_text(item["reason"])
                 if "task" in item:
                     try:
                         item["task"] = codec.unpack(item["task"])

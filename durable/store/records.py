@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
+from ..codec.sealed import open_text
 from ..errors import DurableError, EventConflict, WorkflowClosed
 
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
@@ -62,6 +63,8 @@ def decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
             out[name] = codec.unpack(value) if value else None
         elif name in ("result", "error"):
             out[name] = value
+        elif name == "blocked":
+            out[name] = open_text(value)
         else:
             out[name] = text(value)
     return out

@@ -16,6 +16,7 @@ from redis import exceptions as rexc
 from .. import codec, hooktokens
 from .. import events as ev
 from .. import limits as run_limits
+from ..codec.sealed import open_fields, open_text, seal_text
 from ..errors import (
     DurableError,
     HistoryCorrupt,
@@ -165,14 +166,16 @@ class RunStore(StoreBase):
         out = []
         for _, fields in rows:
             item = {text(k): v for k, v in fields.items()}
-            for k in ("kind", "act", "outcome", "reason"):
+            for k in ("kind", "act", "outcome"):
                 if k in item:
                     item[k] = text(item[k])
+            if "reason" in item:
+                item["reason"] = open_text(item["reason"])
             for k in ("attempt", "ts"):
                 if k in item:
                     item[k] = int(item[k])
             if "record" in item:
-                item["record"] = codec.unpack(item["record"])
+                item["record"] = open_fields(codec.unpack(item["record"]))
             out.append(item)
         return out
 
@@ -258,7 +261,11 @@ class RunStore(StoreBase):
             "seq": plan.expected_seq,
             "events": list(plan.events),
             "consumed": plan.consumed,
-            "dropped": [[raw, reason, 1 if poison else 0] for raw, reason, poison in plan.dropped],
+            # A poison input's reason quotes the decoder's error about user data: sealed.
+            "dropped": [
+                [raw, seal_text(reason) if poison else reason, 1 if poison else 0]
+                for raw, reason, poison in plan.dropped
+            ],
             "activities": [[t.stream, t.activity_id, t.encode()] for t in plan.activities],
             "timers": [[timer_member(rid, tid), due] for tid, due in plan.timers],
             "untimers": [timer_member(rid, tid) for tid in plan.cancelled_timers],

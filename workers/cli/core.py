@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 import redis
 
-from durable import DurableError
+from durable import DurableError, codec
 from durable.config import check_namespace
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
@@ -214,6 +214,10 @@ def cli(ctx: click.Context, redis_option: str | None, namespace_option: str | No
         except DurableError as exc:
             raise click.BadParameter(str(exc), param_hint="--namespace") from None
         _export_namespace(ctx, namespace_option)
+    try:  # before any command reads a payload: encrypted runs decode (docs/security.md)
+        codec.install_payload_hook_from_env()
+    except DurableError as exc:
+        raise CliError(str(exc)) from None
     state = CliState(redis_option, namespace_option)
     ctx.obj = state
     ctx.call_on_close(state.close)

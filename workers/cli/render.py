@@ -209,11 +209,19 @@ def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             str(item.get("act", "")) + (f" ({record['name']})" if record.get("name") else ""),
             str(item.get("attempt", "")),
             Text(outcome, style="red" if outcome in ("failed", "retry") else ""),
-            short(record.get("error", ""), 80),
+            short(_attempt_error(record), 80),
             f"{duration} ms" if duration is not None else "",
             fmt_ms(item.get("ts")),
         )
     return table
+
+
+def _attempt_error(record: Mapping[str, Any]) -> str:
+    """An attempt's error; sealed (no key ring in this process): its readable type first."""
+    error = str(record.get("error", ""))
+    if error.startswith("<sealed text") and record.get("error_type"):
+        return f"{record['error_type']}: {error}"
+    return error
 
 
 def _dropped_table(dropped: Sequence[Mapping[str, Any]]) -> Table:
