@@ -89,7 +89,7 @@ class AuthConfig:
             raise AuthFileError(f"unknown role {role!r}: use 'read' (read-only) or 'operator'")
         if not isinstance(token, str) or len(token.strip()) < MIN_TOKEN_LENGTH:
             raise AuthFileError(
-                f"a {canonical} token is shorter than {MIN_TOKEN_LENGTH} characters; "
+                f"{'an' if canonical == 'operator' else 'a'} {canonical} token is shorter than {MIN_TOKEN_LENGTH} characters; "
                 "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         self.tokens[_digest(token.strip())] = (canonical, name or canonical)
