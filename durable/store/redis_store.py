@@ -14,7 +14,8 @@ The class is assembled from one module per concern:
 * :mod:`~durable.store.activities` -- attempt outcomes, heartbeats, deadlines, timers;
 * :mod:`~durable.store.leases` -- worker leases, dead workers' tasks, reclaim;
 * :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover;
-* :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes.
+* :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes;
+* :mod:`~durable.store.run_list` -- the operator surface's runs list (filters, cursor paging).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .connect import CLUSTER_SCHEME, TRANSIENT_ERRORS, connect, consumer_name, i
 from .leases import LeaseStore
 from .queues import QueueStore
 from .records import CLOSED_STATUSES, OPEN_STATUSES, CommitResult, RunRef, StaleCompletion
+from .run_list import RunQueries
 from .schedules import ScheduleStore
 from .tasks import child_result_message
 from .workers import WorkerRegistry
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 
-class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore):
+class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore, RunQueries):
     """durable's state in Redis: histories, inboxes, task streams, timers.
 
     Args:

@@ -16,7 +16,8 @@ The package is a thin layer over :mod:`durable`:
 
 * :mod:`~workers.cli.core` -- the group, its state (which Redis), error lines, ``--app`` loading;
 * :mod:`~workers.cli.runs`, :mod:`~workers.cli.inspect`, :mod:`~workers.cli.worker`,
-  :mod:`~workers.cli.fleet`, :mod:`~workers.cli.tools`, :mod:`~workers.cli.schedule` -- the commands;
+  :mod:`~workers.cli.fleet`, :mod:`~workers.cli.tools`, :mod:`~workers.cli.schedule`,
+  :mod:`~workers.cli.server` -- the commands;
 * :mod:`~workers.cli.render` -- JSON and tables; :mod:`~workers.cli.export` -- the history
   export format of ``durable replay``;
 * :mod:`~workers.cli.bootstrap` -- a :class:`~workers.config.WorkerConfig` to a running worker.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.cli import fleet, inspect, purge, runs, schedule, tools, worker
+from workers.cli import fleet, inspect, purge, runs, schedule, server, tools, worker
 from workers.cli.core import CliError, cli, parse_args
 from workers.cli.export import export_history, load_export
 from workers.cli.render import json_default, to_json
@@ -52,6 +53,7 @@ for _command in (
     *tools.COMMANDS,
     *purge.COMMANDS,
     *schedule.COMMANDS,
+    *server.COMMANDS,
 ):
     cli.add_command(_command)
 

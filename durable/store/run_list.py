@@ -1,0 +1,185 @@
+"""The runs list of the operator surface: every partition's runs, newest first, filtered and paged.
+
+:meth:`RunQueries.list_runs_page` reads the ``T:runs`` index of every partition
+(run ids scored by their creation time) in chunks, merges them newest first and
+reads only the light fields of each candidate's record (one pipelined ``HMGET``
+per chunk). A page ends after ``limit`` matching runs or after ``scan`` candidates
+(a rare filter over a large namespace), whichever comes first; either way its
+``next`` cursor resumes where it stopped, so paging never skips nor repeats a run,
+even among runs created in the same millisecond.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import StoreBase
+from .records import OPEN_STATUSES, decode_run, text
+
+__all__ = ["LIST_FIELDS", "RunPage", "RunQueries", "parse_cursor"]
+
+LIST_FIELDS = (
+    "workflow_id",
+    "type",
+    "status",
+    "blocked",
+    "blocked_kind",
+    "queue",
+    "build",
+    "updated",
+    "closed",
+    "parent",
+)
+"""The run-record fields a list row carries (the snapshot and payloads are for describe)."""
+
+_CHUNK = 200
+
+
+@dataclass
+class RunPage:
+    """One page of :meth:`RunQueries.list_runs_page`.
+
+    Attributes:
+        runs: The matching run records, newest first (``run_id``, ``partition``, ``created``
+            added to the :data:`LIST_FIELDS`).
+        next: The cursor of the next page (``"<created ms>:<run id>"``), or ``None``: no
+            older run is left to look at.
+        scanned: Candidates read for this page.
+    """
+
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    next: str | None = None
+    scanned: int = 0
+
+
+def parse_cursor(cursor: str) -> tuple[int, str]:
+    """``(created ms, run id)`` of a page cursor; a bare number is a time (all runs before it).
+
+    Raises:
+        ValueError: not a cursor.
+    """
+    ms, _, rid = cursor.partition(":")
+    return int(ms), rid
+
+
+class RunQueries(StoreBase):
+    """Reads of many runs at once for the operator surface (``durable server``)."""
+
+    def list_runs_page(
+        self,
+        *,
+        status: str | None = None,
+        workflow_type: str | None = None,
+        id_prefix: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+        scan: int = 20_000,
+    ) -> RunPage:
+        """Runs of every partition, newest first, whose record matches every filter given.
+
+        Args:
+            status: A status word, or ``blocked`` (open runs with a recorded blocked reason).
+            workflow_type: The workflow type name.
+            id_prefix: The start of the workflow id.
+            since_ms: Only runs created at or after this time (UTC ms).
+            until_ms: Only runs created at or before this time (UTC ms).
+            cursor: The ``next`` of the previous page (or a time: runs created before it).
+            limit: At most this many runs.
+            scan: At most this many candidates read (the page then ends early, with a cursor).
+
+        Raises:
+            ValueError: a malformed cursor.
+        """
+        page = RunPage()
+        top: tuple[int, str] | None = None
+        if cursor:
+            ms, rid = parse_cursor(cursor)
+            top = (ms, rid) if rid else (ms - 1, "\U0010ffff")
+        if until_ms is not None and (top is None or (until_ms, "\U0010ffff") < top):
+            top = (until_ms, "\U0010ffff")
+        lower = since_ms if since_ms is not None else None
+        while len(page.runs) < limit and page.scanned < scan:
+            batch, more = self._candidates(top, lower, min(_CHUNK, scan - page.scanned))
+            if not batch:
+                return page
+            records = self._light_records(batch)
+            for (created, p, rid), raw in zip(batch, records, strict=True):
+                page.scanned += 1
+                top = (created, rid)
+                if raw and _matches(raw, status, workflow_type, id_prefix):
+                    raw.update(run_id=rid, partition=p, created=created)
+                    page.runs.append(raw)
+                    if len(page.runs) >= limit:
+                        break
+            if not more and top == (batch[-1][0], batch[-1][2]):
+                return page
+        page.next = f"{top[0]}:{top[1]}" if top is not None else None
+        return page
+
+    def _candidates(
+        self, top: tuple[int, str] | None, lower: int | None, count: int
+    ) -> tuple[list[tuple[int, int, str]], bool]:
+        """The next ``count`` (or fewer) run ids below ``top`` over all partitions, newest
+        first, and whether older ones may remain.
+
+        Each partition gives its ``count`` newest below ``top`` (plus those tied with ``top``'s
+        millisecond, filtered here: a zset cannot seek inside a score). Only candidates no
+        partition can still precede are returned: those at or above the highest last item of
+        the partitions that had more.
+        """
+        upper = "+inf" if top is None else str(top[0])
+        low = "-inf" if lower is None else str(lower)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                if top is not None:
+                    pipe.zcount(self.keys.runs(p), top[0], top[0])
+            ties = pipe.execute() if top is not None else [0] * self.keys.partitions
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                pipe.zrevrangebyscore(
+                    self.keys.runs(p), upper, low, start=0, num=count + int(ties[p]), withscores=True
+                )
+            replies = pipe.execute()
+        merged: list[tuple[int, int, str]] = []
+        horizon: tuple[int, str] | None = None
+        for p, rows in enumerate(replies):
+            if len(rows) >= count + int(ties[p]) and rows:
+                last = (int(rows[-1][1]), text(rows[-1][0]))
+                horizon = last if horizon is None or last > horizon else horizon
+            for member, score in rows:
+                key = (int(score), text(member))
+                if top is None or key < top:
+                    merged.append((key[0], p, key[1]))
+        merged.sort(key=lambda c: (c[0], c[2]), reverse=True)
+        if horizon is not None:
+            merged = [c for c in merged if (c[0], c[2]) >= horizon]
+        return merged[:count], horizon is not None or len(merged) > count
+
+    def _light_records(self, batch: list[tuple[int, int, str]]) -> list[dict[str, Any] | None]:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for _, p, rid in batch:
+                pipe.hmget(self.keys.run(p, rid), LIST_FIELDS)
+            replies = pipe.execute()
+        out: list[dict[str, Any] | None] = []
+        for values in replies:
+            if values[0] is None:  # purged meanwhile
+                out.append(None)
+                continue
+            out.append(decode_run({k: v for k, v in zip(LIST_FIELDS, values, strict=True) if v is not None}))
+        return out
+
+
+def _matches(
+    record: dict[str, Any], status: str | None, workflow_type: str | None, id_prefix: str | None
+) -> bool:
+    if status == "blocked":
+        if not (record.get("blocked") and record.get("status") in OPEN_STATUSES):
+            return False
+    elif status is not None and record.get("status") != status:
+        return False
+    if workflow_type is not None and record.get("type") != workflow_type:
+        return False
+    return id_prefix is None or str(record.get("workflow_id", "")).startswith(id_prefix)

@@ -1,0 +1,303 @@
+"""``durable server``: the HTTP API, end to end.
+
+A real server process (two: one open on loopback, one with tokens and a hook secret) on
+the test Redis with a real ``durable worker`` process, driven with an HTTP client.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from procs import ROOT, spawn_worker, stop
+from server_procs import ServerProc
+from waiting import wait_for
+
+from durable import Schedule, ScheduleHandle
+from durable.store.connect import flush_database
+from durable.store.redis_store import RedisStore
+from workers.server import CODES, ENDPOINTS, sign
+
+OPERATOR = "op-" + "o" * 29
+READER = "ro-" + "r" * 29
+HOOK_SECRET = "hook-secret-for-tests"
+CSRF = {"X-Durable-Request": "1"}
+
+
+@dataclass
+class Api:
+    store: RedisStore
+    open: ServerProc
+    secured: ServerProc
+
+
+@pytest.fixture(scope="module")
+def api(durable_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    flush_database(durable_redis_url)
+    logs = tmp_path_factory.mktemp("server-logs")
+    store = RedisStore(durable_redis_url)
+    worker = spawn_worker(durable_redis_url)
+    servers: list[ServerProc] = []
+    try:
+        servers.append(ServerProc(durable_redis_url, logs / "open.log"))
+        env = {
+            "DURABLE_SERVER_TOKENS": f"operator:{OPERATOR},read:{READER}",
+            "DURABLE_SERVER_HOOK_SECRET": HOOK_SECRET,
+        }
+        servers.append(ServerProc(durable_redis_url, logs / "secured.log", env=env))
+        wait_for(lambda: store.live_workers(), timeout=30)
+        yield Api(store, servers[0], servers[1])
+    finally:
+        for server in servers:
+            server.stop()
+        stop(worker)
+        store.close()
+
+
+def _id(name: str) -> str:
+    return f"srv-{name}-{uuid.uuid4().hex[:8]}"
+
+
+def _error(resp: httpx.Response, status: int, code: str) -> str:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"} and body["error"]["code"] == code, body
+    assert CODES[code][0] == status
+    return body["error"]["message"]
+
+
+def _status(client: httpx.Client, workflow_id: str, want: str) -> dict:
+    return wait_for(
+        lambda: (d := client.get(f"/api/v1/workflows/{workflow_id}").json()).get("status") == want and d,
+        timeout=30,
+    )
+
+
+def test_health_and_openapi(api: Api) -> None:
+    with api.open.client() as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        doc = c.get("/api/v1/openapi.json").json()
+    assert doc["openapi"].startswith("3.")
+    for endpoint in ENDPOINTS:
+        assert endpoint.method.lower() in doc["paths"][endpoint.path]
+    assert doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"][
+        "enum"
+    ] == sorted(CODES)
+
+
+def test_start_signal_describe_history_list(api: Api) -> None:
+    wid = _id("waiter")
+    with api.open.client(**CSRF) as c:
+        resp = c.post("/api/v1/workflows", json={"type": "Waiter", "id": wid, "args": [0.01]})
+        assert resp.status_code == 201, resp.text
+        started = resp.json()
+        assert started["workflow_id"] == wid and started["run_id"] and started["warning"] is None
+        wait_for(
+            lambda: any(p["kind"] == "signal" for p in c.get(f"/api/v1/workflows/{wid}").json()["pending"])
+        )
+        assert c.post(f"/api/v1/workflows/{wid}/signal/go", json={"args": ["ready"]}).status_code == 200
+        info = _status(c, wid, "completed")
+        assert info["outcome"]["result"] == "ready" and info["run_id"] == started["run_id"]
+        history = c.get(f"/api/v1/workflows/{wid}/history").json()
+        types = [e["type"] for e in history["events"]]
+        assert types[0] == "WorkflowStarted" and types[-1] == "WorkflowCompleted"
+        assert history["events"][0]["data"]["args"] == [0.01]
+        signal = next(e for e in history["events"] if e["type"] == "SignalReceived")
+        assert signal["data"]["payload"] == ["ready"]
+        page = c.get(f"/api/v1/workflows/{wid}/history", params={"limit": 2}).json()
+        assert [e["seq"] for e in page["events"]] == [1, 2] and page["next_after"] == 2
+        rest = c.get(f"/api/v1/workflows/{wid}/history", params={"after": 2}).json()
+        assert [e["seq"] for e in rest["events"]] == list(range(3, len(types) + 1))
+
+        listed = c.get("/api/v1/workflows", params={"type": "Waiter", "id_prefix": wid}).json()
+        assert [r["workflow_id"] for r in listed["workflows"]] == [wid]
+        assert listed["workflows"][0]["status"] == "completed" and "snapshot" not in listed["workflows"][0]
+        assert (
+            c.get("/api/v1/workflows", params={"status": "running", "id_prefix": wid}).json()["workflows"]
+            == []
+        )
+        created = listed["workflows"][0]["created"]
+        assert (
+            c.get("/api/v1/workflows", params={"since": created + 1, "id_prefix": wid}).json()["workflows"]
+            == []
+        )
+        assert c.get("/api/v1/workflows", params={"until": created, "id_prefix": wid}).json()["workflows"]
+
+
+def test_query_and_hook_resumed_by_signed_webhook(api: Api) -> None:
+    wid = _id("hooked")
+    with api.secured.client(OPERATOR) as c:
+        assert c.post("/api/v1/workflows", json={"type": "Hooked", "id": wid}).status_code == 201
+        token = wait_for(
+            lambda: c.post(f"/api/v1/workflows/{wid}/query/hook_token", json={}).json().get("result")
+        )
+        created = next(
+            e
+            for e in c.get(f"/api/v1/workflows/{wid}/history").json()["events"]
+            if e["type"] == "HookCreated"
+        )
+        assert token not in json.dumps(created)
+
+    body = json.dumps({"paid": 42}).encode()
+    headers = {"content-type": "application/json"}
+    with api.secured.client() as hook:
+        _error(hook.post(f"/api/v1/hooks/{token}", content=body, headers=headers), 401, "bad_signature")
+        wrong = {**headers, "X-Durable-Signature": sign("other", body)}
+        _error(hook.post(f"/api/v1/hooks/{token}", content=body, headers=wrong), 401, "bad_signature")
+        signed = {**headers, "X-Durable-Signature": sign(HOOK_SECRET, body)}
+        resp = hook.post(f"/api/v1/hooks/{token}", content=body, headers=signed)
+        assert resp.status_code == 200, resp.text
+        assert token not in resp.text
+        message = _error(
+            hook.post(f"/api/v1/hooks/{token}", content=body, headers=signed), 409, "hook_token_unusable"
+        )
+        assert token not in message
+    with api.secured.client(READER) as c:
+        assert _status(c, wid, "completed")["outcome"]["result"] == {"paid": 42}
+    log = api.secured.log.read_text()
+    assert "/api/v1/hooks/***" in log
+    for secret in (token, OPERATOR, READER, HOOK_SECRET):
+        assert secret not in log
+
+
+def test_cancel_terminate_and_conflicts(api: Api, tmp_path: Path) -> None:
+    saga, waiter = _id("saga"), _id("waiter")
+    with api.open.client(**CSRF) as c:
+        c.post("/api/v1/workflows", json={"type": "Saga", "id": saga, "args": [str(tmp_path / "saga.log")]})
+        c.post("/api/v1/workflows", json={"type": "Waiter", "id": waiter, "args": [60]})
+        wait_for(
+            lambda: any(p["kind"] == "signal" for p in c.get(f"/api/v1/workflows/{saga}").json()["pending"])
+        )
+        resp = c.post(f"/api/v1/workflows/{saga}/cancel", json={"reason": "operator says"})
+        assert resp.status_code == 200 and resp.json()["cancel_requested"] is True
+        assert _status(c, saga, "cancelled")["outcome"]["error"]["message"]
+        assert c.post(f"/api/v1/workflows/{waiter}/terminate", json={"reason": "stop"}).json()["terminated"]
+        info = c.get(f"/api/v1/workflows/{waiter}").json()
+        assert info["status"] == "terminated" and info["outcome"]["error"]["message"] == "stop"
+        _error(c.post(f"/api/v1/workflows/{waiter}/signal/go", json={"args": [1]}), 409, "workflow_closed")
+        _error(c.post(f"/api/v1/workflows/{waiter}/terminate"), 409, "workflow_closed")
+        _error(c.post(f"/api/v1/workflows/{waiter}/repair"), 409, "workflow_closed")
+        again = c.post("/api/v1/workflows", json={"type": "Waiter", "id": saga + "-x", "args": [60]})
+        assert again.status_code == 201
+        _error(
+            c.post("/api/v1/workflows", json={"type": "Waiter", "id": saga + "-x"}), 409, "already_started"
+        )
+        c.post(f"/api/v1/workflows/{saga}-x/terminate")
+
+
+def test_bad_input_gets_json_errors(api: Api) -> None:
+    with api.open.client(**CSRF) as c:
+        _error(c.get("/api/v1/workflows/no-such-run"), 404, "not_found")
+        _error(c.get("/api/v1/workflows/no-such-run/history"), 404, "not_found")
+        _error(c.post("/api/v1/workflows/no-such-run/signal/go", json={"args": []}), 404, "not_found")
+        _error(c.get("/api/v1/nothing-here"), 404, "not_found")
+        _error(c.delete("/api/v1/workflows"), 405, "method_not_allowed")
+        json_headers = {"content-type": "application/json"}
+        _error(c.post("/api/v1/workflows", content=b"{not json", headers=json_headers), 400, "bad_request")
+        _error(
+            c.post("/api/v1/workflows", content=b"type=x", headers={"content-type": "text/plain"}),
+            415,
+            "unsupported_media_type",
+        )
+        _error(c.post("/api/v1/workflows", json={"type": "Waiter", "args": "nope"}), 422, "invalid_argument")
+        _error(c.post("/api/v1/workflows", json={"type": 5}), 422, "invalid_argument")
+        _error(c.post("/api/v1/workflows", json=[1, 2]), 422, "invalid_argument")
+        _error(c.post("/api/v1/workflows", json={"type": "Waiter", "id": "bad\nid"}), 422, "invalid_argument")
+        _error(c.get("/api/v1/workflows", params={"limit": "x"}), 422, "invalid_argument")
+        _error(c.get("/api/v1/workflows", params={"limit": 100000}), 422, "invalid_argument")
+        _error(c.get("/api/v1/workflows", params={"status": "sleepy"}), 422, "invalid_argument")
+        _error(c.get("/api/v1/workflows", params={"before": "yesterday"}), 422, "invalid_argument")
+        _error(c.get("/api/v1/workflows", params={"since": "not a time"}), 422, "invalid_argument")
+        big = json.dumps({"type": "Waiter", "args": ["x" * (1 << 20)]}).encode()
+        _error(c.post("/api/v1/workflows", content=big, headers=json_headers), 413, "payload_too_large")
+        _error(c.post("/api/v1/hooks/0.nonsense", json={}), 409, "hook_token_unusable")
+
+        wid = _id("waiter")
+        c.post("/api/v1/workflows", json={"type": "Waiter", "id": wid, "args": [60]})
+        message = _error(c.post(f"/api/v1/workflows/{wid}/query/nope", json={}), 422, "rejected")
+        assert "no @query 'nope'" in message
+        update = c.post(f"/api/v1/workflows/{wid}/update/nope", json={"args": []})
+        assert update.status_code in (404, 409, 422, 501) and "error" in update.json()
+        c.post(f"/api/v1/workflows/{wid}/terminate")
+
+
+def test_auth_roles_and_csrf(api: Api) -> None:
+    secured, opened = api.secured, api.open
+    with secured.client() as anonymous:
+        resp = anonymous.get("/api/v1/workflows")
+        _error(resp, 401, "unauthorized")
+        assert resp.headers["www-authenticate"].startswith("Bearer")
+        assert anonymous.get("/healthz").status_code == 200
+    with secured.client("not-a-known-token-at-all") as wrong:
+        _error(wrong.get("/api/v1/workflows"), 401, "unauthorized")
+    wid = _id("waiter")
+    with secured.client(READER) as reader:
+        assert reader.get("/api/v1/workflows").status_code == 200
+        assert reader.get("/api/v1/workers").status_code == 200
+        _error(reader.post("/api/v1/workflows", json={"type": "Waiter", "id": wid}), 403, "forbidden")
+    with secured.client(OPERATOR) as operator:
+        assert (
+            operator.post("/api/v1/workflows", json={"type": "Waiter", "id": wid, "args": [60]}).status_code
+            == 201
+        )
+    with secured.client(READER) as reader:
+        _error(reader.post(f"/api/v1/workflows/{wid}/terminate"), 403, "forbidden")
+        _error(reader.post(f"/api/v1/workflows/{wid}/signal/go", json={"args": [1]}), 403, "forbidden")
+    with secured.client(OPERATOR) as operator:
+        assert operator.post(f"/api/v1/workflows/{wid}/terminate").status_code == 200
+
+    with opened.client() as browser:  # no tokens: the CSRF header or a bearer is required
+        assert browser.get("/api/v1/workflows").status_code == 200
+        _error(browser.post("/api/v1/workflows", json={"type": "Waiter"}), 403, "csrf")
+        evil = {**CSRF, "Origin": "http://evil.example"}
+        _error(browser.post("/api/v1/workflows", json={"type": "Waiter"}, headers=evil), 403, "csrf")
+        _error(browser.get("/api/v1/workflows", headers={"Host": "evil.example"}), 403, "forbidden")
+
+
+def test_workers_schedules_dead_letters(api: Api) -> None:
+    ScheduleHandle.create("srv-sched", Schedule(workflow="Waiter", args=(60,), every="1h"), store=api.store)
+    with api.open.client(**CSRF) as c:
+        workers = c.get("/api/v1/workers").json()
+        assert workers["workers"] and "Waiter" in workers["workers"][0]["workflows"]
+        assert "default" in workers["queues"]
+        assert [s["id"] for s in c.get("/api/v1/schedules").json()["schedules"]] == ["srv-sched"]
+        assert c.get("/api/v1/schedules/srv-sched").json()["spec"]["workflow"] == "Waiter"
+        _error(c.get("/api/v1/schedules/nope"), 404, "not_found")
+        assert c.post("/api/v1/schedules/srv-sched/pause", json={"note": "maintenance"}).json()["paused"]
+        described = c.get("/api/v1/schedules/srv-sched").json()
+        assert described["paused"] and described["note"] == "maintenance"
+        assert c.post("/api/v1/schedules/srv-sched/unpause").json()["paused"] is False
+        triggered = c.post("/api/v1/schedules/srv-sched/trigger").json()["workflow_id"]
+        assert triggered.startswith("srv-sched-")
+        c.post(f"/api/v1/workflows/{triggered}/terminate")
+        assert isinstance(c.get("/api/v1/dead-letters").json()["dead_letters"], list)
+    ScheduleHandle("srv-sched", store=api.store).delete()
+
+
+def test_server_refuses_open_non_loopback_and_bad_tokens(durable_redis_url: str) -> None:
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        environ = {"DURABLE_REDIS_URL": durable_redis_url, "PATH": "/usr/bin:/bin", **(env or {})}
+        return subprocess.run(
+            [sys.executable, "-m", "workers.cli", "server", *args],
+            cwd=ROOT,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    refused = run("--host", "0.0.0.0", "--port", "1")
+    assert refused.returncode == 1 and "refusing to listen on 0.0.0.0 without tokens" in refused.stderr
+    short = run("--port", "1", env={"DURABLE_SERVER_TOKENS": "operator:short"})
+    assert short.returncode == 1 and "shorter than 16 characters" in short.stderr
+    role = run("--port", "1", env={"DURABLE_SERVER_TOKENS": f"admin:{OPERATOR}"})
+    assert role.returncode == 1 and "unknown role 'admin'" in role.stderr
+    assert OPERATOR not in role.stderr

@@ -1,0 +1,99 @@
+"""``durable server``: the operator surface's HTTP API on the same Redis as everything else."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import click
+
+from workers.cli.core import CliError, CliState, load_apps, pass_state
+from workers.config import mask_url
+from workers.logging import FORMATS, configure
+
+__all__ = ["COMMANDS", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``): only this machine reaches it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8233, show_default=True, type=click.IntRange(1, 65535), help="TCP port.")
+@click.option(
+    "--app",
+    "apps",
+    multiple=True,
+    metavar="MODULE",
+    help="Module defining workflows (repeatable): queries replay runs here with its code.",
+)
+@click.option(
+    "--auth-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON or TOML file of bearer tokens and roles (see docs/server.md); "
+    "or set $DURABLE_SERVER_TOKENS. Never on the command line.",
+)
+@click.option("--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING, ERROR.")
+@click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True)
+@pass_state
+def server(
+    state: CliState,
+    host: str,
+    port: int,
+    apps: tuple[str, ...],
+    auth_file: Path | None,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Serve the HTTP API (/api/v1, /healthz) for this Redis and namespace.
+
+    Without tokens (--auth-file or $DURABLE_SERVER_TOKENS) it listens on loopback only.
+    Needs the server extra: pip install 'durable[server]'.
+    """
+    try:
+        # Lazily: the server extra is optional and every other command works without it.
+        import uvicorn
+
+        from workers.server import AuthFileError, create_app, load_auth
+    except ImportError as exc:
+        raise CliError(
+            f"durable server needs the server extra ({exc.name} is missing): pip install 'durable[server]'"
+        ) from None
+    try:
+        configure(log_level, log_format)
+        auth = load_auth(auth_file)
+    except (ValueError, AuthFileError) as exc:
+        raise CliError(str(exc)) from None
+    if not auth.enabled and not is_loopback(host):
+        raise CliError(
+            f"refusing to listen on {host} without tokens: anyone reaching it could drive every run; "
+            "configure tokens (--auth-file FILE or $DURABLE_SERVER_TOKENS, see docs/server.md) "
+            "or listen on 127.0.0.1"
+        )
+    load_apps(apps)
+    store = state.store
+    where = f"[{host}]" if ":" in host else host
+    access = (
+        f"{len(auth.tokens)} token(s)" if auth.enabled else "no tokens: open to this machine only (loopback)"
+    )
+    click.echo(f"durable server on http://{where}:{port} (redis {mask_url(state.url or '')}; auth: {access})")
+    uvicorn.run(
+        create_app(store, auth),
+        host=host,
+        port=port,
+        log_config=None,  # records go through durable's masking handler (configured above)
+        access_log=False,  # the app's own access log masks hook tokens in paths
+        server_header=False,
+        timeout_graceful_shutdown=5,
+    )
+
+
+COMMANDS = [server]

@@ -1,0 +1,113 @@
+"""The ASGI application: :func:`create_app` puts the routes, the JSON errors and the access log
+together over one store."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import durable
+from durable.store.redis_store import RedisStore
+from workers.server import ops_routes, workflow_routes
+from workers.server.auth import AuthConfig
+from workers.server.endpoint import Call, Endpoint, error_response, view
+from workers.server.errors import ApiError, from_exception
+from workers.server.openapi import openapi_document
+
+__all__ = ["ENDPOINTS", "MAX_BODY", "create_app", "masked_path"]
+
+MAX_BODY = 1 << 20
+"""Largest request body accepted by default (1 MiB); larger ones get ``413 payload_too_large``."""
+
+access_log = logging.getLogger("durable.server.access")
+_HOOK_PATH = re.compile(r"(/api/v1/hooks/)[^/?]+")
+
+
+def _openapi(call: Call) -> dict[str, Any]:
+    return openapi_document(ENDPOINTS, durable.__version__)
+
+
+ENDPOINTS: list[Endpoint] = [
+    *ops_routes.ENDPOINTS[:1],
+    Endpoint("GET", "/api/v1/openapi.json", _openapi, "public", "This OpenAPI document"),
+    *workflow_routes.ENDPOINTS,
+    *ops_routes.ENDPOINTS[1:],
+]
+"""Every route of the API."""
+
+
+def masked_path(path: str) -> str:
+    """``path`` fit for a log line: a hook token in it replaced by ``***``."""
+    return _HOOK_PATH.sub(r"\1***", path)
+
+
+class AccessLog:
+    """One log line per request: method, path (hook tokens masked), status, milliseconds.
+
+    Replaces uvicorn's access log, which would print a hook token in the path.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), [0]
+
+        async def send_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            access_log.info(
+                "%s %s %d %.1fms",
+                scope["method"],
+                masked_path(scope["path"]),
+                status[0],
+                (time.perf_counter() - started) * 1000,
+            )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, HTTPException) and exc.status_code == 405:
+        return error_response(ApiError("method_not_allowed", f"{request.method} is not allowed here"))
+    if isinstance(exc, HTTPException) and exc.status_code == 404:
+        return error_response(ApiError("not_found", f"no route {masked_path(request.url.path)}"))
+    return error_response(from_exception(exc))
+
+
+def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: int = MAX_BODY) -> Starlette:
+    """The API over ``store`` (the UI joins it later).
+
+    Args:
+        store: The namespace's store; its client is used from Starlette's thread pool.
+        auth: Tokens and hook secret (default: none -- only fit for loopback).
+        max_body: Largest request body in bytes.
+    """
+    auth = auth or AuthConfig()
+    routes = [
+        Route(e.path, view(e, store, auth, max_body), methods=[e.method], name=e.handler.__name__)
+        for e in ENDPOINTS
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_error, Exception: _http_error},
+    )
+    app.state.store = store
+    app.state.auth = auth
+    app.add_middleware(AccessLog)
+    return app

@@ -1,0 +1,212 @@
+"""One API route as data: its method, path, role and handler, plus what the OpenAPI document says.
+
+Handlers are plain synchronous functions of a :class:`Call` (the durable client
+blocks on Redis): :func:`view` does the checks and body reading on the event loop,
+then runs the handler in Starlette's thread pool and answers its value as JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from durable.store.redis_store import RedisStore
+from workers.cli.render import to_json
+from workers.server.auth import AuthConfig, check_browser_rules
+from workers.server.errors import ApiError, from_exception
+
+__all__ = ["Call", "Endpoint", "Param", "json_response", "view"]
+
+_NEEDS = {"read": ("read", "operator"), "operator": ("operator",)}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A query parameter: name, JSON-schema type, description."""
+
+    name: str
+    type: str
+    description: str
+
+
+@dataclass
+class Call:
+    """What a handler gets: the store, the path and query parameters, the parsed body."""
+
+    store: RedisStore
+    path: Mapping[str, str]
+    query: Mapping[str, str]
+    body: Any
+    raw: bytes
+    headers: Mapping[str, str]
+    role: str
+
+    def arg(self, name: str, kind: type = str, default: Any = None) -> Any:
+        """Query parameter ``name`` as ``kind`` (``str`` or ``int``), or ``default``.
+
+        Raises:
+            ApiError: ``invalid_argument`` for a value that is not a ``kind``.
+        """
+        value = self.query.get(name)
+        if value is None or value == "":
+            return default
+        if kind is int:
+            try:
+                return int(value)
+            except ValueError:
+                raise ApiError("invalid_argument", f"query parameter {name!r} must be an integer") from None
+        return value
+
+    def time_arg(self, name: str) -> int | None:
+        """Query parameter ``name`` as UTC ms: an integer, or an ISO 8601 time (no zone: UTC)."""
+        value = self.query.get(name)
+        if not value:
+            return None
+        if value.lstrip("-").isdigit():
+            return int(value)
+        try:
+            when = _dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise ApiError(
+                "invalid_argument", f"query parameter {name!r} must be UTC ms or an ISO 8601 time"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=_dt.UTC)
+        return int(when.timestamp() * 1000)
+
+    def field(self, name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        """Body field ``name`` (the body must be an object), checked to be a ``kind``.
+
+        Raises:
+            ApiError: ``invalid_argument`` for a body that is not an object or a wrong type.
+        """
+        body = self.body if self.body is not None else {}
+        if not isinstance(body, dict):
+            raise ApiError("invalid_argument", "the body must be a JSON object")
+        value = body.get(name, default)
+        if value is not default and not isinstance(value, kind):
+            names = " or ".join(
+                _TYPE_NAMES.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,))
+            )
+            raise ApiError("invalid_argument", f"body field {name!r} must be {names}")
+        return value
+
+    def args(self) -> list[Any]:
+        """The body's ``args``: a JSON array (default: no arguments)."""
+        return list(self.field("args", list, []))
+
+
+_TYPE_NAMES = {list: "an array", str: "a string", bool: "a boolean", int: "an integer", dict: "an object"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: ``role`` is ``public``, ``read``, ``operator`` or ``hook`` (the path's token is
+    the credential; the body may have to be signed)."""
+
+    method: str
+    path: str
+    handler: Callable[[Call], Any]
+    role: str
+    summary: str
+    status: int = 200
+    params: tuple[Param, ...] = ()
+    body: str | None = None
+    tags: tuple[str, ...] = field(default=())
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """``data`` as a JSON response (payload values through the CLI's JSON rendering)."""
+    return Response(to_json(data), status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(err: ApiError) -> Response:
+    return json_response(err.body(), err.status, err.headers)
+
+
+def view(endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int) -> Callable[..., Any]:
+    """The Starlette endpoint function of ``endpoint``."""
+
+    async def serve(request: Request) -> Response:
+        try:
+            call = await _prepare(request, endpoint, store, auth, max_body)
+            result = await run_in_threadpool(endpoint.handler, call)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the API's JSON error
+            return error_response(from_exception(exc))
+        if isinstance(result, Response):
+            return result
+        return json_response(result, endpoint.status)
+
+    serve.__name__ = endpoint.handler.__name__
+    return serve
+
+
+async def _prepare(
+    request: Request, endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int
+) -> Call:
+    headers = request.headers
+    role = "operator"
+    if endpoint.role in ("read", "operator"):
+        check_browser_rules(auth, request.method, headers)
+        role = auth.role_of(headers)[0]
+        if role not in _NEEDS[endpoint.role]:
+            raise ApiError(
+                "forbidden", f"a {role} token may not {endpoint.summary[0].lower()}{endpoint.summary[1:]}"
+            )
+    raw = await read_body(request, max_body) if request.method == "POST" else b""
+    if endpoint.role == "hook":
+        auth.check_signature(headers, raw)
+    return Call(
+        store=store,
+        path=dict(request.path_params),
+        query=dict(request.query_params),
+        # A webhook's body is the hook's payload, whatever its media type (see hook_payload).
+        body=None if endpoint.role == "hook" else parse_json(raw, headers.get("content-type", "")),
+        raw=raw,
+        headers=headers,
+        role=role,
+    )
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request body, refused past ``cap`` bytes (before reading it when it says its length).
+
+    Raises:
+        ApiError: ``payload_too_large``.
+    """
+    too_large = ApiError("payload_too_large", f"the body is larger than this server's cap of {cap} bytes")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > cap:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, content_type: str) -> Any:
+    """The body as JSON (``None`` when empty).
+
+    Raises:
+        ApiError: ``unsupported_media_type`` for a non-JSON content type, ``bad_request`` for
+            bytes that are not JSON.
+    """
+    if not raw.strip():
+        return None
+    media = content_type.split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise ApiError("unsupported_media_type", f"the body must be application/json, not {media}")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError("bad_request", f"the body is not valid JSON: {exc}") from None

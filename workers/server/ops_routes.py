@@ -1,0 +1,120 @@
+"""The routes around the runs: health, hooks resumed by webhook, workers, schedules, dead letters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from durable import ScheduleHandle, WorkflowStub
+from workers.cli.fleet import fleet_report
+from workers.server.endpoint import Call, Endpoint, Param
+from workers.server.errors import ApiError
+
+__all__ = ["ENDPOINTS", "hook_payload"]
+
+
+def healthz(call: Call) -> dict[str, Any]:
+    call.store.redis.ping()  # unreachable: the API's 503 redis_unavailable
+    return {"status": "ok"}
+
+
+def hook_payload(raw: bytes, content_type: str) -> Any:
+    """What a webhook body delivers: its JSON value when it is JSON (or untyped and parses),
+    else its text (UTF-8), else its bytes; an empty body delivers ``None``."""
+    if not raw.strip():
+        return None
+    media = content_type.split(";")[0].strip().lower()
+    if not media or media == "application/json" or media.endswith("+json"):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            if media:
+                raise ApiError("bad_request", "the body is not valid JSON") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def resume_hook(call: Call) -> dict[str, Any]:
+    payload = hook_payload(call.raw, call.headers.get("content-type", ""))
+    WorkflowStub.resume_hook(call.path["token"], payload, store=call.store)
+    return {"resumed": True}
+
+
+def list_workers(call: Call) -> dict[str, Any]:
+    return fleet_report(call.store)
+
+
+def list_schedules(call: Call) -> dict[str, Any]:
+    return {"schedules": [d.to_dict() for d in ScheduleHandle.list(store=call.store)]}
+
+
+def _schedule(call: Call) -> ScheduleHandle:
+    return ScheduleHandle(call.path["id"], store=call.store)
+
+
+def describe_schedule(call: Call) -> dict[str, Any]:
+    return _schedule(call).describe().to_dict()
+
+
+def pause_schedule(call: Call) -> dict[str, Any]:
+    _schedule(call).pause(call.field("note", str, ""))
+    return {"id": call.path["id"], "paused": True}
+
+
+def unpause_schedule(call: Call) -> dict[str, Any]:
+    _schedule(call).unpause(call.field("note", str, ""))
+    return {"id": call.path["id"], "paused": False}
+
+
+def trigger_schedule(call: Call) -> dict[str, Any]:
+    return {"id": call.path["id"], "workflow_id": _schedule(call).trigger(overlap=call.field("overlap", str))}
+
+
+def dead_letters(call: Call) -> dict[str, Any]:
+    limit = call.arg("limit", int, 100)
+    if not 1 <= limit <= 1000:
+        raise ApiError("invalid_argument", "limit must be 1..1000")
+    return {"dead_letters": call.store.dead_letters(count=limit)}
+
+
+_SCHEDULE = "/api/v1/schedules/{id}"
+_NOTE_BODY = '{"note": "..."} (optional): shown by describe'
+
+ENDPOINTS = [
+    Endpoint("GET", "/healthz", healthz, "public", "Check the server and its Redis"),
+    Endpoint(
+        "POST",
+        "/api/v1/hooks/{token}",
+        resume_hook,
+        "hook",
+        "Resume a hook with the body as its payload (signed with X-Durable-Signature when the "
+        "server has a hook secret)",
+        body="any: a JSON body is delivered as its value, another as text",
+    ),
+    Endpoint("GET", "/api/v1/workers", list_workers, "read", "List live workers, builds and queues"),
+    Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
+    Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),
+    Endpoint("POST", _SCHEDULE + "/pause", pause_schedule, "operator", "Pause a schedule", body=_NOTE_BODY),
+    Endpoint(
+        "POST", _SCHEDULE + "/unpause", unpause_schedule, "operator", "Unpause a schedule", body=_NOTE_BODY
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + "/trigger",
+        trigger_schedule,
+        "operator",
+        "Start a run of a schedule now",
+        body='{"overlap": "..."} (optional): the overlap policy for this run',
+    ),
+    Endpoint(
+        "GET",
+        "/api/v1/dead-letters",
+        dead_letters,
+        "read",
+        "List parked tasks and inputs",
+        params=(Param("limit", "integer", "per partition, 1..1000 (default 100)"),),
+    ),
+]
+"""The routes besides the workflows', in the order the OpenAPI document lists them."""
