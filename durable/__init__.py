@@ -11,7 +11,7 @@ public API; other modules are machinery.
 from __future__ import annotations
 
 from .activity import Activity, ActivityCancelledError, ActivityContext, RetryPolicy, activity_context
-from .client import HistoryEvent, WorkflowStub
+from .client import HistoryEvent, WorkflowStub, count_runs, list_runs
 from .errors import (
     ActivityFailed,
     ActivityTimeout,
@@ -48,6 +48,7 @@ from .schedules import (
     ScheduleNotFound,
     ScheduleOverlap,
 )
+from .search import SearchAttribute, SearchQueryError
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
@@ -71,6 +72,8 @@ from .workflow import (
     side_effect,
     signal,
     timer,
+    upsert_memo,
+    upsert_search_attributes,
     uuid4,
     wait_until,
     worker_session,
@@ -111,6 +114,8 @@ __all__ = [
     "ScheduleHandle",
     "ScheduleNotFound",
     "ScheduleOverlap",
+    "SearchAttribute",
+    "SearchQueryError",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",
@@ -130,9 +135,11 @@ __all__ = [
     "await_signal",
     "child",
     "continue_as_new",
+    "count_runs",
     "create_hook",
     "get_version",
     "history_length",
+    "list_runs",
     "local_activity",
     "now",
     "patched",
@@ -143,6 +150,8 @@ __all__ = [
     "side_effect",
     "signal",
     "timer",
+    "upsert_memo",
+    "upsert_search_attributes",
     "uuid4",
     "wait_until",
     "worker_session",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Self
 
 from . import codec, hooktokens
@@ -22,8 +23,10 @@ from .limits import check_name_length, check_queue_name
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of
+from .search import encode_values, parse_where
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from .store.search import stored_attributes, stored_memo
 from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -121,6 +124,8 @@ class WorkflowStub:
         self._id = workflow_id
         self._run_id = run_id
         self._queue = queue
+        self._search: dict[str, Any] = {}  # initial search attributes, encoded (make)
+        self._memo: bytes | None = None  # initial memo payload (make)
 
     # ------------------------------------------------------------- creation
     @classmethod
@@ -131,6 +136,8 @@ class WorkflowStub:
         *,
         queue: str | None = None,
         store: RedisStore | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: dict[str, Any] | None = None,
     ) -> WorkflowStub:  # noqa: A002
         """A stub for a new workflow instance (nothing is written until :meth:`start`).
 
@@ -138,9 +145,14 @@ class WorkflowStub:
             workflow: A ``Workflow`` subclass or its registered name.
             id: The workflow id (1-256 printable characters); default: a new unique id.
             queue: Task queue (default: the class's ``queue``).
+            search_attributes: Initial search attributes of the runs :meth:`start` starts
+                (declared names, values of their type; see :class:`durable.SearchAttribute`).
+            memo: Initial memo (any encodable values; shown by ``describe``, not indexed).
 
         Raises:
-            ConfigurationError: bad id or not a workflow.
+            ConfigurationError: bad id, not a workflow, an undeclared search attribute or one
+                of the wrong type.
+            SerializationError: a memo value the codec cannot encode.
         """
         if isinstance(workflow, str):
             type_name = check_name(workflow, "workflow")
@@ -154,12 +166,20 @@ class WorkflowStub:
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
         if queue is not None:
             check_queue_name(queue)
-        return cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+        search = {k: v for k, v in encode_values(search_attributes or {}).items() if v is not None}
+        if memo is not None and not isinstance(memo, dict):
+            raise ConfigurationError(f"memo must be a dict, not {type(memo).__name__}")
+        memo_payload = codec.dumps(memo, path="memo") if memo else None
+        stub = cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+        stub._search, stub._memo = search, memo_payload
+        return stub
 
     @classmethod
     def from_stub(cls, stub: WorkflowStub) -> Self:
         """A stub of this class for the same workflow, run, queue and store as ``stub``."""
-        return cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+        copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+        copy._search, copy._memo = stub._search, stub._memo
+        return copy
 
     @classmethod
     def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
@@ -249,6 +269,8 @@ class WorkflowStub:
             args=payload,
             queue=queue,
             patches=patches,
+            search_attributes=self._search,
+            memo=self._memo,
         )
         self._run_id = run_id
         return self
@@ -339,6 +361,8 @@ class WorkflowStub:
             blocked_kind=blocked.kind if blocked else None,
             outcome=outcome.to_dict() if outcome else None,
             build_id=record.get("build") or None,
+            search_attributes=stored_attributes(record.get("sa")),
+            memo=stored_memo(record.get("memo")),
         )
         snap.setdefault("pending", [])
         return snap
@@ -418,6 +442,12 @@ class WorkflowStub:
         outcome = self._outcome(ref, record)
         for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
             snap.pop(name, None)
+        snap.update(
+            search_attributes=stored_attributes(record.get("sa")),
+            memo=stored_memo(record.get("memo")),
+            queue=record.get("queue"),
+            schedule_id=record.get("schedule_id") or None,
+        )
         return RunDescription(
             workflow_id=self._id,
             run_id=ref.run_id,
@@ -437,3 +467,48 @@ class WorkflowStub:
             ],
             extra=snap,
         )
+
+
+def list_runs(
+    where: str = "",
+    *,
+    limit: int = 50,
+    before: int | datetime | None = None,
+    store: RedisStore | None = None,
+) -> list[dict[str, Any]]:
+    """Runs matching a ``--where`` expression, newest first (what ``durable list --where`` shows).
+
+    Example:
+        ```python
+        page = durable.list_runs("customer = 'acme' and status = 'open'", limit=20)
+        more = durable.list_runs("customer = 'acme' and status = 'open'", before=page[-1]["created"])
+        ```
+
+    Args:
+        where: e.g. ``customer = 'acme' and status = 'running' and started > '2026-11-01'``
+            (grammar and attributes: docs/search.md); empty: every run.
+        limit: At most this many rows (1..1000).
+        before: Only runs created before this (ms or a datetime): the ``created`` of the last
+            row of the previous page.
+
+    Returns:
+        One dict per run: its record's fields (``workflow_id``, ``run_id``, ``type``,
+        ``status``, ``queue``, ``created``, ``closed``...) and ``search_attributes``.
+
+    Raises:
+        SearchQueryError: a syntax error or a wrong type in ``where`` (with its position).
+    """
+    store = store or default_store()
+    query = parse_where(where, store.search_types())
+    before_ms = int(before.timestamp() * 1000) if isinstance(before, datetime) else before
+    return store.search_runs(query, limit=limit, before_ms=before_ms)
+
+
+def count_runs(where: str = "", *, store: RedisStore | None = None) -> int:
+    """How many runs match a ``--where`` expression (see :func:`list_runs`).
+
+    Raises:
+        SearchQueryError: a syntax error or a wrong type in ``where`` (with its position).
+    """
+    store = store or default_store()
+    return store.count_runs(parse_where(where, store.search_types()))

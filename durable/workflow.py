@@ -316,6 +316,34 @@ def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
     return current_runtime().call_await_hook(hook, timeout)
 
 
+def upsert_search_attributes(values: dict[str, Any], *, id: str | None = None) -> None:  # noqa: A002
+    """Set search attributes of this run (a ``None`` value removes one); recorded in history.
+
+    Names must be declared (:class:`durable.SearchAttribute`) and values of their type; the
+    index that ``durable list --where`` queries is updated when the decision commits.
+
+    Example:
+        ```python
+        durable.upsert_search_attributes({"customer": "acme", "amount": 12.5})
+        ```
+
+    Raises:
+        ConfigurationError: an undeclared name or a value of the wrong type (nothing recorded).
+    """
+    current_runtime().call_upsert_search_attributes(values, id=id)
+
+
+def upsert_memo(values: dict[str, Any], *, id: str | None = None) -> None:  # noqa: A002
+    """Set keys of this run's memo (a ``None`` value removes one); recorded in history.
+
+    The memo is not indexed: ``describe`` and ``durable list --json`` show it.
+
+    Raises:
+        SerializationError: a value the codec cannot encode (nothing recorded).
+    """
+    current_runtime().call_upsert_memo(values, id=id)
+
+
 class WorkerSession:
     """Activities pinned to one worker (files on its disk, a GPU): see :func:`worker_session`."""
 

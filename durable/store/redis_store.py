@@ -14,7 +14,8 @@ The class is assembled from one module per concern:
 * :mod:`~durable.store.activities` -- attempt outcomes, heartbeats, deadlines, timers;
 * :mod:`~durable.store.leases` -- worker leases, dead workers' tasks, reclaim;
 * :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover;
-* :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes.
+* :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes;
+* :mod:`~durable.store.search` -- listing and counting runs by search attributes (``--where``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from ..errors import (
 )
 from ..ids import check_workflow_id
 from ..retention import type_retention_ms
-from .base import StoreBase
 from .keys import timer_member
 from .records import (
     DECISION_FIELDS,
@@ -38,6 +37,7 @@ from .records import (
     decode_run,
     text,
 )
+from .search import SearchStore, attribute_args, pack_index, start_index
 from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
 from .wire import stream_rows
 
@@ -48,7 +48,7 @@ Loaded = tuple[dict[str, Any] | None, list[bytes], Rows]
 """What a decision loads: the run record's decision fields, the inbox, the history rows."""
 
 
-class RunStore(StoreBase):
+class RunStore(SearchStore):
     """Runs: their records, histories, inboxes and the decisions committed on them."""
 
     # ------------------------------------------------------------- lookups
@@ -187,8 +187,13 @@ class RunStore(StoreBase):
         build_id: str = "",
         patches: Sequence[str] = (),
         options: dict[str, Any] | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: bytes | None = None,
     ) -> RunRef:
         """Create a run: instance + run record + WorkflowStarted + first workflow task.
+
+        ``search_attributes`` (encoded, see :func:`durable.search.encode_values`) and ``memo``
+        (a payload) are the run's initial ones; the search index is written in the same script.
 
         Raises:
             WorkflowAlreadyStarted: the workflow id has an open run.
@@ -204,7 +209,11 @@ class RunStore(StoreBase):
             build_id=build_id,
             patches=list(patches),
             options=options or {},
+            search_attributes=search_attributes or {},
+            memo=memo,
         ).to_data()
+        if search_attributes:
+            self.publish_search_types(list(search_attributes))
         k = self.keys
         result = self._run_script(
             "start_run",
@@ -223,6 +232,7 @@ class RunStore(StoreBase):
                 codec.pack(data),
                 codec.pack(parent) if parent else b"",
                 type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
+                pack_index(start_index(data)),
             ],
         )
         if text(result[0]) == "ALREADY":
@@ -258,6 +268,10 @@ class RunStore(StoreBase):
         extra = [t.stream for t in plan.activities]
         if plan.close is not None:
             payload["close"] = plan.close
+        if plan.search_attributes is not None:
+            payload["sa"] = attribute_args(plan.search_attributes)
+        if plan.memo is not None:
+            payload["memo"] = plan.memo
         if plan.sticky:
             payload["sticky"] = plan.sticky
         if plan.pin is not None:
@@ -302,6 +316,7 @@ class RunStore(StoreBase):
             "wq": k.workflow_tasks(p, nxt.queue, nxt.build),
             "runs": k.runs(p),
             "build": nxt.build,
+            "sx": start_index(codec.unpack(nxt.started)),
         }
 
     def commit(self, ref: RunRef, plan: CommitPlan) -> CommitResult:
@@ -323,6 +338,9 @@ class RunStore(StoreBase):
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
         calls = [self.commit_args(ref, plan) for ref, plan in decisions]
+        upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
+        if upserted:
+            self.publish_search_types(upserted)
         try:
             replies = self._script_many("commit", calls, raise_on_error=False)
         except redis.RedisError as exc:
