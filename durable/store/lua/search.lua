@@ -20,10 +20,62 @@ local function temp()
   return prefix .. 'tmp:' .. temps
 end
 
-local function eval(node)
+-- Whether score `s` is inside the ZRANGEBYSCORE-style bounds `min`, `max`.
+local function inside(s, min, max)
+  local function above(bound)
+    if bound == '-inf' then return true end
+    if string.sub(bound, 1, 1) == '(' then return s > tonumber(string.sub(bound, 2)) end
+    return s >= tonumber(bound)
+  end
+  local function below(bound)
+    if bound == '+inf' then return true end
+    if string.sub(bound, 1, 1) == '(' then return s < tonumber(string.sub(bound, 2)) end
+    return s <= tonumber(bound)
+  end
+  return above(min) and below(max)
+end
+
+-- At most this many candidates are checked one by one against a range (ZSCORE each) instead of
+-- materialising the range: `customer = 'x' and amount > 5` costs the customer's runs, not the
+-- runs with an amount.
+local FILTER_MAX = 2000
+
+local eval
+
+-- `and` of keyword sets and ranges: intersect the sets, then filter by the ranges.
+local function filtered(node)
+  local sets, ranges = {'and'}, {}
+  for i = 2, #node do
+    local c = node[i]
+    if c[1] == 'n' or c[1] == 'r' then ranges[#ranges + 1] = c else sets[#sets + 1] = c end
+  end
+  if #sets == 1 or #ranges == 0 then return nil end
+  local base = eval(#sets == 2 and sets[2] or sets)
+  if redis.call('ZCARD', base) > FILTER_MAX then return nil end
+  local out = temp()
+  redis.call('ZUNIONSTORE', out, 1, base)
+  for _, m in ipairs(redis.call('ZRANGE', out, 0, -1)) do
+    for _, r in ipairs(ranges) do
+      local key, min, max = runs, r[2], r[3]
+      if r[1] == 'n' then key, min, max = prefix .. r[2], r[3], r[4] end
+      local s = tonumber(redis.call('ZSCORE', key, m))
+      if not s or not inside(s, min, max) then
+        redis.call('ZREM', out, m)
+        break
+      end
+    end
+  end
+  return out
+end
+
+eval = function(node)
   local op = node[1]
   if op == 'k' then return prefix .. node[2] end
   if op == 'all' then return runs end
+  if op == 'and' then
+    local done = filtered(node)
+    if done then return done end
+  end
   local out = temp()
   if op == 'r' then
     redis.call('ZRANGESTORE', out, runs, node[2], node[3], 'BYSCORE')
