@@ -94,6 +94,36 @@ eval = function(node)
   return out
 end
 
+-- A list over `or` of keyword sets (`in (...)`, status = 'open'/'closed'): merge each set's
+-- newest rows instead of building the union (O(sets x limit), not the sets' sizes).
+local function merged()
+  local rows, seen = {}, {}
+  for i = 2, #plan do
+    local got = redis.call('ZREVRANGEBYSCORE', prefix .. plan[i][2], high, low, 'WITHSCORES', 'LIMIT', 0, limit)
+    for j = 1, #got, 2 do
+      if not seen[got[j]] then
+        seen[got[j]] = true
+        rows[#rows + 1] = {got[j], tonumber(got[j + 1])}
+      end
+    end
+  end
+  table.sort(rows, function(a, b) return a[2] > b[2] end)
+  local out = {}
+  for i = 1, math.min(limit, #rows) do
+    out[#out + 1] = rows[i][1]
+    out[#out + 1] = tostring(rows[i][2])
+  end
+  return out
+end
+
+local only_keywords = mode == 'list' and plan[1] == 'or'
+if only_keywords then
+  for i = 2, #plan do
+    if plan[i][1] ~= 'k' then only_keywords = false end
+  end
+end
+if only_keywords then return merged() end
+
 local result = eval(plan)
 local reply
 if mode == 'count' then
