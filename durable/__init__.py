@@ -40,6 +40,7 @@ from .errors import (
     WorkflowTimeout,
 )
 from .limits import Limits
+from .listing import count_runs, list_runs
 from .registry import register_activity
 from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .schedules import (
@@ -50,6 +51,7 @@ from .schedules import (
     ScheduleNotFound,
     ScheduleOverlap,
 )
+from .search import SearchAttribute, SearchQueryError
 from .workflow import (
     DEFAULT_VERSION,
     Hook,
@@ -76,6 +78,8 @@ from .workflow import (
     signal,
     timer,
     update,
+    upsert_memo,
+    upsert_search_attributes,
     uuid4,
     wait_until,
     worker_session,
@@ -117,6 +121,8 @@ __all__ = [
     "ScheduleNotFound",
     "ScheduleOverlap",
     "Settled",
+    "SearchAttribute",
+    "SearchQueryError",
     "SerializationError",
     "SessionLost",
     "SignalTimeout",
@@ -139,9 +145,11 @@ __all__ = [
     "await_signal",
     "child",
     "continue_as_new",
+    "count_runs",
     "create_hook",
     "get_version",
     "history_length",
+    "list_runs",
     "local_activity",
     "now",
     "patched",
@@ -153,6 +161,8 @@ __all__ = [
     "signal",
     "timer",
     "update",
+    "upsert_memo",
+    "upsert_search_attributes",
     "uuid4",
     "wait_until",
     "worker_session",

@@ -24,10 +24,12 @@ from .options import Seconds
 from .registry import check_name, get_workflow
 from .replay import Driver
 from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of
+from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from .store.search import stored_attributes, stored_memo
 from .store.updates import deliver_update, update_result, wait_update
 from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
@@ -99,6 +101,8 @@ class WorkflowStub(Generic[R]):
         self._run_id = run_id
         self._queue = queue
         self._policy = DEFAULT_POLICY
+        self._search: dict[str, Any] = {}  # initial search attributes, encoded (make)
+        self._memo: bytes | None = None  # initial memo payload (make)
 
     # ------------------------------------------------------------- creation
     @overload
@@ -114,6 +118,8 @@ class WorkflowStub(Generic[R]):
         id_conflict_policy: str | None = None,
         execution_timeout: Seconds | str | None = None,
         run_timeout: Seconds | str | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: dict[str, Any] | None = None,
     ) -> WorkflowStub[R]: ...  # noqa: A002
 
     @overload
@@ -129,6 +135,8 @@ class WorkflowStub(Generic[R]):
         id_conflict_policy: str | None = None,
         execution_timeout: Seconds | str | None = None,
         run_timeout: Seconds | str | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: dict[str, Any] | None = None,
     ) -> WorkflowStub[Any]: ...  # noqa: A002
 
     @classmethod
@@ -143,6 +151,8 @@ class WorkflowStub(Generic[R]):
         id_conflict_policy: str | None = None,
         execution_timeout: Seconds | str | None = None,
         run_timeout: Seconds | str | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: dict[str, Any] | None = None,
     ) -> WorkflowStub[Any]:  # noqa: A002
         """A stub for a new workflow instance (nothing is written until :meth:`start`).
 
@@ -163,9 +173,16 @@ class WorkflowStub(Generic[R]):
                 timeout closes as ``failed`` with a :class:`~durable.errors.WorkflowTimeout`
                 cause (see :mod:`durable.start_policy`).
 
+            search_attributes: Initial search attributes of the runs :meth:`start` starts
+                (declared names, values of their type; see :class:`durable.SearchAttribute`).
+            memo: Initial memo (any encodable values; shown by ``describe``, not indexed).
+
+
         Raises:
             ConfigurationError: bad id, not a workflow, an unknown policy (the message lists
-                the valid ones) or a timeout that is not a positive duration.
+                the valid ones), a timeout that is not a positive duration, an undeclared
+                search attribute or one of the wrong type.
+            SerializationError: a memo value the codec cannot encode.
         """
         if isinstance(workflow, str):
             type_name = check_name(workflow, "workflow")
@@ -179,6 +196,10 @@ class WorkflowStub(Generic[R]):
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
         if queue is not None:
             check_queue_name(queue)
+        search = {k: v for k, v in encode_values(search_attributes or {}).items() if v is not None}
+        if memo is not None and not isinstance(memo, dict):
+            raise ConfigurationError(f"memo must be a dict, not {type(memo).__name__}")
+        memo_payload = codec.dumps(memo, path="memo") if memo else None
         policy = StartPolicy.of(
             id_reuse_policy=id_reuse_policy,
             id_conflict_policy=id_conflict_policy,
@@ -187,6 +208,7 @@ class WorkflowStub(Generic[R]):
         )
         stub = cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
         stub._policy = policy
+        stub._search, stub._memo = search, memo_payload
         return stub
 
     @classmethod
@@ -194,6 +216,7 @@ class WorkflowStub(Generic[R]):
         """A stub of this class for the same workflow, run, queue, store and start policy as ``stub``."""
         copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
         copy._policy = stub._policy
+        copy._search, copy._memo = stub._search, stub._memo
         return copy
 
     @classmethod
@@ -315,6 +338,8 @@ class WorkflowStub(Generic[R]):
             patches=patches,
             policy=self._policy,
             signal=signal,
+            search_attributes=self._search,
+            memo=self._memo,
         )
         self._run_id = run.run_id
         if run.replaced:
@@ -459,6 +484,8 @@ class WorkflowStub(Generic[R]):
             blocked_kind=blocked.kind if blocked else None,
             outcome=outcome.to_dict() if outcome else None,
             build_id=record.get("build") or None,
+            search_attributes=stored_attributes(record.get("sa")),
+            memo=stored_memo(record.get("memo")),
         )
         snap.setdefault("pending", [])
         return snap
@@ -538,6 +565,12 @@ class WorkflowStub(Generic[R]):
         outcome = self._outcome(ref, record)
         for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
             snap.pop(name, None)
+        snap.update(
+            search_attributes=stored_attributes(record.get("sa")),
+            memo=stored_memo(record.get("memo")),
+            queue=record.get("queue"),
+            schedule_id=record.get("schedule_id") or None,
+        )
         return RunDescription(
             workflow_id=self._id,
             run_id=ref.run_id,

@@ -98,7 +98,11 @@ class WorkflowStarted(Event):
     build_id: str = ""
     patches: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
-    payloads = ("args",)
+    #: Initial search attributes, ``{name: [type, value]}`` (see durable.search).
+    search_attributes: dict[str, Any] = field(default_factory=dict)
+    #: Initial memo: a payload of a dict, or None.
+    memo: bytes | None = None
+    payloads = ("args", "memo")
 
 
 # ---------------------------------------------------------------- activities
@@ -328,6 +332,31 @@ class UpdateCompleted(Event):
     result: bytes | None = None
     error: bytes | None = None
     payloads = ("result", "error")
+
+
+# ------------------------------------------------- search attributes and memo
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchAttributesUpserted(Event):
+    """``upsert_search_attributes``: ``{name: [type, value]}``, a ``None`` value removes it."""
+
+    TYPE = "SearchAttributesUpserted"
+
+    id: str
+    attributes: dict[str, Any]
+    compared = ("attributes",)
+    is_command = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoUpserted(Event):
+    """``upsert_memo``: a payload of the changed keys (a ``None`` value removes a key)."""
+
+    TYPE = "MemoUpserted"
+
+    id: str
+    memo: bytes
+    compared = ("memo",)
+    payloads = ("memo",)
     is_command = True
 
 
@@ -435,6 +464,8 @@ _ALL: tuple[type[Event], ...] = (
     UpdateCompleted,
     CancelRequested,
     WorkflowTimeoutFired,
+    SearchAttributesUpserted,
+    MemoUpserted,
     *CLOSING,
 )
 

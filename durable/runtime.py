@@ -120,6 +120,14 @@ class WorkflowRuntime(ABC):
         """Wait until ``hook`` is resumed and return its payload."""
 
     @abstractmethod
+    def call_upsert_search_attributes(self, values: dict[str, Any], *, id: str | None) -> None:  # noqa: A002
+        """Set (``None``: remove) search attributes of the run (recorded)."""
+
+    @abstractmethod
+    def call_upsert_memo(self, values: dict[str, Any], *, id: str | None) -> None:  # noqa: A002
+        """Set (``None``: remove) memo keys of the run (recorded)."""
+
+    @abstractmethod
     def now(self) -> datetime:
         """The workflow's deterministic current time (UTC)."""
 

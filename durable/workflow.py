@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .activity import activity_context
 from .errors import ConfigurationError, DurableError, NondeterminismError
+from .history_budget import DEFAULT_HISTORY_BUDGET, NEAR_LIMIT, effective_history_budget, near_history_limit
 from .limits import check_name_length, check_queue_name
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
 from .registry import register_activity, register_workflow_class
@@ -29,11 +30,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: What ``get_version`` returns when replaying a history written before the change.
 DEFAULT_VERSION = -1
-
-#: Default history budget of a run; ``Workflow.history_budget`` overrides either key.
-DEFAULT_HISTORY_BUDGET: dict[str, int] = {"events": 10_000, "bytes": 10 * 1024 * 1024}
-#: Fraction of a budget threshold past which a run is near its limit.
-NEAR_LIMIT = 0.8
 
 
 class Workflow:
@@ -423,6 +419,34 @@ def await_hook(hook: Hook, timeout: Seconds | None = None) -> Any:
     return current_runtime().call_await_hook(hook, timeout)
 
 
+def upsert_search_attributes(values: dict[str, Any], *, id: str | None = None) -> None:  # noqa: A002
+    """Set search attributes of this run (a ``None`` value removes one); recorded in history.
+
+    Names must be declared (:class:`durable.SearchAttribute`) and values of their type; the
+    index that ``durable list --where`` queries is updated when the decision commits.
+
+    Example:
+        ```python
+        durable.upsert_search_attributes({"customer": "acme", "amount": 12.5})
+        ```
+
+    Raises:
+        ConfigurationError: an undeclared name or a value of the wrong type (nothing recorded).
+    """
+    current_runtime().call_upsert_search_attributes(values, id=id)
+
+
+def upsert_memo(values: dict[str, Any], *, id: str | None = None) -> None:  # noqa: A002
+    """Set keys of this run's memo (a ``None`` value removes one); recorded in history.
+
+    The memo is not indexed: ``describe`` and ``durable list --json`` show it.
+
+    Raises:
+        SerializationError: a value the codec cannot encode (nothing recorded).
+    """
+    current_runtime().call_upsert_memo(values, id=id)
+
+
 class WorkerSession:
     """Activities pinned to one worker (files on its disk, a GPU): see :func:`worker_session`."""
 
@@ -503,33 +527,6 @@ def should_continue_as_new() -> bool:
         ```
     """
     return current_runtime().should_continue_as_new()
-
-
-def effective_history_budget(cls: type[Workflow] | None) -> dict[str, int]:
-    """A workflow class's ``history_budget`` over :data:`DEFAULT_HISTORY_BUDGET`.
-
-    Raises:
-        ConfigurationError: not a dict, an unknown key, or a value that is not a positive integer.
-    """
-    budget = dict(DEFAULT_HISTORY_BUDGET)
-    given = getattr(cls, "history_budget", None) if cls is not None else None
-    if given is None:
-        return budget
-    where = f"{getattr(cls, '__name__', cls)}.history_budget"
-    if not isinstance(given, dict):
-        raise ConfigurationError(f"{where} must be a dict like {{'events': 10000, 'bytes': 10485760}}")
-    for key, value in given.items():
-        if key not in budget:
-            raise ConfigurationError(f"{where}: unknown key {key!r} (use 'events' and/or 'bytes')")
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigurationError(f"{where}[{key!r}] must be a positive integer, not {value!r}")
-        budget[key] = value
-    return budget
-
-
-def near_history_limit(events: int, size: int, budget: dict[str, int]) -> bool:
-    """Whether ``events`` or ``size`` (bytes) passed :data:`NEAR_LIMIT` of its threshold in ``budget``."""
-    return events >= NEAR_LIMIT * budget["events"] or size >= NEAR_LIMIT * budget["bytes"]
 
 
 def workflow_info() -> dict[str, Any]:

@@ -20,6 +20,8 @@ STORED_EVENT_TYPES = {
     "ActivityFailed",
     "ActivityScheduled",
     "CancelRequested",
+    "SearchAttributesUpserted",
+    "MemoUpserted",
     "ChildCompleted",
     "ChildFailed",
     "ChildStarted",

@@ -75,6 +75,12 @@ def _fragments() -> dict[str, str]:
         "member separator": K.attempt_member(x, x, 2).split(x)[1],
         "leased attempt member tail": K.attempt_member(x, x, 1)[len(x + "|" + x) :],
         "retry member head": K.retry_member(x, x).split(x)[0],
+        "search index infix": k.search(0, x)[len(tag) :].split(x)[0],
+        "search keyword head": K.keyword_posting(x, x).split(x)[0],
+        "search keyword separator": K.keyword_posting(x, x).split(x)[1],
+        "status index head": K.keyword_posting("status", x).split(x)[0],
+        "closed time index": K.number_posting("closed"),
+        "search temp head": K.search_temp(x).split(x)[0],
     }
 
 

@@ -466,6 +466,8 @@ class Decider:
             pin=pin,
             task=task,
             sticky=self.sticky if close is None else "",
+            search_attributes=decision.search_attributes,
+            memo=decision.memo,
         )
 
     @staticmethod
@@ -495,6 +497,8 @@ class Decider:
             build_id=build,
             patches=list(started.patches),
             options={**started.options, "continued_from": ref.run_id},
+            search_attributes=driver.search_attributes,  # carried over, as in Temporal
+            memo=codec.dumps(driver.memo, path="memo") if driver.memo else None,
         ).to_data()
         parent = codec.pack(started.parent) if started.parent else b""
         return NextRun(

@@ -14,6 +14,7 @@ from ..limits import check_name_length, check_queue_name
 from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
 from ..registry import activity_definition_for
 from ..runtime import Hook
+from ..search import MAX_ATTRIBUTES, decode_values, encode_values
 from ..workflow import DEFAULT_VERSION, ContinueAsNew, Workflow, near_history_limit
 from .branches import POLICIES, Group, Wait, signal_value
 from .core import DriverCore
@@ -40,7 +41,13 @@ class Commands(DriverCore):
         return near_history_limit(events, size, self.history_budget())
 
     def info(self) -> dict[str, Any]:
-        return {"workflow_id": self.workflow_id, "run_id": self.run_id, "type": self.workflow_type}
+        return {
+            "workflow_id": self.workflow_id,
+            "run_id": self.run_id,
+            "type": self.workflow_type,
+            "search_attributes": decode_values(self._search),
+            "memo": dict(self._memo),
+        }
 
     def call_activity(self, target: Any, args: tuple[Any, ...], options: ActivityOptions) -> Any:
         branch = self._branch()
@@ -246,6 +253,29 @@ class Commands(DriverCore):
         )
         self._hooks.add(cid)
         return Hook(cid, name, token)
+
+    def call_upsert_search_attributes(self, values: dict[str, Any], *, id: str | None) -> None:  # noqa: A002
+        branch = self._branch()
+        cid = self._next_id(branch, id)
+        encoded = encode_values(values)
+        merged = {**self._search, **encoded}
+        if sum(v is not None for v in merged.values()) > MAX_ATTRIBUTES:
+            raise ConfigurationError(
+                f"run {self.run_id} would hold more than {MAX_ATTRIBUTES} search attributes"
+            )
+        self._issue(ev.SearchAttributesUpserted(id=cid, attributes=encoded))
+        self._search = {k: v for k, v in merged.items() if v is not None}
+
+    def call_upsert_memo(self, values: dict[str, Any], *, id: str | None) -> None:  # noqa: A002
+        branch = self._branch()
+        cid = self._next_id(branch, id)
+        if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+            raise ConfigurationError(f"upsert_memo needs a dict with str keys, not {type(values).__name__}")
+        payload = codec.dumps(values, path="memo")
+        merged = {**self._memo, **codec.loads(payload)}  # what replay will see: a codec round trip
+        codec.dumps(merged, path="memo")  # the whole memo must still fit a payload
+        self._issue(ev.MemoUpserted(id=cid, memo=payload))
+        self._memo = {k: v for k, v in merged.items() if v is not None}
 
     def _hook_token(self, cid: str, recorded: str | None) -> str:
         """The token of hook ``cid``: derived under the current secret, or on replay under

@@ -86,6 +86,8 @@ class DriverCore(WorkflowRuntime):
         self._pending: Counter[str] = Counter()  # branches waiting on an activity / a child
         self._callback: str | None = None
         self._closed = False
+        self._search: dict[str, Any] = {}  # search attributes: name -> [type, value]
+        self._memo: dict[str, Any] = {}
 
     @property
     def seq(self) -> int:

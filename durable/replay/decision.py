@@ -53,6 +53,10 @@ class Decision:
     status: str
     snapshot: dict[str, Any]
     expired_hooks: list[str] = field(default_factory=list)
+    #: The run's search attributes (``{name: [type, value]}``) when this decision upserted some.
+    search_attributes: dict[str, Any] | None = None
+    #: The run's whole memo (a payload) when this decision upserted it.
+    memo: bytes | None = None
 
 
 def build_decision(

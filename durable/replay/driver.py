@@ -8,6 +8,7 @@ from typing import Any
 
 import greenlet
 
+from .. import codec
 from .. import events as ev
 from ..errors import DurableError, HistoryCorrupt
 from ..limits import LIMIT_REASON
@@ -234,7 +235,21 @@ class Driver(Commands, Inputs):
             snapshot=self.snapshot(status),
         )
         decision.expired_hooks = list(self._expired_now)
+        if any(isinstance(e, ev.SearchAttributesUpserted) for e in self._new):
+            decision.search_attributes = dict(self._search)
+        if any(isinstance(e, ev.MemoUpserted) for e in self._new):
+            decision.memo = codec.dumps(self._memo, path="memo")
         return decision
+
+    @property
+    def search_attributes(self) -> dict[str, Any]:
+        """The run's search attributes as stored (``{name: [type, value]}``), at this point."""
+        return dict(self._search)
+
+    @property
+    def memo(self) -> dict[str, Any]:
+        """The run's memo at this point."""
+        return dict(self._memo)
 
 
 def current_driver() -> Driver:

@@ -195,6 +195,9 @@ class Inputs(Updates):
             self.workflow_id = event.workflow_id
         if not self.run_id:
             self.run_id = event.run_id
+        self._search = dict(event.search_attributes or {})
+        memo = codec.loads(event.memo) if event.memo is not None else None
+        self._memo = dict(memo) if isinstance(memo, dict) else {}
         cls = self._resolve(event.workflow_type)
         instance = cls()
         self._instance = instance

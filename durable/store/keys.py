@@ -25,7 +25,10 @@ Layout (``T`` = ``prefix:{p}``)::
                                    "d|run|run" / "d|run|execution" workflow timeout
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
     T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
-    T:runs                 zset    created (ms) -> run id, for `durable list`
+    T:runs                 zset    created (ms) -> run id, for `durable list` (and `started` in --where)
+    T:sx:k:<attr>:<value>  zset    created (ms) -> run id: runs whose keyword-like attribute has the value
+    T:sx:n:<attr>          zset    value (number, ms) -> run id: numeric and datetime attributes, `closed`
+    T:sx:tmp:<n>           zset    a search query's intermediate set (deleted before its script returns)
     T:closed               zset    end of retention (ms) -> run id of a closed run, purged then
     T:retention            string  the namespace's retention (ms) of runs closing from now on
     T:dead                 stream  dead letters: tasks parked with their reason
@@ -45,6 +48,7 @@ Layout (``T`` = ``prefix:{p}``)::
     prefix:meta            hash    deployment settings (partition count)
     prefix:hook-secret     string  the secret hook tokens are derived with (unless DURABLE_HOOK_SECRET is set)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
+    prefix:search-attributes hash  declared search attribute name -> type (for --where elsewhere)
     prefix:workers         set     names of registered workers (entries whose key expired are stale)
     prefix:worker:<name>   string  a live worker's registry entry (JSON; expires unless its heartbeat renews it)
 """
@@ -141,6 +145,21 @@ def started_field(activity_id: str) -> str:
     return activity_id + STARTED_SUFFIX
 
 
+def keyword_posting(attribute: str, value: str) -> str:
+    """Search index key suffix (after ``T:sx:``) of runs whose keyword-like ``attribute`` is ``value``."""
+    return f"k:{attribute}:{value}"
+
+
+def number_posting(attribute: str) -> str:
+    """Search index key suffix (after ``T:sx:``) of a numeric or datetime ``attribute``."""
+    return f"n:{attribute}"
+
+
+def search_temp(n: int | str) -> str:
+    """Search index key suffix of a query's ``n``-th intermediate set."""
+    return f"tmp:{n}"
+
+
 def is_private(queue: str) -> bool:
     """Whether ``queue`` is a worker's private queue (``@<worker>``)."""
     return queue.startswith(PRIVATE)
@@ -195,6 +214,14 @@ class Keys:
     def hook_secret(self) -> str:
         """The namespace's hook token secret (plain key: read outside scripts)."""
         return f"{self.prefix}:hook-secret"
+
+    def search(self, p: int, suffix: str) -> str:
+        """A search index key of partition ``p`` (suffix: :func:`keyword_posting`...)."""
+        return f"{self.tag(p)}:sx:{suffix}"
+
+    def search_types(self) -> str:
+        """Declared search attribute types, published for other processes (plain key)."""
+        return f"{self.prefix}:search-attributes"
 
     def worker_index(self) -> str:
         """The names of registered workers (plain key: read outside scripts)."""

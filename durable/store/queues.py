@@ -17,7 +17,7 @@ from .. import codec
 from ..codec.sealed import open_text, seal_text
 from ..errors import WorkflowClosed
 from ..runinfo import classify_block
-from .keys import GROUP
+from .keys import GROUP, keyword_posting
 from .reads import GroupRead
 from .records import RunRef, text
 from .runs import RunStore
@@ -117,6 +117,15 @@ class QueueStore(RunStore):
             run_key = self.keys.run(ref.partition, ref.run_id)
             pipe.hset(run_key, mapping={"build": build, "wq": stream})
             pipe.hdel(run_key, "sticky")
+            # The search index's build_id follows (see sx_keyword in lua/_lib.lua).
+            if record.get("build"):
+                pipe.zrem(
+                    self.keys.search(ref.partition, keyword_posting("build_id", record["build"])), ref.run_id
+                )
+            pipe.zadd(
+                self.keys.search(ref.partition, keyword_posting("build_id", build)),
+                {ref.run_id: record["created"]},
+            )
             pipe.xadd(stream, {"run": ref.run_id})
             pipe.execute()
         return ref

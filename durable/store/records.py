@@ -61,7 +61,7 @@ def decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
             out[name] = codec.unpack(value) if value else {}
         elif name == "parent":
             out[name] = codec.unpack(value) if value else None
-        elif name in ("result", "error"):
+        elif name in ("result", "error", "memo"):
             out[name] = value
         elif name == "blocked":
             out[name] = open_text(value)

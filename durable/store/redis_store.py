@@ -16,6 +16,7 @@ The class is assembled from one module per concern:
 * :mod:`~durable.store.workers` -- the worker registry (who serves what), current-build failover;
 * :mod:`~durable.store.schedules` -- schedules: records, claimed and buffered times, indexes;
 * :mod:`~durable.store.run_list` -- the operator surface's runs list (filters, cursor paging).
+* :mod:`~durable.store.search` -- listing and counting runs by search attributes (``--where``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from ..ids import check_workflow_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
-from .base import StoreBase
 from .keys import deadline_member, timer_member
 from .records import (
     DECISION_FIELDS,
@@ -40,6 +39,7 @@ from .records import (
     decode_run,
     text,
 )
+from .search import SearchStore, attribute_args, pack_index, start_index
 from .starts import StartedRun, deadline_args, open_run, script_now_ms, script_options, started_run
 from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
 from .wire import stream_rows
@@ -51,7 +51,7 @@ Loaded = tuple[dict[str, Any] | None, list[bytes], Rows]
 """What a decision loads: the run record's decision fields, the inbox, the history rows."""
 
 
-class RunStore(StoreBase):
+class RunStore(SearchStore):
     """Runs: their records, histories, inboxes and the decisions committed on them."""
 
     # ------------------------------------------------------------- lookups
@@ -192,12 +192,17 @@ class RunStore(StoreBase):
         build_id: str = "",
         patches: Sequence[str] = (),
         options: dict[str, Any] | None = None,
+        search_attributes: dict[str, Any] | None = None,
+        memo: bytes | None = None,
         policy: StartPolicy | None = None,
         signal: ev.SignalReceived | None = None,
     ) -> StartedRun:
         """Create a run: instance + run record + WorkflowStarted + first workflow task, in one
         script that applies the start ``policy`` (:mod:`durable.start_policy`) and, with
         ``signal`` (signal-with-start), pushes the signal onto the started or open run's inbox.
+
+        ``search_attributes`` (encoded, see :func:`durable.search.encode_values`) and ``memo``
+        (a payload) are the run's initial ones; the search index is written in the same script.
 
         Raises:
             WorkflowAlreadyStarted: the workflow id has an open run (conflict policy ``fail``),
@@ -221,7 +226,11 @@ class RunStore(StoreBase):
             build_id=build_id,
             patches=list(patches),
             options=started_options,
+            search_attributes=search_attributes or {},
+            memo=memo,
         ).to_data()
+        if search_attributes:
+            self.publish_search_types(list(search_attributes))
         keys = [
             k.instance(p, workflow_id),
             k.run(p, run_id),
@@ -240,13 +249,14 @@ class RunStore(StoreBase):
             codec.pack(parent) if parent else b"",
             type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
         ]
+        index = pack_index(start_index(data))
         extra = script_options(policy, conflict, run_id, started_options, signal)
         for _ in range(5):
             # terminate_existing: the script terminates the open run only if it is still this one.
             found, old_keys = (
                 open_run(self.redis, k, p, workflow_id) if conflict == "terminate_existing" else ({}, [])
             )
-            result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found)])
+            result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found), index])
             if text(result[0]) != "MOVED":
                 return started_run(result, p, workflow_id, policy)
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
@@ -282,6 +292,10 @@ class RunStore(StoreBase):
         if plan.close is not None:
             payload["close"] = plan.close
             payload["undeadlines"] = [deadline_member(rid, w) for w in (RUN_TIMEOUT, EXECUTION_TIMEOUT)]
+        if plan.search_attributes is not None:
+            payload["sa"] = attribute_args(plan.search_attributes)
+        if plan.memo is not None:
+            payload["memo"] = plan.memo
         if plan.sticky:
             payload["sticky"] = plan.sticky
         if plan.pin is not None:
@@ -327,6 +341,7 @@ class RunStore(StoreBase):
             "runs": k.runs(p),
             "build": nxt.build,
             "deadlines": deadline_args(nxt.run_id, codec.unpack(nxt.started).get("options") or {}),
+            "sx": start_index(codec.unpack(nxt.started)),
         }
 
     def commit(self, ref: RunRef, plan: CommitPlan) -> CommitResult:
@@ -348,6 +363,9 @@ class RunStore(StoreBase):
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
         calls = [self.commit_args(ref, plan) for ref, plan in decisions]
+        upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
+        if upserted:
+            self.publish_search_types(upserted)
         try:
             replies = self._script_many("commit", calls, raise_on_error=False)
         except redis.RedisError as exc:

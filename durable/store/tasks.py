@@ -213,6 +213,9 @@ class CommitPlan:
         pin: ``(build id, queue)``: pin the run to this worker's build (first versioned decision).
         task: ``(stream, entry id)`` of the workflow task to ack (``None``: eager, no task).
         sticky: The committing worker's private queue: the run's next tasks go there.
+        search_attributes: The run's search attributes after the decision, when it upserted
+            some (``{name: [type, value]}``); ``None``: unchanged.
+        memo: The run's memo after the decision (a payload), when it upserted it.
     """
 
     expected_seq: int
@@ -236,6 +239,8 @@ class CommitPlan:
     pin: tuple[str, str] | None = None
     task: tuple[str, str] | None = None
     sticky: str = ""
+    search_attributes: dict[str, Any] | None = None
+    memo: bytes | None = None
 
 
 def pack_plan(plan: dict[str, Any]) -> bytes:

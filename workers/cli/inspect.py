@@ -1,11 +1,15 @@
-"""Commands that look without changing anything: describe, history, list."""
+"""Commands that look without changing anything: describe, history, list, count."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import click
 
-from durable import WorkflowStub
-from workers.cli.core import CliState, pass_state
+from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
+from durable.search import parse_where
+from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
 from workers.cli.fleet import with_unserved
 from workers.cli.render import (
@@ -22,6 +26,8 @@ __all__ = ["COMMANDS"]
 
 # Run-record fields `list --json` leaves out: payloads and the snapshot are for `describe`.
 _LIST_SKIP = ("snapshot", "result", "error", "args")
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -61,7 +67,16 @@ def history(state: CliState, workflow_id: str, as_json: bool) -> None:
     console().print(history_table(stub.history(), title=f"{workflow_id} (run {stub.run_id})"))
 
 
+_WHERE_HELP = (
+    "Only runs matching EXPR, e.g. \"customer = 'acme' and status = 'running' and started > "
+    "'2026-11-01'\" (docs/search.md)."
+)
+_APP_HELP = "Import module M first: its search attribute declarations give the types (repeatable)."
+
+
 @click.command(name="list")
+@click.option("--where", "where", default=None, metavar="EXPR", help=_WHERE_HELP)
+@click.option("--app", "apps", multiple=True, metavar="M", help=_APP_HELP)
 @click.option("--status", "status_", default=None, help="Only runs with this status (or 'blocked').")
 @click.option("--type", "workflow_type", default=None, help="Only runs of this workflow type.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1), help="At most N rows.")
@@ -73,6 +88,8 @@ def history(state: CliState, workflow_id: str, as_json: bool) -> None:
 @pass_state
 def list_(
     state: CliState,
+    where: str | None,
+    apps: tuple[str, ...],
     status_: str | None,
     workflow_type: str | None,
     limit: int,
@@ -82,20 +99,60 @@ def list_(
 ) -> None:
     """Runs, newest first; page with --before = the last row's created (ms)."""
     store = state.existing_store
-    where = mask_url(state.url or "")
+    url = mask_url(state.url or "")
     if dead:
         letters = store.dead_letters(count=limit)
         if as_json:
             click.echo(to_json(letters, indent=1))
         else:
-            console().print(dead_letters_table(letters, where))
+            console().print(dead_letters_table(letters, url))
         return
-    runs = store.list_runs(status=status_, workflow_type=workflow_type, limit=limit, before_ms=before_ms)
+    if where is not None:
+        load_apps(apps)
+        _searched(lambda: parse_where(where, store.search_types()))  # its errors, at its positions
+        expr = _with_filters(where, status_, workflow_type)
+        runs = _searched(lambda: list_runs(expr, limit=min(limit, 1000), before=before_ms, store=store))
+    else:
+        runs = store.list_runs(status=status_, workflow_type=workflow_type, limit=limit, before_ms=before_ms)
     runs = with_unserved(store, runs, status_ == "blocked", workflow_type, limit, before_ms)
     if as_json:
         click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
     else:
-        console().print(runs_table(runs, where))
+        console().print(runs_table(runs, url))
 
 
-COMMANDS = [describe, history, list_]
+@click.command()
+@click.option("--where", "where", default="", metavar="EXPR", help=_WHERE_HELP)
+@click.option("--app", "apps", multiple=True, metavar="M", help=_APP_HELP)
+@click.option("--json", "as_json", is_flag=True, help='Print {"count": N}.')
+@pass_state
+def count(state: CliState, where: str, apps: tuple[str, ...], as_json: bool) -> None:
+    """How many runs match --where EXPR (every run without it)."""
+    load_apps(apps)
+    store = state.existing_store
+    n = _searched(lambda: count_runs(where, store=store))
+    click.echo(to_json({"count": n}) if as_json else str(n))
+
+
+def _with_filters(where: str, status: str | None, workflow_type: str | None) -> str:
+    """``--where`` with ``--status``/``--type`` added as conditions."""
+    if status == "blocked":
+        raise CliError("--status blocked cannot be combined with --where (blocked is not indexed)")
+    if status is None and workflow_type is None:
+        return where
+    parts = [f"({where})"] if where.strip() else []
+    for name, value in (("status", status), ("type", workflow_type)):
+        if value is not None:
+            parts.append(f"{name} = '{value.replace(chr(39), chr(39) * 2)}'")
+    return " and ".join(parts)
+
+
+def _searched(call: Callable[[], T]) -> T:
+    """Run a search; a bad expression is one error naming its position (and pointing at it)."""
+    try:
+        return call()
+    except SearchQueryError as exc:
+        raise CliError(str(exc)) from None
+
+
+COMMANDS = [describe, history, list_, count]

@@ -87,6 +87,92 @@ local function ack(stream, entry_id)
   end
 end
 
+-- Search index (durable/store/search.py), per partition: `<tag>:sx:k:<attr>:<value>` zsets
+-- (run created ms -> run id) for keyword-like values (keywords, bools, list items, text words,
+-- type, queue, status, build id, schedule id), `<tag>:sx:n:<attr>` zsets (number or ms -> run
+-- id) for numbers and times (`closed` too); start time is the runs index itself. The run record
+-- remembers what it indexed beyond its own fields: `sx` (JSON postings of its search attributes,
+-- each [suffix] or [suffix, score]) and `sxs` (the status indexed), so any change or a purge
+-- removes exactly those entries.
+local function sx_prefix(run_key)
+  return string.match(run_key, '^(.-{%d+})') .. ':sx:'
+end
+
+local function sx_created(run_key)
+  return tonumber(redis.call('HGET', run_key, 'created')) or 0
+end
+
+-- Index a built-in keyword value (type, queue, build id, schedule id); '' is not indexed.
+local function sx_keyword(run_key, rid, attr, value)
+  if value and value ~= '' then
+    redis.call('ZADD', sx_prefix(run_key) .. 'k:' .. attr .. ':' .. value, sx_created(run_key), rid)
+  end
+end
+
+-- Move the run to the status set of its current `status` field (idempotent).
+local function sx_status(run_key, rid)
+  local f = redis.call('HMGET', run_key, 'status', 'sxs', 'created')
+  if not f[1] or f[1] == f[2] then return end
+  local at = sx_prefix(run_key) .. 'k:status:'
+  if f[2] then redis.call('ZREM', at .. f[2], rid) end
+  redis.call('ZADD', at .. f[1], tonumber(f[3]) or 0, rid)
+  redis.call('HSET', run_key, 'sxs', f[1])
+end
+
+-- Replace the run's search attributes: `values` (JSON, shown by describe) and `postings` (JSON).
+local function sx_set(run_key, rid, values, postings)
+  local prefix = sx_prefix(run_key)
+  local old = redis.call('HGET', run_key, 'sx')
+  if old then
+    for _, p in ipairs(cjson.decode(old)) do redis.call('ZREM', prefix .. p[1], rid) end
+  end
+  local list = cjson.decode(postings)
+  local created = sx_created(run_key)
+  for _, p in ipairs(list) do
+    if #p == 2 then redis.call('ZADD', prefix .. p[1], p[2], rid) else redis.call('ZADD', prefix .. p[1], created, rid) end
+  end
+  if #list > 0 then redis.call('HSET', run_key, 'sx', postings) else redis.call('HDEL', run_key, 'sx') end
+  if values ~= '' and values ~= '{}' then redis.call('HSET', run_key, 'sa', values) else redis.call('HDEL', run_key, 'sa') end
+end
+
+-- A run closed: its close time and final status.
+local function sx_closed(run_key, rid)
+  local closed = tonumber(redis.call('HGET', run_key, 'closed'))
+  if closed then redis.call('ZADD', sx_prefix(run_key) .. 'n:closed', closed, rid) end
+  sx_status(run_key, rid)
+end
+
+-- Remove every index entry of a run (purge).
+local function sx_drop(run_key, rid)
+  local prefix = sx_prefix(run_key)
+  local f = redis.call('HMGET', run_key, 'sx', 'sxs', 'type', 'queue', 'build', 'schedule_id')
+  if f[1] then
+    for _, p in ipairs(cjson.decode(f[1])) do redis.call('ZREM', prefix .. p[1], rid) end
+  end
+  local attrs = {'status', 'type', 'queue', 'build_id', 'schedule_id'}
+  for i = 2, 6 do
+    if f[i] and f[i] ~= '' then redis.call('ZREM', prefix .. 'k:' .. attrs[i - 1] .. ':' .. f[i], rid) end
+  end
+  redis.call('ZREM', prefix .. 'n:closed', rid)
+end
+
+-- Index a new run: built-ins from its record, then its initial search attributes and memo
+-- (`sx`: a map {sa = values JSON, sx = postings JSON, memo = payload, sched = schedule id}).
+local function sx_start(run_key, rid, sx)
+  local f = redis.call('HMGET', run_key, 'type', 'queue', 'build')
+  sx_keyword(run_key, rid, 'type', f[1])
+  sx_keyword(run_key, rid, 'queue', f[2])
+  sx_keyword(run_key, rid, 'build_id', f[3])
+  sx_status(run_key, rid)
+  if sx == nil then return end
+  if sx.sched and sx.sched ~= '' then
+    redis.call('HSET', run_key, 'schedule_id', sx.sched)
+    sx_keyword(run_key, rid, 'schedule_id', sx.sched)
+  end
+  if sx.sx then sx_set(run_key, rid, sx.sa, sx.sx) end
+  if sx.memo and sx.memo ~= '' then redis.call('HSET', run_key, 'memo', sx.memo) end
+end
+
 -- Retention: a run that closes is indexed in `<tag>:closed` by when its retention ends
 -- (its own `retention` field, set at start from its type, else the namespace's
 -- `<tag>:retention`, else 3 days), in server time without the test clock offset:
@@ -106,6 +192,7 @@ local function index_closed(run_key, rid)
   local tag = string.match(run_key, '^(.-{%d+})')
   local keep = tonumber(redis.call('HGET', run_key, 'retention')) or namespace_retention_ms(tag)
   redis.call('ZADD', tag .. ':closed', real_now_ms() + keep, rid)
+  sx_closed(run_key, rid)
 end
 
 -- Hook tokens: the partition's `<tag>:hooks` maps a token's digest to "run|hook id"; the

@@ -76,9 +76,14 @@ if plan.sticky ~= nil then
 else
   redis.call('HSET', run, 'seq', new_seq, 'status', plan.status, 'snapshot', plan.snapshot, 'updated', ts)
 end
+-- Search attributes and memo the decision upserted; the status index follows the status.
+if plan.sa ~= nil then sx_set(run, rid, plan.sa[1], plan.sa[2]) end
+if plan.memo ~= nil then redis.call('HSET', run, 'memo', plan.memo) end
+if plan.status ~= st[2] then sx_status(run, rid) end
 if plan.pin ~= nil and (redis.call('HGET', run, 'build') or '') == '' then
   -- First decision of a versioned worker: the run is pinned to its build from now on.
   redis.call('HSET', run, 'build', plan.pin[1], 'wq', plan.pin[2])
+  sx_keyword(run, rid, 'build_id', plan.pin[1])
 end
 local closed = plan.close ~= nil
 -- The instance mirrors its current run's status (and when it last changed).
@@ -114,6 +119,7 @@ if closed then
       if due <= 0 then due = ts + tonumber(d[3]) end
       redis.call('ZADD', timers, due, d[1])
     end
+    sx_start(nxt.run, nxt.rid, nxt.sx)
   end
   -- A closed run's workflow timeouts have nothing left to time out.
   for _, m in ipairs(plan.undeadlines or {}) do redis.call('ZREM', timers, m) end

@@ -1,5 +1,5 @@
 -- Purge closed runs of one partition: every key of each run (record, history, inbox, updates,
--- activities, log), its entries in the runs and closed indexes, and the instance record
+-- activities, log), its entries in the runs, closed and search indexes, and the instance record
 -- when the run is still the instance's current one. An open run is never touched.
 -- Bounded: at most `limit` runs per call (callers loop). Keys go by UNLINK, which
 -- frees a big history's memory in a background thread instead of inside the script.
@@ -25,6 +25,7 @@ for _, rid in ipairs(ids) do
     redis.call('ZREM', closed, rid)
     skipped = skipped + 1
   else
+    sx_drop(run, rid)
     redis.call('UNLINK', run, tag .. ':h:' .. rid, tag .. ':in:' .. rid, tag .. ':act:' .. rid,
       tag .. ':log:' .. rid, tag .. ':upd:' .. rid)
     redis.call('ZREM', runs, rid)

@@ -10,7 +10,8 @@
 --       expect (the open run terminate_existing may terminate), terminated (its WorkflowTerminated
 --       data), to_parent (message telling its parent, or ''), signal ({type, data}),
 --       limits ({most inbox items, most history events} of an open run taking the signal),
---       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts)
+--       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts),
+--       search index data ('' or msgpack {sa, sx, memo, sched}: see sx_start in _lib.lua)
 -- Returns {'OK', run id, ts, snapshot of a terminated run or ''} (a start retried with the same run
 --   id is idempotent and returns OK) | {'ALREADY', open run id} | {'EXISTING', open run id}
 --   | {'REJECTED', closed run id, status} | {'MOVED', open run id} (not the one to terminate)
@@ -63,6 +64,7 @@ redis.call('HSETNX', instance, 'created', ts)
 redis.call('HSET', run, 'workflow_id', wid, 'type', wtype, 'queue', queue, 'status', 'pending',
   'seq', 1, 'task', '1', 'created', ts, 'updated', ts, 'wq', wq, 'parent', parent)
 if ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', run, 'retention', ARGV[7]) end
+sx_start(run, rid, (ARGV[9] and ARGV[9] ~= '') and cmsgpack.unpack(ARGV[9]) or nil)
 redis.call('XADD', history, '0-1', 'e', envelope('WorkflowStarted', ts, data))
 redis.call('XADD', wq, '*', 'run', rid)
 redis.call('ZADD', runs, ts, rid)

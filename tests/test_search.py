@@ -1,0 +1,250 @@
+"""Search attributes and memo: declarations, typed values, the --where language, the index.
+
+Unit tests for the parser and the value checks; in-process runs (``durable_env``) for upserts,
+queries, paging, continue-as-new, replay and purge; real `durable worker` processes and the
+real `durable` command for the end-to-end path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import durable
+from durable import ConfigurationError, SearchAttribute, SearchQueryError, WorkflowStub
+from durable.search import encode_values, parse_where
+from durable.store.retention import purge_closed_before
+from durable.testing import replay_history
+from tests.apps.search import SearchBadUpsert, SearchLooper, SearchOrder
+from tests.procs import ROOT, TESTS, workers
+from tests.waiting import wait_for
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[str]:
+    return [r["workflow_id"] for r in rows]
+
+
+def _start(store: Any, wid: str, *args: Any, **kwargs: Any) -> WorkflowStub:
+    return WorkflowStub.make(SearchOrder, id=wid, store=store, **kwargs).start(*args)
+
+
+# ------------------------------------------------------------------------ the language
+
+
+@pytest.mark.parametrize(
+    ("where", "position", "words"),
+    [
+        ("customer = ", 12, "expected a value for 'customer'"),
+        ("customer = 'acme' and", 22, "expected an attribute name"),
+        ("customer = 'acme' or or", 22, "expected an attribute name"),
+        ("customer == 'x'", 11, "expected a value"),
+        ("customer = 'ab", 12, "unterminated string"),
+        ("(customer = 'a'", 16, "expected ')'"),
+        ("customer > 'a'", 10, "ranges need an int, float or datetime attribute"),
+        ("amount = 'x'", 10, "needs a number"),
+        ("started > 'yesterday'", 11, "ISO 8601"),
+        ("nope = 1", 1, "unknown search attribute 'nope'"),
+        ("status = 'runing'", 10, "unknown status 'runing'"),
+        ("customer in 'a'", 13, "expected '(' after 'in'"),
+        ("customer = 'a' customer", 16, "expected 'and', 'or' or the end"),
+        ("customer ~ 'a'", 10, "unexpected '~'"),
+    ],
+)
+def test_where_errors_name_their_position(where: str, position: int, words: str) -> None:
+    with pytest.raises(SearchQueryError) as info:
+        parse_where(where)
+    assert info.value.position == position, str(info.value)
+    assert words in str(info.value)
+    assert f"position {position}" in str(info.value)
+    caret_line = str(info.value).splitlines()[-1]
+    assert caret_line.index("^") - 2 == position - 1  # the caret points at it
+
+
+def test_where_grammar() -> None:
+    q = parse_where(
+        "(customer in ('a', 'b''s') or amount >= 2.5e1) and not vip = true "
+        "and status != 'open' and started > '2026-11-01' and tags not in (\"x\")"
+    )
+    assert q is not None and q.op == "and"
+    assert parse_where("   ") is None
+    assert parse_where("due <= 1700000000000").values == (1700000000000,)  # type: ignore[union-attr]
+    moment = parse_where("due > '2026-11-01T09:30:00+01:00'").values[0]  # type: ignore[union-attr]
+    assert moment == int(datetime(2026, 11, 1, 8, 30, tzinfo=UTC).timestamp() * 1000)
+    assert parse_where("CUSTOMER = 'x'", {"CUSTOMER": "keyword"}) is not None  # names are case-sensitive
+
+
+def test_values_are_checked_against_their_declared_types() -> None:
+    for values, words in [
+        ({"amount": "lots"}, "'amount' is a float: expected a float, got str"),
+        ({"items": 1.5}, "expected an int"),
+        ({"items": True}, "expected an int"),
+        ({"items": 2**60}, "beyond"),
+        ({"vip": 1}, "expected True or False"),
+        ({"due": datetime(2026, 1, 1)}, "timezone-aware"),
+        ({"tags": "one"}, "expected a list of str"),
+        ({"customer": "x" * 300}, "longer than 256"),
+        ({"amount": float("nan")}, "not a finite number"),
+        ({"undeclared": 1}, "unknown search attribute 'undeclared'"),
+    ]:
+        with pytest.raises(ConfigurationError, match=words):
+            encode_values(values)
+    assert encode_values({"tags": ["b", "a", "b"], "due": None}) == {
+        "due": None,
+        "tags": ["keyword_list", ["a", "b"]],
+    }
+    with pytest.raises(ConfigurationError, match="already declared as 'keyword'"):
+        SearchAttribute("customer", "int")
+    with pytest.raises(ConfigurationError, match="reserved"):
+        SearchAttribute("status", "keyword")
+    with pytest.raises(ConfigurationError, match="unknown type"):
+        SearchAttribute("colour", "string")
+
+
+# ----------------------------------------------------------------------- in process
+
+
+def test_upserts_index_and_queries(durable_env: Any) -> None:
+    store = durable_env.store
+    acme = _start(
+        store, "o-acme", "acme", 150.0, search_attributes={"note": "Rush delivery to Berlin"}, memo={"m": 1}
+    )
+    assert acme.result(timeout=10) == "acme"
+    globex = _start(store, "o-globex", "globex", 5.0, True)
+    wait_for(lambda: globex.status() == "suspended")
+
+    info = acme.describe().to_dict()
+    assert info["search_attributes"] == {
+        "note": "Rush delivery to Berlin",
+        "amount": 150.0,
+        "customer": "acme",
+        "tags": ["acme", "paid"],
+        "vip": True,
+    }
+    assert info["memo"] == {"m": 1, "note": "order for acme", "done": True}
+    assert acme.snapshot()["search_attributes"]["vip"] is True
+    types = [e.type for e in acme.history()]
+    assert types.count("SearchAttributesUpserted") == 2 and types.count("MemoUpserted") == 2
+
+    def q(where: str) -> list[str]:
+        rows = durable.list_runs(where, store=store)
+        assert durable.count_runs(where, store=store) == len(rows)
+        return _ids(rows)
+
+    assert q("customer = 'acme'") == ["o-acme"]
+    assert q("status = 'open'") == q("status = 'suspended'") == ["o-globex"]
+    assert q("status = 'closed' and closed > '2020-01-01'") == ["o-acme"]
+    assert q("customer in ('acme', 'globex') and amount > 10") == ["o-acme"]
+    assert q("tags = 'paid'") == ["o-acme"]
+    assert q("note = 'berlin RUSH'") == ["o-acme"] and q("note = 'paris'") == []
+    assert q("amount >= 5 and not vip = true") == ["o-globex"]
+    assert q("type = 'SearchOrder' and status != 'completed'") == ["o-globex"]
+    assert q("queue = 'default' and (amount < 6 or customer = 'acme')") == ["o-globex", "o-acme"]
+    assert q("started > '2020-01-01' and started < '2020-01-02'") == []
+    assert q("due > '2020-01-01'") == ["o-globex"]  # acme removed its due on the way
+    assert q("") == ["o-globex", "o-acme"]
+
+    globex.signal("go")
+    globex.result(timeout=10)
+    assert q("status = 'completed'") == ["o-globex", "o-acme"]
+    assert q("status = 'suspended'") == [] and q("due > 0") == []
+    # Replay of a run that upserted reproduces it (no nondeterminism, same attributes).
+    driver = replay_history(globex)
+    assert driver.search_attributes["customer"] == ["keyword", "globex"]
+
+
+def test_paging_with_before(durable_env: Any) -> None:
+    store = durable_env.store
+    for i in range(7):
+        _start(store, f"page-{i}", "pager", float(i)).result(timeout=10)
+    seen: list[str] = []
+    before = None
+    while True:
+        page = durable.list_runs("customer = 'pager'", limit=3, before=before, store=store)
+        if not page:
+            break
+        seen += _ids(page)
+        before = page[-1]["created"]
+        if len(page) < 3:
+            break
+    assert sorted(seen) == [f"page-{i}" for i in range(7)] and len(seen) == len(set(seen))
+    assert durable.count_runs("customer = 'pager' and amount >= 3", store=store) == 4
+
+
+def test_bad_upsert_raises_in_workflow_and_records_nothing(durable_env: Any) -> None:
+    stub = WorkflowStub.make(SearchBadUpsert, store=durable_env.store).start()
+    errors = stub.result(timeout=10)
+    assert "'amount' is a float" in errors[0] and "unknown search attribute 'nope'" in errors[1]
+    assert not [e for e in stub.history() if e.type == "SearchAttributesUpserted"]
+    assert stub.describe().to_dict()["search_attributes"] == {}
+
+
+def test_bad_start_values_write_nothing(durable_env: Any) -> None:
+    store = durable_env.store
+    with pytest.raises(ConfigurationError, match="'items' is a int: expected an int"):
+        WorkflowStub.make(SearchOrder, id="bad", store=store, search_attributes={"items": "7"})
+    with pytest.raises(ConfigurationError, match="memo must be a dict"):
+        WorkflowStub.make(SearchOrder, id="bad", store=store, memo=[1])
+    with pytest.raises(durable.WorkflowNotFound):
+        WorkflowStub.load("bad", store=store)
+    assert durable.count_runs(store=store) == 0
+
+
+def test_continue_as_new_carries_attributes_and_memo(durable_env: Any) -> None:
+    stub = WorkflowStub.make(SearchLooper, id="loop", store=durable_env.store).start()
+    assert stub.result(timeout=10) == 17
+    rows = durable.list_runs("items = 7", store=durable_env.store)
+    assert [r["status"] for r in rows] == ["completed", "continued"]
+
+
+def test_purge_removes_index_entries(durable_env: Any) -> None:
+    store = durable_env.store
+    _start(store, "gone", "acme", 1.0, search_attributes={"note": "bye"}).result(timeout=10)
+    assert store.redis.keys(f"{store.keys.prefix}:*:sx:*")
+    report = purge_closed_before(store, store.server_time_ms() + 60_000)
+    assert sum(report.runs.values()) == 1
+    assert store.redis.keys(f"{store.keys.prefix}:*:sx:*") == []
+    assert durable.count_runs(store=store) == 0
+
+
+# ----------------------------------------------------------------------- real processes
+
+
+def _cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"DURABLE_REDIS_URL": redis_url, "PYTHONPATH": f"{TESTS}:{ROOT}", "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_list_where_and_count_with_real_workers(redis_url: str, store: Any) -> None:
+    with workers(redis_url, app="apps.search"):
+        stubs = [
+            _start(store, f"cli-{c}", c, amount, True) for c, amount in [("acme", 200.0), ("initech", 3.0)]
+        ]
+        wait_for(lambda: all(s.status() == "suspended" for s in stubs))
+        stubs[0].signal("go")
+        stubs[0].result(timeout=20)
+    # Another process, without --app: the types come from what the workers published.
+    where = "customer = 'acme' and status = 'completed' and started > '2020-01-01' and vip = true"
+    out = _cli(redis_url, "list", "--where", where, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert _ids(rows) == ["cli-acme"] and rows[0]["search_attributes"]["tags"] == ["acme", "paid"]
+    assert _cli(redis_url, "count", "--where", "status = 'open'").stdout.strip() == "1"
+    assert json.loads(_cli(redis_url, "count", "--json").stdout) == {"count": 2}
+    out = _cli(redis_url, "list", "--where", "amount > 1", "--status", "suspended", "--json")
+    assert _ids(json.loads(out.stdout)) == ["cli-initech"]
+    bad = _cli(redis_url, "list", "--where", "customer = 'acme' and amount > 'x'")
+    assert bad.returncode == 1 and "position 32" in bad.stderr and "^" in bad.stderr, bad.stderr
+    bad = _cli(redis_url, "count", "--where", "customer >")
+    assert bad.returncode == 1 and "position 11" in bad.stderr
