@@ -200,6 +200,7 @@ class TestEnvironment:
                 claim_idle_ms=2000,
                 block_ms=100,
                 eager=self._eager,
+                unknown_type_grace=0.0,  # the only worker: a type it lacks is a typo, park it at once
             )
             self._worker_thread = WorkerThread(self._worker)
             self._worker_thread.__enter__()

@@ -290,8 +290,8 @@ def test_unserializable_activity_args_in_workflow_code_fail_the_run(worker, redi
 def test_unknown_workflow_type_is_parked_and_listed_dead(worker, store: RedisStore) -> None:
     stub = WorkflowStub.make("BiNoSuchWorkflow").start(1)
     reason = (
-        "UnknownTypeError: workflow type 'BiNoSuchWorkflow' is not defined in this worker's --app modules; "
-        "start a worker with the module that defines it"
+        "no live worker on queue 'default' serves workflow type 'BiNoSuchWorkflow' (for 0 s): start a worker "
+        f"whose --app defines it, then `durable repair {stub.id}`"
     )
     letters = wait_for(store.dead_letters)
     assert [(d["kind"], d["run"], d["reason"]) for d in letters] == [("workflow", stub.run_id, reason)]
@@ -308,7 +308,8 @@ def test_unknown_activity_is_parked_and_listed_dead(worker, store: RedisStore) -
         (
             "activity",
             stub.run_id,
-            "UnknownTypeError: activity 'bi_no_such_activity' is not defined in this worker's --app modules",
+            "no live worker on queue 'default' serves activity type 'bi_no_such_activity' (for 0 s): start a "
+            f"worker whose --app defines it, then `durable repair {stub.id}`",
         )
     ]
     out = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False).output

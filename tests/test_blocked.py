@@ -22,7 +22,7 @@ from durable.runinfo import BLOCKED_KINDS, RunDescription, classify_block, outco
 from durable.store.redis_store import RedisStore, RunRef
 from workers.cli import cli
 
-UNKNOWN_WORKFLOW = "UnknownTypeError: workflow type 'BlNoSuchWorkflow' is not defined"
+UNKNOWN_WORKFLOW = "no live worker on queue 'default' serves workflow type 'BlNoSuchWorkflow'"
 
 
 def _cli(*args: str) -> str:
@@ -58,7 +58,7 @@ def test_unknown_workflow_type_blocks_visibly(worker, store: RedisStore) -> None
     assert _cli("status", stub.id).strip() == f"pending (blocked: {error.reason})"
     described = json.loads(_cli("describe", stub.id, "--json"))
     assert described["blocked"] == error.reason and described["blocked_kind"] == "unknown_type"
-    assert "unknown_type: UnknownTypeError" in _cli("describe", stub.id)
+    assert "unknown_type: no live worker on queue 'default'" in _cli("describe", stub.id)
     listed = json.loads(_cli("list", "--status", "blocked", "--json"))
     assert [r["workflow_id"] for r in listed] == [stub.id]
 

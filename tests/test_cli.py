@@ -114,6 +114,8 @@ def worker_proc(redis_url: str) -> Iterator[subprocess.Popen[str]]:
         "examples.order",
         "--concurrency",
         "4",
+        "--unknown-type-grace",
+        "2",
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -359,7 +361,7 @@ def test_worker_process_end_to_end(redis_url: str, worker_proc: subprocess.Popen
     line = one_error_line(closed)
     assert "o-1" in line and "completed" in line
 
-    # An unknown type can be started by name; a worker parks its task (dead letters).
+    # An unknown type can be started by name; a worker parks its task after the grace (dead letters).
     assert invoke("start", "NoSuchWorkflow", "--id", "ghost").exit_code == 0
 
     def parked() -> bool:

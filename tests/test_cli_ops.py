@@ -224,7 +224,7 @@ def test_repair_with_build_id_reports_success_when_the_run_finishes_at_once(
 
 def test_list_dead_json_with_a_parked_workflow_task(redis_url: str, store: RedisStore) -> None:
     WorkflowStub.make("NoSuchWorkflowType", id="ghost", store=store).start()
-    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100, unknown_type_grace=0)):
         wait_for(lambda: store.dead_letters(), timeout=15)
     result = invoke("list", "--dead", "--json")
     assert result.exit_code == 0, result.output

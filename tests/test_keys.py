@@ -100,7 +100,7 @@ def test_timer_kinds_match() -> None:
     kinds = set()
     for source in LUA.values():
         kinds |= set(re.findall(r"kind == '(\w+)'", _code(source)))
-    assert kinds == {K.TIMER, K.RETRY, K.DEADLINE}
+    assert kinds == {K.TIMER, K.RETRY, K.DEADLINE, K.HANDED_BACK, K.HANDED_BACK_ACTIVITY}
 
 
 def test_private_queue_marker() -> None:
@@ -126,7 +126,10 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
             (K.timer_member("r1", "t2"), [K.TIMER, "r1", "t2"]),
             (K.retry_member("r1", "a|2"), [K.RETRY, "r1", "a|2"]),
             (K.deadline_member("r1", "execution"), [K.DEADLINE, "r1", "execution"]),
+            (K.handed_back_member("r1", 5), [K.HANDED_BACK, "r1", "5"]),
+            (K.handed_back_member("r1", 0, "a.1"), [K.HANDED_BACK_ACTIVITY, "r1", "a.1|0"]),
         ],
+        "^(.+)|(%d+)$": [(K.handed_back_member("r1", 7, "a.1").split("|", 2)[2], ["a.1", "7"])],
         "^([^|]+)|": [(K.hook_target("r1", "h|2"), ["r1"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
     }

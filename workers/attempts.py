@@ -31,6 +31,9 @@ log = logging.getLogger("durable.worker")
 OnResult = Callable[[AttemptResult], None]
 """Takes an attempt's result to commit it later (eager mode, or the worker's main thread)."""
 
+Unserved = Callable[[ActivityTask, str, str, dict[bytes, bytes]], str]
+"""Routes a task whose type this worker lacks (``workers.routing.Routing.activity``)."""
+
 #: Recording an attempt's outcome after the activity ran: retried for as long as Redis is
 #: unavailable (the effect happened; running it again is what waiting avoids). One incident
 #: log for every activity thread of the process.
@@ -55,9 +58,12 @@ def run_activity(
     redelivered: bool = False,
     on_timer: Callable[[int], None] = _never,
     on_result: OnResult | None = None,
+    unserved: Unserved | None = None,
 ) -> str:
     """Run one activity attempt from a task stream and record its outcome (see
-    :func:`execute_attempt`). Returns the outcome word."""
+    :func:`execute_attempt`). Returns the outcome word. A task whose type this worker
+    lacks goes to ``unserved`` (back to its queue for a worker that has it) if given,
+    else it is parked."""
     try:
         task = ActivityTask.decode(fields[b"body"])
     except Exception as exc:  # noqa: BLE001
@@ -70,6 +76,8 @@ def run_activity(
             fields=fields,
         )
         return "parked"
+    if unserved is not None and not allowed(task.name):
+        return unserved(task, stream, entry_id, fields)
     # A redelivered attempt that is no longer current is refused by execute_attempt's
     # begin check, like any other void task (``redelivered`` is kept for callers).
     return execute_attempt(

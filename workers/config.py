@@ -63,6 +63,8 @@ class WorkerConfig:
             latest 5 s after that, whatever its workflows do).
         decision_timeout: Seconds a decision may run workflow code without yielding before
             its run is blocked and the process exits for its supervisor to restart (0: none).
+        unknown_type_grace: Seconds a task of a type this worker lacks waits for a live worker of
+            its queue that has the type before it is parked (``--unknown-type-grace``).
         build_id: The build id chosen with ``--build-id`` (``None``: unversioned; ``"auto"``:
             a hash of the ``--app`` sources).
         compatible: Other builds whose runs this code also decides.
@@ -85,6 +87,7 @@ class WorkerConfig:
     sticky_timeout: float = 5.0
     grace: float = 30.0
     decision_timeout: float = 2.0
+    unknown_type_grace: float = 60.0
     build_id: str | None = None
     compatible: tuple[str, ...] = ()
     unversioned: bool = False

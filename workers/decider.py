@@ -45,6 +45,7 @@ from durable.store.tasks import (
 
 from . import faults
 from .attempts import complete_batch, completion
+from .routing import UNKNOWN_TYPE_GRACE, Routing
 
 log = logging.getLogger("durable.worker")
 
@@ -99,6 +100,18 @@ class RunCache:
         return len(self._drivers)
 
 
+class TypeNotHere(UnknownTypeError):
+    """The run's workflow type is not in this worker's ``--app``: another worker may run it
+    (:mod:`workers.routing` leaves the task for it)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"workflow type {name!r} is not defined in this worker's --app modules; start a worker "
+            "with the module that defines it"
+        )
+        self.name = name
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """One claimed workflow task entry: its partition, stream, entry id and fields."""
@@ -135,8 +148,11 @@ class Decider:
         build_id: str = "",
         compatible: tuple[str, ...] = (),
         sticky: str = "",
+        unknown_type_grace: float = UNKNOWN_TYPE_GRACE,
     ) -> None:
         self.store = store
+        # Tasks of a type this worker lacks go back to their queue (parked after the grace).
+        self.routing = Routing(store, unknown_type_grace, on_timer)
         self.cache = RunCache(cache_size)
         # This worker's private queue: a run it decided keeps coming back here while it
         # lives, so its driver is a cache hit instead of a replay (empty: no affinity).
@@ -156,10 +172,7 @@ class Decider:
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
-            raise UnknownTypeError(
-                f"workflow type {name!r} is not defined in this worker's --app modules; start a worker "
-                "with the module that defines it"
-            )
+            raise TypeNotHere(name)
         return get_workflow(name)
 
     def handle(self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
@@ -358,6 +371,11 @@ class Decider:
             decision = (
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
+        except TypeNotHere as exc:
+            if driver is not None:
+                driver.close()
+            self.routing.workflow(p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name})
+            return None
         except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
             # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
             culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None

@@ -2,22 +2,21 @@
 
 One worker process has:
 
-* the **main thread**, which blocks on ``XREADGROUP`` reads of its task streams
-  (``reader.py``: one read for workflow and outbox tasks, one for activity tasks
-  while a thread is free; on a Redis Cluster one per partition each; all waited
-  on together, no busy polling), decides workflow tasks itself (greenlets can only
-  be resumed on the thread that created them, so the run cache lives here) and
-  carries out outbox messages. Its workflow tasks include a private stream of
-  the runs it decided last (sticky: their drivers are in its cache);
+* the **main thread**, which blocks on ``XREADGROUP`` reads of its task streams (``reader.py``:
+  one read for workflow and outbox tasks, one for activity tasks while a thread is free; on a
+  Redis Cluster one per partition each; all waited on together, no busy polling), decides
+  workflow tasks itself (greenlets can only be resumed on the thread that created them, so the
+  run cache lives here) and carries out outbox messages. Its workflow tasks include a private
+  stream of the runs it decided last (sticky: their drivers are in its cache);
 * ``concurrency`` **activity threads** (``threads.py``);
 * the **scheduler** thread (``scheduler.py``), which also keeps the worker's
   lease alive (its sessions and sticky runs depend on it).
 
-SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to
-``grace`` seconds), exit (at the latest ``grace`` + 5 s later, whatever the
-workflows do). A task still unfinished stays in the consumer group's pending
-list and another worker reclaims it: nothing is lost. A decision that runs
-workflow code past ``decision_timeout`` blocks its run (``watchdog.py``).
+SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to ``grace`` seconds), exit
+(at the latest ``grace`` + 5 s later, whatever the workflows do). A task still unfinished stays in
+the consumer group's pending list and another worker reclaims it: nothing is lost. A decision that
+runs workflow code past ``decision_timeout`` blocks its run (``watchdog.py``). A task of a type
+this worker lacks is left for a worker that has it (``routing.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ from .attempts import (
     record_in_hand,
     run_activity,
 )
-from .decider import Decider, Task
+from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
 from .reader import TaskReader
@@ -69,10 +68,8 @@ from .watchdog import (
 log = logging.getLogger("durable.worker")
 
 BACKLOG_MS = 5.0
-"""How much claimed-but-not-started activity work (by recent run times) a worker holds per
-thread: activity tasks it read beyond that, and leased (eager) activities beyond that, are
-left to other workers."""
-
+"""How much claimed-but-not-started activity work (by recent run times) a worker holds per thread:
+activity tasks it read beyond that, and leased (eager) activities beyond that, go to other workers."""
 
 WORKFLOW, OUTBOX, ACTIVITY = "workflow", "outbox", "activity"
 """What a task stream holds; the worker registers each stream it reads under one."""
@@ -89,32 +86,31 @@ class Worker:
         store: The store (default: from ``DURABLE_REDIS_URL`` / embedded).
         queues: Queue names to serve (workflow and activity tasks).
         concurrency: Activity threads.
-        app: Module names whose workflows/activities this worker may run; with
-            none, every registered type is allowed (in-process tests).
+        app: Module names whose workflows/activities this worker may run; with none, every registered
+            type is allowed (in-process tests).
         cache_size: Live runs kept in the cache.
         grace: Seconds to let in-flight activities finish on shutdown.
         claim_idle_ms: A task idle this long with a silent worker is reclaimed.
         sticky_timeout_ms: A workflow task left unread this long in a worker's private
             (sticky) stream goes to its run's shared queue (0: only when that worker's lease lapses).
         block_ms: Longest blocking read (bounds how fast a stop is noticed).
-        max_deliveries: A workflow task delivered more often than this (its
-            decision keeps killing workers) is parked and its run blocked.
-        build_id: The build id of this worker's code. Runs it decides first are
-            pinned to it: their workflow tasks go only to workers of that build
-            (or declaring it compatible). Empty: unversioned, nothing pinned.
+        max_deliveries: A workflow task delivered more often than this (its decision keeps killing
+            workers) is parked and its run blocked.
+        build_id: The build id of this worker's code. Runs it decides first are pinned to it: their
+            workflow tasks go only to workers of that build (or declaring it compatible). Empty:
+            unversioned, nothing pinned.
         compatible: Build ids whose pinned runs this worker may also decide.
-        promote: Make ``build_id`` the queues' current build at once, so new runs
-            start on this worker's code (older builds keep only their pinned runs).
-            Without it the build becomes current only when the current one has no
-            live worker left (see :mod:`workers.membership`).
-        decision_timeout: Seconds a decision may run workflow code without yielding;
-            past it the run is blocked and, when this worker runs on the process's
-            main thread, the process exits with :data:`~workers.watchdog.RUNAWAY_EXIT`
-            for its supervisor to restart (0: no deadline).
-        eager: Run the activities its decisions schedule on its own queues
-            itself, under a lease, and commit each result together with the
-            run's next decision (one script per step instead of four). Local
-            activities always run this way.
+        promote: Make ``build_id`` the queues' current build at once, so new runs start on this
+            worker's code (older builds keep only their pinned runs). Without it the build becomes
+            current only when the current one has no live worker left (see :mod:`workers.membership`).
+        decision_timeout: Seconds a decision may run workflow code without yielding; past it the run
+            is blocked and, when this worker runs on the process's main thread, the process exits
+            with :data:`~workers.watchdog.RUNAWAY_EXIT` for its supervisor to restart (0: none).
+        eager: Run the activities its decisions schedule on its own queues itself, under a lease,
+            and commit each result together with the run's next decision (one script per step
+            instead of four). Local activities always run this way.
+        unknown_type_grace: Seconds a task waits for a live worker of its queue that has its type
+            before it is parked (its run blocked).
     """
 
     def __init__(
@@ -135,6 +131,7 @@ class Worker:
         compatible: Sequence[str] = (),
         promote: bool = False,
         decision_timeout: float = DEFAULT_DECISION_TIMEOUT,
+        unknown_type_grace: float = UNKNOWN_TYPE_GRACE,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
@@ -180,7 +177,7 @@ class Worker:
         self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
         self._leases: set[tuple[int, str, str, int]] = set()
-        self.decider = self._make_decider(cache_size, claim_idle_ms, compatible)
+        self.decider = self._make_decider(cache_size, claim_idle_ms, compatible, unknown_type_grace)
         self.decisions = 0
         self.activities_run = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
@@ -188,7 +185,9 @@ class Worker:
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
 
-    def _make_decider(self, cache_size: int, claim_idle_ms: int, compatible: Sequence[str]) -> Decider:
+    def _make_decider(
+        self, cache_size: int, claim_idle_ms: int, compatible: Sequence[str], grace: float
+    ) -> Decider:
         return Decider(
             self.store,
             cache_size=cache_size,
@@ -201,6 +200,7 @@ class Worker:
             build_id=self.build_id,
             compatible=tuple(compatible),
             sticky=self.session_queue,
+            unknown_type_grace=grace,
         )
 
     def _make_membership(self, compatible: Sequence[str], promote: bool) -> Membership:
@@ -566,6 +566,7 @@ class Worker:
                 redelivered=redelivered,
                 on_timer=self.scheduler.notify,
                 on_result=self._queued_result(stream, entry_id),
+                unserved=self.decider.routing.activity,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later

@@ -22,7 +22,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
                            <aid>:hb heartbeat details, <aid>:started attempt start (ms)
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry,
-                                   "d|run|run" / "d|run|execution" workflow timeout
+                                   "d|run|run" / "d|run|execution" workflow timeout, "w|run|ms" and
+                                   "u|run|id|ms" tasks handed back by a worker that lacks their type
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
     T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
     T:runs                 zset    created (ms) -> run id, for `durable list` (and `started` in --where)
@@ -75,6 +76,13 @@ RETRY = "r"
 DEADLINE = "d"
 """Kind of a run's workflow timeout member in ``T:timers`` (item: ``run`` or ``execution``)."""
 
+HANDED_BACK = "w"
+"""Kind of a workflow task handed back by a worker that lacks its type, re-added to the run's
+queue when due (its id: when the type was first seen unserved, ms; 0: it is served)."""
+
+HANDED_BACK_ACTIVITY = "u"
+"""Kind of an activity task handed back likewise (its id: ``<activity id>|<first unserved ms>``)."""
+
 # Fields of the activity hash ``T:act:<run id>`` beside ``<aid>`` (the current task body).
 ATTEMPT_SUFFIX = "#"
 STREAM_SUFFIX = "@"
@@ -95,6 +103,13 @@ def retry_member(run_id: str, activity_id: str) -> str:
 def deadline_member(run_id: str, timeout: str) -> str:
     """The ``T:timers`` member of a run's workflow timeout (``run`` or ``execution``)."""
     return f"{DEADLINE}{SEP}{run_id}{SEP}{timeout}"
+
+
+def handed_back_member(run_id: str, first_unserved_ms: int, activity_id: str = "") -> str:
+    """The ``T:timers`` member that re-adds a handed-back workflow (or activity) task to its queue."""
+    if activity_id:
+        return f"{HANDED_BACK_ACTIVITY}{SEP}{run_id}{SEP}{activity_id}{SEP}{first_unserved_ms}"
+    return f"{HANDED_BACK}{SEP}{run_id}{SEP}{first_unserved_ms}"
 
 
 def parse_timer_member(member: str) -> tuple[str, str, str]:

@@ -147,6 +147,17 @@ class QueueStore(RunStore):
                 pipe.xdel(stream, entry_id)
             pipe.execute()
 
+    def hand_back(self, stream: str, entry_id: str, member: str, due_ms: int) -> None:
+        """Leave a task this worker cannot run (it lacks the type) for workers that can: ack it
+        here, and at ``due_ms`` the scheduler re-adds it to its queue as a new entry
+        (``member``: :func:`~durable.store.keys.handed_back_member`), so this worker does
+        not read it straight back. One MULTI/EXEC: the task is never lost nor doubled."""
+        with self.pipeline(stream) as pipe:
+            pipe.zadd(self.keys.timers(self.keys.partition_of_key(stream)), {member: due_ms})
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+
     def reroute(self, stream: str, entry_id: str, run_id: str, target: str) -> None:
         """Hand a workflow task to the stream of the build its run is pinned to."""
         with self.pipeline(stream) as pipe:

@@ -10,6 +10,10 @@ the work done is per appended event of a watched run, not per event times waiter
 Every :data:`BLOCK_CHECK_S` it also reads the watched runs' ``blocked`` fields (a
 block is written to the run record, not to the history) and wakes their callers.
 
+A run pinned to a build that no live worker serves is blocked too, but only once that has
+held for :data:`NO_LIVE_WORKER_GRACE_S`: restarting a build's only worker leaves it without
+one for a moment, and that is no reason to give up on its runs.
+
 A Redis Cluster cannot ``XREAD`` keys of different slots at once: there each caller
 blocks on its own stream (:func:`wait_alone`).
 """
@@ -28,8 +32,9 @@ import redis
 
 from .. import events as ev
 from ..errors import WorkflowBlocked, WorkflowNotFound
-from ..runinfo import BlockedReason, blocked_reason
+from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .redis_store import RedisStore, RunRef
+from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
 log = logging.getLogger("durable.client")
 
@@ -42,7 +47,11 @@ IDLE_S = 10.0
 BLOCK_CHECK_S = 1.0
 """How often the waiter thread reads the watched runs' blocked reasons."""
 
-_RECORD_FIELDS = ("status", "blocked", "blocked_kind")
+NO_LIVE_WORKER_GRACE_S = REGISTRY_TTL_MS / 1000
+"""How long a pinned run must have had no live worker of its build before ``result()`` raises
+(the registry's time to live: a dead worker's entry lasts that long anyway)."""
+
+_RECORD_FIELDS = ("status", "blocked", "blocked_kind", "build", "queue", "workflow_id")
 
 
 def blocked_error(workflow_id: str, run_id: str, reason: BlockedReason) -> WorkflowBlocked:
@@ -72,8 +81,22 @@ def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
     return entry_id.decode(), entry if isinstance(entry.event, ev.CLOSING) else None
 
 
-def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
-    """One look at a run: its closing entry, or the last stream id to wait after.
+def _unserved_error(ref: RunRef, reason: str) -> WorkflowBlocked:
+    return blocked_error(ref.workflow_id, ref.run_id, BlockedReason(kind=NO_LIVE_WORKER, message=reason))
+
+
+def _still_unserved(since: float | None, unserved: bool) -> float | None:
+    """Since when (monotonic) a run has had no live worker of its build, given one more look."""
+    return (since if since is not None else time.monotonic()) if unserved else None
+
+
+def _unserved_too_long(since: float | None) -> bool:
+    return since is not None and time.monotonic() - since >= NO_LIVE_WORKER_GRACE_S
+
+
+def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None, str | None]:
+    """One look at a run: its closing entry, or the last stream id to wait after, and (a run
+    pinned to a build) why no live worker can move it (``None``: one can).
 
     Raises:
         WorkflowBlocked: the run is open and blocked.
@@ -85,23 +108,27 @@ def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
         rows, values = pipe.execute()
     last, closing = _last_entry(rows, ref.run_id)
     if closing is not None:
-        return last, closing
+        return last, closing, None
     record = _record(values)
     if record is None:
         raise WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
     reason = blocked_reason(record)
     if reason is not None:
         raise blocked_error(ref.workflow_id, ref.run_id, reason)
-    return last, None
+    return last, None, store.unserved_reason(record)
 
 
 def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
     """Wait for ``ref`` to close, blocking a connection of this caller's own (a cluster's way)."""
     key = store.keys.history(ref.partition, ref.run_id)
+    since: float | None = None
     while True:
-        last, closing = look(store, ref)
+        last, closing, unserved = look(store, ref)
         if closing is not None:
             return closing
+        since = _still_unserved(since, unserved is not None)
+        if unserved is not None and _unserved_too_long(since):
+            raise _unserved_error(ref, unserved)
         block_s = BLOCK_CHECK_S
         if deadline is not None:
             remaining = deadline - time.monotonic()
@@ -125,6 +152,7 @@ class _Watch:
     ref: RunRef
     last: str
     callers: list[_Caller] = field(default_factory=list)
+    unserved_since: float | None = None  # monotonic: since when no live worker serves its build
 
 
 class RunWaiter:
@@ -152,7 +180,7 @@ class RunWaiter:
             TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
             redis.RedisError: Redis failed while waiting.
         """
-        last, closing = look(store, ref)
+        last, closing, unserved = look(store, ref)
         if closing is not None:
             return closing
         caller = _Caller()
@@ -162,6 +190,7 @@ class RunWaiter:
             fresh = watch is None
             if watch is None:
                 watch = self._watches[key] = _Watch(ref, last)
+            watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
             watch.callers.append(caller)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -286,9 +315,11 @@ class RunWaiter:
             for _, watch in watched:
                 pipe.hmget(keys.run(watch.ref.partition, watch.ref.run_id), _RECORD_FIELDS)
             rows = pipe.execute()
+        records = [_record(values) for values in rows]
+        # The registry is read only when a watched run is pinned to a build.
+        live: list[WorkerInfo] = store.live_workers() if any(r and r.get("build") for r in records) else []
         with self._lock:
-            for (key, watch), values in zip(watched, rows, strict=True):
-                record = _record(values)
+            for (key, watch), record in zip(watched, records, strict=True):
                 ref = watch.ref
                 if record is None:
                     error: BaseException = WorkflowNotFound(
@@ -299,6 +330,11 @@ class RunWaiter:
                 reason = blocked_reason(record)
                 if reason is not None:
                     self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
+                    continue
+                unserved = no_live_worker_reason(record, live) if record.get("build") else None
+                watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
+                if unserved is not None and _unserved_too_long(watch.unserved_since):
+                    self._wake(key, error=_unserved_error(ref, unserved))
 
     def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
         """Wake every caller of ``key`` (the lock is held)."""

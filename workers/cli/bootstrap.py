@@ -70,6 +70,7 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         sticky_timeout_ms=int(config.sticky_timeout * 1000),
         grace=config.grace,
         decision_timeout=config.decision_timeout,
+        unknown_type_grace=config.unknown_type_grace,
         eager=config.eager,
         build_id=build_id,
         compatible=config.compatible,

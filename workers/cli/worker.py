@@ -84,6 +84,16 @@ _worker_options: list[Callable[[Any], Any]] = [
         "for its supervisor to restart. 0: no deadline.",
     ),
     click.option(
+        "--unknown-type-grace",
+        default=60.0,
+        show_default=True,
+        type=click.FloatRange(0),
+        metavar="SECONDS",
+        help="A task of a workflow or activity type this worker's --app lacks is left for a worker of "
+        "the queue that has it; once no live worker has served the type this long, the task is parked "
+        "and its run blocked (`durable repair` after starting such a worker).",
+    ),
+    click.option(
         "--build-id",
         default=None,
         metavar="BUILD",
@@ -168,6 +178,7 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         sticky_timeout=options["sticky_timeout"],
         grace=options["grace"],
         decision_timeout=options["decision_timeout"],
+        unknown_type_grace=options["unknown_type_grace"],
         build_id=options["build_id"],
         compatible=tuple(options["compatible"]),
         unversioned=options["unversioned"],

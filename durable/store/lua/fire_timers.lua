@@ -1,6 +1,8 @@
 -- Fire due timers of one partition: a workflow timer becomes TimerFired in
 -- its run's inbox; an activity retry re-enqueues the activity's next attempt;
--- a workflow timeout (run or execution deadline) becomes WorkflowTimeoutFired.
+-- a workflow timeout (run or execution deadline) becomes WorkflowTimeoutFired; a task
+-- handed back by a worker that lacks its type goes back to its queue, carrying since when
+-- no live worker served the type ('unserved', ms; 0: some worker does).
 -- Safe to run from many workers at once: each member is removed before use.
 -- KEYS: timers
 -- ARGV: partition key tag, max members
@@ -28,6 +30,13 @@ for _, member in ipairs(due) do
       -- The decision that applies it closes the run as failed (WorkflowTimeout).
       redis.call('RPUSH', tag .. ':in:' .. rid, envelope('WorkflowTimeoutFired', ts, cmsgpack.pack({timeout = id})))
       wake(run, rid)
+    elseif kind == 'w' then
+      local wq = redis.call('HGET', run, 'wq')
+      if wq then redis.call('XADD', wq, '*', 'run', rid, 'unserved', id) end
+    elseif kind == 'u' then
+      local aid, first = string.match(id, '^(.+)|(%d+)$')
+      local task = redis.call('HMGET', tag .. ':act:' .. rid, aid, aid .. '@')
+      if task[1] then redis.call('XADD', task[2], '*', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first) end
     end
   end
 end

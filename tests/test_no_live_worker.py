@@ -1,0 +1,72 @@
+"""``result()`` on a run pinned to a build with no live worker (issue 13, items 1 and 12).
+
+The views report it at once; ``result()`` raises ``WorkflowBlocked(kind="no_live_worker")``
+once it has held for the grace (the registry's time to live), so restarting the build's
+only worker is no error. Real ``durable worker`` processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from apps.basic import Waiter
+from procs import spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowBlocked, WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.store.waits import NO_LIVE_WORKER_GRACE_S
+
+pytestmark = pytest.mark.slow
+
+
+def _suspended_pinned_run(redis_url: str, store: RedisStore) -> WorkflowStub:
+    stub = WorkflowStub.make(Waiter, store=store).start(0.01)
+    wait_for(lambda: stub.snapshot()["build_id"] == "v1" and stub.status() == "suspended", timeout=30)
+    return stub
+
+
+def test_result_raises_once_no_worker_of_the_pinned_build_lived_for_the_grace(
+    redis_url: str, store: RedisStore
+) -> None:
+    proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    try:
+        stub = _suspended_pinned_run(redis_url, store)
+    finally:
+        stop(proc)
+    assert stub.blocked() is not None  # the views say so at once
+    started = time.monotonic()
+    with pytest.raises(WorkflowBlocked) as info:
+        stub.result(timeout=60)
+    waited = time.monotonic() - started
+    assert NO_LIVE_WORKER_GRACE_S <= waited < NO_LIVE_WORKER_GRACE_S + 5
+    assert info.value.kind == "no_live_worker" and "build 'v1'" in info.value.reason
+
+
+def test_restarting_the_builds_worker_within_the_grace_is_no_error(redis_url: str, store: RedisStore) -> None:
+    proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    try:
+        stub = _suspended_pinned_run(redis_url, store)
+        outcome: dict[str, Any] = {}
+
+        def wait() -> None:
+            try:
+                outcome["value"] = stub.result(timeout=60)
+            except Exception as exc:  # noqa: BLE001 - the assertion below shows it
+                outcome["error"] = exc
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(1.5)  # the waiter is watching the run
+        stop(proc)
+        wait_for(lambda: stub.blocked() is not None, timeout=10)  # no live worker of v1 now
+        proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+        wait_for(lambda: stub.blocked() is None, timeout=NO_LIVE_WORKER_GRACE_S - 1)
+        stub.signal("go", "still here")
+        waiter.join(30)
+        assert outcome == {"value": "still here"}
+    finally:
+        stop(proc)

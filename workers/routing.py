@@ -1,0 +1,204 @@
+"""Tasks of a type this worker lacks: left for a live worker that has it, parked only after a grace.
+
+Workers of one queue may run different ``--app`` modules. A worker that reads a
+workflow or activity task whose type its app does not define does not park it
+(that would block a run another worker could run): it hands the task back to its
+queue. The hand-back goes through the timers set (``T:timers``), so the task
+reappears a moment later and this worker does not read it straight back in a loop.
+
+Whether some live worker of the queue registered the type (the worker registry,
+:mod:`durable.store.workers`) decides how long that moment is:
+
+* one does: :data:`SERVED_DELAY_MS`, and the task is its to take;
+* none does: :data:`UNSERVED_DELAY_MS`. The task carries since when it has been
+  unserved (``unserved``, Redis time in ms), across hand-backs. Once no live worker
+  has served the type for the grace (``--unknown-type-grace``, default
+  :data:`UNKNOWN_TYPE_GRACE` s), the task is parked and its run blocked, with a
+  reason naming the type and the queue. `durable repair ID` re-queues it once a
+  worker with the type runs.
+
+Only this path reads the registry (at most once per :data:`LIVE_CACHE_S` per worker):
+a task whose type the worker has costs nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from durable.store.keys import handed_back_member, is_private
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+from durable.store.workers import WorkerInfo, takes_new_runs
+
+__all__ = ["LIVE_CACHE_S", "SERVED_DELAY_MS", "UNKNOWN_TYPE_GRACE", "UNSERVED_DELAY_MS", "Routing"]
+
+log = logging.getLogger("durable.worker")
+
+UNKNOWN_TYPE_GRACE = 60.0
+"""Seconds a task waits for a live worker of its queue that has its type before it is parked."""
+
+SERVED_DELAY_MS = 100
+"""A task another live worker can run reappears in its queue after this (so the worker that
+lacks the type does not spin on it while the other one is busy)."""
+
+UNSERVED_DELAY_MS = 1000
+"""A task no live worker can run is looked at again this often until its grace ends."""
+
+LIVE_CACHE_S = 1.0
+"""How long one read of the worker registry answers "who serves this type" here."""
+
+
+class Routing:
+    """What a worker does with a task whose type it lacks: hand it back, or park it.
+
+    Args:
+        store: The store.
+        grace: Seconds without a live worker that serves the type before a task is parked.
+        on_timer: Told the due time of each hand-back (the worker's scheduler re-adds it).
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        grace: float = UNKNOWN_TYPE_GRACE,
+        on_timer: Callable[[int], None] = lambda _due: None,
+    ) -> None:
+        self.store = store
+        self.grace_ms = int(grace * 1000)
+        self.on_timer = on_timer
+        self._lock = threading.Lock()  # activity threads and the main thread ask at once
+        self._live: tuple[float, list[WorkerInfo], dict[str, str]] = (float("-inf"), [], {})
+        self._unserved: set[tuple[str, str, str]] = set()  # (kind, queue, type) logged as unserved
+
+    def workflow(
+        self, p: int, stream: str, entry_id: str, fields: Mapping[bytes, bytes], record: Mapping[str, str]
+    ) -> str:
+        """Route a workflow task whose type this worker lacks; returns ``handed back`` or ``parked``."""
+        name, queue, build = record.get("type", ""), record.get("queue", "default"), record.get("build", "")
+        live, current = self._registry(queue)
+        if build:  # a pinned run's tasks are read by the workers of its build only
+            servers = [w for w in live if queue in w.queues and build in w.builds]
+        else:
+            servers = takes_new_runs(queue, current, live)
+        served = any(name in w.workflows for w in servers)
+        rid = fields.get(b"run", b"").decode()
+        return self._route(
+            p=p,
+            stream=stream,
+            entry_id=entry_id,
+            fields=fields,
+            first=_first_unserved(fields),
+            what=("workflow", queue, name),
+            served=served,
+            run_id=rid,
+            workflow_id=record.get("workflow_id", "ID"),
+            member=lambda first: handed_back_member(rid, first),
+        )
+
+    def activity(self, task: ActivityTask, stream: str, entry_id: str, fields: Mapping[bytes, bytes]) -> str:
+        """Route an activity task whose type this worker lacks; returns ``handed back`` or ``parked``."""
+        p = task.partition
+        queue = stream[len(self.store.keys.activity_tasks(p, "")) :]
+        private = is_private(queue)  # a worker session's queue: only its host reads it
+        served = False
+        if not private:
+            live, _ = self._registry(queue)
+            served = any(queue in w.queues and task.name in w.activities for w in live)
+        return self._route(
+            p=p,
+            stream=stream,
+            entry_id=entry_id,
+            fields={"body": task.encode()},  # as `durable repair` reads parked activity tasks
+            first=_first_unserved(fields),
+            what=("activity", queue, task.name),
+            served=served,
+            grace_ms=0 if private else self.grace_ms,
+            run_id=task.run_id,
+            workflow_id=task.workflow_id,
+            member=lambda first: handed_back_member(task.run_id, first, task.activity_id),
+        )
+
+    def _route(
+        self,
+        *,
+        p: int,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[Any, Any],
+        first: int,
+        what: tuple[str, str, str],
+        served: bool,
+        run_id: str,
+        workflow_id: str,
+        member: Callable[[int], str],
+        grace_ms: int | None = None,
+    ) -> str:
+        """Hand the task back (``served``, or within the grace) or park it; see the module docstring."""
+        kind, queue, name = what
+        grace_ms = self.grace_ms if grace_ms is None else grace_ms
+        now = self.store.server_time_ms()
+        if served:
+            if what in self._unserved:
+                self._unserved.discard(what)
+                log.info("queue %s: a live worker serves %s type %s now", queue, kind, name)
+            due = now + SERVED_DELAY_MS
+            self.store.hand_back(stream, entry_id, member(0), due)
+            self.on_timer(due)
+            return "handed back"
+        first = first or now
+        waited = now - first
+        if waited >= grace_ms:
+            reason = (
+                f"no live worker on queue {queue!r} serves {kind} type {name!r} (for {waited / 1000:.0f} s): "
+                f"start a worker whose --app defines it, then `durable repair {workflow_id}`"
+            )
+            self.store.park(
+                p=p,
+                stream=stream,
+                entry_id=entry_id,
+                kind=kind,
+                reason=reason,
+                fields=fields,
+                run_id=run_id,
+                block=True,
+                block_kind="unknown_type",
+            )
+            return "parked"
+        if what not in self._unserved:
+            self._unserved.add(what)
+            log.warning(
+                "queue %s: no live worker serves %s type %s (not in this worker's --app); its tasks "
+                "wait up to %.0f s for one, then are parked",
+                queue,
+                kind,
+                name,
+                grace_ms / 1000,
+            )
+        due = min(now + UNSERVED_DELAY_MS, first + grace_ms)
+        self.store.hand_back(stream, entry_id, member(first), due)
+        self.on_timer(due)
+        return "handed back"
+
+    def _registry(self, queue: str) -> tuple[list[WorkerInfo], str]:
+        """The live workers, and ``queue``'s current build (cached for :data:`LIVE_CACHE_S`)."""
+        with self._lock:
+            read_at, live, current = self._live
+            now = time.monotonic()
+            if now - read_at >= LIVE_CACHE_S:
+                read_at, live, current = now, self.store.live_workers(), {}
+            if queue not in current:
+                current[queue] = self.store.current_build([queue])[0]
+            self._live = (read_at, live, current)
+            return live, current[queue]
+
+
+def _first_unserved(fields: Mapping[bytes, bytes]) -> int:
+    """Since when (Redis ms) the task has found no live worker for its type; 0: not known."""
+    try:
+        return int(fields.get(b"unserved") or 0)
+    except ValueError:
+        return 0
