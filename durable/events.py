@@ -332,6 +332,7 @@ class UpdateCompleted(Event):
     result: bytes | None = None
     error: bytes | None = None
     payloads = ("result", "error")
+    is_command = True
 
 
 # ------------------------------------------------- search attributes and memo

@@ -56,6 +56,20 @@ def test_stored_event_type_names_are_pinned() -> None:
     assert set(ev.STATUS_OF_CLOSING) == {cls.TYPE for cls in ev.CLOSING}
 
 
+#: Events a decision writes and replay checks against the code; an input event here (or a command
+#: missing) changes what replay compares, so the set is pinned too.
+COMMAND_EVENT_TYPES = {
+    "ActivityCancelled", "ActivityScheduled", "ChildStarted", "HookCreated", "MemoUpserted",
+    "SearchAttributesUpserted", "SideEffectRecorded", "SignalWaitStarted", "TimerCancelled",
+    "TimerStarted", "UpdateCompleted", "VersionMarker", "WorkflowCancelled", "WorkflowCompleted",
+    "WorkflowContinuedAsNew", "WorkflowFailed",
+}  # fmt: skip
+
+
+def test_command_events_are_pinned() -> None:
+    assert {cls.TYPE for cls in ev.CATALOG.values() if cls.is_command} == COMMAND_EVENT_TYPES
+
+
 def test_event_classes_do_not_share_names_with_errors() -> None:
     error_names = {name for name, obj in vars(errors).items() if isinstance(obj, type)}
     for cls in ev.CATALOG.values():
