@@ -128,12 +128,9 @@ const Timeline = (() => {
     let y = AXIS;
     const lane = (label, cls, href) => {
       const text = svg("text", { x: 4, y: y + 15, class: "lane " + (cls || "") }, label.length > 34 ? label.slice(0, 33) + "…" : label);
-      text.append(svg("title", {}, label));
-      if (href) {
-        const a = svg("a", { href });
-        a.append(text);
-        root.append(a);
-      } else root.append(text);
+      const g = svg(href ? "a" : "g", href ? { href } : {});
+      g.append(svg("title", {}, label), text);
+      root.append(g);
       root.append(svg("line", { x1: 0, x2: width, y1: y + LANE, y2: y + LANE, class: "sep" }));
     };
     const bar = (start, end, cls, title) => {
