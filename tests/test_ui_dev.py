@@ -12,6 +12,8 @@ from procs import ROOT, TESTS, stop
 from server_procs import free_port
 from waiting import wait_for
 
+from durable import WorkflowStub
+
 pytest.importorskip("uvicorn", reason="the server extra is not installed")
 
 
@@ -50,3 +52,14 @@ def test_dev_serves_the_ui_and_api_beside_its_worker(durable_redis_url: str, tmp
     finally:
         assert stop(proc) == 0
         log.close()
+
+
+def test_queue_backlog_counts_waiting_tasks_and_their_age(durable_store) -> None:
+    assert durable_store.queue_backlog(["ui-backlog"]) == {
+        "ui-backlog": {"workflow_tasks": 0, "activity_tasks": 0, "oldest_ms": None, "lag_ms": None}
+    }
+    for _ in range(3):  # no worker serves the queue: the tasks wait in its streams
+        WorkflowStub.make("Sequence", queue="ui-backlog", store=durable_store).start(1)
+    row = durable_store.queue_backlog(["ui-backlog"], ["some-build"])["ui-backlog"]
+    assert row["workflow_tasks"] == 3 and row["activity_tasks"] == 0
+    assert row["oldest_ms"] is not None and 0 <= row["lag_ms"] < 60_000
