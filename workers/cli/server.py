@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
+import threading
 from pathlib import Path
 
 import click
 
+from durable.store.redis_store import RedisStore
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.config import mask_url
 from workers.logging import FORMATS, configure
 
-__all__ = ["COMMANDS", "is_loopback"]
+__all__ = ["COMMANDS", "is_loopback", "serve_in_background"]
 
 
 def is_loopback(host: str) -> bool:
@@ -94,6 +96,33 @@ def server(
         server_header=False,
         timeout_graceful_shutdown=5,
     )
+
+
+def serve_in_background(store: RedisStore, port: int, host: str = "127.0.0.1") -> str | None:
+    """Serve the API and UI without tokens on loopback from a daemon thread (``durable dev``).
+
+    Returns:
+        The server's URL, or ``None`` when the server extra is not installed.
+    """
+    try:
+        # Lazily: the server extra is optional; `durable dev` runs without it.
+        import uvicorn
+
+        from workers.server import create_app
+    except ImportError:
+        return None
+    config = uvicorn.Config(
+        create_app(store),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=2,
+    )
+    # Off the main thread uvicorn installs no signal handlers: the worker keeps SIGINT/SIGTERM.
+    threading.Thread(target=uvicorn.Server(config).run, name="durable-server", daemon=True).start()
+    return f"http://{host}:{port}"
 
 
 COMMANDS = [server]

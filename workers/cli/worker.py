@@ -15,6 +15,7 @@ from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, run_worker
 from workers.cli.core import CliError, CliState, pass_state
+from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
 from workers.supervisor import worker_supervisor
 
@@ -236,9 +237,14 @@ def worker_process(state: CliState) -> None:
 
 @click.command()
 @worker_options
+@click.option(
+    "--port", default=8233, show_default=True, type=click.IntRange(1, 65535), help="The server's port."
+)
+@click.option("--no-server", is_flag=True, help="Do not serve the HTTP API and web UI.")
 @pass_state
-def dev(state: CliState, **options: Any) -> None:
-    """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL) and one worker."""
+def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
+    """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL), one worker, and
+    the HTTP API and web UI on 127.0.0.1 (no tokens; needs the server extra)."""
     store = state.store
     _apply_retention(store, options)
     config = _config(store, options)
@@ -246,6 +252,12 @@ def dev(state: CliState, **options: Any) -> None:
     shown = mask_url(config.redis_url)
     click.echo(f"durable dev: Redis at {shown}", err=True)
     click.echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
+    if not no_server:
+        url = serve_in_background(store, port)
+        if url:
+            click.echo(f"  web UI and API at {url}", err=True)
+        else:
+            click.echo("  (no web UI: pip install 'durable[server]')", err=True)
     run_worker(config, store)
 
 

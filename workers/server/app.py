@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durable
@@ -22,6 +22,7 @@ from workers.server.auth import AuthConfig
 from workers.server.endpoint import Call, Endpoint, error_response, view
 from workers.server.errors import ApiError, from_exception
 from workers.server.openapi import openapi_document
+from workers.server.ui import ui_routes
 
 __all__ = ["ENDPOINTS", "MAX_BODY", "create_app", "masked_path"]
 
@@ -90,8 +91,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(from_exception(exc))
 
 
+def _path_ids(path: str) -> str:
+    return path.replace("/workflows/{id}", "/workflows/{id:path}")
+
+
 def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: int = MAX_BODY) -> Starlette:
-    """The API over ``store`` (the UI joins it later).
+    """The API over ``store``, and the web UI (``/``, ``/workflows/{id}``, ... see :mod:`.ui`).
 
     Args:
         store: The namespace's store; its client is used from Starlette's thread pool.
@@ -99,10 +104,14 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
         max_body: Largest request body in bytes.
     """
     auth = auth or AuthConfig()
-    routes = [
-        Route(e.path, view(e, store, auth, max_body), methods=[e.method], name=e.handler.__name__)
-        for e in ENDPOINTS
+    # Workflow ids may hold "/" (a child's is "<parent>/<n>"): {id} matches it as a path, and the
+    # bare describe route goes last so it does not swallow ".../history" and the actions.
+    ordered = sorted(ENDPOINTS, key=lambda e: e.path.endswith("{id}"))
+    routes: list[BaseRoute] = [
+        Route(_path_ids(e.path), view(e, store, auth, max_body), methods=[e.method], name=e.handler.__name__)
+        for e in ordered
     ]
+    routes += ui_routes(auth)
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _http_error},

@@ -43,7 +43,11 @@ def resume_hook(call: Call) -> dict[str, Any]:
 
 
 def list_workers(call: Call) -> dict[str, Any]:
-    return fleet_report(call.store)
+    report = fleet_report(call.store)
+    builds = {w["build_id"] for w in report["workers"] if w["build_id"]}
+    builds |= {q["current_build"] for q in report["queues"].values() if q["current_build"]}
+    report["backlog"] = call.store.queue_backlog(report["queues"], builds)
+    return report
 
 
 def list_schedules(call: Call) -> dict[str, Any]:
@@ -93,7 +97,13 @@ ENDPOINTS = [
         "server has a hook secret)",
         body="any: a JSON body is delivered as its value, another as text",
     ),
-    Endpoint("GET", "/api/v1/workers", list_workers, "read", "List live workers, builds and queues"),
+    Endpoint(
+        "GET",
+        "/api/v1/workers",
+        list_workers,
+        "read",
+        "List live workers, builds and queues (with each queue's backlog and lag)",
+    ),
     Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
     Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),
     Endpoint("POST", _SCHEDULE + "/pause", pause_schedule, "operator", "Pause a schedule", body=_NOTE_BODY),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import durable
 from durable import HistoryEvent, WorkflowStub
 from durable.errors import WorkflowClosed
 from durable.runinfo import NO_LIVE_WORKER
 from durable.store.redis_store import CLOSED_STATUSES
-from durable.store.workers import no_live_worker_reason
+from durable.store.run_list import LIST_FIELDS
+from durable.store.workers import WorkerInfo, no_live_worker_reason
 from workers.cli.fleet import check_startable
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
@@ -39,6 +42,8 @@ def _stub(call: Call) -> WorkflowStub:
 
 
 def list_workflows(call: Call) -> dict[str, Any]:
+    if call.arg("where") is not None:
+        return _search_workflows(call)
     status = call.arg("status")
     if status is not None and status not in _STATUSES:
         raise ApiError("invalid_argument", f"unknown status {status!r}; one of {', '.join(_STATUSES)}")
@@ -58,14 +63,62 @@ def list_workflows(call: Call) -> dict[str, Any]:
     except ValueError:
         raise ApiError("invalid_argument", "'before' must be a 'next' cursor of a page, or UTC ms") from None
     live = call.store.live_workers()
-    rows = []
-    for record in page.runs:
-        reason = no_live_worker_reason(record, live)
-        if reason and not record.get("blocked"):
-            record.update(blocked=reason, blocked_kind=NO_LIVE_WORKER)
-        record["build_id"] = record.pop("build", None) or None
-        rows.append(record)
+    rows = [_list_row(record, live) for record in page.runs]
     return {"workflows": rows, "next": page.next, "scanned": page.scanned}
+
+
+_ROW_FIELDS = (*LIST_FIELDS, "run_id", "partition", "created", "search_attributes")
+
+
+def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
+    """A runs-list row: the light fields only, a run no live worker serves shown as blocked."""
+    row = {k: record[k] for k in _ROW_FIELDS if k in record}
+    reason = no_live_worker_reason(record, live)
+    if reason and not row.get("blocked"):
+        row.update(blocked=reason, blocked_kind=NO_LIVE_WORKER)
+    row["build_id"] = row.pop("build", None) or None
+    return row
+
+
+def _search_workflows(call: Call) -> dict[str, Any]:
+    """The runs list by a ``where`` expression (docs/search.md), ANDed with status, type and time."""
+    if call.arg("id_prefix") or call.arg("status") == "blocked":
+        raise ApiError("invalid_argument", "'where' cannot be combined with id_prefix or status=blocked")
+    limit = call.arg("limit", int, 50)
+    if not 1 <= limit <= MAX_LIST_PAGE:
+        raise ApiError("invalid_argument", f"limit must be 1..{MAX_LIST_PAGE}")
+    clauses = [f"({call.arg('where')})"] if call.arg("where", str, "").strip() else []
+    for name, field in (("status", "status"), ("type", "type")):
+        if call.arg(name):
+            clauses.append(f"{field} = {json.dumps(call.arg(name))}")
+    for name, op in (("since", ">="), ("until", "<=")):
+        if (ms := call.time_arg(name)) is not None:
+            clauses.append(f"started {op} {ms}")
+    before = call.arg("before")
+    if before is not None and not str(before).isdigit():
+        raise ApiError("invalid_argument", "with 'where', 'before' is the 'next' of the previous page (ms)")
+    rows = durable.list_runs(
+        " and ".join(clauses), limit=limit, before=int(before) if before else None, store=call.store
+    )
+    live = call.store.live_workers()
+    more = len(rows) == limit
+    return {
+        "workflows": [_list_row(record, live) for record in rows],
+        "next": str(rows[-1]["created"]) if more else None,
+        "scanned": len(rows),
+    }
+
+
+def count_workflows(call: Call) -> dict[str, Any]:
+    """Runs per status word (and in all) matching an optional ``where`` expression."""
+    where = call.arg("where", str, "").strip()
+    base = f"({where}) and " if where else ""
+    counts = {
+        status: durable.count_runs(f"{base}status = '{status}'", store=call.store)
+        for status in _STATUSES
+        if status != "blocked"
+    }
+    return {"counts": counts, "total": sum(counts.values())}
 
 
 def start_workflow(call: Call) -> dict[str, Any]:
@@ -172,7 +225,16 @@ ENDPOINTS = [
             Param("until", "string", "created at or before (UTC ms or ISO 8601)"),
             Param("before", "string", "the previous page's 'next' cursor"),
             Param("limit", "integer", f"runs per page, 1..{MAX_LIST_PAGE} (default 50)"),
+            Param("where", "string", "a search expression (docs/search.md); not with id_prefix"),
         ),
+    ),
+    Endpoint(
+        "GET",
+        "/api/v1/workflow-counts",
+        count_workflows,
+        "read",
+        "Count runs per status",
+        params=(Param("where", "string", "only runs matching this search expression"),),
     ),
     Endpoint(
         "POST",

@@ -1,0 +1,296 @@
+"""The web UI in real headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+A real ``durable server`` process (one open on loopback, one with tokens) over the test Redis
+with a real ``durable worker`` process; one browser for the module. Each page is saved as a
+screenshot at 1280x800 under the test's tmp output (the path is printed) to be looked at.
+Without chromium or Playwright these tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import spawn_worker, stop
+from server_procs import ServerProc
+from waiting import wait_for
+
+from durable import Schedule, ScheduleHandle, WorkflowStub
+from durable.store.connect import flush_database
+from durable.store.redis_store import RedisStore
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed: pip install playwright"
+)
+if CHROMIUM is None:
+    pytest.skip(
+        "no chromium on PATH: apt-get install -y chromium (Playwright's own download is not used)",
+        allow_module_level=True,
+    )
+
+OPERATOR = "op-" + "u" * 29
+READER = "ro-" + "v" * 29
+CSRF = {"X-Durable-Request": "1"}
+TIMEOUT_MS = 15_000
+
+
+@dataclass
+class Ui:
+    store: RedisStore
+    open: ServerProc
+    secured: ServerProc
+    browser: Any
+    shots: Path
+    console: list[str] = field(default_factory=list)
+
+    def page(self, server: ServerProc | None = None, token: str | None = None) -> Any:
+        """A fresh tab (its own sessionStorage) at 1280x800; page errors are collected."""
+        context = self.browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.on("pageerror", lambda exc: self.console.append(f"pageerror: {exc}"))
+        page.on(
+            "console",
+            lambda msg: (
+                self.console.append(f"{msg.type}: {msg.text}")
+                if msg.type == "error" and "Failed to load resource" not in msg.text
+                else None
+            ),
+        )
+        if token is not None:
+            assert server is not None
+            page.goto(server.url + "/workers")
+            page.fill("#token", token)
+            page.click("#token-form button[type=submit]")
+            page.wait_for_selector("#token-state.ok")
+        return page
+
+    def shot(self, page: Any, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        print(f"screenshot: {path}")
+        return path
+
+
+@pytest.fixture(scope="module")
+def ui(durable_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    flush_database(durable_redis_url)
+    out = tmp_path_factory.mktemp("ui")
+    shots = out / "screenshots"
+    shots.mkdir()
+    store = RedisStore(durable_redis_url)
+    worker = spawn_worker(durable_redis_url)
+    servers: list[ServerProc] = []
+    playwright = sync_api.sync_playwright().start()
+    browser = None
+    try:
+        servers.append(ServerProc(durable_redis_url, out / "open.log"))
+        env = {"DURABLE_SERVER_TOKENS": f"operator:{OPERATOR},read:{READER}"}
+        servers.append(ServerProc(durable_redis_url, out / "secured.log", env=env))
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        wait_for(lambda: store.live_workers(), timeout=30)
+        ui = Ui(store, servers[0], servers[1], browser, shots)
+        yield ui
+        assert not ui.console, ui.console
+    finally:
+        if browser is not None:
+            browser.close()
+        playwright.stop()
+        for server in servers:
+            server.stop()
+        stop(worker)
+        store.close()
+
+
+def _id(name: str) -> str:
+    return f"ui-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def _start(ui: Ui, workflow: str, *args: Any, workflow_id: str | None = None) -> str:
+    with ui.open.client(**CSRF) as c:
+        resp = c.post(
+            "/api/v1/workflows",
+            json={"type": workflow, "id": workflow_id or _id(workflow.lower()), "args": list(args)},
+        )
+        assert resp.status_code == 201, resp.text
+        return resp.json()["workflow_id"]
+
+
+def _waits_for_signal(ui: Ui, workflow_id: str) -> None:
+    with ui.open.client() as c:
+        wait_for(
+            lambda: any(
+                p["kind"] == "signal" for p in c.get(f"/api/v1/workflows/{workflow_id}").json()["pending"]
+            ),
+            timeout=30,
+        )
+
+
+def _confirm(page: Any, **fields: str) -> None:
+    page.wait_for_selector("#confirm[open]")
+    for name, value in fields.items():
+        page.fill(f"#confirm-fields [name={name}]", value)
+    page.click("#confirm-yes")
+
+
+def test_runs_list_shows_runs_counts_and_a_blocked_reason(ui: Ui) -> None:
+    waiter = _start(ui, "Waiter", 60)
+    blocked = WorkflowStub.make("UiNoSuchType", id=_id("blocked"), store=ui.store).start()
+    wait_for(blocked.blocked, timeout=30)
+    page = ui.page()
+    page.goto(ui.open.url + "/")
+    page.wait_for_selector(f"#runs tr[data-id='{waiter}']")
+    row = page.locator(f"#runs tr[data-id='{blocked.id}']")
+    assert "blocked" in row.locator(".badge").inner_text()
+    reason = page.locator("#runs tr.blocked-reason").first.inner_text()
+    assert "unknown_type" in reason and "UiNoSuchType" in reason
+    page.wait_for_selector("#counts .chip.total b")
+    assert int(page.locator("#counts .chip.total b").inner_text()) >= 2
+    ui.shot(page, "runs")
+
+    page.select_option("#filters select[name=status]", "blocked")
+    sync_api.expect(page.locator("#runs tbody tr[data-id]")).to_have_count(1)
+    assert page.locator("#runs tbody tr[data-id]").get_attribute("data-id") == blocked.id
+    assert "status=blocked" in page.url
+
+    page.click(f"#runs tr[data-id='{blocked.id}'] a")
+    page.wait_for_selector("#blocked:not([hidden])")
+    assert "UnknownTypeError" in page.inner_text("#blocked") and "Repair" in page.inner_text("#blocked")
+    ui.shot(page, "run-blocked")
+    page.context.close()
+    with ui.open.client(**CSRF) as c:
+        c.post(f"/api/v1/workflows/{waiter}/terminate")
+        c.post(f"/api/v1/workflows/{blocked.id}/terminate")
+
+
+def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> None:
+    wid = _start(ui, "Everything", 10)
+    _waits_for_signal(ui, wid)
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    page.wait_for_selector("#timeline svg rect.bar.current")  # the signal wait, highlighted
+    lanes = page.locator("#timeline svg text.lane").all_text_contents()
+    assert any(t.startswith("add #") for t in lanes) and "timer #2" in lanes and "signal approve" in lanes
+    assert page.locator("#pending tbody tr.current").first.inner_text().startswith("signal")
+    assert page.locator("#history tbody tr").count() >= 8
+    ui.shot(page, "run-waiting")
+
+    page.click("#actions button[data-action=signal]")
+    _confirm(page, name="approve", args='["alice"]')
+    page.wait_for_selector("#flash .msg.ok")
+    for _ in range(2):
+        page.click("#actions button[data-action=signal]")
+        _confirm(page, name="bump", args="[1]")
+    page.wait_for_selector("#run-status .badge.completed", timeout=30_000)
+    assert '"approval": "alice"' in page.inner_text("#outcome")
+    assert page.locator("#timeline svg rect.bar.current").count() == 0
+    assert page.locator("#children tbody a").first.inner_text() == f"{wid}/8"
+    page.locator("#history tbody tr").nth(0).locator("summary").click()
+    assert '"args"' in page.locator("#history tbody tr").nth(0).locator("pre").inner_text()
+    ui.shot(page, "run-completed")
+
+    page.click("#children tbody a")  # a child's id holds "/": its page and API calls work
+    page.wait_for_selector("#run-status .badge.completed")
+    assert page.inner_text("#run-id") == f"{wid}/8"
+    assert page.locator("#children tbody tr").first.inner_text().startswith("parent")
+    page.context.close()
+
+
+def test_failed_attempts_show_errors_and_cancel_from_the_ui(ui: Ui, tmp_path: Path) -> None:
+    failing = _start(ui, "Failing", str(tmp_path / "flaky.log"), 5)
+    saga = _start(ui, "Saga", str(tmp_path / "saga.log"))
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{failing}")
+    page.wait_for_selector("#attempts tbody tr.outcome-failed")
+    assert page.locator("#attempts tbody tr.outcome-retry").count() == 2
+    assert "flaky failure 3" in page.inner_text("#attempts")
+    page.locator("#attempts tbody tr.outcome-failed summary").click()
+    assert "Traceback" in page.locator("#attempts tbody tr.outcome-failed pre.tb").inner_text()
+    assert page.locator("#timeline svg rect.bar.retry").count() == 2
+    assert page.locator("#timeline svg rect.bar.failed").count() >= 1
+    ui.shot(page, "run-retries")
+
+    _waits_for_signal(ui, saga)
+    page.goto(f"{ui.open.url}/workflows/{saga}")
+    page.wait_for_selector("#timeline svg rect.bar.current")
+    page.click("#actions button[data-action=cancel]")
+    _confirm(page, reason="operator from the UI")
+    page.wait_for_selector("#run-status .badge.cancelled", timeout=30_000)
+    assert page.locator("#actions button[data-action=terminate]").is_disabled()
+    ui.shot(page, "run-cancelled")
+    page.context.close()
+
+
+def test_read_only_token_sees_runs_but_actions_are_refused(ui: Ui) -> None:
+    wid = _start(ui, "Waiter", 60)
+    anonymous = ui.page()
+    anonymous.goto(ui.secured.url + "/")
+    anonymous.wait_for_selector("#runs td.error")
+    assert "unauthorized" in anonymous.inner_text("#runs") and "token" in anonymous.inner_text("#token-state")
+    anonymous.context.close()
+
+    page = ui.page(ui.secured, READER)
+    page.goto(ui.secured.url + "/")
+    page.wait_for_selector(f"#runs tr[data-id='{wid}']")
+    page.goto(f"{ui.secured.url}/workflows/{wid}")
+    page.wait_for_selector("#run-status .badge")
+    page.click("#actions button[data-action=terminate]")
+    assert "operator" in page.inner_text("#confirm-role")
+    _confirm(page, reason="should not happen")
+    error = page.wait_for_selector("#flash .msg.error")
+    assert "forbidden" in error.inner_text()
+    ui.shot(page, "run-refused")
+    page.context.close()
+    with ui.open.client() as c:
+        assert c.get(f"/api/v1/workflows/{wid}").json()["status"] != "terminated"
+    with ui.secured.client(OPERATOR) as c:
+        assert c.post(f"/api/v1/workflows/{wid}/terminate").status_code == 200
+
+
+def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
+    ScheduleHandle.create("ui-sched", Schedule(workflow="Waiter", args=(60,), every="1h"), store=ui.store)
+    page = ui.page()
+    page.goto(ui.open.url + "/workers")
+    page.wait_for_selector("#workers tbody td:has-text('Everything')")
+    assert page.locator("#queues tbody tr").first.inner_text().startswith("default")
+    ui.shot(page, "workers")
+
+    page.goto(ui.open.url + "/schedules")
+    page.wait_for_selector("#schedules tr[data-id=ui-sched]")
+    page.click("#schedules tr[data-id=ui-sched] button:has-text('Pause')")
+    _confirm(page, note="maintenance")
+    page.wait_for_selector("#schedules tr[data-id=ui-sched] button:has-text('Unpause')")
+    page.click("#schedules tr[data-id=ui-sched] button:has-text('Trigger')")
+    _confirm(page)
+    page.wait_for_selector("#flash .msg.ok a")
+    triggered = page.locator("#flash .msg.ok a").inner_text()
+    assert triggered.startswith("ui-sched-")
+    ui.shot(page, "schedules")
+
+    page.goto(ui.open.url + "/dead-letters")
+    page.wait_for_selector("#dead tbody td.bad")
+    assert "UiNoSuchType" in page.inner_text("#dead")
+    ui.shot(page, "dead-letters")
+
+    page.goto(ui.open.url + "/start")
+    page.fill("#start input[name=type]", "Sequence")
+    page.fill("#start input[name=id]", started := _id("start"))
+    page.fill("#start textarea[name=args]", "[4]")
+    page.click("#start button[type=submit]")
+    _confirm(page)
+    page.wait_for_selector("#flash .msg.ok a")
+    ui.shot(page, "start")
+    page.click("#flash .msg.ok a")
+    page.wait_for_selector("#run-status .badge.completed", timeout=30_000)
+    assert page.inner_text("#outcome").strip() == "6"
+    page.context.close()
+    with ui.open.client(**CSRF) as c:
+        c.post(f"/api/v1/workflows/{triggered}/terminate")
+    ScheduleHandle("ui-sched", store=ui.store).delete()
+    assert started

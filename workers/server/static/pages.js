@@ -1,0 +1,135 @@
+// The smaller pages: workers and queues, schedules, dead letters, the start form.
+"use strict";
+
+(() => {
+  const { api, el, time, duration, ago, json, badge, showError, flash } = D;
+  const page = document.body.dataset.page;
+
+  function empty(body, cols, text) {
+    body.replaceChildren(el("tr", {}, el("td", { colspan: cols, class: "muted" }, text)));
+  }
+
+  function list(items) {
+    return el("span", { class: "small" }, (items || []).join(", "));
+  }
+
+  async function workers() {
+    const data = await api("GET", "/api/v1/workers");
+    const qbody = document.querySelector("#queues tbody");
+    const backlog = data.backlog || {};
+    const qrows = Object.entries(data.queues).map(([name, q]) => {
+      const b = backlog[name] || {};
+      const lag = b.lag_ms === null || b.lag_ms === undefined ? "empty" : duration(b.lag_ms);
+      return el("tr", { class: b.lag_ms > 60000 ? "is-blocked" : "" }, el("td", {}, el("b", {}, name)),
+        el("td", {}, q.current_build ? el("span", {}, q.current_build, q.current_build_live ? "" : el("span", { class: "bad" }, " (no live worker)")) : "unversioned"),
+        el("td", {}, list(q.new_runs_to)), el("td", {}, String(q.workers.length)),
+        el("td", { class: "num" }, String(b.workflow_tasks ?? "")), el("td", { class: "num" }, String(b.activity_tasks ?? "")),
+        el("td", { title: b.oldest_ms ? time(b.oldest_ms) : "" }, lag));
+    });
+    if (qrows.length) qbody.replaceChildren(...qrows); else empty(qbody, 7, "no queue is served: start a worker");
+    const wbody = document.querySelector("#workers tbody");
+    const wrows = data.workers.map((w) => el("tr", { class: w.heartbeat_age_s > 6 ? "is-blocked" : "" },
+      el("td", { class: "small" }, w.name), el("td", {}, `${w.host} / ${w.pid}`),
+      el("td", {}, w.build_id || "unversioned", w.compatible.length ? el("div", { class: "muted small" }, "also: " + w.compatible.join(", ")) : ""),
+      el("td", {}, list(w.queues)), el("td", {}, list(w.workflows)), el("td", {}, list(w.activities.filter((a) => !a.startsWith("durable.")))),
+      el("td", { class: "small" }, time(w.started)), el("td", {}, `${w.heartbeat_age_s} s ago`)));
+    if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 8, "no live worker");
+  }
+
+  function when(spec) {
+    if (spec.cron) return `cron ${spec.cron} (${spec.timezone})`;
+    if (spec.every) return `every ${duration(spec.every * 1000)}`;
+    return "";
+  }
+
+  async function scheduleAction(id, action) {
+    const fields = action === "trigger"
+      ? [{ name: "overlap", label: "Overlap policy (optional: the schedule's own)", placeholder: "skip, buffer_one, allow_all…" }]
+      : [{ name: "note", label: "Note (shown by describe)" }];
+    const values = await D.confirm(`${action[0].toUpperCase()}${action.slice(1)} schedule ${id}`, action === "trigger" ? "Start one run of it now." : "", fields);
+    if (!values) return;
+    const body = action === "trigger" ? (values.overlap ? { overlap: values.overlap } : {}) : { note: values.note };
+    try {
+      const out = await api("POST", `/api/v1/schedules/${encodeURIComponent(id)}/${action}`, body);
+      if (out.workflow_id) flash(el("span", {}, "started ", D.runLink(out.workflow_id)), "ok");
+      else flash(`schedule ${id}: ${action}d`, "ok");
+      await schedules();
+    } catch (err) {
+      showError(err, `${action} ${id}`);
+    }
+  }
+
+  async function schedules() {
+    const data = await api("GET", "/api/v1/schedules");
+    const body = document.querySelector("#schedules tbody");
+    const rows = data.schedules.map((s) => el("tr", { "data-id": s.id },
+      el("td", {}, el("b", {}, s.id), s.note ? el("div", { class: "muted small" }, s.note) : ""),
+      el("td", {}, s.spec.workflow, el("div", { class: "muted small" }, "args " + JSON.stringify(s.spec.args))),
+      el("td", {}, when(s.spec), el("div", { class: "muted small" }, `overlap ${s.spec.overlap}`)),
+      el("td", { class: "small" }, s.paused ? el("span", { class: "muted" }, "paused") : (s.next_times || []).slice(0, 3).map((t) => el("div", {}, time(Date.parse(t))))),
+      el("td", {}, s.paused ? badge("paused") : badge("running", null), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
+        ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w))))),
+      el("td", { class: "small" }, (s.recent_actions || []).slice(0, 4).map((a) => el("div", {}, `${time(a.ts)} ${a.action}`, a.workflow_id ? el("span", {}, " ", D.runLink(a.workflow_id)) : ""))),
+      el("td", { class: "buttons" },
+        s.paused ? el("button", { type: "button", onclick: () => scheduleAction(s.id, "unpause") }, "Unpause…")
+          : el("button", { type: "button", onclick: () => scheduleAction(s.id, "pause") }, "Pause…"),
+        el("button", { type: "button", onclick: () => scheduleAction(s.id, "trigger") }, "Trigger…"))));
+    if (rows.length) body.replaceChildren(...rows); else empty(body, 7, "no schedules (create them with durable schedule create)");
+  }
+
+  async function deadLetters() {
+    const data = await api("GET", "/api/v1/dead-letters");
+    const body = document.querySelector("#dead tbody");
+    const rows = data.dead_letters.map((d) => {
+      const parkedAt = Number(String(d.id || "").split("-")[0]) || null;
+      const task = Object.fromEntries(Object.entries(d.task || {}).map(([k, v]) => [k, D.bytesText(v)]));
+      return el("tr", {}, el("td", { class: "small" }, time(parkedAt), el("div", { class: "muted" }, ago(parkedAt))),
+        el("td", {}, d.kind), el("td", { class: "small" }, d.run || ""),
+        el("td", { class: "bad" }, d.reason),
+        el("td", { class: "small" }, `partition ${d.partition}`, el("div", { class: "muted" }, `${d.stream} ${d.entry}`),
+          el("details", {}, el("summary", {}, "task"), el("pre", { class: "json" }, json(task)))));
+    });
+    if (rows.length) body.replaceChildren(...rows); else empty(body, 5, "nothing is parked");
+  }
+
+  function startForm() {
+    const form = document.getElementById("start");
+    api("GET", "/api/v1/workers").then((data) => {
+      const types = new Set(data.workers.flatMap((w) => w.workflows));
+      document.getElementById("types").replaceChildren(...[...types].sort().map((t) => el("option", { value: t })));
+    }).catch(() => {});
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      let args;
+      try {
+        args = JSON.parse(form.elements.args.value || "[]");
+        if (!Array.isArray(args)) throw new Error("not an array");
+      } catch (err) {
+        form.elements.args.setCustomValidity("a JSON array, e.g. [1, \"two\"]: " + err.message);
+        form.elements.args.reportValidity();
+        return;
+      }
+      form.elements.args.setCustomValidity("");
+      const body = { type: form.elements.type.value.trim(), args };
+      if (form.elements.id.value.trim()) body.id = form.elements.id.value.trim();
+      if (form.elements.queue.value.trim()) body.queue = form.elements.queue.value.trim();
+      const ok = await D.confirm(`Start ${body.type}`, `Arguments ${JSON.stringify(args)}${body.id ? ", id " + body.id : ""}.`);
+      if (!ok) return;
+      try {
+        const out = await api("POST", "/api/v1/workflows", body);
+        if (out.warning) flash(out.warning, "warn");
+        flash(el("span", {}, "started ", D.runLink(out.workflow_id)), "ok");
+      } catch (err) {
+        showError(err, "start");
+      }
+    });
+  }
+
+  const loaders = { workers, schedules, "dead-letters": deadLetters };
+  if (page === "start") startForm();
+  const load = loaders[page];
+  if (load) {
+    load().catch((err) => showError(err, page));
+    D.live(load, 3000);
+  }
+})();

@@ -1,0 +1,124 @@
+// The runs list: filters (kept in the page's URL), counts per status, cursor paging, live refresh.
+"use strict";
+
+(() => {
+  const { api, qs, el, time, duration, badge, showError } = D;
+  const form = document.getElementById("filters");
+  const body = document.querySelector("#runs tbody");
+  const FIELDS = ["status", "type", "id_prefix", "since", "until", "where", "limit"];
+  let cursors = [""]; // cursors[i]: the `before` of page i (page 0: newest)
+  let next = null;
+
+  function filters() {
+    const out = {};
+    for (const name of FIELDS) {
+      let v = form.elements[name].value.trim();
+      if (v && (name === "since" || name === "until")) v = String(new Date(v).getTime());
+      out[name] = v;
+    }
+    return out;
+  }
+
+  // The URL holds the filters, so a filtered list can be bookmarked and shared.
+  function loadFromUrl() {
+    const q = new URLSearchParams(location.search);
+    for (const name of FIELDS) {
+      if (!q.has(name)) continue;
+      let v = q.get(name);
+      if ((name === "since" || name === "until") && /^\d+$/.test(v)) {
+        const d = new Date(Number(v));
+        v = new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+      }
+      form.elements[name].value = v;
+    }
+  }
+
+  function saveToUrl() {
+    history.replaceState(null, "", location.pathname + qs(filters()));
+  }
+
+  async function loadCounts() {
+    const where = form.elements.where.value.trim();
+    const box = document.getElementById("counts");
+    try {
+      const data = await api("GET", "/api/v1/workflow-counts" + qs({ where }));
+      const chips = [el("span", { class: "chip total" }, "all ", el("b", {}, String(data.total)))];
+      for (const [status, n] of Object.entries(data.counts)) {
+        if (!n) continue;
+        chips.push(el("button", {
+          type: "button", class: "chip " + status, "data-status": status,
+          onclick: () => { form.elements.status.value = status; reset(); },
+        }, status + " ", el("b", {}, String(n))));
+      }
+      box.replaceChildren(...chips);
+    } catch (err) {
+      box.replaceChildren(el("span", { class: "muted" }, "counts unavailable: " + err.message));
+    }
+  }
+
+  function row(r) {
+    const took = r.closed ? duration(r.closed - r.created) : r.created ? duration(Date.now() - r.created) + " so far" : "";
+    const tr = el("tr", { class: r.blocked ? "is-blocked" : "", "data-id": r.workflow_id },
+      el("td", { class: "id" }, D.runLink(r.workflow_id),
+        r.parent && r.parent.wid ? el("span", { class: "muted small" }, " ← ", D.runLink(r.parent.wid)) : null),
+      el("td", {}, r.type || ""),
+      el("td", {}, badge(r.status, r.blocked)),
+      el("td", { title: String(r.created) }, time(r.created)),
+      el("td", {}, time(r.closed)),
+      el("td", {}, took),
+      el("td", { class: "small" }, r.build_id || ""));
+    const rows = [tr];
+    if (r.blocked) {
+      rows.push(el("tr", { class: "blocked-reason" },
+        el("td", { colspan: 7 }, el("b", {}, (r.blocked_kind || "blocked") + ": "), r.blocked,
+          el("span", { class: "muted" }, " — open the run to repair it"))));
+    }
+    return rows;
+  }
+
+  async function loadPage() {
+    const page = cursors.length - 1;
+    const params = { ...filters(), before: cursors[page] };
+    let data;
+    try {
+      data = await api("GET", "/api/v1/workflows" + qs(params));
+    } catch (err) {
+      body.replaceChildren(el("tr", {}, el("td", { colspan: 7, class: "error" }, `${err.code}: ${err.message}`)));
+      throw err;
+    }
+    next = data.next;
+    const rows = data.workflows.flatMap(row);
+    body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "no runs match"))]));
+    document.getElementById("newer").disabled = page === 0;
+    document.getElementById("older").disabled = !next;
+    document.getElementById("page-info").textContent =
+      `page ${page + 1} · ${data.workflows.length} run(s)` + (data.scanned > data.workflows.length ? ` · ${data.scanned} scanned` : "");
+  }
+
+  function reset() {
+    cursors = [""];
+    saveToUrl();
+    refresh().catch((err) => showError(err, "runs"));
+  }
+
+  async function refresh() {
+    await Promise.all([loadCounts(), loadPage()]);
+  }
+
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); reset(); });
+  form.addEventListener("reset", () => setTimeout(reset, 0));
+  form.elements.status.addEventListener("change", reset);
+  document.getElementById("older").addEventListener("click", () => {
+    if (!next) return;
+    cursors.push(next);
+    loadPage().catch((err) => showError(err, "runs"));
+  });
+  document.getElementById("newer").addEventListener("click", () => {
+    if (cursors.length > 1) cursors.pop();
+    loadPage().catch((err) => showError(err, "runs"));
+  });
+
+  loadFromUrl();
+  refresh().catch((err) => showError(err, "runs"));
+  D.live(refresh, 3000);
+})();
