@@ -129,7 +129,7 @@ def execute_attempt(
     )
     try:
         with running_activity(context):
-            value = definition.fn(*args)
+            value = definition.fn(*definition.typed_args(args))
             if inspect.iscoroutine(value):  # an async def activity: on the worker's event loop
                 value = run_coroutine(value, context, hard_deadline(task, started))
             payload = codec.dumps(value, path="result")
