@@ -11,6 +11,7 @@ public API; other modules are machinery.
 from __future__ import annotations
 
 from .activity import Activity, ActivityCancelledError, ActivityContext, RetryPolicy, activity_context
+from .aio import AsyncWorkflowStub
 from .client import HistoryEvent, WorkflowStub
 from .errors import (
     ActivityFailed,
@@ -96,6 +97,7 @@ __all__ = [
     "ActivityContext",
     "ActivityFailed",
     "ApplicationError",
+    "AsyncWorkflowStub",
     "BlockedReason",
     "CancelledError",
     "ChildWorkflowFailed",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from .errors import DurableError
@@ -94,15 +95,19 @@ class ActivityContext:
 
 
 _local = threading.local()
+# The running attempt's context: a context variable, so each ``async def`` activity (a task
+# on the worker's shared event loop thread) sees its own; a thread sees what it set.
+_context: ContextVar[ActivityContext | None] = ContextVar("durable_activity_context", default=None)
 
 
 def activity_context() -> ActivityContext:
-    """The :class:`ActivityContext` of the activity running on this thread.
+    """The :class:`ActivityContext` of the activity running on this thread (or in this
+    ``async def`` activity's task).
 
     Raises:
         DurableError: Called outside a running activity.
     """
-    ctx = getattr(_local, "context", None)
+    ctx = _context.get()
     if ctx is None:
         raise DurableError("activity_context() called outside a running activity")
     return ctx
@@ -115,12 +120,11 @@ def running_activity(ctx: ActivityContext) -> Iterator[ActivityContext]:
     A worker wraps each activity attempt in it; the previous context (if any)
     is restored on exit.
     """
-    previous = getattr(_local, "context", None)
-    _local.context = ctx
+    token = _context.set(ctx)
     try:
         yield ctx
     finally:
-        _local.context = previous
+        _context.reset(token)
 
 
 def set_worker_identity(worker: str, session_queue: str) -> None:

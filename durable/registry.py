@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, UnknownTypeError
 from .options import RetryPolicy, Seconds, to_seconds
+from .typed_args import convert, typed_method
 
 if TYPE_CHECKING:
     from .activity import Activity
@@ -40,6 +41,18 @@ class ActivityDefinition:
     heartbeat_timeout: float | None = None
     origin: str = ""
     module: str = ""
+    #: The function whose annotations type the arguments (``fn``, or an Activity's ``handle``).
+    annotated: Callable[..., Any] | None = None
+
+    def typed_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``args`` with model-annotated ones validated into their types (:mod:`durable.typed_args`).
+
+        Raises:
+            SerializationError: an argument does not validate (naming the field).
+        """
+        target = self.annotated or self.fn
+        skip = 1 if self.annotated is not None else 0
+        return convert(target, tuple(args), f"activity {self.name!r}", skip=skip)
 
 
 _workflows: dict[str, type[Workflow]] = {}
@@ -80,6 +93,19 @@ def register_workflow_class(cls: type[Workflow]) -> None:
             f"set a distinct `name = ...` on {_origin(cls)}"
         )
     _workflows[name] = cls
+    _typed_handlers(cls)
+
+
+def _typed_handlers(cls: type[Workflow]) -> None:
+    """Let the class's handlers take pydantic models from plain values (see durable.typed_args)."""
+    typed_method(cls, "handle", f"workflow {cls.name!r}")
+    for kind, table in (("signal", cls._signals), ("query", cls._queries)):
+        for name, attr in table.items():
+            typed_method(cls, attr, f"{kind} {name!r} of workflow {cls.name!r}")
+    for name, (attr, validator) in cls._updates.items():
+        typed_method(cls, attr, f"update {name!r} of workflow {cls.name!r}")
+        if validator:
+            typed_method(cls, validator, f"update {name!r} of workflow {cls.name!r}")
 
 
 def register_activity_class(cls: type[Activity]) -> None:
@@ -103,6 +129,7 @@ def register_activity_class(cls: type[Activity]) -> None:
             heartbeat_timeout=to_seconds(cls.heartbeat_timeout, f"{name}.heartbeat_timeout"),
             origin=_origin(cls),
             module=cls.__module__,
+            annotated=cls.handle,
         )
     )
 

@@ -8,6 +8,7 @@ or fails the activity for good.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import traceback
@@ -25,6 +26,7 @@ from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from . import faults
+from .async_activities import hard_deadline, run_coroutine
 
 log = logging.getLogger("durable.worker")
 
@@ -135,7 +137,10 @@ def execute_attempt(
     )
     try:
         with running_activity(context):
-            payload = codec.dumps(definition.fn(*args), path="result")
+            value = definition.fn(*definition.typed_args(args))
+            if inspect.iscoroutine(value):  # an async def activity: on the worker's event loop
+                value = run_coroutine(value, context, hard_deadline(task, started))
+            payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
         return fail_attempt(

@@ -22,7 +22,7 @@ import msgpack
 
 from durable.errors import ApplicationError, SerializationError
 
-from . import allowlist, limits
+from . import allowlist, limits, models
 from .ext import (
     CONTAINER_EXTS,
     EXT_BIGINT,
@@ -33,6 +33,7 @@ from .ext import (
     EXT_ENUM,
     EXT_EXCEPTION,
     EXT_FROZENSET,
+    EXT_MODEL,
     EXT_SET,
     EXT_TIME,
     EXT_TIMEDELTA,
@@ -203,6 +204,14 @@ def _dec_dataclass(data: bytes) -> Any:
     return obj
 
 
+def _dec_model(data: bytes) -> Any:
+    name, values = _unpackb(data)
+    cls = _resolve("pydantic model", name, object)
+    if not models.is_model_class(cls):
+        raise SerializationError(f"cannot decode <{name}>: it is not a pydantic model here", type_name=name)
+    return models.validate(cls, values, f"cannot decode <{name}>")
+
+
 def _dec_enum(data: bytes) -> enum.Enum:
     name, value = _unpackb(data)
     cls = _resolve("enum", name, enum.Enum)
@@ -286,6 +295,7 @@ _DECODERS: dict[int, Callable[[bytes], Any]] = {
     EXT_DATACLASS: _dec_dataclass,
     EXT_EXCEPTION: _dec_exception,
     EXT_ENUM: _dec_enum,
+    EXT_MODEL: _dec_model,
 }
 
 _nesting = threading.local()

@@ -17,7 +17,7 @@ import msgpack
 
 from durable.errors import SerializationError
 
-from . import limits
+from . import limits, models
 from .ext import (
     EXT_BIGINT,
     EXT_DATACLASS,
@@ -27,6 +27,7 @@ from .ext import (
     EXT_ENUM,
     EXT_EXCEPTION,
     EXT_FROZENSET,
+    EXT_MODEL,
     EXT_SET,
     EXT_TIME,
     EXT_TIMEDELTA,
@@ -158,6 +159,10 @@ def _enc_dataclass(obj: Any) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_DATACLASS, _packb([name, values]))
 
 
+def _enc_model(obj: Any) -> msgpack.ExtType:
+    return msgpack.ExtType(EXT_MODEL, _packb([_class_ref(obj), models.dump(obj)]))
+
+
 def _enc_enum(member: enum.Enum) -> msgpack.ExtType:
     return msgpack.ExtType(EXT_ENUM, _packb([_class_ref(member), member.value]))
 
@@ -271,6 +276,8 @@ def _default(obj: Any) -> msgpack.ExtType:
         return _enc_enum(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return _enc_dataclass(obj)
+    if models.is_model(obj):
+        return _enc_model(obj)
     raise EncodeFail(obj, f"unsupported type; the codec handles {SUPPORTED}")
 
 

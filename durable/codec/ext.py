@@ -18,13 +18,16 @@ EXT_UUID = 10
 EXT_DATACLASS = 11
 EXT_EXCEPTION = 12
 EXT_ENUM = 13
+EXT_MODEL = 14
 
 #: The extension types that hold further payload values (and so nest).
-CONTAINER_EXTS = frozenset({EXT_TUPLE, EXT_SET, EXT_FROZENSET, EXT_DATACLASS, EXT_EXCEPTION, EXT_ENUM})
+CONTAINER_EXTS = frozenset(
+    {EXT_TUPLE, EXT_SET, EXT_FROZENSET, EXT_DATACLASS, EXT_EXCEPTION, EXT_ENUM, EXT_MODEL}
+)
 
 SUPPORTED = (
     "None, bool, int, float, str, bytes, list, dict, tuple, set, frozenset, timezone-aware "
-    "datetime, date, time, timedelta, Decimal, UUID, Enum members, dataclass instances and exceptions"
+    "datetime, date, time, timedelta, Decimal, UUID, Enum members, dataclass instances, pydantic models and exceptions"
 )
 
 

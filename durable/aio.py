@@ -1,0 +1,212 @@
+"""The asyncio client: :class:`AsyncWorkflowStub`, a :class:`~durable.WorkflowStub` to ``await``.
+
+For FastAPI, aiohttp and other asyncio code: nothing here blocks the event loop.
+
+* Waits (``result()``, an update's outcome) are asynchronous all the way down: every
+  ``await stub.result()`` of one event loop shares one blocking ``XREAD`` on one
+  ``redis.asyncio`` connection (:mod:`durable.store.aio`), so 500 awaiting coroutines
+  cost one read and no thread.
+* The short calls (``start``, ``signal``, ``query``, delivering an update, ``describe``...)
+  run the synchronous stub's code on the loop's default executor (``asyncio.to_thread``):
+  each is one or two round trips, done in a moment, and running the very code the
+  synchronous client runs keeps one implementation of the start policies, limits, Lua
+  script replies, cluster routing and query replay. No thread is held while a run is
+  awaited.
+
+Workflow code itself stays synchronous (greenlets): only clients and activities may be
+``async``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, Generic, Self, TypeVar, overload
+
+from . import codec
+from . import events as ev
+from .client import WorkflowStub, _closing_error, _Handles
+from .errors import ConfigurationError
+from .ids import check_command_id, new_run_id
+from .limits import check_name_length
+from .runinfo import HistoryEvent, RunDescription
+from .store.aio import async_waiter_for
+from .store.aio import wait_update as await_update_outcome
+from .store.redis_store import RedisStore, RunRef
+from .store.updates import deliver_update, update_result
+from .store.waits import wait_alone
+from .workflow import Workflow
+
+R = TypeVar("R")
+
+
+class AsyncWorkflowStub(Generic[R]):
+    """A handle on one workflow instance for asyncio code; its methods are coroutines.
+
+    ``AsyncWorkflowStub.make(Order)`` takes what :meth:`WorkflowStub.make` takes and is typed
+    like it (``await stub.result()`` has ``Order.handle``'s return type).
+
+    Example:
+        ```python
+        stub = await AsyncWorkflowStub.make(OrderWorkflow, id="order-42").start("order-42", 1999)
+        await stub.signal("approve", "alice")
+        print(await stub.result(timeout=30))
+        ```
+    """
+
+    def __init__(self, stub: WorkflowStub[R]) -> None:
+        self._stub = stub
+
+    @overload
+    @classmethod
+    def make(
+        cls, workflow: type[_Handles[R]], id: str | None = None, **options: Any
+    ) -> AsyncWorkflowStub[R]: ...  # noqa: A002
+
+    @overload
+    @classmethod
+    def make(cls, workflow: str, id: str | None = None, **options: Any) -> AsyncWorkflowStub[Any]: ...  # noqa: A002
+
+    @classmethod
+    def make(
+        cls, workflow: type[Workflow] | type[_Handles[R]] | str, id: str | None = None, **options: Any
+    ) -> AsyncWorkflowStub[Any]:  # noqa: A002
+        """A stub for a new workflow instance; ``options`` as for :meth:`WorkflowStub.make`
+        (``queue``, ``store``, id policies, timeouts, search attributes, memo). Nothing is
+        written until :meth:`start`.
+
+        Raises:
+            ConfigurationError: as :meth:`WorkflowStub.make`.
+        """
+        return cls(WorkflowStub.make(workflow, id, **options))
+
+    @classmethod
+    async def load(cls, id: str, *, store: RedisStore | None = None) -> AsyncWorkflowStub[Any]:  # noqa: A002
+        """A stub for an existing workflow id (its current run).
+
+        Raises:
+            WorkflowNotFound: no workflow with that id.
+        """
+        return cls(await asyncio.to_thread(WorkflowStub.load, id, store=store))
+
+    @property
+    def sync(self) -> WorkflowStub[R]:
+        """The synchronous stub behind this one (same id, run, store and policies)."""
+        return self._stub
+
+    @property
+    def id(self) -> str:
+        """The workflow id."""
+        return self._stub.id
+
+    @property
+    def workflow_type(self) -> str:
+        """The workflow type name."""
+        return self._stub.workflow_type
+
+    @property
+    def run_id(self) -> str | None:
+        """The run id this stub last saw (``None`` before :meth:`start` or a wait)."""
+        return self._stub._run_id
+
+    # ------------------------------------------------------------- actions
+    async def start(self, *args: Any) -> Self:
+        """Start a run with ``args`` (see :meth:`WorkflowStub.start`); returns this stub."""
+        await asyncio.to_thread(self._stub.start, *args)
+        return self
+
+    async def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> Self:
+        """Signal, starting a run first if the id has none open (:meth:`WorkflowStub.signal_with_start`)."""
+        await asyncio.to_thread(self._stub.signal_with_start, name, *args, start_args=start_args)
+        return self
+
+    async def signal(self, name: str, *args: Any) -> None:
+        """Send signal ``name`` with ``args`` to the current run (:meth:`WorkflowStub.signal`)."""
+        await asyncio.to_thread(self._stub.signal, name, *args)
+
+    async def query(self, name: str, *args: Any) -> Any:
+        """Call the ``@query`` method ``name`` (:meth:`WorkflowStub.query`; the replay runs on
+        the executor, off the loop)."""
+        return await asyncio.to_thread(self._stub.query, name, *args)
+
+    async def update(
+        self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
+    ) -> Any:
+        """Run the ``@update`` handler ``name`` and return its result (:meth:`WorkflowStub.update`).
+
+        The delivery runs on the executor; the wait for the outcome is awaited.
+
+        Raises:
+            UpdateRejected: the validator raised, no such ``@update``, undecodable arguments.
+            Exception: whatever the handler raised.
+            WorkflowNotFound, WorkflowClosed: as :meth:`WorkflowStub.update`.
+            TimeoutError: ``timeout`` passed first (call again with the same ``update_id``).
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError("update name must be a non-empty string")
+        check_name_length(name, "update")
+        uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
+        self._stub._check_update_name(name)
+        payload = codec.dumps(tuple(args), path="args")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        store = self._stub.store
+        ref, after = await asyncio.to_thread(deliver_update, store, self.id, uid, name, payload)
+        self._stub._run_id = ref.run_id
+        outcome = await await_update_outcome(async_waiter_for(store), ref, uid, after, deadline)
+        return update_result(outcome, self.id, name)
+
+    async def cancel(self, reason: str = "") -> None:
+        """Request cancellation (:meth:`WorkflowStub.cancel`)."""
+        await asyncio.to_thread(self._stub.cancel, reason)
+
+    async def terminate(self, reason: str = "") -> None:
+        """Close the run now (:meth:`WorkflowStub.terminate`)."""
+        await asyncio.to_thread(self._stub.terminate, reason)
+
+    # --------------------------------------------------------------- reads
+    async def status(self) -> str:
+        """The current run's status (:meth:`WorkflowStub.status`)."""
+        return await asyncio.to_thread(self._stub.status)
+
+    async def describe(self) -> RunDescription:
+        """Everything known about the current run (:meth:`WorkflowStub.describe`)."""
+        return await asyncio.to_thread(self._stub.describe)
+
+    async def history(self) -> list[HistoryEvent]:
+        """The current run's events (:meth:`WorkflowStub.history`)."""
+        return await asyncio.to_thread(self._stub.history)
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the run to close and return its result (follows continue-as-new).
+
+        Holds no thread: the event loop's waits share one blocking read (on a Redis
+        Cluster, where one read cannot span slots, each wait blocks an executor thread).
+
+        Raises:
+            WorkflowFailed: the run failed, was cancelled or terminated.
+            WorkflowBlocked: the run is (or becomes) blocked; raised at once.
+            WorkflowNotFound: no such workflow id, or its run is gone.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        store = self._stub.store
+        waiter = async_waiter_for(store)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        ref = await waiter.ref(self.id)
+        self._stub._run_id = ref.run_id
+        while True:
+            if store.cluster:
+                wall = None if deadline is None else time.monotonic() + (deadline - loop.time())
+                closing = await asyncio.to_thread(wait_alone, store, ref, wall)
+            else:
+                closing = await waiter.wait(ref, deadline)
+            if isinstance(closing.event, ev.WorkflowCompleted):
+                result: R = codec.loads(closing.event.result)
+                return result
+            if isinstance(closing.event, ev.WorkflowContinuedAsNew):
+                ref = RunRef(ref.partition, closing.event.new_run_id, self.id)
+                self._stub._run_id = ref.run_id
+                continue
+            raise _closing_error(closing, self.id)

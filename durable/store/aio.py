@@ -1,0 +1,333 @@
+"""The store's waits for asyncio: one blocking read per event loop, however many coroutines wait.
+
+The asyncio twin of :mod:`durable.store.waits`. Each event loop gets one
+:class:`AsyncRunWaiter` per store: a task that blocks in one ``XREAD`` over every watched
+run's history stream on one ``redis.asyncio`` connection, and wakes the futures of the
+runs whose closing entry it reads. So ``await stub.result()`` holds neither a thread nor a
+connection: N awaiting coroutines cost one blocking read. Every :data:`BLOCK_CHECK_S` it
+also reads the watched runs' ``blocked`` fields (a block is written to the run record, not
+to the history) and fails their futures with :class:`~durable.errors.WorkflowBlocked`.
+
+Only the waits are asynchronous here. The short calls of the async client (start, signal,
+query, update delivery) run the store's synchronous code on the loop's default executor
+(see :mod:`durable.aio`): each is one round trip, and keeping one implementation of their
+Lua scripts' arguments and replies is worth the executor hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio import connection as aconnection
+
+from .. import events as ev
+from ..errors import WorkflowClosed, WorkflowNotFound
+from ..runinfo import blocked_reason
+from .records import RunRef, text
+from .redis_store import RedisStore
+from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry, _record, blocked_error
+
+POOL_SIZE = 32
+"""Connections of a loop's async client (looks, update waits); more callers wait for one."""
+
+_CONNECTION_CLASSES: dict[type, type] = {
+    redis.connection.Connection: aconnection.Connection,
+    redis.connection.SSLConnection: aconnection.SSLConnection,
+    redis.connection.UnixDomainSocketConnection: aconnection.UnixDomainSocketConnection,
+}
+
+
+def async_client(store: RedisStore) -> aredis.Redis:
+    """A ``redis.asyncio`` client for the server of ``store`` (same URL, or the same
+    connection options when the store was given a client instead of a URL)."""
+    if store.url:
+        pool = aredis.BlockingConnectionPool.from_url(store.url, max_connections=POOL_SIZE, timeout=60)
+    else:
+        sync_pool = store.redis.connection_pool
+        kwargs = dict(sync_pool.connection_kwargs)
+        connection_class = _CONNECTION_CLASSES.get(sync_pool.connection_class, aconnection.Connection)
+        pool = aredis.BlockingConnectionPool(
+            connection_class=connection_class, max_connections=POOL_SIZE, timeout=60, **kwargs
+        )
+    return aredis.Redis(connection_pool=pool)
+
+
+async def current_ref(client: aredis.Redis, store: RedisStore, workflow_id: str) -> RunRef:
+    """The workflow's current run (``RedisStore.ref`` without a thread).
+
+    Raises:
+        WorkflowNotFound: no workflow with that id.
+    """
+    p = store.keys.partition(workflow_id)
+    current = await client.hget(store.keys.instance(p, workflow_id), "run")
+    if current is None:
+        raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+    return RunRef(p, text(current), workflow_id)
+
+
+async def look(client: aredis.Redis, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
+    """One look at a run (:func:`durable.store.waits.look`, awaited).
+
+    Raises:
+        WorkflowBlocked: the run is open and blocked.
+        WorkflowNotFound: the run record is gone (expired or purged).
+    """
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
+        pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
+        rows, values = await pipe.execute()
+    last, closing = _last_entry(rows, ref.run_id)
+    if closing is not None:
+        return last, closing
+    record = _record(values)
+    if record is None:
+        raise WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
+    reason = blocked_reason(record)
+    if reason is not None:
+        raise blocked_error(ref.workflow_id, ref.run_id, reason)
+    return last, None
+
+
+@dataclass
+class _Watch:
+    ref: RunRef
+    last: str
+    futures: list[asyncio.Future[ev.Entry]] = field(default_factory=list)
+
+
+class AsyncRunWaiter:
+    """One event loop's waits on one store's runs (see the module docstring)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self.client = async_client(store)
+        self._watches: dict[str, _Watch] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wanted = asyncio.Event()
+        self._reader_id: int | None = None
+        self._in_read = False
+        self._next_check = 0.0
+
+    async def ref(self, workflow_id: str) -> RunRef:
+        """The workflow's current run."""
+        return await current_ref(self.client, self.store, workflow_id)
+
+    async def wait(self, ref: RunRef, deadline: float | None) -> ev.Entry:
+        """The closing entry of ``ref`` once it is written (``deadline``: the loop's clock).
+
+        Raises:
+            WorkflowBlocked: the run is (or becomes) blocked.
+            WorkflowNotFound: the run record is gone.
+            TimeoutError: ``deadline`` passed first.
+            redis.RedisError: Redis failed while waiting.
+        """
+        loop = asyncio.get_running_loop()
+        last, closing = await look(self.client, self.store, ref)
+        if closing is not None:
+            return closing
+        key = self.store.keys.history(ref.partition, ref.run_id)
+        future: asyncio.Future[ev.Entry] = loop.create_future()
+        watch = self._watches.get(key)
+        fresh = watch is None
+        if watch is None:
+            watch = self._watches[key] = _Watch(ref, last)
+        watch.futures.append(future)
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name="durable-async-run-waiter")
+        self._wanted.set()
+        if fresh and self._in_read:
+            await self._interrupt_read()
+        remaining = None if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            async with asyncio.timeout(remaining):
+                return await future
+        except TimeoutError:
+            raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout") from None
+        finally:
+            self._drop(key, future)
+
+    def _drop(self, key: str, future: asyncio.Future[ev.Entry]) -> None:
+        watch = self._watches.get(key)
+        if watch is not None and future in watch.futures:
+            watch.futures.remove(future)
+            if not watch.futures:
+                del self._watches[key]
+
+    async def _interrupt_read(self) -> None:
+        """End the blocking read early, so it watches the new run now (else within BLOCK_MS)."""
+        reader_id, self._in_read = self._reader_id, False
+        if reader_id is None:
+            return
+        try:
+            await self.client.client_unblock(reader_id)
+        except redis.RedisError:  # e.g. CLIENT refused by an ACL: the read ends within BLOCK_MS
+            self._reader_id = None
+
+    # ------------------------------------------------------------- the task
+    async def _run(self) -> None:
+        conn: aredis.Redis | None = None
+        try:
+            while await self._has_work():
+                conn = await self._read_once(conn)
+        finally:
+            self._task, self._reader_id = None, None
+            if conn is not None:
+                await conn.aclose()
+
+    async def _has_work(self) -> bool:
+        if not self._watches:
+            self._wanted.clear()
+            try:
+                async with asyncio.timeout(IDLE_S):
+                    await self._wanted.wait()
+            except TimeoutError:
+                pass
+        return bool(self._watches)
+
+    async def _read_once(self, conn: aredis.Redis | None) -> aredis.Redis | None:
+        """One blocking read over the watched streams and what follows from it; the
+        connection to read on next (``None`` after an error: a new one)."""
+        loop = asyncio.get_running_loop()
+        streams: dict[Any, Any] = {key: w.last for key, w in self._watches.items()}
+        try:
+            if conn is None:
+                conn = aredis.Redis(
+                    connection_pool=self.client.connection_pool, single_connection_client=True
+                )
+                self._reader_id = await _client_id(conn)
+            self._in_read = True
+            replies: Any = await conn.xread(streams, count=1, block=BLOCK_MS)
+            self._in_read = False
+            woken = [(k.decode() if isinstance(k, bytes) else k) for k, _ in replies or []]
+            if woken:
+                await self._look_at(woken)
+            if loop.time() >= self._next_check:
+                await self._check_blocked()
+                self._next_check = loop.time() + BLOCK_CHECK_S
+            return conn
+        except redis.RedisError as exc:
+            self._in_read, self._reader_id = False, None
+            for key in list(self._watches):
+                self._wake(key, error=exc)
+            if conn is not None:
+                await conn.aclose()
+            await asyncio.sleep(0.2)
+            return None
+
+    async def _look_at(self, keys: list[str]) -> None:
+        """Read the last entry of each grown stream; wake the futures of runs it closes."""
+        watched = [(k, self._watches[k]) for k in keys if k in self._watches]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, _ in watched:
+                pipe.xrevrange(key, "+", "-", count=1)
+            rows = await pipe.execute()
+        for (key, watch), row in zip(watched, rows, strict=True):
+            last, closing = _last_entry(row, watch.ref.run_id)
+            if closing is None:
+                watch.last = last
+            else:
+                self._wake(key, entry=closing)
+
+    async def _check_blocked(self) -> None:
+        watched = list(self._watches.items())
+        if not watched:
+            return
+        keys = self.store.keys
+        async with self.client.pipeline(transaction=False) as pipe:
+            for _, watch in watched:
+                pipe.hmget(keys.run(watch.ref.partition, watch.ref.run_id), _RECORD_FIELDS)
+            rows = await pipe.execute()
+        for (key, watch), values in zip(watched, rows, strict=True):
+            record, ref = _record(values), watch.ref
+            if record is None:
+                message = f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists"
+                self._wake(key, error=WorkflowNotFound(message))
+                continue
+            reason = blocked_reason(record)
+            if reason is not None:
+                self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
+
+    def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
+        watch = self._watches.pop(key, None)
+        for future in watch.futures if watch else ():
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                assert entry is not None
+                future.set_result(entry)
+
+
+async def _client_id(conn: aredis.Redis) -> int | None:
+    """The connection's CLIENT ID (None when an ACL refuses CLIENT: reads end within BLOCK_MS)."""
+    try:
+        return int(await conn.client_id())
+    except redis.exceptions.NoPermissionError:
+        return None
+
+
+async def wait_update(
+    waiter: AsyncRunWaiter, ref: RunRef, update_id: str, after: str, deadline: float | None
+) -> ev.UpdateCompleted | ev.UpdateRejectedEvent:
+    """:func:`durable.store.updates.wait_update`, awaited: read the run's history after
+    ``after`` (``XREAD BLOCK`` on a pooled connection) until the update's outcome.
+
+    Raises:
+        WorkflowClosed: the run closed before the update had an outcome.
+        WorkflowBlocked: the run is (or becomes) blocked.
+        WorkflowNotFound: the run is gone.
+        TimeoutError: ``deadline`` (the loop's clock) passed first.
+    """
+    loop = asyncio.get_running_loop()
+    key = waiter.store.keys.history(ref.partition, ref.run_id)
+    last = after
+    while True:
+        block_s = BLOCK_CHECK_S
+        if deadline is not None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
+                    "call update() again with the same update_id to keep waiting"
+                )
+            block_s = min(block_s, remaining)
+        reply: Any = await waiter.client.xread({key: last}, count=256, block=max(1, int(block_s * 1000)))
+        rows: list[Any] = reply[0][1] if reply else []
+        for entry_id, fields in rows:
+            last = entry_id.decode()
+            entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1]))
+            event = entry.event
+            if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
+                return event
+            if isinstance(event, ev.CLOSING):
+                raise WorkflowClosed(
+                    f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
+                    f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
+                )
+        if not rows:
+            await look(waiter.client, waiter.store, ref)  # raises for a blocked or vanished run
+
+
+_waiters: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[RedisStore, AsyncRunWaiter]
+]
+_waiters = weakref.WeakKeyDictionary()
+
+
+def async_waiter_for(store: RedisStore) -> AsyncRunWaiter:
+    """The running event loop's waiter for ``store`` (made on first use; one loop never
+    shares its futures or connections with another)."""
+    loop = asyncio.get_running_loop()
+    per_loop = _waiters.get(loop)
+    if per_loop is None:
+        per_loop = _waiters[loop] = weakref.WeakKeyDictionary()
+    waiter = per_loop.get(store)
+    if waiter is None:
+        waiter = per_loop[store] = AsyncRunWaiter(store)
+    return waiter

@@ -1,0 +1,118 @@
+"""Arguments converted by their declared types: pydantic models from plain values.
+
+A handler (``Workflow.handle``, a ``@signal``/``@update``/``@query`` method, an activity)
+whose parameter is annotated with a pydantic model (or a type containing one:
+``Order | None``, ``list[Item]``, ``dict[str, Item]``) gets a model even when the caller
+passed a plain ``dict`` (a JSON body, the CLI, the HTTP API), validated by pydantic; a
+validation error names the handler, the parameter and each offending field. Parameters
+annotated otherwise are passed as they come (no coercion). Without pydantic nothing
+changes: a value can only be a model if the program imported pydantic.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from .codec.models import field_errors, is_model_class
+from .errors import SerializationError
+
+#: (parameter name, pydantic TypeAdapter) by position; None where no conversion applies.
+Converters = list[tuple[str, Any] | None]
+
+
+def _mentions_model(annotation: Any) -> bool:
+    if is_model_class(annotation):
+        return True
+    return any(_mentions_model(arg) for arg in typing.get_args(annotation))
+
+
+_resolved: dict[tuple[Callable[..., Any], int], Converters | None] = {}
+
+
+def converters(fn: Callable[..., Any], skip: int) -> Converters | None:
+    """:func:`resolve`, remembered; an annotation that cannot be resolved at the first call
+    (a ``TYPE_CHECKING`` import) means no conversion, as before models existed."""
+    key = (fn, skip)
+    if key not in _resolved:
+        try:
+            _resolved[key] = resolve(fn, skip)
+        except Exception:  # noqa: BLE001 - unresolvable annotations: the arguments pass as they come
+            _resolved[key] = None
+    return _resolved[key]
+
+
+def resolve(fn: Callable[..., Any], skip: int) -> Converters | None:
+    """Per positional parameter of ``fn`` (after the first ``skip``), how to convert an
+    argument; ``None`` when no parameter mentions a model (the common case: nothing to do).
+
+    Raises:
+        NameError: an annotation cannot be resolved yet (a forward reference).
+    """
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None:
+        return None
+    hints = typing.get_type_hints(fn)
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ][skip:]
+    found: Converters = []
+    for param in params:
+        hint = hints.get(param.name)
+        found.append((param.name, pydantic.TypeAdapter(hint)) if _mentions_model(hint) else None)
+    return found if any(found) else None
+
+
+def convert(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: int = 0) -> tuple[Any, ...]:
+    """``args`` for ``fn`` with each model-annotated argument validated into its type.
+
+    Raises:
+        SerializationError: an argument does not validate (naming ``what``, the parameter
+            and the fields).
+    """
+    found = converters(fn, skip)
+    if found is None:
+        return args
+    pydantic = sys.modules["pydantic"]
+    out = list(args)
+    for i, (value, conv) in enumerate(zip(args, found, strict=False)):
+        if conv is None:
+            continue
+        name, adapter = conv
+        try:
+            out[i] = adapter.validate_python(value)
+        except pydantic.ValidationError as exc:
+            raise SerializationError(
+                f"{what}: argument {name!r} is invalid: {field_errors(exc)}", path=f"args[{i}]"
+            ) from None
+    return tuple(out)
+
+
+def typed_method(cls: type, attr: str, what: str) -> None:
+    """Make ``cls.attr`` (a method defined on ``cls``) convert its arguments, if any
+    parameter mentions a model. Resolved now when possible, else at the first call."""
+    fn = cls.__dict__.get(attr)
+    if not inspect.isfunction(fn) or getattr(fn, "__durable_typed__", False):
+        return
+    if "pydantic" not in sys.modules:
+        return
+    try:
+        if resolve(fn, 1) is None:
+            return
+    except NameError:
+        pass  # a forward reference: resolved at the first call
+    except Exception:  # noqa: BLE001 - annotations pydantic cannot type: leave the method alone
+        return
+
+    @functools.wraps(fn)
+    def typed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(self, *convert(fn, args, what, skip=1), **kwargs)
+
+    typed.__durable_typed__ = True  # type: ignore[attr-defined]
+    setattr(cls, attr, typed)

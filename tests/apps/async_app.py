@@ -1,0 +1,116 @@
+"""Workflows over ``async def`` activities (tests/test_aio.py), run by real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+
+from durable import (
+    Activity,
+    ActivityFailed,
+    RetryPolicy,
+    Workflow,
+    activity,
+    activity_context,
+    all,
+    await_signal,
+    query,
+    update,
+)
+
+
+def record(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+async def double(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return 2 * x
+
+
+class Beating(Activity):
+    """Heartbeats until the workflow cancels it; resumes from the last details on a retry."""
+
+    heartbeat_timeout = 0.5  # the attempt outlives it only if its heartbeats reach Redis
+
+    async def handle(self, path: str) -> str:
+        ctx = self.context
+        record(path, f"started {ctx.attempt}")
+        beats = 0
+        try:
+            for beats in range(1, 400):
+                activity_context().heartbeat(beats)
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            record(path, f"saw cancel after {beats}")
+            raise
+        return "finished"
+
+
+class SlowAsync(Activity):
+    start_to_close_timeout = 0.5
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.1)
+
+    async def handle(self, path: str) -> str:
+        record(path, f"slow {self.context.attempt}")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            record(path, "slow cancelled")
+            raise
+        return "late"
+
+
+async def fail_soon() -> None:
+    await asyncio.sleep(1.5)
+    raise RuntimeError("branch failed")
+
+
+class Doubles(Workflow):
+    def handle(self, n: int) -> list:
+        return all([lambda i=i: activity(double, i) for i in range(n)])
+
+
+class CancelsBeating(Workflow):
+    def handle(self, path: str) -> str:
+        try:
+            all(
+                [
+                    lambda: activity(Beating, path, retry=RetryPolicy(max_attempts=1)),
+                    lambda: activity(fail_soon, retry=RetryPolicy(max_attempts=1)),
+                ]
+            )
+        except ActivityFailed as exc:
+            return f"caught {type(exc.cause).__name__}"
+        return "no error"
+
+
+class TimesOut(Workflow):
+    def handle(self, path: str) -> object:
+        try:
+            return activity(SlowAsync, path)
+        except ActivityFailed as exc:
+            return {
+                "cause": type(exc.cause).__name__,
+                "kind": getattr(exc.cause, "kind", None),
+                "attempts": exc.attempts,
+            }
+
+
+class Gate(Workflow):
+    """Waits for one signal: what 500 coroutines await at once."""
+
+    def __init__(self) -> None:
+        self.bumps = 0
+
+    def handle(self, i: int) -> int:
+        return i + await_signal("go") + self.bumps
+
+    @update
+    def bump(self, n: int) -> int:
+        self.bumps += activity(double, n)
+        return self.bumps
+
+    @query
+    def seen(self) -> int:
+        return self.bumps

@@ -1,0 +1,90 @@
+"""asyncio (issue 18 item 1): the async client against real worker processes, and ``async def``
+activities with heartbeats, cancellation and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from apps.async_app import CancelsBeating, Doubles, Gate, TimesOut
+from procs import workers
+
+from durable import AsyncWorkflowStub, WorkflowFailed, WorkflowNotFound
+from durable.client import default_store
+
+WAITERS = 500
+
+
+def _blocked_in_xread() -> int:
+    return sum(1 for c in default_store().redis.client_list() if c.get("cmd") == "xread")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.timeout(180)
+def test_500_awaits_in_one_loop_share_one_read(redis_url: str) -> None:
+    """500 coroutines await result() at once: one blocking read, no thread per waiter."""
+
+    async def scenario() -> list[int]:
+        stubs = [AsyncWorkflowStub.make(Gate, id=f"gate-{i}") for i in range(WAITERS)]
+        await asyncio.gather(*(s.start(i) for i, s in enumerate(stubs)))
+        waiting = [asyncio.ensure_future(s.result(timeout=120)) for s in stubs]
+        await asyncio.sleep(1.5)  # every coroutine is parked in the loop's waiter now
+        assert not any(w.done() for w in waiting)
+        assert _blocked_in_xread() <= others + 1
+        assert threading.active_count() <= threads_before + 8  # the executor's few, not 500
+        await asyncio.gather(*(s.signal("go", 1000) for s in stubs))
+        return await asyncio.gather(*waiting)
+
+    with workers(redis_url, app="apps.async_app"):
+        others = _blocked_in_xread()
+        threads_before = threading.active_count()
+        assert asyncio.run(scenario()) == [i + 1000 for i in range(WAITERS)]
+
+
+def test_async_client_signal_query_update_and_errors(redis_url: str) -> None:
+    async def scenario() -> None:
+        stub = await AsyncWorkflowStub.make(Gate, id="gate-one").start(1)
+        assert await stub.query("seen") == 0
+        assert await stub.update("bump", 5, timeout=30) == 10  # the update ran an async activity
+        loaded = await AsyncWorkflowStub.load("gate-one")
+        await loaded.signal("go", 100)
+        assert await stub.result(timeout=30) == 111
+        assert await stub.status() == "completed"
+        with pytest.raises(TimeoutError):
+            await (await AsyncWorkflowStub.make(Gate, id="gate-two").start(0)).result(timeout=0.3)
+        other = await AsyncWorkflowStub.load("gate-two")
+        await other.terminate("test over")
+        with pytest.raises(WorkflowFailed, match="terminated"):
+            await other.result(timeout=10)
+        with pytest.raises(WorkflowNotFound):
+            await AsyncWorkflowStub.make(Gate, id="gate-none").result()
+
+    with workers(redis_url, app="apps.async_app"):
+        asyncio.run(scenario())
+
+
+def test_async_activities_run_heartbeat_cancel_and_time_out(redis_url: str, tmp_path: Path) -> None:
+    beat_log, slow_log = tmp_path / "beat.log", tmp_path / "slow.log"
+
+    async def scenario() -> tuple[object, ...]:
+        doubles = await AsyncWorkflowStub.make(Doubles).start(20)
+        cancels = await AsyncWorkflowStub.make(CancelsBeating).start(str(beat_log))
+        times_out = await AsyncWorkflowStub.make(TimesOut).start(str(slow_log))
+        return tuple(await asyncio.gather(*(s.result(timeout=60) for s in (doubles, cancels, times_out))))
+
+    with workers(redis_url, app="apps.async_app"):
+        doubled, cancelled, timed_out = asyncio.run(scenario())
+    assert doubled == [2 * i for i in range(20)]
+    # The sibling failed after 1.5 s: Beating outlived its 0.5 s heartbeat timeout only
+    # because its heartbeats reached Redis; its cancel reached the coroutine.
+    assert cancelled == "caught RuntimeError"
+    lines = _lines(beat_log)
+    assert lines[0] == "started 1" and lines[-1].startswith("saw cancel after ")
+    assert int(lines[-1].rsplit(" ", 1)[1]) > 25
+    assert timed_out == {"cause": "ActivityTimeout", "kind": "start_to_close", "attempts": 2}
+    assert _lines(slow_log).count("slow cancelled") == 2  # asyncio.timeout cancelled each attempt
