@@ -127,9 +127,12 @@ LEAVES = {"durable.errors", "durable.options", "durable.ids", "durable.runtime",
 
 def test_leaf_modules_import_only_errors_and_options() -> None:
     paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    # The registry wraps handlers whose parameters are pydantic models (durable.typed_args,
+    # itself a leaf over codec.models); nothing else is allowed below a leaf.
+    extra = {"durable.registry": {"durable.typed_args"}}
     for name in LEAVES:
         imported = _top_level_imports(paths[name], set(paths))
-        assert imported <= {"durable.errors", "durable.options"}, (name, imported)
+        assert imported <= {"durable.errors", "durable.options", *extra.get(name, ())}, (name, imported)
 
 
 def test_no_function_level_import_of_durables_own_modules() -> None:
