@@ -21,6 +21,7 @@ EXAMPLES = [
     "children",
     "updates",
     "encryption",
+    "order_search",
 ]
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,6 +73,16 @@ def test_updates(store: RedisStore) -> None:
     assert result["reserved"] == ["milk", "tea"]
     assert result["cart"]["items"] == {"milk": "reservation-milk", "tea": "reservation-tea"}
     assert result["cart"]["notes"] == ["leave at the door"]
+
+
+def test_order_search(store: RedisStore) -> None:
+    result = _example("order_search").main(store, timeout=30)
+    assert [r["ok"] for r in result["results"]] == [["a1: ok", "b3: ok"]] * 3
+    [problem] = result["results"][0]["problems"]
+    assert "ValueError: x2 is discontinued" in problem
+    assert result["big_acme"] == [result["first"]]
+    assert result["paid"] == 3
+    assert result["restarted"] is False
 
 
 def test_fanout(store: RedisStore) -> None:
