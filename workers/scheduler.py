@@ -36,7 +36,9 @@ class Scheduler:
 
     Args:
         store: The store.
-        streams: Task streams to reclaim from (this worker's queues).
+        streams: Task streams to reclaim from: this worker's queues, and its private (sticky)
+            streams, where only its own reclaim retries a task it read but could not finish
+            (a commit refused at ``maxmemory``, a read whose reply was lost).
         consumer: This worker's consumer name (reclaimed tasks come to it).
         reclaimed: Called with ``(stream, entry_id, fields)`` for each reclaimed task.
         claim_idle_ms: A task idle this long in another consumer's pending list
