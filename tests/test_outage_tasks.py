@@ -1,14 +1,17 @@
-"""Workflow tasks a worker read but could not finish because Redis refused a write (OOM at
-``maxmemory``) are decided again once Redis answers: none is left behind."""
+"""Redis refusing writes (OOM at ``maxmemory``): workflow tasks a worker read but could not
+finish are decided again once Redis answers, and a worker can start meanwhile."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+import redis
 from apps.basic import Sequence
 from redis import exceptions as rexc
 
 from durable import WorkflowStub
+from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers.worker import Worker, WorkerThread
 
@@ -37,3 +40,18 @@ def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) 
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=15) == 3
     assert refused
+
+
+def test_a_store_opens_while_redis_is_at_maxmemory(fresh_redis: EmbeddedRedis) -> None:
+    # A worker (re)starting during the outage opens its store: that must not need a write.
+    RedisStore(fresh_redis.url).close()
+    client = redis.Redis.from_url(fresh_redis.url)
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 1)
+        with pytest.raises(rexc.OutOfMemoryError):
+            client.set("k", "v" * 10_000)
+        RedisStore(fresh_redis.url).close()
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()

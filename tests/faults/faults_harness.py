@@ -319,6 +319,10 @@ class Harness:
                 os.kill(w.proc.pid, signal.SIGCONT)
                 w.stopped_until = 0.0
             if not w.alive():
+                if w.proc.returncode != -signal.SIGKILL and self.verbose:
+                    # Not an injected kill: say why it ended (a hiccup must not end a worker).
+                    tail = w._stderr().strip().splitlines()[-3:]
+                    print(f"   worker {w.proc.pid} exited with {w.proc.returncode}: {tail}", flush=True)
                 self.workers.remove(w)
                 self.retired.append(w)
                 w.stop()
