@@ -3,6 +3,7 @@ finish are decided again once Redis answers, and a worker can start meanwhile.""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -40,6 +41,30 @@ def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) 
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=15) == 3
     assert refused
+
+
+@pytest.mark.slow
+def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisStore) -> None:
+    # Commits refused for 5 s, ten times --claim-idle: a worker reclaiming its tasks all the while
+    # would count each claim as a delivery and block the run as a crash loop (max_deliveries=3).
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=500, block_ms=100, max_deliveries=3)
+    refusing: list[float] = []
+    commit_many = store.commit_many
+
+    def refuse_for_a_while(decisions: Any) -> Any:
+        sticky = any(plan.task and ":wq:@" in plan.task[0] for _, plan in decisions)
+        if sticky and not refusing:
+            refusing.append(time.monotonic() + 5.0)
+        if refusing and time.monotonic() < refusing[0]:
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    store.commit_many = refuse_for_a_while  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence).start(3)
+        assert stub.result(timeout=30) == 3
+    assert refusing
+    assert not store.dead_letters()
 
 
 def test_a_store_opens_while_redis_is_at_maxmemory(fresh_redis: EmbeddedRedis) -> None:
