@@ -36,7 +36,12 @@ class Scheduler:
 
     Args:
         store: The store.
-        streams: Task streams to reclaim from (this worker's queues).
+        streams: Task streams to reclaim from: this worker's queues, and its private (sticky)
+            streams, where only its own reclaim retries a task it read but could not finish
+            (a commit refused at ``maxmemory``, a read whose reply was lost).
+        paused: True while the worker's loop waits out a Redis outage: no reclaim meanwhile
+            (the loop could not handle what it claims, and each claim counts as a delivery
+            toward ``max_deliveries``, which would block healthy runs as crash loops).
         consumer: This worker's consumer name (reclaimed tasks come to it).
         reclaimed: Called with ``(stream, entry_id, fields)`` for each reclaimed task.
         claim_idle_ms: A task idle this long in another consumer's pending list
@@ -63,6 +68,7 @@ class Scheduler:
         max_sleep: float = 1.0,
         heartbeat: Callable[[], None] = lambda: None,
         sticky_timeout_ms: int = 5_000,
+        paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
         self.streams = streams
@@ -74,6 +80,7 @@ class Scheduler:
         self.claim_idle_ms = claim_idle_ms
         self.max_sleep = max_sleep
         self.heartbeat = heartbeat
+        self.paused = paused
         self._last_beat = time.time()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -144,7 +151,8 @@ class Scheduler:
         if now - self._last_claim >= self.claim_idle_ms / 3000:
             self._last_claim = now
             self._refresh_in_flight()
-            self._reclaim()
+            if not self.paused():
+                self._reclaim()
             self._check_workers()
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now

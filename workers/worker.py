@@ -219,7 +219,8 @@ class Worker:
     def _make_scheduler(self, claim_idle_ms: int, sticky_timeout_ms: int = 5_000) -> Scheduler:
         return Scheduler(
             self.store,
-            streams=self.workflow_streams + self.activity_streams + self.outbox_streams,
+            streams=self.workflow_streams + self.sticky_streams + self.activity_streams + self.outbox_streams,
+            paused=lambda: self._outage.active,
             consumer=self.consumer,
             reclaimed=self._on_reclaimed,
             in_flight=lambda: list(self._in_flight),

@@ -71,8 +71,12 @@ class StoreBase:
 
     def _check_partitions(self) -> None:
         want = self.keys.partitions
-        self.redis.hsetnx(self.keys.meta, "partitions", want)
-        have = int(self.redis.hget(self.keys.meta, "partitions") or want)
+        # Read first: a store opened while Redis refuses writes (at maxmemory) must not fail here.
+        recorded = self.redis.hget(self.keys.meta, "partitions")
+        if recorded is None:
+            self.redis.hsetnx(self.keys.meta, "partitions", want)
+            recorded = self.redis.hget(self.keys.meta, "partitions")
+        have = int(recorded or want)
         if have != want:
             raise ConfigurationError(
                 f"this Redis holds a durable deployment (prefix {self.keys.prefix!r}) with {have} partitions, "

@@ -122,8 +122,9 @@ class LeaseStore(StoreBase):
             pipe.execute()
 
     def reclaim(self, stream: str, consumer: str, idle_ms: int) -> Iterator[Entry]:
-        """Claim for ``consumer`` the tasks of ``stream`` idle longer than ``idle_ms`` in another
-        consumer's pending list (its worker died); a stream without a group yields nothing."""
+        """Claim for ``consumer`` the tasks of ``stream`` idle longer than ``idle_ms`` in any
+        consumer's pending list, its own included (their worker died, or read them but could not
+        finish them); a stream without a group yields nothing."""
         start: Any = "0-0"
         while True:
             try:

@@ -291,6 +291,9 @@ class Harness:
         self.runs: dict[int, dict[str, Any]] = {}
         self.redis_kill_times: list[float] = []
         self.repaired: set[str] = set()
+        # Where each unfinished run stood before the workers stopped (stopping hands their
+        # private streams' tasks back to the shared queues, which would hide where they sat).
+        self.stuck: dict[str, str] = {}
         self.duplicates = 0
         self.tag = f"{scenario.name}-{seed}-{int(time.time() * 1000) % 10**7}"
 
@@ -316,6 +319,10 @@ class Harness:
                 os.kill(w.proc.pid, signal.SIGCONT)
                 w.stopped_until = 0.0
             if not w.alive():
+                if w.proc.returncode != -signal.SIGKILL and self.verbose:
+                    # Not an injected kill: say why it ended (a hiccup must not end a worker).
+                    tail = w._stderr().strip().splitlines()[-3:]
+                    print(f"   worker {w.proc.pid} exited with {w.proc.returncode}: {tail}", flush=True)
                 self.workers.remove(w)
                 self.retired.append(w)
                 w.stop()
@@ -488,6 +495,11 @@ class Harness:
             self._start_runs()
             self._drive(t0)
             self._settle()
+            self.stuck = {
+                i["stub"].id: self._stuck_state(i["stub"].id)
+                for i in self.runs.values()
+                if not i.get("closed")
+            }
         finally:
             for w in self.workers + self.retired:
                 w.stop()
@@ -677,8 +689,11 @@ class Harness:
         keys = [f"{ref.run_id}:{e.event.to_data()['id']}" for e in hist if e.type == "ActivityScheduled"]
         return ref, keys
 
-    def _stuck_state(self, workflow_id: str) -> str:
-        """Where an unfinished run stands (for the report): its record, inbox and task streams."""
+    def _stuck_state(self, workflow_id: str, *, parent: str = "") -> str:
+        """Where an unfinished run stands (for the report): its record, inbox, last events, its
+        task entries (pending where, or never delivered), activities and timers, its child's state (a parent
+        waits on it), and its partition's outbox messages naming the parent (the child's start,
+        the child's result)."""
         r, k = self.store.redis, self.store.keys
         try:
             ref = self.store.ref(workflow_id)
@@ -688,18 +703,54 @@ class Harness:
                 for key, value in r.hgetall(k.run(p, ref.run_id)).items()
                 if key not in (b"snapshot", b"parent")
             }
-            streams = {}
-            for key in r.scan_iter(match=f"{k.tag(p)}:wq:*"):
-                name = key.decode()
-                entries = [f.get(b"run", b"").decode() for _, f in r.xrange(name)]
-                if ref.run_id in entries:
-                    streams[name] = entries.count(ref.run_id)
-            return (
-                f"record={record} inbox={r.llen(k.inbox(p, ref.run_id))} task entries={streams} "
-                f"sticky hosts={sorted(h.decode() for h in r.smembers(k.sticky_hosts(p)))}"
+            history = self.store.history(ref)
+            tasks = {}  # workflow and activity task entries of the run
+            for pattern in (f"{k.tag(p)}:wq:*", f"{k.tag(p)}:aq:*"):
+                for key in r.scan_iter(match=pattern):
+                    found = self._entries_of(key.decode(), ref.run_id.encode())
+                    if found:
+                        tasks[key.decode()] = found
+            acts = sorted(a.decode()[:-1] for a in r.hkeys(k.activities(p, ref.run_id)) if a.endswith(b"#"))
+            timers = [m.decode() for m in r.zrange(k.timers(p), 0, -1) if ref.run_id.encode() in m]
+            state = (
+                f"record={record} inbox={r.llen(k.inbox(p, ref.run_id))} "
+                f"last events={[e.type for e in history[-4:]]} task entries={tasks} "
+                f"pending activities={acts} timers={timers} "
+                f"sticky hosts={sorted(h.decode() for h in r.smembers(k.sticky_hosts(p)))} "
+                f"outbox={self._entries_of(k.outbox(p), (parent or workflow_id).encode())}"
             )
+            started = [e for e in history if e.type == "ChildStarted"]
+            if started and not parent:
+                child_id = started[-1].event.to_data()["workflow_id"]
+                state += f" || child {child_id}: {self._stuck_state(child_id, parent=workflow_id)}"
+            return state
         except Exception as exc:  # noqa: BLE001 - a report, not a check
-            return f"(state unreadable: {exc})"
+            return f"(state unreadable: {exc!r})"
+
+    def _entries_of(self, stream: str, needle: bytes) -> list[str]:
+        """The entries of a task stream naming ``needle`` (a run id, a workflow id in an outbox
+        message), each as ``id:`` ``pending(consumer, idle ms, deliveries)``, ``acked`` (delivered,
+        not pending: acked but not deleted) or ``undelivered`` (past the group's last-delivered id)."""
+        r = self.store.redis
+        rows = [eid for eid, f in r.xrange(stream) if any(needle in v for v in f.values())]
+        if not rows:
+            return []
+        last = next(
+            (g["last-delivered-id"] for g in r.xinfo_groups(stream) if g["name"] == GROUP.encode()), b"0-0"
+        )
+        out = []
+        for eid in rows:
+            pend = r.xpending_range(stream, GROUP, min=eid, max=eid, count=1)
+            if pend:
+                x = pend[0]
+                out.append(
+                    f"{eid.decode()}:pending({x['consumer'].decode()}, {x['time_since_delivered']} ms, "
+                    f"{x['times_delivered']}x)"
+                )
+            else:
+                delivered = tuple(map(int, eid.split(b"-"))) <= tuple(map(int, last.split(b"-")))
+                out.append(f"{eid.decode()}:{'acked' if delivered else 'undelivered'}")
+        return out
 
     def _late_attempts(self, ref) -> list[str]:
         """Attempts that began after their run closed or their activity was done: none may (the
@@ -738,7 +789,9 @@ class Harness:
                         pass
                 else:
                     self.out.lost.append(stub.id)
-                    self.out.violations.append(f"lost {stub.id}: {self._stuck_state(stub.id)}")
+                    self.out.violations.append(
+                        f"lost {stub.id}: {self.stuck.get(stub.id) or self._stuck_state(stub.id)}"
+                    )
                 continue
             checked = self._check_history(stub.id, expected(idx), f"run {idx}")
             child = self._check_history(f"{stub.id}/5", idx * 2 + 1, f"run {idx} child")

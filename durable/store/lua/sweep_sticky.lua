@@ -2,7 +2,8 @@
 -- streams (like Temporal's sticky schedule-to-start timeout). Their worker died (its lease
 -- lives on until --claim-idle runs out) or is stuck; any worker can decide the run from its
 -- history instead. Entries the owner has read (its consumer group's last-delivered id is past
--- them) stay: it is deciding them, and unstick.lua moves them once its lease lapses.
+-- them) stay: it is deciding them (its own reclaim retries one it could not finish, e.g. a
+-- commit refused at maxmemory), and unstick.lua moves them once its lease lapses.
 -- Stream entry ids are Redis-time milliseconds: an entry's id says how long it has waited.
 -- KEYS: sticky hosts set (T:sticky)
 -- ARGV: timeout ms, most tasks to move in this call

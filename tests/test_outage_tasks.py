@@ -1,0 +1,82 @@
+"""Redis refusing writes (OOM at ``maxmemory``): workflow tasks a worker read but could not
+finish are decided again once Redis answers, and a worker can start meanwhile."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from apps.basic import Sequence
+from redis import exceptions as rexc
+
+from durable import WorkflowStub
+from durable.store.embedded import EmbeddedRedis
+from durable.store.redis_store import RedisStore
+from workers.worker import Worker, WorkerThread
+
+SCRIPT_OOM = (
+    "Error running script (call to f_1): @user_script:1: @user_script: 1: "
+    "-OOM command not allowed when used memory > 'maxmemory'."
+)
+
+
+def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) -> None:
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100)
+    refused: list[str] = []
+    commit_many = store.commit_many
+
+    def refuse_first_sticky(decisions: Any) -> Any:
+        # Redis at maxmemory refuses the commit of the first task read from the worker's
+        # private stream: the task stays pending in its own consumer's list.
+        sticky = [plan.task for _, plan in decisions if plan.task and ":wq:@" in plan.task[0]]
+        if sticky and not refused:
+            refused.append(sticky[0][0])
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    store.commit_many = refuse_first_sticky  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence).start(3)
+        assert stub.result(timeout=15) == 3
+    assert refused
+
+
+@pytest.mark.slow
+def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisStore) -> None:
+    # Commits refused for 5 s, ten times --claim-idle: a worker reclaiming its tasks all the while
+    # would count each claim as a delivery and block the run as a crash loop (max_deliveries=3).
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=500, block_ms=100, max_deliveries=3)
+    refusing: list[float] = []
+    commit_many = store.commit_many
+
+    def refuse_for_a_while(decisions: Any) -> Any:
+        sticky = any(plan.task and ":wq:@" in plan.task[0] for _, plan in decisions)
+        if sticky and not refusing:
+            refusing.append(time.monotonic() + 5.0)
+        if refusing and time.monotonic() < refusing[0]:
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    store.commit_many = refuse_for_a_while  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence).start(3)
+        assert stub.result(timeout=30) == 3
+    assert refusing
+    assert not store.dead_letters()
+
+
+def test_a_store_opens_while_redis_is_at_maxmemory(fresh_redis: EmbeddedRedis) -> None:
+    # A worker (re)starting during the outage opens its store: that must not need a write.
+    RedisStore(fresh_redis.url).close()
+    client = redis.Redis.from_url(fresh_redis.url)
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", client.info("memory")["used_memory"] + 1)
+        with pytest.raises(rexc.OutOfMemoryError):
+            client.set("k", "v" * 10_000)
+        RedisStore(fresh_redis.url).close()
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
