@@ -9,8 +9,7 @@ One worker process has:
   run cache lives here) and carries out outbox messages. Its workflow tasks include a private
   stream of the runs it decided last (sticky: their drivers are in its cache);
 * ``concurrency`` **activity threads** (``threads.py``);
-* the **scheduler** thread (``scheduler.py``), which also keeps the worker's
-  lease alive (its sessions and sticky runs depend on it).
+* the **scheduler** thread (``scheduler.py``), which also keeps the worker's lease alive.
 
 SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to ``grace`` seconds), exit
 (at the latest ``grace`` + 5 s later, whatever the workflows do). A task still unfinished stays in
