@@ -102,6 +102,8 @@ class WorkflowStarted(Event):
     search_attributes: dict[str, Any] = field(default_factory=dict)
     #: Initial memo: a payload of a dict, or None.
     memo: bytes | None = None
+    #: Interceptor headers (``{name: str | bytes}``, see durable.interceptors): tenant, trace context...
+    headers: dict[str, Any] = field(default_factory=dict)
     payloads = ("args", "memo")
 
 
@@ -117,6 +119,7 @@ class ActivityScheduled(Event):
     retry: dict[str, Any] | None = None
     timeouts: dict[str, Any] = field(default_factory=dict)
     local: bool = False
+    headers: dict[str, Any] = field(default_factory=dict)  # recorded, never compared on replay
     compared = ("name", "args", "queue", "retry", "timeouts", "local")
     payloads = ("args",)
     is_command = True
@@ -197,6 +200,7 @@ class SignalReceived(Event):
     name: str
     payload: bytes
     signal_id: str = ""
+    headers: dict[str, Any] = field(default_factory=dict)
     payloads = ("payload",)
 
 
@@ -234,6 +238,7 @@ class ChildStarted(Event):
     args: bytes
     queue: str = "default"
     policy: str = "terminate"
+    headers: dict[str, Any] = field(default_factory=dict)  # the child run's; never compared
     compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
     payloads = ("args",)
     is_command = True
@@ -284,8 +289,7 @@ class HookResumed(Event):
 # ------------------------------------------------------------------- updates
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateRequested(Event):
-    """An update as the client pushes it onto the inbox. Never written to history: the
-    decision that applies it writes :class:`UpdateAccepted` or :class:`UpdateRejectedEvent`."""
+    """An update on the inbox; its decision writes UpdateAccepted or UpdateRejected instead."""
 
     TYPE = "UpdateRequested"
 
@@ -310,9 +314,7 @@ class UpdateAccepted(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateRejectedEvent(Event):
     """An update refused before its handler ran (validator, unknown name, bad arguments).
-
-    In history for the caller to read; replay skips it: the workflow never sees it.
-    """
+    In history for the caller to read; replay skips it: the workflow never sees it."""
 
     TYPE = "UpdateRejected"
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from durable import codec
+from durable import codec, interceptors
 from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
@@ -127,7 +127,7 @@ def execute_attempt(
     )
     try:
         with running_activity(context):
-            payload = codec.dumps(definition.fn(*args), path="result")
+            payload = codec.dumps(interceptors.execute(task, definition.fn, args), path="result")
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
         return fail_attempt(
