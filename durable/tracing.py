@@ -28,6 +28,7 @@ a restart): those spans were made when the events were first decided.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -74,7 +75,18 @@ def _carrier(headers: Mapping[str, Any]) -> dict[str, str]:
 
 def extract(headers: Mapping[str, Any]) -> Context:
     """The trace context recorded in ``headers`` (an empty context when there is none)."""
-    return _propagator.extract(_carrier(headers))
+    carrier = _carrier(headers)
+    return _extract_cached(carrier.get("traceparent", ""), carrier.get("tracestate", ""))
+
+
+@functools.lru_cache(maxsize=4096)
+def _extract_cached(traceparent: str, tracestate: str) -> Context:
+    # A run's spans all have the same parent: parse its traceparent once, not per span
+    # (a Context is immutable, so sharing one is safe).
+    carrier = (
+        {"traceparent": traceparent, "tracestate": tracestate} if tracestate else {"traceparent": traceparent}
+    )
+    return _propagator.extract(carrier if traceparent else {})
 
 
 def inject(headers: dict[str, Any], context: Context | None = None) -> None:
