@@ -149,3 +149,11 @@ def test_old_histories_and_task_bodies_without_headers_still_decode() -> None:
     decoded = ActivityTask.decode(with_headers.encode())
     assert decoded.headers == {"tenant": "x"} and decoded.next_attempt().headers == {"tenant": "x"}
     assert ActivityTask.decode(task.encode()).headers is None
+
+
+def test_register_refuses_what_is_not_an_interceptor() -> None:
+    with pytest.raises(
+        TypeError, match="object is not an interceptor: subclass durable.interceptors.Interceptor"
+    ):
+        interceptors.register(object())
+    assert interceptors.registered() == ()
