@@ -39,3 +39,7 @@ class WaitSignal(Workflow):
 
     def handle(self) -> object:
         return await_signal("go")
+
+
+if __import__("os").environ.get("DURABLE_BENCH_TRACING"):  # harness.py --tracing: worker processes
+    __import__("bench_tracing").enable()

@@ -181,6 +181,23 @@ def run_engine(
     return cells
 
 
+def run_traced(workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any) -> dict[str, str]:
+    """The durable engine again, tracing on in the client and (through the environment) in
+    every worker process: spans made at default sampling, dropped by the exporter."""
+    import os
+
+    import bench_tracing  # here, not at the top: it needs the otel extra
+
+    log("[durable+tracing] starting")
+    os.environ[bench_tracing.ENV] = "1"
+    bench_tracing.enable()
+    try:
+        return run_engine("durable", workloads, options_kw, quick, log)
+    finally:
+        bench_tracing.disable()
+        os.environ.pop(bench_tracing.ENV, None)
+
+
 def machine() -> str:
     model = platform.processor() or "?"
     if shutil.which("lscpu"):
@@ -250,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run durable with OpenTelemetry tracing on (row durable+tracing), in the same run",
+    )
     args = parser.parse_args(argv)
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -274,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         log(f"[{engine}] starting")
         rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
+    if args.tracing:
+        rows["durable+tracing"] = run_traced(workloads, options_kw, args.quick, log)
     grid = table(rows, workloads)
     print()
     print_table(grid)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
-from . import codec
+from . import codec, interceptors
 from . import events as ev
 from .config import namespace as configured_namespace
 from .errors import (
@@ -19,10 +19,11 @@ from .errors import (
     WorkflowNotFound,
 )
 from .ids import check_command_id, check_workflow_id, new_run_id
+from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow
-from .replay import Driver
+from .replay.driver import query_history
 from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of
 from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
@@ -59,6 +60,11 @@ def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
         reason = getattr(entry.event, "reason", "")
         message = f"workflow {workflow_id!r} was {status}" + (f": {reason}" if reason else "")
     return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
+
+
+def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.SignalReceived:
+    payload = codec.dumps(tuple(args), path="args")
+    return ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id(), headers=headers)
 
 
 R = TypeVar("R")
@@ -177,7 +183,6 @@ class WorkflowStub(Generic[R]):
                 (declared names, values of their type; see :class:`durable.SearchAttribute`).
             memo: Initial memo (any encodable values; shown by ``describe``, not indexed).
 
-
         Raises:
             ConfigurationError: bad id, not a workflow, an unknown policy (the message lists
                 the valid ones), a timeout that is not a positive duration, an undeclared
@@ -295,7 +300,8 @@ class WorkflowStub(Generic[R]):
                 ``id_reuse_policy`` does not start again.
             UnknownTypeError: the workflow type is not registered in this process.
         """
-        self._start(codec.dumps(tuple(args), path="args"), None)
+        request = StartWorkflowInput(self._type, self._id, tuple(args))
+        interceptors.run(ClientInterceptor, "start_workflow", request, self._start_run)
         return self
 
     def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> Self:
@@ -316,12 +322,13 @@ class WorkflowStub(Generic[R]):
         if not isinstance(name, str) or not name:
             raise ConfigurationError("signal name must be a non-empty string")
         check_name_length(name, "signal")
-        payload = codec.dumps(tuple(args), path="args")
-        signal = ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id())
-        self._start(codec.dumps(tuple(start_args), path="start_args"), signal)
+        request = StartWorkflowInput(self._type, self._id, tuple(start_args), {}, name, tuple(args))
+        interceptors.run(ClientInterceptor, "start_workflow", request, self._start_run)
         return self
 
-    def _start(self, payload: bytes, signal: ev.SignalReceived | None) -> None:
+    def _start_run(self, request: StartWorkflowInput) -> str:
+        signal = _signal(request.signal, request.signal_args, request.headers) if request.signal else None
+        payload = codec.dumps(tuple(request.args), path="args" if signal is None else "start_args")
         cls = None
         try:
             cls = get_workflow(self._type)
@@ -340,10 +347,12 @@ class WorkflowStub(Generic[R]):
             signal=signal,
             search_attributes=self._search,
             memo=self._memo,
+            headers=request.headers,
         )
         self._run_id = run.run_id
         if run.replaced:
             self._close_children(run.replaced, "parent replaced (id_conflict_policy terminate_existing)")
+        return run.run_id
 
     def signal(self, name: str, *args: Any) -> None:
         """Send signal ``name`` with ``args`` to the current run.
@@ -359,9 +368,12 @@ class WorkflowStub(Generic[R]):
         if not isinstance(name, str) or not name:
             raise ConfigurationError("signal name must be a non-empty string")
         check_name_length(name, "signal")
-        payload = codec.dumps(tuple(args), path="args")
-        signal = ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id())
-        self._store.deliver(self._id, signal, limited=True)
+        request = SignalWorkflowInput(self._id, name, tuple(args))
+        interceptors.run(ClientInterceptor, "signal_workflow", request, self._send_signal)
+
+    def _send_signal(self, request: SignalWorkflowInput) -> None:
+        signal = _signal(request.name, request.args, request.headers)
+        self._store.deliver(request.workflow_id, signal, limited=True)
 
     def update(
         self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
@@ -420,17 +432,13 @@ class WorkflowStub(Generic[R]):
         """
         if isinstance(name, str):
             check_name_length(name, "query")
+        request = QueryWorkflowInput(self._id, name, tuple(args))
+        return interceptors.run(ClientInterceptor, "query_workflow", request, self._query)
+
+    def _query(self, request: QueryWorkflowInput) -> Any:
         ref = self._ref()
-        history = self._store.history(ref)
-        driver = Driver(
-            run_id=ref.run_id, workflow_id=self._id, read_only=True, token_prefix=f"{ref.partition}."
-        )
-        driver.hook_secrets = self._store.hook_secrets
-        try:
-            driver.replay(history)
-            return driver.query(name, args)
-        finally:
-            driver.close()
+        history, secrets = self._store.history(ref), self._store.hook_secrets
+        return query_history(history, request, ref.run_id, f"{ref.partition}.", secrets)
 
     def cancel(self, reason: str = "") -> None:
         """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""

@@ -1,9 +1,7 @@
 """The event catalog: one small frozen dataclass per history event type.
 
-Each class names its stored type in ``TYPE``; the class name is free to
-change, the ``TYPE`` never is. A class whose stored name is also the name of a
-public error (``ActivityFailed``, ``WorkflowFailed``) carries an ``Event``
-suffix in Python.
+Each class names its stored type in ``TYPE``; the class name may change, the ``TYPE`` never
+does. A class whose stored name is also a public error's name carries an ``Event`` suffix.
 
 A history entry is one msgpack map ``{"type": str, "ts": int, "data": map}``
 (``ts`` in UTC milliseconds). ``data`` is plain msgpack (ids, names, numbers);
@@ -102,6 +100,8 @@ class WorkflowStarted(Event):
     search_attributes: dict[str, Any] = field(default_factory=dict)
     #: Initial memo: a payload of a dict, or None.
     memo: bytes | None = None
+    #: Interceptor headers (``{name: str | bytes}``, see durable.interceptors): tenant, trace context...
+    headers: dict[str, Any] = field(default_factory=dict)
     payloads = ("args", "memo")
 
 
@@ -117,6 +117,7 @@ class ActivityScheduled(Event):
     retry: dict[str, Any] | None = None
     timeouts: dict[str, Any] = field(default_factory=dict)
     local: bool = False
+    headers: dict[str, Any] = field(default_factory=dict)  # recorded, never compared on replay
     compared = ("name", "args", "queue", "retry", "timeouts", "local")
     payloads = ("args",)
     is_command = True
@@ -197,6 +198,7 @@ class SignalReceived(Event):
     name: str
     payload: bytes
     signal_id: str = ""
+    headers: dict[str, Any] = field(default_factory=dict)
     payloads = ("payload",)
 
 
@@ -234,6 +236,7 @@ class ChildStarted(Event):
     args: bytes
     queue: str = "default"
     policy: str = "terminate"
+    headers: dict[str, Any] = field(default_factory=dict)  # the child run's; never compared
     compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
     payloads = ("args",)
     is_command = True
@@ -284,8 +287,7 @@ class HookResumed(Event):
 # ------------------------------------------------------------------- updates
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateRequested(Event):
-    """An update as the client pushes it onto the inbox. Never written to history: the
-    decision that applies it writes :class:`UpdateAccepted` or :class:`UpdateRejectedEvent`."""
+    """An update on the inbox; its decision writes UpdateAccepted or UpdateRejected instead."""
 
     TYPE = "UpdateRequested"
 
@@ -310,9 +312,7 @@ class UpdateAccepted(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateRejectedEvent(Event):
     """An update refused before its handler ran (validator, unknown name, bad arguments).
-
-    In history for the caller to read; replay skips it: the workflow never sees it.
-    """
+    In history for the caller to read; replay skips it: the workflow never sees it."""
 
     TYPE = "UpdateRejected"
 

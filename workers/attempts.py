@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from durable import codec
+from durable import codec, interceptors
 from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
@@ -137,7 +137,7 @@ def execute_attempt(
     )
     try:
         with running_activity(context):
-            value = definition.fn(*definition.typed_args(args))
+            value = interceptors.execute(task, definition.fn, definition.typed_args(args))
             if inspect.iscoroutine(value):  # an async def activity: on the worker's event loop
                 value = run_coroutine(value, context, hard_deadline(task, started))
             payload = codec.dumps(value, path="result")

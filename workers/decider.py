@@ -448,6 +448,7 @@ class Decider:
                 a.timeouts,
                 driver.now_ms,
                 record.get("parent"),
+                a.headers or None,
             )
             (leased if self.runs_activity(a) else queued).append(activity)
         outbox = [child_start_message(ref.workflow_id, ref.run_id, c) for c in decision.children]
@@ -517,6 +518,7 @@ class Decider:
             options={**started.options, "continued_from": ref.run_id},
             search_attributes=driver.search_attributes,  # carried over, as in Temporal
             memo=codec.dumps(driver.memo, path="memo") if driver.memo else None,
+            headers=started.headers,  # trace context, tenant...: the same for every run of the id
         ).to_data()
         parent = codec.pack(started.parent) if started.parent else b""
         return NextRun(

@@ -70,6 +70,7 @@ def _start_child(store: RedisStore, msg: dict[str, Any]) -> None:
             args=msg["args"],
             queue=msg["queue"],
             parent=parent,
+            headers=msg.get("headers") or {},
         )
     except DurableError as exc:  # WorkflowAlreadyStarted among others
         failed = ev.ChildFailed(id=parent["cid"], error=codec.dumps(exc, path="error"), status="failed")

@@ -6,10 +6,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar, cast
 
-from .. import codec, hooktokens
+from .. import codec, hooktokens, interceptors
 from .. import events as ev
 from ..errors import ConfigurationError, SignalTimeout
 from ..ids import check_command_id, check_workflow_id
+from ..interceptors import StartActivityInput, StartChildInput, StartTimerInput, WorkflowOutboundInterceptor
 from ..limits import check_name_length, check_queue_name
 from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
 from ..registry import activity_definition_for
@@ -50,6 +51,23 @@ class Commands(DriverCore):
         }
 
     def call_activity(self, target: Any, args: tuple[Any, ...], options: ActivityOptions) -> Any:
+        if not interceptors.active(WorkflowOutboundInterceptor):
+            return self._activity(target, args, options, self._headers())
+        self._branch()
+        name = activity_definition_for(target).name
+        request = StartActivityInput(
+            self.run_info(), target, name, tuple(args), options, self._headers(), self._replaying()
+        )
+        return interceptors.run(
+            WorkflowOutboundInterceptor,
+            "start_activity",
+            request,
+            lambda i: self._activity(i.target, i.args, i.options, i.headers),
+        )
+
+    def _activity(
+        self, target: Any, args: tuple[Any, ...], options: ActivityOptions, headers: dict[str, Any]
+    ) -> Any:
         branch = self._branch()
         definition = activity_definition_for(target)
         cid = self._next_id(branch, options.id)
@@ -77,11 +95,22 @@ class Commands(DriverCore):
                 "heartbeat": _pick(heartbeat, definition.heartbeat_timeout, "heartbeat_timeout"),
             },
             local=options.local,
+            headers=headers,
         )
         self._issue(event)
         return self._suspend(branch, Wait("activity", cid, name=definition.name))
 
     def call_timer(self, duration: Seconds, *, id: str | None) -> None:  # noqa: A002
+        if interceptors.active(WorkflowOutboundInterceptor):
+            self._branch()
+            request = StartTimerInput(self.run_info(), duration, id, self._replaying())
+            interceptors.run(
+                WorkflowOutboundInterceptor, "start_timer", request, lambda i: self._timer(i.duration, i.id)
+            )
+        else:
+            self._timer(duration, id)
+
+    def _timer(self, duration: Seconds, id: str | None) -> None:  # noqa: A002
         branch = self._branch()
         ms = duration_ms(duration, "timer duration")
         cid = self._next_id(branch, id)
@@ -187,14 +216,26 @@ class Commands(DriverCore):
         return patch_id in self._started.patches
 
     def call_child(self, workflow: Any, args: tuple[Any, ...], options: ChildOptions) -> Any:
+        if not interceptors.active(WorkflowOutboundInterceptor):
+            return self._child(workflow, args, options, self._headers())
+        self._branch()
+        type_name, _ = _child_type(workflow)
+        request = StartChildInput(
+            self.run_info(), workflow, type_name, tuple(args), options, self._headers(), self._replaying()
+        )
+        return interceptors.run(
+            WorkflowOutboundInterceptor,
+            "start_child",
+            request,
+            lambda i: self._child(i.workflow, i.args, i.options, i.headers),
+        )
+
+    def _child(
+        self, workflow: Any, args: tuple[Any, ...], options: ChildOptions, headers: dict[str, Any]
+    ) -> Any:
         branch = self._branch()
         policy, workflow_id = options.parent_close_policy, options.workflow_id
-        if isinstance(workflow, str):
-            type_name, child_queue = workflow, None
-        elif isinstance(workflow, type) and issubclass(workflow, Workflow):
-            type_name, child_queue = workflow.name, workflow.queue
-        else:
-            raise ConfigurationError(f"child() needs a Workflow subclass or its name, not {workflow!r}")
+        type_name, child_queue = _child_type(workflow)
         if policy not in POLICIES:
             raise ConfigurationError(f"parent_close_policy must be one of {POLICIES}, not {policy!r}")
         cid = self._next_id(branch, options.id)
@@ -209,6 +250,7 @@ class Commands(DriverCore):
                 args=codec.dumps(tuple(args), path="args"),
                 queue=queue,
                 policy=policy,
+                headers=headers,
             )
         )
         return self._suspend(
@@ -308,6 +350,15 @@ class Commands(DriverCore):
             self._issue(ev.TimerStarted(id=hook.id, fire_at=deadline))
         self._waits[("hook", hook.id)] = branch
         return self._suspend(branch, Wait("hook", hook.id, name=hook.name, deadline=deadline))
+
+
+def _child_type(workflow: Any) -> tuple[str, str | None]:
+    """(type name, the class's queue) of a child() target."""
+    if isinstance(workflow, str):
+        return workflow, None
+    if isinstance(workflow, type) and issubclass(workflow, Workflow):
+        return workflow.name, workflow.queue
+    raise ConfigurationError(f"child() needs a Workflow subclass or its name, not {workflow!r}")
 
 
 def _queue(queue: str) -> str:

@@ -12,6 +12,7 @@ import greenlet
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError
 from ..ids import check_command_id
+from ..interceptors import RunInfo
 from ..limits import LIMIT_REASON, current, limit_error
 from ..options import Seconds, duration_ms
 from ..registry import get_workflow
@@ -128,6 +129,15 @@ class DriverCore(WorkflowRuntime):
     @property
     def queue(self) -> str:
         return self._started.queue if self._started else "default"
+
+    def run_info(self) -> RunInfo:
+        """The run as interceptors see it (``headers``: its WorkflowStarted's)."""
+        headers = self._started.headers if self._started is not None else {}
+        return RunInfo(self.workflow_id, self.run_id, self.workflow_type, headers)
+
+    def _headers(self) -> dict[str, Any]:
+        """The headers an activity or child call starts with: a copy of the run's."""
+        return dict(self._started.headers) if self._started is not None and self._started.headers else {}
 
     def history_budget(self) -> dict[str, int]:
         """The run's history budget (its class's ``history_budget`` over the defaults)."""

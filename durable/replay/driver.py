@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import greenlet
 
-from .. import codec
+from .. import codec, interceptors
 from .. import events as ev
 from ..errors import DurableError, HistoryCorrupt
+from ..interceptors import DecisionInput, HandleQueryInput, QueryWorkflowInput, WorkflowInboundInterceptor
 from ..limits import LIMIT_REASON
 from ..registry import get_workflow
 from ..runtime import current_runtime
@@ -82,7 +83,17 @@ class Driver(Commands, Inputs):
         return self
 
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
-        """Apply new inbox items live and return the decision to commit."""
+        """Apply new inbox items live and return the decision to commit (through the
+        ``decide`` interceptors, see :mod:`durable.interceptors`)."""
+        if not interceptors.active(WorkflowInboundInterceptor):
+            return self._decide(inbox)
+        request = DecisionInput(self.run_info(), inbox)
+        decision: Decision = interceptors.run(
+            WorkflowInboundInterceptor, "decide", request, lambda i: self._decide(i.inbox)
+        )
+        return decision
+
+    def _decide(self, inbox: Sequence[ev.Entry]) -> Decision:
         self._enter()
         for item in inbox:
             self.applying = item
@@ -130,7 +141,7 @@ class Driver(Commands, Inputs):
         self._child_cancels = []
         self._close_actions = ([], [], [])
 
-    def query(self, name: str, args: Sequence[Any] = ()) -> Any:
+    def query(self, name: str, args: Sequence[Any] = (), *, headers: Mapping[str, Any] | None = None) -> Any:
         """Answer a ``@query`` method from the replayed state (commits nothing)."""
         self._enter()
         if self._instance is None:
@@ -139,7 +150,16 @@ class Driver(Commands, Inputs):
         if method is None:
             known = sorted(type(self._instance)._queries)
             raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
-        return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
+        request = HandleQueryInput(self.run_info(), name, tuple(args), headers or {})
+        return self._guarded(
+            f"query {name!r}",
+            lambda: interceptors.run(
+                WorkflowInboundInterceptor,
+                "handle_query",
+                request,
+                lambda i: getattr(self._instance, method)(*i.args),
+            ),
+        )
 
     def snapshot(self, status: str | None = None) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, history size.
@@ -264,6 +284,23 @@ def current_driver() -> Driver:
     if not isinstance(runtime, Driver):
         raise DurableError(f"this workflow code runs on {type(runtime).__name__}, not a replay Driver")
     return runtime
+
+
+def query_history(
+    entries: Sequence[ev.Entry],
+    request: QueryWorkflowInput,
+    run_id: str,
+    token_prefix: str,
+    hook_secrets: Callable[[], tuple[bytes, ...]],
+) -> Any:
+    """Answer the query ``request`` from a run's committed history (a read-only replay)."""
+    driver = Driver(run_id=run_id, workflow_id=request.workflow_id, read_only=True, token_prefix=token_prefix)
+    driver.hook_secrets = hook_secrets
+    try:
+        driver.replay(entries)
+        return driver.query(request.name, request.args, headers=request.headers)
+    finally:
+        driver.close()
 
 
 def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None = None) -> Driver:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .. import codec
+from .. import codec, interceptors
 from .. import events as ev
 from ..errors import (
     ActivityFailed,
@@ -19,6 +19,7 @@ from ..errors import (
     WorkflowTimeout,
 )
 from ..ids import successor_run_id
+from ..interceptors import HandleInput, HandleSignalInput, WorkflowInboundInterceptor
 from ..limits import LIMIT_REASON, current, limit_error
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
@@ -201,8 +202,14 @@ class Inputs(Updates):
         cls = self._resolve(event.workflow_type)
         instance = cls()
         self._instance = instance
-        args = codec.loads(event.args)
-        self._root = self._spawn("", lambda: instance.handle(*args))
+        # Replaying: WorkflowStarted is not the last entry (a decision followed it).
+        request = HandleInput(self.run_info(), tuple(codec.loads(event.args)), self._replaying())
+        self._root = self._spawn(
+            "",
+            lambda: interceptors.run(
+                WorkflowInboundInterceptor, "handle", request, lambda i: instance.handle(*i.args)
+            ),
+        )
         self._runnable.append((self._root, None, None))
 
     def _activity_error(self, event: ev.ActivityFailedEvent, branch: Branch) -> ActivityFailed:
@@ -238,6 +245,17 @@ class Inputs(Updates):
         return None
 
     def _signal(self, event: ev.SignalReceived) -> None:
+        if not interceptors.active(WorkflowInboundInterceptor):
+            return self._apply_signal(event)
+        # A committed signal was applied (and intercepted) by the decision that committed it.
+        replaying = self._pos <= self._history_end
+        request = HandleSignalInput(self.run_info(), event.name, event.payload, event.headers, replaying)
+        interceptors.run(
+            WorkflowInboundInterceptor, "handle_signal", request, lambda _i: self._apply_signal(event)
+        )
+        return None
+
+    def _apply_signal(self, event: ev.SignalReceived) -> None:
         assert self._instance is not None
         handler = type(self._instance)._signals.get(event.name)
         if handler is not None:

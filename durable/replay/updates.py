@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import codec
+from .. import codec, interceptors
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError, SerializationError
+from ..interceptors import HandleUpdateInput, WorkflowInboundInterceptor
 from ..workflow import ContinueAsNew
 from .branches import Branch
 from .core import DriverCore
@@ -83,8 +84,15 @@ class Updates(DriverCore):
         if entry is None:
             return f"workflow {self.workflow_type!r} has no @update {event.name!r}"
         method = getattr(instance, entry[0])
-        args = codec.loads(event.args)
-        branch = self._spawn(f"{BRANCH_PREFIX}{event.id}", lambda: method(*args))
+        request = HandleUpdateInput(
+            self.run_info(), event.id, event.name, codec.loads(event.args), self._pos <= self._history_end
+        )
+        branch = self._spawn(
+            f"{BRANCH_PREFIX}{event.id}",
+            lambda: interceptors.run(
+                WorkflowInboundInterceptor, "handle_update", request, lambda i: method(*i.args)
+            ),
+        )
         branch.update_id = event.id
         self._runnable.append((branch, None, None))
         return None

@@ -196,6 +196,7 @@ class RunStore(SearchStore):
         memo: bytes | None = None,
         policy: StartPolicy | None = None,
         signal: ev.SignalReceived | None = None,
+        headers: dict[str, Any] | None = None,
     ) -> StartedRun:
         """Create a run: instance + run record + WorkflowStarted + first workflow task, in one
         script that applies the start ``policy`` (:mod:`durable.start_policy`) and, with
@@ -209,8 +210,7 @@ class RunStore(SearchStore):
                 or a closed one its id reuse policy does not start again.
             LimitExceeded: a signal-with-start's open run is at its signal or history limit.
         """
-        k = self.keys
-        p = k.partition(workflow_id)
+        k, p = self.keys, self.keys.partition(workflow_id)
         policy = policy or DEFAULT_POLICY
         conflict = policy.conflict(signal=signal is not None)
         started_options = dict(options or {})
@@ -228,6 +228,7 @@ class RunStore(SearchStore):
             options=started_options,
             search_attributes=search_attributes or {},
             memo=memo,
+            headers=headers or {},
         ).to_data()
         if search_attributes:
             self.publish_search_types(list(search_attributes))
@@ -253,9 +254,8 @@ class RunStore(SearchStore):
         extra = script_options(policy, conflict, run_id, started_options, signal)
         for _ in range(5):
             # terminate_existing: the script terminates the open run only if it is still this one.
-            found, old_keys = (
-                open_run(self.redis, k, p, workflow_id) if conflict == "terminate_existing" else ({}, [])
-            )
+            stale = conflict == "terminate_existing"
+            found, old_keys = open_run(self.redis, k, p, workflow_id) if stale else ({}, [])
             result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found), index])
             if text(result[0]) != "MOVED":
                 return started_run(result, p, workflow_id, policy)

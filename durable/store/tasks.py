@@ -47,6 +47,7 @@ class ActivityTask:
         timeouts: ``start_to_close``, ``schedule_to_close``, ``heartbeat`` (seconds, or absent).
         scheduled: When the activity was scheduled (ms, the run's clock).
         parent: The run's parent (child workflows), if any.
+        headers: Interceptor headers the workflow sent with the call (see durable.interceptors).
     """
 
     run_id: str
@@ -61,25 +62,28 @@ class ActivityTask:
     timeouts: dict[str, Any] | None = None
     scheduled: int = 0
     parent: dict[str, Any] | None = None
+    headers: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
-        """The stored body (field names and order as every earlier version wrote them)."""
-        return codec.pack(
-            {
-                "rid": self.run_id,
-                "wid": self.workflow_id,
-                "p": self.partition,
-                "aid": self.activity_id,
-                "name": self.name,
-                "args": self.args,
-                "attempt": self.attempt,
-                "retry": self.retry,
-                "timeouts": self.timeouts,
-                "stream": self.stream,
-                "scheduled": self.scheduled,
-                "parent": self.parent,
-            }
-        )
+        """The stored body (field names and order as every earlier version wrote them; ``hdr``
+        only when there are headers, so a body without them is byte for byte as before)."""
+        body = {
+            "rid": self.run_id,
+            "wid": self.workflow_id,
+            "p": self.partition,
+            "aid": self.activity_id,
+            "name": self.name,
+            "args": self.args,
+            "attempt": self.attempt,
+            "retry": self.retry,
+            "timeouts": self.timeouts,
+            "stream": self.stream,
+            "scheduled": self.scheduled,
+            "parent": self.parent,
+        }
+        if self.headers:
+            body["hdr"] = self.headers
+        return codec.pack(body)
 
     @staticmethod
     def decode(raw: bytes) -> ActivityTask:
@@ -109,6 +113,7 @@ class ActivityTask:
             get("timeouts"),
             get("scheduled") or 0,
             get("parent"),
+            get("hdr") or None,
         )
 
     def next_attempt(self) -> ActivityTask:
@@ -126,6 +131,7 @@ class ActivityTask:
             self.timeouts,
             self.scheduled,
             self.parent,
+            self.headers,
         )
 
     def timeout(self, kind: str) -> float | None:
@@ -264,6 +270,7 @@ def child_start_message(workflow_id: str, run_id: str, child: ev.ChildStarted) -
             "args": child.args,
             "queue": child.queue,
             "parent": {"wid": workflow_id, "rid": run_id, "cid": child.id, "policy": child.policy},
+            "headers": child.headers,
         }
     )
 
