@@ -18,6 +18,7 @@ from ..workflow import Workflow, near_history_limit
 from .commands import Commands
 from .decision import Decision, build_decision
 from .inputs import Inputs, undecodable_input
+from .logger import set_active
 
 log = logging.getLogger("durable.workflow")
 
@@ -37,13 +38,27 @@ class Driver(Commands, Inputs):
     #: The inbox item :meth:`decide` is applying; when it raises, the item that blocks the run.
     applying: ev.Entry | None = None
 
-    def replay(self, entries: Sequence[ev.Entry]) -> Driver:
+    def replay(self, entries: Sequence[ev.Entry], *, undecided: bool = False) -> Driver:
         """Apply committed history (from the driver's current seq on).
 
         Commands the code issues while the last entry is applied are new: they
         become part of the next :meth:`decide`.
+
+        Args:
+            entries: The history entries.
+            undecided: No decision of this run was ever committed (its first): the code
+                runs live, so the workflow logger is not silenced (:attr:`is_replaying`).
         """
         self._enter()
+        previous = set_active(self)
+        self._replay_pass = not undecided
+        try:
+            return self._replay(entries)
+        finally:
+            self._replay_pass = False
+            set_active(previous)
+
+    def _replay(self, entries: Sequence[ev.Entry]) -> Driver:
         if not entries:
             return self
         self._history_end = entries[-1].seq
@@ -84,6 +99,13 @@ class Driver(Commands, Inputs):
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
         """Apply new inbox items live and return the decision to commit."""
         self._enter()
+        previous = set_active(self)
+        try:
+            return self._decide(inbox)
+        finally:
+            set_active(previous)
+
+    def _decide(self, inbox: Sequence[ev.Entry]) -> Decision:
         for item in inbox:
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
@@ -139,7 +161,11 @@ class Driver(Commands, Inputs):
         if method is None:
             known = sorted(type(self._instance)._queries)
             raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
-        return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
+        previous = set_active(self)  # a query answers from history: the workflow logger is silent
+        try:
+            return self._guarded(f"query {name!r}", lambda: getattr(self._instance, method)(*args))
+        finally:
+            set_active(previous)
 
     def snapshot(self, status: str | None = None) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, history size.
