@@ -333,14 +333,23 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
     """Reads task queue backlogs and dead letters from Redis on each scrape (bounded: two
     pipelined round trips over at most :data:`QUEUE_SCAN_LIMIT` streams)."""
 
-    def __init__(self, store: Any, queues: Sequence[str]) -> None:
+    def __init__(self, store: Any, queues: Sequence[str] | None) -> None:
         self.store = store
-        self.queues = list(queues)
+        self.queues = list(queues) if queues is not None else None
+
+    def _queue_names(self) -> list[str]:
+        """The given queues; else every shared queue a live worker serves, and ``default``."""
+        if self.queues is not None:
+            return self.queues
+        names = {"default"}
+        for info in self.store.live_workers():
+            names.update(q for q in info.queues if not q.startswith(PRIVATE))
+        return sorted(names)
 
     def _streams(self) -> list[tuple[str, str, str]]:
         keys = self.store.keys
         out = []
-        for queue in self.queues:
+        for queue in self._queue_names():
             for p in range(keys.partitions):
                 out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
                 out.append(("activity", queue, keys.activity_tasks(p, queue)))
@@ -383,9 +392,9 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         waiting: list[tuple[str, str, str, str]] = []
         for i, (kind, queue, key) in enumerate(streams):
             length, groups = replies[2 * i], replies[2 * i + 1]
-            group = _group(groups)
-            if not isinstance(length, int) or group is None:
+            if not isinstance(length, int):
                 continue
+            group = _group(groups) or {}  # no group yet (no worker ever served it): all waiting
             # Acked tasks are deleted: what is left is either pending (read) or waiting.
             count = max(0, length - int(group.get("pending", 0)))
             totals[(queue, kind)] = totals.get((queue, kind), 0) + count
@@ -430,12 +439,17 @@ def _group(groups: Any) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------ serving
-def registry_for(store: Any, queues: Sequence[str], *, multiproc_dir: str | None = None) -> Any:
-    """The registry a scrape reads: this process's metrics (or, with ``multiproc_dir``, the
-    sum over the processes writing there) and the Redis queue collector."""
+def registry_for(
+    store: Any, queues: Sequence[str] | None, *, multiproc_dir: str | None = None, fresh: bool = False
+) -> Any:
+    """The registry a scrape reads: this process's metrics (``fresh``: none), or with
+    ``multiproc_dir`` the sum over the processes writing there; and the Redis queue collector
+    (``queues`` ``None``: those live workers serve)."""
     assert prom is not None
-    if multiproc_dir is None:
+    if multiproc_dir is None and not fresh:
         registry = prom.REGISTRY
+    elif multiproc_dir is None:
+        registry = prom.CollectorRegistry()
     else:
         registry = prom.CollectorRegistry()
         prom_multiprocess.MultiProcessCollector(registry, path=multiproc_dir)
