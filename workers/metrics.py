@@ -461,9 +461,7 @@ def registry_for(
 def serve(port: int, store: Any, queues: Sequence[str], *, multiproc_dir: str | None = None) -> None:
     """Serve ``/metrics`` on ``port`` (all interfaces) from a background thread."""
     if prom is None:
-        raise RuntimeError(
-            "--metrics-port needs prometheus-client: pip install 'durable[metrics]' (or prometheus-client)"
-        )
+        raise RuntimeError("prometheus-client is not installed: pip install 'durable[metrics]'")
     if multiproc_dir is None:
         enable()
     prom.start_http_server(port, registry=registry_for(store, queues, multiproc_dir=multiproc_dir))
