@@ -11,7 +11,7 @@ import subprocess
 import urllib.request
 
 import pytest
-from apps.observe import Chatty, Steps
+from apps.observe import ObservedChatty, ObservedSteps
 from procs import spawn_worker, stop
 from waiting import wait_for
 
@@ -51,25 +51,25 @@ def _finish(proc: subprocess.Popen) -> str:
 
 def _run_steps() -> None:
     for mode in ("ok", "ok", "retry"):
-        assert WorkflowStub.make(Steps).start(mode).result(timeout=30) == "two"
+        assert WorkflowStub.make(ObservedSteps).start(mode).result(timeout=30) == "two"
     with pytest.raises(WorkflowFailed):
-        WorkflowStub.make(Steps).start("fail").result(timeout=30)
+        WorkflowStub.make(ObservedSteps).start("fail").result(timeout=30)
 
 
 def _check_counts(samples: dict) -> None:
-    wt = {"workflow_type": "Steps"}
+    wt = {"workflow_type": "ObservedSteps"}
     assert _value(samples, "durable_workflows_started_total", **wt) == 4
     assert _value(samples, "durable_workflows_closed_total", outcome="completed", **wt) == 3
     assert _value(samples, "durable_workflows_closed_total", outcome="failed", **wt) == 1
     assert _value(samples, "durable_decisions_total", outcome="committed", **wt) >= 4 * 3
     assert _value(samples, "durable_decision_seconds_count", **wt) >= 12
-    echo = {"activity_type": "Echo", "queue": "default"}
+    echo = {"activity_type": "ObservedEcho", "queue": "default"}
     assert _value(samples, "durable_activity_attempts_total", outcome="completed", **echo) == 7
-    once = {"activity_type": "FailsOnce", "queue": "default"}
+    once = {"activity_type": "ObservedFailsOnce", "queue": "default"}
     assert _value(samples, "durable_activity_attempts_total", outcome="retry", **once) == 1
     assert _value(samples, "durable_activity_attempts_total", outcome="completed", **once) == 1
-    assert _value(samples, "durable_activity_retries_total", activity_type="FailsOnce") == 1
-    broken = {"activity_type": "Broken", "queue": "default"}
+    assert _value(samples, "durable_activity_retries_total", activity_type="ObservedFailsOnce") == 1
+    broken = {"activity_type": "ObservedBroken", "queue": "default"}
     assert _value(samples, "durable_activity_attempts_total", outcome="failed", **broken) == 1
     assert _value(samples, "durable_activity_schedule_to_start_seconds_count", **echo) == 7
     assert _value(samples, "durable_timers_fired_total") >= 1  # the retry's backoff
@@ -116,7 +116,7 @@ def test_workflow_logger_logs_once_per_live_decision_and_log_lines_carry_ids(red
     extra = ("--log-format", "json", "--cache-size", "0")  # every decision replays the history
     first = spawn_worker(redis_url, app="apps.observe", extra=extra)
     try:
-        stub = WorkflowStub.make(Chatty).start()
+        stub = WorkflowStub.make(ObservedChatty).start()
         wait_for(lambda: stub.status() == "suspended", timeout=20)
     finally:
         logs = _finish(first)
@@ -134,18 +134,18 @@ def test_workflow_logger_logs_once_per_live_decision_and_log_lines_carry_ids(red
         if line["logger"] == "durable.workflow.code":
             assert line["workflow_id"] == stub.id
             assert line["run_id"] == stub.run_id
-            assert line["workflow_type"] == "Chatty"
+            assert line["workflow_type"] == "ObservedChatty"
     echoes = [line for line in lines if line["logger"] == "apps.observe"]
     assert [e["message"] for e in echoes] == ["echo a", "echo b"]
     for echo in echoes:
         assert echo["run_id"] == stub.run_id and echo["workflow_id"] == stub.id
-        assert echo["activity_type"] == "Echo" and echo["attempt"] == 1 and echo["activity_id"]
+        assert echo["activity_type"] == "ObservedEcho" and echo["attempt"] == 1 and echo["activity_id"]
 
 
 def test_server_metrics_show_task_queue_backlog(store) -> None:  # noqa: ANN001 - the store fixture
     from workers.server.app import create_app  # noqa: PLC0415 - the server extra, as in test_server
 
-    WorkflowStub.make(Steps).start("ok")  # no worker: its first workflow task waits in the queue
+    WorkflowStub.make(ObservedSteps).start("ok")  # no worker: its first workflow task waits in the queue
     (route,) = [r for r in create_app(store).routes if getattr(r, "path", "") == "/metrics"]
     reply = route.endpoint(None)  # type: ignore[attr-defined]
     assert reply.media_type.startswith("text/plain")

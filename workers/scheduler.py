@@ -191,9 +191,8 @@ class Scheduler:
             error = ActivityTimeout(
                 f"activity {task.name} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )
-            token = bind_run(
-                {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}
-            )
+            ids = {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}
+            token = bind_run({**ids, "activity_type": task.name})
             try:
                 log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
                 outcome = fail_attempt(

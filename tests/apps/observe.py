@@ -11,20 +11,20 @@ log = workflow_logger()
 activity_log = logging.getLogger("apps.observe")
 
 
-class Echo(Activity):
+class ObservedEcho(Activity):
     def handle(self, value: str) -> str:
         activity_log.info("echo %s", value)
         return value
 
 
-class Broken(Activity):
+class ObservedBroken(Activity):
     retry = RetryPolicy(max_attempts=1)
 
     def handle(self) -> None:
         raise ValueError("broken for good")
 
 
-class FailsOnce(Activity):
+class ObservedFailsOnce(Activity):
     retry = RetryPolicy(initial_interval=0.05, max_attempts=3)
 
     def handle(self) -> int:
@@ -33,27 +33,27 @@ class FailsOnce(Activity):
         return self.context.attempt
 
 
-class Steps(Workflow):
+class ObservedSteps(Workflow):
     """Two activities; ``fail``: the second one fails for good; ``retry``: it is retried once."""
 
     def handle(self, mode: str = "ok") -> str:
-        activity(Echo, "one")
+        activity(ObservedEcho, "one")
         if mode == "fail":
-            activity(Broken)
+            activity(ObservedBroken)
         elif mode == "retry":
-            activity(FailsOnce)
-        return activity(Echo, "two")
+            activity(ObservedFailsOnce)
+        return activity(ObservedEcho, "two")
 
 
-class Chatty(Workflow):
+class ObservedChatty(Workflow):
     """Logs with the workflow logger around each step: every line once per run."""
 
     def handle(self) -> str:
         log.info("chatty begins")
-        activity(Echo, "a")
+        activity(ObservedEcho, "a")
         log.info("chatty after activity")
         value = await_signal("go")
         log.info("chatty got %s", value)
-        activity(Echo, "b")
+        activity(ObservedEcho, "b")
         log.info("chatty ends")
         return value
