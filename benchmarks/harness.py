@@ -5,6 +5,7 @@
     python benchmarks/harness.py --engines durable --workloads W1,W2,W3,W4,W5,W6,W7 \
         --processes 2 --appendfsync everysec --markdown out.md
     python benchmarks/harness.py --engines durable --workloads W2 --cluster   # 3-node Redis Cluster
+    python benchmarks/harness.py --engines durable --workloads W2 --metrics   # metrics off vs on
 
 Workloads (activities are no-ops returning a small value; identical for every engine):
 
@@ -265,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="durable on a local Redis Cluster of N masters (default 3) instead of one Redis",
     )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="also run durable with Prometheus metrics on (workers get --metrics-port): a second "
+        "column, durable+metrics, measured in the same run",
+    )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     parser.add_argument(
@@ -296,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         log(f"[{engine}] starting")
         rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
+        if engine == "durable" and args.metrics:
+            log("[durable+metrics] starting")
+            rows["durable+metrics"] = run_engine(
+                engine, workloads, {**options_kw, "metrics": True}, args.quick, log
+            )
     if args.tracing:
         rows["durable+tracing"] = run_traced(workloads, options_kw, args.quick, log)
     grid = table(rows, workloads)

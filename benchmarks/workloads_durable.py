@@ -12,6 +12,7 @@ so the worker processes never see its tasks.
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -63,18 +64,33 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT)]))
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def start_workers(
-    url: str, processes: int, *, cache_size: int = 1000, log: Path | None = None, eager: bool = False
+    url: str,
+    processes: int,
+    *,
+    cache_size: int = 1000,
+    log: Path | None = None,
+    eager: bool = False,
+    metrics: bool = False,
 ) -> list[subprocess.Popen[bytes]]:
     """Start worker processes for ``bench_apps``: one supervisor with ``--processes N``,
     or N single workers when the CLI has no ``--processes``. Each in its own session
-    (so :func:`stop_process_group` stops it with everything it started)."""
+    (so :func:`stop_process_group` stops it with everything it started). ``metrics``: each
+    command gets ``--metrics-port`` (a free port)."""
     base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
     base += ["--cache-size", str(cache_size), "--log-level", "WARNING"] + (["--eager"] if eager else [])
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
     commands = (
         [base + ["--processes", str(processes)]] if _cli_has_processes() else [base for _ in range(processes)]
     )
+    if metrics:
+        commands = [[*argv, "--metrics-port", str(_free_port())] for argv in commands]
     procs = []
     try:
         for argv in commands:
@@ -150,6 +166,7 @@ class Engine:
             cache_size=cache_size,
             log=self.options.tmpdir / "workers.log",
             eager=self.options.eager,
+            metrics=self.options.metrics,
         )
         self._warm_up()
 

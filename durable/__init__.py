@@ -43,6 +43,7 @@ from .errors import (
 from .limits import Limits
 from .listing import count_runs, list_runs
 from .registry import register_activity
+from .replay.logger import WorkflowLogger, workflow_logger
 from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .schedules import (
     Schedule,
@@ -135,6 +136,7 @@ __all__ = [
     "WorkflowBlocked",
     "WorkflowClosed",
     "WorkflowFailed",
+    "WorkflowLogger",
     "WorkflowNotFound",
     "WorkflowTimeout",
     "WorkerSession",
@@ -169,4 +171,5 @@ __all__ = [
     "wait_until",
     "worker_session",
     "workflow_info",
+    "workflow_logger",
 ]

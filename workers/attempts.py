@@ -25,8 +25,9 @@ from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
-from . import faults
+from . import faults, metrics
 from .async_activities import hard_deadline, run_coroutine
+from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.worker")
 
@@ -102,7 +103,36 @@ def execute_attempt(
     A failure is recorded at once (retry timer or ActivityFailed). A result is
     recorded with the completion script, or handed to ``on_result`` when the
     caller commits it itself together with the run's next decision (eager mode).
+    Returns the outcome word (completed, retry, failed, void, parked).
     """
+    # Every log line of the attempt carries its ids.
+    token = bind_run(
+        {
+            "workflow_id": task.workflow_id,
+            "run_id": task.run_id,
+            "activity_id": task.activity_id,
+            "activity_type": task.name,
+            "attempt": task.attempt,
+        }
+    )
+    began = time.perf_counter()
+    try:
+        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result)
+    finally:
+        unbind_run(token)
+    metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began)
+    return outcome
+
+
+def _attempt(
+    store: RedisStore,
+    task: ActivityTask,
+    stream: str,
+    entry_id: str,
+    allowed: Callable[[str], bool],
+    on_timer: Callable[[int], None],
+    on_result: OnResult | None,
+) -> str:
     resolved = _resolve(store, task, stream, entry_id, allowed)
     if resolved is None:
         return "parked"
@@ -123,6 +153,8 @@ def execute_attempt(
             begun.reason,
         )
         return "void"
+    if task.attempt == 1:
+        metrics.started(task.name, task.stream, begun.now_ms - task.scheduled)
     if due_ms:
         on_timer(due_ms)
     details = begun.details

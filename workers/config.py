@@ -73,6 +73,7 @@ class WorkerConfig:
         gc_threshold: Young-generation allocations between collector passes (0: Python's).
         log_format: ``text`` or ``json``.
         log_level: A logging level name.
+        metrics_port: Serve Prometheus metrics on this port (``--metrics-port``; 0: off).
     """
 
     ENV: ClassVar[str] = "DURABLE_WORKER_CONFIG"
@@ -95,6 +96,7 @@ class WorkerConfig:
     gc_threshold: int = 10_000
     log_format: str = "text"
     log_level: str = "INFO"
+    metrics_port: int = 0
 
     @property
     def claim_idle_ms(self) -> int:

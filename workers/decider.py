@@ -43,8 +43,9 @@ from durable.store.tasks import (
     child_start_message,
 )
 
-from . import faults
+from . import faults, metrics
 from .attempts import complete_batch, completion
+from .logging import bind_run, bound_run, unbind_run
 from .routing import UNKNOWN_TYPE_GRACE, Routing
 
 log = logging.getLogger("durable.worker")
@@ -67,10 +68,12 @@ class RunCache:
         driver = self._drivers.pop(run_id, None)
         if driver is not None and driver.seq == seq:
             self.hits += 1
+            metrics.cache_lookup(True)
             return driver
         if driver is not None:
             driver.close()
         self.misses += 1
+        metrics.cache_lookup(False)
         return None
 
     def put(self, run_id: str, driver: Driver) -> None:
@@ -81,6 +84,7 @@ class RunCache:
         while len(self._drivers) > self.size:
             _, old = self._drivers.popitem(last=False)
             old.close()
+        metrics.cache_size(len(self._drivers))
 
     def seq_of(self, run_id: str) -> int:
         """The seq the cached driver of ``run_id`` has applied (0 when not cached)."""
@@ -216,6 +220,7 @@ class Decider:
 
     def _round(self, tasks: list[Task]) -> list[Task]:
         """Decide tasks of distinct runs; returns those whose commit conflicted."""
+        began = time.perf_counter()
         afters = []
         for task in tasks:
             afters.append(self.cache.seq_of(task.run_id))
@@ -224,8 +229,13 @@ class Decider:
         )
         pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
         for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
-            with self.deciding(task):
-                prepared = self._prepare(task, after, record, inbox, rows)
+            # Every log line of this run's decision carries its ids (the type, once replayed).
+            token = bind_run({"workflow_id": (record or {}).get("workflow_id"), "run_id": task.run_id})
+            try:
+                with self.deciding(task):
+                    prepared = self._prepare(task, after, record, inbox, rows)
+            finally:
+                unbind_run(token)
             if prepared is not None:
                 pending.append((task, *prepared))
         if not pending:
@@ -243,16 +253,34 @@ class Decider:
             raise
         faults.point("decision.after_commit")
         conflicted = []
-        for (task, ref, driver, decision, _), plan, result in zip(pending, plans, results, strict=True):
+        for (task, ref, driver, decision, record), plan, result in zip(pending, plans, results, strict=True):
             if isinstance(result, WorkflowClosed):
                 self._ack_only(task.key)
             elif isinstance(result, EventConflict):
                 conflicted.append(task)
             self._after_commit(ref, driver, decision, plan.leased, result)
+            if metrics.enabled():
+                self._measure(driver, decision, record, result, began)
         unavailable = [r for r in results if isinstance(r, Exception) and is_transient(r)]
         if unavailable:
             raise unavailable[0]  # the worker waits the outage out; these tasks stay pending
         return conflicted
+
+    @staticmethod
+    def _measure(
+        driver: Driver, decision: Decision, record: dict[str, Any], result: Any, began: float
+    ) -> None:
+        outcome = "committed"
+        if isinstance(result, Exception):
+            outcome = "conflict" if isinstance(result, EventConflict) else "error"
+        closing = decision.closing
+        metrics.decided(
+            driver.workflow_type,
+            outcome,
+            time.perf_counter() - began,
+            first=record.get("status") == "pending",  # no decision of the run committed before
+            closing=ev.STATUS_OF_CLOSING[closing.type] if closing is not None else None,
+        )
 
     def _after_commit(
         self, ref: RunRef, driver: Driver, decision: Decision, leased: Sequence[ActivityTask], result: Any
@@ -355,13 +383,13 @@ class Decider:
         driver = self.cache.take(rid, record["seq"])
         try:
             if driver is None:
-                if after != 0:
-                    rows = self.store.history_rows(p, rid)
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
-                driver.hook_secrets = self.store.hook_secrets
-                driver.replay(self.store.decode_history(ref, rows))
+                self._replay(driver, ref, record, rows if after == 0 else self.store.history_rows(p, rid))
+            run_fields = bound_run()
+            if run_fields is not None:
+                run_fields["workflow_type"] = driver.workflow_type
             entries, poison = [], []
             for raw in inbox:
                 try:
@@ -398,6 +426,14 @@ class Decider:
                 driver.close()
             raise
         return ref, driver, decision, record
+
+    def _replay(self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any) -> None:
+        """Rebuild a run's driver from its whole history (a cache miss)."""
+        driver.hook_secrets = self.store.hook_secrets
+        began = time.perf_counter()
+        # A run no decision was committed for yet runs its code live (its logs are new).
+        driver.replay(self.store.decode_history(ref, rows), undecided=record.get("status") == "pending")
+        metrics.replayed(driver.workflow_type, time.perf_counter() - began)
 
     def _decide_around_poison(
         self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]

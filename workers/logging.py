@@ -2,6 +2,12 @@
 
 Either way, passwords in URLs are masked (:func:`workers.config.mask_secrets`): a
 message that quotes a Redis URL, or an exception that does, never logs the secret.
+
+A line about a run carries its ids (:data:`RUN_FIELDS`): the worker binds them
+(:func:`bind_run`) around each decision and activity attempt, in a context
+variable, and :class:`RunContextFilter` copies them onto every record logged
+meanwhile. The workflow logger (``durable.workflow_logger()``) sets them itself.
+Text lines end with ``[workflow_id=... run_id=...]``; JSON lines have them as keys.
 """
 
 from __future__ import annotations
@@ -9,12 +15,66 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any
 
 from workers.config import mask_secrets
 
-__all__ = ["JsonFormatter", "MaskingFormatter", "configure"]
+__all__ = [
+    "RUN_FIELDS",
+    "JsonFormatter",
+    "MaskingFormatter",
+    "RunContextFilter",
+    "bind_run",
+    "bound_run",
+    "configure",
+    "unbind_run",
+]
+
+RUN_FIELDS = ("workflow_id", "run_id", "workflow_type", "activity_id", "activity_type", "attempt")
+"""The ids a log record about a run carries (those that apply), in this order."""
+
+_run: ContextVar[dict[str, Any] | None] = ContextVar("durable_run", default=None)
+
+
+def bind_run(fields: dict[str, Any]) -> Token[dict[str, Any] | None]:
+    """Attach ``fields`` (of :data:`RUN_FIELDS`) to every record logged in this context until
+    :func:`unbind_run`; returns the token to pass it. The dict may be updated meanwhile
+    (a replay learns the workflow type)."""
+    return _run.set(fields)
+
+
+def unbind_run(token: Token[dict[str, Any] | None]) -> None:
+    """End what :func:`bind_run` began."""
+    _run.reset(token)
+
+
+def bound_run() -> dict[str, Any] | None:
+    """The fields bound in this context (``None``: none)."""
+    return _run.get()
+
+
+class RunContextFilter(logging.Filter):
+    """Copies the bound run's ids onto each record (never over ids the record has)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _run.get()
+        if fields:
+            for name, value in fields.items():
+                if value not in (None, "") and not hasattr(record, name):
+                    setattr(record, name, value)
+        return True
+
+
+def _run_ids(record: logging.LogRecord) -> dict[str, Any]:
+    ids = {}
+    for name in RUN_FIELDS:
+        value = getattr(record, name, None)
+        if value not in (None, ""):
+            ids[name] = value
+    return ids
+
 
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 FORMATS = ("text", "json")
@@ -22,7 +82,8 @@ FORMATS = ("text", "json")
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``,
-    ``exc`` (the formatted traceback, when the record carries one)."""
+    the run's ids (:data:`RUN_FIELDS`, those the record carries), ``exc`` (the formatted
+    traceback, when the record carries one)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -31,6 +92,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        out.update(_run_ids(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
@@ -41,10 +103,17 @@ class JsonFormatter(logging.Formatter):
 
 
 class MaskingFormatter(logging.Formatter):
-    """The text format, with passwords in URLs masked."""
+    """The text format, with passwords in URLs masked and the run's ids at the end of the line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return mask_secrets(super().format(record))
+        line = super().format(record)
+        ids = _run_ids(record)
+        if ids:
+            tail = " [" + " ".join(f"{k}={v}" for k, v in ids.items()) + "]"
+            # Before a traceback, so the ids stay on the message's own line.
+            head, sep, rest = line.partition("\n")
+            line = head + tail + sep + rest
+        return mask_secrets(line)
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:
@@ -62,6 +131,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else MaskingFormatter(TEXT_FORMAT))
+    handler.addFilter(RunContextFilter())
     handler._durable = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     for old in list(root.handlers):

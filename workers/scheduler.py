@@ -25,8 +25,9 @@ from durable.store.retention import Purger
 from durable.store.tasks import ActivityTask
 from durable.store.workers import HEARTBEAT_S
 
-from . import faults
+from . import faults, metrics
 from .attempts import attempt_failed, fail_attempt, timeout_kind
+from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.scheduler")
 
@@ -134,7 +135,8 @@ class Scheduler:
         next_due = now + self.max_sleep
         now_ms = self.store.server_time_ms()
         parts = range(self.store.keys.partitions)
-        for fired, due in self.store.fire_timers(parts):
+        for p, (fired, due) in zip(parts, self.store.fire_timers(parts), strict=True):
+            metrics.timers_fired(p, fired, due, now_ms)
             if fired:
                 faults.point("timers.after_fire")
             self.fired += fired
@@ -197,16 +199,22 @@ class Scheduler:
             error = ActivityTimeout(
                 f"activity {task.name} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )
-            log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
-            fail_attempt(
-                self.store,
-                task,
-                error,
-                stream=task.stream,
-                entry_id="",
-                started=time.time(),
-                on_timer=self.notify,
-            )
+            ids = {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}
+            token = bind_run({**ids, "activity_type": task.name})
+            try:
+                log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
+                outcome = fail_attempt(
+                    self.store,
+                    task,
+                    error,
+                    stream=task.stream,
+                    entry_id="",
+                    started=time.time(),
+                    on_timer=self.notify,
+                )
+            finally:
+                unbind_run(token)
+            metrics.timed_out(task.name, task.stream, kind, outcome)
 
     def _refresh_in_flight(self) -> None:
         # Reset the idle time of tasks this worker is still working on, so other

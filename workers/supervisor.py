@@ -14,21 +14,27 @@ Redis URL may hold a password). The supervisor
   :data:`~workers.watchdog.RUNAWAY_EXIT` gave up a runaway decision (its run is
   blocked, the child was healthy): it is restarted after the shortest backoff;
 * sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
-  whose supervisor vanishes (SIGKILL) stops by itself.
+  whose supervisor vanishes (SIGKILL) stops by itself;
+* with ``--metrics-port``, serves the port itself: the children write their metrics
+  to a fresh ``PROMETHEUS_MULTIPROC_DIR`` (``prometheus-client``'s multiprocess
+  mode), a scrape sums them, and the directory is removed when the supervisor stops.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers import metrics
 from workers.config import WorkerConfig
 from workers.watchdog import RUNAWAY_EXIT
 
@@ -57,6 +63,8 @@ class Supervisor:
         stable_after: Seconds a child must live for its slot's backoff to reset.
         kill_after: Seconds after the first stop signal before children still
             running are killed (``None``: wait for them).
+        metrics_dir: The children's multiprocess metrics directory (removed when
+            :meth:`run` returns; a dead child's live gauges leave the sum).
     """
 
     def __init__(
@@ -70,6 +78,7 @@ class Supervisor:
         stable_after: float = 60.0,
         kill_after: float | None = None,
         poll_interval: float = 0.1,
+        metrics_dir: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be at least 1")
@@ -85,6 +94,7 @@ class Supervisor:
         self.stopping_since: float | None = None
         self.stop_signals: set[int] = set()
         self.restarts = 0
+        self.metrics_dir = metrics_dir
 
     # ------------------------------------------------------------ children
     def _spawn(self, slot: _Slot) -> None:
@@ -121,6 +131,13 @@ class Supervisor:
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
         """Supervise until stopped; returns the exit status (0 if every child exited 0)."""
+        try:
+            return self._supervise()
+        finally:
+            if self.metrics_dir is not None:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+    def _supervise(self) -> int:
         for slot in self.slots:
             if self.stopping_since is None:
                 self._spawn(slot)
@@ -137,6 +154,8 @@ class Supervisor:
                         continue
                     slot.proc = None
                     slot.exit_codes.append(code)
+                    if self.metrics_dir is not None:
+                        metrics.process_dead(proc.pid, self.metrics_dir)
                     if self.stopping_since is not None:
                         # Killed by the very signal we forwarded (e.g. before its handler was
                         # installed) still counts as a clean stop.
@@ -185,12 +204,31 @@ class Supervisor:
 CHILD_COMMAND = "worker-process"
 
 
-def worker_supervisor(config: WorkerConfig, processes: int, **options: Any) -> Supervisor:
+def worker_supervisor(
+    config: WorkerConfig, processes: int, *, store: Any = None, **options: Any
+) -> Supervisor:
     """A supervisor of ``processes`` worker processes, each configured by ``config``.
 
     ``options`` are :class:`Supervisor`'s keyword arguments (backoff, ``kill_after``...).
+    With ``config.metrics_port`` the supervisor serves the children's metrics (and the
+    task queues of ``store``) on that port.
+
+    Raises:
+        RuntimeError: ``--metrics-port`` without ``prometheus-client``.
+        OSError: the metrics port cannot be bound.
     """
     env = dict(os.environ)
     env.update(config.to_env())
+    metrics_dir = None
+    if config.metrics_port:
+        if not metrics.available():
+            metrics.serve(config.metrics_port, None, ())  # raises, naming the extra to install
+        metrics_dir = tempfile.mkdtemp(prefix="durable-metrics-")
+        env[metrics.MULTIPROC_ENV] = metrics_dir
+        try:
+            metrics.serve(config.metrics_port, store, config.queues, multiproc_dir=metrics_dir)
+        except BaseException:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            raise
     argv = [sys.executable, "-m", "workers.cli", CHILD_COMMAND]
-    return Supervisor(argv, processes, env=env, **options)
+    return Supervisor(argv, processes, env=env, metrics_dir=metrics_dir, **options)

@@ -42,6 +42,7 @@ class Options:
     verbose: bool = False
     eager: bool = False
     cluster: int = 0  # durable only: > 0 runs on a local Redis Cluster of that many masters
+    metrics: bool = False  # durable only: workers record and serve Prometheus metrics
 
 
 def percentile(values: Sequence[float], q: float) -> float:

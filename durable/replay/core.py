@@ -89,11 +89,18 @@ class DriverCore(WorkflowRuntime):
         self._closed = False
         self._search: dict[str, Any] = {}  # search attributes: name -> [type, value]
         self._memo: dict[str, Any] = {}
+        self._replay_pass = False  # inside replay() of history an earlier decision already made
 
     @property
     def seq(self) -> int:
         """Last committed seq this driver has applied."""
         return self._seq
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the code re-runs for history already decided (or answers a query): what
+        it does now was done, and logged, before. The workflow logger is silent meanwhile."""
+        return self._replay_pass or self._read_only
 
     @property
     def closed_run(self) -> bool:

@@ -19,6 +19,7 @@ from ..workflow import Workflow, near_history_limit
 from .commands import Commands
 from .decision import Decision, build_decision
 from .inputs import Inputs, undecodable_input
+from .logger import set_active
 
 log = logging.getLogger("durable.workflow")
 
@@ -38,13 +39,27 @@ class Driver(Commands, Inputs):
     #: The inbox item :meth:`decide` is applying; when it raises, the item that blocks the run.
     applying: ev.Entry | None = None
 
-    def replay(self, entries: Sequence[ev.Entry]) -> Driver:
+    def replay(self, entries: Sequence[ev.Entry], *, undecided: bool = False) -> Driver:
         """Apply committed history (from the driver's current seq on).
 
         Commands the code issues while the last entry is applied are new: they
         become part of the next :meth:`decide`.
+
+        Args:
+            entries: The history entries.
+            undecided: No decision of this run was ever committed (its first): the code
+                runs live, so the workflow logger is not silenced (:attr:`is_replaying`).
         """
         self._enter()
+        previous = set_active(self)
+        self._replay_pass = not undecided
+        try:
+            return self._replay(entries)
+        finally:
+            self._replay_pass = False
+            set_active(previous)
+
+    def _replay(self, entries: Sequence[ev.Entry]) -> Driver:
         if not entries:
             return self
         self._history_end = entries[-1].seq
@@ -86,15 +101,23 @@ class Driver(Commands, Inputs):
         """Apply new inbox items live and return the decision to commit (through the
         ``decide`` interceptors, see :mod:`durable.interceptors`)."""
         if not interceptors.active(WorkflowInboundInterceptor):
-            return self._decide(inbox)
+            return self._decide_live(inbox)
         request = DecisionInput(self.run_info(), inbox)
         decision: Decision = interceptors.run(
-            WorkflowInboundInterceptor, "decide", request, lambda i: self._decide(i.inbox)
+            WorkflowInboundInterceptor, "decide", request, lambda i: self._decide_live(i.inbox)
         )
         return decision
 
-    def _decide(self, inbox: Sequence[ev.Entry]) -> Decision:
+    def _decide_live(self, inbox: Sequence[ev.Entry]) -> Decision:
+        # The workflow logger speaks only while this driver decides live.
         self._enter()
+        previous = set_active(self)
+        try:
+            return self._decide(inbox)
+        finally:
+            set_active(previous)
+
+    def _decide(self, inbox: Sequence[ev.Entry]) -> Decision:
         for item in inbox:
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
@@ -151,15 +174,19 @@ class Driver(Commands, Inputs):
             known = sorted(type(self._instance)._queries)
             raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
         request = HandleQueryInput(self.run_info(), name, tuple(args), headers or {})
-        return self._guarded(
-            f"query {name!r}",
-            lambda: interceptors.run(
-                WorkflowInboundInterceptor,
-                "handle_query",
-                request,
-                lambda i: getattr(self._instance, method)(*i.args),
-            ),
-        )
+        previous = set_active(self)  # a query answers from history: the workflow logger is silent
+        try:
+            return self._guarded(
+                f"query {name!r}",
+                lambda: interceptors.run(
+                    WorkflowInboundInterceptor,
+                    "handle_query",
+                    request,
+                    lambda i: getattr(self._instance, method)(*i.args),
+                ),
+            )
+        finally:
+            set_active(previous)
 
     def snapshot(self, status: str | None = None) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, history size.

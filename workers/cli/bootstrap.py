@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from durable.store.redis_store import RedisStore
+from workers import metrics
 from workers.app import AUTO_BUILD_ID, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
@@ -47,6 +48,19 @@ def _watch_parent(stop: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="durable-parent-watch", daemon=True).start()
 
 
+def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
+    """Record metrics; serve them unless this is a supervised child (its supervisor serves)."""
+    supervised = PARENT_ENV in os.environ and metrics.MULTIPROC_ENV in os.environ
+    try:
+        if supervised:
+            metrics.enable()
+        else:
+            metrics.serve(config.metrics_port, store, config.queues)
+    except (RuntimeError, OSError) as exc:
+        raise CliError(f"--metrics-port {config.metrics_port}: {exc}") from None
+    metrics.watch_store(store)
+
+
 def run_worker(config: WorkerConfig, store: RedisStore) -> None:
     """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop signal."""
     # A stop signal while the app modules are imported must not kill the process
@@ -81,6 +95,8 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         build_id or "(unversioned)",
         f"{config.decision_timeout:g} s" if config.decision_timeout > 0 else "off",
     )
+    if config.metrics_port:
+        _start_metrics(config, store)
     worker.install_signal_handlers()
     # Through the handler, so the stop is bounded (grace + a margin) like a signal's.
     stop = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731

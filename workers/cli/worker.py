@@ -136,6 +136,15 @@ _worker_options: list[Callable[[Any], Any]] = [
         help="Log format.",
     ),
     click.option("--log-level", default="INFO", show_default=True, help="Log level."),
+    click.option(
+        "--metrics-port",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        metavar="PORT",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs the `metrics` extra; with "
+        "--processes N one port shows the sum of every process). 0: off. See docs/observability.md.",
+    ),
 ]
 
 
@@ -187,6 +196,7 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         gc_threshold=options["gc_threshold"],
         log_format=options["log_format"],
         log_level=options["log_level"],
+        metrics_port=options["metrics_port"],
     )
 
 
@@ -215,7 +225,10 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     if processes == 1:
         run_worker(config, store)
         return
-    supervisor = worker_supervisor(config, processes)
+    try:
+        supervisor = worker_supervisor(config, processes, store=store)
+    except (RuntimeError, OSError) as exc:  # --metrics-port: no prometheus-client, port taken
+        raise CliError(f"--metrics-port {config.metrics_port}: {exc}") from None
     supervisor.install_signal_handlers()
     code = supervisor.run()
     if code:

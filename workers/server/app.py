@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durable
 from durable.store.redis_store import RedisStore
+from workers import metrics
 from workers.server import ops_routes, workflow_routes
 from workers.server.auth import AuthConfig
 from workers.server.endpoint import Call, Endpoint, error_response, view
@@ -95,6 +96,16 @@ def _path_ids(path: str) -> str:
     return path.replace("/workflows/{id}", "/workflows/{id:path}")
 
 
+def _metrics_route(store: RedisStore) -> Route:
+    registry = metrics.registry_for(store, None, fresh=True)
+
+    def scrape(_request: Request) -> Response:
+        body, content_type = metrics.exposition(registry)
+        return Response(body, media_type=content_type)
+
+    return Route("/metrics", scrape, methods=["GET"], name="metrics")
+
+
 def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: int = MAX_BODY) -> Starlette:
     """The API over ``store``, and the web UI (``/``, ``/workflows/{id}``, ... see :mod:`.ui`).
 
@@ -112,6 +123,8 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
         for e in ordered
     ]
     routes += ui_routes(auth)
+    if metrics.available():  # the `metrics` extra: task queues and dead letters, read per scrape
+        routes.append(_metrics_route(store))
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _http_error},

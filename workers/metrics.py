@@ -1,0 +1,504 @@
+"""Prometheus metrics of a worker process: one module, a no-op unless turned on.
+
+The worker's seams (decider, attempts, scheduler) call the functions below. Until
+:func:`enable` runs (``durable worker --metrics-port N``), or when
+``prometheus-client`` (the ``metrics`` extra) is not installed, each returns at
+its first line: the hot path pays one global read.
+
+Labels are low-cardinality by design: workflow and activity types, queue names
+(a worker's private queues are all ``@private``), outcomes, kinds. Never a run or
+workflow id.
+
+With ``--processes N`` the supervisor serves the port and the children record into
+``prometheus-client``'s multiprocess files (:data:`MULTIPROC_ENV`, a fresh directory
+the supervisor creates and removes): one scrape shows the sum over every process,
+including processes that were restarted. Gauges of the children are summed over
+the live ones. See docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import wraps
+from typing import Any
+
+import redis
+from redis.connection import AbstractConnection
+
+try:  # the `metrics` extra; without it every function below is a no-op
+    import prometheus_client as prom
+    from prometheus_client import multiprocess as prom_multiprocess
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError:  # pragma: no cover - exercised where the extra is absent
+    prom = None  # type: ignore[assignment]
+    Collector = object  # type: ignore[assignment,misc]
+
+from durable.runinfo import classify_block
+from durable.store.connect import is_transient
+from durable.store.keys import GROUP, PRIVATE
+
+log = logging.getLogger("durable.metrics")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""Where supervised worker processes write their metrics (set by the supervisor)."""
+
+FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+QUEUE_SCAN_LIMIT = 2000
+"""At most this many task streams are read per scrape (bounded cost on Redis)."""
+
+
+def available() -> bool:
+    """Whether ``prometheus-client`` is installed (``pip install 'durable[metrics]'``)."""
+    return prom is not None
+
+
+class _Metrics:
+    """The metric objects of this process, with label children cached (``labels()`` is slow)."""
+
+    def __init__(self) -> None:
+        assert prom is not None
+        c, h, g = prom.Counter, prom.Histogram, prom.Gauge
+        wt, at, q = "workflow_type", "activity_type", "queue"
+        self.started = c("durable_workflows_started_total", "Runs whose first decision committed.", [wt])
+        self.closed = c(
+            "durable_workflows_closed_total",
+            "Runs closed by a decision, by outcome (completed, failed, cancelled, terminated, continued).",
+            [wt, "outcome"],
+        )
+        self.decisions = c(
+            "durable_decisions_total",
+            "Workflow tasks decided, by outcome (committed, conflict, error).",
+            [wt, "outcome"],
+        )
+        self.decision_s = h(
+            "durable_decision_seconds",
+            "Workflow task: load, replay or cache hit, decide, commit.",
+            [wt],
+            buckets=FAST,
+        )
+        self.replays = c(
+            "durable_replays_total", "Decisions that replayed the history (run cache miss).", [wt]
+        )
+        self.replay_s = h(
+            "durable_replay_seconds", "Time replaying a run's history on a cache miss.", [wt], buckets=FAST
+        )
+        self.cache = c(
+            "durable_sticky_cache_requests_total", "Run cache lookups by result (hit, miss).", ["result"]
+        )
+        self.cache_size = g(
+            "durable_sticky_cache_runs", "Runs held in the worker's run cache.", multiprocess_mode="livesum"
+        )
+        self.attempts = c(
+            "durable_activity_attempts_total",
+            "Activity attempts by outcome (completed, retry, failed, void, parked).",
+            [at, q, "outcome"],
+        )
+        self.schedule_to_start = h(
+            "durable_activity_schedule_to_start_seconds",
+            "First attempts: scheduled to started (Redis clock).",
+            [at, q],
+            buckets=SLOW,
+        )
+        self.execution = h(
+            "durable_activity_execution_seconds",
+            "Activity attempt run time.",
+            [at, q, "outcome"],
+            buckets=FAST,
+        )
+        self.retries = c("durable_activity_retries_total", "Activity attempts retried after a failure.", [at])
+        self.timeouts = c(
+            "durable_activity_timeouts_total", "Activity attempts that timed out, by kind.", [at, "kind"]
+        )
+        self.timers = c("durable_timers_fired_total", "Timers and retry backoffs fired by this process.")
+        self.lateness = h(
+            "durable_timer_lateness_seconds", "Earliest fired timer of a pass: fired minus due.", buckets=FAST
+        )
+        self.parked = c(
+            "durable_tasks_parked_total", "Tasks parked in a dead-letter stream, by task kind.", ["kind"]
+        )
+        self.blocked = c(
+            "durable_runs_blocked_total", "Runs blocked (until `durable repair`), by reason.", ["reason"]
+        )
+        self.round_trips = c(
+            "durable_redis_round_trips_total", "Requests written to Redis (commands or pipelines)."
+        )
+        self.redis_errors = c("durable_redis_errors_total", "Redis errors raised, by kind.", ["kind"])
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._due: dict[int, int] = {}
+        self._cache_len = -1
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+
+_m: _Metrics | None = None
+
+
+def enabled() -> bool:
+    """Whether this process records metrics."""
+    return _m is not None
+
+
+def enable() -> bool:
+    """Start recording in this process (idempotent); ``False`` without ``prometheus-client``."""
+    global _m
+    if prom is None:
+        return False
+    if _m is None:
+        prom.disable_created_metrics()  # the _created series double a scrape for nothing here
+        _m = _Metrics()
+        _count_redis_requests(_m)
+    return True
+
+
+# ------------------------------------------------------------------ recording (the seams)
+def decided(workflow_type: str, outcome: str, seconds: float, *, first: bool, closing: str | None) -> None:
+    """One workflow task decided (``closing``: the run's new closed status, if it closed)."""
+    m = _m
+    if m is None:
+        return
+    m.child(m.decisions, workflow_type, outcome).inc()
+    if outcome != "committed":
+        return
+    m.child(m.decision_s, workflow_type).observe(seconds)
+    if first:
+        m.child(m.started, workflow_type).inc()
+    if closing is not None:
+        m.child(m.closed, workflow_type, closing).inc()
+
+
+def cache_lookup(hit: bool) -> None:
+    """The run cache was asked for a run."""
+    m = _m
+    if m is not None:
+        m.child(m.cache, "hit" if hit else "miss").inc()
+
+
+def cache_size(size: int) -> None:
+    """The run cache now holds ``size`` runs."""
+    m = _m
+    if m is not None and size != m._cache_len:
+        m._cache_len = size
+        m.cache_size.set(size)
+
+
+def replayed(workflow_type: str, seconds: float) -> None:
+    """A cache miss replayed a run's history in ``seconds``."""
+    m = _m
+    if m is None:
+        return
+    m.child(m.replays, workflow_type).inc()
+    m.child(m.replay_s, workflow_type).observe(seconds)
+
+
+def attempt(activity_type: str, stream: str, outcome: str, seconds: float) -> None:
+    """An activity attempt on ``stream`` ended with ``outcome`` after ``seconds`` (begin, run,
+    record)."""
+    m = _m
+    if m is None:
+        return
+    queue = queue_of(stream)
+    m.child(m.attempts, activity_type, queue, outcome).inc()
+    m.child(m.execution, activity_type, queue, outcome).observe(seconds)
+    if outcome == "retry":
+        m.child(m.retries, activity_type).inc()
+
+
+def started(activity_type: str, stream: str, waited_ms: int) -> None:
+    """A first attempt began ``waited_ms`` after its activity was scheduled."""
+    m = _m
+    if m is not None:
+        m.child(m.schedule_to_start, activity_type, queue_of(stream)).observe(max(0, waited_ms) / 1000)
+
+
+def timed_out(activity_type: str, stream: str, kind: str, outcome: str) -> None:
+    """An activity attempt passed a deadline of kind ``kind``; ``outcome``: retry or failed."""
+    m = _m
+    if m is None:
+        return
+    m.child(m.timeouts, activity_type, kind).inc()
+    m.child(m.attempts, activity_type, queue_of(stream), "timed_out").inc()
+    if outcome == "retry":
+        m.child(m.retries, activity_type).inc()
+
+
+def timers_fired(partition: int, fired: int, next_due_ms: int, now_ms: int) -> None:
+    """A scheduler pass fired ``fired`` timers of ``partition``; the next one is due at
+    ``next_due_ms`` (-1: none). Lateness is measured against the due time the previous
+    pass reported for that partition (the earliest timer fired)."""
+    m = _m
+    if m is None:
+        return
+    if fired:
+        m.timers.inc(fired)
+        due = m._due.get(partition, -1)
+        if 0 <= due <= now_ms:
+            m.lateness.observe((now_ms - due) / 1000)
+    m._due[partition] = next_due_ms
+
+
+def parked(kind: str, *, block: bool, reason: str, block_kind: str = "") -> None:
+    """A task was parked (``block``: its run is blocked, for ``reason`` of kind ``block_kind``)."""
+    m = _m
+    if m is None:
+        return
+    m.child(m.parked, kind).inc()
+    if block:
+        m.child(m.blocked, block_kind or classify_block(reason)).inc()
+
+
+def watch_store(store: Any) -> None:
+    """Count the tasks ``store`` parks (and the runs it blocks), whoever parks them."""
+    park: Callable[..., Any] = store.park
+
+    @wraps(park)
+    def counted_park(**kwargs: Any) -> Any:
+        result = park(**kwargs)
+        parked(
+            kwargs.get("kind", ""),
+            block=bool(kwargs.get("block")),
+            reason=kwargs.get("reason", ""),
+            block_kind=kwargs.get("block_kind", ""),
+        )
+        return result
+
+    store.park = counted_park
+
+
+_queues: dict[str, str] = {}
+
+
+def queue_of(stream: str) -> str:
+    """The queue name of a task stream key (private worker queues: ``@private``)."""
+    queue = _queues.get(stream)
+    if queue is None:
+        queue = stream.rpartition(":")[2]
+        if queue.startswith(PRIVATE):
+            queue = PRIVATE + "private"
+        _queues[stream] = queue
+    return queue
+
+
+def _count_error(m: _Metrics, exc: BaseException) -> None:
+    """Count an error that means Redis is unavailable for now (``is_transient``: connection,
+    timeout, loading, busy, OOM, read-only...). Command errors the caller expects and handles
+    (``BUSYGROUP``, ``NOSCRIPT``) are not counted."""
+    if not is_transient(exc):
+        return
+    if isinstance(exc, redis.TimeoutError):
+        kind = "timeout"
+    elif isinstance(exc, redis.ConnectionError):
+        kind = "connection"
+    else:
+        kind = type(exc).__name__.removesuffix("Error").lower() or "response"
+    m.child(m.redis_errors, kind).inc()
+
+
+def _count_redis_requests(m: _Metrics) -> None:
+    """Count requests and errors at redis-py's connection layer: every command and pipeline of
+    this process (redis-py's own and durable's raw hot-path pipelines) goes through it."""
+    send, read = AbstractConnection.send_packed_command, AbstractConnection.read_response
+    if getattr(send, "_durable_counted", False):
+        return
+
+    def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        m.round_trips.inc()
+        try:
+            return send(self, *args, **kwargs)
+        except redis.RedisError as exc:
+            _count_error(m, exc)
+            raise
+
+    def counted_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return read(self, *args, **kwargs)
+        except redis.RedisError as exc:
+            _count_error(m, exc)
+            raise
+
+    counted_send._durable_counted = True  # type: ignore[attr-defined]
+    AbstractConnection.send_packed_command = counted_send  # type: ignore[method-assign]
+    AbstractConnection.read_response = counted_read  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------ what Redis holds, per scrape
+class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
+    """Reads task queue backlogs and dead letters from Redis on each scrape (bounded: two
+    pipelined round trips over at most :data:`QUEUE_SCAN_LIMIT` streams)."""
+
+    def __init__(self, store: Any, queues: Sequence[str] | None) -> None:
+        self.store = store
+        self.queues = list(queues) if queues is not None else None
+
+    def _queue_names(self) -> list[str]:
+        """The given queues; else every shared queue a live worker serves, and ``default``."""
+        if self.queues is not None:
+            return self.queues
+        names = {"default"}
+        for info in self.store.live_workers():
+            names.update(q for q in info.queues if not q.startswith(PRIVATE))
+        return sorted(names)
+
+    def _streams(self) -> list[tuple[str, str, str]]:
+        keys = self.store.keys
+        out = []
+        for queue in self._queue_names():
+            for p in range(keys.partitions):
+                out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
+                out.append(("activity", queue, keys.activity_tasks(p, queue)))
+        return out[:QUEUE_SCAN_LIMIT]
+
+    def collect(self) -> Iterator[Any]:
+        backlog = GaugeMetricFamily(
+            "durable_task_queue_backlog",
+            "Tasks waiting to be read, per queue and kind.",
+            labels=["queue", "kind"],
+        )
+        oldest = GaugeMetricFamily(
+            "durable_task_queue_oldest_age_seconds",
+            "Age of the oldest task waiting to be read, per queue and kind.",
+            labels=["queue", "kind"],
+        )
+        dead = GaugeMetricFamily("durable_dead_letters", "Tasks in the dead-letter streams (parked).")
+        try:
+            self._read(backlog, oldest, dead)
+        except redis.RedisError as exc:
+            log.warning("metrics: task queues not read from Redis: %s", exc)
+            return
+        yield from (backlog, oldest, dead)
+
+    def _read(self, backlog: Any, oldest: Any, dead: Any) -> None:
+        streams = self._streams()
+        client = self.store.redis
+        with client.pipeline(transaction=False) as pipe:
+            for _, _, key in streams:
+                pipe.xlen(key)
+                pipe.xinfo_groups(key)
+            for p in range(self.store.keys.partitions):
+                pipe.xlen(self.store.keys.dead(p))
+            pipe.time()
+            replies = pipe.execute(raise_on_error=False)
+        now_s, now_us = replies[-1]
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        dead.add_metric([], sum(r for r in replies[2 * len(streams) : -1] if isinstance(r, int)))
+        totals: dict[tuple[str, str], int] = {}
+        waiting: list[tuple[str, str, str, str]] = []
+        for i, (kind, queue, key) in enumerate(streams):
+            length, groups = replies[2 * i], replies[2 * i + 1]
+            if not isinstance(length, int):
+                continue
+            group = _group(groups) or {}  # no group yet (no worker ever served it): all waiting
+            # Acked tasks are deleted: what is left is either pending (read) or waiting.
+            count = max(0, length - int(group.get("pending", 0)))
+            totals[(queue, kind)] = totals.get((queue, kind), 0) + count
+            if count:
+                waiting.append((kind, queue, key, _text(group.get("last-delivered-id", "0-0"))))
+        ages = self._ages(waiting, now_ms)
+        for (queue, kind), count in sorted(totals.items()):
+            backlog.add_metric([queue, kind], count)
+            oldest.add_metric([queue, kind], ages.get((queue, kind), 0.0))
+
+    def _ages(
+        self, waiting: Iterable[tuple[str, str, str, str]], now_ms: int
+    ) -> dict[tuple[str, str], float]:
+        """Age of the first unread entry of each stream, oldest per (queue, kind)."""
+        waiting = list(waiting)
+        if not waiting:
+            return {}
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            for _, _, key, last in waiting:
+                pipe.xrange(key, min=f"({last}", count=1)
+            rows = pipe.execute(raise_on_error=False)
+        ages: dict[tuple[str, str], float] = {}
+        for (kind, queue, _, _), row in zip(waiting, rows, strict=True):
+            if isinstance(row, list) and row:
+                ms = int(_text(row[0][0]).split("-", 1)[0])
+                age = max(0.0, (now_ms - ms) / 1000)
+                ages[(queue, kind)] = max(ages.get((queue, kind), 0.0), age)
+        return ages
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _group(groups: Any) -> dict[str, Any] | None:
+    if not isinstance(groups, list):
+        return None
+    for group in groups:
+        if _text(group.get("name", "")) == GROUP:
+            return group
+    return None
+
+
+# ------------------------------------------------------------------ serving
+def registry_for(
+    store: Any, queues: Sequence[str] | None, *, multiproc_dir: str | None = None, fresh: bool = False
+) -> Any:
+    """The registry a scrape reads: this process's metrics (``fresh``: none), or with
+    ``multiproc_dir`` the sum over the processes writing there; and the Redis queue collector
+    (``queues`` ``None``: those live workers serve)."""
+    assert prom is not None
+    if multiproc_dir is None and not fresh:
+        registry = prom.REGISTRY
+    elif multiproc_dir is None:
+        registry = prom.CollectorRegistry()
+    else:
+        registry = prom.CollectorRegistry()
+        prom_multiprocess.MultiProcessCollector(registry, path=multiproc_dir)
+    if store is not None:
+        registry.register(QueueCollector(store, queues))
+    return registry
+
+
+def serve(port: int, store: Any, queues: Sequence[str], *, multiproc_dir: str | None = None) -> None:
+    """Serve ``/metrics`` on ``port`` (all interfaces) from a background thread."""
+    if prom is None:
+        raise RuntimeError("prometheus-client is not installed: pip install 'durable[metrics]'")
+    if multiproc_dir is None:
+        enable()
+    prom.start_http_server(port, registry=registry_for(store, queues, multiproc_dir=multiproc_dir))
+    log.info("metrics at http://0.0.0.0:%d/metrics", port)
+
+
+def exposition(registry: Any) -> tuple[bytes, str]:
+    """The text exposition of ``registry`` and its content type (the server's ``/metrics``)."""
+    assert prom is not None
+    return prom.generate_latest(registry), prom.CONTENT_TYPE_LATEST
+
+
+def process_dead(pid: int, multiproc_dir: str) -> None:
+    """A supervised child ended: drop its live gauges from the sum."""
+    if prom is not None:
+        prom_multiprocess.mark_process_dead(pid, multiproc_dir)
+
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "QueueCollector",
+    "attempt",
+    "available",
+    "cache_lookup",
+    "cache_size",
+    "decided",
+    "enable",
+    "enabled",
+    "exposition",
+    "parked",
+    "process_dead",
+    "queue_of",
+    "registry_for",
+    "replayed",
+    "serve",
+    "started",
+    "timed_out",
+    "timers_fired",
+    "watch_store",
+]
