@@ -47,7 +47,7 @@ class Receipt(BaseModel):
 
 
 # ------------------------------------------------------------------ activities
-async def charge(order: OrderIn) -> Receipt:
+async def charge_web_order(order: OrderIn) -> Receipt:
     """An async activity: it would await an HTTP payment API here (e.g. with httpx)."""
     await asyncio.sleep(0.05)
     cents = sum(250 * line.qty for line in order.items)
@@ -59,7 +59,7 @@ class WebOrder(Workflow):
     """Synchronous workflow code (greenlets), whatever the client and activities are."""
 
     def handle(self, order: OrderIn) -> Receipt:
-        return activity(charge, order, retry=RetryPolicy(max_attempts=3))
+        return activity(charge_web_order, order, retry=RetryPolicy(max_attempts=3))
 
 
 # ------------------------------------------------------------------------ app

@@ -31,7 +31,7 @@ RESERVED: list[str] = []
 
 
 # ------------------------------------------------------------------ activities
-def reserve_stock(sku: str) -> str:
+def reserve_cart_item(sku: str) -> str:
     RESERVED.append(sku)
     return f"reservation-{sku}"
 
@@ -50,7 +50,7 @@ class Cart(Workflow):
 
     @update
     def add(self, sku: str) -> int:
-        self.items[sku] = activity(reserve_stock, sku)
+        self.items[sku] = activity(reserve_cart_item, sku)
         return len(self.items)
 
     @add.validator

@@ -85,7 +85,8 @@ def ui(durable_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     shots = out / "screenshots"
     shots.mkdir()
     store = RedisStore(durable_redis_url)
-    worker = spawn_worker(durable_redis_url)
+    # a type no worker serves is parked after the grace: short here, the blocked-run flow needs it
+    worker = spawn_worker(durable_redis_url, extra=("--unknown-type-grace", "1"))
     servers: list[ServerProc] = []
     playwright = sync_api.sync_playwright().start()
     browser = None
@@ -161,7 +162,9 @@ def test_runs_list_shows_runs_counts_and_a_blocked_reason(ui: Ui) -> None:
 
     page.click(f"#runs tr[data-id='{blocked.id}'] a")
     page.wait_for_selector("#blocked:not([hidden])")
-    assert "UnknownTypeError" in page.inner_text("#blocked") and "Repair" in page.inner_text("#blocked")
+    assert "serves workflow type 'UiNoSuchType'" in page.inner_text(
+        "#blocked"
+    ) and "Repair" in page.inner_text("#blocked")
     ui.shot(page, "run-blocked")
     page.context.close()
     with ui.open.client(**CSRF) as c:
