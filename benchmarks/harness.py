@@ -11,6 +11,8 @@ Workloads (activities are no-ops returning a small value; identical for every en
 
   W1  latency: a workflow of 10 sequential activities, run one after another: p50 / p95
   W2  throughput: N such workflows started at once: workflows/s and activity steps/s
+  W2T W2 with a client thread per workflow (start, then wait for its result): 200 waiting clients
+  W2A W2 with an asyncio task per workflow (needs the async client; n/a until it exists)
   W3  fan-out: one workflow running 100 activities concurrently: seconds (median)
   W4  timer overhead: a 1 s durable timer: seconds beyond 1.0 (median)
   W5  signal round trip: signal sent -> workflow result available (median)
@@ -21,6 +23,9 @@ Each engine runs in its own temp dir; every server and worker process the harnes
 starts is stopped when the engine is done (also on error or Ctrl-C). An engine that
 cannot be installed or started is reported as unavailable, with the reason; a
 workload an engine does not implement is shown as "n/a". No figure is ever made up.
+W2 and its variants run in turns (W2, W2T, W2, ...) so their ratio is of the same minutes.
+After the table come the ratios (durable/peer per workload, W2T/W2); the raw figures go to
+benchmarks/results/<time>.json (--json), the plots to --plots DIR (benchmarks/report.py).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
+import report  # noqa: E402
 from peers.common import NotMeasured, Options  # noqa: E402
 
 MODULES = {
@@ -49,12 +55,14 @@ MODULES = {
     "temporal": "peers.temporal_workloads",
     "dbos": "peers.dbos_workloads",
 }
-ALL_WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W7"]
+ALL_WORKLOADS = ["W1", "W2", "W2T", "W2A", "W3", "W4", "W5", "W6", "W7"]
 
 # Sizes: (full, quick).
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "W1": ({"n_runs": 20}, {"n_runs": 5}),
     "W2": ({"n_workflows": 200}, {"n_workflows": 20}),
+    "W2T": ({"n_workflows": 200}, {"n_workflows": 20}),
+    "W2A": ({"n_workflows": 200}, {"n_workflows": 20}),
     "W3": ({"n_branches": 100, "repeats": 3}, {"n_branches": 100, "repeats": 1}),
     "W4": ({"n_samples": 5, "seconds": 1.0}, {"n_samples": 2, "seconds": 1.0}),
     "W5": ({"n_samples": 10}, {"n_samples": 3}),
@@ -64,11 +72,13 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 # Runs per workload (full, quick) where one run is short and a 2-core box is noisy: the
 # median run is reported, with the range.
-REPEATS: dict[str, tuple[int, int]] = {"W2": (5, 1)}
+REPEATS: dict[str, tuple[int, int]] = {"W2": (5, 1), "W2T": (5, 1), "W2A": (5, 1)}
 
 TITLES = {
     "W1": "W1 10-step p50 / p95",
     "W2": "W2 throughput",
+    "W2T": "W2 with a client thread per workflow",
+    "W2A": "W2 with an asyncio task per workflow",
     "W3": "W3 fan-out 100",
     "W4": "W4 timer overhead",
     "W5": "W5 signal round trip",
@@ -99,7 +109,7 @@ def render(workload: str, fig: dict[str, Any]) -> str:
     """One table cell from a workload's figures."""
     if workload == "W1":
         return f"{fmt_time(fig['p50_s'])} / {fmt_time(fig['p95_s'])}"
-    if workload == "W2":
+    if workload in ("W2", "W2T", "W2A"):
         cell = f"{fig['workflows_per_s']:,.1f} wf/s, {fmt_count(fig['steps_per_s'])} steps/s"
         runs = fig.get("runs_steps_per_s", [])
         if len(runs) > 1:
@@ -128,26 +138,57 @@ def render(workload: str, fig: dict[str, Any]) -> str:
 def measure(engine: Any, workload: str, kwargs: dict[str, Any], repeats: int) -> dict[str, Any]:
     """The workload's figures; with repeats, those of the median run by steps/s, plus every
     run's steps/s (sorted) as ``runs_steps_per_s``."""
-    runs = [getattr(engine, workload.lower())(**kwargs) for _ in range(repeats)]
-    if repeats == 1:
+    fn = getattr(engine, workload.lower(), None)
+    if fn is None:
+        raise NotMeasured()
+    return median_run([fn(**kwargs) for _ in range(repeats)])
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(runs) == 1:
         return runs[0]
     runs.sort(key=lambda fig: fig["steps_per_s"])
     return {**runs[len(runs) // 2], "runs_steps_per_s": [fig["steps_per_s"] for fig in runs]}
 
 
+def measure_interleaved(
+    engine: Any, group: list[str], sizes: dict[str, dict[str, Any]], repeats: int
+) -> dict[str, dict[str, Any] | BaseException]:
+    """W2 and its variants in turns (W2, W2T, W2, W2T, ...): a 2-core box drifts by more
+    within a minute than the variants differ, so their runs are interleaved."""
+    runs: dict[str, list[dict[str, Any]]] = {w: [] for w in group}
+    out: dict[str, dict[str, Any] | BaseException] = {}
+    for _ in range(repeats):
+        for w in group:
+            if w in out:
+                continue
+            fn = getattr(engine, w.lower(), None)
+            try:
+                if fn is None:
+                    raise NotMeasured()
+                runs[w].append(fn(**sizes[w]))
+            except Exception as exc:  # noqa: BLE001 - reported by the caller
+                out[w] = exc
+    for w in group:
+        out.setdefault(w, median_run(runs[w]) if runs[w] else NotMeasured())
+    return out
+
+
 def run_engine(
     name: str, workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any
-) -> dict[str, str]:
-    """Run the workloads on one engine; returns workload -> cell text (figures or why there are none)."""
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Run the workloads on one engine; returns (workload -> cell text: figures or why there
+    are none, workload -> raw figures)."""
     cells: dict[str, str] = {}
+    figures: dict[str, dict[str, Any]] = {}
     try:
         module = importlib.import_module(MODULES[name])
     except Exception as exc:  # noqa: BLE001 - a missing peer must not stop the others
         reason = f"unavailable: cannot import ({type(exc).__name__}: {exc})"
-        return dict.fromkeys(workloads, reason)
+        return dict.fromkeys(workloads, reason), figures
     why = module.unavailable()
     if why:
-        return dict.fromkeys(workloads, f"unavailable: {why}")
+        return dict.fromkeys(workloads, f"unavailable: {why}"), figures
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         options = Options(tmpdir=Path(tmp), quick=quick, **options_kw)
         t_engine = time.perf_counter()
@@ -157,32 +198,48 @@ def run_engine(
         except Exception as exc:  # noqa: BLE001
             log(f"[{name}] could not start: {type(exc).__name__}: {exc}")
             log(traceback.format_exc())
-            return dict.fromkeys(workloads, f"unavailable: could not start ({type(exc).__name__}: {exc})")
+            return dict.fromkeys(
+                workloads, f"unavailable: could not start ({type(exc).__name__}: {exc})"
+            ), figures
         try:
+            q = 1 if quick else 0
+            sizes = {w: SIZES[w][q] for w in workloads}
+            group = [w for w in workloads if w.startswith("W2")]
+            done: dict[str, Any] = {}
             for workload in workloads:
-                kwargs = SIZES[workload][1 if quick else 0]
                 t0 = time.perf_counter()
-                try:
-                    fig = measure(engine, workload, kwargs, REPEATS.get(workload, (1, 1))[1 if quick else 0])
-                except NotMeasured as exc:
-                    cells[workload] = f"n/a ({exc})" if str(exc) else "n/a"
-                    log(f"[{name}] {workload}: not implemented for this engine")
-                    continue
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    cells[workload] = f"error: {type(exc).__name__}: {exc}"
+                if workload in group:
+                    if not done:
+                        done = measure_interleaved(engine, group, sizes, max(REPEATS[w][q] for w in group))
+                    fig = done[workload]
+                else:
+                    try:
+                        fig = measure(engine, workload, sizes[workload], REPEATS.get(workload, (1, 1))[q])
+                    except Exception as exc:  # noqa: BLE001 - report and go on
+                        fig = exc
+                if isinstance(fig, NotMeasured):
+                    cells[workload] = f"n/a ({fig})" if str(fig) else "n/a"
+                    log(f"[{name}] {workload}: not measured for this engine {cells[workload]}")
+                elif isinstance(fig, BaseException):
+                    cells[workload] = f"error: {type(fig).__name__}: {fig}"
                     log(f"[{name}] {workload} failed after {time.perf_counter() - t0:.1f} s:")
-                    log(traceback.format_exc())
-                    continue
-                cells[workload] = render(workload, fig)
-                log(f"[{name}] {workload} {kwargs} ({time.perf_counter() - t0:.1f} s): {cells[workload]}")
-                log(f"[{name}] {workload} raw: {fig}")
+                    log("".join(traceback.format_exception(fig)))
+                else:
+                    figures[workload] = fig
+                    cells[workload] = render(workload, fig)
+                    log(
+                        f"[{name}] {workload} {sizes[workload]} ({time.perf_counter() - t0:.1f} s): {cells[workload]}"
+                    )
+                    log(f"[{name}] {workload} raw: {fig}")
         finally:
             engine.__exit__(None, None, None)
             log(f"[{name}] stopped (engine total {time.perf_counter() - t_engine:.1f} s)")
-    return cells
+    return cells, figures
 
 
-def run_traced(workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any) -> dict[str, str]:
+def run_traced(
+    workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """The durable engine again, tracing on in the client and (through the environment) in
     every worker process: spans made at default sampling, dropped by the exporter."""
     import os
@@ -273,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         "column, durable+metrics, measured in the same run",
     )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help="the raw figures of this invocation (default: benchmarks/results/<time>.json; '-' for none)",
+    )
+    parser.add_argument(
+        "--plots", metavar="DIR", help="write table.png and w1_latency.png there (needs the plots extra)"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     parser.add_argument(
         "--tracing",
@@ -294,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/harness.py " + " ".join(argv if argv is not None else sys.argv[1:])
     log(f"machine: {machine()}")
     rows: dict[str, dict[str, str]] = {}
+    figures: dict[str, dict[str, dict[str, Any]]] = {}
+    started = _dt.datetime.now()
     options_kw = {
         "processes": args.processes,
         "appendfsync": args.appendfsync,
@@ -302,20 +369,45 @@ def main(argv: list[str] | None = None) -> int:
     }
     for engine in engines:
         log(f"[{engine}] starting")
-        rows[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
+        rows[engine], figures[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
         if engine == "durable" and args.metrics:
             log("[durable+metrics] starting")
-            rows["durable+metrics"] = run_engine(
+            rows["durable+metrics"], figures["durable+metrics"] = run_engine(
                 engine, workloads, {**options_kw, "metrics": True}, args.quick, log
             )
     if args.tracing:
-        rows["durable+tracing"] = run_traced(workloads, options_kw, args.quick, log)
+        rows["durable+tracing"], figures["durable+tracing"] = run_traced(
+            workloads, options_kw, args.quick, log
+        )
     grid = table(rows, workloads)
     print()
     print_table(grid)
+    lines = report.ratios(figures, workloads)
+    if lines:
+        print("\nratios of the headline figures, this invocation:")
+        print("\n".join("  " + line for line in lines))
     if args.markdown:
-        Path(args.markdown).write_text(markdown(grid, command))
+        extra = "\nRatios (same invocation):\n\n" + "".join(f"* {line}\n" for line in lines) if lines else ""
+        Path(args.markdown).write_text(markdown(grid, command) + extra)
         log(f"wrote {args.markdown}")
+    if args.json != "-":
+        out = Path(args.json or BENCH / "results" / f"{started:%Y%m%d-%H%M%S}.json")
+        report.write_json(
+            out,
+            {
+                "command": command,
+                "started": started.isoformat(timespec="seconds"),
+                "machine": machine(),
+                "options": {**options_kw, "quick": args.quick},
+                "figures": figures,
+                "cells": rows,
+                "ratios": lines,
+            },
+        )
+        log(f"wrote {out}")
+    if args.plots:
+        written = report.write_plots(Path(args.plots), figures, workloads)
+        log("wrote " + ", ".join(map(str, written)) if written else "no plots: matplotlib is not installed")
     return 0
 
 

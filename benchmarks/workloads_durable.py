@@ -16,6 +16,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +24,9 @@ from typing import Any
 
 from peers.common import (
     STEPS,
+    NotMeasured,
     Options,
+    cpu_seconds,
     descendants,
     latency_summary,
     rss_bytes,
@@ -122,6 +125,7 @@ class Engine:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.cache_size = 1000
         self._old_url: str | None = None
+        self._worker_pids: list[int] = []
 
     # ----------------------------------------------------------- lifecycle
     def __enter__(self) -> Engine:
@@ -169,6 +173,7 @@ class Engine:
             metrics=self.options.metrics,
         )
         self._warm_up()
+        self._worker_pids = worker_pids(self.workers)
 
     def _warm_up(self) -> None:
         from bench_apps import TenSteps
@@ -220,6 +225,7 @@ class Engine:
 
         from durable import WorkflowStub
 
+        cpu0 = self._cpu()
         t0 = time.perf_counter()
         stubs = [WorkflowStub.make(TenSteps, store=self.store).start(STEPS) for _ in range(n_workflows)]
         started = time.perf_counter() - t0
@@ -231,7 +237,60 @@ class Engine:
             "workflows_per_s": n_workflows / elapsed,
             "steps_per_s": n_workflows * STEPS / elapsed,
             "start_s": started,
+            **self._cpu_spent(cpu0),
         }
+
+    def _cpu(self) -> tuple[float, float, float]:
+        """CPU seconds so far of this process (the client), the workers and Redis."""
+        info = self.store.redis.info("cpu") if not getattr(self.options, "cluster", 0) else {}
+        redis_s = float(info.get("used_cpu_user", 0)) + float(info.get("used_cpu_sys", 0))
+        workers_s = sum(cpu_seconds(pid) for pid in self._worker_pids)
+        return time.process_time(), workers_s, redis_s
+
+    def _cpu_spent(self, before: tuple[float, float, float]) -> dict[str, float]:
+        """CPU seconds since ``before``: where a workload's time went (2 shared cores)."""
+        after = self._cpu()
+        return {
+            f"cpu_{name}_s": round(b - a, 3)
+            for name, a, b in zip(("client", "workers", "redis"), before, after, strict=True)
+        }
+
+    def w2t(self, n_workflows: int) -> dict[str, Any]:
+        """W2 with a client thread per workflow: each starts its run and waits for its result
+        at once (a web server's request threads), instead of one client waiting in turn."""
+        from bench_apps import TenSteps
+
+        from durable import WorkflowStub
+
+        gate = threading.Barrier(n_workflows + 1)
+
+        def client() -> Any:
+            gate.wait()
+            return WorkflowStub.make(TenSteps, store=self.store).start(STEPS).result(timeout=300)
+
+        with ThreadPoolExecutor(n_workflows) as pool:
+            futures = [pool.submit(client) for _ in range(n_workflows)]
+            cpu0 = self._cpu()
+            gate.wait()
+            t0 = time.perf_counter()
+            for future in futures:
+                assert future.result() == STEPS
+            elapsed = time.perf_counter() - t0
+        return {
+            "seconds": elapsed,
+            "workflows_per_s": n_workflows / elapsed,
+            "steps_per_s": n_workflows * STEPS / elapsed,
+            "clients": n_workflows,
+            **self._cpu_spent(cpu0),
+        }
+
+    def w2a(self, n_workflows: int) -> dict[str, Any]:
+        """W2 with one asyncio task per workflow (start, then await the result).
+
+        TODO(issue 18 item 5): needs the async client (``durable.aio``), which is not in
+        this tree yet; until then the harness shows n/a.
+        """
+        raise NotMeasured("needs durable's async client (durable.aio), not in this tree yet")
 
     def w3(self, n_branches: int, repeats: int) -> dict[str, Any]:
         from bench_apps import FanOut

@@ -494,8 +494,9 @@ class Worker:
         # while a thread is free, at most as many as are free (COUNT is per stream).
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
         free = self.concurrency - self._busy
-        if free > 0:
-            lanes[ACTIVITIES] = (self.activity_streams, free)
+        if free > 0:  # COUNT is per stream: ask for at most the room left over all (no requeues)
+            per_stream = (int(self._backlog()) - self._busy) // max(1, len(self.activity_streams))
+            lanes[ACTIVITIES] = (self.activity_streams, max(1, min(free, per_stream)))
         idle = not (self._eager_done or self._reclaimed or self._completed)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
         self._handle(response or [])

@@ -58,6 +58,7 @@ def latency_summary(times: Sequence[float]) -> dict[str, float]:
         "p95_s": percentile(times, 95),
         "min_s": min(times),
         "n": len(times),
+        "samples_s": list(times),  # the distribution, for the plots
     }
 
 
@@ -134,3 +135,13 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

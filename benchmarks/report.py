@@ -1,0 +1,120 @@
+"""The harness's outputs besides the table: ratios between engines, the raw JSON, PNG plots.
+
+* :func:`ratios` -- for each workload, durable's headline figure over each peer's, from
+  the same invocation (and W2's variants over W2, durable's own clients compared).
+* :func:`write_json` -- every engine's raw figures, with the command and the machine.
+* :func:`write_plots` -- ``table.png`` (the headline figure of each workload, engines side
+  by side, log scale) and ``w1_latency.png`` (W1's start -> result times per engine).
+  Needs matplotlib (the ``plots`` extra); without it the plots are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# The figure a workload is judged by: (key in its figures, "time" = lower is better, or "rate").
+HEADLINE: dict[str, tuple[str, str, str]] = {
+    "W1": ("p50_s", "time", "W1 p50 (s)"),
+    "W2": ("steps_per_s", "rate", "W2 steps/s"),
+    "W2T": ("steps_per_s", "rate", "W2, thread per client: steps/s"),
+    "W2A": ("steps_per_s", "rate", "W2, asyncio clients: steps/s"),
+    "W3": ("seconds", "time", "W3 fan-out 100 (s)"),
+    "W4": ("overhead_s", "time", "W4 timer overhead (s)"),
+    "W5": ("p50_s", "time", "W5 signal round trip (s)"),
+    "W7": ("wakes_per_s", "rate", "W7 wakes/s"),
+}
+VARIANTS = {"W2T": "W2", "W2A": "W2"}
+
+
+def headline(workload: str, fig: dict[str, Any] | None) -> float | None:
+    if not fig or workload not in HEADLINE:
+        return None
+    value = fig.get(HEADLINE[workload][0])
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def ratios(figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]) -> list[str]:
+    """Lines of text: durable/peer for each workload both measured, and durable's W2
+    variants over W2. A ratio is of the headline figure; "x faster" reads it either way."""
+    lines = []
+    ours = figures.get("durable", {})
+    for peer, theirs in figures.items():
+        if peer == "durable":
+            continue
+        for w in workloads:
+            a, b = headline(w, ours.get(w)), headline(w, theirs.get(w))
+            if a is None or b is None or a <= 0 or b <= 0:
+                continue
+            key, kind, _ = HEADLINE[w]
+            faster = b / a if kind == "time" else a / b
+            lines.append(f"{w} {key}: durable/{peer} = {a / b:.3g} (durable {faster:.3g}x faster)")
+    for variant, base in VARIANTS.items():
+        for engine, figs in figures.items():
+            a, b = headline(variant, figs.get(variant)), headline(base, figs.get(base))
+            if a is not None and b is not None and b > 0:
+                lines.append(f"{variant}/{base} steps/s ({engine}) = {a / b:.2f}")
+    return lines
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def write_plots(
+    folder: Path, figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]
+) -> list[Path]:
+    """The two PNGs (see the module docstring); the paths written."""
+    try:
+        # Lazy: matplotlib is an optional extra and slow to import.
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    engines = list(figures)
+    shown = [w for w in workloads if any(headline(w, figures[e].get(w)) for e in engines)]
+    written = []
+    if shown:
+        cols = min(4, len(shown))
+        rows = math.ceil(len(shown) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+        for ax, w in zip(axes.flat, shown, strict=False):
+            values = [headline(w, figures[e].get(w)) or 0.0 for e in engines]
+            bars = ax.bar(engines, values, color=["C0", "C1", "C2", "C3"][: len(engines)])
+            ax.set_yscale("log")
+            ax.set_title(
+                HEADLINE[w][2] + (" (lower is better)" if HEADLINE[w][1] == "time" else ""), fontsize=8
+            )
+            ax.bar_label(bars, labels=[f"{v:.3g}" if v else "n/a" for v in values], fontsize=7)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(shown) :]:
+            ax.axis("off")
+        fig.tight_layout()
+        written.append(folder / "table.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    samples = {e: figures[e].get("W1", {}).get("samples_s") for e in engines}
+    samples = {e: s for e, s in samples.items() if s}
+    if samples:
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        for engine, times in samples.items():
+            ordered = sorted(t * 1000 for t in times)
+            ax.step(
+                ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=engine
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("W1 start -> result (ms, log scale)")
+        ax.set_ylabel("fraction of runs")
+        ax.set_title("W1 latency distribution (10 sequential activities)")
+        ax.legend()
+        fig.tight_layout()
+        written.append(folder / "w1_latency.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
