@@ -490,11 +490,11 @@ class Worker:
                 )
                 continue
             self._dispatch(kind, stream, entry_id, fields, redelivered=True)
-        # Workflow and outbox tasks in large batches; activity tasks (their own read) only
-        # while a thread is free, at most as many as are free (COUNT is per stream).
+        # Workflow and outbox tasks in large batches; activity tasks (their own read) only while a
+        # thread is free: COUNT is per stream, so each stream gets its share of the room left.
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
         free = self.concurrency - self._busy
-        if free > 0:  # COUNT is per stream: ask for at most the room left over all (no requeues)
+        if free > 0:
             per_stream = (int(self._backlog()) - self._busy) // max(1, len(self.activity_streams))
             lanes[ACTIVITIES] = (self.activity_streams, max(1, min(free, per_stream)))
         idle = not (self._eager_done or self._reclaimed or self._completed)
