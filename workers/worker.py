@@ -490,8 +490,7 @@ class Worker:
                 )
                 continue
             self._dispatch(kind, stream, entry_id, fields, redelivered=True)
-        # Workflow and outbox tasks in large batches; activity tasks (their own read) only while a
-        # thread is free: COUNT is per stream, so each stream gets its share of the room left.
+        # Activity tasks only while a thread is free; COUNT is per stream: each gets a share.
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
         free = self.concurrency - self._busy
         if free > 0:
