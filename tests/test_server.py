@@ -132,6 +132,23 @@ def test_start_signal_describe_history_list(api: Api) -> None:
         assert c.get("/api/v1/workflows", params={"until": created, "id_prefix": wid}).json()["workflows"]
 
 
+def test_start_with_policies_and_signal_with_start(api: Api) -> None:
+    wid = _id("policy")
+    with api.open.client(**CSRF) as c:
+        body = {"type": "Waiter", "id": wid, "args": [0.01], "signal": {"name": "go", "args": ["early"]}}
+        resp = c.post("/api/v1/workflows", json={**body, "id_reuse_policy": "reject_duplicate"})
+        assert resp.status_code == 201, resp.text
+        assert _status(c, wid, "completed")["outcome"]["result"] == "early"  # the signal came with the start
+        again = c.post(
+            "/api/v1/workflows", json={"type": "Waiter", "id": wid, "id_reuse_policy": "reject_duplicate"}
+        )
+        _error(again, 409, "already_started")
+        bad = c.post(
+            "/api/v1/workflows", json={"type": "Waiter", "id": _id("bad"), "id_reuse_policy": "never"}
+        )
+        assert "allow_duplicate" in _error(bad, 422, "invalid_argument")  # the message lists the valid ones
+
+
 def test_query_and_hook_resumed_by_signed_webhook(api: Api) -> None:
     wid = _id("hooked")
     with api.secured.client(OPERATOR) as c:

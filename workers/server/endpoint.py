@@ -103,7 +103,14 @@ class Call:
         return list(self.field("args", list, []))
 
 
-_TYPE_NAMES = {list: "an array", str: "a string", bool: "a boolean", int: "an integer", dict: "an object"}
+_TYPE_NAMES = {
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    dict: "an object",
+}
 
 
 @dataclass(frozen=True)

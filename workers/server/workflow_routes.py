@@ -126,11 +126,27 @@ def start_workflow(call: Call) -> dict[str, Any]:
     if not workflow_type:
         raise ApiError("invalid_argument", "body field 'type' (the workflow type name) is required")
     stub = WorkflowStub.make(
-        workflow_type, id=call.field("id", str), queue=call.field("queue", str), store=call.store
+        workflow_type,
+        id=call.field("id", str),
+        queue=call.field("queue", str),
+        store=call.store,
+        id_reuse_policy=call.field("id_reuse_policy", str, "allow_duplicate"),
+        id_conflict_policy=call.field("id_conflict_policy", str),
+        execution_timeout=call.field("execution_timeout", (str, int, float)),
+        run_timeout=call.field("run_timeout", (str, int, float)),
+        search_attributes=call.field("search_attributes", dict),
+        memo=call.field("memo", dict),
     )
     args = call.args()
     warning = check_startable(call.store, workflow_type, stub.queue or "default", ())
-    stub.start(*args)
+    signal = call.field("signal", dict)
+    if signal is None:
+        stub.start(*args)
+    else:  # signal-with-start: {"name": ..., "args": [...]}
+        name, signal_args = signal.get("name"), signal.get("args", [])
+        if not isinstance(name, str) or not isinstance(signal_args, list):
+            raise ApiError("invalid_argument", 'body field \'signal\' must be {"name": str, "args": [...]}')
+        stub.signal_with_start(name, *signal_args, start_args=args)
     return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": warning}
 
 
