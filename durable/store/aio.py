@@ -26,10 +26,11 @@ import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
 from .. import events as ev
-from ..errors import WorkflowClosed, WorkflowNotFound
+from ..errors import WorkflowNotFound
 from ..runinfo import blocked_reason
 from .records import RunRef, text
 from .redis_store import RedisStore
+from .updates import scan_for_outcome, update_timeout
 from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry, _record, blocked_error
 
 POOL_SIZE = 32
@@ -292,24 +293,13 @@ async def wait_update(
         if deadline is not None:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
-                    "call update() again with the same update_id to keep waiting"
-                )
+                raise update_timeout(ref, update_id)
             block_s = min(block_s, remaining)
         reply: Any = await waiter.client.xread({key: last}, count=256, block=max(1, int(block_s * 1000)))
         rows: list[Any] = reply[0][1] if reply else []
-        for entry_id, fields in rows:
-            last = entry_id.decode()
-            entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1]))
-            event = entry.event
-            if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
-                return event
-            if isinstance(event, ev.CLOSING):
-                raise WorkflowClosed(
-                    f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
-                    f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
-                )
+        last, outcome = scan_for_outcome(rows, ref, update_id, last)
+        if outcome is not None:
+            return outcome
         if not rows:
             await look(waiter.client, waiter.store, ref)  # raises for a blocked or vanished run
 

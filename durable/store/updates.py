@@ -81,6 +81,34 @@ def deliver_update(
     )
 
 
+def update_timeout(ref: RunRef, update_id: str) -> TimeoutError:
+    """The error a caller whose wait for an update's outcome timed out gets."""
+    return TimeoutError(
+        f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
+        "call update() again with the same update_id to keep waiting"
+    )
+
+
+def scan_for_outcome(rows: list[Any], ref: RunRef, update_id: str, last: str) -> tuple[str, Outcome | None]:
+    """Look through history ``rows`` (an ``XREAD`` reply's) for update ``update_id``'s outcome;
+    returns the last stream id read and the outcome, if found.
+
+    Raises:
+        WorkflowClosed: the run closed before the update had an outcome.
+    """
+    for entry_id, fields in rows:
+        last = entry_id.decode()
+        event = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1])).event
+        if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
+            return last, event
+        if isinstance(event, ev.CLOSING):
+            raise WorkflowClosed(
+                f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
+                f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
+            )
+    return last, None
+
+
 def wait_update(
     store: RedisStore, ref: RunRef, update_id: str, after: str, deadline: float | None
 ) -> Outcome:
@@ -99,24 +127,13 @@ def wait_update(
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
-                    "call update() again with the same update_id to keep waiting"
-                )
+                raise update_timeout(ref, update_id)
             block_s = min(block_s, remaining)
         reply = store.redis.xread({key: last}, count=_BATCH, block=max(1, int(block_s * 1000)))
         rows: list[Any] = reply[0][1] if reply else []
-        for entry_id, fields in rows:
-            last = entry_id.decode()
-            entry = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1]))
-            event = entry.event
-            if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
-                return event
-            if isinstance(event, ev.CLOSING):
-                raise WorkflowClosed(
-                    f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
-                    f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
-                )
+        last, outcome = scan_for_outcome(rows, ref, update_id, last)
+        if outcome is not None:
+            return outcome
         if not rows:
             look(store, ref)  # raises for a blocked or vanished run
 
