@@ -27,14 +27,12 @@ from typing import Any, Generic, Self, TypeVar, overload
 from . import codec
 from . import events as ev
 from .client import WorkflowStub, _closing_error, _Handles
-from .errors import ConfigurationError
-from .ids import check_command_id, new_run_id
-from .limits import check_name_length
+from .client_updates import send_update
 from .runinfo import HistoryEvent, RunDescription
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
 from .store.redis_store import RedisStore, RunRef
-from .store.updates import deliver_update, update_result
+from .store.updates import update_result
 from .store.waits import wait_alone
 from .workflow import Workflow
 
@@ -135,7 +133,8 @@ class AsyncWorkflowStub(Generic[R]):
     ) -> Any:
         """Run the ``@update`` handler ``name`` and return its result (:meth:`WorkflowStub.update`).
 
-        The delivery runs on the executor; the wait for the outcome is awaited.
+        The delivery (with the client interceptors' ``update_workflow``, whose headers are
+        recorded with the update) runs on the executor; the wait for the outcome is awaited.
 
         Raises:
             UpdateRejected: the validator raised, no such ``@update``, undecodable arguments.
@@ -143,16 +142,12 @@ class AsyncWorkflowStub(Generic[R]):
             WorkflowNotFound, WorkflowClosed: as :meth:`WorkflowStub.update`.
             TimeoutError: ``timeout`` passed first (call again with the same ``update_id``).
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError("update name must be a non-empty string")
-        check_name_length(name, "update")
-        uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
-        self._stub._check_update_name(name)
-        payload = codec.dumps(tuple(args), path="args")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         store = self._stub.store
-        ref, after = await asyncio.to_thread(deliver_update, store, self.id, uid, name, payload)
+        ref, uid, after = await asyncio.to_thread(
+            send_update, store, self.workflow_type, self.id, name, args, update_id
+        )
         self._stub._run_id = ref.run_id
         outcome = await await_update_outcome(async_waiter_for(store), ref, uid, after, deadline)
         return update_result(outcome, self.id, name)

@@ -9,16 +9,16 @@ from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from . import codec, interceptors
 from . import events as ev
+from .client_updates import send_update
 from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
     DurableError,
-    UpdateRejected,
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
 )
-from .ids import check_command_id, check_workflow_id, new_run_id
+from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds
@@ -31,7 +31,7 @@ from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
-from .store.updates import deliver_update, update_result, wait_update
+from .store.updates import update_result, wait_update
 from .store.waits import wait_alone, waiter_for
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -382,7 +382,9 @@ class WorkflowStub(Generic[R]):
 
         The run's validator (if any) accepts or rejects the update before anything the
         workflow sees is written; an accepted update is recorded in history and its
-        handler (which may call activities, timers, ...) runs in its own branch.
+        handler (which may call activities, timers, ...) runs in its own branch. The client
+        interceptors' ``update_workflow`` runs around the delivery (its headers are recorded
+        with the update and reach the validator, the handler and its activities).
         ``update_id`` makes a retried call exactly-once: a second call with the same id
         runs nothing and returns (or raises) what the first one did. See docs/updates.md.
 
@@ -401,28 +403,10 @@ class WorkflowStub(Generic[R]):
             WorkflowClosed: the run is closed, or closed before the update had an outcome.
             TimeoutError: ``timeout`` passed first.
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError("update name must be a non-empty string")
-        check_name_length(name, "update")
-        uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
-        self._check_update_name(name)
-        payload = codec.dumps(tuple(args), path="args")
         deadline = None if timeout is None else time.monotonic() + timeout
-        ref, after = deliver_update(self._store, self._id, uid, name, payload)
+        ref, uid, after = send_update(self._store, self._type, self._id, name, args, update_id)
         self._run_id = ref.run_id
         return update_result(wait_update(self._store, ref, uid, after, deadline), self._id, name)
-
-    def _check_update_name(self, name: str) -> None:
-        """Refuse an unknown update name before writing, when this process has the class."""
-        try:
-            cls = get_workflow(self._type)
-        except DurableError:
-            return  # not registered here: the run's worker rejects an unknown name
-        if name not in cls._updates:
-            raise UpdateRejected(
-                f"workflow {self._type!r} has no @update {name!r}; it has {sorted(cls._updates)}",
-                name=name,
-            )
 
     def query(self, name: str, *args: Any) -> Any:
         """Call the ``@query`` method ``name`` on the run's state, rebuilt from committed history.

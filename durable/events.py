@@ -3,11 +3,10 @@
 Each class names its stored type in ``TYPE``; the class name may change, the ``TYPE`` never
 does. A class whose stored name is also a public error's name carries an ``Event`` suffix.
 
-A history entry is one msgpack map ``{"type": str, "ts": int, "data": map}``
-(``ts`` in UTC milliseconds). ``data`` is plain msgpack (ids, names, numbers);
-user values inside it (arguments, results, errors, signal payloads) are
-payload bytes produced by :func:`durable.codec.dumps`, so a payload hook
-(encryption, compression) sees exactly the user's data and nothing else.
+A history entry is one msgpack map ``{"type": str, "ts": int, "data": map}`` (``ts`` in UTC
+milliseconds). ``data`` is plain msgpack (ids, names, numbers); user values inside it (arguments,
+results, errors, signal payloads) are payload bytes produced by :func:`durable.codec.dumps`,
+so a payload hook (encryption, compression) sees exactly the user's data and nothing else.
 
 Two families:
 
@@ -294,6 +293,7 @@ class UpdateRequested(Event):
     id: str
     name: str
     args: bytes
+    headers: dict[str, Any] = field(default_factory=dict)  # the client's (durable.interceptors)
     payloads = ("args",)
 
 
@@ -306,6 +306,7 @@ class UpdateAccepted(Event):
     id: str
     name: str
     args: bytes
+    headers: dict[str, Any] = field(default_factory=dict)  # the update's; replay hands them to the handler
     payloads = ("args",)
 
 

@@ -21,19 +21,21 @@ The registry is process-wide: register in the module your ``durable worker --app
 
 * :class:`ClientInterceptor` -- :meth:`~ClientInterceptor.start_workflow` (``start`` and
   ``signal_with_start``), :meth:`~ClientInterceptor.signal_workflow`,
-  :meth:`~ClientInterceptor.query_workflow`.
+  :meth:`~ClientInterceptor.query_workflow`, :meth:`~ClientInterceptor.update_workflow`.
 * :class:`WorkflowInboundInterceptor` -- calls into workflow code: ``handle``, a signal,
-  a query, an update handler, and each live decision (:meth:`~WorkflowInboundInterceptor.decide`).
+  a query, an update's validator and handler, and each live decision
+  (:meth:`~WorkflowInboundInterceptor.decide`).
 * :class:`WorkflowOutboundInterceptor` -- calls workflow code makes: an activity, a child
   workflow, a timer.
 * :class:`ActivityInboundInterceptor` -- one activity attempt.
 
 **Headers** (``{name: str | bytes}``) travel with the run: the client's start headers are
 recorded in ``WorkflowStarted`` (so they survive restarts and continue-as-new), a signal's in
-its ``SignalReceived``; the headers of an activity or child call start as a copy of the run's
-and are recorded in ``ActivityScheduled`` / ``ChildStarted``; an activity attempt sees its
-call's headers. So a header set by a client interceptor reaches every activity of the run
-(and its children) with no workflow interceptor at all.
+its ``SignalReceived``, an update's in its ``UpdateRequested`` and ``UpdateAccepted``; the
+headers of an activity or child call start as a copy of the run's (in an update handler: the
+run's updated with the update's) and are recorded in ``ActivityScheduled`` / ``ChildStarted``;
+an activity attempt sees its call's headers. So a header set by a client interceptor reaches
+every activity of the run (and its children) with no workflow interceptor at all.
 
 **Determinism.** Workflow interceptors run inside workflow code, again on every replay. They
 must not change what the code decides: no I/O, clocks or randomness that alter ``args``,
@@ -77,6 +79,21 @@ class SignalWorkflowInput:
     workflow_id: str
     name: str
     args: tuple[Any, ...]
+    headers: Headers = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class UpdateWorkflowInput:
+    """``WorkflowStub.update`` (sync and async): ``headers`` are recorded with the update.
+
+    ``next`` delivers the update and returns the delivery (return it unchanged); the wait for
+    the update's outcome comes after the chain, so the async client can await it.
+    """
+
+    workflow_id: str
+    name: str
+    args: tuple[Any, ...]
+    update_id: str
     headers: Headers = field(default_factory=dict)
 
 
@@ -133,13 +150,17 @@ class HandleQueryInput:
 
 @dataclass(slots=True)
 class HandleUpdateInput:
-    """The call of an accepted ``@update`` handler (``next`` runs it; it may suspend)."""
+    """An ``@update``'s validator (live only) or its accepted handler (``next`` runs it; it may
+    suspend). ``headers``: the sender's, as recorded with the update; in ``handle_update`` the
+    handler's activity and child calls start from the run's headers updated with these (as the
+    interceptors leave them)."""
 
     run: RunInfo
     update_id: str
     name: str
     args: tuple[Any, ...]
     replaying: bool
+    headers: Headers = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -219,6 +240,10 @@ class ClientInterceptor:
         """Around a query (returns its result)."""
         return next(input)
 
+    def update_workflow(self, input: UpdateWorkflowInput, next: Next) -> Any:  # noqa: A002
+        """Around delivering an update (returns the delivery; the outcome is awaited after)."""
+        return next(input)
+
 
 class WorkflowInboundInterceptor:
     """Calls into workflow code. Runs in workflow code: see the determinism rules above."""
@@ -233,6 +258,11 @@ class WorkflowInboundInterceptor:
 
     def handle_query(self, input: HandleQueryInput, next: Next) -> Any:  # noqa: A002
         """Around a ``@query`` method."""
+        return next(input)
+
+    def validate_update(self, input: HandleUpdateInput, next: Next) -> Any:  # noqa: A002
+        """Around an update's admission, live only (``next`` runs its validator, if it has one);
+        raising rejects the update."""
         return next(input)
 
     def handle_update(self, input: HandleUpdateInput, next: Next) -> Any:  # noqa: A002

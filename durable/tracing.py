@@ -16,7 +16,7 @@ docs/tracing.md). The trace of a run:
   ``Decision:<type>`` per decision, ``RunActivity:<name>`` per activity attempt,
   ``StartChildWorkflow:<type>`` (the child run's spans are under it),
   ``HandleSignal:<name>`` (linked to the sender's ``SignalWorkflow:<name>`` span) and
-  ``HandleUpdate:<name>``;
+  ``HandleUpdate:<name>`` (linked to ``UpdateWorkflow:<name>``);
 * attributes ``durable.workflow_id``, ``durable.run_id``, ``durable.workflow_type``
   and, for activities, ``durable.activity``, ``durable.activity_id``, ``durable.attempt``.
   A failed attempt, a decision that fails the run or raises, and a client call that raises
@@ -54,6 +54,7 @@ from .interceptors import (
     SignalWorkflowInput,
     StartChildInput,
     StartWorkflowInput,
+    UpdateWorkflowInput,
 )
 
 #: The headers the trace context travels in (W3C Trace Context).
@@ -139,6 +140,12 @@ class TracingInterceptor(Interceptor):
             f"SignalWorkflow:{input.name}", attributes, input.headers, lambda: next(input)
         )
 
+    def update_workflow(self, input: UpdateWorkflowInput, next: Next) -> Any:  # noqa: A002
+        attributes = {"durable.workflow_id": input.workflow_id, "durable.update": input.name}
+        return self._client_span(
+            f"UpdateWorkflow:{input.name}", attributes, input.headers, lambda: next(input)
+        )
+
     def query_workflow(self, input: QueryWorkflowInput, next: Next) -> Any:  # noqa: A002
         attributes = {"durable.workflow_id": input.workflow_id, "durable.query": input.name}
         return self._client_span(
@@ -191,9 +198,13 @@ class TracingInterceptor(Interceptor):
         return next(input)
 
     def handle_update(self, input: HandleUpdateInput, next: Next) -> Any:  # noqa: A002
+        sender = trace.get_current_span(extract(input.headers)).get_span_context()
+        for name in TRACE_HEADERS:  # the handler's calls stay in the run's trace; the sender is linked
+            input.headers.pop(name, None)
         if not input.replaying:
             extra = {"durable.update": input.name, "durable.update_id": input.update_id}
-            self._instant(f"HandleUpdate:{input.name}", input.run, extra)
+            links = [Link(sender)] if sender.is_valid else None
+            self._instant(f"HandleUpdate:{input.name}", input.run, extra, links=links)
         return next(input)
 
     def start_child(self, input: StartChildInput, next: Next) -> Any:  # noqa: A002

@@ -279,7 +279,7 @@ class Decider:
             outcome,
             time.perf_counter() - began,
             first=record.get("status") == "pending",  # no decision of the run committed before
-            closing=ev.STATUS_OF_CLOSING[closing.type] if closing is not None else None,
+            closing=metrics.close_outcome(closing),
         )
 
     def _after_commit(

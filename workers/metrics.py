@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
     prom = None  # type: ignore[assignment]
     Collector = object  # type: ignore[assignment,misc]
 
+from durable import codec
+from durable import events as ev
+from durable.errors import WorkflowTimeout
 from durable.runinfo import classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import GROUP, PRIVATE
@@ -46,6 +49,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+CLOSES_GROUP = "metrics"
+"""The consumer group (and consumer) the metrics processes read the closes streams in."""
 QUEUE_SCAN_LIMIT = 2000
 """At most this many task streams are read per scrape (bounded cost on Redis)."""
 
@@ -65,7 +70,7 @@ class _Metrics:
         self.started = c("durable_workflows_started_total", "Runs whose first decision committed.", [wt])
         self.closed = c(
             "durable_workflows_closed_total",
-            "Runs closed by a decision, by outcome (completed, failed, cancelled, terminated, continued).",
+            "Runs closed, by outcome (completed, failed, timed_out, cancelled, terminated, continued).",
             [wt, "outcome"],
         )
         self.decisions = c(
@@ -129,6 +134,7 @@ class _Metrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         self._due: dict[int, int] = {}
         self._cache_len = -1
+        self._closes_ready: set[str] = set()  # closes streams whose consumer group exists
 
     def child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -172,6 +178,66 @@ def decided(workflow_type: str, outcome: str, seconds: float, *, first: bool, cl
         m.child(m.started, workflow_type).inc()
     if closing is not None:
         m.child(m.closed, workflow_type, closing).inc()
+
+
+def close_outcome(closing: ev.Event | None) -> str | None:
+    """The ``outcome`` label of a run's closing event: its status, but ``timed_out`` for a run
+    a workflow timeout failed (its status is ``failed``)."""
+    if closing is None:
+        return None
+    if isinstance(closing, ev.WorkflowFailedEvent):
+        try:
+            if isinstance(codec.loads(closing.error), WorkflowTimeout):
+                return "timed_out"
+        except Exception:  # noqa: BLE001 - an error this process cannot decode is counted as failed
+            pass
+    return ev.STATUS_OF_CLOSING[closing.type]
+
+
+def _ensure_close_groups(m: _Metrics, client: Any, keys: Sequence[str]) -> None:
+    """Create the consumer group of each closes stream (and the stream: the close scripts write
+    to it only once it exists), reading from now on; an existing group keeps its cursor."""
+    missing = [key for key in keys if key not in m._closes_ready]
+    if not missing:
+        return
+    with client.pipeline(transaction=False) as pipe:
+        for key in missing:
+            pipe.xgroup_create(key, CLOSES_GROUP, id="$", mkstream=True)
+        replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(missing, replies, strict=True):
+        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+            raise reply
+        m._closes_ready.add(key)
+
+
+def count_closes(store: Any) -> int:
+    """Count the runs closed outside a decision (``terminate`` from a client, the CLI, the HTTP
+    API, a parent's close policy, ``id_conflict_policy='terminate_existing'``) since the last
+    call; returns how many. The closing scripts append them to each partition's closes stream;
+    every metrics process reads it in one consumer group (without acks): each close is delivered
+    to one reader once, whichever process reads first, so the sum over processes counts it once.
+    """
+    m = _m
+    if m is None:
+        return 0
+    keys = [store.keys.closes(p) for p in range(store.keys.partitions)]
+    _ensure_close_groups(m, store.redis, keys)
+    counted = 0
+    with store.redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.xreadgroup(CLOSES_GROUP, CLOSES_GROUP, {key: ">"}, count=1000, noack=True)
+        replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(keys, replies, strict=True):
+        if isinstance(reply, Exception):
+            if "NOGROUP" in str(reply):  # the stream was deleted: made again on the next call
+                m._closes_ready.discard(key)
+                continue
+            raise reply
+        for _, rows in reply or []:
+            for _, fields in rows:
+                m.child(m.closed, _text(fields.get(b"t", b"")), _text(fields.get(b"o", b""))).inc()
+                counted += 1
+    return counted
 
 
 def cache_lookup(hit: bool) -> None:
@@ -487,6 +553,8 @@ __all__ = [
     "available",
     "cache_lookup",
     "cache_size",
+    "close_outcome",
+    "count_closes",
     "decided",
     "enable",
     "enabled",

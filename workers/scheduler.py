@@ -31,6 +31,9 @@ from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.scheduler")
 
+CLOSES_INTERVAL_S = 1.0
+"""How often a worker that records metrics counts the runs closed outside decisions."""
+
 
 class Scheduler:
     """Fires timers and retries, expires attempts, reclaims stale tasks.
@@ -96,8 +99,14 @@ class Scheduler:
         self._outage = Incident(log, "scheduler", settle=3.0)
         #: Claims and starts the due times of schedules (exactly once across schedulers).
         self.schedules = SchedulePass(store)
+        self._next_closes = 0.0
 
     def start(self) -> None:
+        if metrics.enabled():
+            try:  # the closes streams and their group exist from now on: later closes get counted
+                metrics.count_closes(self.store)
+            except Exception as exc:  # noqa: BLE001 - each pass tries again
+                log.warning("metrics: closes outside decisions not counted yet: %s", exc)
         self._thread = threading.Thread(target=self._loop, name="durable-scheduler", daemon=True)
         self._thread.start()
 
@@ -166,6 +175,9 @@ class Scheduler:
                 else:
                     log.warning("worker heartbeat failed: %s", exc)
         self.purger.tick()
+        if metrics.enabled() and now >= self._next_closes:
+            self._next_closes = now + CLOSES_INTERVAL_S
+            metrics.count_closes(self.store)
         soonest = self.schedules.tick()
         if soonest is not None:
             next_due = min(next_due, soonest / 1000)

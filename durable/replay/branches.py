@@ -29,6 +29,9 @@ class Branch(WorkflowGreenlet):
         self.group: Group | None = None
         self.index = 0
         self.update_id: str | None = None  # the update whose handler this branch runs
+        # What its activity and child calls' headers start as (None: the run's); an update
+        # handler's branch and the all() branches under it carry its update's.
+        self.headers: dict[str, Any] | None = None
 
 
 @dataclass

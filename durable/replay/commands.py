@@ -267,7 +267,7 @@ class Commands(DriverCore):
         group = Group(id=cid, parent=branch, results=[None] * len(fns), remaining=len(fns))
         for index, fn in enumerate(fns):
             child = self._spawn(f"{cid}.{index + 1}", fn)
-            child.group, child.index = group, index
+            child.group, child.index, child.headers = group, index, branch.headers
             group.branches.append(child)
             self._runnable.append((child, None, None))
         return self._suspend(branch, Wait("all", cid, group=group))

@@ -143,7 +143,10 @@ class DriverCore(WorkflowRuntime):
         return RunInfo(self.workflow_id, self.run_id, self.workflow_type, headers)
 
     def _headers(self) -> dict[str, Any]:
-        """The headers an activity or child call starts with: a copy of the run's."""
+        """The headers an activity or child call starts with: a copy of its branch's, else the run's."""
+        current = greenlet.getcurrent()
+        if isinstance(current, Branch) and current.headers is not None:
+            return dict(current.headers)
         return dict(self._started.headers) if self._started is not None and self._started.headers else {}
 
     def history_budget(self) -> dict[str, int]:

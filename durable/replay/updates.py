@@ -38,7 +38,9 @@ class Updates(DriverCore):
         error = self._update_refusal(request)
         event: ev.Event
         if error is None:
-            event = ev.UpdateAccepted(id=request.id, name=request.name, args=request.args)
+            event = ev.UpdateAccepted(
+                id=request.id, name=request.name, args=request.args, headers=request.headers
+            )
         else:
             try:
                 payload = codec.dumps(error, path="update rejection")
@@ -63,11 +65,20 @@ class Updates(DriverCore):
         except SerializationError as exc:
             return exc
         validator = entry[1]
-        if validator is None:
-            return None
+
+        def validate(i: HandleUpdateInput) -> None:
+            if validator is not None:
+                getattr(instance, validator)(*i.args)
+
+        check = HandleUpdateInput(
+            self.run_info(), request.id, request.name, tuple(args), False, dict(request.headers)
+        )
         try:
-            self._guarded(f"update validator {request.name!r}", lambda: getattr(instance, validator)(*args))
-        except Exception as exc:  # noqa: BLE001 - raising is how a validator rejects
+            self._guarded(
+                f"update validator {request.name!r}",
+                lambda: interceptors.run(WorkflowInboundInterceptor, "validate_update", check, validate),
+            )
+        except Exception as exc:  # noqa: BLE001 - raising is how a validator (or its interceptor) rejects
             return exc
         return None
 
@@ -85,13 +96,22 @@ class Updates(DriverCore):
             return f"workflow {self.workflow_type!r} has no @update {event.name!r}"
         method = getattr(instance, entry[0])
         request = HandleUpdateInput(
-            self.run_info(), event.id, event.name, codec.loads(event.args), self._pos <= self._history_end
+            self.run_info(),
+            event.id,
+            event.name,
+            codec.loads(event.args),
+            self._pos <= self._history_end,
+            dict(event.headers),
         )
+
+        def handler(i: HandleUpdateInput) -> Any:
+            # The handler's calls carry the run's headers updated with the update's.
+            self._branch().headers = {**self._headers(), **i.headers}
+            return method(*i.args)
+
         branch = self._spawn(
             f"{BRANCH_PREFIX}{event.id}",
-            lambda: interceptors.run(
-                WorkflowInboundInterceptor, "handle_update", request, lambda i: method(*i.args)
-            ),
+            lambda: interceptors.run(WorkflowInboundInterceptor, "handle_update", request, handler),
         )
         branch.update_id = event.id
         self._runnable.append((branch, None, None))

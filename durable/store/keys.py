@@ -265,6 +265,11 @@ class Keys:
         """Closed runs by the end of their retention (ms): the scheduler purges them then."""
         return f"{self.tag(p)}:closed"
 
+    def closes(self, p: int) -> str:
+        """Runs closed outside a decision (terminated): a stream the metrics readers count, in
+        their consumer group; written only once a metrics reader created it."""
+        return f"{self.tag(p)}:closes"
+
     def retention(self, p: int) -> str:
         """The namespace retention (ms), one copy per partition: the closing scripts read it."""
         return f"{self.tag(p)}:retention"

@@ -31,9 +31,15 @@ Outcome = ev.UpdateCompleted | ev.UpdateRejectedEvent
 
 
 def deliver_update(
-    store: RedisStore, workflow_id: str, update_id: str, name: str, args: bytes
+    store: RedisStore,
+    workflow_id: str,
+    update_id: str,
+    name: str,
+    args: bytes,
+    headers: dict[str, Any] | None = None,
 ) -> tuple[RunRef, str]:
-    """Push an update onto the workflow's current run, unless that run already has its id.
+    """Push an update (with its interceptor ``headers``) onto the workflow's current run, unless
+    that run already has its id.
 
     Returns the run and the history stream id to read its outcome after (``0-0`` for a
     repeated id: the first delivery's outcome may be anywhere in the history).
@@ -44,7 +50,8 @@ def deliver_update(
         LimitExceeded: the run has ``max_pending_signals`` inputs waiting or
             ``max_history_events`` events (nothing written).
     """
-    type_name, data = ev.encode_input_data(ev.UpdateRequested(id=update_id, name=name, args=args))
+    request = ev.UpdateRequested(id=update_id, name=name, args=args, headers=headers or {})
+    type_name, data = ev.encode_input_data(request)
     limits = run_limits.current()
     k = store.keys
     for _ in range(_FOLLOW):

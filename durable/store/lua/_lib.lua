@@ -246,5 +246,10 @@ local function terminate_run(rid, instance, run, history, inbox, acts, log, outb
   index_closed(run, rid)
   close_hooks(run)
   if to_parent ~= '' then redis.call('XADD', outbox, '*', 'm', to_parent) end
+  -- No decision counts this close: tell the metrics readers (only when one made the stream).
+  local closes = string.match(run, '^(.-{%d+})') .. ':closes'
+  if redis.call('EXISTS', closes) == 1 then
+    redis.call('XADD', closes, 'MAXLEN', '~', 1000, '*', 't', redis.call('HGET', run, 'type') or '', 'o', 'terminated')
+  end
   return seq
 end
