@@ -89,7 +89,7 @@ def start_workers(
     command gets ``--metrics-port`` (a free port)."""
     base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
     base += ["--cache-size", str(cache_size), "--log-level", "WARNING"] + (["--eager"] if eager else [])
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed once they are started
     commands = (
         [base + ["--processes", str(processes)]] if _cli_has_processes() else [base for _ in range(processes)]
     )
@@ -105,6 +105,9 @@ def start_workers(
         for proc in procs:
             stop_process_group(proc)
         raise
+    finally:
+        if not isinstance(out, int):  # a file, not subprocess.DEVNULL
+            out.close()  # the children hold their own copies
     return procs
 
 
