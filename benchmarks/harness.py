@@ -6,25 +6,31 @@
         --processes 2 --appendfsync everysec --markdown out.md
     python benchmarks/harness.py --engines durable --workloads W2 --cluster   # 3-node Redis Cluster
     python benchmarks/harness.py --engines durable --workloads W2 --metrics   # metrics off vs on
+    # issue 18's ratios in one invocation: W2 / limit.py ceiling, W1 queued/eager, W2 always/everysec
+    python benchmarks/harness.py --engines durable --workloads W1,W2,W2T,W2A --ceiling --compare eager,always
 
 Workloads (activities are no-ops returning a small value; identical for every engine):
 
   W1  latency: a workflow of 10 sequential activities, run one after another: p50 / p95
   W2  throughput: N such workflows started at once: workflows/s and activity steps/s
   W2T W2 with a client thread per workflow (start, then wait for its result): 200 waiting clients
-  W2A W2 with an asyncio task per workflow (needs the async client; n/a until it exists)
+  W2A W2 with an asyncio task per workflow (AsyncWorkflowStub, one event loop): 200 tasks
   W3  fan-out: one workflow running 100 activities concurrently: seconds (median)
   W4  timer overhead: a 1 s durable timer: seconds beyond 1.0 (median)
   W5  signal round trip: signal sent -> workflow result available (median)
   W6  long history: one decision at 100 / 1,000 / 10,000 events, cache hit vs no cache
   W7  waiting runs: Redis and worker memory per run suspended on a signal; wake-ups/s
+  CEIL limit.py's "as written" ceiling (--ceiling; durable only), on a private embedded Redis
 
 Each engine runs in its own temp dir; every server and worker process the harness
 starts is stopped when the engine is done (also on error or Ctrl-C). An engine that
 cannot be installed or started is reported as unavailable, with the reason; a
 workload an engine does not implement is shown as "n/a". No figure is ever made up.
-W2 and its variants run in turns (W2, W2T, W2, ...) so their ratio is of the same minutes.
-After the table come the ratios (durable/peer per workload, W2T/W2); the raw figures go to
+W2, its variants and the ceiling run in turns (W2, W2T, CEIL, W2, ...) so their ratio is of
+the same minutes. --compare eager,always keeps a second (third) durable engine alive beside
+the first, in that mode, and runs W1 and the W2 group in turns on all of them.
+After the table come the ratios (durable/peer per workload, W2T/W2, W2A/W2, W2 / ceiling,
+W1 queued/eager, W2 always/everysec; with the spread of per-turn ratios); the raw figures go to
 benchmarks/results/<time>.json (--json), the plots to --plots DIR (benchmarks/report.py).
 """
 
@@ -40,6 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +55,14 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
 import report  # noqa: E402
-from peers.common import NotMeasured, Options  # noqa: E402
+from peers.common import NotMeasured, Options, latency_summary  # noqa: E402
 
 MODULES = {
     "durable": "workloads_durable",
     "temporal": "peers.temporal_workloads",
     "dbos": "peers.dbos_workloads",
 }
-ALL_WORKLOADS = ["W1", "W2", "W2T", "W2A", "W3", "W4", "W5", "W6", "W7"]
+ALL_WORKLOADS = ["W1", "W2", "W2T", "W2A", "W3", "W4", "W5", "W6", "W7", "CEIL"]
 
 # Sizes: (full, quick).
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -68,11 +75,18 @@ SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "W5": ({"n_samples": 10}, {"n_samples": 3}),
     "W6": ({"sizes": [100, 1_000, 10_000]}, {"sizes": [100, 1_000]}),
     "W7": ({"n_runs": 10_000}, {"n_runs": 500}),
+    "CEIL": ({"seconds": 1.0}, {"seconds": 0.3}),
 }
 
 # Runs per workload (full, quick) where one run is short and a 2-core box is noisy: the
 # median run is reported, with the range.
-REPEATS: dict[str, tuple[int, int]] = {"W2": (5, 1), "W2T": (5, 1), "W2A": (5, 1)}
+REPEATS: dict[str, tuple[int, int]] = {"W2": (5, 1), "W2T": (5, 1), "W2A": (5, 1), "CEIL": (5, 1)}
+# The engine method of a workload, when it is not the workload's name in lower case.
+METHODS = {"CEIL": "ceiling"}
+# Rounds of W1 when it runs in turns on engines compared (--compare): its samples are pooled.
+TURNS: dict[str, tuple[int, int]] = {"W1": (3, 2)}
+# --compare MODE: a second durable engine, alive beside the first, with these options.
+COMPARE: dict[str, dict[str, Any]] = {"eager": {"eager": True}, "always": {"appendfsync": "always"}}
 
 TITLES = {
     "W1": "W1 10-step p50 / p95",
@@ -84,6 +98,7 @@ TITLES = {
     "W5": "W5 signal round trip",
     "W6": "W6 decision at N events (cached / no cache)",
     "W7": "W7 waiting runs",
+    "CEIL": "limit.py ceiling, as written",
 }
 
 
@@ -109,8 +124,10 @@ def render(workload: str, fig: dict[str, Any]) -> str:
     """One table cell from a workload's figures."""
     if workload == "W1":
         return f"{fmt_time(fig['p50_s'])} / {fmt_time(fig['p95_s'])}"
-    if workload in ("W2", "W2T", "W2A"):
-        cell = f"{fig['workflows_per_s']:,.1f} wf/s, {fmt_count(fig['steps_per_s'])} steps/s"
+    if workload in ("W2", "W2T", "W2A", "CEIL"):
+        cell = f"{fmt_count(fig['steps_per_s'])} steps/s"
+        if "workflows_per_s" in fig:
+            cell = f"{fig['workflows_per_s']:,.1f} wf/s, " + cell
         runs = fig.get("runs_steps_per_s", [])
         if len(runs) > 1:
             cell += f" (median of {len(runs)}: {fmt_count(runs[0])}–{fmt_count(runs[-1])})"
@@ -138,103 +155,157 @@ def render(workload: str, fig: dict[str, Any]) -> str:
 def measure(engine: Any, workload: str, kwargs: dict[str, Any], repeats: int) -> dict[str, Any]:
     """The workload's figures; with repeats, those of the median run by steps/s, plus every
     run's steps/s (sorted) as ``runs_steps_per_s``."""
-    fn = getattr(engine, workload.lower(), None)
+    fn = getattr(engine, METHODS.get(workload, workload.lower()), None)
     if fn is None:
         raise NotMeasured()
-    return median_run([fn(**kwargs) for _ in range(repeats)])
+    return merge_runs(workload, [fn(**kwargs) for _ in range(repeats)])
+
+
+def merge_runs(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One figure from a workload's runs: W1's samples pooled, else the median run."""
+    if workload == "W1" and len(runs) > 1 and all("samples_s" in r for r in runs):
+        return {**latency_summary([t for r in runs for t in r["samples_s"]]), "rounds": len(runs)}
+    return median_run(runs)
 
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
-    runs.sort(key=lambda fig: fig["steps_per_s"])
-    return {**runs[len(runs) // 2], "runs_steps_per_s": [fig["steps_per_s"] for fig in runs]}
+    key = "steps_per_s" if "steps_per_s" in runs[0] else "p50_s"
+    turns = [fig[key] for fig in runs]  # in the order run: per-turn ratios between variants
+    runs.sort(key=lambda fig: fig[key])
+    return {**runs[len(runs) // 2], f"runs_{key}": [fig[key] for fig in runs], f"turns_{key}": turns}
+
+
+Slot = tuple[str, str]  # (engine label, workload)
 
 
 def measure_interleaved(
-    engine: Any, group: list[str], sizes: dict[str, dict[str, Any]], repeats: int
-) -> dict[str, dict[str, Any] | BaseException]:
-    """W2 and its variants in turns (W2, W2T, W2, W2T, ...): a 2-core box drifts by more
-    within a minute than the variants differ, so their runs are interleaved."""
-    runs: dict[str, list[dict[str, Any]]] = {w: [] for w in group}
-    out: dict[str, dict[str, Any] | BaseException] = {}
+    engines: dict[str, Any], group: list[str], sizes: dict[str, dict[str, Any]], repeats: int
+) -> dict[Slot, dict[str, Any] | BaseException]:
+    """Every (engine, workload) of ``group`` in turns (W2 on A, W2 on B, W2T on A, ..., then
+    again): a 2-core box drifts by more within a minute than the variants differ, so their
+    runs are interleaved and their ratio is of the same minutes."""
+    slots = [(label, w) for w in group for label in engines]
+    runs: dict[Slot, list[dict[str, Any]]] = {slot: [] for slot in slots}
+    out: dict[Slot, dict[str, Any] | BaseException] = {}
     for _ in range(repeats):
-        for w in group:
-            if w in out:
+        for slot in slots:
+            if slot in out:
                 continue
-            fn = getattr(engine, w.lower(), None)
+            label, w = slot
+            fn = getattr(engines[label], METHODS.get(w, w.lower()), None)
             try:
                 if fn is None:
                     raise NotMeasured()
-                runs[w].append(fn(**sizes[w]))
+                runs[slot].append(fn(**sizes[w]))
             except Exception as exc:  # noqa: BLE001 - reported by the caller
-                out[w] = exc
-    for w in group:
-        out.setdefault(w, median_run(runs[w]) if runs[w] else NotMeasured())
+                out[slot] = exc
+    for slot in slots:
+        out.setdefault(slot, merge_runs(slot[1], runs[slot]) if runs[slot] else NotMeasured())
     return out
 
 
+def groups(workloads: list[str], n_engines: int) -> list[list[str]]:
+    """The workloads in measuring order, those run in turns grouped: W2, its variants and the
+    ceiling together; W1 too when engines are compared. Each other workload alone."""
+    together = [w for w in workloads if w.startswith("W2") or w == "CEIL"]
+    if n_engines > 1 and "W1" in workloads:
+        together = ["W1", *together]
+    out: list[list[str]] = []
+    for w in workloads:
+        if w in together:
+            if together not in out:
+                out.append(together)
+        else:
+            out.append([w])
+    return out
+
+
+def open_engines(
+    module: Any, variants: dict[str, dict[str, Any]], quick: bool, stack: ExitStack, log: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Start one engine per variant (label -> options), each in its own temp dir, stopped
+    by ``stack``; returns (label -> engine, label -> why it could not start)."""
+    engines: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for label, options_kw in variants.items():
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"bench-{label}-")))
+        t0 = time.perf_counter()
+        stack.callback(
+            lambda lb=label, t=t0: log(f"[{lb}] stopped (engine total {time.perf_counter() - t:.1f} s)")
+        )
+        try:
+            engine = module.Engine(Options(tmpdir=tmp, quick=quick, **options_kw))
+            engines[label] = stack.enter_context(engine)
+        except Exception as exc:  # noqa: BLE001
+            log(f"[{label}] could not start: {type(exc).__name__}: {exc}")
+            log(traceback.format_exc())
+            failed[label] = f"unavailable: could not start ({type(exc).__name__}: {exc})"
+    return engines, failed
+
+
 def run_engine(
-    name: str, workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any
-) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """Run the workloads on one engine; returns (workload -> cell text: figures or why there
-    are none, workload -> raw figures)."""
-    cells: dict[str, str] = {}
-    figures: dict[str, dict[str, Any]] = {}
+    name: str,
+    workloads: list[str],
+    options_kw: dict[str, Any],
+    quick: bool,
+    log: Any,
+    compare: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, dict[str, Any]]]]:
+    """Run the workloads on one engine, and with ``compare`` (label -> options overriding
+    ``options_kw``) on more instances of it alive at once, measured in turns. Returns
+    (label -> workload -> cell text: figures or why there are none, label -> workload ->
+    raw figures)."""
+    variants = {name: options_kw, **{label: {**options_kw, **kw} for label, kw in (compare or {}).items()}}
+    cells: dict[str, dict[str, str]] = {label: {} for label in variants}
+    figures: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in variants}
     try:
         module = importlib.import_module(MODULES[name])
     except Exception as exc:  # noqa: BLE001 - a missing peer must not stop the others
         reason = f"unavailable: cannot import ({type(exc).__name__}: {exc})"
-        return dict.fromkeys(workloads, reason), figures
+        return {label: dict.fromkeys(workloads, reason) for label in variants}, figures
     why = module.unavailable()
     if why:
-        return dict.fromkeys(workloads, f"unavailable: {why}"), figures
-    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-        options = Options(tmpdir=Path(tmp), quick=quick, **options_kw)
-        t_engine = time.perf_counter()
-        try:
-            engine = module.Engine(options)
-            engine.__enter__()
-        except Exception as exc:  # noqa: BLE001
-            log(f"[{name}] could not start: {type(exc).__name__}: {exc}")
-            log(traceback.format_exc())
-            return dict.fromkeys(
-                workloads, f"unavailable: could not start ({type(exc).__name__}: {exc})"
-            ), figures
-        try:
-            q = 1 if quick else 0
-            sizes = {w: SIZES[w][q] for w in workloads}
-            group = [w for w in workloads if w.startswith("W2")]
-            done: dict[str, Any] = {}
-            for workload in workloads:
-                t0 = time.perf_counter()
-                if workload in group:
-                    if not done:
-                        done = measure_interleaved(engine, group, sizes, max(REPEATS[w][q] for w in group))
-                    fig = done[workload]
-                else:
-                    try:
-                        fig = measure(engine, workload, sizes[workload], REPEATS.get(workload, (1, 1))[q])
-                    except Exception as exc:  # noqa: BLE001 - report and go on
-                        fig = exc
-                if isinstance(fig, NotMeasured):
-                    cells[workload] = f"n/a ({fig})" if str(fig) else "n/a"
-                    log(f"[{name}] {workload}: not measured for this engine {cells[workload]}")
-                elif isinstance(fig, BaseException):
-                    cells[workload] = f"error: {type(fig).__name__}: {fig}"
-                    log(f"[{name}] {workload} failed after {time.perf_counter() - t0:.1f} s:")
-                    log("".join(traceback.format_exception(fig)))
-                else:
-                    figures[workload] = fig
-                    cells[workload] = render(workload, fig)
-                    log(
-                        f"[{name}] {workload} {sizes[workload]} ({time.perf_counter() - t0:.1f} s): {cells[workload]}"
-                    )
-                    log(f"[{name}] {workload} raw: {fig}")
-        finally:
-            engine.__exit__(None, None, None)
-            log(f"[{name}] stopped (engine total {time.perf_counter() - t_engine:.1f} s)")
+        return {label: dict.fromkeys(workloads, f"unavailable: {why}") for label in variants}, figures
+    with ExitStack() as stack:
+        engines, failed = open_engines(module, variants, quick, stack, log)
+        for label, reason in failed.items():
+            cells[label] = dict.fromkeys(workloads, reason)
+        q = 1 if quick else 0
+        sizes = {w: SIZES[w][q] for w in workloads}
+        for group in groups(workloads, len(engines)):
+            t0 = time.perf_counter()
+            if len(group) > 1 or len(engines) > 1:
+                repeats = max(REPEATS.get(w, TURNS.get(w, (1, 1)))[q] for w in group)
+                done = measure_interleaved(engines, group, sizes, repeats)
+            else:
+                (label, engine), (w,) = next(iter(engines.items())), group
+                try:
+                    done = {(label, w): measure(engine, w, sizes[w], REPEATS.get(w, (1, 1))[q])}
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    done = {(label, w): exc}
+            for (label, w), fig in done.items():
+                cells[label][w] = record(label, w, fig, sizes[w], time.perf_counter() - t0, log)
+                if isinstance(fig, dict):
+                    figures[label][w] = fig
     return cells, figures
+
+
+def record(label: str, workload: str, fig: Any, size: dict[str, Any], seconds: float, log: Any) -> str:
+    """The table cell for one measurement (figures, n/a or the error), logged."""
+    if isinstance(fig, NotMeasured):
+        cell = f"n/a ({fig})" if str(fig) else "n/a"
+        log(f"[{label}] {workload}: not measured for this engine {cell}")
+    elif isinstance(fig, BaseException):
+        cell = f"error: {type(fig).__name__}: {fig}"
+        log(f"[{label}] {workload} failed after {seconds:.1f} s:")
+        log("".join(traceback.format_exception(fig)))
+    else:
+        cell = render(workload, fig)
+        log(f"[{label}] {workload} {size} ({seconds:.1f} s): {cell}")
+        log(f"[{label}] {workload} raw: {fig}")
+    return cell
 
 
 def run_traced(
@@ -250,7 +321,8 @@ def run_traced(
     os.environ[bench_tracing.ENV] = "1"
     bench_tracing.enable()
     try:
-        return run_engine("durable", workloads, options_kw, quick, log)
+        cells, figures = run_engine("durable", workloads, options_kw, quick, log)
+        return cells["durable"], figures["durable"]
     finally:
         bench_tracing.disable()
         os.environ.pop(bench_tracing.ENV, None)
@@ -338,6 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plots", metavar="DIR", help="write table.png and w1_latency.png there (needs the plots extra)"
     )
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also measure limit.py's 'as written' ceiling (on a private embedded Redis with the same "
+        "appendfsync), in turns with W2, and print W2 / ceiling (adds W2 if missing)",
+    )
+    parser.add_argument(
+        "--compare",
+        default="",
+        metavar="MODES",
+        help="comma-separated, any of: eager, always. Also run durable in that mode (row "
+        "durable+eager: workers --eager; durable+always: appendfsync always), alive beside the "
+        "first, W1 and the W2 group measured in turns on both; prints W1 queued/eager p50 and "
+        "W2 always/everysec",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     parser.add_argument(
         "--tracing",
@@ -348,9 +435,17 @@ def main(argv: list[str] | None = None) -> int:
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    compare = [m.strip() for m in args.compare.split(",") if m.strip()]
     bad = [e for e in engines if e not in MODULES] + [w for w in workloads if w not in ALL_WORKLOADS]
+    bad += [m for m in compare if m not in COMPARE]
     if bad:
-        parser.error(f"unknown engine/workload: {', '.join(bad)}")
+        parser.error(f"unknown engine/workload/--compare mode: {', '.join(bad)}")
+    if ("eager" in compare and args.eager) or ("always" in compare and args.appendfsync == "always"):
+        parser.error(
+            "--compare eager/always compares against the default mode: drop --eager/--appendfsync always"
+        )
+    if args.ceiling:
+        workloads += [w for w in ("W2", "CEIL") if w not in workloads]
 
     def log(message: str) -> None:
         if not args.quiet:
@@ -369,12 +464,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     for engine in engines:
         log(f"[{engine}] starting")
-        rows[engine], figures[engine] = run_engine(engine, workloads, options_kw, args.quick, log)
+        variants = {f"durable+{m}": COMPARE[m] for m in compare} if engine == "durable" else None
+        cells, figs = run_engine(engine, workloads, options_kw, args.quick, log, variants)
+        rows.update(cells)
+        figures.update(figs)
         if engine == "durable" and args.metrics:
             log("[durable+metrics] starting")
-            rows["durable+metrics"], figures["durable+metrics"] = run_engine(
-                engine, workloads, {**options_kw, "metrics": True}, args.quick, log
-            )
+            cells, figs = run_engine(engine, workloads, {**options_kw, "metrics": True}, args.quick, log)
+            rows["durable+metrics"], figures["durable+metrics"] = cells["durable"], figs["durable"]
     if args.tracing:
         rows["durable+tracing"], figures["durable+tracing"] = run_traced(
             workloads, options_kw, args.quick, log
@@ -398,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": command,
                 "started": started.isoformat(timespec="seconds"),
                 "machine": machine(),
-                "options": {**options_kw, "quick": args.quick},
+                "options": {**options_kw, "quick": args.quick, "compare": compare, "ceiling": args.ceiling},
                 "figures": figures,
                 "cells": rows,
                 "ratios": lines,

@@ -110,6 +110,21 @@ class Limit:
         self.result = codec.dumps(1, path="result")
         self.record = codec.pack({"duration_ms": 0})
 
+    def take_connection(self) -> None:
+        """Hold one connection of the store's pool for the raw round trips."""
+        pool = self.store.redis.connection_pool
+        try:
+            self.conn = pool.get_connection()
+        except TypeError:  # redis-py < 5.3 wants a command name
+            self.conn = pool.get_connection("_")
+
+    def close(self) -> None:
+        """Give the connection back and close the store."""
+        if self.conn is not None:
+            self.store.redis.connection_pool.release(self.conn)
+            self.conn = None
+        self.store.close()
+
     # --------------------------------------------------------------- wire
     def _roundtrip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send every command in one write, read every reply (raw, hiredis-parsed)."""
@@ -177,6 +192,7 @@ class Limit:
             "cancel_activities": [],
             "outbox": [],
             "hooks": [],
+            "unhooks": [],
             "leased": [],
             "eager": [],
             "status": "suspended",
@@ -288,11 +304,7 @@ def main() -> None:
         try:
             store = RedisStore(url, prefix="limit")
             bench = Limit(store, args.runs)
-            pool = store.redis.connection_pool
-            try:
-                bench.conn = pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                bench.conn = pool.get_connection("_")
+            bench.take_connection()
             try:
                 bench.as_written(min(1.0, args.seconds))  # warm up
                 steps, elapsed = bench.as_written(args.seconds)
@@ -315,8 +327,7 @@ def main() -> None:
                         f"({steps:,} steps in {elapsed:.1f} s)"
                     )
             finally:
-                store.redis.connection_pool.release(bench.conn)
-                store.close()
+                bench.close()
         finally:
             server.stop()
 

@@ -25,6 +25,7 @@ HEADLINE: dict[str, tuple[str, str, str]] = {
     "W4": ("overhead_s", "time", "W4 timer overhead (s)"),
     "W5": ("p50_s", "time", "W5 signal round trip (s)"),
     "W7": ("wakes_per_s", "rate", "W7 wakes/s"),
+    "CEIL": ("steps_per_s", "rate", "limit.py ceiling: steps/s"),
 }
 VARIANTS = {"W2T": "W2", "W2A": "W2"}
 
@@ -37,14 +38,17 @@ def headline(workload: str, fig: dict[str, Any] | None) -> float | None:
 
 
 def ratios(figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]) -> list[str]:
-    """Lines of text: durable/peer for each workload both measured, and durable's W2
-    variants over W2. A ratio is of the headline figure; "x faster" reads it either way."""
+    """Lines of text: durable/peer for each workload both measured, durable's W2 variants
+    over W2, and issue 18's goals (W2 / ceiling, W1 queued/eager, W2 always/everysec) when
+    measured. A ratio is of the headline figure; "x faster" reads it either way."""
     lines = []
     ours = figures.get("durable", {})
     for peer, theirs in figures.items():
-        if peer == "durable":
+        if peer == "durable" or peer in GOALS:
             continue
         for w in workloads:
+            if w == "CEIL":  # Redis's ceiling on this box, not a figure of the engine
+                continue
             a, b = headline(w, ours.get(w)), headline(w, theirs.get(w))
             if a is None or b is None or a <= 0 or b <= 0:
                 continue
@@ -53,10 +57,41 @@ def ratios(figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]) 
             lines.append(f"{w} {key}: durable/{peer} = {a / b:.3g} (durable {faster:.3g}x faster)")
     for variant, base in VARIANTS.items():
         for engine, figs in figures.items():
-            a, b = headline(variant, figs.get(variant)), headline(base, figs.get(base))
-            if a is not None and b is not None and b > 0:
-                lines.append(f"{variant}/{base} steps/s ({engine}) = {a / b:.2f}")
+            line = _ratio(figs.get(variant), figs.get(base), "steps_per_s")
+            if line:
+                goal = " (goal >= 0.80)" if variant in ("W2T", "W2A") else ""
+                lines.append(f"{variant}/{base} steps/s ({engine}) = {line}{goal}")
+    for engine, figs in figures.items():
+        line = _ratio(figs.get("W2"), figs.get("CEIL"), "steps_per_s", percent=True)
+        if line:
+            lines.append(f"W2 / limit.py ceiling as written ({engine}) = {line} (goal >= 80 %)")
+    for label, (workload, key, text) in GOALS.items():
+        base, other = ours.get(workload), figures.get(label, {}).get(workload)
+        line = _ratio(base, other, key) if label == "durable+eager" else _ratio(other, base, key)
+        if line:
+            lines.append(f"{text} = {line}")
     return lines
+
+
+# Rows of a durable engine in another mode (harness --compare): (workload, key, what the ratio is).
+GOALS: dict[str, tuple[str, str, str]] = {
+    "durable+eager": ("W1", "p50_s", "W1 p50 queued/eager (goal <= 1.5)"),
+    "durable+always": ("W2", "steps_per_s", "W2 steps/s appendfsync always/everysec (goal >= 0.70)"),
+}
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str, *, percent: bool = False) -> str:
+    """``a[key] / b[key]`` as text, with the spread of the per-turn ratios when both ran in
+    turns (``turns_<key>``, in the order run), or ``""`` when either is missing."""
+    if not a or not b or not isinstance(a.get(key), (int, float)) or not b.get(key):
+        return ""
+    fmt = (lambda r: f"{100 * r:.0f} %") if percent else (lambda r: f"{r:.2f}")
+    text = fmt(a[key] / b[key])
+    ta, tb = a.get(f"turns_{key}", []), b.get(f"turns_{key}", [])
+    if len(ta) == len(tb) > 1:
+        per = sorted(x / y for x, y in zip(ta, tb, strict=True) if y)
+        text += f" (per turn {fmt(per[0])}–{fmt(per[-1])}, n={len(per)})"
+    return text
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

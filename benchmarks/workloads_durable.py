@@ -11,6 +11,7 @@ so the worker processes never see its tasks.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import statistics
@@ -88,7 +89,7 @@ def start_workers(
     command gets ``--metrics-port`` (a free port)."""
     base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
     base += ["--cache-size", str(cache_size), "--log-level", "WARNING"] + (["--eager"] if eager else [])
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed with the process
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed once they are started
     commands = (
         [base + ["--processes", str(processes)]] if _cli_has_processes() else [base for _ in range(processes)]
     )
@@ -104,6 +105,9 @@ def start_workers(
         for proc in procs:
             stop_process_group(proc)
         raise
+    finally:
+        if not isinstance(out, int):  # a file, not subprocess.DEVNULL
+            out.close()  # the children hold their own copies
     return procs
 
 
@@ -126,6 +130,9 @@ class Engine:
         self.cache_size = 1000
         self._old_url: str | None = None
         self._worker_pids: list[int] = []
+        self._loop: asyncio.Runner | None = None  # W2A's event loop, made on first use
+        self._limit: Any = None  # the ceiling's ``limit.Limit``, made on first use
+        self._limit_server: Any = None
 
     # ----------------------------------------------------------- lifecycle
     def __enter__(self) -> Engine:
@@ -195,6 +202,9 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         try:
+            if self._loop is not None:
+                self._loop.close()
+            self._stop_limit()
             self._stop_workers()
         finally:
             if self.store is not None:
@@ -285,12 +295,74 @@ class Engine:
         }
 
     def w2a(self, n_workflows: int) -> dict[str, Any]:
-        """W2 with one asyncio task per workflow (start, then await the result).
+        """W2 with one asyncio task per workflow on one event loop: each starts its run and
+        awaits its result (``AsyncWorkflowStub``), as the handlers of an asyncio web server
+        would. The loop lives as long as the engine, like a server's."""
+        from bench_apps import TenSteps
 
-        TODO(issue 18 item 5): needs the async client (``durable.aio``), which is not in
-        this tree yet; until then the harness shows n/a.
-        """
-        raise NotMeasured("needs durable's async client (durable.aio), not in this tree yet")
+        from durable import AsyncWorkflowStub
+
+        async def client(gate: asyncio.Event) -> Any:
+            await gate.wait()
+            stub = await AsyncWorkflowStub.make(TenSteps, store=self.store).start(STEPS)
+            return await stub.result(timeout=300)
+
+        async def clients() -> dict[str, Any]:
+            gate = asyncio.Event()
+            tasks = [asyncio.create_task(client(gate)) for _ in range(n_workflows)]
+            await asyncio.sleep(0)  # every task now waits on the gate
+            cpu0 = self._cpu()
+            t0 = time.perf_counter()
+            gate.set()
+            results = await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - t0
+            assert results == [STEPS] * n_workflows
+            return {
+                "seconds": elapsed,
+                "workflows_per_s": n_workflows / elapsed,
+                "steps_per_s": n_workflows * STEPS / elapsed,
+                "clients": n_workflows,
+                **self._cpu_spent(cpu0),
+            }
+
+        if self._loop is None:
+            self._loop = asyncio.Runner()
+        return self._loop.run(clients())
+
+    def ceiling(self, seconds: float, runs: int = 64) -> dict[str, Any]:
+        """``limit.py``'s "as written" ceiling (:meth:`limit.Limit.as_written`) on a private
+        embedded Redis with this engine's ``appendfsync``, for W2 to be read as a fraction
+        of it in the same minutes. The runs are made on first call and advance across calls.
+        Not for eager workers: their floor is ``limit.py --eager``'s, not measured here."""
+        if self.options.eager:
+            raise NotMeasured("the ceiling is of the queued step (eager: limit.py --eager)")
+        if self._limit is None:
+            self._limit = self._start_limit(runs)
+            self._limit.as_written(min(0.5, seconds))  # warm up: scripts, first pass
+        steps, elapsed = self._limit.as_written(seconds)
+        return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "runs": runs}
+
+    def _start_limit(self, runs: int) -> Any:
+        from limit import Limit
+
+        from durable.store.embedded import EmbeddedRedis
+        from durable.store.redis_store import RedisStore
+
+        self._limit_server = EmbeddedRedis(
+            self.options.tmpdir / "limit", appendfsync=self.options.appendfsync
+        )
+        store = RedisStore(self._limit_server.ensure(), prefix="limit")
+        bench = Limit(store, runs)
+        bench.take_connection()
+        return bench
+
+    def _stop_limit(self) -> None:
+        if self._limit is not None:
+            self._limit.close()
+            self._limit = None
+        if self._limit_server is not None:
+            self._limit_server.stop()
+            self._limit_server = None
 
     def w3(self, n_branches: int, repeats: int) -> dict[str, Any]:
         from bench_apps import FanOut

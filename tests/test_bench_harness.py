@@ -1,0 +1,69 @@
+"""The benchmark harness's own logic, cheaply: no worker processes.
+
+* ``limit.py`` drives the real Lua scripts with plans it builds itself: when the commit
+  script's plan grows a field, the ceiling fails (it did once, unnoticed); a few passes
+  against the test Redis catch that.
+* The ratios of issue 18 (W2A/W2, W2 / ceiling, W1 queued/eager, W2 always/everysec) and
+  the grouping of workloads measured in turns.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import harness  # noqa: E402
+import report  # noqa: E402
+from limit import Limit  # noqa: E402
+
+from durable.store.redis_store import RedisStore  # noqa: E402
+
+
+def test_limit_passes_run_on_the_real_scripts(redis_url: str) -> None:
+    bench = Limit(RedisStore(redis_url, prefix="limit-test"), 4)
+    bench.take_connection()
+    try:
+        steps, _ = bench.as_written(0.05)
+        assert steps >= 4
+        eager = Limit(RedisStore(redis_url, prefix="limit-test-eager"), 4)
+        eager.conn = bench.conn
+        steps, _ = eager.eager(0.05)
+        eager.store.close()
+        assert steps >= 4
+    finally:
+        bench.close()
+
+
+def test_workloads_in_turns_are_grouped() -> None:
+    assert harness.groups(["W1", "W2", "W3", "W2A", "CEIL"], 1) == [["W1"], ["W2", "W2A", "CEIL"], ["W3"]]
+    assert harness.groups(["W1", "W2", "W3"], 2) == [["W1", "W2"], ["W3"]]
+
+
+def test_merged_runs_keep_the_turn_order_and_pool_w1_samples() -> None:
+    fig = harness.merge_runs("W2", [{"steps_per_s": 3.0}, {"steps_per_s": 1.0}, {"steps_per_s": 2.0}])
+    assert fig["steps_per_s"] == 2.0
+    assert fig["turns_steps_per_s"] == [3.0, 1.0, 2.0]
+    w1 = harness.merge_runs("W1", [{"samples_s": [0.1, 0.3]}, {"samples_s": [0.2]}])
+    assert w1["p50_s"] == 0.2 and w1["n"] == 3 and w1["rounds"] == 2
+
+
+def test_issue_18_ratios() -> None:
+    def w2(*turns: float) -> dict[str, object]:
+        return {"steps_per_s": sorted(turns)[len(turns) // 2], "turns_steps_per_s": list(turns)}
+
+    figures = {
+        "durable": {"W1": {"p50_s": 0.008}, "W2": w2(100, 80), "W2A": w2(90, 80), "CEIL": w2(200, 100)},
+        "durable+eager": {"W1": {"p50_s": 0.004}, "W2": w2(150, 150)},
+        "durable+always": {"W2": w2(70, 40)},
+    }
+    lines = report.ratios(figures, ["W1", "W2", "W2A", "CEIL"])
+    assert "W2A/W2 steps/s (durable) = 0.90 (per turn 0.90–1.00, n=2) (goal >= 0.80)" in lines
+    assert (
+        "W2 / limit.py ceiling as written (durable) = 50 % (per turn 50 %–80 %, n=2) (goal >= 80 %)" in lines
+    )
+    assert "W1 p50 queued/eager (goal <= 1.5) = 2.00" in lines
+    assert "W2 steps/s appendfsync always/everysec (goal >= 0.70) = 0.70 (per turn 0.50–0.70, n=2)" in lines
+    assert not [line for line in lines if "durable/durable+" in line]
