@@ -177,6 +177,7 @@ class Limit:
             "cancel_activities": [],
             "outbox": [],
             "hooks": [],
+            "unhooks": [],
             "leased": [],
             "eager": [],
             "status": "suspended",
