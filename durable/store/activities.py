@@ -96,11 +96,18 @@ class ActivityStore(StoreBase):
         last heartbeat details.
         """
         k, p, rid = self.keys, task.partition, task.run_id
-        reply = self._run_script(
+        # Every activity attempt passes here: the raw pipeline (one EVALSHA, on a cluster
+        # redis-py's) skips the Script object's layers (~9 % of a worker's CPU in W2).
+        reply = self._script_many(
             "begin_attempt",
-            [k.run(p, rid), k.activities(p, rid), k.running(p), stream],
-            [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms],
-        )
+            [
+                (
+                    [k.run(p, rid), k.activities(p, rid), k.running(p), stream],
+                    [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms],
+                )
+            ],
+            raise_on_error=True,
+        )[0]
         if text(reply[0]) != "OK":
             return Begun(False, text(reply[1]))
         return Begun(True, "", bytes(reply[1]) or None, int(reply[2]))
