@@ -94,11 +94,15 @@ class ActivityHost:
         """Whether finished attempts wait for the main thread to record them."""
         return bool(self.completed or self.eager_done)
 
-    def record(self, apply_eager: Callable[[list[AttemptResult]], None]) -> None:
-        """Record the results in hand (main thread): queued ones in one batch, eager ones
-        through ``apply_eager`` (with their runs' next decisions)."""
+    def record(
+        self,
+        apply_eager: Callable[[list[AttemptResult]], None],
+        complete: Callable[[list[AttemptOutcome]], None] | None = None,
+    ) -> None:
+        """Record the results in hand (main thread): queued ones in one batch (by ``complete``
+        if given), eager ones through ``apply_eager`` (with their runs' next decisions)."""
         if self.completed or self.eager_done:
-            record_in_hand(self.store, self.completed, self.eager_done, apply_eager)
+            record_in_hand(self.store, self.completed, self.eager_done, apply_eager, complete)
 
     # ------------------------------------------------------------ backlog
     def runs_here(self, scheduled: ev.ActivityScheduled) -> bool:

@@ -50,6 +50,26 @@ class ActivityStore(StoreBase):
         replies = self._script_many("complete_activity", calls, raise_on_error=True)
         return [(text(reply[0]), int(reply[1]) if text(reply[0]) == "RETRY" else 0) for reply in replies]
 
+    def complete_then_read(
+        self, outcomes: Sequence[AttemptOutcome], reads: Sequence[Sequence[Any]]
+    ) -> tuple[list[tuple[str, int]], list[Any] | None]:
+        """:meth:`complete_many`, then ``reads`` (raw commands) in the same round trip, after the
+        completions. Each outcome's pair is ``('OK', 1)`` when its completion enqueued its run's
+        workflow task (no task was pending), ``('OK', 0)`` when one was. The reads' raw replies
+        come second (``None`` on a Redis Cluster, where nothing is read)."""
+        if self._wire is None or not reads:
+            return self.complete_many(outcomes), None
+        sha = self._scripts["complete_activity"].sha
+        calls = [self.complete_args(outcome) for outcome in outcomes]
+        replies = self._wire.execute(
+            [*(("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls), *reads]
+        )
+        done = replies[: len(calls)]
+        for reply in done:
+            if isinstance(reply, Exception):
+                raise reply
+        return [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in done], replies[len(calls) :]
+
     def complete_args(self, outcome: AttemptOutcome) -> tuple[list[str], list[Any]]:
         """Keys and arguments of the completion script (``lua/complete_activity.lua``)."""
         k, task = self.keys, outcome.task
