@@ -23,6 +23,7 @@ from durable.errors import ActivityTimeout, NonRetryableError, SerializationErro
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
+from durable.store.runs import Loaded
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from . import faults, metrics
@@ -256,7 +257,35 @@ def attempt_failed(
 
 def complete_batch(store: RedisStore, outcomes: list[AttemptOutcome]) -> None:
     """Record several attempts' results in one round trip; late results are logged as discarded."""
-    for outcome, (reply, _) in zip(outcomes, store.complete_many(outcomes), strict=True):
+    _log_stale(outcomes, store.complete_many(outcomes))
+
+
+def complete_and_preload(
+    store: RedisStore, outcomes: list[AttemptOutcome], seq_of: Callable[[str], int]
+) -> dict[str, tuple[int, Loaded]]:
+    """:func:`complete_batch`, and in the same round trip the decision load of each run whose
+    driver is cached here (``seq_of`` > 0) and whose workflow task a completion enqueued: run
+    id -> (seq loaded after, load). That task is then decided without a load round trip of its
+    own; with no other task pending when it was enqueued, nobody else decides the run meanwhile
+    (an eager commit changes its seq: the commit conflicts and the run is loaded afresh)."""
+    runs: dict[str, tuple[int, str, int]] = {}
+    for outcome in outcomes:
+        rid = outcome.task.run_id
+        after = seq_of(rid)
+        if after and rid not in runs:
+            runs[rid] = (outcome.task.partition, rid, after)
+    reads = store.preload_commands(list(runs.values())) if runs else []
+    replies, raw = store.complete_then_read(outcomes, reads)
+    _log_stale(outcomes, replies)
+    loaded = store.preloaded(raw) if raw else None
+    if loaded is None:
+        return {}
+    woken = {o.task.run_id for o, (word, n) in zip(outcomes, replies, strict=True) if word == "OK" and n}
+    return {rid: (run[2], got) for (rid, run), got in zip(runs.items(), loaded, strict=True) if rid in woken}
+
+
+def _log_stale(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> None:
+    for outcome, (reply, _) in zip(outcomes, replies, strict=True):
         if reply == "STALE":
             task = outcome.task
             log.info(
@@ -372,16 +401,17 @@ def record_in_hand(
     completed: deque[AttemptOutcome],
     eager: deque[AttemptResult],
     apply_eager: Callable[[list[AttemptResult]], None],
+    complete: Callable[[list[AttemptOutcome]], None] | None = None,
 ) -> None:
     """Record the results other threads handed to the worker's main thread: queued tasks'
     outcomes through their runs' inboxes, eager results with their runs' next decisions
-    (``apply_eager``). When Redis refuses (it is unavailable for now), nothing is dropped:
+    (``apply_eager``); ``complete`` records the former (default :func:`complete_batch`). When Redis refuses (it is unavailable for now), nothing is dropped:
     the outcomes stay in ``completed`` for the next call, and so do the eager results, as
     inbox outcomes (some may be committed already: the inbox discards those as stale)."""
     if completed:
         batch = _drain(completed)
         try:
-            complete_batch(store, batch)
+            complete(batch) if complete is not None else complete_batch(store, batch)
         except BaseException:
             completed.extendleft(reversed(batch))
             raise

@@ -33,6 +33,7 @@ from durable.registry import get_workflow
 from durable.replay import Decision, Driver
 from durable.store.connect import is_transient
 from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
+from durable.store.runs import Loaded
 from durable.store.tasks import (
     ActivityTask,
     AttemptResult,
@@ -173,6 +174,8 @@ class Decider:
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
         # Wraps each run's replay and decision (the worker's watchdog times them).
         self.deciding: Callable[[Task], AbstractContextManager[object]] = nullcontext
+        # Loads taken with the completions that woke their runs: used by this pass's decisions.
+        self.preloaded: dict[str, tuple[int, Loaded]] = {}
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
@@ -221,12 +224,19 @@ class Decider:
     def _round(self, tasks: list[Task]) -> list[Task]:
         """Decide tasks of distinct runs; returns those whose commit conflicted."""
         began = time.perf_counter()
-        afters = []
-        for task in tasks:
-            afters.append(self.cache.seq_of(task.run_id))
-        loaded = self.store.load_many(
-            [(t.p, t.run_id, after) for t, after in zip(tasks, afters, strict=True)]
-        )
+        afters = [self.cache.seq_of(task.run_id) for task in tasks]
+        # Runs loaded with the completion that woke them (complete_and_preload), if still current.
+        pre = [self.preloaded.pop(task.run_id, (-1, None)) for task in tasks]
+        need = [
+            (t.p, t.run_id, a)
+            for t, a, (at, got) in zip(tasks, afters, pre, strict=True)
+            if at != a or got is None
+        ]
+        fresh = iter(self.store.load_many(need) if need else [])
+        loaded = [
+            got if at == a and got is not None else next(fresh)
+            for a, (at, got) in zip(afters, pre, strict=True)
+        ]
         pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
         for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
             # Every log line of this run's decision carries its ids (the type, once replayed).

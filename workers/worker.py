@@ -8,7 +8,7 @@ One worker process has:
   workflow tasks itself (greenlets can only be resumed on the thread that created them, so the
   run cache lives here) and carries out outbox messages. Its workflow tasks include a private
   stream of the runs it decided last (sticky: their drivers are in its cache);
-* ``concurrency`` **activity threads** (``threads.py``);
+* ``concurrency`` **activity threads** (``activity_host.py`` over ``threads.py``);
 * the **scheduler** thread (``scheduler.py``), which also keeps the worker's lease alive.
 
 SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to ``grace`` seconds), exit
@@ -23,36 +23,26 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from durable import events as ev
 from durable import registry
-from durable.activity import set_worker_identity
 from durable.store.connect import consumer_name, is_missing_group, is_transient
 from durable.store.outage import Incident, retry_transient
 from durable.store.reads import Reply
 from durable.store.redis_store import RedisStore
-from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
+from durable.store.tasks import AttemptOutcome
 
+from .activity_host import ActivityHost
 from .allowed import Allowed
 from .app import AUTO_BUILD_ID, code_build_id, load_app, tune_gc  # noqa: F401 - re-exported (examples)
-from .attempts import (
-    attempt_deadline,
-    complete_batch,
-    completion,
-    execute_attempt,
-    record_in_hand,
-    run_activity,
-)
+from .attempts import complete_and_preload
 from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
 from .reader import TaskReader
 from .scheduler import Scheduler
-from .threads import ActivityThreads
 from .watchdog import (
     DEFAULT_DECISION_TIMEOUT,
     STOP_MARGIN,
@@ -65,10 +55,6 @@ from .watchdog import (
 )
 
 log = logging.getLogger("durable.worker")
-
-BACKLOG_MS = 5.0
-"""How much claimed-but-not-started activity work (by recent run times) a worker holds per thread:
-activity tasks it read beyond that, and leased (eager) activities beyond that, go to other workers."""
 
 WORKFLOW, OUTBOX, ACTIVITY = "workflow", "outbox", "activity"
 """What a task stream holds; the worker registers each stream it reads under one."""
@@ -147,12 +133,6 @@ class Worker:
         # A private queue only this worker serves: worker sessions pin activities to it.
         self.session_queue = "@" + self.consumer.replace(":", "-")
         self._plan_streams(list(compatible), cache_size)
-        self._pool = ActivityThreads(
-            concurrency, initializer=set_worker_identity, initargs=(self.consumer, self.session_queue)
-        )
-        self._busy = 0
-        self._busy_lock = threading.Lock()
-        self._in_flight: dict[tuple[str, str], float] = {}
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
         # On a cluster a read over several partitions' streams is CROSSSLOT: the store's
         # read groups give one outstanding read per partition, on the node owning its slot.
@@ -169,16 +149,19 @@ class Worker:
         self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms, sticky_timeout_ms)
         self.eager = eager
-        self._eager_done: deque[AttemptResult] = deque()
-        # Results of queued activity tasks, recorded by the main thread in batches.
-        self._completed: deque[AttemptOutcome] = deque()
-        self._reserved = 0
-        self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
-        # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
-        self._leases: set[tuple[int, str, str, int]] = set()
+        self.activities = ActivityHost(
+            self.store,
+            concurrency=concurrency,
+            queues=self.queues,
+            allowed=self._activity_ok,
+            identity=(self.consumer, self.session_queue),
+            eager=eager,
+            wake=self.reader.wake,
+            on_timer=self.scheduler.notify,
+        )
         self.decider = self._make_decider(cache_size, claim_idle_ms, compatible, unknown_type_grace)
+        self.activities.unserved = self.decider.routing.activity
         self.decisions = 0
-        self.activities_run = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
         self._owns_process = False
         self._stop_deadline = StopDeadline()
@@ -192,9 +175,9 @@ class Worker:
             cache_size=cache_size,
             allowed=self._workflow_ok,
             on_timer=self.scheduler.notify,
-            runs_activity=self._runs_here,
-            on_leased=self._run_leased,
-            on_lease_dropped=self._lease_dropped,
+            runs_activity=self.activities.runs_here,
+            on_leased=self.activities.run_leased,
+            on_lease_dropped=self.activities.lease_dropped,
             lease_ms=claim_idle_ms,
             build_id=self.build_id,
             compatible=tuple(compatible),
@@ -222,8 +205,8 @@ class Worker:
             paused=lambda: self._outage.active,
             consumer=self.consumer,
             reclaimed=self._on_reclaimed,
-            in_flight=lambda: list(self._in_flight),
-            leases=lambda: list(self._leases),
+            in_flight=lambda: list(self.activities.in_flight),
+            leases=lambda: list(self.activities.leases),
             session_queue=self.session_queue,
             claim_idle_ms=claim_idle_ms,
             sticky_timeout_ms=sticky_timeout_ms,
@@ -264,7 +247,12 @@ class Worker:
     @property
     def busy(self) -> int:
         """Activity attempts running on this worker's threads right now."""
-        return self._busy
+        return self.activities.busy
+
+    @property
+    def activities_run(self) -> int:
+        """Activity attempts this worker has run."""
+        return self.activities.activities_run
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down (thread-safe)."""
@@ -340,7 +328,7 @@ class Worker:
     def _shutdown(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
-        self._finish_activities()
+        self.activities.finish(self.grace)
         self._leave()
         self.reader.close()
         self.decider.cache.clear()
@@ -354,30 +342,9 @@ class Worker:
             # The main thread will not return: hand back its other tasks, finish what the
             # activity threads run, leave, and end the process for its supervisor to replace.
             hand_back(self.store, self._batch, but=stuck.task)
-            self._finish_activities()
+            self.activities.finish(self.grace)
             self._leave()
             exit_runaway(self.consumer, stuck)
-
-    def _finish_activities(self) -> None:
-        deadline = time.time() + self.grace
-        while self._busy and time.time() < deadline:
-            time.sleep(0.05)
-        # Results handed to this thread but not yet recorded: record them through the
-        # inbox now (no more decisions are made here).
-        pending = list(self._completed)
-        pending += [completion(r, stream=r.task.stream) for r in self._eager_done]
-        if pending:
-            try:
-                complete_batch(self.store, pending)
-            except Exception:  # noqa: BLE001 - their tasks or leases are retried elsewhere
-                log.exception("could not record %d finished activities on shutdown", len(pending))
-        if self._busy:
-            log.warning(
-                "%d activities still running after %.0f s; their tasks will be reclaimed",
-                self._busy,
-                self.grace,
-            )
-        self._pool.shutdown()
 
     def _leave(self) -> None:
         self.scheduler.stop()
@@ -388,88 +355,16 @@ class Worker:
             pass
 
     # ----------------------------------------------------------------- loop
-    def _runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
-        """Whether this worker runs an activity its decision scheduled, under a lease.
-
-        Local activities always do; in eager mode, others do while this worker holds
-        less than :data:`BACKLOG_MS` of work per thread (by the activities' recent
-        run time: one per thread for slow ones, up to eight per thread for
-        activities that take microseconds). The rest go to the activity queue, where
-        any worker can take them, so one worker never hoards a fan-out of slow work.
-        """
-        if not self._activity_ok(scheduled.name):
-            return False
-        with self._busy_lock:
-            free = self._busy + self._reserved < self._backlog()
-            if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
-                self._reserved += 1
-                return True
-        return False
-
-    def _backlog(self) -> float:
-        """How many activities this worker may hold (running or waiting for a thread)."""
-        return min(8.0, max(1.0, BACKLOG_MS / max(self._activity_ms, 0.001))) * self.concurrency
-
-    def _ran(self, started: float) -> None:
-        # Moving average of an activity's run time here (ms); called holding _busy_lock.
-        self._activity_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._activity_ms)
-
-    def _lease_dropped(self, n: int) -> None:
-        with self._busy_lock:
-            self._reserved -= n
-
-    def _run_leased(self, task: ActivityTask) -> None:
-        # Renewed while it waits for a thread and while it runs (unless the attempt has
-        # deadlines of its own, which then rule).
-        if attempt_deadline(task, time.time()) is None:
-            self._leases.add(task.lease)
-        with self._busy_lock:
-            self._reserved -= 1
-            self._busy += 1
-        self._pool.submit(self._leased_activity, task)
-
-    def _leased_activity(self, task: ActivityTask) -> None:
-        started = time.perf_counter()
-        try:
-            execute_attempt(
-                self.store,
-                task,
-                stream=task.stream,
-                allowed=self._activity_ok,
-                on_timer=self.scheduler.notify,
-                on_result=self._eager_result if self.eager else None,
-            )
-            self.activities_run += 1
-        except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
-            log.exception("leased activity %s of run %s could not be recorded", task.activity_id, task.run_id)
-        finally:
-            self._leases.discard(task.lease)
-            with self._busy_lock:
-                self._busy -= 1
-                self._ran(started)
-
     def _on_reclaimed(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
         self._reclaimed.append((stream, entry_id, fields))
-        self.reader.wake()
-
-    def _eager_result(self, result: AttemptResult) -> None:
-        self._eager_done.append(result)
         self.reader.wake()
 
     def _decision_streams(self) -> list[str]:
         unpinned = [s for q in self.membership.poll() for s in self._unpinned_of[q]]
         return self.sticky_streams + self.pinned_streams + unpinned
 
-    def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
-        def hand_over(result: AttemptResult) -> None:
-            self._completed.append(completion(result, stream=stream, entry_id=entry_id))
-            self.reader.wake()
-
-        return hand_over
-
     def _pass(self) -> None:
-        if self._completed or self._eager_done:
-            record_in_hand(self.store, self._completed, self._eager_done, self.decider.apply_eager)
+        self.activities.record(self.decider.apply_eager, self._complete)
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
             kind = self.stream_kinds.get(stream)
@@ -492,19 +387,29 @@ class Worker:
             self._dispatch(kind, stream, entry_id, fields, redelivered=True)
         # Activity tasks only while a thread is free; COUNT is per stream: each gets a share.
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
-        free = self.concurrency - self._busy
+        busy = self.activities.busy
+        free = self.concurrency - busy
         if free > 0:
-            per_stream = (int(self._backlog()) - self._busy) // max(1, len(self.activity_streams))
+            per_stream = (int(self.activities.backlog()) - busy) // max(1, len(self.activity_streams))
             lanes[ACTIVITIES] = (self.activity_streams, max(1, min(free, per_stream)))
-        idle = not (self._eager_done or self._reclaimed or self._completed)
+        idle = not (self._reclaimed or self.activities.results_in_hand)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
-        self._handle(response or [])
+        try:
+            self._handle(response or [])
+        finally:
+            # A load is only good for the pass that took it (until its run's task is decided).
+            self.decider.preloaded.clear()
+
+    def _complete(self, outcomes: list[AttemptOutcome]) -> None:
+        """Record queued activities' results, loading the runs they wake for this pass's decisions
+        (the woken task lands in this worker's sticky stream, read below: one round trip less)."""
+        self.decider.preloaded.update(complete_and_preload(self.store, outcomes, self.decider.cache.seq_of))
 
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
         decisions: list[Task] = []
         # COUNT is per stream, so one read over many activity streams may bring more tasks
         # than this worker should hold: the excess goes back to its streams for others.
-        room = int(self._backlog()) - self._busy
+        room = int(self.activities.backlog()) - self.activities.busy
         excess: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
         partition_of = self.store.keys.partition_of_key
         for lane, reply in response:
@@ -546,42 +451,9 @@ class Worker:
             self.decider.handle(p, stream, entry_id, fields)
             self.decisions += 1
         elif kind == ACTIVITY:
-            with self._busy_lock:
-                self._busy += 1
-                self._in_flight[(stream, entry_id)] = time.time()
-            self._pool.submit(self._activity, stream, entry_id, fields, redelivered)
+            self.activities.submit(stream, entry_id, fields, redelivered=redelivered)
         else:  # pragma: no cover - only our streams are read
             log.error("task from unknown stream %s", stream)
-
-    def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
-        started = time.perf_counter()
-        outcome = ""
-        try:
-            outcome = run_activity(
-                self.store,
-                stream,
-                entry_id,
-                fields,
-                allowed=self._activity_ok,
-                redelivered=redelivered,
-                on_timer=self.scheduler.notify,
-                on_result=self._queued_result(stream, entry_id),
-                unserved=self.decider.routing.activity,
-            )
-            self.activities_run += 1
-        except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later
-            log.exception(
-                "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
-            )
-        finally:
-            with self._busy_lock:
-                self._busy -= 1
-                self._in_flight.pop((stream, entry_id), None)
-                self._ran(started)
-        if outcome == "void":
-            # A void task (its run closed, its activity no longer wanted) frees its thread at
-            # once: read the next task now, not when the blocking read times out.
-            self.reader.wake()
 
 
 class WorkerThread:

@@ -124,6 +124,20 @@ class RunStore(SearchStore):
             replies[i] = stream_rows(replies[i])
         return self._loaded(replies)
 
+    def preload_commands(self, runs: Sequence[tuple[int, str, int]]) -> list[tuple[Any, ...]]:
+        """:meth:`load_many`'s MULTI/EXEC as raw commands, to ride along in another round trip;
+        :meth:`preloaded` reads their replies."""
+        return [("MULTI",), *(c for run in runs for c in self._load_commands(*run)), ("EXEC",)]
+
+    def preloaded(self, replies: Sequence[Any]) -> list[Loaded] | None:
+        """The loads of :meth:`preload_commands`' replies (``None``: the transaction failed)."""
+        result = replies[-1]
+        if not isinstance(result, list) or any(isinstance(r, Exception) for r in result):
+            return None
+        for i in range(2, len(result), 3):
+            result[i] = stream_rows(result[i])
+        return self._loaded(result)
+
     def _load_commands(self, p: int, run_id: str, after_seq: int) -> list[tuple[Any, ...]]:
         """The three reads of a decision's load: record fields, inbox, history after ``after_seq``."""
         k = self.keys

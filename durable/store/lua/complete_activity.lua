@@ -5,7 +5,7 @@
 -- ARGV: run id, activity id, attempt, task entry id, outcome ('completed'|'failed'|'retry'),
 --       inbox event type, inbox event data (msgpack), retry delay ms, next attempt body,
 --       attempt record (msgpack)
--- Returns {'OK'} | {'RETRY', due ms} | {'STALE', why}
+-- Returns {'OK', 1 if it enqueued the run's workflow task else 0} | {'RETRY', due ms} | {'STALE', why}
 local run, inbox, acts, log, timers, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local rid, aid, attempt, entry_id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
@@ -37,5 +37,4 @@ if outcome == 'retry' then
 end
 redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started')
 redis.call('RPUSH', inbox, envelope(ARGV[6], ts, ARGV[7]))
-wake(run, rid)
-return {'OK'}
+return {'OK', wake(run, rid)}

@@ -1,0 +1,240 @@
+"""The activity side of a worker: its threads, the backlog they may hold, leases, results in hand.
+
+The worker's main thread reads activity tasks and decides workflow tasks; everything that runs
+on an activity thread, and the bookkeeping shared with it, lives here:
+
+* queued activity tasks (read from a stream) run on a thread and their results come back to the
+  main thread, which records them in batches (:meth:`ActivityHost.record`);
+* leased activities (eager mode, local activities) are started by the decider's commit and their
+  results, in eager mode, are committed with the run's next decision;
+* the backlog: how many activities this worker holds, running or waiting for a thread, so that
+  one worker never hoards a fan-out of slow work (:data:`BACKLOG_MS` per thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from durable import events as ev
+from durable.activity import set_worker_identity
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
+
+from .attempts import (
+    Unserved,
+    attempt_deadline,
+    complete_batch,
+    completion,
+    execute_attempt,
+    record_in_hand,
+    run_activity,
+)
+from .threads import ActivityThreads
+
+log = logging.getLogger("durable.worker")
+
+BACKLOG_MS = 5.0
+"""How much claimed-but-not-started activity work (by recent run times) a worker holds per thread:
+activity tasks it read beyond that, and leased (eager) activities beyond that, go to other workers."""
+
+
+class ActivityHost:
+    """A worker's activity threads and what they share with its main thread.
+
+    Args:
+        store: The worker's store.
+        concurrency: Activity threads.
+        queues: The queues the worker serves (eager mode leases only their activities).
+        allowed: Whether an activity type may run here.
+        identity: The worker's consumer name and session queue (what an activity sees).
+        eager: Commit leased activities' results with the run's next decision.
+        wake: Interrupts the main thread's blocking read (a result is in hand).
+        on_timer: Tells the scheduler of a new due time (a retry).
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        *,
+        concurrency: int,
+        queues: Sequence[str],
+        allowed: Callable[[str], bool],
+        identity: tuple[str, str],
+        eager: bool,
+        wake: Callable[[], None],
+        on_timer: Callable[[int], None],
+    ) -> None:
+        self.store = store
+        self.concurrency = concurrency
+        self.queues = list(queues)
+        self.allowed = allowed
+        self.eager = eager
+        self.wake = wake
+        self.on_timer = on_timer
+        self.unserved: Unserved | None = None  # set once the worker's routing exists
+        self._pool = ActivityThreads(concurrency, initializer=set_worker_identity, initargs=identity)
+        self.busy = 0
+        self._lock = threading.Lock()
+        self.in_flight: dict[tuple[str, str], float] = {}
+        self._reserved = 0
+        self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
+        # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
+        self.leases: set[tuple[int, str, str, int]] = set()
+        self.eager_done: deque[AttemptResult] = deque()
+        # Results of queued activity tasks, recorded by the main thread in batches.
+        self.completed: deque[AttemptOutcome] = deque()
+        self.activities_run = 0
+
+    @property
+    def results_in_hand(self) -> bool:
+        """Whether finished attempts wait for the main thread to record them."""
+        return bool(self.completed or self.eager_done)
+
+    def record(
+        self,
+        apply_eager: Callable[[list[AttemptResult]], None],
+        complete: Callable[[list[AttemptOutcome]], None] | None = None,
+    ) -> None:
+        """Record the results in hand (main thread): queued ones in one batch (by ``complete``
+        if given), eager ones through ``apply_eager`` (with their runs' next decisions)."""
+        if self.completed or self.eager_done:
+            record_in_hand(self.store, self.completed, self.eager_done, apply_eager, complete)
+
+    # ------------------------------------------------------------ backlog
+    def runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
+        """Whether this worker runs an activity its decision scheduled, under a lease.
+
+        Local activities always do; in eager mode, others do while this worker holds
+        less than :data:`BACKLOG_MS` of work per thread (by the activities' recent
+        run time: one per thread for slow ones, up to eight per thread for
+        activities that take microseconds). The rest go to the activity queue, where
+        any worker can take them, so one worker never hoards a fan-out of slow work.
+        """
+        if not self.allowed(scheduled.name):
+            return False
+        with self._lock:
+            free = self.busy + self._reserved < self.backlog()
+            if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
+                self._reserved += 1
+                return True
+        return False
+
+    def backlog(self) -> float:
+        """How many activities this worker may hold (running or waiting for a thread)."""
+        return min(8.0, max(1.0, BACKLOG_MS / max(self._activity_ms, 0.001))) * self.concurrency
+
+    def _ran(self, started: float) -> None:
+        # Moving average of an activity's run time here (ms); called holding _lock.
+        self._activity_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._activity_ms)
+
+    def lease_dropped(self, n: int) -> None:
+        """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
+        with self._lock:
+            self._reserved -= n
+
+    # ------------------------------------------------------------ leased (eager, local)
+    def run_leased(self, task: ActivityTask) -> None:
+        """Run an activity the decider's commit leased to this worker."""
+        # Renewed while it waits for a thread and while it runs (unless the attempt has
+        # deadlines of its own, which then rule).
+        if attempt_deadline(task, time.time()) is None:
+            self.leases.add(task.lease)
+        with self._lock:
+            self._reserved -= 1
+            self.busy += 1
+        self._pool.submit(self._leased_activity, task)
+
+    def _leased_activity(self, task: ActivityTask) -> None:
+        started = time.perf_counter()
+        try:
+            execute_attempt(
+                self.store,
+                task,
+                stream=task.stream,
+                allowed=self.allowed,
+                on_timer=self.on_timer,
+                on_result=self._eager_result if self.eager else None,
+            )
+            self.activities_run += 1
+        except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
+            log.exception("leased activity %s of run %s could not be recorded", task.activity_id, task.run_id)
+        finally:
+            self.leases.discard(task.lease)
+            with self._lock:
+                self.busy -= 1
+                self._ran(started)
+
+    def _eager_result(self, result: AttemptResult) -> None:
+        self.eager_done.append(result)
+        self.wake()
+
+    # ------------------------------------------------------------ queued
+    def submit(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool) -> None:
+        """Run an activity task read from ``stream`` on a thread."""
+        with self._lock:
+            self.busy += 1
+            self.in_flight[(stream, entry_id)] = time.time()
+        self._pool.submit(self._activity, stream, entry_id, fields, redelivered)
+
+    def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
+        def hand_over(result: AttemptResult) -> None:
+            self.completed.append(completion(result, stream=stream, entry_id=entry_id))
+            self.wake()
+
+        return hand_over
+
+    def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
+        started = time.perf_counter()
+        outcome = ""
+        try:
+            outcome = run_activity(
+                self.store,
+                stream,
+                entry_id,
+                fields,
+                allowed=self.allowed,
+                redelivered=redelivered,
+                on_timer=self.on_timer,
+                on_result=self._queued_result(stream, entry_id),
+                unserved=self.unserved,
+            )
+            self.activities_run += 1
+        except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later
+            log.exception(
+                "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
+            )
+        finally:
+            with self._lock:
+                self.busy -= 1
+                self.in_flight.pop((stream, entry_id), None)
+                self._ran(started)
+        if outcome == "void":
+            # A void task (its run closed, its activity no longer wanted) frees its thread at
+            # once: read the next task now, not when the blocking read times out.
+            self.wake()
+
+    # ------------------------------------------------------------ shutdown
+    def finish(self, grace: float) -> None:
+        """Let running attempts finish (up to ``grace`` seconds), record what is in hand, stop
+        the threads."""
+        deadline = time.time() + grace
+        while self.busy and time.time() < deadline:
+            time.sleep(0.05)
+        # Results handed to the main thread but not yet recorded: record them through the
+        # inbox now (no more decisions are made here).
+        pending = list(self.completed)
+        pending += [completion(r, stream=r.task.stream) for r in self.eager_done]
+        if pending:
+            try:
+                complete_batch(self.store, pending)
+            except Exception:  # noqa: BLE001 - their tasks or leases are retried elsewhere
+                log.exception("could not record %d finished activities on shutdown", len(pending))
+        if self.busy:
+            log.warning(
+                "%d activities still running after %.0f s; their tasks will be reclaimed", self.busy, grace
+            )
+        self._pool.shutdown()
