@@ -14,6 +14,7 @@ is classified like the others here, and redis-py itself retries it first.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from apps.basic import SlowSteps
+from apps.basic import Sequence, SlowSteps
 from procs import spawn_worker, stop
 from redis import exceptions as rexc
 from waiting import wait_for
@@ -228,3 +229,32 @@ def _collect(proc: subprocess.Popen, lines: list[str]) -> None:
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line.decode(errors="replace"))
+
+
+@pytest.mark.fault
+def test_a_worker_started_while_redis_is_stalled_waits_then_serves(fresh_redis: EmbeddedRedis) -> None:
+    """Found by the fault suite on a loaded machine: a worker whose start met a stall (its
+    store's first read timed out) exited at once; a running one waits. Now both wait."""
+    url = f"{fresh_redis.url}?socket_timeout=0.5"
+    pid = fresh_redis.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    proc = spawn_worker(url)
+    lines: list[str] = []
+    reader = threading.Thread(target=_collect, args=(proc, lines), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: "redis unavailable (timeout" in "".join(lines), timeout=20)
+        assert proc.poll() is None, "the worker should wait for Redis, not exit"
+        assert "worker startup (Redis at" in "".join(lines)
+        os.kill(pid, signal.SIGCONT)
+        store = RedisStore(fresh_redis.url)
+        try:
+            stub = WorkflowStub.make(Sequence, store=store).start(3)
+            assert stub.result(timeout=30) == 3  # 0 + 1 + 2
+        finally:
+            store.close()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stop(proc)
+        reader.join(5)

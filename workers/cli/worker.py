@@ -10,10 +10,11 @@ from typing import Any
 import click
 
 from durable.errors import ConfigurationError
+from durable.store.outage import Incident, retry_transient
 from durable.retention import ENV
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
-from workers.cli.bootstrap import configure_logging, run_worker
+from workers.cli.bootstrap import configure_logging, log, run_worker
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
@@ -166,6 +167,16 @@ retention_option = click.option(
 )
 
 
+def _open_store(state: CliState) -> RedisStore:
+    """The worker's store, once Redis answers: a worker started while Redis is stalled,
+    loading or not up yet waits (a WARNING says for what, once), as a running worker does.
+
+    Read-only commands fail at once instead (an operator is waiting for their answer).
+    """
+    shown = mask_url(state.url) if state.url else "the embedded Redis"
+    return retry_transient(lambda: state.store, Incident(log, f"worker startup (Redis at {shown})"))
+
+
 def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
     value = options.pop("retention", None)
     if value:
@@ -218,7 +229,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     --decision-timeout blocks its run and exits 70: run workers under a supervisor
     (--processes N, systemd) to have them restarted.
     """
-    store = state.store
+    store = _open_store(state)
     _apply_retention(store, options)
     config = _config(store, options)
     configure_logging(config)
@@ -245,7 +256,7 @@ def worker_process(state: CliState) -> None:
         raise CliError(str(exc)) from None
     configure_logging(config)
     state.url = config.redis_url
-    run_worker(config, state.store)
+    run_worker(config, _open_store(state))
 
 
 @click.command()
@@ -258,7 +269,7 @@ def worker_process(state: CliState) -> None:
 def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL), one worker, and
     the HTTP API and web UI on 127.0.0.1 (no tokens; needs the server extra)."""
-    store = state.store
+    store = _open_store(state)
     _apply_retention(store, options)
     config = _config(store, options)
     configure_logging(config)
