@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from durable.errors import ConfigurationError
-from durable.store.outage import Incident, retry_transient
 from durable.retention import ENV
+from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker
