@@ -29,7 +29,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from peers.common import Options, stop_process_group  # noqa: E402
+from peers.common import Options, cpu_seconds, stop_process_group  # noqa: E402
 from workloads_durable import ROOT, Engine, _env  # noqa: E402
 
 # Where the client layers live: redis-py, hiredis, durable's own raw pipelines, and the
@@ -72,16 +72,41 @@ def throughput(args: argparse.Namespace) -> None:
         for engine in (one, many):
             engine.options.tmpdir.mkdir()
         with one, many:
-            ratios = []
+            ratios, cpu_ratios = [], []
             for turn in range(args.turns):
-                a = one.w2(args.n)["steps_per_s"]
-                b = many.w2(args.n)["steps_per_s"]
+                a, cpu_a = measured(one, args.n)
+                b, cpu_b = measured(many, args.n)
                 ratios.append(b / a)
+                cpu_ratios.append(sum(cpu_b) / sum(cpu_a))
                 print(
-                    f"turn {turn + 1}: one node {a:7.0f} steps/s, cluster {b:7.0f} steps/s, ratio {b / a:.3f}"
+                    f"turn {turn + 1}: one node {a:5.0f} steps/s, cluster {b:5.0f} steps/s, ratio {b / a:.3f}; "
+                    f"CPU ms/step client+workers+redis: {cpu_text(cpu_a, args.n)} vs {cpu_text(cpu_b, args.n)}"
                 )
-    spread = f"{min(ratios):.3f}..{max(ratios):.3f}"
-    print(f"cluster/one node: median {statistics.median(ratios):.3f} (spread {spread}, {args.turns} turns)")
+    for name, values in (("throughput", ratios), ("CPU per step", cpu_ratios)):
+        spread = f"{min(values):.3f}..{max(values):.3f}"
+        print(
+            f"{name}, cluster/one node: median {statistics.median(values):.3f} (spread {spread}, {args.turns} turns)"
+        )
+
+
+def redis_pids(engine: Engine) -> list[int]:
+    server = engine.server
+    if hasattr(server, "procs"):
+        return [proc.pid for proc in server.procs]
+    pid = server.pid
+    return [pid] if pid else []
+
+
+def measured(engine: Engine, n: int) -> tuple[float, tuple[float, float, float]]:
+    """W2's steps/s, and the CPU seconds the client, the workers and Redis spent on it."""
+    before = sum(cpu_seconds(pid) for pid in redis_pids(engine))
+    got = engine.w2(n)
+    redis_s = sum(cpu_seconds(pid) for pid in redis_pids(engine)) - before
+    return got["steps_per_s"], (got["cpu_client_s"], got["cpu_workers_s"], redis_s)
+
+
+def cpu_text(cpu: tuple[float, float, float], n: int) -> str:
+    return "+".join(f"{1000 * s / (n * 10):.2f}" for s in cpu)
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -108,7 +133,9 @@ def profile(args: argparse.Namespace) -> None:
                 )
                 if args.verbose:
                     stats.sort_stats("tottime").print_stats(25)
-                    stats.print_callers(r"connection.py:\d+\(pack\)|sendall|_socket_can_read|reader.py:\d+\(_send\)")
+                    stats.print_callers(
+                        r"connection.py:\d+\(pack\)|sendall|_socket_can_read|reader.py:\d+\(_send\)"
+                    )
 
 
 def main() -> None:
