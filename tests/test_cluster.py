@@ -372,19 +372,22 @@ def owned_slots(node: redis.Redis) -> set[int]:
 
 
 def test_scripts_flushed_on_one_node_mid_run(cstore: RedisStore, cluster: LocalCluster, caplog) -> None:
-    """SCRIPT FLUSH on one master while workflows run on every node: that node answers NOSCRIPT,
-    the scripts are loaded on it (only it), the refused EVALSHAs resent; every run completes."""
+    """SCRIPT FLUSH on one master while runs wait on every node: that node answers NOSCRIPT to
+    the worker's batch, the scripts are loaded on it (only it), the refused EVALSHAs resent."""
     ids = [
         next(f"flush-{node}-{i}" for i in range(400) if node_of(cstore, cluster, f"flush-{node}-{i}") == node)
         for node in range(3)
     ]
     w = Worker(cstore, concurrency=2, grace=5, block_ms=100)
     with caplog.at_level("INFO", logger="durable.store"), WorkerThread(w):
-        stubs = [WorkflowStub.make(Sequence, id=wid).start(8) for wid in ids]
-        wait_for(lambda: len(stubs[1].history()) > 4, timeout=30)
+        stubs = [WorkflowStub.make(Waiter, id=wid).start(0.01) for wid in ids]
+        for stub in stubs:
+            wait_for(lambda stub=stub: stub.status() == "suspended", timeout=30)
         with redis.Redis.from_url(cluster.node_urls[1]) as node:
             node.script_flush()
-        assert [stub.result(timeout=30) for stub in stubs] == [28] * 3
+        for stub in stubs:
+            stub.signal("go", "now")
+        assert [stub.result(timeout=30) for stub in stubs] == ["now"] * 3
     loads = [r.getMessage() for r in caplog.records if "NOSCRIPT" in r.getMessage()]
     assert loads and all(f":{cluster.ports[1]}" in m for m in loads), loads
 
