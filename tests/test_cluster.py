@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -23,6 +24,7 @@ from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
 from durable.store.cluster_dev import LocalCluster
+from durable.store.cluster_wire import CrossSlotTransaction
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
 from durable.store.tasks import ActivityTask, AttemptOutcome
 from workers.worker import Worker, WorkerThread
@@ -284,3 +286,115 @@ def test_node_restart_under_a_worker(cstore: RedisStore, cluster: LocalCluster, 
     assert WorkflowStub.load("before", store=cstore).result(timeout=5) == 3
     retries = [r for r in caplog.records if "retrying in 0.5 s" in r.getMessage()]
     assert len(retries) < 40, f"{len(retries)} retries in ~2 s: the worker spun"
+
+
+# ------------------------------------------------- the raw pipelines (ClusterWire)
+
+
+def partition_on(store: RedisStore, cluster: LocalCluster, node: int, skip: int = -1) -> int:
+    """A partition whose slot is on ``node`` (other than ``skip``)."""
+    return next(
+        p
+        for p in range(store.keys.partitions)
+        if p != skip and cluster.node_of_slot(key_slot(str(p).encode())) == node
+    )
+
+
+def test_raw_batches_follow_moved_and_ask(
+    cstore: RedisStore, cluster: LocalCluster, cluster_url: str
+) -> None:
+    """A store whose slot map went stale gets MOVED on its raw batches: it re-reads the map and
+    resends only the refused commands; a key already migrated out of a MIGRATING slot gets ASK:
+    the command goes to the importing node after ASKING."""
+    runs = [WorkflowStub.make(Sequence, id=f"wire-{i}").start(1) for i in range(12)]
+    refs = [cstore.ref(f"wire-{i}") for i in range(12)]
+    batch = [(ref.partition, ref.run_id, 0) for ref in refs]
+    assert all(record is not None for record, _, _ in cstore.load_many(batch))
+    moved = refs[0].partition
+    slot = key_slot(str(moved).encode())
+    cluster.move_slot(slot, (cluster.node_of_slot(slot) + 1) % 3)  # behind the store's back
+    sizes: list[int] = []
+    wire: Any = cstore._wire  # noqa: SLF001 - the transport under test
+    round_trip = wire._round_trip
+    wire._round_trip = lambda pending, *rest: sizes.append(len(pending)) or round_trip(pending, *rest)
+    try:
+        assert all(record is not None for record, _, _ in cstore.load_many(batch))
+    finally:
+        del wire._round_trip
+    partitions = {ref.partition for ref in refs}
+    assert sizes == [len(partitions), 1], "all partitions first, then only the refused one"
+    assert (
+        cstore.node_name(cstore.keys.tag(moved))
+        == f"127.0.0.1:{cluster.ports[(cluster.node_of_slot(slot) + 1) % 3]}"
+    )
+
+    # ASK: the slot of another run is half migrated, its run record already on the target.
+    ref = next(r for r in refs if key_slot(str(r.partition).encode()) != slot)
+    p_slot = key_slot(str(ref.partition).encode())
+    nodes = [redis.Redis.from_url(url) for url in cluster.node_urls]
+    try:
+        src = next(i for i, n in enumerate(nodes) if p_slot in owned_slots(n))
+        dst = (src + 1) % 3
+        ids = [n.execute_command("CLUSTER MYID").decode() for n in nodes]
+        nodes[dst].execute_command("CLUSTER SETSLOT", p_slot, "IMPORTING", ids[src])
+        nodes[src].execute_command("CLUSTER SETSLOT", p_slot, "MIGRATING", ids[dst])
+        run_key = cstore.keys.run(ref.partition, ref.run_id)
+        nodes[src].execute_command("MIGRATE", "127.0.0.1", cluster.ports[dst], "", 0, 5000, "KEYS", run_key)
+        asked: list[Any] = []
+        node_at = wire._node_at
+        wire._node_at = lambda redirect: asked.append(redirect) or node_at(redirect)
+        status, other = wire.execute(
+            [
+                ("HGET", run_key, "status"),
+                ("HGET", cstore.keys.run(refs[0].partition, refs[0].run_id), "status"),
+            ]
+        )
+        assert status == b"pending" and other == b"pending"
+        assert [type(e).__name__ for e in asked] == ["AskError"]
+    finally:
+        wire.__dict__.pop("_node_at", None)
+        for n in nodes:
+            n.close()
+    cluster.move_slot(p_slot, dst)  # finish the migration
+    w = Worker(cstore, concurrency=2, grace=5, block_ms=100)
+    with WorkerThread(w):
+        assert [stub.result(timeout=30) for stub in runs] == [0] * len(runs)
+
+
+def owned_slots(node: redis.Redis) -> set[int]:
+    myid = node.execute_command("CLUSTER MYID").decode()
+    return {
+        s
+        for row in node.execute_command("CLUSTER SLOTS")
+        if row[2][2].decode() == myid
+        for s in range(int(row[0]), int(row[1]) + 1)
+    }
+
+
+def test_scripts_flushed_on_one_node_mid_run(cstore: RedisStore, cluster: LocalCluster, caplog) -> None:
+    """SCRIPT FLUSH on one master while runs wait on every node: that node answers NOSCRIPT to
+    the worker's batch, the scripts are loaded on it (only it), the refused EVALSHAs resent."""
+    ids = [
+        next(f"flush-{node}-{i}" for i in range(400) if node_of(cstore, cluster, f"flush-{node}-{i}") == node)
+        for node in range(3)
+    ]
+    w = Worker(cstore, concurrency=2, grace=5, block_ms=100)
+    with caplog.at_level("INFO", logger="durable.store"), WorkerThread(w):
+        stubs = [WorkflowStub.make(Waiter, id=wid).start(0.01) for wid in ids]
+        for stub in stubs:
+            wait_for(lambda stub=stub: stub.status() == "suspended", timeout=30)
+        with redis.Redis.from_url(cluster.node_urls[1]) as node:
+            node.script_flush()
+        for stub in stubs:
+            stub.signal("go", "now")
+        assert [stub.result(timeout=30) for stub in stubs] == ["now"] * 3
+    loads = [r.getMessage() for r in caplog.records if "NOSCRIPT" in r.getMessage()]
+    assert loads and all(f":{cluster.ports[1]}" in m for m in loads), loads
+
+
+def test_a_transaction_across_slots_is_refused_with_its_keys(cstore: RedisStore) -> None:
+    a, b = cstore.keys.run(0, "x"), cstore.keys.run(1, "y")
+    with pytest.raises(
+        CrossSlotTransaction, match=r"one hash slot.*durable:\{0\}:run:x.*durable:\{1\}:run:y"
+    ):
+        cstore._wire.transaction([("HGET", a, "status"), ("HGET", b, "status")])  # noqa: SLF001

@@ -3,8 +3,8 @@
 Each state change that must be atomic is one Lua script in ``lua/`` (named for
 what it does). On one Redis the hot path (load, commit, complete) goes through
 :class:`~durable.store.wire.Wire`'s raw pipelines; on a Redis Cluster through
-redis-py's per-node pipelines. The store's feature modules (runs, activities,
-task queues, leases) build on :class:`StoreBase`.
+:class:`~durable.store.cluster_wire.ClusterWire`'s, one write per node. The store's
+feature modules (runs, activities, task queues, leases) build on :class:`StoreBase`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from importlib import resources
 from typing import Any
 
 import redis
-from redis import exceptions as rexc
 
 from ..config import namespace as configured_namespace
 from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
+from .cluster_wire import ClusterWire
 from .connect import Client, connect, is_cluster_client
 from .embedded import resolve_redis_url
 from .keys import Keys
@@ -59,8 +59,12 @@ class StoreBase:
         self.keys = Keys(configured_namespace(namespace or prefix), partitions_ or partitions())
         warn_if_shared_default(self.url, self.keys.prefix)
         self._scripts = {name: self.redis.register_script(src) for name, src in load_scripts().items()}
-        # The hot path (load, commit, complete) on one Redis skips redis-py's pipeline layers.
-        self._wire = None if self.cluster else Wire(self.redis, self._load_all_scripts)
+        # The hot path (load, commit, complete) skips redis-py's pipeline layers.
+        self._wire: Wire | ClusterWire = (
+            ClusterWire(self.redis, [str(s.script) for s in self._scripts.values()])
+            if self.cluster
+            else Wire(self.redis, self._load_all_scripts)
+        )
         if flush:
             self.redis.flushdb()
         self._check_partitions()
@@ -138,36 +142,11 @@ class StoreBase:
             groups.setdefault(self.node_name(key), []).append(i)
         return groups
 
-    def _script_per_node(
-        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
-    ) -> list[Any]:
-        """Run script ``name`` once per ``(keys, args)``: one pipeline per cluster node (the
-        scripts are loaded on a node when it lacks them: NOSCRIPT is handled by the pipeline)."""
-        script = self._scripts[name]
-        replies: list[Any] = [None] * len(calls)
-        for indexes in self._by_node([keys[0] for keys, _ in calls]).values():
-            client = self.node_client(calls[indexes[0]][0][0])
-            try:
-                with client.pipeline(transaction=False) as pipe:
-                    for i in indexes:
-                        script(keys=calls[i][0], args=calls[i][1], client=pipe)
-                    got = pipe.execute(raise_on_error=raise_on_error)
-            except (rexc.AskError, rexc.ConnectionError, rexc.ClusterDownError):
-                self.refresh_topology()
-                raise
-            if any(isinstance(r, rexc.AskError) for r in got):
-                self.refresh_topology()
-            for i, reply in zip(indexes, got, strict=True):
-                replies[i] = reply
-        return replies
-
     def _script_many(
         self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
     ) -> list[Any]:
-        """Run script ``name`` once per ``(keys, args)`` in one round trip per server (each call
-        atomic on its own): raw EVALSHAs on one Redis, a pipeline per node on a cluster."""
-        if self._wire is None:
-            return self._script_per_node(name, calls, raise_on_error=raise_on_error)
+        """Run script ``name`` once per ``(keys, args)`` in one round trip (each call atomic on its
+        own): raw EVALSHAs, on a cluster one write per node (a script is loaded on a node that lacks it)."""
         sha = self._scripts[name].sha
         replies = self._wire.execute([("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls])
         if raise_on_error:

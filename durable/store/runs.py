@@ -11,7 +11,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
-from redis import exceptions as rexc
 
 from .. import codec, hooktokens
 from .. import events as ev
@@ -117,7 +116,7 @@ class RunStore(SearchStore):
     def load_many(self, runs: Sequence[tuple[int, str, int]]) -> list[Loaded]:
         """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC); on a
         cluster one MULTI per partition, on the node that holds it."""
-        if self._wire is None:
+        if self.cluster:
             return self._load_many_cluster(runs)
         replies = self._wire.transaction([c for run in runs for c in self._load_commands(*run)])
         for i in range(2, len(replies), 3):
@@ -151,19 +150,13 @@ class RunStore(SearchStore):
         by_partition: dict[int, list[int]] = {}
         for i, (p, _, _) in enumerate(runs):
             by_partition.setdefault(p, []).append(i)
+        batches = [
+            [c for i in indexes for c in self._load_commands(*runs[i])] for indexes in by_partition.values()
+        ]
         replies: list[Any] = [None] * (3 * len(runs))
-        for p, indexes in by_partition.items():
-            try:
-                with self.partition_client(p).pipeline(transaction=True) as pipe:
-                    for i in indexes:
-                        for command in self._load_commands(*runs[i]):
-                            pipe.execute_command(*command)
-                    got = pipe.execute()
-            except (rexc.AskError, rexc.ExecAbortError, rexc.ConnectionError, rexc.ClusterDownError):
-                self.refresh_topology()
-                raise
+        for indexes, got in zip(by_partition.values(), self._wire.transactions(batches), strict=True):
             for n, i in enumerate(indexes):
-                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 3]
+                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 2] + [stream_rows(got[3 * n + 2])]
         return self._loaded(replies)
 
     @staticmethod

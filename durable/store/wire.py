@@ -8,7 +8,8 @@ packed with ``hiredis.pack_command``, written with one ``sendall``, and its
 replies are read raw (lists as Redis sends them, error replies as exception
 objects in their place); callers decode the few shapes they use.
 
-One Redis only: a Redis Cluster keeps redis-py's per-node pipelines.
+On a Redis Cluster, :class:`~durable.store.cluster_wire.ClusterWire` does the same per
+node (one write per node owning a batch's slots), with the same interface.
 """
 
 from __future__ import annotations
@@ -37,12 +38,7 @@ class Wire:
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
         self._pool = client.connection_pool
         self._load_scripts = load_scripts
-        # redis-py 5 wants a command name here; 6 and later deprecate passing one.
-        self._name: tuple[str, ...] = ()
-        try:
-            inspect.signature(self._pool.get_connection).bind()
-        except TypeError:
-            self._name = ("PIPELINE",)
+        self._name = connection_args(self._pool)
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order (errors as exception objects).
@@ -69,30 +65,23 @@ class Wire:
                 OOM, EXECABORT, a timeout) is told apart by
                 :func:`~durable.store.connect.is_transient`.
         """
-        replies = self._round_trip([("MULTI",), *commands, ("EXEC",)])
-        result = replies[-1]
-        if isinstance(result, Exception):
-            # EXECABORT: Redis refused a command as it was queued (OOM, a busy script...) and
-            # ran none; the refusal says why, and is what callers classify (as redis-py does).
-            queued = [r for r in replies[1:-1] if isinstance(r, Exception)]
-            raise queued[0] if isinstance(result, rexc.ExecAbortError) and queued else result
-        if result is None:  # pragma: no cover - no WATCH is ever used
-            raise rexc.WatchError("transaction aborted")
-        for reply in result:
-            if isinstance(reply, Exception):
-                raise reply
-        return list(result)
+        return transaction_result(self._round_trip([("MULTI",), *commands, ("EXEC",)]))
+
+    def transactions(self, batches: Sequence[Sequence[Command]]) -> list[list[Any]]:
+        """Several :meth:`transaction` s in one write (each atomic on its own); their replies."""
+        units = [[("MULTI",), *batch, ("EXEC",)] for batch in batches]
+        replies = self._round_trip([c for unit in units for c in unit])
+        out, at = [], 0
+        for unit in units:
+            out.append(transaction_result(replies[at : at + len(unit)]))
+            at += len(unit)
+        return out
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         conn = self._pool.get_connection(*self._name)
         try:
-            conn.send_packed_command([b"".join([hiredis.pack_command(tuple(c)) for c in commands])])
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except rexc.ResponseError as exc:
-                    replies.append(exc)
+            conn.send_packed_command([pack(commands)])
+            replies = read_replies(conn, len(commands))
         except BaseException:
             # Replies may be left unread on the socket: never hand it to the next caller.
             conn.disconnect()
@@ -100,6 +89,49 @@ class Wire:
         finally:
             self._pool.release(conn)
         return replies
+
+
+def connection_args(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection`` takes: redis-py 5 wants a command name, 6 and later
+    deprecate passing one."""
+    try:
+        inspect.signature(pool.get_connection).bind()
+    except TypeError:
+        return ("PIPELINE",)
+    return ()
+
+
+def pack(commands: Sequence[Command]) -> bytes:
+    """``commands`` in Redis's wire format, ready for one write."""
+    return b"".join([hiredis.pack_command(tuple(c)) for c in commands])
+
+
+def read_replies(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies on ``conn``, raw; error replies as exception objects in their place."""
+    replies: list[Any] = []
+    for _ in range(n):
+        try:
+            replies.append(conn.read_response())
+        except rexc.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def transaction_result(replies: Sequence[Any]) -> list[Any]:
+    """The replies of the commands of one ``MULTI ... EXEC`` given every reply of it (MULTI's,
+    the queued ones, EXEC's); raises the first command Redis refused (see :meth:`Wire.transaction`)."""
+    result = replies[-1]
+    if isinstance(result, Exception):
+        # EXECABORT: Redis refused a command as it was queued (OOM, a busy script, MOVED...)
+        # and ran none; the refusal says why, and is what callers classify (as redis-py does).
+        queued = [r for r in replies[1:-1] if isinstance(r, Exception)]
+        raise queued[0] if isinstance(result, rexc.ExecAbortError) and queued else result
+    if result is None:  # pragma: no cover - no WATCH is ever used
+        raise rexc.WatchError("transaction aborted")
+    for reply in result:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(result)
 
 
 def pairs(flat: Sequence[Any]) -> dict[Any, Any]:
