@@ -57,7 +57,7 @@ class ActivityStore(StoreBase):
         completions. Each outcome's pair is ``('OK', 1)`` when its completion enqueued its run's
         workflow task (no task was pending), ``('OK', 0)`` when one was. The reads' raw replies
         come second (``None`` on a Redis Cluster, where nothing is read)."""
-        if self._wire is None or not reads:
+        if self.cluster or not reads:
             return self.complete_many(outcomes), None
         sha = self._scripts["complete_activity"].sha
         calls = [self.complete_args(outcome) for outcome in outcomes]
