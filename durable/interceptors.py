@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 Headers = dict[str, Any]
@@ -364,13 +365,15 @@ def run(kind: type, method: str, input: Any, terminal: Next) -> Any:  # noqa: A0
     chain = _chains[kind]
     if not chain:
         return terminal(input)
+    return _call(chain, method, terminal, 0, input)
 
-    def call(index: int, value: Any) -> Any:
-        if index == len(chain):
-            return terminal(value)
-        return getattr(chain[index], method)(value, lambda v: call(index + 1, v))
 
-    return call(0, input)
+def _call(chain: tuple[Any, ...], method: str, terminal: Next, index: int, value: Any) -> Any:
+    # ``next`` is a partial, not a closure over a function that names itself: that was a
+    # reference cycle per call, garbage only the cyclic GC frees (with its input).
+    if index == len(chain):
+        return terminal(value)
+    return getattr(chain[index], method)(value, partial(_call, chain, method, terminal, index + 1))
 
 
 def active(kind: type) -> bool:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 try:
+    from opentelemetry import context as context_api
     from opentelemetry import trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
@@ -61,33 +62,32 @@ from .interceptors import (
 TRACE_HEADERS = ("traceparent", "tracestate")
 
 _propagator = TraceContextTextMapPropagator()
+_EMPTY = Context()
 
-
-def _carrier(headers: Mapping[str, Any]) -> dict[str, str]:
-    out = {}
-    for name in TRACE_HEADERS:
-        value = headers.get(name)
-        if isinstance(value, bytes):
-            value = value.decode("ascii", "replace")
-        if isinstance(value, str):
-            out[name] = value
-    return out
+#: Runs whose parent context and attributes are kept (a worker's sticky cache is about as large).
+RUN_CACHE_SIZE = 4096
 
 
 def extract(headers: Mapping[str, Any]) -> Context:
     """The trace context recorded in ``headers`` (an empty context when there is none)."""
-    carrier = _carrier(headers)
-    return _extract_cached(carrier.get("traceparent", ""), carrier.get("tracestate", ""))
+    traceparent = headers.get("traceparent")
+    if not isinstance(traceparent, str | bytes):
+        return _EMPTY
+    tracestate = headers.get("tracestate")
+    return _extract_cached(traceparent, tracestate if isinstance(tracestate, str | bytes) else None)
 
 
 @functools.lru_cache(maxsize=4096)
-def _extract_cached(traceparent: str, tracestate: str) -> Context:
-    # A run's spans all have the same parent: parse its traceparent once, not per span
+def _extract_cached(traceparent: str | bytes, tracestate: str | bytes | None) -> Context:
+    # Every span of a run has the same parent: its traceparent is parsed once, not per span
     # (a Context is immutable, so sharing one is safe).
-    carrier = (
-        {"traceparent": traceparent, "tracestate": tracestate} if tracestate else {"traceparent": traceparent}
-    )
-    return _propagator.extract(carrier if traceparent else {})
+    carrier = {}
+    for name, value in (("traceparent", traceparent), ("tracestate", tracestate)):
+        if isinstance(value, bytes):
+            value = value.decode("ascii", "replace")
+        if isinstance(value, str) and value:
+            carrier[name] = value
+    return _propagator.extract(carrier) if "traceparent" in carrier else _EMPTY
 
 
 def inject(headers: dict[str, Any], context: Context | None = None) -> None:
@@ -99,12 +99,26 @@ def inject(headers: dict[str, Any], context: Context | None = None) -> None:
     headers.update(carrier)
 
 
-def _run_attributes(run: RunInfo) -> dict[str, str]:
-    return {
-        "durable.workflow_id": run.workflow_id,
-        "durable.run_id": run.run_id,
-        "durable.workflow_type": run.workflow_type,
-    }
+class _RunSpans:
+    """What every span of one run shares, built once per run (not per decision): the
+    parent context (from the recorded ``traceparent``), the run's attributes and span names."""
+
+    __slots__ = ("attributes", "decision", "parent", "traceparent")
+
+    def __init__(self, run: RunInfo) -> None:
+        self.traceparent = run.headers.get("traceparent")
+        self.parent = extract(run.headers)
+        self.attributes: dict[str, Any] = {
+            "durable.workflow_id": run.workflow_id,
+            "durable.run_id": run.run_id,
+            "durable.workflow_type": run.workflow_type,
+        }
+        self.decision = f"Decision:{run.workflow_type}"
+
+
+def _fail(span: Span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 class TracingInterceptor(Interceptor):
@@ -116,6 +130,18 @@ class TracingInterceptor(Interceptor):
 
     def __init__(self, tracer_provider: Any = None) -> None:
         self._tracer = trace.get_tracer("durable", tracer_provider=tracer_provider)
+        self._runs: dict[str, _RunSpans] = {}
+
+    def _run(self, run: RunInfo) -> _RunSpans:
+        """The run's shared span parts; rebuilt if its recorded ``traceparent`` differs."""
+        spans = self._runs.get(run.run_id)
+        if spans is None or spans.traceparent != run.headers.get("traceparent"):
+            if len(self._runs) >= RUN_CACHE_SIZE:
+                # Start over rather than evict one by one: safe with several decider threads,
+                # and a run's entry is cheap to rebuild (its context is in extract's cache).
+                self._runs.clear()
+            spans = self._runs[run.run_id] = _RunSpans(run)
+        return spans
 
     # ------------------------------------------------------------- client
     def _client_span(
@@ -158,27 +184,24 @@ class TracingInterceptor(Interceptor):
 
         Never made current: workflow code runs in greenlets, and nothing it does may depend on it.
         """
-        span = self._tracer.start_span(
-            name, context=extract(run.headers), attributes={**_run_attributes(run), **(extra or {})}, **kw
-        )
+        spans = self._run(run)
+        attributes = {**spans.attributes, **extra} if extra else spans.attributes.copy()
+        span = self._tracer.start_span(name, context=spans.parent, attributes=attributes, **kw)
         span.end()
         return span
 
     def decide(self, input: DecisionInput, next: Next) -> Any:  # noqa: A002
-        run = input.run
-        span = self._tracer.start_span(
-            f"Decision:{run.workflow_type}",
-            context=extract(run.headers),
-            attributes={**_run_attributes(run), "durable.inputs": len(input.inbox)},
-        )
+        spans = self._run(input.run)
+        attributes = spans.attributes.copy()
+        attributes["durable.inputs"] = len(input.inbox)
+        span = self._tracer.start_span(spans.decision, context=spans.parent, attributes=attributes)
         try:
             decision = next(input)
             if getattr(decision, "status", "") == "failed":
                 span.set_status(Status(StatusCode.ERROR, "the workflow failed"))
             return decision
         except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            _fail(span, exc)
             raise
         finally:
             span.end()
@@ -215,20 +238,30 @@ class TracingInterceptor(Interceptor):
 
     # ------------------------------------------------------- activity side
     def execute_activity(self, input: ExecuteActivityInput, next: Next) -> Any:  # noqa: A002
-        attributes: dict[str, str | int] = {
-            "durable.workflow_id": input.workflow_id,
-            "durable.run_id": input.run_id,
-            "durable.activity": input.name,
-            "durable.activity_id": input.activity_id,
-            "durable.attempt": input.attempt,
-        }
-        with self._tracer.start_as_current_span(
+        parent = extract(input.headers)
+        span = self._tracer.start_span(
             f"RunActivity:{input.name}",
-            context=extract(input.headers),
+            context=parent,
             kind=SpanKind.SERVER,
-            attributes=attributes,
-        ):
+            attributes={
+                "durable.workflow_id": input.workflow_id,
+                "durable.run_id": input.run_id,
+                "durable.activity": input.name,
+                "durable.activity_id": input.activity_id,
+                "durable.attempt": input.attempt,
+            },
+        )
+        # Current for the attempt (the activity's own spans nest under it); a plain
+        # attach/detach does what start_as_current_span's context managers do, cheaper.
+        token = context_api.attach(trace.set_span_in_context(span))
+        try:
             return next(input)
+        except Exception as exc:  # as use_span: not GeneratorExit and the like
+            _fail(span, exc)
+            raise
+        finally:
+            context_api.detach(token)
+            span.end()
 
 
 _enabled: TracingInterceptor | None = None

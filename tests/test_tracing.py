@@ -157,3 +157,41 @@ def test_register_refuses_what_is_not_an_interceptor() -> None:
     ):
         interceptors.register(object())
     assert interceptors.registered() == ()
+
+
+def test_the_per_run_parent_cache_keeps_one_trace_across_restarts_and_evictions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interceptor builds a run's parent context once; a fresh interceptor (a restarted
+    worker), a rebuilt RunInfo (a replayed run) and a cleared cache all give the same parent."""
+    from durable import tracing
+    from durable.interceptors import DecisionInput, RunInfo
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    headers: dict[str, Any] = {}
+    with provider.get_tracer("test").start_as_current_span("start") as start:
+        tracing.inject(headers)
+    monkeypatch.setattr(tracing, "RUN_CACHE_SIZE", 2)
+
+    class Open:
+        status = "running"
+
+    first = TracingInterceptor(provider)
+    for interceptor, run_id in ((first, "r1"), (first, "r1"), (first, "r2"), (first, "r3"), (first, "r1")):
+        # a new RunInfo and headers dict each time, as a replayed driver makes them (bytes too)
+        recorded = {k: v.encode() if run_id == "r2" else v for k, v in headers.items()}
+        run = RunInfo("w", run_id, "T", recorded)
+        interceptor.decide(DecisionInput(run, [1]), lambda _i: Open())
+    restarted = TracingInterceptor(provider)
+    restarted.decide(DecisionInput(RunInfo("w", "r1", "T", dict(headers)), []), lambda _i: Open())
+    orphan = RunInfo("w", "r9", "T", {})  # no recorded context: a root span of its own trace
+    restarted.decide(DecisionInput(orphan, []), lambda _i: Open())
+    *traced, root = [s for s in exporter.get_finished_spans() if s.name == "Decision:T"]
+    sid, tid = start.get_span_context().span_id, start.get_span_context().trace_id
+    assert len(traced) == 6 and all(s.parent.span_id == sid and s.context.trace_id == tid for s in traced)
+    assert [s.attributes["durable.run_id"] for s in traced] == ["r1", "r1", "r2", "r3", "r1", "r1"]
+    assert traced[0].attributes["durable.inputs"] == 1 and traced[-1].attributes["durable.inputs"] == 0
+    assert root.parent is None and root.context.trace_id != tid
+    assert len(first._runs) <= 2
