@@ -86,7 +86,12 @@ METHODS = {"CEIL": "ceiling"}
 # Rounds of W1 when it runs in turns on engines compared (--compare): its samples are pooled.
 TURNS: dict[str, tuple[int, int]] = {"W1": (3, 2)}
 # --compare MODE: a second durable engine, alive beside the first, with these options.
-COMPARE: dict[str, dict[str, Any]] = {"eager": {"eager": True}, "always": {"appendfsync": "always"}}
+COMPARE: dict[str, dict[str, Any]] = {
+    "eager": {"eager": True},
+    "always": {"appendfsync": "always"},
+    "metrics": {"metrics": True},
+    "tracing": {"tracing": True},
+}
 
 TITLES = {
     "W1": "W1 10-step p50 / p95",
@@ -158,7 +163,17 @@ def measure(engine: Any, workload: str, kwargs: dict[str, Any], repeats: int) ->
     fn = getattr(engine, METHODS.get(workload, workload.lower()), None)
     if fn is None:
         raise NotMeasured()
-    return merge_runs(workload, [fn(**kwargs) for _ in range(repeats)])
+    return merge_runs(workload, [in_turn(engine, fn, kwargs) for _ in range(repeats)])
+
+
+def in_turn(engine: Any, fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One run of a workload, inside the engine's ``turn()`` when it has one (durable with
+    tracing: the client's spans are on during its own turns only)."""
+    turn = getattr(engine, "turn", None)
+    if turn is None:
+        return fn(**kwargs)
+    with turn():
+        return fn(**kwargs)
 
 
 def merge_runs(workload: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -198,7 +213,7 @@ def measure_interleaved(
             try:
                 if fn is None:
                     raise NotMeasured()
-                runs[slot].append(fn(**sizes[w]))
+                runs[slot].append(in_turn(engines[label], fn, sizes[w]))
             except Exception as exc:  # noqa: BLE001 - reported by the caller
                 out[slot] = exc
     for slot in slots:
@@ -308,26 +323,6 @@ def record(label: str, workload: str, fig: Any, size: dict[str, Any], seconds: f
     return cell
 
 
-def run_traced(
-    workloads: list[str], options_kw: dict[str, Any], quick: bool, log: Any
-) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """The durable engine again, tracing on in the client and (through the environment) in
-    every worker process: spans made at default sampling, dropped by the exporter."""
-    import os
-
-    import bench_tracing  # here, not at the top: it needs the otel extra
-
-    log("[durable+tracing] starting")
-    os.environ[bench_tracing.ENV] = "1"
-    bench_tracing.enable()
-    try:
-        cells, figures = run_engine("durable", workloads, options_kw, quick, log)
-        return cells["durable"], figures["durable"]
-    finally:
-        bench_tracing.disable()
-        os.environ.pop(bench_tracing.ENV, None)
-
-
 def machine() -> str:
     model = platform.processor() or "?"
     if shutil.which("lscpu"):
@@ -398,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--metrics",
         action="store_true",
-        help="also run durable with Prometheus metrics on (workers get --metrics-port): a second "
-        "column, durable+metrics, measured in the same run",
+        help="the same as --compare metrics: durable with Prometheus metrics on (workers get "
+        "--metrics-port), row durable+metrics, measured in turns with durable",
     )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument(
@@ -420,22 +415,28 @@ def main(argv: list[str] | None = None) -> int:
         "--compare",
         default="",
         metavar="MODES",
-        help="comma-separated, any of: eager, always. Also run durable in that mode (row "
-        "durable+eager: workers --eager; durable+always: appendfsync always), alive beside the "
-        "first, W1 and the W2 group measured in turns on both; prints W1 queued/eager p50 and "
-        "W2 always/everysec",
+        help="comma-separated, any of: eager, always, metrics, tracing. Also run durable in that "
+        "mode (row durable+eager: workers --eager; durable+always: appendfsync always; "
+        "durable+metrics: --metrics-port; durable+tracing: OpenTelemetry spans at default "
+        "sampling, dropped by the exporter), alive beside the first, W1 and the W2 group "
+        "measured in turns on all; prints W1 queued/eager p50, W2 always/everysec and W2 "
+        "metrics/tracing on/off",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines, only the table")
     parser.add_argument(
         "--tracing",
         action="store_true",
-        help="also run durable with OpenTelemetry tracing on (row durable+tracing), in the same run",
+        help="the same as --compare tracing: durable with OpenTelemetry tracing on (row "
+        "durable+tracing), measured in turns with durable",
     )
     args = parser.parse_args(argv)
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
     compare = [m.strip() for m in args.compare.split(",") if m.strip()]
+    compare += [
+        m for m, on in (("metrics", args.metrics), ("tracing", args.tracing)) if on and m not in compare
+    ]
     bad = [e for e in engines if e not in MODULES] + [w for w in workloads if w not in ALL_WORKLOADS]
     bad += [m for m in compare if m not in COMPARE]
     if bad:
@@ -468,14 +469,6 @@ def main(argv: list[str] | None = None) -> int:
         cells, figs = run_engine(engine, workloads, options_kw, args.quick, log, variants)
         rows.update(cells)
         figures.update(figs)
-        if engine == "durable" and args.metrics:
-            log("[durable+metrics] starting")
-            cells, figs = run_engine(engine, workloads, {**options_kw, "metrics": True}, args.quick, log)
-            rows["durable+metrics"], figures["durable+metrics"] = cells["durable"], figs["durable"]
-    if args.tracing:
-        rows["durable+tracing"], figures["durable+tracing"] = run_traced(
-            workloads, options_kw, args.quick, log
-        )
     grid = table(rows, workloads)
     print()
     print_table(grid)

@@ -12,6 +12,7 @@ so the worker processes never see its tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import statistics
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,12 @@ def _cli_has_processes() -> bool:
     return "--processes" in out.stdout
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT)]))
+def _env(tracing: bool = False) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH), str(ROOT)]))
+    env.pop("DURABLE_BENCH_TRACING", None)
+    if tracing:
+        env["DURABLE_BENCH_TRACING"] = "1"
+    return env
 
 
 def _free_port() -> int:
@@ -82,11 +88,13 @@ def start_workers(
     log: Path | None = None,
     eager: bool = False,
     metrics: bool = False,
+    tracing: bool = False,
 ) -> list[subprocess.Popen[bytes]]:
     """Start worker processes for ``bench_apps``: one supervisor with ``--processes N``,
     or N single workers when the CLI has no ``--processes``. Each in its own session
     (so :func:`stop_process_group` stops it with everything it started). ``metrics``: each
-    command gets ``--metrics-port`` (a free port)."""
+    command gets ``--metrics-port`` (a free port). ``tracing``: they make OpenTelemetry spans
+    (``bench_apps`` turns :mod:`bench_tracing` on)."""
     base = [sys.executable, "-m", "workers.cli", "--redis", url, "worker", "--app", "bench_apps"]
     base += ["--cache-size", str(cache_size), "--log-level", "WARNING"] + (["--eager"] if eager else [])
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed once they are started
@@ -99,7 +107,9 @@ def start_workers(
     try:
         for argv in commands:
             procs.append(
-                subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=out, stderr=out, start_new_session=True)
+                subprocess.Popen(
+                    argv, cwd=ROOT, env=_env(tracing), stdout=out, stderr=out, start_new_session=True
+                )
             )
     except BaseException:
         for proc in procs:
@@ -178,8 +188,10 @@ class Engine:
             log=self.options.tmpdir / "workers.log",
             eager=self.options.eager,
             metrics=self.options.metrics,
+            tracing=self.options.tracing,
         )
-        self._warm_up()
+        with self.turn():
+            self._warm_up()
         self._worker_pids = worker_pids(self.workers)
 
     def _warm_up(self) -> None:
@@ -215,6 +227,22 @@ class Engine:
                     os.environ.pop("DURABLE_REDIS_URL", None)
                 else:
                     os.environ["DURABLE_REDIS_URL"] = self._old_url
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Around each measured run (the harness's turns): with ``tracing``, this client makes
+        spans too (StartWorkflow...), but only during this engine's turns, since engines of
+        other modes measured in turns with it share this process."""
+        if not self.options.tracing:
+            yield
+            return
+        import bench_tracing  # here, not at the top: it needs the otel extra
+
+        bench_tracing.enable()
+        try:
+            yield
+        finally:
+            bench_tracing.disable()
 
     # ----------------------------------------------------------- workloads
     def w1(self, n_runs: int) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class Options:
     eager: bool = False
     cluster: int = 0  # durable only: > 0 runs on a local Redis Cluster of that many masters
     metrics: bool = False  # durable only: workers record and serve Prometheus metrics
+    tracing: bool = False  # durable only: OpenTelemetry spans in the client and the workers
 
 
 def percentile(values: Sequence[float], q: float) -> float:
