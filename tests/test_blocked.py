@@ -121,6 +121,45 @@ def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, re
     assert stub.blocked() is None and json.loads(_cli("list", "--status", "blocked", "--json")) == []
 
 
+def _park_blocked(store: RedisStore, stub: WorkflowStub, reason: str) -> None:
+    """Park the run's queued workflow task and block the run, as a worker would."""
+    ref = store.ref(stub.id)
+    stream = store.keys.workflow_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    for _, rows in store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=100) or []:
+        for entry_id, fields in rows:
+            if fields[b"run"].decode() != ref.run_id:
+                continue
+            store.park(
+                p=ref.partition,
+                stream=stream,
+                entry_id=entry_id.decode(),
+                kind="workflow",
+                reason=reason,
+                fields=fields,
+                run_id=ref.run_id,
+                block=True,
+                block_kind="runaway_decision",
+            )
+            return
+    raise AssertionError(f"no queued task of {stub.id}")
+
+
+def test_an_old_blocked_run_is_listed_behind_many_newer_runs(store: RedisStore) -> None:
+    """``list --status blocked`` reads the blocked index, not the newest runs only: with
+    a scan of 10 candidates, the one blocked run behind 40 newer ones is found at once;
+    a repair takes it out of the index."""
+    old = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: its task stays queued
+    _park_blocked(store, old, "decision exceeded 2 s at app.py:12")
+    for _ in range(40):
+        WorkflowStub.make(Waiter, store=store).start(60)
+    page = store.list_runs_page(status="blocked", scan=10)
+    assert [r["workflow_id"] for r in page.runs] == [old.id]
+    assert [r["workflow_id"] for r in json.loads(_cli("list", "--status", "blocked", "--json"))] == [old.id]
+    store.repair(old.id)
+    assert store.list_runs_page(status="blocked").runs == []
+
+
 def test_reasons_recorded_without_a_kind_are_classified() -> None:
     assert classify_block("NondeterminismError: step 3 ...") == "nondeterminism"
     assert classify_block("UnknownTypeError: activity 'x' ...") == "unknown_type"

@@ -141,7 +141,9 @@ def test_purge_script_skips_an_open_run(store: RedisStore) -> None:
     WorkflowStub.make(Open, id="ret-open2", store=store).start()
     ref = store.ref("ret-open2")
     k, p = store.keys, ref.partition
-    reply = run_scripts(store, "purge_runs", [([k.closed(p), k.runs(p)], ["ids", 10, ref.run_id])])[0]
+    reply = run_scripts(
+        store, "purge_runs", [([k.closed(p), k.runs(p), k.blocked(p)], ["ids", 10, ref.run_id])]
+    )[0]
     assert [int(x) for x in reply] == [0, 0, 1]
     assert store.redis.exists(k.run(p, ref.run_id), k.history(p, ref.run_id), k.instance(p, "ret-open2")) == 3
 
@@ -247,7 +249,7 @@ def test_purging_a_10000_event_history_is_one_short_script(store: RedisStore) ->
     store.redis.slowlog_reset()
     store.redis.config_set("slowlog-log-slower-than", 0)
     try:
-        reply = run_scripts(store, "purge_runs", [([k.closed(p), k.runs(p)], ["due", 50])])[0]
+        reply = run_scripts(store, "purge_runs", [([k.closed(p), k.runs(p), k.blocked(p)], ["due", 50])])[0]
         micros = [e["duration"] for e in store.redis.slowlog_get(10) if b"EVALSHA" in e["command"]]
     finally:
         store.redis.config_set("slowlog-log-slower-than", 10_000)

@@ -261,6 +261,12 @@ class Keys:
     def runs(self, p: int) -> str:
         return f"{self.tag(p)}:runs"
 
+    def blocked(self, p: int) -> str:
+        """Blocked runs by creation time (ms), like :meth:`runs`: ``list --status blocked``
+        pages through it instead of through every run. Entries of runs closed while blocked
+        (terminated) stay until the run is purged; readers check the record."""
+        return f"{self.tag(p)}:blocked"
+
     def closed(self, p: int) -> str:
         """Closed runs by the end of their retention (ms): the scheduler purges them then."""
         return f"{self.tag(p)}:closed"

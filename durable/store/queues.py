@@ -74,7 +74,7 @@ class QueueStore(RunStore):
             block_kind = classify_block(reason)
         self._run_script(
             "park",
-            [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p)],
+            [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p), k.runs(p), k.blocked(p)],
             [
                 entry_id,
                 kind,
@@ -178,7 +178,7 @@ class QueueStore(RunStore):
         k, p, rid = self.keys, ref.partition, ref.run_id
         result = self._run_script(
             "repair",
-            [k.run(p, rid), k.inbox(p, rid), k.dead(p), k.log(p, rid)],
+            [k.run(p, rid), k.inbox(p, rid), k.dead(p), k.log(p, rid), k.blocked(p)],
             [rid, "1" if drop_input else "0"],
         )
         if text(result[0]) == "CLOSED":

@@ -166,7 +166,7 @@ def purge_due(store: RedisStore, parts: Sequence[int], batch: int) -> list[Any]:
     """Purge up to ``batch`` runs whose retention ended in each partition of ``parts``:
     ``[purged, instances removed, open skipped]`` per partition."""
     k = store.keys
-    calls = [([k.closed(p), k.runs(p)], ["due", batch]) for p in parts]
+    calls = [([k.closed(p), k.runs(p), k.blocked(p)], ["due", batch]) for p in parts]
     return run_scripts(store, "purge_runs", calls)
 
 
@@ -250,7 +250,7 @@ def _purge_partition(
             report.instances += sum(1 for rid, run in zip(chosen, current, strict=True) if _s(run) == rid)
         if chosen and not dry_run:
             purged, _, skipped = run_scripts(
-                store, "purge_runs", [([k.closed(p), k.runs(p)], ["ids", len(chosen), *chosen])]
+                store, "purge_runs", [([k.closed(p), k.runs(p), k.blocked(p)], ["ids", len(chosen), *chosen])]
             )[0]
             report.skipped_open += int(skipped)
             # Runs not chosen stay in the index ahead of the next page.

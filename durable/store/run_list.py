@@ -11,6 +11,7 @@ even among runs created in the same millisecond.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +102,10 @@ class RunQueries(StoreBase):
         if until_ms is not None and (top is None or (until_ms, "\U0010ffff") < top):
             top = (until_ms, "\U0010ffff")
         lower = since_ms if since_ms is not None else None
+        # Blocked runs have their own index: old ones are found without scanning every run.
+        index = self.keys.blocked if status == "blocked" else self.keys.runs
         while len(page.runs) < limit and page.scanned < scan:
-            batch, more = self._candidates(top, lower, min(_CHUNK, scan - page.scanned))
+            batch, more = self._candidates(index, top, lower, min(_CHUNK, scan - page.scanned))
             if not batch:
                 return page
             records = self._light_records(batch)
@@ -120,10 +123,10 @@ class RunQueries(StoreBase):
         return page
 
     def _candidates(
-        self, top: tuple[int, str] | None, lower: int | None, count: int
+        self, index: Callable[[int], str], top: tuple[int, str] | None, lower: int | None, count: int
     ) -> tuple[list[tuple[int, int, str]], bool]:
-        """The next ``count`` (or fewer) run ids below ``top`` over all partitions, newest
-        first, and whether older ones may remain.
+        """The next ``count`` (or fewer) run ids of ``index`` (a partition's runs by creation
+        time) below ``top`` over all partitions, newest first, and whether older ones may remain.
 
         Each partition gives its ``count`` newest below ``top`` (plus those tied with ``top``'s
         millisecond, filtered here: a zset cannot seek inside a score). Only candidates no
@@ -135,12 +138,12 @@ class RunQueries(StoreBase):
         with self.redis.pipeline(transaction=False) as pipe:
             for p in range(self.keys.partitions):
                 if top is not None:
-                    pipe.zcount(self.keys.runs(p), top[0], top[0])
+                    pipe.zcount(index(p), top[0], top[0])
             ties = pipe.execute() if top is not None else [0] * self.keys.partitions
         with self.redis.pipeline(transaction=False) as pipe:
             for p in range(self.keys.partitions):
                 pipe.zrevrangebyscore(
-                    self.keys.runs(p), upper, low, start=0, num=count + int(ties[p]), withscores=True
+                    index(p), upper, low, start=0, num=count + int(ties[p]), withscores=True
                 )
             replies = pipe.execute()
         merged: list[tuple[int, int, str]] = []

@@ -3,7 +3,7 @@
 -- when the run is still the instance's current one. An open run is never touched.
 -- Bounded: at most `limit` runs per call (callers loop). Keys go by UNLINK, which
 -- frees a big history's memory in a background thread instead of inside the script.
--- KEYS: closed index, runs index
+-- KEYS: closed index, runs index, blocked index
 -- ARGV: mode ('due': runs whose retention has ended, from the closed index;
 --       'ids': the run ids that follow), limit, run ids...
 -- Returns {runs purged, instance records removed, open runs skipped}
@@ -30,6 +30,7 @@ for _, rid in ipairs(ids) do
       tag .. ':log:' .. rid, tag .. ':upd:' .. rid)
     redis.call('ZREM', runs, rid)
     redis.call('ZREM', closed, rid)
+    redis.call('ZREM', KEYS[3], rid)
     if f[2] then
       local instance = tag .. ':wf:' .. f[2]
       if redis.call('HGET', instance, 'run') == rid then

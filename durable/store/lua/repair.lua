@@ -1,7 +1,7 @@
 -- Unblock a run after a fixed deploy: clear the reason, enqueue a workflow task.
 -- With drop = '1' the inbox item that blocks the run (its position recorded when it
 -- was parked, else the first) moves to the dead-letter stream first.
--- KEYS: run, inbox, dead, log
+-- KEYS: run, inbox, dead, log, blocked index
 -- ARGV: run id, drop ('1' | '0')
 -- Returns {'OK', dropped ('1' | '0')} | {'CLOSED', status}
 local run, inbox, dead, log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -23,6 +23,7 @@ if drop then
   end
 end
 redis.call('HDEL', run, 'blocked', 'blocked_kind', 'blocked_input', 'sticky')
+redis.call('ZREM', KEYS[5], rid)
 redis.call('HSET', run, 'task', '1')
 redis.call('XADD', redis.call('HGET', run, 'wq'), '*', 'run', rid)
 return {'OK', dropped}
