@@ -33,6 +33,9 @@ from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
 from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry, _record, blocked_error
 
+READ_COUNT = 64
+"""Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
+
 POOL_SIZE = 32
 """Connections of a loop's async client (looks, update waits); more callers wait for one."""
 
@@ -94,11 +97,35 @@ async def look(client: aredis.Redis, store: RedisStore, ref: RunRef) -> tuple[st
     return last, None
 
 
+def _bulk(value: str) -> bytes:
+    """``value`` as one RESP bulk string (a piece of a packed command)."""
+    raw = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+_XREAD_HEAD = (
+    b"$5\r\nXREAD\r\n$5\r\nCOUNT\r\n" + _bulk(str(READ_COUNT)) + b"$5\r\nBLOCK\r\n" + _bulk(str(BLOCK_MS))
+)
+
+
+def _entry_fields(fields: Any) -> Any:
+    """An entry's fields as a mapping (a raw RESP2 reply has them as a flat list)."""
+    return dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields
+
+
 @dataclass
 class _Watch:
     ref: RunRef
     last: str
+    key_arg: bytes  # the stream's key, packed once for every XREAD
+    last_arg: bytes = b""  # ``last``, packed (renewed as the stream grows)
     futures: list[asyncio.Future[ev.Entry]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.last_arg = _bulk(self.last)
+
+    def advance(self, last: str) -> None:
+        self.last, self.last_arg = last, _bulk(last)
 
 
 class AsyncRunWaiter:
@@ -109,9 +136,11 @@ class AsyncRunWaiter:
         self.client = async_client(store)
         self._watches: dict[str, _Watch] = {}
         self._task: asyncio.Task[None] | None = None
+        self._kick_task: asyncio.Task[None] | None = None
         self._wanted = asyncio.Event()
         self._reader_id: int | None = None
         self._in_read = False
+        self._kicked = False
         self._next_check = 0.0
 
     async def ref(self, workflow_id: str) -> RunRef:
@@ -134,15 +163,13 @@ class AsyncRunWaiter:
         key = self.store.keys.history(ref.partition, ref.run_id)
         future: asyncio.Future[ev.Entry] = loop.create_future()
         watch = self._watches.get(key)
-        fresh = watch is None
         if watch is None:
-            watch = self._watches[key] = _Watch(ref, last)
+            watch = self._watches[key] = _Watch(ref, last, _bulk(key))
+            self._kick(loop)
         watch.futures.append(future)
         if self._task is None:
             self._task = loop.create_task(self._run(), name="durable-async-run-waiter")
         self._wanted.set()
-        if fresh and self._in_read:
-            await self._interrupt_read()
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         try:
             async with asyncio.timeout(remaining):
@@ -159,11 +186,17 @@ class AsyncRunWaiter:
             if not watch.futures:
                 del self._watches[key]
 
-    async def _interrupt_read(self) -> None:
-        """End the blocking read early, so it watches the new run now (else within BLOCK_MS)."""
-        reader_id, self._in_read = self._reader_id, False
-        if reader_id is None:
-            return
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """End the blocking read early, so it watches a new run now (else within BLOCK_MS).
+
+        One kick serves every run registered until the next read starts: a burst of new
+        waits costs one ``CLIENT UNBLOCK`` and one restarted read, not one each.
+        """
+        if self._in_read and not self._kicked and self._reader_id is not None:
+            self._kicked = True
+            self._kick_task = loop.create_task(self._interrupt_read(self._reader_id))
+
+    async def _interrupt_read(self, reader_id: int) -> None:
         try:
             await self.client.client_unblock(reader_id)
         except redis.RedisError:  # e.g. CLIENT refused by an ACL: the read ends within BLOCK_MS
@@ -171,14 +204,14 @@ class AsyncRunWaiter:
 
     # ------------------------------------------------------------- the task
     async def _run(self) -> None:
-        conn: aredis.Redis | None = None
+        conn: aconnection.AbstractConnection | None = None
         try:
             while await self._has_work():
                 conn = await self._read_once(conn)
         finally:
             self._task, self._reader_id = None, None
             if conn is not None:
-                await conn.aclose()
+                await conn.disconnect()
 
     async def _has_work(self) -> bool:
         if not self._watches:
@@ -190,23 +223,30 @@ class AsyncRunWaiter:
                 pass
         return bool(self._watches)
 
-    async def _read_once(self, conn: aredis.Redis | None) -> aredis.Redis | None:
+    def _xread_command(self) -> bytes:
+        """``XREAD COUNT .. BLOCK .. STREAMS <keys> <ids>`` over the watched runs, packed from
+        the pieces each watch keeps (nothing is encoded again per read)."""
+        watches = self._watches.values()
+        head = b"*%d\r\n%s$7\r\nSTREAMS\r\n" % (6 + 2 * len(watches), _XREAD_HEAD)
+        return b"".join((head, *(w.key_arg for w in watches), *(w.last_arg for w in watches)))
+
+    async def _read_once(
+        self, conn: aconnection.AbstractConnection | None
+    ) -> aconnection.AbstractConnection | None:
         """One blocking read over the watched streams and what follows from it; the
         connection to read on next (``None`` after an error: a new one)."""
         loop = asyncio.get_running_loop()
-        streams: dict[Any, Any] = {key: w.last for key, w in self._watches.items()}
         try:
             if conn is None:
-                conn = aredis.Redis(
-                    connection_pool=self.client.connection_pool, single_connection_client=True
-                )
+                conn = self.client.connection_pool.make_connection()
+                await conn.connect()
                 self._reader_id = await _client_id(conn)
-            self._in_read = True
-            replies: Any = await conn.xread(streams, count=1, block=BLOCK_MS)
+            self._in_read, self._kicked = True, False
+            await conn.send_packed_command(self._xread_command(), check_health=False)
+            reply: Any = await conn.read_response(disable_decoding=True)
             self._in_read = False
-            woken = [(k.decode() if isinstance(k, bytes) else k) for k, _ in replies or []]
-            if woken:
-                await self._look_at(woken)
+            if reply:
+                self._take(reply)
             if loop.time() >= self._next_check:
                 await self._check_blocked()
                 self._next_check = loop.time() + BLOCK_CHECK_S
@@ -216,21 +256,22 @@ class AsyncRunWaiter:
             for key in list(self._watches):
                 self._wake(key, error=exc)
             if conn is not None:
-                await conn.aclose()
+                await conn.disconnect()
             await asyncio.sleep(0.2)
             return None
 
-    async def _look_at(self, keys: list[str]) -> None:
-        """Read the last entry of each grown stream; wake the futures of runs it closes."""
-        watched = [(k, self._watches[k]) for k in keys if k in self._watches]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key, _ in watched:
-                pipe.xrevrange(key, "+", "-", count=1)
-            rows = await pipe.execute()
-        for (key, watch), row in zip(watched, rows, strict=True):
-            last, closing = _last_entry(row, watch.ref.run_id)
+    def _take(self, reply: Any) -> None:
+        """Follow the streams the read returned: wake the runs whose newest entry read closes
+        them, remember where the others are (the entries are in the reply: no second look)."""
+        for raw_key, entries in reply.items() if isinstance(reply, dict) else reply:
+            key = raw_key.decode()
+            watch = self._watches.get(key)
+            if watch is None or not entries:
+                continue
+            entry_id, fields = entries[-1]
+            last, closing = _last_entry([(entry_id, _entry_fields(fields))], watch.ref.run_id)
             if closing is None:
-                watch.last = last
+                watch.advance(last)
             else:
                 self._wake(key, entry=closing)
 
@@ -265,10 +306,11 @@ class AsyncRunWaiter:
                 future.set_result(entry)
 
 
-async def _client_id(conn: aredis.Redis) -> int | None:
+async def _client_id(conn: aconnection.AbstractConnection) -> int | None:
     """The connection's CLIENT ID (None when an ACL refuses CLIENT: reads end within BLOCK_MS)."""
     try:
-        return int(await conn.client_id())
+        await conn.send_command("CLIENT", "ID")
+        return int(await conn.read_response())
     except redis.exceptions.NoPermissionError:
         return None
 
