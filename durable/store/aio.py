@@ -61,42 +61,6 @@ def async_client(store: RedisStore) -> aredis.Redis:
     return aredis.Redis(connection_pool=pool)
 
 
-async def current_ref(client: aredis.Redis, store: RedisStore, workflow_id: str) -> RunRef:
-    """The workflow's current run (``RedisStore.ref`` without a thread).
-
-    Raises:
-        WorkflowNotFound: no workflow with that id.
-    """
-    p = store.keys.partition(workflow_id)
-    current = await client.hget(store.keys.instance(p, workflow_id), "run")
-    if current is None:
-        raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
-    return RunRef(p, text(current), workflow_id)
-
-
-async def look(client: aredis.Redis, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
-    """One look at a run (:func:`durable.store.waits.look`, awaited).
-
-    Raises:
-        WorkflowBlocked: the run is open and blocked.
-        WorkflowNotFound: the run record is gone (expired or purged).
-    """
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
-        pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
-        rows, values = await pipe.execute()
-    last, closing = _last_entry(rows, ref.run_id)
-    if closing is not None:
-        return last, closing
-    record = _record(values)
-    if record is None:
-        raise WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
-    reason = blocked_reason(record)
-    if reason is not None:
-        raise blocked_error(ref.workflow_id, ref.run_id, reason)
-    return last, None
-
-
 def _bulk(value: str) -> bytes:
     """``value`` as one RESP bulk string (a piece of a packed command)."""
     raw = value.encode()
@@ -111,6 +75,129 @@ _XREAD_HEAD = (
 def _entry_fields(fields: Any) -> Any:
     """An entry's fields as a mapping (a raw RESP2 reply has them as a flat list)."""
     return dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields
+
+
+def _pack(*args: str) -> bytes:
+    """A command packed for the wire (RESP)."""
+    return b"*%d\r\n%s" % (len(args), b"".join(_bulk(arg) for arg in args))
+
+
+class _Batch:
+    """The short commands of one loop's waits (looks, current runs, blocked checks), sent
+    together on one connection: whatever is asked while a batch is out goes in the next, so
+    200 coroutines looking at once cost a few round trips, not 200 pool checkouts."""
+
+    def __init__(self, pool: aredis.ConnectionPool) -> None:
+        self._pool = pool
+        self._conn: aconnection.AbstractConnection | None = None
+        self._pending: list[tuple[bytes, asyncio.Future[Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+
+    def call(self, *args: str) -> asyncio.Future[Any]:
+        """The raw reply of one command (bytes undecoded), once its batch is answered."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((_pack(*args), future))
+        if self._task is None:
+            self._task = loop.create_task(self._flush(), name="durable-async-batch")
+        return future
+
+    async def _flush(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._send(batch)
+        finally:
+            self._task = None
+            self._idle = asyncio.get_running_loop().call_later(IDLE_S, self._close_idle)
+
+    async def _send(self, batch: list[tuple[bytes, asyncio.Future[Any]]]) -> None:
+        answered = 0
+        try:
+            if self._conn is None:
+                conn = self._pool.make_connection()
+                await conn.connect()
+                self._conn = conn
+            await self._conn.send_packed_command(
+                b"".join(command for command, _ in batch), check_health=False
+            )
+            for _, future in batch:
+                try:
+                    reply: Any = await self._conn.read_response(disable_decoding=True)
+                except redis.ResponseError as exc:  # this command's error; the connection is fine
+                    reply = exc
+                answered += 1
+                if not future.done():
+                    future.set_exception(reply) if isinstance(reply, Exception) else future.set_result(reply)
+        except (redis.RedisError, OSError) as exc:
+            for _, future in batch[answered:]:
+                if not future.done():
+                    future.set_exception(exc)
+            await self._drop_connection()
+        except BaseException:
+            await self._drop_connection()  # cancelled mid-reply: the connection is out of step
+            raise
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.disconnect()
+
+    def _close_idle(self) -> None:
+        if self._task is None and self._conn is not None:
+            self._task = asyncio.get_running_loop().create_task(self._close())
+
+    async def _close(self) -> None:
+        try:
+            await self._drop_connection()
+        finally:
+            self._task = None
+            if self._pending:  # asked for while closing
+                self._task = asyncio.get_running_loop().create_task(self._flush())
+
+
+async def current_ref(batch: _Batch, store: RedisStore, workflow_id: str) -> RunRef:
+    """The workflow's current run (``RedisStore.ref`` without a thread).
+
+    Raises:
+        WorkflowNotFound: no workflow with that id.
+    """
+    p = store.keys.partition(workflow_id)
+    current = await batch.call("HGET", store.keys.instance(p, workflow_id), "run")
+    if current is None:
+        raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+    return RunRef(p, text(current), workflow_id)
+
+
+def _rows(reply: Any) -> list[tuple[bytes, Any]]:
+    """A raw ``XRANGE``/``XREVRANGE``/``XREAD`` entry list as (id, fields mapping) pairs."""
+    return [(entry_id, _entry_fields(fields)) for entry_id, fields in reply or ()]
+
+
+async def look(batch: _Batch, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
+    """One look at a run (:func:`durable.store.waits.look`, awaited).
+
+    Raises:
+        WorkflowBlocked: the run is open and blocked.
+        WorkflowNotFound: the run record is gone (expired or purged).
+    """
+    rows, values = await asyncio.gather(
+        batch.call("XREVRANGE", store.keys.history(ref.partition, ref.run_id), "+", "-", "COUNT", "1"),
+        batch.call("HMGET", store.keys.run(ref.partition, ref.run_id), *_RECORD_FIELDS),
+    )
+    last, closing = _last_entry(_rows(rows), ref.run_id)
+    if closing is not None:
+        return last, closing
+    record = _record(values)
+    if record is None:
+        raise WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
+    reason = blocked_reason(record)
+    if reason is not None:
+        raise blocked_error(ref.workflow_id, ref.run_id, reason)
+    return last, None
 
 
 @dataclass
@@ -134,6 +221,7 @@ class AsyncRunWaiter:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.client = async_client(store)
+        self.batch = _Batch(self.client.connection_pool)
         self._watches: dict[str, _Watch] = {}
         self._task: asyncio.Task[None] | None = None
         self._kick_task: asyncio.Task[None] | None = None
@@ -145,7 +233,7 @@ class AsyncRunWaiter:
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
-        return await current_ref(self.client, self.store, workflow_id)
+        return await current_ref(self.batch, self.store, workflow_id)
 
     async def wait(self, ref: RunRef, deadline: float | None) -> ev.Entry:
         """The closing entry of ``ref`` once it is written (``deadline``: the loop's clock).
@@ -157,7 +245,7 @@ class AsyncRunWaiter:
             redis.RedisError: Redis failed while waiting.
         """
         loop = asyncio.get_running_loop()
-        last, closing = await look(self.client, self.store, ref)
+        last, closing = await look(self.batch, self.store, ref)
         if closing is not None:
             return closing
         key = self.store.keys.history(ref.partition, ref.run_id)
@@ -268,8 +356,7 @@ class AsyncRunWaiter:
             watch = self._watches.get(key)
             if watch is None or not entries:
                 continue
-            entry_id, fields = entries[-1]
-            last, closing = _last_entry([(entry_id, _entry_fields(fields))], watch.ref.run_id)
+            last, closing = _last_entry(_rows(entries[-1:]), watch.ref.run_id)
             if closing is None:
                 watch.advance(last)
             else:
@@ -280,10 +367,12 @@ class AsyncRunWaiter:
         if not watched:
             return
         keys = self.store.keys
-        async with self.client.pipeline(transaction=False) as pipe:
-            for _, watch in watched:
-                pipe.hmget(keys.run(watch.ref.partition, watch.ref.run_id), _RECORD_FIELDS)
-            rows = await pipe.execute()
+        rows = await asyncio.gather(
+            *(
+                self.batch.call("HMGET", keys.run(w.ref.partition, w.ref.run_id), *_RECORD_FIELDS)
+                for _, w in watched
+            )
+        )
         for (key, watch), values in zip(watched, rows, strict=True):
             record, ref = _record(values), watch.ref
             if record is None:
@@ -343,7 +432,7 @@ async def wait_update(
         if outcome is not None:
             return outcome
         if not rows:
-            await look(waiter.client, waiter.store, ref)  # raises for a blocked or vanished run
+            await look(waiter.batch, waiter.store, ref)  # raises for a blocked or vanished run
 
 
 _waiters: weakref.WeakKeyDictionary[
