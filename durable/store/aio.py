@@ -25,6 +25,7 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
+from .. import codec
 from .. import events as ev
 from ..errors import WorkflowNotFound
 from ..runinfo import blocked_reason
@@ -35,6 +36,12 @@ from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry,
 
 READ_COUNT = 64
 """Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
+
+READ_PACE_S = 50e-6
+"""Time between the starts of two of the waiter's reads, per watched run (see ``_pace``)."""
+
+READ_PACE_MAX_S = 0.010
+"""The most the waiter lets pass between two reads' starts (what pacing may add to a wait)."""
 
 POOL_SIZE = 32
 """Connections of a loop's async client (looks, update waits); more callers wait for one."""
@@ -200,6 +207,18 @@ async def look(batch: _Batch, store: RedisStore, ref: RunRef) -> tuple[str, ev.E
     return last, None
 
 
+_CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
+
+
+def _may_close(fields: Any) -> bool:
+    """Whether a history entry may close its run, from its type alone (most entries of a
+    watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
+    try:
+        return bool(codec.unpack(fields[b"e"])["type"] in _CLOSING_TYPES)
+    except Exception:  # noqa: BLE001 - ev.decode raises the error that names the entry
+        return True
+
+
 @dataclass
 class _Watch:
     ref: RunRef
@@ -230,6 +249,7 @@ class AsyncRunWaiter:
         self._in_read = False
         self._kicked = False
         self._next_check = 0.0
+        self._read_at = 0.0
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
@@ -329,6 +349,9 @@ class AsyncRunWaiter:
                 conn = self.client.connection_pool.make_connection()
                 await conn.connect()
                 self._reader_id = await _client_id(conn)
+            await self._pace(loop)
+            if not self._watches:  # every wait ended meanwhile
+                return conn
             self._in_read, self._kicked = True, False
             await conn.send_packed_command(self._xread_command(), check_health=False)
             reply: Any = await conn.read_response(disable_decoding=True)
@@ -348,6 +371,15 @@ class AsyncRunWaiter:
             await asyncio.sleep(0.2)
             return None
 
+    async def _pace(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let :data:`READ_PACE_S` per watched run pass between two reads' starts (at most
+        :data:`READ_PACE_MAX_S`): a read costs client and server time per watched stream, and
+        under load many streams grow in that time, so one read then wakes for all of them."""
+        pause = self._read_at + min(READ_PACE_MAX_S, READ_PACE_S * len(self._watches)) - loop.time()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        self._read_at = loop.time()
+
     def _take(self, reply: Any) -> None:
         """Follow the streams the read returned: wake the runs whose newest entry read closes
         them, remember where the others are (the entries are in the reply: no second look)."""
@@ -355,6 +387,10 @@ class AsyncRunWaiter:
             key = raw_key.decode()
             watch = self._watches.get(key)
             if watch is None or not entries:
+                continue
+            entry_id, fields = entries[-1]
+            if not _may_close(_entry_fields(fields)):
+                watch.advance(entry_id.decode())
                 continue
             last, closing = _last_entry(_rows(entries[-1:]), watch.ref.run_id)
             if closing is None:
