@@ -2,17 +2,25 @@
 
 The asyncio twin of :mod:`durable.store.waits`. Each event loop gets one
 :class:`AsyncRunWaiter` per store: a task that blocks in one ``XREAD`` over every watched
-run's history stream on one ``redis.asyncio`` connection, and wakes the futures of the
-runs whose closing entry it reads. So ``await stub.result()`` holds neither a thread nor a
+run's history stream on a connection of its own, and wakes the futures of the runs whose
+closing entry it reads. So ``await stub.result()`` holds neither a thread nor a
 connection: N awaiting coroutines cost one blocking read. Every :data:`BLOCK_CHECK_S` it
 also reads the watched runs' ``blocked`` fields (a block is written to the run record, not
 to the history) and fails their futures with :class:`~durable.errors.WorkflowBlocked`.
 
+What a wait costs the loop is kept per closed run rather than per event (issue 18): the
+``XREAD`` is packed from pieces each watch keeps (nothing re-encoded per read), its reply
+carries the new entries, so the newest one tells whether a run closed without a second
+look, and only an entry whose type closes a run is decoded; a burst of new waits restarts
+the read once (one ``CLIENT UNBLOCK``); reads are paced by the number of watched runs
+(:data:`READ_PACE_S`), so under load one read serves many grown streams; and the waits'
+short commands (a look, the current run, the blocked check) of one loop go out together
+(:class:`_Batch`), one round trip for all the coroutines that asked meanwhile.
+
 Only the waits are asynchronous here. The short calls of the async client (start, signal,
 query, update delivery) run the store's synchronous code on the loop's default executor
 (see :mod:`durable.aio`): each is one round trip, and keeping one implementation of their
-Lua scripts' arguments and replies is worth the executor hop.
-"""
+Lua scripts' arguments and replies is worth the executor hop."""
 
 from __future__ import annotations
 
