@@ -8,11 +8,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import redis
 from apps.async_app import CancelsBeating, Doubles, Gate, TimesOut
 from procs import workers
 
 from durable import AsyncWorkflowStub, WorkflowFailed, WorkflowNotFound
 from durable.client import default_store
+from durable.store.aio import async_waiter_for
 
 WAITERS = 500
 
@@ -63,9 +65,46 @@ def test_async_client_signal_query_update_and_errors(redis_url: str) -> None:
             await other.result(timeout=10)
         with pytest.raises(WorkflowNotFound):
             await AsyncWorkflowStub.make(Gate, id="gate-none").result()
+        await _cancelled_await_leaves_the_others()
 
     with workers(redis_url, app="apps.async_app"):
         asyncio.run(scenario())
+
+
+async def _cancelled_await_leaves_the_others() -> None:
+    """A cancelled ``await stub.result()`` stops watching its run; the other awaits go on."""
+    a = await AsyncWorkflowStub.make(Gate, id="gate-a").start(1)
+    b = await AsyncWorkflowStub.make(Gate, id="gate-b").start(2)
+    waiting_a, waiting_b = (asyncio.ensure_future(s.result(timeout=30)) for s in (a, b))
+    await asyncio.sleep(0.5)
+    waiting_a.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting_a
+    store = a.sync.store
+    watched = set(async_waiter_for(store)._watches)
+    assert watched == {store.keys.history(store.keys.partition("gate-b"), b.run_id or "")}
+    await a.signal("go", 10)
+    await b.signal("go", 20)
+    assert await waiting_b == 22
+    assert await a.result(timeout=30) == 11  # awaiting again after a cancelled await
+
+
+def test_batched_commands_each_get_their_own_reply(redis_url: str) -> None:
+    """The waits' short commands share round trips; an error reply fails only its caller."""
+
+    async def scenario() -> None:
+        store = default_store()
+        store.redis.xadd("a-stream", {"e": b"x"})
+        batch = async_waiter_for(store).batch
+        sets = [batch.call("SET", f"k{i}", str(i)) for i in range(50)]
+        wrong = batch.call("HGET", "a-stream", "run")
+        after = batch.call("GET", "k7")
+        assert await asyncio.gather(*sets) == [b"OK"] * 50
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            await wrong
+        assert await after == b"7"
+
+    asyncio.run(scenario())
 
 
 def test_async_activities_run_heartbeat_cancel_and_time_out(redis_url: str, tmp_path: Path) -> None:

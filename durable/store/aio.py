@@ -2,17 +2,25 @@
 
 The asyncio twin of :mod:`durable.store.waits`. Each event loop gets one
 :class:`AsyncRunWaiter` per store: a task that blocks in one ``XREAD`` over every watched
-run's history stream on one ``redis.asyncio`` connection, and wakes the futures of the
-runs whose closing entry it reads. So ``await stub.result()`` holds neither a thread nor a
+run's history stream on a connection of its own, and wakes the futures of the runs whose
+closing entry it reads. So ``await stub.result()`` holds neither a thread nor a
 connection: N awaiting coroutines cost one blocking read. Every :data:`BLOCK_CHECK_S` it
 also reads the watched runs' ``blocked`` fields (a block is written to the run record, not
 to the history) and fails their futures with :class:`~durable.errors.WorkflowBlocked`.
 
+What a wait costs the loop is kept per closed run rather than per event (issue 18): the
+``XREAD`` is packed from pieces each watch keeps (nothing re-encoded per read), its reply
+carries the new entries, so the newest one tells whether a run closed without a second
+look, and only an entry whose type closes a run is decoded; a burst of new waits restarts
+the read once (one ``CLIENT UNBLOCK``); reads are paced by the number of watched runs
+(:data:`READ_PACE_S`), so under load one read serves many grown streams; and the waits'
+short commands (a look, the current run, the blocked check) of one loop go out together
+(:class:`_Batch`), one round trip for all the coroutines that asked meanwhile.
+
 Only the waits are asynchronous here. The short calls of the async client (start, signal,
 query, update delivery) run the store's synchronous code on the loop's default executor
 (see :mod:`durable.aio`): each is one round trip, and keeping one implementation of their
-Lua scripts' arguments and replies is worth the executor hop.
-"""
+Lua scripts' arguments and replies is worth the executor hop."""
 
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
+from .. import codec
 from .. import events as ev
 from ..errors import WorkflowNotFound
 from ..runinfo import blocked_reason
@@ -32,6 +41,15 @@ from .records import RunRef, text
 from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
 from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry, _record, blocked_error
+
+READ_COUNT = 64
+"""Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
+
+READ_PACE_S = 50e-6
+"""Time between the starts of two of the waiter's reads, per watched run (see ``_pace``)."""
+
+READ_PACE_MAX_S = 0.010
+"""The most the waiter lets pass between two reads' starts (what pacing may add to a wait)."""
 
 POOL_SIZE = 32
 """Connections of a loop's async client (looks, update waits); more callers wait for one."""
@@ -58,31 +76,134 @@ def async_client(store: RedisStore) -> aredis.Redis:
     return aredis.Redis(connection_pool=pool)
 
 
-async def current_ref(client: aredis.Redis, store: RedisStore, workflow_id: str) -> RunRef:
+def _bulk(value: str) -> bytes:
+    """``value`` as one RESP bulk string (a piece of a packed command)."""
+    raw = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+_XREAD_HEAD = (
+    b"$5\r\nXREAD\r\n$5\r\nCOUNT\r\n" + _bulk(str(READ_COUNT)) + b"$5\r\nBLOCK\r\n" + _bulk(str(BLOCK_MS))
+)
+
+
+def _entry_fields(fields: Any) -> Any:
+    """An entry's fields as a mapping (a raw RESP2 reply has them as a flat list)."""
+    return dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields
+
+
+def _pack(*args: str) -> bytes:
+    """A command packed for the wire (RESP)."""
+    return b"*%d\r\n%s" % (len(args), b"".join(_bulk(arg) for arg in args))
+
+
+class _Batch:
+    """The short commands of one loop's waits (looks, current runs, blocked checks), sent
+    together on one connection: whatever is asked while a batch is out goes in the next, so
+    200 coroutines looking at once cost a few round trips, not 200 pool checkouts."""
+
+    def __init__(self, pool: aredis.ConnectionPool) -> None:
+        self._pool = pool
+        self._conn: aconnection.AbstractConnection | None = None
+        self._pending: list[tuple[bytes, asyncio.Future[Any]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+
+    def call(self, *args: str) -> asyncio.Future[Any]:
+        """The raw reply of one command (bytes undecoded), once its batch is answered."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((_pack(*args), future))
+        if self._task is None:
+            self._task = loop.create_task(self._flush(), name="durable-async-batch")
+        return future
+
+    async def _flush(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._send(batch)
+        finally:
+            self._task = None
+            self._idle = asyncio.get_running_loop().call_later(IDLE_S, self._close_idle)
+
+    async def _send(self, batch: list[tuple[bytes, asyncio.Future[Any]]]) -> None:
+        answered = 0
+        try:
+            if self._conn is None:
+                conn = self._pool.make_connection()
+                await conn.connect()
+                self._conn = conn
+            await self._conn.send_packed_command(
+                b"".join(command for command, _ in batch), check_health=False
+            )
+            for _, future in batch:
+                try:
+                    reply: Any = await self._conn.read_response(disable_decoding=True)
+                except redis.ResponseError as exc:  # this command's error; the connection is fine
+                    reply = exc
+                answered += 1
+                if not future.done():
+                    future.set_exception(reply) if isinstance(reply, Exception) else future.set_result(reply)
+        except (redis.RedisError, OSError) as exc:
+            for _, future in batch[answered:]:
+                if not future.done():
+                    future.set_exception(exc)
+            await self._drop_connection()
+        except BaseException:
+            await self._drop_connection()  # cancelled mid-reply: the connection is out of step
+            raise
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.disconnect()
+
+    def _close_idle(self) -> None:
+        if self._task is None and self._conn is not None:
+            self._task = asyncio.get_running_loop().create_task(self._close())
+
+    async def _close(self) -> None:
+        try:
+            await self._drop_connection()
+        finally:
+            self._task = None
+            if self._pending:  # asked for while closing
+                self._task = asyncio.get_running_loop().create_task(self._flush())
+
+
+async def current_ref(batch: _Batch, store: RedisStore, workflow_id: str) -> RunRef:
     """The workflow's current run (``RedisStore.ref`` without a thread).
 
     Raises:
         WorkflowNotFound: no workflow with that id.
     """
     p = store.keys.partition(workflow_id)
-    current = await client.hget(store.keys.instance(p, workflow_id), "run")
+    current = await batch.call("HGET", store.keys.instance(p, workflow_id), "run")
     if current is None:
         raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
     return RunRef(p, text(current), workflow_id)
 
 
-async def look(client: aredis.Redis, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
+def _rows(reply: Any) -> list[tuple[bytes, Any]]:
+    """A raw ``XRANGE``/``XREVRANGE``/``XREAD`` entry list as (id, fields mapping) pairs."""
+    return [(entry_id, _entry_fields(fields)) for entry_id, fields in reply or ()]
+
+
+async def look(batch: _Batch, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
     """One look at a run (:func:`durable.store.waits.look`, awaited).
 
     Raises:
         WorkflowBlocked: the run is open and blocked.
         WorkflowNotFound: the run record is gone (expired or purged).
     """
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
-        pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
-        rows, values = await pipe.execute()
-    last, closing = _last_entry(rows, ref.run_id)
+    rows, values = await asyncio.gather(
+        batch.call("XREVRANGE", store.keys.history(ref.partition, ref.run_id), "+", "-", "COUNT", "1"),
+        batch.call("HMGET", store.keys.run(ref.partition, ref.run_id), *_RECORD_FIELDS),
+    )
+    last, closing = _last_entry(_rows(rows), ref.run_id)
     if closing is not None:
         return last, closing
     record = _record(values)
@@ -94,11 +215,31 @@ async def look(client: aredis.Redis, store: RedisStore, ref: RunRef) -> tuple[st
     return last, None
 
 
+_CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
+
+
+def _may_close(fields: Any) -> bool:
+    """Whether a history entry may close its run, from its type alone (most entries of a
+    watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
+    try:
+        return bool(codec.unpack(fields[b"e"])["type"] in _CLOSING_TYPES)
+    except Exception:  # noqa: BLE001 - ev.decode raises the error that names the entry
+        return True
+
+
 @dataclass
 class _Watch:
     ref: RunRef
     last: str
+    key_arg: bytes  # the stream's key, packed once for every XREAD
+    last_arg: bytes = b""  # ``last``, packed (renewed as the stream grows)
     futures: list[asyncio.Future[ev.Entry]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.last_arg = _bulk(self.last)
+
+    def advance(self, last: str) -> None:
+        self.last, self.last_arg = last, _bulk(last)
 
 
 class AsyncRunWaiter:
@@ -107,16 +248,20 @@ class AsyncRunWaiter:
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self.client = async_client(store)
+        self.batch = _Batch(self.client.connection_pool)
         self._watches: dict[str, _Watch] = {}
         self._task: asyncio.Task[None] | None = None
+        self._kick_task: asyncio.Task[None] | None = None
         self._wanted = asyncio.Event()
         self._reader_id: int | None = None
         self._in_read = False
+        self._kicked = False
         self._next_check = 0.0
+        self._read_at = 0.0
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
-        return await current_ref(self.client, self.store, workflow_id)
+        return await current_ref(self.batch, self.store, workflow_id)
 
     async def wait(self, ref: RunRef, deadline: float | None) -> ev.Entry:
         """The closing entry of ``ref`` once it is written (``deadline``: the loop's clock).
@@ -128,21 +273,19 @@ class AsyncRunWaiter:
             redis.RedisError: Redis failed while waiting.
         """
         loop = asyncio.get_running_loop()
-        last, closing = await look(self.client, self.store, ref)
+        last, closing = await look(self.batch, self.store, ref)
         if closing is not None:
             return closing
         key = self.store.keys.history(ref.partition, ref.run_id)
         future: asyncio.Future[ev.Entry] = loop.create_future()
         watch = self._watches.get(key)
-        fresh = watch is None
         if watch is None:
-            watch = self._watches[key] = _Watch(ref, last)
+            watch = self._watches[key] = _Watch(ref, last, _bulk(key))
+            self._kick(loop)
         watch.futures.append(future)
         if self._task is None:
             self._task = loop.create_task(self._run(), name="durable-async-run-waiter")
         self._wanted.set()
-        if fresh and self._in_read:
-            await self._interrupt_read()
         remaining = None if deadline is None else max(0.0, deadline - loop.time())
         try:
             async with asyncio.timeout(remaining):
@@ -159,11 +302,17 @@ class AsyncRunWaiter:
             if not watch.futures:
                 del self._watches[key]
 
-    async def _interrupt_read(self) -> None:
-        """End the blocking read early, so it watches the new run now (else within BLOCK_MS)."""
-        reader_id, self._in_read = self._reader_id, False
-        if reader_id is None:
-            return
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """End the blocking read early, so it watches a new run now (else within BLOCK_MS).
+
+        One kick serves every run registered until the next read starts: a burst of new
+        waits costs one ``CLIENT UNBLOCK`` and one restarted read, not one each.
+        """
+        if self._in_read and not self._kicked and self._reader_id is not None:
+            self._kicked = True
+            self._kick_task = loop.create_task(self._interrupt_read(self._reader_id))
+
+    async def _interrupt_read(self, reader_id: int) -> None:
         try:
             await self.client.client_unblock(reader_id)
         except redis.RedisError:  # e.g. CLIENT refused by an ACL: the read ends within BLOCK_MS
@@ -171,14 +320,14 @@ class AsyncRunWaiter:
 
     # ------------------------------------------------------------- the task
     async def _run(self) -> None:
-        conn: aredis.Redis | None = None
+        conn: aconnection.AbstractConnection | None = None
         try:
             while await self._has_work():
                 conn = await self._read_once(conn)
         finally:
             self._task, self._reader_id = None, None
             if conn is not None:
-                await conn.aclose()
+                await conn.disconnect()
 
     async def _has_work(self) -> bool:
         if not self._watches:
@@ -190,23 +339,33 @@ class AsyncRunWaiter:
                 pass
         return bool(self._watches)
 
-    async def _read_once(self, conn: aredis.Redis | None) -> aredis.Redis | None:
+    def _xread_command(self) -> bytes:
+        """``XREAD COUNT .. BLOCK .. STREAMS <keys> <ids>`` over the watched runs, packed from
+        the pieces each watch keeps (nothing is encoded again per read)."""
+        watches = self._watches.values()
+        head = b"*%d\r\n%s$7\r\nSTREAMS\r\n" % (6 + 2 * len(watches), _XREAD_HEAD)
+        return b"".join((head, *(w.key_arg for w in watches), *(w.last_arg for w in watches)))
+
+    async def _read_once(
+        self, conn: aconnection.AbstractConnection | None
+    ) -> aconnection.AbstractConnection | None:
         """One blocking read over the watched streams and what follows from it; the
         connection to read on next (``None`` after an error: a new one)."""
         loop = asyncio.get_running_loop()
-        streams: dict[Any, Any] = {key: w.last for key, w in self._watches.items()}
         try:
             if conn is None:
-                conn = aredis.Redis(
-                    connection_pool=self.client.connection_pool, single_connection_client=True
-                )
+                conn = self.client.connection_pool.make_connection()
+                await conn.connect()
                 self._reader_id = await _client_id(conn)
-            self._in_read = True
-            replies: Any = await conn.xread(streams, count=1, block=BLOCK_MS)
+            await self._pace(loop)
+            if not self._watches:  # every wait ended meanwhile
+                return conn
+            self._in_read, self._kicked = True, False
+            await conn.send_packed_command(self._xread_command(), check_health=False)
+            reply: Any = await conn.read_response(disable_decoding=True)
             self._in_read = False
-            woken = [(k.decode() if isinstance(k, bytes) else k) for k, _ in replies or []]
-            if woken:
-                await self._look_at(woken)
+            if reply:
+                self._take(reply)
             if loop.time() >= self._next_check:
                 await self._check_blocked()
                 self._next_check = loop.time() + BLOCK_CHECK_S
@@ -216,21 +375,34 @@ class AsyncRunWaiter:
             for key in list(self._watches):
                 self._wake(key, error=exc)
             if conn is not None:
-                await conn.aclose()
+                await conn.disconnect()
             await asyncio.sleep(0.2)
             return None
 
-    async def _look_at(self, keys: list[str]) -> None:
-        """Read the last entry of each grown stream; wake the futures of runs it closes."""
-        watched = [(k, self._watches[k]) for k in keys if k in self._watches]
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key, _ in watched:
-                pipe.xrevrange(key, "+", "-", count=1)
-            rows = await pipe.execute()
-        for (key, watch), row in zip(watched, rows, strict=True):
-            last, closing = _last_entry(row, watch.ref.run_id)
+    async def _pace(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let :data:`READ_PACE_S` per watched run pass between two reads' starts (at most
+        :data:`READ_PACE_MAX_S`): a read costs client and server time per watched stream, and
+        under load many streams grow in that time, so one read then wakes for all of them."""
+        pause = self._read_at + min(READ_PACE_MAX_S, READ_PACE_S * len(self._watches)) - loop.time()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        self._read_at = loop.time()
+
+    def _take(self, reply: Any) -> None:
+        """Follow the streams the read returned: wake the runs whose newest entry read closes
+        them, remember where the others are (the entries are in the reply: no second look)."""
+        for raw_key, entries in reply.items() if isinstance(reply, dict) else reply:
+            key = raw_key.decode()
+            watch = self._watches.get(key)
+            if watch is None or not entries:
+                continue
+            entry_id, fields = entries[-1]
+            if not _may_close(_entry_fields(fields)):
+                watch.advance(entry_id.decode())
+                continue
+            last, closing = _last_entry(_rows(entries[-1:]), watch.ref.run_id)
             if closing is None:
-                watch.last = last
+                watch.advance(last)
             else:
                 self._wake(key, entry=closing)
 
@@ -239,10 +411,12 @@ class AsyncRunWaiter:
         if not watched:
             return
         keys = self.store.keys
-        async with self.client.pipeline(transaction=False) as pipe:
-            for _, watch in watched:
-                pipe.hmget(keys.run(watch.ref.partition, watch.ref.run_id), _RECORD_FIELDS)
-            rows = await pipe.execute()
+        rows = await asyncio.gather(
+            *(
+                self.batch.call("HMGET", keys.run(w.ref.partition, w.ref.run_id), *_RECORD_FIELDS)
+                for _, w in watched
+            )
+        )
         for (key, watch), values in zip(watched, rows, strict=True):
             record, ref = _record(values), watch.ref
             if record is None:
@@ -265,10 +439,11 @@ class AsyncRunWaiter:
                 future.set_result(entry)
 
 
-async def _client_id(conn: aredis.Redis) -> int | None:
+async def _client_id(conn: aconnection.AbstractConnection) -> int | None:
     """The connection's CLIENT ID (None when an ACL refuses CLIENT: reads end within BLOCK_MS)."""
     try:
-        return int(await conn.client_id())
+        await conn.send_command("CLIENT", "ID")
+        return int(await conn.read_response())
     except redis.exceptions.NoPermissionError:
         return None
 
@@ -301,7 +476,7 @@ async def wait_update(
         if outcome is not None:
             return outcome
         if not rows:
-            await look(waiter.client, waiter.store, ref)  # raises for a blocked or vanished run
+            await look(waiter.batch, waiter.store, ref)  # raises for a blocked or vanished run
 
 
 _waiters: weakref.WeakKeyDictionary[
