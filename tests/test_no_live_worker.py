@@ -7,6 +7,7 @@ only worker is no error. Real ``durable worker`` processes.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from apps.basic import Waiter
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowBlocked, WorkflowStub
+from durable import AsyncWorkflowStub, WorkflowBlocked, WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.store.waits import NO_LIVE_WORKER_GRACE_S
 
@@ -44,6 +45,26 @@ def test_result_raises_once_no_worker_of_the_pinned_build_lived_for_the_grace(
     waited = time.monotonic() - started
     assert NO_LIVE_WORKER_GRACE_S <= waited < NO_LIVE_WORKER_GRACE_S + 5
     assert info.value.kind == "no_live_worker" and "build 'v1'" in info.value.reason
+
+
+def test_the_async_client_raises_it_too(redis_url: str, store: RedisStore) -> None:
+    """``await stub.result()`` says so as ``stub.result()`` does (its waiter checks the builds)."""
+    proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    try:
+        stub = _suspended_pinned_run(redis_url, store)
+    finally:
+        stop(proc)
+
+    async def wait() -> float:
+        loaded = await AsyncWorkflowStub.load(stub.id, store=store)
+        started = time.monotonic()
+        with pytest.raises(WorkflowBlocked) as info:
+            await loaded.result(timeout=60)
+        assert info.value.kind == "no_live_worker" and "build 'v1'" in info.value.reason
+        return time.monotonic() - started
+
+    waited = asyncio.run(wait())
+    assert NO_LIVE_WORKER_GRACE_S <= waited < NO_LIVE_WORKER_GRACE_S + 5
 
 
 def test_restarting_the_builds_worker_within_the_grace_is_no_error(redis_url: str, store: RedisStore) -> None:

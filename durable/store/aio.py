@@ -40,7 +40,19 @@ from ..runinfo import blocked_reason
 from .records import RunRef, text
 from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
-from .waits import _RECORD_FIELDS, BLOCK_CHECK_S, BLOCK_MS, IDLE_S, _last_entry, _record, blocked_error
+from .waits import (
+    _RECORD_FIELDS,
+    BLOCK_CHECK_S,
+    BLOCK_MS,
+    IDLE_S,
+    _last_entry,
+    _record,
+    _still_unserved,
+    _unserved_error,
+    _unserved_too_long,
+    blocked_error,
+)
+from .workers import WorkerInfo, no_live_worker_reason
 
 READ_COUNT = 64
 """Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
@@ -234,6 +246,7 @@ class _Watch:
     key_arg: bytes  # the stream's key, packed once for every XREAD
     last_arg: bytes = b""  # ``last``, packed (renewed as the stream grows)
     futures: list[asyncio.Future[ev.Entry]] = field(default_factory=list)
+    unserved_since: float | None = None  # monotonic: since when no live worker serves its build
 
     def __post_init__(self) -> None:
         self.last_arg = _bulk(self.last)
@@ -417,8 +430,13 @@ class AsyncRunWaiter:
                 for _, w in watched
             )
         )
-        for (key, watch), values in zip(watched, rows, strict=True):
-            record, ref = _record(values), watch.ref
+        records = [_record(values) for values in rows]
+        # The registry is read only when a watched run is pinned to a build (on the executor,
+        # like the client's other short calls: one read every BLOCK_CHECK_S at most).
+        pinned = any(r and r.get("build") for r in records)
+        live: list[WorkerInfo] = await asyncio.to_thread(self.store.live_workers) if pinned else []
+        for (key, watch), record in zip(watched, records, strict=True):
+            ref = watch.ref
             if record is None:
                 message = f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists"
                 self._wake(key, error=WorkflowNotFound(message))
@@ -426,6 +444,12 @@ class AsyncRunWaiter:
             reason = blocked_reason(record)
             if reason is not None:
                 self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
+                continue
+            # As the threads' waiter does: a pinned build with no live worker for the grace.
+            unserved = no_live_worker_reason(record, live) if record.get("build") else None
+            watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
+            if unserved is not None and _unserved_too_long(watch.unserved_since):
+                self._wake(key, error=_unserved_error(ref, unserved))
 
     def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
         watch = self._watches.pop(key, None)
