@@ -13,7 +13,7 @@ One Redis only: a Redis Cluster keeps redis-py's per-node pipelines.
 
 from __future__ import annotations
 
-import inspect
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,12 +37,12 @@ class Wire:
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
         self._pool = client.connection_pool
         self._load_scripts = load_scripts
-        # redis-py 5 wants a command name here; 6 and later deprecate passing one.
-        self._name: tuple[str, ...] = ()
-        try:
-            inspect.signature(self._pool.get_connection).bind()
-        except TypeError:
-            self._name = ("PIPELINE",)
+        # Connections between round trips, a lock-free stack (list append/pop are atomic):
+        # the pool's checkout (queue, lock, a poll() per checkout, its bookkeeping) cost the
+        # worker more CPU per round trip than reading the replies. They are made by the pool,
+        # so closing the client closes them; a forked child starts with none (``_pid``).
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order (errors as exception objects).
@@ -84,7 +84,12 @@ class Wire:
         return list(result)
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
-        conn = self._pool.get_connection(*self._name)
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self._pool.make_connection()  # connects on its first send
         try:
             conn.send_packed_command([b"".join([hiredis.pack_command(tuple(c)) for c in commands])])
             replies: list[Any] = []
@@ -95,10 +100,10 @@ class Wire:
                     replies.append(exc)
         except BaseException:
             # Replies may be left unread on the socket: never hand it to the next caller.
-            conn.disconnect()
+            conn.disconnect()  # reconnects on its next send
             raise
         finally:
-            self._pool.release(conn)
+            self._idle.append(conn)
         return replies
 
 
