@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable import codec
@@ -129,11 +129,11 @@ class Task:
     stream: str
     entry_id: str
     fields: dict[bytes, bytes]
+    run_id: str = field(init=False)  # from ``fields`` once: a decision asks for it often
 
-    @property
-    def run_id(self) -> str:
+    def __post_init__(self) -> None:
         raw = self.fields.get(b"run")
-        return raw.decode() if raw is not None else ""
+        object.__setattr__(self, "run_id", raw.decode() if raw is not None else "")
 
     @property
     def key(self) -> tuple[str, str]:
