@@ -9,40 +9,40 @@ from apps.basic import Sequence
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
-from workers.decider import PRELOAD_PASSES, Decider
+from workers.preloads import PRELOAD_PASSES, Preloads
 from workers.reader import TaskReader
 from workers.worker import Worker, WorkerThread
 
 
-def test_a_preload_waits_a_few_passes_for_its_task(store: RedisStore) -> None:
-    decider = Decider(store)
+def test_a_preload_waits_a_few_passes_for_its_task() -> None:
+    preloads = Preloads()
     loaded = ({"seq": 3}, [], [])
-    decider.preloaded["r1"] = (3, loaded)
+    preloads.current["r1"] = (3, loaded)
     for _ in range(PRELOAD_PASSES - 1):
-        decider.end_pass()
-    assert decider._preload_of("r1") == (3, loaded)
-    assert decider._preload_of("r1") == (-1, None)  # taken: used once
-    decider.preloaded["r1"] = (3, loaded)
+        preloads.end_pass()
+    assert preloads.take("r1") == (3, loaded)
+    assert preloads.take("r1") == (-1, None)  # taken: used once
+    preloads.current["r1"] = (3, loaded)
     for _ in range(PRELOAD_PASSES):
-        decider.end_pass()
-    assert decider._preload_of("r1") == (-1, None)  # its task went elsewhere: dropped
-    decider.preloaded["r2"] = (5, loaded)
-    decider.end_pass()
-    decider.forget_preloads(["r2"])  # a new input reached the run: the load would miss it
-    assert decider._preload_of("r2") == (-1, None)
+        preloads.end_pass()
+    assert preloads.take("r1") == (-1, None)  # its task went elsewhere: dropped
+    preloads.current["r2"] = (5, loaded)
+    preloads.end_pass()
+    preloads.forget(["r2"])  # a new input reached the run: the load would miss it
+    assert preloads.take("r2") == (-1, None)
 
 
 def test_runs_decided_from_preloads_finish_with_every_step(store: RedisStore) -> None:
     worker = Worker(store, concurrency=4, grace=5, block_ms=100)
     used = []
-    take = worker.decider._preload_of
+    take = worker.decider.preloads.take
 
     def spy(run_id: str):  # type: ignore[no-untyped-def]
         got = take(run_id)
         used.append(got[1] is not None)
         return got
 
-    worker.decider._preload_of = spy  # type: ignore[method-assign]
+    worker.decider.preloads.take = spy  # type: ignore[method-assign]
     with WorkerThread(worker):
         stubs = [WorkflowStub.make(Sequence, store=store).start(5) for _ in range(8)]
         assert [s.result(timeout=60) for s in stubs] == [sum(range(5))] * 8

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +33,6 @@ from durable.registry import get_workflow
 from durable.replay import Decision, Driver
 from durable.store.connect import is_transient
 from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
-from durable.store.runs import Loaded
 from durable.store.tasks import (
     ActivityTask,
     AttemptResult,
@@ -47,13 +46,10 @@ from durable.store.tasks import (
 from . import faults, metrics
 from .attempts import complete_batch, completion
 from .logging import bind_run, bound_run, unbind_run
+from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing
 
 log = logging.getLogger("durable.worker")
-
-PRELOAD_PASSES = 4
-"""How many worker passes a load taken with a completion waits for its run's task (measured
-under W2: the woken task came in the read of up to three passes later)."""
 
 
 class RunCache:
@@ -178,37 +174,8 @@ class Decider:
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
         # Wraps each run's replay and decision (the worker's watchdog times them).
         self.deciding: Callable[[Task], AbstractContextManager[object]] = nullcontext
-        # Loads taken with the completions that woke their runs (run id -> (cached seq, load)),
-        # this pass's, then the last PRELOAD_PASSES - 1 passes' (newest first): a woken task
-        # often arrives in the read of a later pass than the completion's (see :meth:`end_pass`).
-        self.preloaded: dict[str, tuple[int, Loaded]] = {}
-        self._older: deque[dict[str, tuple[int, Loaded]]] = deque(maxlen=PRELOAD_PASSES - 1)
-
-    def end_pass(self) -> None:
-        """A worker pass is over: the loads it took stay for the next passes' reads, then are
-        dropped (when their task went to another worker).
-
-        A load is used only while its run's cached seq is unchanged (else the run is loaded
-        afresh, as a stale decider's commit would conflict anyway); inputs that reached the
-        inbox after it are not lost (the commit re-wakes the run when its inbox is not
-        empty), they are decided one task later.
-        """
-        self._older.appendleft(self.preloaded)
-        self.preloaded = {}
-
-    def forget_preloads(self, run_ids: Iterable[str]) -> None:
-        """Drop the loads of runs that received new inputs since (they would miss them)."""
-        for rid in run_ids:
-            self._preload_of(rid)
-
-    def _preload_of(self, run_id: str) -> tuple[int, Loaded | None]:
-        """The newest load of ``run_id`` taken with a completion (taken out of every pass)."""
-        found = self.preloaded.pop(run_id, None)
-        for older in self._older:
-            got = older.pop(run_id, None)
-            if found is None:
-                found = got
-        return found if found is not None else (-1, None)
+        # Loads taken with the completions that woke their runs (see workers.preloads).
+        self.preloads = Preloads()
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
@@ -259,7 +226,7 @@ class Decider:
         began = time.perf_counter()
         afters = [self.cache.seq_of(task.run_id) for task in tasks]
         # Runs loaded with the completion that woke them (complete_and_preload), if still current.
-        pre = [self._preload_of(task.run_id) for task in tasks]
+        pre = [self.preloads.take(task.run_id) for task in tasks]
         need = [
             (t.p, t.run_id, a)
             for t, a, (at, got) in zip(tasks, afters, pre, strict=True)
