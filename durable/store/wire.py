@@ -14,6 +14,8 @@ One Redis only: a Redis Cluster keeps redis-py's per-node pipelines.
 from __future__ import annotations
 
 import os
+import select
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,11 +39,12 @@ class Wire:
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
         self._pool = client.connection_pool
         self._load_scripts = load_scripts
-        # Connections between round trips, a lock-free stack (list append/pop are atomic):
-        # the pool's checkout (queue, lock, a poll() per checkout, its bookkeeping) cost the
-        # worker more CPU per round trip than reading the replies. They are made by the pool,
-        # so closing the client closes them; a forked child starts with none (``_pid``).
-        self._idle: list[Any] = []
+        # Connections between round trips, a lock-free stack (list append/pop are atomic) of
+        # (connection, when released): the pool's checkout (queue, lock, a poll() per checkout,
+        # its bookkeeping) cost the worker more CPU per round trip than reading the replies.
+        # They are made by the pool, so closing the client closes them; a forked child starts
+        # with none (``_pid``).
+        self._idle: list[tuple[Any, float]] = []
         self._pid = os.getpid()
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
@@ -87,9 +90,12 @@ class Wire:
         if self._pid != os.getpid():
             self._idle, self._pid = [], os.getpid()
         try:
-            conn = self._idle.pop()
+            conn, idle_since = self._idle.pop()
         except IndexError:
             conn = self._pool.make_connection()  # connects on its first send
+        else:
+            if time.monotonic() - idle_since > CHECK_IDLE_S:
+                _check(conn)
         try:
             conn.send_packed_command([b"".join([hiredis.pack_command(tuple(c)) for c in commands])])
             replies: list[Any] = []
@@ -103,8 +109,20 @@ class Wire:
             conn.disconnect()  # reconnects on its next send
             raise
         finally:
-            self._idle.append(conn)
+            self._idle.append((conn, time.monotonic()))
         return replies
+
+
+CHECK_IDLE_S = 0.002
+"""A connection idle longer than this is checked before use, as the pool checks each: Redis
+closed it meanwhile (a restart), so the round trip goes to a new connection instead of
+failing. Busy connections skip the check (a syscall per round trip)."""
+
+
+def _check(conn: Any) -> None:
+    sock = conn._get_socket()
+    if sock is not None and select.select([sock], [], [], 0)[0]:
+        conn.disconnect()  # closed by Redis (or unread data): reconnects on its next send
 
 
 def pairs(flat: Sequence[Any]) -> dict[Any, Any]:
