@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from durable import codec
@@ -33,7 +33,6 @@ from durable.registry import get_workflow
 from durable.replay import Decision, Driver
 from durable.store.connect import is_transient
 from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
-from durable.store.runs import Loaded
 from durable.store.tasks import (
     ActivityTask,
     AttemptResult,
@@ -47,6 +46,7 @@ from durable.store.tasks import (
 from . import faults, metrics
 from .attempts import complete_batch, completion
 from .logging import bind_run, bound_run, unbind_run
+from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing
 
 log = logging.getLogger("durable.worker")
@@ -125,11 +125,11 @@ class Task:
     stream: str
     entry_id: str
     fields: dict[bytes, bytes]
+    run_id: str = field(init=False)  # from ``fields`` once: a decision asks for it often
 
-    @property
-    def run_id(self) -> str:
+    def __post_init__(self) -> None:
         raw = self.fields.get(b"run")
-        return raw.decode() if raw is not None else ""
+        object.__setattr__(self, "run_id", raw.decode() if raw is not None else "")
 
     @property
     def key(self) -> tuple[str, str]:
@@ -174,8 +174,8 @@ class Decider:
         self.clock_offset_ms = store.server_time_ms() - int(time.time() * 1000)
         # Wraps each run's replay and decision (the worker's watchdog times them).
         self.deciding: Callable[[Task], AbstractContextManager[object]] = nullcontext
-        # Loads taken with the completions that woke their runs: used by this pass's decisions.
-        self.preloaded: dict[str, tuple[int, Loaded]] = {}
+        # Loads taken with the completions that woke their runs (see workers.preloads).
+        self.preloads = Preloads()
 
     def _resolve(self, name: str) -> Any:
         if not self.allowed(name):
@@ -226,7 +226,7 @@ class Decider:
         began = time.perf_counter()
         afters = [self.cache.seq_of(task.run_id) for task in tasks]
         # Runs loaded with the completion that woke them (complete_and_preload), if still current.
-        pre = [self.preloaded.pop(task.run_id, (-1, None)) for task in tasks]
+        pre = [self.preloads.take(task.run_id) for task in tasks]
         need = [
             (t.p, t.run_id, a)
             for t, a, (at, got) in zip(tasks, afters, pre, strict=True)

@@ -75,6 +75,9 @@ class TaskReader:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        # A wake-up byte is in the pipe and not drained yet: one is enough, so the threads
+        # handing results over skip the write (and the reader's extra wake-up) meanwhile.
+        self._woken = False
 
     @property
     def outstanding(self) -> bool:
@@ -82,7 +85,12 @@ class TaskReader:
         return any(r.outstanding for r in self._reads.values())
 
     def wake(self) -> None:
-        """Interrupt a waiting :meth:`read` (thread-safe, never blocks)."""
+        """Interrupt a waiting :meth:`read` (thread-safe, never blocks). Callers change what
+        the reader's owner will look at first, then wake it: a wake-up skipped because one is
+        pending is drained after that change, so the owner sees it."""
+        if self._woken:
+            return
+        self._woken = True
         try:
             os.write(self._wake_w, b"!")
         except OSError:
@@ -102,7 +110,7 @@ class TaskReader:
         try:
             for lane, (streams, count) in lanes.items():
                 self._send(lane, streams, count, block_ms)
-            ready = [key for key, r in self._reads.items() if r.ready()]
+            ready = self._answered()
             if not ready:
                 if not wait:
                     return None
@@ -138,16 +146,25 @@ class TaskReader:
             if not r.outstanding:
                 r.send(self._consumer, members, count, block_ms)
 
+    def _answered(self) -> list[tuple[str, Hashable]]:
+        """The outstanding reads whose reply has begun to arrive (one ``select()`` for all:
+        a read's reply is the only thing its connection receives)."""
+        waiting = {r.socket(): key for key, r in self._reads.items() if r.outstanding}
+        if not waiting:
+            return []
+        readable, _, _ = select.select(list(waiting), [], [], 0)
+        return [waiting[sock] for sock in readable]
+
     def _wait(self) -> list[tuple[str, Hashable]]:
         waiting = {key: r for key, r in self._reads.items() if r.outstanding}
         if not waiting:
             return []
-        socks = [r.socket() for r in waiting.values()]
+        socks = {r.socket(): key for key, r in waiting.items()}
         timeout = max(0.0, min(r.deadline for r in waiting.values()) - time.monotonic())
         readable, _, _ = select.select([*socks, self._wake_r], [], [], timeout)
         if self._wake_r in readable:
             self._drain()
-        ready = [key for key, r in waiting.items() if r.ready()]
+        ready = [socks[sock] for sock in readable if sock in socks]
         late = not ready and not readable and any(time.monotonic() >= r.deadline for r in waiting.values())
         if late:
             raise ReadLost("no reply to a blocking read within its timeout")
@@ -178,3 +195,7 @@ class TaskReader:
                 pass
         except BlockingIOError:
             pass
+        # Only now: a wake-up skipped before this line was for a change made before it (seen
+        # by the owner's next look); one after it writes again. Reset before the read, a
+        # byte written in between would be drained with the flag left set: wake-ups lost.
+        self._woken = False

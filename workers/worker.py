@@ -397,13 +397,14 @@ class Worker:
         try:
             self._handle(response or [])
         finally:
-            # A load is only good for the pass that took it (until its run's task is decided).
-            self.decider.preloaded.clear()
+            # A load is good for the pass that took it and the next (until its run's task is decided).
+            self.decider.preloads.end_pass()
 
     def _complete(self, outcomes: list[AttemptOutcome]) -> None:
         """Record queued activities' results, loading the runs they wake for this pass's decisions
         (the woken task lands in this worker's sticky stream, read below: one round trip less)."""
-        self.decider.preloaded.update(complete_and_preload(self.store, outcomes, self.decider.cache.seq_of))
+        self.decider.preloads.forget(o.task.run_id for o in outcomes)
+        self.decider.preloads.add(complete_and_preload(self.store, outcomes, self.decider.cache.seq_of))
 
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
         decisions: list[Task] = []

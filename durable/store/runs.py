@@ -6,6 +6,7 @@ script in ``lua/``.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from ..ids import check_workflow_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
-from .keys import deadline_member, timer_member
+from .keys import Keys, deadline_member, timer_member
 from .records import (
     DECISION_FIELDS,
     OPEN_STATUSES,
@@ -48,6 +49,12 @@ Rows = list[tuple[bytes, dict[bytes, bytes]]]
 
 Loaded = tuple[dict[str, Any] | None, list[bytes], Rows]
 """What a decision loads: the run record's decision fields, the inbox, the history rows."""
+
+
+@functools.lru_cache(maxsize=256)
+def _partition_keys(keys: Keys, p: int) -> tuple[str, str, str, str, str, str]:
+    """The partition-wide keys every commit names (formatted once per partition)."""
+    return keys.timers(p), keys.outbox(p), keys.hooks(p), keys.dead(p), keys.running(p), keys.sessions(p)
 
 
 class RunStore(SearchStore):
@@ -315,19 +322,20 @@ class RunStore(SearchStore):
         if plan.task is not None:
             payload["task"] = list(plan.task)
             extra.append(plan.task[0])
+        timers, outbox, hooks, dead, running, sessions = _partition_keys(k, p)
         keys = [
             k.run(p, rid),
             k.history(p, rid),
             k.inbox(p, rid),
             k.instance(p, ref.workflow_id),
-            k.timers(p),
+            timers,
             k.activities(p, rid),
             k.log(p, rid),
-            k.outbox(p),
-            k.hooks(p),
-            k.dead(p),
-            k.running(p),
-            k.sessions(p),
+            outbox,
+            hooks,
+            dead,
+            running,
+            sessions,
             *dict.fromkeys(extra),
         ]
         return keys, [pack_plan(payload)]

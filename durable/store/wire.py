@@ -15,6 +15,9 @@ node (one write per node owning a batch's slots), with the same interface.
 from __future__ import annotations
 
 import inspect
+import os
+import select
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +41,13 @@ class Wire:
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
         self._pool = client.connection_pool
         self._load_scripts = load_scripts
-        self._name = connection_args(self._pool)
+        # Connections between round trips, a lock-free stack (list append/pop are atomic) of
+        # (connection, when released): the pool's checkout (queue, lock, a poll() per checkout,
+        # its bookkeeping) cost the worker more CPU per round trip than reading the replies.
+        # They are made by the pool, so closing the client closes them; a forked child starts
+        # with none (``_pid``).
+        self._idle: list[tuple[Any, float]] = []
+        self._pid = os.getpid()
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order (errors as exception objects).
@@ -78,16 +87,24 @@ class Wire:
         return out
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
-        conn = self._pool.get_connection(*self._name)
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()
+        try:
+            conn, idle_since = self._idle.pop()
+        except IndexError:
+            conn = self._pool.make_connection()  # connects on its first send
+        else:
+            if time.monotonic() - idle_since > CHECK_IDLE_S:
+                _check(conn)
         try:
             conn.send_packed_command([pack(commands)])
             replies = read_replies(conn, len(commands))
         except BaseException:
             # Replies may be left unread on the socket: never hand it to the next caller.
-            conn.disconnect()
+            conn.disconnect()  # reconnects on its next send
             raise
         finally:
-            self._pool.release(conn)
+            self._idle.append((conn, time.monotonic()))
         return replies
 
 
@@ -132,6 +149,18 @@ def transaction_result(replies: Sequence[Any]) -> list[Any]:
         if isinstance(reply, Exception):
             raise reply
     return list(result)
+
+
+CHECK_IDLE_S = 0.002
+"""A connection idle longer than this is checked before use, as the pool checks each: Redis
+closed it meanwhile (a restart), so the round trip goes to a new connection instead of
+failing. Busy connections skip the check (a syscall per round trip)."""
+
+
+def _check(conn: Any) -> None:
+    sock = conn._get_socket()
+    if sock is not None and select.select([sock], [], [], 0)[0]:
+        conn.disconnect()  # closed by Redis (or unread data): reconnects on its next send
 
 
 def pairs(flat: Sequence[Any]) -> dict[Any, Any]:
