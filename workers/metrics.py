@@ -18,6 +18,7 @@ the live ones. See docs/observability.md.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import wraps
@@ -41,6 +42,7 @@ from durable.errors import WorkflowTimeout
 from durable.runinfo import classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import GROUP, PRIVATE
+from workers import tally
 
 log = logging.getLogger("durable.metrics")
 
@@ -53,6 +55,9 @@ CLOSES_GROUP = "metrics"
 """The consumer group (and consumer) the metrics processes read the closes streams in."""
 QUEUE_SCAN_LIMIT = 2000
 """At most this many task streams are read per scrape (bounded cost on Redis)."""
+FLUSH_S = 0.5
+"""Counters are tallied per thread and written to ``prometheus-client`` this often (and at exit,
+and before each scrape a worker serves itself): a supervised worker's scrape lags by at most this."""
 
 
 def available() -> bool:
@@ -135,6 +140,8 @@ class _Metrics:
         self._due: dict[int, int] = {}
         self._cache_len = -1
         self._closes_ready: set[str] = set()  # closes streams whose consumer group exists
+        # Hot-path counter increments, (counter, *labels) -> count, written by flush().
+        self.tally = tally.Tally([])
 
     def child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -145,6 +152,14 @@ class _Metrics:
 
 
 _m: _Metrics | None = None
+
+
+def flush() -> None:
+    """Write the counts tallied so far into the ``prometheus-client`` counters."""
+    m = _m
+    if m is not None:
+        for (metric, *labels), n in m.tally.drain().items():
+            (m.child(metric, *labels) if labels else metric).inc(n)
 
 
 def enabled() -> bool:
@@ -161,6 +176,8 @@ def enable() -> bool:
         prom.disable_created_metrics()  # the _created series double a scrape for nothing here
         _m = _Metrics()
         _count_redis_requests(_m)
+        tally.every(FLUSH_S, flush, "durable-metrics-flush")
+        atexit.register(flush)
     return True
 
 
@@ -170,14 +187,14 @@ def decided(workflow_type: str, outcome: str, seconds: float, *, first: bool, cl
     m = _m
     if m is None:
         return
-    m.child(m.decisions, workflow_type, outcome).inc()
+    m.tally.add((m.decisions, workflow_type, outcome))
     if outcome != "committed":
         return
     m.child(m.decision_s, workflow_type).observe(seconds)
     if first:
-        m.child(m.started, workflow_type).inc()
+        m.tally.add((m.started, workflow_type))
     if closing is not None:
-        m.child(m.closed, workflow_type, closing).inc()
+        m.tally.add((m.closed, workflow_type, closing))
 
 
 def close_outcome(closing: ev.Event | None) -> str | None:
@@ -244,7 +261,7 @@ def cache_lookup(hit: bool) -> None:
     """The run cache was asked for a run."""
     m = _m
     if m is not None:
-        m.child(m.cache, "hit" if hit else "miss").inc()
+        m.tally.add((m.cache, "hit" if hit else "miss"))
 
 
 def cache_size(size: int) -> None:
@@ -260,7 +277,7 @@ def replayed(workflow_type: str, seconds: float) -> None:
     m = _m
     if m is None:
         return
-    m.child(m.replays, workflow_type).inc()
+    m.tally.add((m.replays, workflow_type))
     m.child(m.replay_s, workflow_type).observe(seconds)
 
 
@@ -271,10 +288,10 @@ def attempt(activity_type: str, stream: str, outcome: str, seconds: float) -> No
     if m is None:
         return
     queue = queue_of(stream)
-    m.child(m.attempts, activity_type, queue, outcome).inc()
+    m.tally.add((m.attempts, activity_type, queue, outcome))
     m.child(m.execution, activity_type, queue, outcome).observe(seconds)
     if outcome == "retry":
-        m.child(m.retries, activity_type).inc()
+        m.tally.add((m.retries, activity_type))
 
 
 def started(activity_type: str, stream: str, waited_ms: int) -> None:
@@ -374,8 +391,10 @@ def _count_redis_requests(m: _Metrics) -> None:
     if getattr(send, "_durable_counted", False):
         return
 
+    trips = (m.round_trips,)
+
     def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
-        m.round_trips.inc()
+        m.tally.add(trips)
         try:
             return send(self, *args, **kwargs)
         except redis.RedisError as exc:
@@ -505,6 +524,14 @@ def _group(groups: Any) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------ serving
+class _Flushed(Collector):  # type: ignore[misc,valid-type,unused-ignore]
+    """The default registry's metrics, with the counts tallied so far written first."""
+
+    def collect(self) -> Iterator[Any]:
+        flush()
+        yield from prom.REGISTRY.collect()
+
+
 def registry_for(
     store: Any, queues: Sequence[str] | None, *, multiproc_dir: str | None = None, fresh: bool = False
 ) -> Any:
@@ -513,7 +540,8 @@ def registry_for(
     (``queues`` ``None``: those live workers serve)."""
     assert prom is not None
     if multiproc_dir is None and not fresh:
-        registry = prom.REGISTRY
+        registry = prom.CollectorRegistry()
+        registry.register(_Flushed())  # this process's metrics, its tallied counts written first
     elif multiproc_dir is None:
         registry = prom.CollectorRegistry()
     else:
