@@ -314,11 +314,23 @@ _KINDS = (
 )
 _registered: list[object] = []
 _chains: dict[type, tuple[Any, ...]] = {kind: () for kind in _KINDS}
+# Per (kind, method): only the interceptors that override it. A hook nobody overrides is a
+# pass-through, so its callers skip building its input at all (tracing defines no start_activity).
+_method_chains: dict[tuple[type, str], tuple[Any, ...]] = {}
 
 
 def _rebuild() -> None:
+    global _method_chains
+    method_chains: dict[tuple[type, str], tuple[Any, ...]] = {}
     for kind in _KINDS:
-        _chains[kind] = tuple(i for i in _registered if isinstance(i, kind))
+        chain = tuple(i for i in _registered if isinstance(i, kind))
+        for method in (name for name in vars(kind) if not name.startswith("_")):
+            base = getattr(kind, method)
+            method_chains[kind, method] = tuple(
+                i for i in chain if getattr(type(i), method, base) is not base
+            )
+        _chains[kind] = chain
+    _method_chains = method_chains  # swapped whole: a concurrent run() sees the old or the new
 
 
 def register(*interceptors: object) -> None:
@@ -362,7 +374,7 @@ def installed(*interceptors: object) -> Iterator[None]:
 
 def run(kind: type, method: str, input: Any, terminal: Next) -> Any:  # noqa: A002
     """Call ``method`` of every registered interceptor of ``kind`` around ``terminal(input)``."""
-    chain = _chains[kind]
+    chain = _method_chains.get((kind, method), ())
     if not chain:
         return terminal(input)
     return _call(chain, method, terminal, 0, input)
@@ -376,9 +388,10 @@ def _call(chain: tuple[Any, ...], method: str, terminal: Next, index: int, value
     return getattr(chain[index], method)(value, partial(_call, chain, method, terminal, index + 1))
 
 
-def active(kind: type) -> bool:
-    """True when an interceptor of ``kind`` is registered (callers skip building inputs if not)."""
-    return bool(_chains[kind])
+def active(kind: type, method: str | None = None) -> bool:
+    """True when an interceptor of ``kind`` is registered (callers skip building inputs if not);
+    with ``method``, one that overrides that method."""
+    return bool(_chains[kind] if method is None else _method_chains.get((kind, method)))
 
 
 def execute(task: Any, fn: Callable[..., Any], args: Sequence[Any]) -> Any:

@@ -29,7 +29,7 @@ a restart): those spans were made when the events were first decided.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 try:
@@ -66,15 +66,17 @@ _EMPTY = Context()
 
 #: Runs whose parent context and attributes are kept (a worker's sticky cache is about as large).
 RUN_CACHE_SIZE = 4096
+_DECISION_ATTRIBUTES_KEPT = 8
+_TEXT = (str, bytes)  # a tuple: ``str | bytes`` would build a union object per call
 
 
 def extract(headers: Mapping[str, Any]) -> Context:
     """The trace context recorded in ``headers`` (an empty context when there is none)."""
     traceparent = headers.get("traceparent")
-    if not isinstance(traceparent, str | bytes):
+    if not isinstance(traceparent, _TEXT):
         return _EMPTY
     tracestate = headers.get("tracestate")
-    return _extract_cached(traceparent, tracestate if isinstance(tracestate, str | bytes) else None)
+    return _extract_cached(traceparent, tracestate if isinstance(tracestate, _TEXT) else None)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -101,9 +103,13 @@ def inject(headers: dict[str, Any], context: Context | None = None) -> None:
 
 class _RunSpans:
     """What every span of one run shares, built once per run (not per decision): the
-    parent context (from the recorded ``traceparent``), the run's attributes and span names."""
+    parent context (from the recorded ``traceparent``), the run's attributes and span names.
 
-    __slots__ = ("attributes", "decision", "parent", "traceparent")
+    The attribute dicts are handed to the SDK as they are: it copies (and cleans) them into
+    each span, and samplers only read them, so one dict serves every span of the run.
+    """
+
+    __slots__ = ("attributes", "decision", "decision_attributes", "parent", "traceparent")
 
     def __init__(self, run: RunInfo) -> None:
         self.traceparent = run.headers.get("traceparent")
@@ -114,6 +120,16 @@ class _RunSpans:
             "durable.workflow_type": run.workflow_type,
         }
         self.decision = f"Decision:{run.workflow_type}"
+        # A decision's attributes by its number of inputs (almost always 0-2): built once.
+        self.decision_attributes: dict[int, dict[str, Any]] = {}
+
+    def for_decision(self, inputs: int) -> dict[str, Any]:
+        attributes = self.decision_attributes.get(inputs)
+        if attributes is None:
+            attributes = {**self.attributes, "durable.inputs": inputs}
+            if inputs < _DECISION_ATTRIBUTES_KEPT:
+                self.decision_attributes[inputs] = attributes
+        return attributes
 
 
 def _fail(span: Span, exc: BaseException) -> None:
@@ -131,6 +147,7 @@ class TracingInterceptor(Interceptor):
     def __init__(self, tracer_provider: Any = None) -> None:
         self._tracer = trace.get_tracer("durable", tracer_provider=tracer_provider)
         self._runs: dict[str, _RunSpans] = {}
+        self._activity_names: dict[str, str] = {}
 
     def _run(self, run: RunInfo) -> _RunSpans:
         """The run's shared span parts; rebuilt if its recorded ``traceparent`` differs."""
@@ -144,39 +161,31 @@ class TracingInterceptor(Interceptor):
         return spans
 
     # ------------------------------------------------------------- client
-    def _client_span(
-        self, name: str, attributes: dict[str, Any], headers: dict[str, Any], call: Callable[[], Any]
-    ) -> Any:
+    def _client_span(self, name: str, attributes: dict[str, Any], input: Any, next: Next) -> Any:  # noqa: A002
+        # Current while the call runs: spans the caller's other instrumentation makes inside
+        # it (a Redis client's, say) nest under it. Once per client call, not per step.
         with self._tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes) as span:
-            inject(headers)
-            result = call()
-            if isinstance(result, str) and name.startswith("StartWorkflow"):
+            inject(input.headers)
+            result = next(input)
+            if isinstance(result, str) and isinstance(input, StartWorkflowInput):
                 span.set_attribute("durable.run_id", result)
             return result
 
     def start_workflow(self, input: StartWorkflowInput, next: Next) -> Any:  # noqa: A002
         attributes = {"durable.workflow_id": input.workflow_id, "durable.workflow_type": input.workflow_type}
-        return self._client_span(
-            f"StartWorkflow:{input.workflow_type}", attributes, input.headers, lambda: next(input)
-        )
+        return self._client_span(f"StartWorkflow:{input.workflow_type}", attributes, input, next)
 
     def signal_workflow(self, input: SignalWorkflowInput, next: Next) -> Any:  # noqa: A002
         attributes = {"durable.workflow_id": input.workflow_id, "durable.signal": input.name}
-        return self._client_span(
-            f"SignalWorkflow:{input.name}", attributes, input.headers, lambda: next(input)
-        )
+        return self._client_span(f"SignalWorkflow:{input.name}", attributes, input, next)
 
     def update_workflow(self, input: UpdateWorkflowInput, next: Next) -> Any:  # noqa: A002
         attributes = {"durable.workflow_id": input.workflow_id, "durable.update": input.name}
-        return self._client_span(
-            f"UpdateWorkflow:{input.name}", attributes, input.headers, lambda: next(input)
-        )
+        return self._client_span(f"UpdateWorkflow:{input.name}", attributes, input, next)
 
     def query_workflow(self, input: QueryWorkflowInput, next: Next) -> Any:  # noqa: A002
         attributes = {"durable.workflow_id": input.workflow_id, "durable.query": input.name}
-        return self._client_span(
-            f"QueryWorkflow:{input.name}", attributes, input.headers, lambda: next(input)
-        )
+        return self._client_span(f"QueryWorkflow:{input.name}", attributes, input, next)
 
     # ------------------------------------------------------- workflow side
     def _instant(self, name: str, run: RunInfo, extra: dict[str, Any] | None = None, **kw: Any) -> Span:
@@ -185,15 +194,14 @@ class TracingInterceptor(Interceptor):
         Never made current: workflow code runs in greenlets, and nothing it does may depend on it.
         """
         spans = self._run(run)
-        attributes = {**spans.attributes, **extra} if extra else spans.attributes.copy()
+        attributes = {**spans.attributes, **extra} if extra else spans.attributes
         span = self._tracer.start_span(name, context=spans.parent, attributes=attributes, **kw)
         span.end()
         return span
 
     def decide(self, input: DecisionInput, next: Next) -> Any:  # noqa: A002
         spans = self._run(input.run)
-        attributes = spans.attributes.copy()
-        attributes["durable.inputs"] = len(input.inbox)
+        attributes = spans.for_decision(len(input.inbox))
         span = self._tracer.start_span(spans.decision, context=spans.parent, attributes=attributes)
         try:
             decision = next(input)
@@ -239,8 +247,11 @@ class TracingInterceptor(Interceptor):
     # ------------------------------------------------------- activity side
     def execute_activity(self, input: ExecuteActivityInput, next: Next) -> Any:  # noqa: A002
         parent = extract(input.headers)
+        name = self._activity_names.get(input.name)
+        if name is None:  # a process runs few activity types: their span names are kept
+            name = self._activity_names[input.name] = f"RunActivity:{input.name}"
         span = self._tracer.start_span(
-            f"RunActivity:{input.name}",
+            name,
             context=parent,
             kind=SpanKind.SERVER,
             attributes={

@@ -195,3 +195,29 @@ def test_the_per_run_parent_cache_keeps_one_trace_across_restarts_and_evictions(
     assert traced[0].attributes["durable.inputs"] == 1 and traced[-1].attributes["durable.inputs"] == 0
     assert root.parent is None and root.context.trace_id != tid
     assert len(first._runs) <= 2
+
+
+def test_hooks_nobody_overrides_are_skipped_and_the_rest_still_run() -> None:
+    from durable.interceptors import WorkflowOutboundInterceptor
+
+    class Tenant(Interceptor):
+        def start_child(self, input: Any, next: Next) -> Any:  # noqa: A002
+            return ("tenant", next(input))
+
+    tracer = TracingInterceptor(TracerProvider())
+    with interceptors.installed(tracer):
+        # Tracing overrides no outbound call but start_child: the others build no input at all.
+        assert interceptors.active(WorkflowOutboundInterceptor)
+        assert not interceptors.active(WorkflowOutboundInterceptor, "start_activity")
+        assert not interceptors.active(WorkflowOutboundInterceptor, "start_timer")
+        assert interceptors.active(WorkflowOutboundInterceptor, "start_child")
+        with interceptors.installed(Tenant()):
+            assert not interceptors.active(WorkflowOutboundInterceptor, "start_activity")
+            result = interceptors.run(WorkflowOutboundInterceptor, "start_timer", 1, lambda i: i + 1)
+            assert result == 2
+    assert not interceptors.active(WorkflowOutboundInterceptor, "start_child")
+    with interceptors.installed(Tenant()):
+        assert interceptors.run(WorkflowOutboundInterceptor, "start_child", 1, lambda i: i + 1) == (
+            "tenant",
+            2,
+        )

@@ -51,7 +51,7 @@ class Commands(DriverCore):
         }
 
     def call_activity(self, target: Any, args: tuple[Any, ...], options: ActivityOptions) -> Any:
-        if not interceptors.active(WorkflowOutboundInterceptor):
+        if not interceptors.active(WorkflowOutboundInterceptor, "start_activity"):
             return self._activity(target, args, options, self._headers())
         self._branch()
         name = activity_definition_for(target).name
@@ -101,7 +101,7 @@ class Commands(DriverCore):
         return self._suspend(branch, Wait("activity", cid, name=definition.name))
 
     def call_timer(self, duration: Seconds, *, id: str | None) -> None:  # noqa: A002
-        if interceptors.active(WorkflowOutboundInterceptor):
+        if interceptors.active(WorkflowOutboundInterceptor, "start_timer"):
             self._branch()
             request = StartTimerInput(self.run_info(), duration, id, self._replaying())
             interceptors.run(
@@ -216,7 +216,7 @@ class Commands(DriverCore):
         return patch_id in self._started.patches
 
     def call_child(self, workflow: Any, args: tuple[Any, ...], options: ChildOptions) -> Any:
-        if not interceptors.active(WorkflowOutboundInterceptor):
+        if not interceptors.active(WorkflowOutboundInterceptor, "start_child"):
             return self._child(workflow, args, options, self._headers())
         self._branch()
         type_name, _ = _child_type(workflow)

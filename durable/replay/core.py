@@ -58,6 +58,7 @@ class DriverCore(WorkflowRuntime):
         self._hooks_expired: set[str] = set()  # waits ended without a resume: tokens void
         self._expired_now: list[str] = []  # ... in the decision being made
         self._ids: set[str] = set()
+        self._run_info: RunInfo | None = None
         self._update_ids: set[str] = set()  # updates applied (accepted or rejected) in this run
         self._versions: dict[str, int] = {}
         self._recorded: dict[tuple[str, str], ev.Entry] = {}
@@ -140,7 +141,10 @@ class DriverCore(WorkflowRuntime):
     def run_info(self) -> RunInfo:
         """The run as interceptors see it (``headers``: its WorkflowStarted's)."""
         headers = self._started.headers if self._started is not None else {}
-        return RunInfo(self.workflow_id, self.run_id, self.workflow_type, headers)
+        info = self._run_info
+        if info is None or info.headers is not headers:  # one per run, not per decision
+            info = self._run_info = RunInfo(self.workflow_id, self.run_id, self.workflow_type, headers)
+        return info
 
     def _headers(self) -> dict[str, Any]:
         """The headers an activity or child call starts with: a copy of its branch's, else the run's."""
