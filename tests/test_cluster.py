@@ -398,23 +398,3 @@ def test_a_transaction_across_slots_is_refused_with_its_keys(cstore: RedisStore)
         CrossSlotTransaction, match=r"one hash slot.*durable:\{0\}:run:x.*durable:\{1\}:run:y"
     ):
         cstore._wire.transaction([("HGET", a, "status"), ("HGET", b, "status")])  # noqa: SLF001
-
-
-def test_completions_preload_the_runs_they_wake_on_a_cluster(cstore: RedisStore) -> None:
-    """A completion's preload (one MULTI/EXEC per run, in its run's slot) works on a cluster
-    as on one Redis: runs spread over the masters are decided from preloads and finish."""
-    worker = Worker(cstore, concurrency=4, grace=5, block_ms=100)
-    used = []
-    take = worker.decider.preloads.take
-
-    def spy(run_id: str):  # type: ignore[no-untyped-def]
-        got = take(run_id)
-        used.append(got[1] is not None)
-        return got
-
-    worker.decider.preloads.take = spy  # type: ignore[method-assign]
-    with WorkerThread(worker):
-        stubs = [WorkflowStub.make(Sequence, store=cstore).start(5) for _ in range(8)]
-        assert [s.result(timeout=60) for s in stubs] == [sum(range(5))] * 8
-    assert sum(used) >= 8, f"{sum(used)} of {len(used)} decisions used a preload"
-    assert len({cstore.keys.partition(s.id) for s in stubs}) > 1

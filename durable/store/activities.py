@@ -51,21 +51,20 @@ class ActivityStore(StoreBase):
         return [(text(reply[0]), int(reply[1]) if text(reply[0]) == "RETRY" else 0) for reply in replies]
 
     def complete_then_read(
-        self, outcomes: Sequence[AttemptOutcome], reads: Sequence[Sequence[Sequence[Any]]]
-    ) -> tuple[list[tuple[str, int]], list[list[Any]] | None]:
-        """:meth:`complete_many`, then ``reads`` (units of raw commands: one command, or a
-        MULTI ... EXEC in one slot) in the same round trip, after the completions (on a cluster,
-        after those of the same node: a run's reads and its completion share its slot). Each
-        outcome's pair is ``('OK', 1)`` when its completion enqueued its run's workflow task (no
-        task was pending), ``('OK', 0)`` when one was. The reads' raw replies, by unit, come
-        second (``None`` when there were none)."""
-        if not reads:
+        self, outcomes: Sequence[AttemptOutcome], reads: Sequence[Sequence[Any]]
+    ) -> tuple[list[tuple[str, int]], list[Any] | None]:
+        """:meth:`complete_many`, then ``reads`` (raw commands) in the same round trip, after the
+        completions. Each outcome's pair is ``('OK', 1)`` when its completion enqueued its run's
+        workflow task (no task was pending), ``('OK', 0)`` when one was. The reads' raw replies
+        come second (``None`` on a Redis Cluster, where nothing is read)."""
+        if self.cluster or not reads:
             return self.complete_many(outcomes), None
         sha = self._scripts["complete_activity"].sha
         calls = [self.complete_args(outcome) for outcome in outcomes]
-        units = [[("EVALSHA", sha, len(keys), *keys, *args)] for keys, args in calls]
-        replies = self._wire.execute_units([*units, *reads])
-        done = [unit[0] for unit in replies[: len(calls)]]
+        replies = self._wire.execute(
+            [*(("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls), *reads]
+        )
+        done = replies[: len(calls)]
         for reply in done:
             if isinstance(reply, Exception):
                 raise reply

@@ -100,15 +100,6 @@ class ClusterWire:
         units = [[c] for c in commands]
         return [replies[0] for replies in self._run(units, [slot_of(command_key(c)) for c in commands])]
 
-    def execute_units(self, units: Sequence[Sequence[Command]]) -> list[list[Any]]:
-        """Units (one command, or a ``MULTI ... EXEC`` whose commands share one slot), one
-        write per node, each node's units in the order given; every unit's raw replies.
-
-        Raises:
-            CrossSlotTransaction: a unit's keys are in several hash slots.
-        """
-        return self._run([list(u) for u in units], [one_slot(_inside(u)) for u in units])
-
     def transaction(self, commands: Sequence[Command]) -> list[Any]:
         """``commands`` inside MULTI/EXEC on the node owning their one slot; their replies.
 
@@ -243,13 +234,6 @@ class ClusterWire:
             raise
         finally:
             pool.release(conn)
-
-
-def _inside(unit: Sequence[Command]) -> Sequence[Command]:
-    """A unit's commands without its MULTI and EXEC (they name no key)."""
-    if len(unit) > 1 and str(unit[0][0]).upper() == "MULTI":
-        return unit[1:-1]
-    return unit
 
 
 def one_slot(commands: Sequence[Command]) -> int:

@@ -130,22 +130,16 @@ class RunStore(SearchStore):
             replies[i] = stream_rows(replies[i])
         return self._loaded(replies)
 
-    def preload_commands(self, runs: Sequence[tuple[int, str, int]]) -> list[list[tuple[Any, ...]]]:
-        """:meth:`load_many`'s MULTI/EXEC as units of raw commands, to ride along in another
-        round trip; :meth:`preloaded` reads their replies. One MULTI/EXEC for every run on one
-        Redis; one per run on a cluster (a transaction stays in one slot: its run's partition)."""
-        if self.cluster:
-            return [[("MULTI",), *self._load_commands(*run), ("EXEC",)] for run in runs]
-        return [[("MULTI",), *(c for run in runs for c in self._load_commands(*run)), ("EXEC",)]]
+    def preload_commands(self, runs: Sequence[tuple[int, str, int]]) -> list[tuple[Any, ...]]:
+        """:meth:`load_many`'s MULTI/EXEC as raw commands, to ride along in another round trip;
+        :meth:`preloaded` reads their replies."""
+        return [("MULTI",), *(c for run in runs for c in self._load_commands(*run)), ("EXEC",)]
 
-    def preloaded(self, replies: Sequence[Sequence[Any]]) -> list[Loaded] | None:
-        """The loads of :meth:`preload_commands`' units' replies (``None``: a transaction failed)."""
-        result: list[Any] = []
-        for unit in replies:
-            got = unit[-1]
-            if not isinstance(got, list) or any(isinstance(r, Exception) for r in got):
-                return None
-            result += got
+    def preloaded(self, replies: Sequence[Any]) -> list[Loaded] | None:
+        """The loads of :meth:`preload_commands`' replies (``None``: the transaction failed)."""
+        result = replies[-1]
+        if not isinstance(result, list) or any(isinstance(r, Exception) for r in result):
+            return None
         for i in range(2, len(result), 3):
             result[i] = stream_rows(result[i])
         return self._loaded(result)

@@ -86,16 +86,6 @@ class Wire:
             at += len(unit)
         return out
 
-    def execute_units(self, units: Sequence[Sequence[Command]]) -> list[list[Any]]:
-        """:meth:`execute` of every unit's commands in one write; each unit's replies (the
-        interface :class:`~durable.store.cluster_wire.ClusterWire` routes by slot)."""
-        replies = self.execute([c for unit in units for c in unit])
-        out, at = [], 0
-        for unit in units:
-            out.append(replies[at : at + len(unit)])
-            at += len(unit)
-        return out
-
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
         if self._pid != os.getpid():
             self._idle, self._pid = [], os.getpid()
