@@ -97,22 +97,7 @@ def test_result_raises_when_the_run_becomes_blocked_while_waiting(worker) -> Non
 def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, reason: str) -> None:
     """A component that blocks a run for a new reason parks with a kind; every view shows it."""
     stub = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: the task stays queued
-    ref = store.ref(stub.id)
-    stream = store.keys.workflow_tasks(ref.partition, "default")
-    store.ensure_groups([stream])
-    entries = store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=10)
-    entry_id, fields = entries[0][1][0]
-    store.park(
-        p=ref.partition,
-        stream=stream,
-        entry_id=entry_id.decode(),
-        kind="workflow",
-        reason=reason,
-        fields=fields,
-        run_id=ref.run_id,
-        block=True,
-        block_kind=kind,
-    )
+    _park_blocked(store, stub, reason, kind)
     _assert_raises_blocked_soon(stub, kind)
     assert stub.blocked() is not None and stub.blocked().kind == kind  # type: ignore[union-attr]
     assert _cli("status", stub.id).strip() == f"pending (blocked: {reason})"
@@ -121,7 +106,7 @@ def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, re
     assert stub.blocked() is None and json.loads(_cli("list", "--status", "blocked", "--json")) == []
 
 
-def _park_blocked(store: RedisStore, stub: WorkflowStub, reason: str) -> None:
+def _park_blocked(store: RedisStore, stub: WorkflowStub, reason: str, kind: str = "runaway_decision") -> None:
     """Park the run's queued workflow task and block the run, as a worker would."""
     ref = store.ref(stub.id)
     stream = store.keys.workflow_tasks(ref.partition, "default")
@@ -139,7 +124,7 @@ def _park_blocked(store: RedisStore, stub: WorkflowStub, reason: str) -> None:
                 fields=fields,
                 run_id=ref.run_id,
                 block=True,
-                block_kind="runaway_decision",
+                block_kind=kind,
             )
             return
     raise AssertionError(f"no queued task of {stub.id}")
