@@ -33,7 +33,6 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
-from .. import codec
 from .. import events as ev
 from ..errors import WorkflowNotFound
 from ..runinfo import blocked_reason
@@ -45,7 +44,11 @@ from .waits import (
     BLOCK_CHECK_S,
     BLOCK_MS,
     IDLE_S,
+    READ_COUNT,
+    READ_PACE_MAX_S,
+    READ_PACE_S,
     _last_entry,
+    _may_close,
     _record,
     _still_unserved,
     _unserved_error,
@@ -53,15 +56,6 @@ from .waits import (
     blocked_error,
 )
 from .workers import WorkerInfo, no_live_worker_reason
-
-READ_COUNT = 64
-"""Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
-
-READ_PACE_S = 50e-6
-"""Time between the starts of two of the waiter's reads, per watched run (see ``_pace``)."""
-
-READ_PACE_MAX_S = 0.010
-"""The most the waiter lets pass between two reads' starts (what pacing may add to a wait)."""
 
 POOL_SIZE = 32
 """Connections of a loop's async client (looks, update waits); more callers wait for one."""
@@ -225,18 +219,6 @@ async def look(batch: _Batch, store: RedisStore, ref: RunRef) -> tuple[str, ev.E
     if reason is not None:
         raise blocked_error(ref.workflow_id, ref.run_id, reason)
     return last, None
-
-
-_CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
-
-
-def _may_close(fields: Any) -> bool:
-    """Whether a history entry may close its run, from its type alone (most entries of a
-    watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
-    try:
-        return bool(codec.unpack(fields[b"e"])["type"] in _CLOSING_TYPES)
-    except Exception:  # noqa: BLE001 - ev.decode raises the error that names the entry
-        return True
 
 
 @dataclass

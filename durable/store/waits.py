@@ -4,9 +4,11 @@ and store, however many callers wait in :meth:`WorkflowStub.result`.
 A caller first looks itself (the run may be closed or blocked already). Otherwise it
 registers the run's history stream with the store's :class:`RunWaiter` and sleeps on
 its own event. The waiter thread blocks in one ``XREAD`` over every watched stream;
-when a stream grows it reads that stream's last entry and, if it closes the run,
-wakes that run's callers. So a process waiting on N runs holds one connection, and
-the work done is per appended event of a watched run, not per event times waiter.
+the newest entry the read returns of a grown stream tells, from its type alone (no decode
+unless it may close the run), whether to wake that run's callers: no second look. Reads
+are paced (:data:`READ_PACE_S` per watched run, at most :data:`READ_PACE_MAX_S`), so under
+load one read serves many grown streams. So a process waiting on N runs holds one
+connection, and the work done is per read, not per event times waiter.
 Every :data:`BLOCK_CHECK_S` it also reads the watched runs' ``blocked`` fields (a
 block is written to the run record, not to the history) and wakes their callers.
 
@@ -30,6 +32,7 @@ from typing import Any
 
 import redis
 
+from .. import codec
 from .. import events as ev
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
@@ -43,6 +46,17 @@ BLOCK_MS = 1000
 
 IDLE_S = 10.0
 """How long the waiter thread stays (with its connection) after the last wait ended."""
+
+READ_COUNT = 64
+"""Entries one read returns per stream at most (the newest of them tells whether the run closed)."""
+
+READ_PACE_S = 50e-6
+"""Time between the starts of two of a waiter's reads, per watched run: a read costs client
+and server time per watched stream, and under load many streams grow meanwhile, so one
+read then serves many of them."""
+
+READ_PACE_MAX_S = 0.010
+"""The most a waiter lets pass between two reads' starts (what pacing may add to a wait)."""
 
 BLOCK_CHECK_S = 1.0
 """How often the waiter thread reads the watched runs' blocked reasons."""
@@ -79,6 +93,18 @@ def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
     entry_id, fields = rows[0]
     entry = ev.decode(fields[b"e"], run_id=run_id, seq=int(entry_id.split(b"-")[1]))
     return entry_id.decode(), entry if isinstance(entry.event, ev.CLOSING) else None
+
+
+_CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
+
+
+def _may_close(fields: Any) -> bool:
+    """Whether a history entry may close its run, from its type alone (most entries of a
+    watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
+    try:
+        return bool(codec.unpack(fields[b"e"])["type"] in _CLOSING_TYPES)
+    except Exception:  # noqa: BLE001 - ev.decode raises the error that names the entry
+        return True
 
 
 def _unserved_error(ref: RunRef, reason: str) -> WorkflowBlocked:
@@ -169,6 +195,7 @@ class RunWaiter:
         self._in_read = False
         self._kicked = False
         self._next_check = 0.0
+        self._read_at = 0.0
         self._failures = 0
 
     def wait(self, store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
@@ -255,6 +282,10 @@ class RunWaiter:
     def _read_once(self, store: RedisStore, conn: Any) -> Any:
         """One blocking read over the watched streams and what follows from it; the
         connection to read on next (``None`` after an error: a new one)."""
+        pause = self._read_at + min(READ_PACE_MAX_S, READ_PACE_S * len(self._watches)) - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        self._read_at = time.monotonic()
         with self._lock:
             streams = {key: w.last for key, w in self._watches.items()}
             self._in_read, self._kicked = True, False
@@ -264,12 +295,10 @@ class RunWaiter:
             if conn is None:
                 conn = redis.Redis(connection_pool=store.redis.connection_pool, single_connection_client=True)
                 self._client_id = _client_id(conn)
-            replies = conn.xread(streams, count=1, block=BLOCK_MS)
+            replies = conn.xread(streams, count=READ_COUNT, block=BLOCK_MS)
             with self._lock:
                 self._in_read = False
-            woken = [(k.decode() if isinstance(k, bytes) else k) for k, _ in replies or []]
-            if woken:
-                self._look_at(store, woken)
+                self._take(replies or [])
             if time.monotonic() >= self._next_check:
                 self._check_blocked(store)
                 self._next_check = time.monotonic() + BLOCK_CHECK_S
@@ -291,20 +320,23 @@ class RunWaiter:
                 return list(self._watches.items())
             return [(k, self._watches[k]) for k in keys if k in self._watches]
 
-    def _look_at(self, store: RedisStore, keys: list[str]) -> None:
-        """Read the last entry of each grown stream; wake the callers of runs it closes."""
-        watched = self._watched(keys)
-        with store.redis.pipeline(transaction=False) as pipe:
-            for key, _ in watched:
-                pipe.xrevrange(key, "+", "-", count=1)
-            rows = pipe.execute()
-        with self._lock:
-            for (key, watch), row in zip(watched, rows, strict=True):
-                last, closing = _last_entry(row, watch.ref.run_id)
-                if closing is None:
-                    watch.last = last
-                else:
-                    self._wake(key, entry=closing)
+    def _take(self, replies: Any) -> None:
+        """Follow the streams the read returned (the lock is held): wake the runs whose newest
+        entry read closes them, remember where the others are (no second look at Redis)."""
+        for raw_key, entries in replies.items() if isinstance(replies, dict) else replies:
+            key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            watch = self._watches.get(key)
+            if watch is None or not entries:
+                continue
+            entry_id, fields = entries[-1]
+            if not _may_close(fields):
+                watch.last = entry_id.decode()
+                continue
+            last, closing = _last_entry(entries[-1:], watch.ref.run_id)
+            if closing is None:
+                watch.last = last
+            else:
+                self._wake(key, entry=closing)
 
     def _check_blocked(self, store: RedisStore) -> None:
         watched = self._watched()
