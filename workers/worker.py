@@ -329,8 +329,8 @@ class Worker:
         if self.watchdog is not None:
             self.watchdog.stop()
         self.activities.finish(self.grace)
+        self._requeue_unread()
         self._leave()
-        self.reader.close()
         self.decider.cache.clear()
         self._stop_deadline.cancel()
         log.info("worker %s stopped", self.consumer)
@@ -343,8 +343,29 @@ class Worker:
             # activity threads run, leave, and end the process for its supervisor to replace.
             hand_back(self.store, self._batch, but=stuck.task)
             self.activities.finish(self.grace)
+            self._requeue_unread()
             self._leave()
             exit_runaway(self.consumer, stuck)
+
+    def _requeue_unread(self) -> None:
+        """Close the task reads, then put back at the end of their streams the tasks still
+        pending for this worker: delivered to a read it never took in (its main thread is
+        stuck, or it stops after an error) or handed to an activity thread that did not finish
+        within the grace. Without this they would wait for a reclaim after ``--claim-idle``."""
+        self.reader.close()
+        private = set(self.sticky_streams) | {
+            self.store.keys.activity_tasks(p, self.session_queue) for p in range(self.store.keys.partitions)
+        }
+        shared = [
+            s for s in self.workflow_streams + self.activity_streams + self.outbox_streams if s not in private
+        ]
+        try:
+            moved = self.store.requeue_pending(shared, self.consumer)
+        except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
+            log.exception("could not hand back the tasks this worker was delivered but did not finish")
+            return
+        if moved:
+            log.warning("handed back %d task(s) this worker was delivered but did not finish", moved)
 
     def _leave(self) -> None:
         self.scheduler.stop()
