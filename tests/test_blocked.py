@@ -20,6 +20,7 @@ from waiting import wait_for
 from durable import WorkflowBlocked, WorkflowFailed, WorkflowStub
 from durable.runinfo import BLOCKED_KINDS, RunDescription, classify_block, outcome_of
 from durable.store.redis_store import RedisStore, RunRef
+from durable.store.workers import WorkerInfo
 from workers.cli import cli
 
 UNKNOWN_WORKFLOW = "no live worker on queue 'default' serves workflow type 'BlNoSuchWorkflow'"
@@ -134,7 +135,10 @@ def test_an_old_blocked_run_is_listed_behind_many_newer_runs(store: RedisStore) 
     """``list --status blocked`` reads the blocked index, not the newest runs only: with
     a scan of 10 candidates, the one blocked run behind 40 newer ones is found at once;
     a repair takes it out of the index."""
-    old = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: its task stays queued
+    # A worker serves the queue (in the registry only: the tasks stay queued), so the newer
+    # runs are not blocked for want of one.
+    store.register_worker(WorkerInfo(name="w1", queues=("default",)))
+    old = WorkflowStub.make(Waiter, store=store).start(60)
     _park_blocked(store, old, "decision exceeded 2 s at app.py:12")
     for _ in range(40):
         WorkflowStub.make(Waiter, store=store).start(60)

@@ -9,7 +9,8 @@ The registry answers the operator's questions (``durable workers``), tells a
 versioned worker whether the queue's current build still has a live worker (if
 not, it takes over, see :meth:`WorkerRegistry.claim_current_build`), and tells
 clients that a run pinned to a build is stranded because no live worker serves
-that build (:func:`no_live_worker_reason`).
+that build (:func:`no_live_worker_reason`), and operators that a run waits because no
+live worker serves its queue at all (:func:`no_worker_on_queue_reason`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ __all__ = [
     "WorkerInfo",
     "WorkerRegistry",
     "no_live_worker_reason",
+    "no_worker_on_queue_reason",
     "served_queues",
+    "no_worker_reason",
     "takes_new_runs",
 ]
 
@@ -118,6 +121,32 @@ def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo])
     )
 
 
+def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
+    """Why an open run not pinned to a build does not move: no live worker serves its queue at all
+    (none was started, or they all stopped or died). Starting one on that queue moves it on.
+
+    Returns:
+        The reason (it starts with ``"no live worker"``), or ``None``: the run is pinned (see
+        :func:`no_live_worker_reason`), closed, blocked for another reason, or a live worker
+        serves its queue.
+    """
+    if record.get("build") or record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
+        return None
+    queue = str(record.get("queue") or "default")
+    if any(queue in w.queues for w in live):
+        return None
+    return (
+        f"no live worker serves queue {queue!r}: start one (`durable worker --app YOUR_APP --queue {queue}`)"
+    )
+
+
+def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
+    """Why no live worker can move an open run: :func:`no_live_worker_reason` for a run pinned
+    to a build, :func:`no_worker_on_queue_reason` for the others (``None``: one can)."""
+    live = list(live)
+    return no_live_worker_reason(record, live) or no_worker_on_queue_reason(record, live)
+
+
 def served_queues(live: Iterable[WorkerInfo]) -> list[str]:
     """The shared queues ``live`` workers serve, sorted (private queues left out)."""
     return sorted({q for w in live for q in w.queues if not is_private(q)})
@@ -175,16 +204,22 @@ class WorkerRegistry(StoreBase):
         return out
 
     def unserved_reason(self, record: Mapping[str, Any]) -> str | None:
-        """:func:`no_live_worker_reason` of a run record, against the live workers now."""
+        """:func:`no_live_worker_reason` of a run record, against the live workers now (a pinned
+        run only: ``result()`` gives up on it; a run whose queue has no worker yet waits for one)."""
         if not record.get("build") or record.get("status", "pending") not in OPEN_STATUSES:
             return None  # no registry read for the common case
         return no_live_worker_reason(record, self.live_workers())
 
     def why_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
         """Why an open run cannot move: the reason its record holds (nondeterminism, unknown
-        type, ...), else a pinned build that no live worker serves; ``None``: it can move."""
+        type, ...), else that no live worker serves its pinned build or, unpinned, its queue;
+        ``None``: it can move."""
         reason = blocked_reason(record)
-        if reason is None and (unserved := self.unserved_reason(record)):
+        if (
+            reason is None
+            and record.get("status", "pending") in OPEN_STATUSES  # no registry read for a closed run
+            and (unserved := no_worker_reason(record, self.live_workers()))
+        ):
             reason = BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
         return reason
 

@@ -1,8 +1,9 @@
 """Commands about the workers: ``workers`` (who is live, what they serve) and ``promote``.
 
-Also the CLI's view of a run pinned to a build no live worker serves
-(:func:`mark_unserved`): ``status``, ``describe`` and ``list`` show it as blocked,
-with the reason, computed on read from the worker registry.
+Also the CLI's view of a run no live worker can move -- pinned to a build none serves, or on a
+queue none serves (:func:`mark_unserved`): ``list`` shows it as blocked (``status`` and
+``describe`` through the store's ``why_blocked``), with the reason, computed on read from the
+worker registry.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from durable import registry
 from durable.runinfo import NO_LIVE_WORKER
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import RedisStore
-from durable.store.workers import WorkerInfo, no_live_worker_reason, served_queues, takes_new_runs
+from durable.store.workers import WorkerInfo, no_worker_reason, served_queues, takes_new_runs
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
 from workers.config import mask_url
@@ -33,10 +34,11 @@ __all__ = [
 
 
 def mark_unserved(records: Iterable[MutableMapping[str, Any]], live: Sequence[WorkerInfo]) -> None:
-    """Set ``blocked`` (and ``blocked_kind``) on each open run record pinned to a build that no
-    live worker of its queue serves; records blocked for another reason keep theirs."""
+    """Set ``blocked`` (and ``blocked_kind``) on each open run record no live worker can move
+    (:func:`~durable.store.workers.no_worker_reason`: its pinned build, or its queue, has no
+    live worker); records blocked for another reason keep theirs."""
     for record in records:
-        reason = no_live_worker_reason(record, live)
+        reason = no_worker_reason(record, live)
         if reason:
             record["blocked"] = reason
             record["blocked_kind"] = NO_LIVE_WORKER
@@ -50,8 +52,8 @@ def with_unserved(
     limit: int,
     before_ms: int | None,
 ) -> list[dict[str, Any]]:
-    """``durable list``'s rows with stranded pinned runs marked blocked; for ``--status blocked``,
-    the runs blocked on record plus the stranded ones among the newest open runs."""
+    """``durable list``'s rows with the runs no live worker can move marked blocked; for
+    ``--status blocked``, the runs blocked on record plus those among the newest open runs."""
     live = store.live_workers()
     mark_unserved(runs, live)
     if not blocked_only:

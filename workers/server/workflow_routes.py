@@ -11,7 +11,7 @@ from durable.errors import WorkflowClosed
 from durable.runinfo import NO_LIVE_WORKER
 from durable.store.redis_store import CLOSED_STATUSES
 from durable.store.run_list import LIST_FIELDS
-from durable.store.workers import WorkerInfo, no_live_worker_reason
+from durable.store.workers import WorkerInfo, no_worker_reason
 from workers.cli.fleet import check_startable
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
@@ -73,7 +73,7 @@ _ROW_FIELDS = (*LIST_FIELDS, "run_id", "partition", "created", "search_attribute
 def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
     """A runs-list row: the light fields only, a run no live worker serves shown as blocked."""
     row = {k: record[k] for k in _ROW_FIELDS if k in record}
-    reason = no_live_worker_reason(record, live)
+    reason = no_worker_reason(record, live)
     if reason and not row.get("blocked"):
         row.update(blocked=reason, blocked_kind=NO_LIVE_WORKER)
     row["build_id"] = row.pop("build", None) or None

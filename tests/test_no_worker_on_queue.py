@@ -1,0 +1,63 @@
+"""A run whose queue no live worker serves (none started yet, or all stopped or died) says so in
+every view -- ``status``, ``describe``, ``list`` (and ``--status blocked``), ``WorkflowStub.blocked``
+-- and moves on, the reason gone, once a worker of that queue starts. ``result()`` keeps waiting
+meanwhile: starting the worker is the fix, not an error. Real ``durable worker`` processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from apps.basic import Sequence
+from click.testing import CliRunner
+from procs import spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.store.waits import NO_LIVE_WORKER_GRACE_S
+from workers.cli import cli
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_with_no_worker_on_its_queue_says_so_until_one_starts(
+    redis_url: str, store: RedisStore
+) -> None:
+    stub = WorkflowStub.make(Sequence, store=store, queue="billing").start(3)
+
+    blocked = stub.blocked()
+    assert blocked is not None and blocked.kind == "no_live_worker"
+    assert "no live worker serves queue 'billing'" in blocked.message
+    assert "--queue billing" in blocked.message  # what to run
+    assert _cli("status", stub.id).startswith("pending (blocked: no live worker serves queue 'billing'")
+    described = json.loads(_cli("describe", stub.id, "--json"))
+    assert described["blocked_kind"] == "no_live_worker"
+    rows = json.loads(_cli("list", "--status", "blocked", "--json"))
+    assert [(r["workflow_id"], r["blocked_kind"]) for r in rows] == [(stub.id, "no_live_worker")]
+    # result() is not given up on (a pinned run's is, after the grace): it times out waiting.
+    with pytest.raises(TimeoutError):
+        stub.result(timeout=NO_LIVE_WORKER_GRACE_S + 1)
+
+    # A worker of another queue does not help; one of this queue does.
+    other = spawn_worker(redis_url, extra=("--queue", "default"))
+    try:
+        wait_for(lambda: "default" in _cli("workers"), timeout=30)
+        assert stub.blocked() is not None
+    finally:
+        stop(other)
+    worker = spawn_worker(redis_url, extra=("--queue", "billing"))
+    try:
+        assert stub.result(timeout=30) is not None
+        assert stub.blocked() is None
+        assert _cli("status", stub.id).strip() == "completed"
+        assert json.loads(_cli("list", "--status", "blocked", "--json")) == []
+    finally:
+        stop(worker)
