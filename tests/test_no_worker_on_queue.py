@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from apps.basic import Sequence
+from apps.basic import PaysOnBilling, Sequence
 from click.testing import CliRunner
 from procs import spawn_worker, stop
 from waiting import wait_for
@@ -61,3 +61,25 @@ def test_a_run_with_no_worker_on_its_queue_says_so_until_one_starts(
         assert json.loads(_cli("list", "--status", "blocked", "--json")) == []
     finally:
         stop(worker)
+
+
+def test_an_activity_on_a_queue_no_live_worker_serves_says_so(redis_url: str, store: RedisStore) -> None:
+    """The run's own queue has a worker; the queue of the activity it waits on has none."""
+    default = spawn_worker(redis_url)
+    billing = None
+    try:
+        wait_for(store.live_workers, timeout=30)
+        stub = WorkflowStub.make(PaysOnBilling, store=store).start(41)
+        reason = wait_for(stub.blocked, timeout=30)
+        assert reason.kind == "no_live_worker"
+        assert reason.message.startswith(
+            "no live worker serves queue 'billing', where activity 'add' (id 1) waits"
+        )
+        assert "(blocked: no live worker serves queue 'billing'" in _cli("status", stub.id)
+        billing = spawn_worker(redis_url, extra=("--queue", "billing"))
+        assert stub.result(timeout=30) == 42
+        assert stub.blocked() is None
+    finally:
+        stop(default)
+        if billing is not None:
+            stop(billing)

@@ -46,6 +46,7 @@ class Wait:
     group: Group | None = None
     child_workflow_id: str = ""
     policy: str = ""
+    queue: str = ""  # an activity's task queue (the views tell when no live worker serves it)
 
 
 @dataclass

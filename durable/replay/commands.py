@@ -98,7 +98,7 @@ class Commands(DriverCore):
             headers=headers,
         )
         self._issue(event)
-        return self._suspend(branch, Wait("activity", cid, name=definition.name))
+        return self._suspend(branch, Wait("activity", cid, name=definition.name, queue=queue))
 
     def call_timer(self, duration: Seconds, *, id: str | None) -> None:  # noqa: A002
         if interceptors.active(WorkflowOutboundInterceptor, "start_timer"):

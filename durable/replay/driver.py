@@ -206,6 +206,8 @@ class Driver(Commands, Inputs):
                 item["name"] = w.name
             if w.deadline is not None:
                 item["deadline"] = w.deadline
+            if w.queue:
+                item["queue"] = w.queue
             if w.child_workflow_id:
                 item["workflow_id"] = w.child_workflow_id
                 item["policy"] = w.policy

@@ -122,22 +122,28 @@ def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo])
 
 
 def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
-    """Why an open run not pinned to a build does not move: no live worker serves its queue at all
-    (none was started, or they all stopped or died). Starting one on that queue moves it on.
+    """Why an open run does not move: no live worker serves its queue at all (none was started,
+    or they all stopped or died; for a run pinned to a build see :func:`no_live_worker_reason`),
+    or the queue of an activity it waits on. Starting a worker on that queue moves it on.
 
     Returns:
-        The reason (it starts with ``"no live worker"``), or ``None``: the run is pinned (see
-        :func:`no_live_worker_reason`), closed, blocked for another reason, or a live worker
-        serves its queue.
+        The reason (it starts with ``"no live worker"``), or ``None``: the run is closed,
+        blocked for another reason, or live workers serve the queues it waits on.
     """
-    if record.get("build") or record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
+    if record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
         return None
+    served = {q for w in live for q in w.queues}
     queue = str(record.get("queue") or "default")
-    if any(queue in w.queues for w in live):
-        return None
-    return (
-        f"no live worker serves queue {queue!r}: start one (`durable worker --app YOUR_APP --queue {queue}`)"
-    )
+    if not record.get("build") and queue not in served:
+        return f"no live worker serves queue {queue!r}: start one (`durable worker --app YOUR_APP --queue {queue}`)"
+    # Activities run on any live worker of their queue, whatever the run's build.
+    for step in (record.get("snapshot") or {}).get("pending") or ():
+        if step.get("kind") == "activity" and step.get("queue") and step["queue"] not in served:
+            return (
+                f"no live worker serves queue {step['queue']!r}, where activity {step.get('name', '')!r} "
+                f"(id {step.get('id')}) waits: start one (`durable worker --app YOUR_APP --queue {step['queue']}`)"
+            )
+    return None
 
 
 def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:

@@ -221,3 +221,10 @@ class Parent(Workflow):
 def slow_context_probe() -> dict:
     ctx = activity_context()
     return {"attempt": ctx.attempt, "key": ctx.idempotency_key}
+
+
+class PaysOnBilling(Workflow):
+    """Runs its activity on the queue ``billing`` (the run itself is on ``default``)."""
+
+    def handle(self, n: int) -> int:
+        return activity(add, n, 1, queue="billing")
