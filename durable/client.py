@@ -24,7 +24,7 @@ from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow
 from .replay.driver import query_history
-from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of
+from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of, with_attempts
 from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
@@ -538,6 +538,14 @@ class WorkflowStub(Generic[R]):
                 continue
             raise _closing_error(closing, self._id)
 
+    def _pending_with_attempts(self, ref: RunRef, pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        ids = [str(s["id"]) for s in pending if s.get("kind") == "activity"]
+        begun = self._store.attempts_begun(ref.partition, ref.run_id, ids)
+        live = (
+            {w.name for w in self._store.live_workers()} if any(b.worker for b in begun.values()) else set()
+        )
+        return with_attempts(pending, begun, live)
+
     def describe(self) -> RunDescription:
         """Everything known about the current run: status, blocked reason, outcome, pending
         steps, activity attempts with their errors, dropped inputs and history size.
@@ -574,7 +582,7 @@ class WorkflowStub(Generic[R]):
             closed=record.get("closed"),
             seq=record.get("seq"),
             build_id=record.get("build") or None,
-            pending=list((record.get("snapshot") or {}).get("pending") or []),
+            pending=self._pending_with_attempts(ref, (record.get("snapshot") or {}).get("pending") or []),
             history=history,
             attempts=[e for e in log if e.get("kind") == "attempt"],
             dropped=[

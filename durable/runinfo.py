@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec, hooktokens
 from . import events as ev
 from .errors import ApplicationError, DurableError
 from .store.records import OPEN_STATUSES
+
+if TYPE_CHECKING:
+    from .store.activities import AttemptBegun
 
 BLOCKED_KINDS = (
     "nondeterminism",
@@ -140,6 +143,27 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
     return RunOutcome(status, when, error_type=closing.type, error_message=getattr(event, "reason", ""))
 
 
+def with_attempts(
+    pending: list[dict[str, Any]], begun: Mapping[str, AttemptBegun], live: set[str]
+) -> list[dict[str, Any]]:
+    """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
+    ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), and
+    whether that worker is among the ``live`` ones (``worker_alive``)."""
+    out = []
+    for step in pending:
+        b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
+        if b is not None:
+            step = {
+                **step,
+                "attempt": b.attempt,
+                "started": b.started_ms or None,
+                "worker": b.worker or None,
+                "worker_alive": (b.worker in live) if b.worker else None,
+            }
+        out.append(step)
+    return out
+
+
 @dataclass(frozen=True)
 class RunDescription(Mapping[str, Any]):
     """One run as :meth:`WorkflowStub.describe` sees it.
@@ -158,7 +182,9 @@ class RunDescription(Mapping[str, Any]):
         closed: When it closed (UTC ms), or ``None``.
         seq: Its history length.
         build_id: The build it is pinned to, or ``None``.
-        pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...).
+        pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...); an
+            activity's also its ``queue``, current ``attempt``, when it ``started`` and on which
+            ``worker`` (``None``: not begun yet), and whether that worker is alive (``worker_alive``).
         history: ``{"events", "bytes", "budget", "near_limit"}``.
         attempts: Activity attempts with their outcomes and errors.
         dropped: Inputs read but not applied (``reason``, ``ts``).

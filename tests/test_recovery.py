@@ -17,6 +17,7 @@ from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub, codec
+from durable.store.activities import AttemptBegun
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from workers.worker import Worker, WorkerThread
@@ -94,10 +95,15 @@ def test_an_attempt_begins_only_while_its_run_is_open_and_it_is_current(store: R
     r.hset(k.run(0, "r-1"), "status", "running")
     r.hset(k.activities(0, "r-1"), mapping={"a1#": 2, "a1:hb": codec.dumps({"step": 3})})
     task, stream, entry_id = _queued(store, 2)
-    begun = store.begin_attempt(task, stream, entry_id, 123_456, 1000)
+    assert store.attempts_begun(0, "r-1", ["a1", "gone"]) == {"a1": AttemptBegun(2)}  # not begun yet
+    begun = store.begin_attempt(task, stream, entry_id, 123_456, 1000, "vm:1:2.1")
     assert begun.ok and codec.loads(begun.details) == {"step": 3}
     assert r.zscore(k.running(0), "r-1|a1|2") == 123_456
     assert r.hget(k.activities(0, "r-1"), "a1:started") == b"1000"
+    assert store.attempts_begun(0, "r-1", ["a1"]) == {"a1": AttemptBegun(2, 1000, "vm:1:2.1")}
+    r.hset(k.activities(0, "r-1"), "a1#", 3)  # a retry is scheduled: attempt 3 has not begun
+    assert store.attempts_begun(0, "r-1", ["a1"]) == {"a1": AttemptBegun(3)}
+    r.hset(k.activities(0, "r-1"), "a1#", 2)
     assert r.xlen(stream) == 1, "a begun attempt's task stays until its outcome is recorded"
 
     stale, stream, entry_id = _queued(store, 1)

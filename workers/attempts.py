@@ -18,7 +18,7 @@ from typing import Any
 
 from durable import codec, interceptors
 from durable import events as ev
-from durable.activity import ActivityContext, RetryPolicy, running_activity
+from durable.activity import ActivityContext, RetryPolicy, running_activity, worker_identity
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.outage import Incident, retry_transient
@@ -144,7 +144,7 @@ def _attempt(
     # One round trip, before any user code: the run must be open and the attempt current
     # (a terminated or cancelled run's queued tasks stop here), and the last heartbeat
     # details come back whichever path re-delivered the activity.
-    begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000))
+    begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000), worker_identity()[0])
     if not begun.ok:
         log.info(
             "activity %s (run %s, attempt %d) not started: %s; its task is dropped",

@@ -9,13 +9,22 @@ of its timers set.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import codec
 from .. import events as ev
 from ..codec.sealed import seal_fields
 from .base import StoreBase
-from .keys import GROUP, attempt_member, heartbeat_field, parse_attempt_member, started_field
+from .keys import (
+    GROUP,
+    attempt_field,
+    attempt_member,
+    heartbeat_field,
+    parse_attempt_member,
+    started_field,
+    worker_field,
+)
 from .records import text
 from .tasks import ActivityTask, AttemptOutcome
 
@@ -34,6 +43,21 @@ class Begun(NamedTuple):
     reason: str = ""
     details: bytes | None = None
     now_ms: int = 0
+
+
+@dataclass(frozen=True)
+class AttemptBegun:
+    """A pending activity's current attempt, as ``durable describe`` shows it.
+
+    Attributes:
+        attempt: The attempt number.
+        started_ms: When it began (ms; 0: it waits for a worker, or for its retry time).
+        worker: The worker that began it ("" when it has not begun).
+    """
+
+    attempt: int
+    started_ms: int = 0
+    worker: str = ""
 
 
 class ActivityStore(StoreBase):
@@ -105,15 +129,21 @@ class ActivityStore(StoreBase):
         return int(result) == 1
 
     def begin_attempt(
-        self, task: ActivityTask, stream: str, entry_id: str, due_ms: int, started_ms: int
+        self,
+        task: ActivityTask,
+        stream: str,
+        entry_id: str,
+        due_ms: int,
+        started_ms: int,
+        worker: str = "",
     ) -> Begun:
         """Begin ``task``'s attempt before its code runs (``lua/begin_attempt.lua``), in one round trip.
 
         Refused unless the run is open and the attempt is still the activity's current one
         (a terminated, cancelled or closed run's queued tasks become no-ops here; the task
         entry ``entry_id`` of ``stream`` is then acked and deleted). A begun attempt is marked
-        started at ``started_ms``, gets its deadline ``due_ms`` (0: none), and the activity's
-        last heartbeat details.
+        started at ``started_ms`` by ``worker`` (which ``describe`` checks is alive), gets its
+        deadline ``due_ms`` (0: none), and the activity's last heartbeat details.
         """
         k, p, rid = self.keys, task.partition, task.run_id
         # Every activity attempt passes here: the raw pipeline (one EVALSHA, on a cluster
@@ -123,7 +153,7 @@ class ActivityStore(StoreBase):
             [
                 (
                     [k.run(p, rid), k.activities(p, rid), k.running(p), stream],
-                    [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms],
+                    [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms, worker],
                 )
             ],
             raise_on_error=True,
@@ -136,6 +166,28 @@ class ActivityStore(StoreBase):
         """When the current attempt of an activity started (ms), if it registered a deadline."""
         value = self.redis.hget(self.keys.activities(p, run_id), started_field(activity_id))
         return int(value) if value is not None else None
+
+    def attempts_begun(self, p: int, run_id: str, activity_ids: Sequence[str]) -> dict[str, AttemptBegun]:
+        """Of each pending activity in ``activity_ids``: its current attempt, and when and by
+        which worker that attempt began (``started_ms`` 0 and ``worker`` "": not begun yet)."""
+        if not activity_ids:
+            return {}
+        fields = [
+            f for aid in activity_ids for f in (attempt_field(aid), started_field(aid), worker_field(aid))
+        ]
+        values = self.redis.hmget(self.keys.activities(p, run_id), fields)
+        out = {}
+        for i, aid in enumerate(activity_ids):
+            current, started, begun_by = values[3 * i : 3 * i + 3]
+            if current is None:
+                continue  # no longer pending
+            attempt = int(current)
+            began, _, worker = text(begun_by or b"").partition("|")
+            if began == str(attempt):
+                out[aid] = AttemptBegun(attempt, int(started or 0), worker)
+            else:  # the last attempt begun is an older one: this one waits for a worker
+                out[aid] = AttemptBegun(attempt)
+        return out
 
     def activity_state(
         self, p: int, run_id: str, activity_id: str

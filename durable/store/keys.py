@@ -20,7 +20,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:aq:<queue>           stream  activity tasks (consumer group "workers")
     T:ox                   stream  outbox: cross-partition messages (children)
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
-                           <aid>:hb heartbeat details, <aid>:started attempt start (ms)
+                           <aid>:hb heartbeat details, <aid>:started attempt start (ms),
+                           <aid>:worker "<attempt>|<worker>" that began it
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry,
                                    "d|run|run" / "d|run|execution" workflow timeout, "w|run|ms" and
                                    "u|run|id|ms" tasks handed back by a worker that lacks their type
@@ -88,6 +89,7 @@ ATTEMPT_SUFFIX = "#"
 STREAM_SUFFIX = "@"
 HEARTBEAT_SUFFIX = ":hb"
 STARTED_SUFFIX = ":started"
+WORKER_SUFFIX = ":worker"
 
 
 def timer_member(run_id: str, timer_id: str) -> str:
@@ -158,6 +160,11 @@ def heartbeat_field(activity_id: str) -> str:
 def started_field(activity_id: str) -> str:
     """Activity-hash field: when the current attempt started (ms)."""
     return activity_id + STARTED_SUFFIX
+
+
+def worker_field(activity_id: str) -> str:
+    """Activity-hash field: ``"<attempt>|<worker>"``, the last attempt begun and its worker."""
+    return activity_id + WORKER_SUFFIX
 
 
 def keyword_posting(attribute: str, value: str) -> str:

@@ -6,7 +6,8 @@
 -- last heartbeat details, whichever attempt recorded them and however it was re-delivered.
 -- KEYS: run, activities, running, the attempt's task stream
 -- ARGV: run id, activity id, attempt, task entry id ('' = none: a leased attempt),
---       deadline ms (0 = none), started ms
+--       deadline ms (0 = none), started ms, worker (who runs it: `durable describe` tells
+--       whether it is still alive)
 -- Returns {'OK', heartbeat details or '', now ms} | {'SKIP', why}
 local run, acts, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rid, aid, attempt, entry_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -25,6 +26,6 @@ if why then
   ack(stream, entry_id)
   return {'SKIP', why}
 end
-redis.call('HSET', acts, aid .. ':started', ARGV[6])
+redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7])
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
 return {'OK', current[2] or '', now_ms()}

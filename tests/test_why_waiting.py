@@ -1,7 +1,13 @@
-"""A run whose queue no live worker serves (none started yet, or all stopped or died) says so in
-every view -- ``status``, ``describe``, ``list`` (and ``--status blocked``), ``WorkflowStub.blocked``
--- and moves on, the reason gone, once a worker of that queue starts. ``result()`` keeps waiting
-meanwhile: starting the worker is the fix, not an error. Real ``durable worker`` processes."""
+"""Why an open run is not moving, as the views tell it, with real ``durable worker`` processes.
+
+* A run whose queue no live worker serves (none started yet, or all stopped or died) says so in
+  every view -- ``status``, ``describe``, ``list`` (and ``--status blocked``),
+  ``WorkflowStub.blocked`` -- and moves on, the reason gone, once a worker of that queue starts.
+  ``result()`` keeps waiting meanwhile: starting the worker is the fix, not an error. The same
+  for the queue of an activity the run waits on.
+* ``describe`` shows where each pending activity's attempt is: on which worker it began, and
+  whether that worker is still alive (a killed worker's task waits for ``--claim-idle``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import json
 
 import pytest
 from apps.basic import PaysOnBilling, Sequence
+from apps.recovery import OneRecoveringActivity
 from click.testing import CliRunner
 from procs import spawn_worker, stop
 from waiting import wait_for
@@ -83,3 +90,28 @@ def test_an_activity_on_a_queue_no_live_worker_serves_says_so(redis_url: str, st
         stop(default)
         if billing is not None:
             stop(billing)
+
+
+def test_describe_tells_whether_the_worker_of_a_running_attempt_is_alive(
+    redis_url: str, store: RedisStore
+) -> None:
+    worker = spawn_worker(redis_url, app="apps.recovery", extra=("--claim-idle", "60"))
+    try:
+        stub = WorkflowStub.make(OneRecoveringActivity, store=store).start("resumes", "where")
+        wait_for(lambda: store.redis.lrange("test:recovery:where", 0, -1), timeout=30)
+        step = stub.describe().pending[0]
+        assert step["kind"] == "activity" and step["attempt"] == 1 and step["worker_alive"] is True
+        assert step["worker"].split(":")[1] == str(worker.pid) and step["started"] > 0
+        assert f"attempt 1: running on {step['worker']}" in _cli("describe", stub.id)
+        worker.kill()  # SIGKILL: its registry entry lapses, its task stays pending for --claim-idle
+        worker.wait(10)
+        gone = wait_for(lambda: (s := stub.describe().pending[0])["worker_alive"] is False and s, timeout=30)
+        assert gone["worker"] == step["worker"] and gone["attempt"] == 1
+        text = " ".join(_cli("describe", stub.id).split())
+        assert "which is gone (stopped or died)" in text
+        # And with no worker left on its queue at all, the run is reported as blocked too.
+        assert (
+            stub.blocked() is not None and "no live worker serves queue 'default'" in stub.blocked().message
+        )
+    finally:
+        stop(worker)
