@@ -172,6 +172,21 @@ def test_runs_list_shows_runs_counts_and_a_blocked_reason(ui: Ui) -> None:
         c.post(f"/api/v1/workflows/{blocked.id}/terminate")
 
 
+def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -> None:
+    wid = _start(ui, "PaysOnBilling", 41)  # its activity goes to 'billing': no worker there
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    page.wait_for_selector("#blocked:not([hidden])", timeout=30_000)
+    banner = page.inner_text("#blocked")
+    assert "no live worker serves queue 'billing', where activity 'add' (id 1) waits" in banner
+    assert "moves on by itself" in banner
+    row = page.locator("#pending tbody tr.current").first.inner_text()
+    assert "attempt 1: not begun (queued on 'billing'" in row
+    page.context.close()
+    with ui.open.client(**CSRF) as c:
+        c.post(f"/api/v1/workflows/{wid}/terminate")
+
+
 def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> None:
     wid = _start(ui, "Everything", 10)
     _waits_for_signal(ui, wid)

@@ -73,19 +73,31 @@
     const blocked = document.getElementById("blocked");
     blocked.hidden = !info.blocked;
     if (info.blocked) {
-      blocked.replaceChildren(el("b", {}, `Blocked (${info.blocked_kind}): `), info.blocked,
-        el("div", { class: "muted" }, "Fix the cause (deploy the code, start a worker of the build), then Repair re-queues the run."));
+      const fix = info.blocked_kind === "no_live_worker"
+        ? "Start a worker that serves it: the run moves on by itself (no repair needed)."
+        : "Fix the cause (deploy the code, start a worker of the build), then Repair re-queues the run.";
+      blocked.replaceChildren(el("b", {}, `Blocked (${info.blocked_kind}): `), info.blocked, el("div", { class: "muted" }, fix));
     }
     document.title = `${wid} · ${info.status} · durable`;
+  }
+
+  // Where a pending activity's current attempt is (the same words as `durable describe`).
+  function attemptState(p) {
+    if (p.kind !== "activity" || !p.attempt) return null;
+    if (!p.worker) return `attempt ${p.attempt}: not begun (queued on '${p.queue || "?"}', or waiting for its retry time)`;
+    if (p.worker_alive) return `attempt ${p.attempt}: running on ${p.worker} since ${time(p.started)}`;
+    return `attempt ${p.attempt}: began on ${p.worker}, which is gone (stopped or died); another worker takes the task over after --claim-idle or the activity's timeout`;
   }
 
   function pending() {
     const rows = (info.pending || []).map((p) => {
       const rest = { ...p };
-      for (const k of ["kind", "id", "name", "deadline"]) delete rest[k];
+      for (const k of ["kind", "id", "name", "deadline", "attempt", "started", "worker", "worker_alive"]) delete rest[k];
+      const state = attemptState(p);
+      const details = [state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
       return el("tr", { class: "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
         el("td", {}, p.deadline ? `${time(p.deadline)} (in ${duration(p.deadline - Date.now())})` : ""),
-        el("td", { class: "small" }, Object.keys(rest).length ? JSON.stringify(rest) : ""));
+        el("td", { class: "small" }, details));
     });
     const body = document.querySelector("#pending tbody");
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, info.closed ? "closed: nothing pending" : "nothing pending"))]));
