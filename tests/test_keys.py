@@ -73,6 +73,7 @@ def _fragments() -> dict[str, str]:
         "stream field": K.stream_field(x)[len(x) :],
         "heartbeat field": K.heartbeat_field(x)[len(x) :],
         "started field": K.started_field(x)[len(x) :],
+        "worker field": K.worker_field(x)[len(x) :],
         "member separator": K.attempt_member(x, x, 2).split(x)[1],
         "leased attempt member tail": K.attempt_member(x, x, 1)[len(x + "|" + x) :],
         "retry member head": K.retry_member(x, x).split(x)[0],

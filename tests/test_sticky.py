@@ -58,8 +58,14 @@ def test_a_worker_whose_private_stream_was_taken_recreates_it(store: RedisStore)
         assert WorkflowStub.make(Sequence).start(2).result(timeout=15) == 1
         keys = store.keys
         for p in range(keys.partitions):
-            store.redis.delete(keys.alive(p, worker.session_queue))
-            assert store.unstick(p, worker.session_queue) >= 0
+            # The worker renews its lease meanwhile (every claim_idle / 3): a renewal between
+            # the delete and the unstick makes it alive again, so delete until unstick goes through.
+            for _ in range(20):
+                store.redis.delete(keys.alive(p, worker.session_queue))
+                if store.unstick(p, worker.session_queue) >= 0:
+                    break
+            else:
+                raise AssertionError(f"partition {p}: the lease kept coming back")
             assert not store.redis.exists(keys.workflow_tasks(p, worker.session_queue))
         assert WorkflowStub.make(Sequence).start(4).result(timeout=15) == 6
         wait_for(lambda: _leased(store, worker))  # its next lease renewal comes back

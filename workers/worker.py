@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -146,6 +147,8 @@ class Worker:
         # still work while its writes are refused (OOM): only a quiet spell ends an incident.
         self._outage = Incident(log, "worker loop", settle=3.0)
         self._stop = threading.Event()
+        #: Set once the worker is in the registry and serving (WorkerThread waits for it).
+        self.joined = threading.Event()
         self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms, sticky_timeout_ms)
         self.eager = eager
@@ -272,6 +275,7 @@ class Worker:
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
         retry_transient(self._join, self._outage, stop=self._stop)
+        self.joined.set()
         self.scheduler.start()
         self._owns_process = threading.current_thread() is threading.main_thread()
         if self.watchdog is not None:
@@ -486,7 +490,12 @@ class WorkerThread:
         self.thread = threading.Thread(target=worker.run, name="durable-worker", daemon=True)
 
     def __enter__(self) -> Worker:
+        """Start the worker and wait until it is in the registry (before that, the views
+        report its queues' runs as having no live worker)."""
         self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.worker.joined.wait(0.05) and self.thread.is_alive() and time.monotonic() < deadline:
+            pass
         return self.worker
 
     def __exit__(self, *exc: Any) -> None:
