@@ -149,18 +149,18 @@ class QueueStore(RunStore):
 
     def requeue_pending(self, streams: Iterable[str], consumer: str, most: int = 1000) -> int:
         """Put every task still pending for ``consumer`` on ``streams`` back at their ends, as
-        new entries for any worker (``lua/requeue_pending.lua``, one call per stream); returns
-        how many moved.
+        new entries for any worker (``lua/requeue_pending.lua``, one call per stream, all in one
+        round trip); returns how many moved.
 
         For a worker that is leaving, once nothing of it runs any more: what is still pending
         for it was delivered to a read it never took in (a stop or a stuck main thread), and
         would otherwise wait for another worker to reclaim it after ``--claim-idle``. Its
         blocking reads must be closed first, or the moved tasks could be delivered to them again.
         """
-        moved = 0
-        for stream in streams:
-            moved += int(self._run_script("requeue_pending", [stream], [GROUP, consumer, most]))
-        return moved
+        calls = [([stream], [GROUP, consumer, most]) for stream in streams]
+        if not calls:
+            return 0
+        return sum(int(n) for n in self._script_many("requeue_pending", calls, raise_on_error=True))
 
     def hand_back(self, stream: str, entry_id: str, member: str, due_ms: int) -> None:
         """Leave a task this worker cannot run (it lacks the type) for workers that can: ack it

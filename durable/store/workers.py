@@ -32,8 +32,8 @@ __all__ = [
     "WorkerRegistry",
     "no_live_worker_reason",
     "no_worker_on_queue_reason",
-    "served_queues",
     "no_worker_reason",
+    "served_queues",
     "takes_new_runs",
 ]
 
