@@ -80,6 +80,12 @@ local function wake(run_key, run_id)
   return 1
 end
 
+-- Forget an activity that is no longer pending: all of its fields in the run's activities hash
+-- (body, current attempt, task stream, heartbeat details, start, who began it).
+local function forget_activity(acts, aid)
+  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started', aid .. ':worker')
+end
+
 local function ack(stream, entry_id)
   if entry_id ~= nil and entry_id ~= '' then
     redis.call('XACK', stream, GROUP, entry_id)

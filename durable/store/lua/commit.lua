@@ -54,7 +54,7 @@ for _, a in ipairs(plan.leased) do
   redis.call('ZADD', running, a[4], rid .. '|' .. a[2] .. '|1')
 end
 for _, e in ipairs(plan.eager) do
-  redis.call('HDEL', acts, e[1], e[1] .. '#', e[1] .. '@', e[1] .. ':hb', e[1] .. ':started', e[1] .. ':worker')
+  forget_activity(acts, e[1])
   redis.call('ZREM', running, rid .. '|' .. e[1] .. '|' .. e[2])
   redis.call('XADD', log, '*', 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
     'record', e[3], 'reason', '', 'ts', ts)
@@ -62,7 +62,7 @@ end
 for _, t in ipairs(plan.timers) do redis.call('ZADD', timers, t[2], t[1]) end
 for _, m in ipairs(plan.untimers) do redis.call('ZREM', timers, m) end
 for _, aid in ipairs(plan.cancel_activities) do
-  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started', aid .. ':worker')
+  forget_activity(acts, aid)
   redis.call('ZREM', timers, 'r|' .. rid .. '|' .. aid)
 end
 for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end

@@ -35,6 +35,6 @@ if outcome == 'retry' then
   redis.call('ZADD', timers, due, 'r|' .. rid .. '|' .. aid)
   return {'RETRY', due}
 end
-redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started', aid .. ':worker')
+forget_activity(acts, aid)
 redis.call('RPUSH', inbox, envelope(ARGV[6], ts, ARGV[7]))
 return {'OK', wake(run, rid)}
