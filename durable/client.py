@@ -29,10 +29,11 @@ from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
-from .store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
 from .store.waits import wait_alone, waiter_for
+from .store.workers import WorkerInfo
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
 _stores: dict[tuple[str, str], RedisStore] = {}
@@ -538,13 +539,12 @@ class WorkflowStub(Generic[R]):
                 continue
             raise _closing_error(closing, self._id)
 
-    def _pending_with_attempts(self, ref: RunRef, pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _pending_with_attempts(
+        self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo]
+    ) -> list[dict[str, Any]]:
         ids = [str(s["id"]) for s in pending if s.get("kind") == "activity"]
         begun = self._store.attempts_begun(ref.partition, ref.run_id, ids)
-        live = (
-            {w.name for w in self._store.live_workers()} if any(b.worker for b in begun.values()) else set()
-        )
-        return with_attempts(pending, begun, live)
+        return with_attempts(pending, begun, {w.name for w in live})
 
     def describe(self) -> RunDescription:
         """Everything known about the current run: status, blocked reason, outcome, pending
@@ -558,6 +558,8 @@ class WorkflowStub(Generic[R]):
         """
         ref = self._ref()
         record = self._store.run_record(ref)
+        # One registry read serves the blocked reason and the pending attempts' workers.
+        live = self._store.live_workers() if record.get("status", "pending") in OPEN_STATUSES else []
         snap = dict(record.get("snapshot") or {})
         snap.update(type=record.get("type"), seq=record.get("seq"))
         history = self._history_info(snap)
@@ -576,13 +578,15 @@ class WorkflowStub(Generic[R]):
             run_id=ref.run_id,
             type=record.get("type"),
             status=str(record.get("status", "pending")),
-            blocked=self._store.why_blocked(record),
+            blocked=self._store.why_blocked(record, live),
             outcome=outcome,
             created=record.get("created"),
             closed=record.get("closed"),
             seq=record.get("seq"),
             build_id=record.get("build") or None,
-            pending=self._pending_with_attempts(ref, (record.get("snapshot") or {}).get("pending") or []),
+            pending=self._pending_with_attempts(
+                ref, (record.get("snapshot") or {}).get("pending") or [], live
+            ),
             history=history,
             attempts=[e for e in log if e.get("kind") == "attempt"],
             dropped=[

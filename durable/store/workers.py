@@ -16,7 +16,7 @@ live worker serves its queue at all (:func:`no_worker_on_queue_reason`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -216,15 +216,17 @@ class WorkerRegistry(StoreBase):
             return None  # no registry read for the common case
         return no_live_worker_reason(record, self.live_workers())
 
-    def why_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
+    def why_blocked(
+        self, record: Mapping[str, Any], live: Sequence[WorkerInfo] | None = None
+    ) -> BlockedReason | None:
         """Why an open run cannot move: the reason its record holds (nondeterminism, unknown
         type, ...), else that no live worker serves its pinned build or, unpinned, its queue;
-        ``None``: it can move."""
+        ``None``: it can move. ``live``: the live workers, if the caller has read them already."""
         reason = blocked_reason(record)
         if (
             reason is None
             and record.get("status", "pending") in OPEN_STATUSES  # no registry read for a closed run
-            and (unserved := no_worker_reason(record, self.live_workers()))
+            and (unserved := no_worker_reason(record, self.live_workers() if live is None else live))
         ):
             reason = BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
         return reason
