@@ -83,15 +83,9 @@ class ActivityStore(StoreBase):
         come second (``None`` on a Redis Cluster, where nothing is read)."""
         if self.cluster or not reads:
             return self.complete_many(outcomes), None
-        sha = self._scripts["complete_activity"].sha
         calls = [self.complete_args(outcome) for outcome in outcomes]
-        replies = self._wire.execute(
-            [*(("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls), *reads]
-        )
+        replies = self._script_many("complete_activity", calls, raise_on_error=True, then=reads)
         done = replies[: len(calls)]
-        for reply in done:
-            if isinstance(reply, Exception):
-                raise reply
         return [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in done], replies[len(calls) :]
 
     def complete_args(self, outcome: AttemptOutcome) -> tuple[list[str], list[Any]]:

@@ -143,14 +143,23 @@ class StoreBase:
         return groups
 
     def _script_many(
-        self, name: str, calls: Sequence[tuple[list[str], list[Any]]], *, raise_on_error: bool
+        self,
+        name: str,
+        calls: Sequence[tuple[list[str], list[Any]]],
+        *,
+        raise_on_error: bool,
+        then: Sequence[Sequence[Any]] = (),
     ) -> list[Any]:
         """Run script ``name`` once per ``(keys, args)`` in one round trip (each call atomic on its
-        own): raw EVALSHAs, on a cluster one write per node (a script is loaded on a node that lacks it)."""
+        own): raw EVALSHAs, on a cluster one write per node (a script is loaded on a node that lacks it).
+        ``then``: raw commands sent after the calls in the same write; their replies follow the
+        calls' (as they are: ``raise_on_error`` is about the calls only)."""
         sha = self._scripts[name].sha
-        replies = self._wire.execute([("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls])
+        replies = self._wire.execute(
+            [*(("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls), *then]
+        )
         if raise_on_error:
-            for reply in replies:
+            for reply in replies[: len(calls)]:
                 if isinstance(reply, Exception):
                     raise reply
         return replies

@@ -125,10 +125,7 @@ class RunStore(SearchStore):
         cluster one MULTI per partition, on the node that holds it."""
         if self.cluster:
             return self._load_many_cluster(runs)
-        replies = self._wire.transaction([c for run in runs for c in self._load_commands(*run)])
-        for i in range(2, len(replies), 3):
-            replies[i] = stream_rows(replies[i])
-        return self._loaded(replies)
+        return self._loaded(self._wire.transaction([c for run in runs for c in self._load_commands(*run)]))
 
     def preload_commands(self, runs: Sequence[tuple[int, str, int]]) -> list[tuple[Any, ...]]:
         """:meth:`load_many`'s MULTI/EXEC as raw commands, to ride along in another round trip;
@@ -140,8 +137,6 @@ class RunStore(SearchStore):
         result = replies[-1]
         if not isinstance(result, list) or any(isinstance(r, Exception) for r in result):
             return None
-        for i in range(2, len(result), 3):
-            result[i] = stream_rows(result[i])
         return self._loaded(result)
 
     def _load_commands(self, p: int, run_id: str, after_seq: int) -> list[tuple[Any, ...]]:
@@ -163,15 +158,15 @@ class RunStore(SearchStore):
         replies: list[Any] = [None] * (3 * len(runs))
         for indexes, got in zip(by_partition.values(), self._wire.transactions(batches), strict=True):
             for n, i in enumerate(indexes):
-                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 2] + [stream_rows(got[3 * n + 2])]
+                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 3]
         return self._loaded(replies)
 
     @staticmethod
-    def _loaded(
-        replies: list[Any],
-    ) -> list[Loaded]:
+    def _loaded(replies: list[Any]) -> list[Loaded]:
+        """The loads of the raw replies of :meth:`_load_commands`, three per run."""
         return [
-            (decision_record(replies[i]), replies[i + 1], replies[i + 2]) for i in range(0, len(replies), 3)
+            (decision_record(replies[i]), replies[i + 1], stream_rows(replies[i + 2]))
+            for i in range(0, len(replies), 3)
         ]
 
     def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
