@@ -45,15 +45,14 @@ from .waits import (
     BLOCK_MS,
     IDLE_S,
     READ_COUNT,
-    READ_PACE_MAX_S,
-    READ_PACE_S,
     _last_entry,
-    _may_close,
     _record,
     _still_unserved,
     _unserved_error,
     _unserved_too_long,
     blocked_error,
+    newest,
+    read_pause,
 )
 from .workers import WorkerInfo, no_live_worker_reason
 
@@ -375,10 +374,8 @@ class AsyncRunWaiter:
             return None
 
     async def _pace(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Let :data:`READ_PACE_S` per watched run pass between two reads' starts (at most
-        :data:`READ_PACE_MAX_S`): a read costs client and server time per watched stream, and
-        under load many streams grow in that time, so one read then wakes for all of them."""
-        pause = self._read_at + min(READ_PACE_MAX_S, READ_PACE_S * len(self._watches)) - loop.time()
+        """Pause as :func:`~durable.store.waits.read_pause` says before the next read."""
+        pause = read_pause(self._read_at, len(self._watches), loop.time())
         if pause > 0:
             await asyncio.sleep(pause)
         self._read_at = loop.time()
@@ -392,10 +389,7 @@ class AsyncRunWaiter:
             if watch is None or not entries:
                 continue
             entry_id, fields = entries[-1]
-            if not _may_close(_entry_fields(fields)):
-                watch.advance(entry_id.decode())
-                continue
-            last, closing = _last_entry(_rows(entries[-1:]), watch.ref.run_id)
+            last, closing = newest(entry_id, _entry_fields(fields), watch.ref.run_id)
             if closing is None:
                 watch.advance(last)
             else:

@@ -107,6 +107,20 @@ def _may_close(fields: Any) -> bool:
         return True
 
 
+def newest(entry_id: bytes, fields: Any, run_id: str) -> tuple[str, ev.Entry | None]:
+    """Of the newest entry a read returned of a watched stream: its id, and the entry if it
+    closes the run (decoded only when its type may: most entries of a watched run do not)."""
+    if not _may_close(fields):
+        return entry_id.decode(), None
+    return _last_entry([(entry_id, fields)], run_id)
+
+
+def read_pause(read_at: float, watched: int, now: float) -> float:
+    """How long a waiter waits before its next read: :data:`READ_PACE_S` per watched run since
+    the previous read began (``read_at``), at most :data:`READ_PACE_MAX_S`."""
+    return read_at + min(READ_PACE_MAX_S, READ_PACE_S * watched) - now
+
+
 def _unserved_error(ref: RunRef, reason: str) -> WorkflowBlocked:
     return blocked_error(ref.workflow_id, ref.run_id, BlockedReason(kind=NO_LIVE_WORKER, message=reason))
 
@@ -282,7 +296,7 @@ class RunWaiter:
     def _read_once(self, store: RedisStore, conn: Any) -> Any:
         """One blocking read over the watched streams and what follows from it; the
         connection to read on next (``None`` after an error: a new one)."""
-        pause = self._read_at + min(READ_PACE_MAX_S, READ_PACE_S * len(self._watches)) - time.monotonic()
+        pause = read_pause(self._read_at, len(self._watches), time.monotonic())
         if pause > 0:
             time.sleep(pause)
         self._read_at = time.monotonic()
@@ -329,10 +343,7 @@ class RunWaiter:
             if watch is None or not entries:
                 continue
             entry_id, fields = entries[-1]
-            if not _may_close(fields):
-                watch.last = entry_id.decode()
-                continue
-            last, closing = _last_entry(entries[-1:], watch.ref.run_id)
+            last, closing = newest(entry_id, fields, watch.ref.run_id)
             if closing is None:
                 watch.last = last
             else:
