@@ -235,6 +235,9 @@ class ActivityHost:
                 log.exception("could not record %d finished activities on shutdown", len(pending))
         if self.busy:
             log.warning(
-                "%d activities still running after %.0f s; their tasks will be reclaimed", self.busy, grace
+                "%d activities still running after %.0f s; their tasks go back to their queues (leased "
+                "ones once their lease lapses)",
+                self.busy,
+                grace,
             )
         self._pool.shutdown()

@@ -232,14 +232,17 @@ class Worker:
         self._unpinned_of = {q: [keys.workflow_tasks(p, q) for p in parts] for q in self.queues}
         self.unpinned_streams = [s for q in self.queues for s in self._unpinned_of[q]]
         self.workflow_streams = self.pinned_streams + self.unpinned_streams
-        self.activity_streams = [
-            keys.activity_tasks(p, q) for q in [*self.queues, self.session_queue] for p in parts
+        shared_activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
+        self.activity_streams = shared_activity_streams + [
+            keys.activity_tasks(p, self.session_queue) for p in parts
         ]
         # Workflow tasks of runs this worker decided last (their drivers are in its cache).
         self.sticky_streams = (
             [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
         )
         self.outbox_streams = [keys.outbox(p) for p in parts]
+        # What a leaving worker hands back (its private streams go with its lease: Scheduler.release).
+        self.shared_streams = self.workflow_streams + shared_activity_streams + self.outbox_streams
         self.stream_kinds: dict[str, str] = dict.fromkeys(
             self.workflow_streams + self.sticky_streams, WORKFLOW
         )
@@ -357,14 +360,8 @@ class Worker:
         stuck, or it stops after an error) or handed to an activity thread that did not finish
         within the grace. Without this they would wait for a reclaim after ``--claim-idle``."""
         self.reader.close()
-        private = set(self.sticky_streams) | {
-            self.store.keys.activity_tasks(p, self.session_queue) for p in range(self.store.keys.partitions)
-        }
-        shared = [
-            s for s in self.workflow_streams + self.activity_streams + self.outbox_streams if s not in private
-        ]
         try:
-            moved = self.store.requeue_pending(shared, self.consumer)
+            moved = self.store.requeue_pending(self.shared_streams, self.consumer)
         except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
             log.exception("could not hand back the tasks this worker was delivered but did not finish")
             return
