@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 from apps.basic import SlowSteps
 from procs import spawn_worker, stop, workers
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
 
 
 def assert_history_sound(stub: WorkflowStub) -> None:
@@ -45,3 +47,27 @@ def sigkill_mid_activity(redis_url: str, tmp_path: Path) -> None:
     )
     applied = (tmp_path / "slow.log.effects" / "applied.log").read_text().split()
     assert len(applied) == len(set(applied)) == 3, "an idempotency-keyed effect was applied twice"
+
+
+def park_queued_task(store: RedisStore, stub: WorkflowStub, reason: str, **options: Any) -> None:
+    """Park the run's queued workflow task with ``reason`` and block the run, as a worker would
+    (no worker runs: the task is still in its stream). ``options`` go to ``store.park``."""
+    ref = store.ref(stub.id)
+    stream = store.keys.workflow_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    for _, rows in store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=100) or []:
+        for entry_id, fields in rows:
+            if fields[b"run"].decode() == ref.run_id:
+                store.park(
+                    p=ref.partition,
+                    stream=stream,
+                    entry_id=entry_id.decode(),
+                    kind="workflow",
+                    reason=reason,
+                    fields=fields,
+                    run_id=ref.run_id,
+                    block=True,
+                    **options,
+                )
+                return
+    raise AssertionError(f"no queued task of {stub.id}")

@@ -15,6 +15,7 @@ from apps import failures
 from apps.basic import Boom, Looper, Sequence, Waiter
 from apps.failures import Changing
 from click.testing import CliRunner
+from scenarios import park_queued_task
 from waiting import wait_for
 
 from durable import WorkflowBlocked, WorkflowFailed, WorkflowStub
@@ -108,27 +109,7 @@ def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, re
 
 
 def _park_blocked(store: RedisStore, stub: WorkflowStub, reason: str, kind: str = "runaway_decision") -> None:
-    """Park the run's queued workflow task and block the run, as a worker would."""
-    ref = store.ref(stub.id)
-    stream = store.keys.workflow_tasks(ref.partition, "default")
-    store.ensure_groups([stream])
-    for _, rows in store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=100) or []:
-        for entry_id, fields in rows:
-            if fields[b"run"].decode() != ref.run_id:
-                continue
-            store.park(
-                p=ref.partition,
-                stream=stream,
-                entry_id=entry_id.decode(),
-                kind="workflow",
-                reason=reason,
-                fields=fields,
-                run_id=ref.run_id,
-                block=True,
-                block_kind=kind,
-            )
-            return
-    raise AssertionError(f"no queued task of {stub.id}")
+    park_queued_task(store, stub, reason, block_kind=kind)
 
 
 def test_an_old_blocked_run_is_listed_behind_many_newer_runs(store: RedisStore) -> None:

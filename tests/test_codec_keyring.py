@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from apps.payments import SecretEcho
+from scenarios import park_queued_task
 
 from durable import WorkflowFailed, WorkflowStub, codec
 from durable.codec import sealed as sealed_text
@@ -159,22 +160,9 @@ def test_parked_and_blocked_reasons_are_encrypted(
     codec.set_payload_hook(codec.KeyRing({"k": codec.AesGcm(os.urandom(32))}, current="k"))
     stub = WorkflowStub.make(AwaitCard, store=store).start()  # no worker: the task stays queued
     stub.signal("card", CARD)
-    ref = store.ref(stub.id)
-    stream = store.keys.workflow_tasks(ref.partition, "default")
-    store.ensure_groups([stream])
-    entry_id, fields = store.redis.xreadgroup("workers", "probe", {stream: ">"}, count=1)[0][1][0]
     reason = f"SerializationError: cannot decode <Card>: bad card {CARD}"
-    store.park(
-        p=ref.partition,
-        stream=stream,
-        entry_id=entry_id.decode(),
-        kind="workflow",
-        reason=reason,
-        fields=fields,
-        run_id=ref.run_id,
-        block=True,
-        input_at=1,
-    )
+    park_queued_task(store, stub, reason, input_at=1)
+    ref = store.ref(stub.id)
     blocked = stub.blocked()
     assert blocked is not None and blocked.kind == "parked_input" and blocked.message == reason
     assert [d["reason"] for d in store.dead_letters()] == [reason]
