@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from . import codec, hooktokens
@@ -147,21 +148,36 @@ def with_attempts(
     pending: list[dict[str, Any]], begun: Mapping[str, AttemptBegun], live: set[str]
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
-    ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), and
-    whether that worker is among the ``live`` ones (``worker_alive``)."""
+    ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
+    that worker is among the ``live`` ones (``worker_alive``), and all that in words (``state``,
+    what ``durable describe`` and the UI show)."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
         if b is not None:
+            alive = (b.worker in live) if b.worker else None
             step = {
                 **step,
                 "attempt": b.attempt,
                 "started": b.started_ms or None,
                 "worker": b.worker or None,
-                "worker_alive": (b.worker in live) if b.worker else None,
+                "worker_alive": alive,
+                "state": _attempt_state(b, alive, step.get("queue") or "?"),
             }
         out.append(step)
     return out
+
+
+def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str) -> str:
+    if not b.worker:
+        return f"attempt {b.attempt}: not begun (queued on {queue!r}, or waiting for its retry time)"
+    if alive:
+        since = datetime.fromtimestamp(b.started_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
+    return (
+        f"attempt {b.attempt}: began on {b.worker}, which is gone (stopped or died); another worker "
+        "takes the task over after --claim-idle or the activity's timeout"
+    )
 
 
 @dataclass(frozen=True)
@@ -184,7 +200,8 @@ class RunDescription(Mapping[str, Any]):
         build_id: The build it is pinned to, or ``None``.
         pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...); an
             activity's also its ``queue``, current ``attempt``, when it ``started`` and on which
-            ``worker`` (``None``: not begun yet), and whether that worker is alive (``worker_alive``).
+            ``worker`` (``None``: not begun yet), whether that worker is alive (``worker_alive``),
+            and that in words (``state``).
         history: ``{"events", "bytes", "budget", "near_limit"}``.
         attempts: Activity attempts with their outcomes and errors.
         dropped: Inputs read but not applied (``reason``, ``ts``).

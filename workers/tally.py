@@ -2,7 +2,7 @@
 
 An increment of a ``prometheus-client`` counter in multiprocess mode takes a lock and
 writes an mmap'd file (~1 us); a worker step makes several. :class:`Tally` makes each
-a dict add in the calling thread's own dict; :meth:`Tally.totals` sums them for a
+a dict add in the calling thread's own dict; :meth:`Tally.drain` sums them for a
 periodic write (``workers.metrics.flush``).
 """
 

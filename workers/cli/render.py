@@ -195,24 +195,9 @@ def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
             str(item.get("id", "")),
             str(name),
             fmt_ms(item.get("deadline")),
-            _step_state(item),
+            str(item.get("state", "")),
         )
     return table
-
-
-def _step_state(item: Mapping[str, Any]) -> str:
-    """Where a pending activity's current attempt is (``describe`` adds ``attempt``, ``worker``...)."""
-    if item.get("kind") != "activity" or not item.get("attempt"):
-        return ""
-    attempt, worker, queue = item["attempt"], item.get("worker"), item.get("queue") or "?"
-    if not worker:
-        return f"attempt {attempt}: not begun (queued on {queue!r}, or waiting for its retry time)"
-    if item.get("worker_alive"):
-        return f"attempt {attempt}: running on {worker} since {fmt_ms(item.get('started'))}"
-    return (
-        f"attempt {attempt}: began on {worker}, which is gone (stopped or died); another worker "
-        "takes the task over after --claim-idle or the activity's timeout"
-    )
 
 
 def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:

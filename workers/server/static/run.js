@@ -81,20 +81,12 @@
     document.title = `${wid} · ${info.status} · durable`;
   }
 
-  // Where a pending activity's current attempt is (the same words as `durable describe`).
-  function attemptState(p) {
-    if (p.kind !== "activity" || !p.attempt) return null;
-    if (!p.worker) return `attempt ${p.attempt}: not begun (queued on '${p.queue || "?"}', or waiting for its retry time)`;
-    if (p.worker_alive) return `attempt ${p.attempt}: running on ${p.worker} since ${time(p.started)}`;
-    return `attempt ${p.attempt}: began on ${p.worker}, which is gone (stopped or died); another worker takes the task over after --claim-idle or the activity's timeout`;
-  }
-
   function pending() {
     const rows = (info.pending || []).map((p) => {
       const rest = { ...p };
-      for (const k of ["kind", "id", "name", "deadline", "attempt", "started", "worker", "worker_alive"]) delete rest[k];
-      const state = attemptState(p);
-      const details = [state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
+      // An activity's `state` says where its attempt is in words (the fields it is made of are left out).
+      for (const k of ["kind", "id", "name", "deadline", "attempt", "started", "worker", "worker_alive", "state"]) delete rest[k];
+      const details = [p.state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
       return el("tr", { class: "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
         el("td", {}, p.deadline ? `${time(p.deadline)} (in ${duration(p.deadline - Date.now())})` : ""),
         el("td", { class: "small" }, details));
