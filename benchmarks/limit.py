@@ -2,12 +2,17 @@
 
 One durable step (DESIGN.md "Work flow of one step") costs these Redis commands:
 
-  1. XREADGROUP of the activity task,
-  2. the ``complete_activity`` script (inbox push, wake-up: enqueue a workflow task, ack),
-  3. XREADGROUP of the workflow task,
-  4. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
-  5. the ``commit`` script (inbox items + ActivityScheduled into history, next
-     activity task, run record + snapshot, ack of the workflow task).
+  1. the ``complete_activity`` script (inbox push, wake-up: enqueue a workflow task, ack),
+  2. XREADGROUP of the workflow task,
+  3. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
+  4. the ``commit`` script (inbox items + ActivityScheduled into history, next
+     activity task, run record + snapshot, ack of the workflow task), which also reads
+     the activity task for the committing worker and begins its attempt (a worker with a
+     thread free claims what it schedules: ``CommitPlan.claimed``).
+
+Before claimed dispatch a step had a fifth command, an XREADGROUP of the activity task
+(and the worker a begin_attempt round trip this model never counted); ``--unclaimed``
+measures that older step.
 
 This script drives exactly those commands, as fast as ONE client can, against a
 private embedded Redis: K synthetic runs (created with the real ``start_run``
@@ -21,7 +26,7 @@ It prints steps/s, so durable's W2 figure can be read as a fraction of it.
 ``--eager`` also measures the eager-mode floor: one ``commit`` script per step
 (completion + next decision together, no task streams).
 
-    python benchmarks/limit.py [--runs 64] [--seconds 5] [--appendfsync everysec|always] [--eager]
+    python benchmarks/limit.py [--runs 64] [--seconds 5] [--appendfsync everysec|always] [--eager] [--unclaimed]
 """
 
 from __future__ import annotations
@@ -66,8 +71,9 @@ def _task(k: Any, p: int, rid: str, wid: str) -> ActivityTask:
 
 
 class Limit:
-    def __init__(self, store: RedisStore, n_runs: int) -> None:
+    def __init__(self, store: RedisStore, n_runs: int, *, claimed: bool = True) -> None:
         self.store = store
+        self.claimed = claimed
         self.keys = store.keys
         self.n = n_runs
         self.conn: Any = None
@@ -186,7 +192,7 @@ class Limit:
             "events": [*inbox, scheduled_event(aid, run["step"])],
             "consumed": len(inbox),
             "dropped": [],
-            "activities": [] if task is None else [[run["commit_keys"][-1], aid, body]],
+            "activities": [] if task is None else [[run["commit_keys"][-1], aid, body, *self._claim()]],
             "timers": [],
             "untimers": [],
             "cancel_activities": [],
@@ -200,9 +206,15 @@ class Limit:
         }
         if task is not None:
             plan["task"] = list(task)
+            if self.claimed:
+                plan["claimer"] = "limit"
         run["seq"] += len(plan["events"])
         keys = run["commit_keys"] if task is not None else run["commit_keys"][:-1]
         return ("EVALSHA", self.sha["commit"], len(keys), *keys, msgpack.packb(plan, use_bin_type=False))
+
+    def _claim(self) -> list[int]:
+        """The claim fields of an activity entry: started ms, no deadline (none when unclaimed)."""
+        return [int(time.time() * 1000), 0] if self.claimed else []
 
     def _complete(self, run: dict[str, Any], stream: str, entry_id: str, aid: str) -> tuple[Any, ...]:
         data = codec.pack({"id": aid, "result": self.result, "attempt": 1})
@@ -217,7 +229,7 @@ class Limit:
 
     # -------------------------------------------------------------- modes
     def as_written(self, seconds: float) -> tuple[int, float]:
-        """The five-command step, K runs in lock step, 3 round trips per pass."""
+        """The step's commands, K runs in lock step, 3 round trips per pass."""
         steps = 0
         wq_reply = (
             self._wq_reply if self._wq_reply is not None else self._roundtrip([self._xreadgroup(self.wq)])[0]
@@ -245,13 +257,21 @@ class Limit:
                 if isinstance(exec_reply, Exception):
                     raise exec_reply
                 commits.append(self._commit(run, list(exec_reply[1]), (stream, entry_id)))
-            replies = self._roundtrip([*commits, self._xreadgroup(self.aq)])
-            for reply in replies[:-1]:
+            replies = self._roundtrip([*commits] if self.claimed else [*commits, self._xreadgroup(self.aq)])
+            for reply in replies[: len(commits)]:
                 if isinstance(reply, Exception) or reply[0] != b"OK":
                     raise RuntimeError(f"commit failed: {reply!r}")
+            if self.claimed:  # each commit read its activity task: {stream, entry id, fields, began}
+                activities = [
+                    (c[0].decode(), c[1].decode(), dict(zip(c[2][::2], c[2][1::2], strict=True)))
+                    for reply in replies
+                    for c in reply[3]
+                ]
+            else:
+                activities = self._entries(replies[-1])
             # run the (no-op) activities: complete_activity each + read the workflow tasks they wake
             completes = []
-            for stream, entry_id, fields in self._entries(replies[-1]):
+            for stream, entry_id, fields in activities:
                 run = self.by_rid[fields[b"run"].decode()]
                 completes.append(self._complete(run, stream, entry_id, fields[b"act"].decode()))
             replies = self._roundtrip([*completes, self._xreadgroup(self.wq)])
@@ -296,6 +316,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
     parser.add_argument("--eager", action="store_true", help="also measure the eager-mode floor")
+    parser.add_argument(
+        "--unclaimed", action="store_true", help="also measure the step before claimed dispatch (5 commands)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="durable-limit-") as tmp:
@@ -312,9 +335,19 @@ def main() -> None:
                     f"Redis-bound ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:"
                 )
                 print(
-                    f"  as written (5 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
+                    f"  as written (4 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
                     f"({steps:,} steps in {elapsed:.1f} s)"
                 )
+                if args.unclaimed:
+                    older = Limit(RedisStore(url, prefix="limit-unclaimed"), args.runs, claimed=False)
+                    older.conn = bench.conn
+                    older.as_written(min(1.0, args.seconds))
+                    steps, elapsed = older.as_written(args.seconds)
+                    older.store.close()
+                    print(
+                        f"  unclaimed (5 commands/step, before claimed dispatch): {steps / elapsed:,.0f} steps/s "
+                        f"({steps:,} steps in {elapsed:.1f} s)"
+                    )
                 if args.eager:
                     eager = Limit(
                         RedisStore(url, prefix="limit-eager"), args.runs

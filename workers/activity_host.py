@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 
 from durable import events as ev
 from durable.activity import set_worker_identity
-from durable.store.redis_store import RedisStore
+from durable.store.activities import Begun
+from durable.store.redis_store import ClaimedTask, RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from .attempts import (
@@ -76,6 +77,7 @@ class ActivityHost:
         self.wake = wake
         self.on_timer = on_timer
         self.unserved: Unserved | None = None  # set once the worker's routing exists
+        self._claimable = {*self.queues, identity[1]}  # its queues and its session queue
         self._pool = ActivityThreads(concurrency, initializer=set_worker_identity, initargs=identity)
         self.busy = 0
         self._lock = threading.Lock()
@@ -119,6 +121,19 @@ class ActivityHost:
         with self._lock:
             free = self.busy + self._reserved < self.backlog()
             if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
+                self._reserved += 1
+                return True
+        return False
+
+    def claims_here(self, scheduled: ev.ActivityScheduled) -> bool:
+        """Whether the commit of the decision that scheduled this queued activity should read
+        its task for this worker (:meth:`run_claimed`): a queue it serves, a type it has, and a
+        thread free for it right now, so the task starts at once instead of after a read and a
+        begin round trip. Otherwise it waits in its stream for any worker."""
+        if scheduled.queue not in self._claimable or not self.allowed(scheduled.name):
+            return False
+        with self._lock:
+            if self.busy + self._reserved < self.concurrency:
                 self._reserved += 1
                 return True
         return False
@@ -173,12 +188,28 @@ class ActivityHost:
         self.wake()
 
     # ------------------------------------------------------------ queued
-    def submit(self, stream: str, entry_id: str, fields: dict[bytes, bytes], *, redelivered: bool) -> None:
-        """Run an activity task read from ``stream`` on a thread."""
+    def submit(
+        self,
+        stream: str,
+        entry_id: str,
+        fields: dict[bytes, bytes],
+        *,
+        redelivered: bool,
+        begun: Begun | None = None,
+    ) -> None:
+        """Run an activity task read from ``stream`` on a thread (``begun``: its attempt was
+        begun already, by the commit that claimed it)."""
         with self._lock:
             self.busy += 1
             self.in_flight[(stream, entry_id)] = time.time()
-        self._pool.submit(self._activity, stream, entry_id, fields, redelivered)
+        self._pool.submit(self._activity, stream, entry_id, fields, redelivered, begun)
+
+    def run_claimed(self, claimed: ClaimedTask) -> None:
+        """Run a task the decider's commit read for this worker (reserved by :meth:`claims_here`)."""
+        with self._lock:
+            self._reserved -= 1
+        begun = Begun(True, now_ms=claimed.began_ms) if claimed.began_ms else None
+        self.submit(claimed.stream, claimed.entry_id, claimed.fields, redelivered=False, begun=begun)
 
     def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
         def hand_over(result: AttemptResult) -> None:
@@ -187,7 +218,9 @@ class ActivityHost:
 
         return hand_over
 
-    def _activity(self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool) -> None:
+    def _activity(
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool, begun: Begun | None
+    ) -> None:
         started = time.perf_counter()
         outcome = ""
         try:
@@ -201,6 +234,7 @@ class ActivityHost:
                 on_timer=self.on_timer,
                 on_result=self._queued_result(stream, entry_id),
                 unserved=self.unserved,
+                begun=begun,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later

@@ -21,6 +21,7 @@ from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity, worker_identity
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
 from durable.registry import ActivityDefinition, get_activity
+from durable.store.activities import Begun
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.runs import Loaded
@@ -63,6 +64,7 @@ def run_activity(
     on_timer: Callable[[int], None] = _never,
     on_result: OnResult | None = None,
     unserved: Unserved | None = None,
+    begun: Begun | None = None,
 ) -> str:
     """Run one activity attempt from a task stream and record its outcome (see
     :func:`execute_attempt`). Returns the outcome word. A task whose type this worker
@@ -85,7 +87,14 @@ def run_activity(
     # A redelivered attempt that is no longer current is refused by execute_attempt's
     # begin check, like any other void task (``redelivered`` is kept for callers).
     return execute_attempt(
-        store, task, stream=stream, entry_id=entry_id, allowed=allowed, on_timer=on_timer, on_result=on_result
+        store,
+        task,
+        stream=stream,
+        entry_id=entry_id,
+        allowed=allowed,
+        on_timer=on_timer,
+        on_result=on_result,
+        begun=begun,
     )
 
 
@@ -98,8 +107,12 @@ def execute_attempt(
     allowed: Callable[[str], bool] = _all,
     on_timer: Callable[[int], None] = _never,
     on_result: OnResult | None = None,
+    begun: Begun | None = None,
 ) -> str:
     """Run one attempt of ``task`` and record what happened.
+
+    ``begun``: the attempt was begun already (by the commit that scheduled and claimed it for
+    this worker), so :meth:`~durable.store.redis_store.RedisStore.begin_attempt` is skipped.
 
     A failure is recorded at once (retry timer or ActivityFailed). A result is
     recorded with the completion script, or handed to ``on_result`` when the
@@ -118,7 +131,7 @@ def execute_attempt(
     )
     began = time.perf_counter()
     try:
-        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result)
+        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result, begun)
     finally:
         unbind_run(token)
     metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began)
@@ -133,6 +146,7 @@ def _attempt(
     allowed: Callable[[str], bool],
     on_timer: Callable[[int], None],
     on_result: OnResult | None,
+    begun: Begun | None = None,
 ) -> str:
     resolved = _resolve(store, task, stream, entry_id, allowed)
     if resolved is None:
@@ -144,7 +158,8 @@ def _attempt(
     # One round trip, before any user code: the run must be open and the attempt current
     # (a terminated or cancelled run's queued tasks stop here), and the last heartbeat
     # details come back whichever path re-delivered the activity.
-    begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000), worker_identity()[0])
+    if begun is None:
+        begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000), worker_identity()[0])
     if not begun.ok:
         log.info(
             "activity %s (run %s, attempt %d) not started: %s; its task is dropped",

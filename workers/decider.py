@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from durable.errors import (
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
 from durable.store.connect import is_transient
-from durable.store.redis_store import OPEN_STATUSES, RedisStore, RunRef, StaleCompletion
+from durable.store.redis_store import OPEN_STATUSES, ClaimedTask, RedisStore, RunRef, StaleCompletion
 from durable.store.tasks import (
     ActivityTask,
     AttemptResult,
@@ -44,65 +43,13 @@ from durable.store.tasks import (
 )
 
 from . import faults, metrics
-from .attempts import complete_batch, completion
+from .attempts import attempt_deadline, complete_batch, completion
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing
+from .run_cache import RunCache
 
 log = logging.getLogger("durable.worker")
-
-
-class RunCache:
-    """LRU of live drivers (suspended greenlets + last applied seq), per worker thread.
-
-    A hit makes a decision cost O(new events) instead of O(history). Evicted
-    drivers are closed: suspended greenlets in cycles are never collected.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._drivers: OrderedDict[str, Driver] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def take(self, run_id: str, seq: int) -> Driver | None:
-        driver = self._drivers.pop(run_id, None)
-        if driver is not None and driver.seq == seq:
-            self.hits += 1
-            metrics.cache_lookup(True)
-            return driver
-        if driver is not None:
-            driver.close()
-        self.misses += 1
-        metrics.cache_lookup(False)
-        return None
-
-    def put(self, run_id: str, driver: Driver) -> None:
-        if self.size <= 0 or driver.closed_run:
-            driver.close()
-            return
-        self._drivers[run_id] = driver
-        while len(self._drivers) > self.size:
-            _, old = self._drivers.popitem(last=False)
-            old.close()
-        metrics.cache_size(len(self._drivers))
-
-    def seq_of(self, run_id: str) -> int:
-        """The seq the cached driver of ``run_id`` has applied (0 when not cached)."""
-        driver = self._drivers.get(run_id)
-        return driver.seq if driver is not None else 0
-
-    def pop(self, run_id: str) -> Driver | None:
-        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits)."""
-        return self._drivers.pop(run_id, None)
-
-    def clear(self) -> None:
-        for driver in self._drivers.values():
-            driver.close()
-        self._drivers.clear()
-
-    def __len__(self) -> int:
-        return len(self._drivers)
 
 
 class TypeNotHere(UnknownTypeError):
@@ -149,6 +96,9 @@ class Decider:
         runs_activity: Callable[[ev.ActivityScheduled], bool] = lambda _a: False,
         on_leased: Callable[[ActivityTask], None] = lambda _task: None,
         on_lease_dropped: Callable[[int], None] = lambda _n: None,
+        claims_activity: Callable[[ev.ActivityScheduled], bool] = lambda _a: False,
+        on_claimed: Callable[[ClaimedTask], None] = lambda _task: None,
+        claimer: str = "",
         lease_ms: int = 30_000,
         build_id: str = "",
         compatible: tuple[str, ...] = (),
@@ -167,6 +117,11 @@ class Decider:
         self.runs_activity = runs_activity
         self.on_leased = on_leased
         self.on_lease_dropped = on_lease_dropped
+        # Queued activities this worker has a thread free for are read for it by the commit
+        # that schedules them (and begun there): no read and no begin_attempt round trip.
+        self.claims_activity = claims_activity if claimer else (lambda _a: False)
+        self.on_claimed = on_claimed
+        self.claimer = claimer
         self.build_id = build_id
         self.builds = {build_id, *compatible} if build_id else {""}
         self.lease_ms = lease_ms
@@ -260,6 +215,7 @@ class Decider:
         except BaseException:
             for _, _, driver, _, _ in pending:
                 driver.close()
+            self._unreserve(plans)
             raise
         faults.point("decision.after_commit")
         conflicted = []
@@ -268,7 +224,7 @@ class Decider:
                 self._ack_only(task.key)
             elif isinstance(result, EventConflict):
                 conflicted.append(task)
-            self._after_commit(ref, driver, decision, plan.leased, result)
+            self._after_commit(ref, driver, decision, plan, result)
             if metrics.enabled():
                 self._measure(driver, decision, record, result, began)
         unavailable = [r for r in results if isinstance(r, Exception) and is_transient(r)]
@@ -292,11 +248,17 @@ class Decider:
             closing=metrics.close_outcome(closing),
         )
 
+    def _unreserve(self, plans: Sequence[CommitPlan]) -> None:
+        """The threads reserved for leased and claimed activities of plans never committed."""
+        reserved = sum(len(plan.leased) + len(plan.claimed) for plan in plans)
+        if reserved:
+            self.on_lease_dropped(reserved)
+
     def _after_commit(
-        self, ref: RunRef, driver: Driver, decision: Decision, leased: Sequence[ActivityTask], result: Any
+        self, ref: RunRef, driver: Driver, decision: Decision, plan: CommitPlan, result: Any
     ) -> None:
-        if isinstance(result, Exception) and leased:
-            self.on_lease_dropped(len(leased))
+        if isinstance(result, Exception):
+            self._unreserve([plan])
         if isinstance(result, EventConflict):
             log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
             driver.close()
@@ -312,8 +274,12 @@ class Decider:
             # After the commit: a scheduler woken earlier would not see the timer yet.
             for _, due in decision.timers:
                 self.on_timer(due)
-            for task in leased:
+            for task in plan.leased:
                 self.on_leased(task)
+            for claimed in result.claimed:
+                self.on_claimed(claimed)
+            if len(result.claimed) < len(plan.claimed):  # pragma: no cover - the script reads each one
+                self.on_lease_dropped(len(plan.claimed) - len(result.claimed))
 
     def apply_eager(self, results: list[AttemptResult]) -> None:
         """Commit results of activities this worker ran itself together with each run's next
@@ -353,9 +319,13 @@ class Decider:
             plan = self.commit_plan(ref, record, driver, decision, None, eager=items)
             pending.append((ref, driver, decision, plan, items))
         if pending:
-            outcomes = self.store.commit_many([(ref, plan) for ref, _, _, plan, _ in pending])
+            try:
+                outcomes = self.store.commit_many([(ref, plan) for ref, _, _, plan, _ in pending])
+            except BaseException:
+                self._unreserve([plan for _, _, _, plan, _ in pending])
+                raise
             for (ref, driver, decision, plan, items), outcome in zip(pending, outcomes, strict=True):
-                self._after_commit(ref, driver, decision, plan.leased, outcome)
+                self._after_commit(ref, driver, decision, plan, outcome)
                 if isinstance(outcome, Exception):
                     inbox += items
         if inbox:
@@ -477,26 +447,7 @@ class Decider:
         ``eager``: results of attempts this worker ran, applied by the decision; the run's
         inbox (inputs that arrived meanwhile) is then left for its next workflow task.
         """
-        p = ref.partition
-        queued: list[ActivityTask] = []
-        leased: list[ActivityTask] = []
-        for a in decision.activities:
-            activity = ActivityTask(
-                ref.run_id,
-                ref.workflow_id,
-                p,
-                a.id,
-                a.name,
-                a.args,
-                1,
-                self.store.keys.activity_tasks(p, a.queue),
-                a.retry,
-                a.timeouts,
-                driver.now_ms,
-                record.get("parent"),
-                a.headers or None,
-            )
-            (leased if self.runs_activity(a) else queued).append(activity)
+        queued, claimed, leased, claim_started = self._place_activities(ref, record, driver, decision)
         outbox = [child_start_message(ref.workflow_id, ref.run_id, c) for c in decision.children]
         outbox += [child_policy_message(policy, wid) for _cid, wid, policy in decision.cancelled_children]
         close = next_run = None
@@ -517,6 +468,9 @@ class Decider:
             snapshot=decision.snapshot,
             dropped=[(raw, reason, reason.startswith("poison")) for raw, reason in decision.dropped],
             activities=queued,
+            claimed=claimed,
+            claimer=self.claimer,
+            claim_started=claim_started,
             leased=leased,
             lease_due=int(time.time() * 1000) + self.clock_offset_ms + self.lease_ms,
             timers=decision.timers,
@@ -534,6 +488,42 @@ class Decider:
             search_attributes=decision.search_attributes,
             memo=decision.memo,
         )
+
+    def _place_activities(
+        self, ref: RunRef, record: dict[str, Any], driver: Driver, decision: Decision
+    ) -> tuple[list[ActivityTask], list[tuple[ActivityTask, int]], list[ActivityTask], int]:
+        """The decision's activity tasks by where they run: queued (any worker reads them),
+        claimed (read and begun for this worker by the commit, with their deadlines), leased
+        (run here under a lease); and when the claimed attempts begin (ms)."""
+        queued: list[ActivityTask] = []
+        claimed: list[tuple[ActivityTask, int]] = []
+        leased: list[ActivityTask] = []
+        started = time.time()
+        p = ref.partition
+        for a in decision.activities:
+            activity = ActivityTask(
+                ref.run_id,
+                ref.workflow_id,
+                p,
+                a.id,
+                a.name,
+                a.args,
+                1,
+                self.store.keys.activity_tasks(p, a.queue),
+                a.retry,
+                a.timeouts,
+                driver.now_ms,
+                record.get("parent"),
+                a.headers or None,
+            )
+            if self.runs_activity(a):
+                leased.append(activity)
+            elif self.claims_activity(a):
+                deadline = attempt_deadline(activity, started)
+                claimed.append((activity, int(deadline * 1000) if deadline is not None else 0))
+            else:
+                queued.append(activity)
+        return queued, claimed, leased, int(started * 1000)
 
     @staticmethod
     def _child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:

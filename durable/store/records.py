@@ -30,12 +30,32 @@ class StaleCompletion(DurableError):
     """An eager commit carried the result of an attempt that is no longer current."""
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedTask:
+    """An activity task a commit read for the committing worker (``CommitPlan.claimed``).
+
+    Attributes:
+        stream: The task stream.
+        entry_id: The task's entry, pending for that worker like one it read.
+        fields: The entry's fields.
+        began_ms: When its attempt began (the scripts' clock); 0 when the entry is an older task
+            of the stream (not the one the commit added), whose attempt is begun as usual.
+    """
+
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
+    began_ms: int
+
+
 @dataclass(frozen=True)
 class CommitResult:
-    """Outcome of :meth:`RedisStore.commit`."""
+    """Outcome of :meth:`RedisStore.commit`: the run's new seq, its inbox length, and the
+    activity tasks read for the committing worker (``CommitPlan.claimed``)."""
 
     seq: int
     inbox: int
+    claimed: Sequence[ClaimedTask] = ()
 
 
 def text(value: Any) -> str:
@@ -86,4 +106,8 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
         return StaleCompletion(
             f"run {run_id}: activity {text(reply[1])} is no longer pending; eager result not applied"
         )
-    return CommitResult(seq=int(reply[1]), inbox=int(reply[2]))
+    claimed = [
+        ClaimedTask(text(stream), text(entry_id), dict(zip(flat[::2], flat[1::2], strict=True)), int(began))
+        for stream, entry_id, flat, began in (reply[3] if len(reply) > 3 else ())
+    ]
+    return CommitResult(seq=int(reply[1]), inbox=int(reply[2]), claimed=claimed)

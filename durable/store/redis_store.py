@@ -26,7 +26,7 @@ from .base import load_scripts
 from .connect import CLUSTER_SCHEME, TRANSIENT_ERRORS, connect, consumer_name, is_cluster_url
 from .leases import LeaseStore
 from .queues import QueueStore
-from .records import CLOSED_STATUSES, OPEN_STATUSES, CommitResult, RunRef, StaleCompletion
+from .records import CLOSED_STATUSES, OPEN_STATUSES, ClaimedTask, CommitResult, RunRef, StaleCompletion
 from .run_list import RunQueries
 from .schedules import ScheduleStore
 from .tasks import child_result_message
@@ -37,6 +37,7 @@ __all__ = [
     "CLUSTER_SCHEME",
     "OPEN_STATUSES",
     "TRANSIENT_ERRORS",
+    "ClaimedTask",
     "CommitResult",
     "RedisStore",
     "RunRef",

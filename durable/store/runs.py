@@ -285,7 +285,8 @@ class RunStore(SearchStore):
                 [raw, seal_text(reason) if poison else reason, 1 if poison else 0]
                 for raw, reason, poison in plan.dropped
             ],
-            "activities": [[t.stream, t.activity_id, t.encode()] for t in plan.activities],
+            "activities": [[t.stream, t.activity_id, t.encode()] for t in plan.activities]
+            + [[t.stream, t.activity_id, t.encode(), plan.claim_started, due] for t, due in plan.claimed],
             "timers": [[timer_member(rid, tid), due] for tid, due in plan.timers],
             "untimers": [timer_member(rid, tid) for tid in plan.cancelled_timers],
             "cancel_activities": list(plan.cancelled_activities),
@@ -297,7 +298,9 @@ class RunStore(SearchStore):
             "status": plan.status,
             "snapshot": codec.pack(plan.snapshot),
         }
-        extra = [t.stream for t in plan.activities]
+        extra = [t.stream for t in plan.activities] + [t.stream for t, _ in plan.claimed]
+        if plan.claimed:
+            payload["claimer"] = plan.claimer
         if plan.close is not None:
             payload["close"] = plan.close
             payload["undeadlines"] = [deadline_member(rid, w) for w in (RUN_TIMEOUT, EXECUTION_TIMEOUT)]

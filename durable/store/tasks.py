@@ -205,6 +205,12 @@ class CommitPlan:
         snapshot: The run's projection.
         dropped: ``(raw, reason, poison)`` inbox items not applied (poison: also a dead letter).
         activities: Activity tasks to enqueue on their streams.
+        claimed: ``(task, deadline ms or 0)``: activity tasks enqueued like ``activities`` and
+            read, in the same script, for ``claimer`` (the committing worker, which has a thread
+            free for each), their attempts begun at ``claim_started`` (ms) when no older task
+            waited on their stream (:class:`ClaimedTask`).
+        claimer: The consumer name ``claimed`` are read for.
+        claim_started: When the claimed attempts begin (ms, the worker's clock, as begin_attempt).
         leased: Activity tasks this worker runs itself, under a lease until ``lease_due``.
         lease_due: When the leases of ``leased`` run out (ms, Redis clock).
         timers: ``(timer id, due ms)`` to set.
@@ -231,6 +237,9 @@ class CommitPlan:
     snapshot: dict[str, Any]
     dropped: Sequence[tuple[bytes, str, bool]] = ()
     activities: Sequence[ActivityTask] = ()
+    claimed: Sequence[tuple[ActivityTask, int]] = ()
+    claimer: str = ""
+    claim_started: int = 0
     leased: Sequence[ActivityTask] = ()
     lease_due: int = 0
     timers: Sequence[tuple[str, int]] = ()

@@ -5,7 +5,7 @@
 -- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
 --       then every stream the plan names (activity queues, next run's keys).
 -- ARGV: plan (msgpack map, built by store/runs.py RunStore.commit_args from a CommitPlan)
--- Returns {'OK', new seq, inbox length} | {'CONFLICT', seq} | {'CLOSED', status}
+-- Returns {'OK', new seq, inbox length, claimed tasks ({stream, entry id, fields, began ms or 0})} | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
@@ -39,12 +39,31 @@ for _, d in ipairs(plan.dropped) do
     redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', d[1], 'reason', d[2], 'ts', ts)
   end
 end
+-- A task the committing worker claims (a[4], a[5]: it has a thread free for it now) is read
+-- here, for it, into the consumer group's pending list: it runs without a read of its own,
+-- and is recovered like any read task if that worker dies. The read takes the stream's oldest
+-- undelivered task: when that is the one just added, its attempt begins here too (started ms
+-- a[4], deadline a[5]: begin_attempt.lua's bookkeeping) and the worker skips that round trip.
+local claimed = {}
 for _, a in ipairs(plan.activities) do
   redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
-  redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
+  local id = redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
   -- A worker session's private queue: remember it, so a dead host's tasks get failed.
   local private = string.match(a[1], ':aq:(@.+)$')
   if private then redis.call('SADD', sessions, private) end
+  if a[4] then
+    local got = redis.call('XREADGROUP', 'GROUP', GROUP, plan.claimer, 'COUNT', 1, 'STREAMS', a[1], '>')
+    local entry = got and got[1][2][1]
+    if entry then
+      local begun = 0
+      if entry[1] == id then
+        begun = now_ms()
+        redis.call('HSET', acts, a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer)
+        if a[5] > 0 then redis.call('ZADD', running, a[5], rid .. '|' .. a[2] .. '|1') end
+      end
+      claimed[#claimed + 1] = {a[1], entry[1], entry[2], begun}
+    end
+  end
 end
 -- Leased activities run on the committing worker (local activities, eager mode): no
 -- task in a stream, only a lease; if the worker dies, the lease expires and the
@@ -137,4 +156,4 @@ elseif not closed and waiting > 0 then
 else
   redis.call('HSET', run, 'task', '0')
 end
-return {'OK', new_seq, waiting}
+return {'OK', new_seq, waiting, claimed}

@@ -1,0 +1,115 @@
+"""A commit reads the activity tasks it schedules for the committing worker (claimed dispatch).
+
+When the deciding worker serves an activity's queue and has a thread free, the commit script
+adds the task to its stream and reads it for that worker in the same script: the task is in
+the consumer group's pending list (recovered like any task read if the worker dies), and
+when it is the stream's only waiting task its attempt begins there too. These tests drive
+the decider and the commit script directly against a real Redis. A worker with a free thread
+claims every activity it schedules, so the SIGKILL tests of ``test_recovery.py`` (a killed
+worker's attempt reclaimed by another worker) run claimed attempts.
+"""
+
+from __future__ import annotations
+
+from apps.basic import Sequence
+
+from durable import WorkflowStub
+from durable import events as ev
+from durable.replay import Driver
+from durable.store.keys import GROUP
+from durable.store.records import ClaimedTask
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+from workers.decider import Decider
+from workers.worker import Worker
+
+
+def _decide_and_commit(store: RedisStore, workflow_id: str, decider: Decider) -> list[ClaimedTask]:
+    """Decide the first workflow task of ``workflow_id`` with ``decider`` and commit it."""
+    claimed: list[ClaimedTask] = []
+    decider.on_claimed = claimed.append
+    ref = store.ref(workflow_id)
+    record, _inbox, rows = store.load_for_decision(ref.partition, ref.run_id, 0)
+    driver = Driver(run_id=ref.run_id, workflow_id=workflow_id)
+    driver.replay(store.decode_history(ref, rows))
+    decision = driver.decide([])
+    plan = decider.commit_plan(ref, record, driver, decision, None)
+    result = store.commit(ref, plan)
+    decider._after_commit(ref, driver, decision, plan, result)
+    return claimed
+
+
+def _claiming(store: RedisStore, consumer: str) -> Decider:
+    """A decider whose worker claims every activity it schedules (a thread always free)."""
+    return Decider(store, cache_size=0, claims_activity=lambda _scheduled: True, claimer=consumer)
+
+
+def _pending_for(store: RedisStore, stream: str) -> dict[str, str]:
+    return {
+        row["message_id"].decode(): row["consumer"].decode()
+        for row in store.redis.xpending_range(stream, GROUP, min="-", max="+", count=100)
+    }
+
+
+def test_the_commit_reads_and_begins_the_task_it_schedules_for_its_worker(store: RedisStore) -> None:
+    WorkflowStub.make(Sequence, id="claim-1").start(2)
+    ref = store.ref("claim-1")
+    stream = store.keys.activity_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+
+    claimed = _decide_and_commit(store, "claim-1", _claiming(store, "w-claim"))
+
+    assert len(claimed) == 1
+    task = claimed[0]
+    assert task.stream == stream and task.began_ms > 0
+    body = ActivityTask.decode(task.fields[b"body"])
+    assert (body.run_id, body.name, body.attempt) == (ref.run_id, "add", 1)
+    # Pending for the claimer, like a task it read: a reclaim finds it if that worker dies.
+    assert _pending_for(store, stream) == {task.entry_id: "w-claim"}
+    # Begun in the commit: describe names the worker running attempt 1.
+    begun = store.attempts_begun(ref.partition, ref.run_id, [body.activity_id])[body.activity_id]
+    assert (begun.attempt, begun.worker) == (1, "w-claim") and begun.started_ms > 0
+
+
+def test_an_older_waiting_task_is_claimed_first_and_begun_as_usual(store: RedisStore) -> None:
+    older_id_of_run = "claim-old"
+    p = store.keys.partition(older_id_of_run)
+    newer = next(f"claim-new-{i}" for i in range(1000) if store.keys.partition(f"claim-new-{i}") == p)
+    for wid in (older_id_of_run, newer):
+        WorkflowStub.make(Sequence, id=wid).start(1)
+    stream = store.keys.activity_tasks(p, "default")
+    store.ensure_groups([stream])
+    # An older task waits in the stream, read by nobody yet.
+    _decide_and_commit(store, older_id_of_run, Decider(store, cache_size=0))  # claims nothing
+    waiting = store.redis.xrange(stream)
+    assert len(waiting) == 1
+    older_id = waiting[0][0].decode()
+
+    claimed = _decide_and_commit(store, newer, _claiming(store, "w-claim"))
+
+    # FIFO: the claimer takes the task that waited longest, its attempt not begun by the
+    # commit (the worker begins it as for any read task); the new task waits for any worker.
+    assert [(c.entry_id, c.began_ms) for c in claimed] == [(older_id, 0)]
+    assert _pending_for(store, stream) == {older_id: "w-claim"}
+    new_id, fields = next((i.decode(), f) for i, f in store.redis.xrange(stream) if i.decode() != older_id)
+    new = store.ref(newer)
+    aid = ActivityTask.decode(fields[b"body"]).activity_id
+    begun = store.attempts_begun(new.partition, new.run_id, [aid])[aid]
+    assert (begun.attempt, begun.started_ms, begun.worker) == (1, 0, "")
+    got = store.redis.xreadgroup(GROUP, "another", {stream: ">"}, count=10)
+    assert [e[0].decode() for _, entries in got for e in entries] == [new_id]
+
+
+def test_a_worker_claims_only_while_it_has_a_free_thread(store: RedisStore) -> None:
+    """``ActivityHost.claims_here`` reserves a thread per claim; the rest stay in the stream."""
+    w = Worker(store, concurrency=2, block_ms=100)
+    try:
+        scheduled = ev.ActivityScheduled(id="a", name="add", args=b"", queue="default")
+        elsewhere = ev.ActivityScheduled(id="b", name="add", args=b"", queue="other")
+        assert not w.activities.claims_here(elsewhere)  # a queue it does not serve
+        assert [w.activities.claims_here(scheduled) for _ in range(3)] == [True, True, False]
+        w.activities.lease_dropped(2)
+        assert w.activities.claims_here(scheduled)
+    finally:
+        w.activities.lease_dropped(1)
+        w.activities.finish(0)

@@ -1,0 +1,62 @@
+"""The run cache: a worker's live drivers (suspended workflow greenlets), by run."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from durable.replay import Driver
+
+from . import metrics
+
+
+class RunCache:
+    """LRU of live drivers (suspended greenlets + last applied seq), per worker thread.
+
+    A hit makes a decision cost O(new events) instead of O(history). Evicted
+    drivers are closed: suspended greenlets in cycles are never collected.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._drivers: OrderedDict[str, Driver] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, run_id: str, seq: int) -> Driver | None:
+        driver = self._drivers.pop(run_id, None)
+        if driver is not None and driver.seq == seq:
+            self.hits += 1
+            metrics.cache_lookup(True)
+            return driver
+        if driver is not None:
+            driver.close()
+        self.misses += 1
+        metrics.cache_lookup(False)
+        return None
+
+    def put(self, run_id: str, driver: Driver) -> None:
+        if self.size <= 0 or driver.closed_run:
+            driver.close()
+            return
+        self._drivers[run_id] = driver
+        while len(self._drivers) > self.size:
+            _, old = self._drivers.popitem(last=False)
+            old.close()
+        metrics.cache_size(len(self._drivers))
+
+    def seq_of(self, run_id: str) -> int:
+        """The seq the cached driver of ``run_id`` has applied (0 when not cached)."""
+        driver = self._drivers.get(run_id)
+        return driver.seq if driver is not None else 0
+
+    def pop(self, run_id: str) -> Driver | None:
+        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits)."""
+        return self._drivers.pop(run_id, None)
+
+    def clear(self) -> None:
+        for driver in self._drivers.values():
+            driver.close()
+        self._drivers.clear()
+
+    def __len__(self) -> int:
+        return len(self._drivers)
