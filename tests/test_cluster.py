@@ -145,6 +145,28 @@ def test_every_call_end_to_end_on_a_cluster(cstore: RedisStore, cluster_url: str
     assert cstore.dead_letters() == []
 
 
+def test_completions_carry_their_runs_loads_on_a_cluster(cstore: RedisStore) -> None:
+    """A completion recorded by the worker's main thread loads the run it wakes in the same
+    writes (one per node, the load after the completion), so its task is decided without a
+    load round trip: the runs finish with every step, and such loads are used."""
+    worker = Worker(cstore, concurrency=4, grace=5, block_ms=100)
+    used = []
+    take = worker.decider.preloads.take
+
+    def spy(run_id: str) -> Any:
+        got = take(run_id)
+        used.append(got[1] is not None)
+        return got
+
+    worker.decider.preloads.take = spy  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stubs = [WorkflowStub.make(Sequence, id=f"preload-{i}").start(5) for i in range(8)]
+        assert [s.result(timeout=60) for s in stubs] == [sum(range(5))] * 8
+    for stub in stubs:
+        assert_history_sound(stub)
+    assert any(used)
+
+
 def test_child_on_another_node_than_its_parent(cstore: RedisStore, cluster: LocalCluster) -> None:
     parent_id = next(f"parent-{i}" for i in range(1000) if node_of(cstore, cluster, f"parent-{i}") == 0)
     child_id = next(f"child-{i}" for i in range(1000) if node_of(cstore, cluster, f"child-{i}") == 2)

@@ -22,9 +22,9 @@ from durable.activity import ActivityContext, RetryPolicy, running_activity, wor
 from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
+from durable.store.loads import Loaded, RunToLoad
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
-from durable.store.runs import Loaded
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from . import faults, metrics
@@ -283,16 +283,14 @@ def complete_and_preload(
     id -> (seq loaded after, load). That task is then decided without a load round trip of its
     own; with no other task pending when it was enqueued, nobody else decides the run meanwhile
     (an eager commit changes its seq: the commit conflicts and the run is loaded afresh)."""
-    runs: dict[str, tuple[int, str, int]] = {}
+    runs: dict[str, RunToLoad] = {}
     for outcome in outcomes:
         rid = outcome.task.run_id
         after = seq_of(rid)
         if after and rid not in runs:
             runs[rid] = (outcome.task.partition, rid, after)
-    reads = store.preload_commands(list(runs.values())) if runs else []
-    replies, raw = store.complete_then_read(outcomes, reads)
+    replies, loaded = store.complete_then_load(outcomes, list(runs.values()))
     _log_stale(outcomes, replies)
-    loaded = store.preloaded(raw) if raw else None
     if loaded is None:
         return {}
     woken = {o.task.run_id for o, (word, n) in zip(outcomes, replies, strict=True) if word == "OK" and n}

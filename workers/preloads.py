@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from durable.store.runs import Loaded
+from durable.store.loads import Loaded
 
 PRELOAD_PASSES = 4
 """How many worker passes a load waits for its run's task (measured under W2: the woken task

@@ -12,9 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import redis
+
 from .. import codec
 from .. import events as ev
 from ..codec.sealed import seal_fields
+from . import loads
 from .base import StoreBase
 from .keys import (
     GROUP,
@@ -25,8 +28,10 @@ from .keys import (
     started_field,
     worker_field,
 )
+from .loads import Loaded, RunToLoad
 from .records import text
 from .tasks import ActivityTask, AttemptOutcome
+from .wire import transaction_result
 
 
 class Begun(NamedTuple):
@@ -74,19 +79,32 @@ class ActivityStore(StoreBase):
         replies = self._script_many("complete_activity", calls, raise_on_error=True)
         return [(text(reply[0]), int(reply[1]) if text(reply[0]) == "RETRY" else 0) for reply in replies]
 
-    def complete_then_read(
-        self, outcomes: Sequence[AttemptOutcome], reads: Sequence[Sequence[Any]]
-    ) -> tuple[list[tuple[str, int]], list[Any] | None]:
-        """:meth:`complete_many`, then ``reads`` (raw commands) in the same round trip, after the
-        completions. Each outcome's pair is ``('OK', 1)`` when its completion enqueued its run's
-        workflow task (no task was pending), ``('OK', 0)`` when one was. The reads' raw replies
-        come second (``None`` on a Redis Cluster, where nothing is read)."""
-        if self.cluster or not reads:
+    def complete_then_load(
+        self, outcomes: Sequence[AttemptOutcome], runs: Sequence[RunToLoad]
+    ) -> tuple[list[tuple[str, int]], list[Loaded] | None]:
+        """:meth:`complete_many`, then the decision loads of ``runs`` in the same round trip (on a
+        cluster, one write per node), after the completions. Each outcome's pair is ``('OK', 1)``
+        when its completion enqueued its run's workflow task (no task was pending), ``('OK', 0)``
+        when one was. The loads come second, in the order of ``runs`` (``None`` when a load
+        failed: the runs are loaded again when decided)."""
+        if not runs:
             return self.complete_many(outcomes), None
         calls = [self.complete_args(outcome) for outcome in outcomes]
-        replies = self._script_many("complete_activity", calls, raise_on_error=True, then=reads)
-        done = replies[: len(calls)]
-        return [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in done], replies[len(calls) :]
+        sha = self._scripts["complete_activity"].sha
+        groups = loads.batches(self.keys, runs, cluster=self.cluster)
+        replies, results = self._wire.execute_then_transactions(
+            [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls],
+            [commands for _, commands in groups],
+        )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        done = [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in replies]
+        try:
+            read = [transaction_result(result) for result in results]
+        except redis.RedisError:
+            return done, None
+        return done, loads.loaded(len(runs), [indexes for indexes, _ in groups], read)
 
     def complete_args(self, outcome: AttemptOutcome) -> tuple[list[str], list[Any]]:
         """Keys and arguments of the completion script (``lua/complete_activity.lua``)."""

@@ -116,6 +116,17 @@ class ClusterWire:
         units = [[("MULTI",), *batch, ("EXEC",)] for batch in batches]
         return [transaction_result(replies) for replies in self._run(units, [one_slot(b) for b in batches])]
 
+    def execute_then_transactions(
+        self, commands: Sequence[Command], batches: Sequence[Sequence[Command]]
+    ) -> tuple[list[Any], list[list[Any]]]:
+        """:meth:`execute` ``commands``, then each batch inside MULTI/EXEC (each in one slot), one
+        write per node: the commands' replies, and each transaction's every reply. On each node
+        the commands go first, so a batch reads what the commands of its slot wrote."""
+        units = [[c] for c in commands] + [[("MULTI",), *batch, ("EXEC",)] for batch in batches]
+        slots = [slot_of(command_key(c)) for c in commands] + [one_slot(b) for b in batches]
+        got = self._run(units, slots)
+        return [replies[0] for replies in got[: len(commands)]], got[len(commands) :]
+
     # ------------------------------------------------------------------ rounds
     def _run(self, units: list[list[Command]], slots: list[int]) -> list[list[Any]]:
         """Every unit's replies (a unit: one command, or one MULTI ... EXEC), resending the

@@ -28,27 +28,20 @@ from ..ids import check_workflow_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
+from . import loads
 from .keys import Keys, deadline_member, timer_member
+from .loads import Loaded, Rows, RunToLoad
 from .records import (
-    DECISION_FIELDS,
     OPEN_STATUSES,
     CommitResult,
     RunRef,
     commit_outcome,
-    decision_record,
     decode_run,
     text,
 )
 from .search import SearchStore, attribute_args, pack_index, start_index
 from .starts import StartedRun, deadline_args, open_run, script_now_ms, script_options, started_run
 from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
-from .wire import stream_rows
-
-Rows = list[tuple[bytes, dict[bytes, bytes]]]
-"""History stream entries as read: ``[(entry id, {field: value})]``."""
-
-Loaded = tuple[dict[str, Any] | None, list[bytes], Rows]
-"""What a decision loads: the run record's decision fields, the inbox, the history rows."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -120,54 +113,12 @@ class RunStore(SearchStore):
         no such run), the inbox items, the history after ``after_seq``."""
         return self.load_many([(p, run_id, after_seq)])[0]
 
-    def load_many(self, runs: Sequence[tuple[int, str, int]]) -> list[Loaded]:
+    def load_many(self, runs: Sequence[RunToLoad]) -> list[Loaded]:
         """:meth:`load_for_decision` for several runs in one round trip (MULTI/EXEC); on a
         cluster one MULTI per partition, on the node that holds it."""
-        if self.cluster:
-            return self._load_many_cluster(runs)
-        return self._loaded(self._wire.transaction([c for run in runs for c in self._load_commands(*run)]))
-
-    def preload_commands(self, runs: Sequence[tuple[int, str, int]]) -> list[tuple[Any, ...]]:
-        """:meth:`load_many`'s MULTI/EXEC as raw commands, to ride along in another round trip;
-        :meth:`preloaded` reads their replies."""
-        return [("MULTI",), *(c for run in runs for c in self._load_commands(*run)), ("EXEC",)]
-
-    def preloaded(self, replies: Sequence[Any]) -> list[Loaded] | None:
-        """The loads of :meth:`preload_commands`' replies (``None``: the transaction failed)."""
-        result = replies[-1]
-        if not isinstance(result, list) or any(isinstance(r, Exception) for r in result):
-            return None
-        return self._loaded(result)
-
-    def _load_commands(self, p: int, run_id: str, after_seq: int) -> list[tuple[Any, ...]]:
-        """The three reads of a decision's load: record fields, inbox, history after ``after_seq``."""
-        k = self.keys
-        return [
-            ("HMGET", k.run(p, run_id), *DECISION_FIELDS),
-            ("LRANGE", k.inbox(p, run_id), 0, -1),
-            ("XRANGE", k.history(p, run_id), f"0-{after_seq + 1}", "+"),
-        ]
-
-    def _load_many_cluster(self, runs: Sequence[tuple[int, str, int]]) -> list[Loaded]:
-        by_partition: dict[int, list[int]] = {}
-        for i, (p, _, _) in enumerate(runs):
-            by_partition.setdefault(p, []).append(i)
-        batches = [
-            [c for i in indexes for c in self._load_commands(*runs[i])] for indexes in by_partition.values()
-        ]
-        replies: list[Any] = [None] * (3 * len(runs))
-        for indexes, got in zip(by_partition.values(), self._wire.transactions(batches), strict=True):
-            for n, i in enumerate(indexes):
-                replies[3 * i : 3 * i + 3] = got[3 * n : 3 * n + 3]
-        return self._loaded(replies)
-
-    @staticmethod
-    def _loaded(replies: list[Any]) -> list[Loaded]:
-        """The loads of the raw replies of :meth:`_load_commands`, three per run."""
-        return [
-            (decision_record(replies[i]), replies[i + 1], stream_rows(replies[i + 2]))
-            for i in range(0, len(replies), 3)
-        ]
+        groups = loads.batches(self.keys, runs, cluster=self.cluster)
+        results = self._wire.transactions([commands for _, commands in groups])
+        return loads.loaded(len(runs), [indexes for indexes, _ in groups], results)
 
     def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
         """Activity attempts and dropped inputs kept beside the history."""

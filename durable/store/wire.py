@@ -64,6 +64,19 @@ class Wire:
                 replies[i] = reply
         return replies
 
+    def execute_then_transactions(
+        self, commands: Sequence[Command], batches: Sequence[Sequence[Command]]
+    ) -> tuple[list[Any], list[list[Any]]]:
+        """:meth:`execute` ``commands``, then each batch inside MULTI/EXEC, in one write: the
+        commands' replies, and each transaction's every reply (for :func:`transaction_result`)."""
+        units = [[("MULTI",), *batch, ("EXEC",)] for batch in batches]
+        replies = self.execute([*commands, *(c for unit in units for c in unit)])
+        out, at = [], len(commands)
+        for unit in units:
+            out.append(replies[at : at + len(unit)])
+            at += len(unit)
+        return replies[: len(commands)], out
+
     def transaction(self, commands: Sequence[Command]) -> list[Any]:
         """``commands`` inside MULTI/EXEC (one atomic read or write); their replies in order.
 
