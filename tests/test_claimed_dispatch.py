@@ -113,3 +113,24 @@ def test_a_worker_claims_only_while_it_has_a_free_thread(store: RedisStore) -> N
     finally:
         w.activities.lease_dropped(1)
         w.activities.finish(0)
+
+
+def test_a_stream_without_its_consumer_group_leaves_the_task_unclaimed_and_the_commit_whole(
+    store: RedisStore,
+) -> None:
+    """A claim that cannot read (the group is gone: NOGROUP) must not break the commit halfway:
+    the decision is committed, the task waits in its stream, the thread is given back."""
+    stub = WorkflowStub.make(Sequence, id="claim-nogroup").start(2)
+    ref = store.ref("claim-nogroup")
+    stream = store.keys.activity_tasks(ref.partition, "default")
+    store.redis.delete(stream)  # no stream, so no consumer group either
+    dropped: list[int] = []
+    decider = _claiming(store, "w-claim")
+    decider.on_lease_dropped = dropped.append
+
+    claimed = _decide_and_commit(store, "claim-nogroup", decider)
+
+    assert claimed == [] and dropped == [1]
+    assert [e.type for e in stub.history()] == ["WorkflowStarted", "ActivityScheduled"]
+    assert store.redis.hget(store.keys.run(ref.partition, ref.run_id), "seq") == b"2"
+    assert len(store.redis.xrange(stream)) == 1

@@ -278,7 +278,7 @@ class Decider:
                 self.on_leased(task)
             for claimed in result.claimed:
                 self.on_claimed(claimed)
-            if len(result.claimed) < len(plan.claimed):  # pragma: no cover - the script reads each one
+            if len(result.claimed) < len(plan.claimed):  # a stream lost its consumer group
                 self.on_lease_dropped(len(plan.claimed) - len(result.claimed))
 
     def apply_eager(self, results: list[AttemptResult]) -> None:

@@ -52,8 +52,10 @@ for _, a in ipairs(plan.activities) do
   local private = string.match(a[1], ':aq:(@.+)$')
   if private then redis.call('SADD', sessions, private) end
   if a[4] then
-    local got = redis.call('XREADGROUP', 'GROUP', GROUP, plan.claimer, 'COUNT', 1, 'STREAMS', a[1], '>')
-    local entry = got and got[1][2][1]
+    -- pcall: a stream deleted meanwhile has no consumer group (NOGROUP), and an error here
+    -- would leave this commit half written. The task then just waits for a read.
+    local got = redis.pcall('XREADGROUP', 'GROUP', GROUP, plan.claimer, 'COUNT', 1, 'STREAMS', a[1], '>')
+    local entry = type(got) == 'table' and not got.err and got[1][2][1]
     if entry then
       local begun = 0
       if entry[1] == id then
