@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from apps.basic import Sequence
 
-from durable import WorkflowStub
+from durable import WorkflowStub, codec
 from durable import events as ev
 from durable.replay import Driver
 from durable.store.keys import GROUP
 from durable.store.records import ClaimedTask
 from durable.store.redis_store import RedisStore
-from durable.store.tasks import ActivityTask
+from durable.store.tasks import ActivityTask, AttemptResult
+from workers.attempts import completion
 from workers.decider import Decider
 from workers.worker import Worker
 
@@ -33,7 +34,10 @@ def _decide_and_commit(store: RedisStore, workflow_id: str, decider: Decider) ->
     driver = Driver(run_id=ref.run_id, workflow_id=workflow_id)
     driver.replay(store.decode_history(ref, rows))
     decision = driver.decide([])
-    plan = decider.commit_plan(ref, record, driver, decision, None)
+    # The run's workflow task (the commit acks and deletes it, as a worker's would).
+    wq = store.keys.workflow_tasks(ref.partition, "default")
+    task = next((wq, i.decode()) for i, f in store.redis.xrange(wq) if f[b"run"].decode() == ref.run_id)
+    plan = decider.commit_plan(ref, record, driver, decision, task)
     result = store.commit(ref, plan)
     decider._after_commit(ref, driver, decision, plan, result)
     return claimed
@@ -134,3 +138,25 @@ def test_a_stream_without_its_consumer_group_leaves_the_task_unclaimed_and_the_c
     assert [e.type for e in stub.history()] == ["WorkflowStarted", "ActivityScheduled"]
     assert store.redis.hget(store.keys.run(ref.partition, ref.run_id), "seq") == b"2"
     assert len(store.redis.xrange(stream)) == 1
+
+
+def test_a_completion_reads_the_woken_task_only_from_its_takers_private_stream(store: RedisStore) -> None:
+    """``complete_then_load(taker=...)`` reads for the worker only what waits in its private
+    stream; a run not sticky to it has its task in the shared queue, untouched, and a private
+    stream that does not exist (no consumer group) does not fail the completion."""
+    WorkflowStub.make(Sequence, id="claim-done").start(1)
+    ref = store.ref("claim-done")
+    store.ensure_groups([store.keys.activity_tasks(ref.partition, "default")])
+    (claimed,) = _decide_and_commit(store, "claim-done", _claiming(store, "w-claim"))
+    task = ActivityTask.decode(claimed.fields[b"body"])
+    outcome = completion(
+        AttemptResult(task, codec.dumps(0, path="result"), {}),
+        stream=claimed.stream,
+        entry_id=claimed.entry_id,
+    )
+
+    replies, loads, handed = store.complete_then_load([outcome], [], taker="w-claim", sticky="@nobody")
+
+    assert replies == [("OK", 1)] and loads is None and handed == []
+    shared = store.redis.xrange(store.keys.workflow_tasks(ref.partition, "default"))
+    assert [f[b"run"].decode() for _, f in shared][-1] == ref.run_id

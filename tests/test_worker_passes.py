@@ -1,5 +1,6 @@
 """A worker pass's bookkeeping: loads taken with completions wait a few passes for their
-run's task, and a wake-up of the blocking read is written once until drained."""
+run's task, completions hand the tasks they wake to their worker, and a wake-up of the
+blocking read is written once until drained."""
 
 from __future__ import annotations
 
@@ -60,3 +61,24 @@ def test_a_wake_up_is_written_once_until_drained() -> None:
         assert os.read(reader._wake_r, 16) == b"!"
     finally:
         reader.close()
+
+
+def test_completions_hand_the_woken_sticky_task_to_their_worker(store: RedisStore) -> None:
+    """A completion recorded by the main thread reads the task it enqueued in this worker's
+    sticky stream for the worker (no read round trip); those tasks are decided in the same
+    pass, and every run finishes whole."""
+    worker = Worker(store, concurrency=4, grace=5, block_ms=100)
+    handed: list[str] = []
+    complete = worker._complete
+
+    def spy(outcomes):  # type: ignore[no-untyped-def]
+        complete(outcomes)
+        handed.extend(t.stream for t in worker._handed)
+
+    worker._complete = spy  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stubs = [WorkflowStub.make(Sequence, store=store).start(5) for _ in range(8)]
+        assert [s.result(timeout=60) for s in stubs] == [sum(range(5))] * 8
+    assert handed and all(worker.session_queue in stream for stream in handed)
+    for stub in stubs:
+        assert [e.type for e in stub.history()].count("ActivityCompleted") == 5

@@ -24,7 +24,7 @@ from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
 from durable.store.loads import Loaded, RunToLoad
 from durable.store.outage import Incident, retry_transient
-from durable.store.redis_store import RedisStore
+from durable.store.redis_store import ClaimedTask, RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from . import faults, metrics
@@ -276,25 +276,35 @@ def complete_batch(store: RedisStore, outcomes: list[AttemptOutcome]) -> None:
 
 
 def complete_and_preload(
-    store: RedisStore, outcomes: list[AttemptOutcome], seq_of: Callable[[str], int]
-) -> dict[str, tuple[int, Loaded]]:
+    store: RedisStore,
+    outcomes: list[AttemptOutcome],
+    seq_of: Callable[[str], int],
+    *,
+    taker: str = "",
+    sticky: str = "",
+) -> tuple[dict[str, tuple[int, Loaded]], list[ClaimedTask]]:
     """:func:`complete_batch`, and in the same round trip the decision load of each run whose
     driver is cached here (``seq_of`` > 0) and whose workflow task a completion enqueued: run
     id -> (seq loaded after, load). That task is then decided without a load round trip of its
     own; with no other task pending when it was enqueued, nobody else decides the run meanwhile
-    (an eager commit changes its seq: the commit conflicts and the run is loaded afresh)."""
+    (an eager commit changes its seq: the commit conflicts and the run is loaded afresh).
+    With ``taker`` (this worker's consumer name) and ``sticky`` (its private queue), the woken
+    tasks that went to its private streams come back read for it, second."""
     runs: dict[str, RunToLoad] = {}
     for outcome in outcomes:
         rid = outcome.task.run_id
         after = seq_of(rid)
         if after and rid not in runs:
             runs[rid] = (outcome.task.partition, rid, after)
-    replies, loaded = store.complete_then_load(outcomes, list(runs.values()))
+    replies, loaded, handed = store.complete_then_load(
+        outcomes, list(runs.values()), taker=taker, sticky=sticky
+    )
     _log_stale(outcomes, replies)
     if loaded is None:
-        return {}
+        return {}, handed
     woken = {o.task.run_id for o, (word, n) in zip(outcomes, replies, strict=True) if word == "OK" and n}
-    return {rid: (run[2], got) for (rid, run), got in zip(runs.items(), loaded, strict=True) if rid in woken}
+    loads = {rid: (run[2], got) for (rid, run), got in zip(runs.items(), loaded, strict=True) if rid in woken}
+    return loads, handed
 
 
 def _log_stale(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> None:

@@ -166,6 +166,7 @@ class Worker:
         self.activities.unserved = self.decider.routing.activity
         self.decisions = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
+        self._handed: list[Task] = []  # workflow tasks the completions read for this worker
         self._owns_process = False
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
@@ -390,6 +391,9 @@ class Worker:
 
     def _pass(self) -> None:
         self.activities.record(self.decider.apply_eager, self._complete)
+        if self._handed:
+            handed, self._handed = self._handed, []
+            self._decide(handed)
         while self._reclaimed:
             stream, entry_id, fields = self._reclaimed.popleft()
             kind = self.stream_kinds.get(stream)
@@ -426,10 +430,16 @@ class Worker:
             self.decider.preloads.end_pass()
 
     def _complete(self, outcomes: list[AttemptOutcome]) -> None:
-        """Record queued activities' results, loading the runs they wake for this pass's decisions
-        (the woken task lands in this worker's sticky stream, read below: one round trip less)."""
+        """Record queued activities' results, loading the runs they wake for this pass's decisions.
+        The woken tasks that land in this worker's sticky streams come back read for it (no read
+        round trip): they are decided right after, in this pass."""
         self.decider.preloads.forget(o.task.run_id for o in outcomes)
-        self.decider.preloads.add(complete_and_preload(self.store, outcomes, self.decider.cache.seq_of))
+        loads, handed = complete_and_preload(
+            self.store, outcomes, self.decider.cache.seq_of, taker=self.consumer, sticky=self.session_queue
+        )
+        self.decider.preloads.add(loads)
+        partition_of = self.store.keys.partition_of_key
+        self._handed += [Task(partition_of(t.stream), t.stream, t.entry_id, t.fields) for t in handed]
 
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
         decisions: list[Task] = []
@@ -456,10 +466,13 @@ class Worker:
         for stream, items in excess.items():
             self.store.requeue(stream, items)
         if decisions:
-            self._batch = decisions
-            self.decider.handle_batch(decisions)
-            self._batch = []
-            self.decisions += len(decisions)
+            self._decide(decisions)
+
+    def _decide(self, decisions: list[Task]) -> None:
+        self._batch = decisions
+        self.decider.handle_batch(decisions)
+        self._batch = []
+        self.decisions += len(decisions)
 
     def _dispatch(
         self,

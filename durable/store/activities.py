@@ -29,7 +29,7 @@ from .keys import (
     worker_field,
 )
 from .loads import Loaded, RunToLoad
-from .records import text
+from .records import ClaimedTask, text
 from .tasks import ActivityTask, AttemptOutcome
 from .wire import transaction_result
 
@@ -48,6 +48,24 @@ class Begun(NamedTuple):
     reason: str = ""
     details: bytes | None = None
     now_ms: int = 0
+
+
+class Completions(NamedTuple):
+    """What :meth:`ActivityStore.complete_then_load` did.
+
+    Attributes:
+        replies: Per outcome, ``('OK', 1)`` when its completion enqueued its run's workflow task
+            (no task was pending), ``('OK', 0)`` when one was; ``('RETRY', due ms)``,
+            ``('STALE', 0)``.
+        loads: The loads of the runs asked for, in their order (``None``: none asked, or a load
+            failed; the runs are loaded again when decided).
+        handed: Workflow tasks read for the calling worker from its private streams
+            (``began_ms`` 0).
+    """
+
+    replies: list[tuple[str, int]]
+    loads: list[Loaded] | None
+    handed: list[ClaimedTask]
 
 
 @dataclass(frozen=True)
@@ -80,18 +98,26 @@ class ActivityStore(StoreBase):
         return [(text(reply[0]), int(reply[1]) if text(reply[0]) == "RETRY" else 0) for reply in replies]
 
     def complete_then_load(
-        self, outcomes: Sequence[AttemptOutcome], runs: Sequence[RunToLoad]
-    ) -> tuple[list[tuple[str, int]], list[Loaded] | None]:
+        self,
+        outcomes: Sequence[AttemptOutcome],
+        runs: Sequence[RunToLoad],
+        *,
+        taker: str = "",
+        sticky: str = "",
+    ) -> Completions:
         """:meth:`complete_many`, then the decision loads of ``runs`` in the same round trip (on a
-        cluster, one write per node), after the completions. Each outcome's pair is ``('OK', 1)``
-        when its completion enqueued its run's workflow task (no task was pending), ``('OK', 0)``
-        when one was. The loads come second, in the order of ``runs`` (``None`` when a load
-        failed: the runs are loaded again when decided)."""
-        if not runs:
-            return self.complete_many(outcomes), None
-        calls = [self.complete_args(outcome) for outcome in outcomes]
+        cluster, one write per node), after the completions.
+
+        ``taker``, ``sticky``: the calling worker's consumer name and private queue. A completion
+        that enqueues its run's workflow task then also reads, for the worker, the oldest task
+        waiting in the worker's private stream of that partition (where the task went when the
+        run is sticky to it), so the worker decides it without a read of its own.
+        """
+        if not runs and not taker:
+            return Completions(self.complete_many(outcomes), None, [])
+        calls = [self.complete_args(outcome, taker=taker, sticky=sticky) for outcome in outcomes]
         sha = self._scripts["complete_activity"].sha
-        groups = loads.batches(self.keys, runs, cluster=self.cluster)
+        groups = loads.batches(self.keys, runs, cluster=self.cluster) if runs else []
         replies, results = self._wire.execute_then_transactions(
             [("EVALSHA", sha, len(keys), *keys, *args) for keys, args in calls],
             [commands for _, commands in groups],
@@ -100,14 +126,24 @@ class ActivityStore(StoreBase):
             if isinstance(reply, Exception):
                 raise reply
         done = [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in replies]
+        handed = [
+            ClaimedTask(keys[7], text(r[2][0]), dict(zip(r[2][1][::2], r[2][1][1::2], strict=True)), 0)
+            for (keys, _), r in zip(calls, replies, strict=True)
+            if len(r) > 2
+        ]
+        if not runs:
+            return Completions(done, None, handed)
         try:
             read = [transaction_result(result) for result in results]
         except redis.RedisError:
-            return done, None
-        return done, loads.loaded(len(runs), [indexes for indexes, _ in groups], read)
+            return Completions(done, None, handed)
+        return Completions(done, loads.loaded(len(runs), [indexes for indexes, _ in groups], read), handed)
 
-    def complete_args(self, outcome: AttemptOutcome) -> tuple[list[str], list[Any]]:
-        """Keys and arguments of the completion script (``lua/complete_activity.lua``)."""
+    def complete_args(
+        self, outcome: AttemptOutcome, *, taker: str = "", sticky: str = ""
+    ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of the completion script (``lua/complete_activity.lua``); with
+        ``taker``, it reads the woken task for that worker (:meth:`complete_then_load`)."""
         k, task = self.keys, outcome.task
         p, rid = task.partition, task.run_id
         event = outcome.event
@@ -127,6 +163,9 @@ class ActivityStore(StoreBase):
             # An error message or traceback may quote user data: encrypted like payloads.
             codec.pack(seal_fields(outcome.record)),
         ]
+        if taker:
+            keys.append(k.workflow_tasks(p, sticky))
+            args.append(taker)
         return keys, args
 
     def heartbeat(self, task: ActivityTask, details: bytes, extend_ms: int) -> bool:

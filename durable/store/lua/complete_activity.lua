@@ -1,11 +1,13 @@
 -- Finish one activity attempt: ack its task, log the attempt, then either
 -- schedule a retry (timers set, after backoff) or push ActivityCompleted /
 -- ActivityFailed onto the run's inbox and wake the run.
--- KEYS: run, inbox, activities, log, timers, running, activity task stream
+-- KEYS: run, inbox, activities, log, timers, running, activity task stream[, the caller's private
+--       workflow task stream of this partition]
 -- ARGV: run id, activity id, attempt, task entry id, outcome ('completed'|'failed'|'retry'),
 --       inbox event type, inbox event data (msgpack), retry delay ms, next attempt body,
---       attempt record (msgpack)
--- Returns {'OK', 1 if it enqueued the run's workflow task else 0} | {'RETRY', due ms} | {'STALE', why}
+--       attempt record (msgpack)[, the caller's consumer name]
+-- Returns {'OK', 1 if it enqueued the run's workflow task else 0[, a task entry read for the caller]}
+--       | {'RETRY', due ms} | {'STALE', why}
 local run, inbox, acts, log, timers, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local rid, aid, attempt, entry_id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
@@ -37,4 +39,12 @@ if outcome == 'retry' then
 end
 forget_activity(acts, aid)
 redis.call('RPUSH', inbox, envelope(ARGV[6], ts, ARGV[7]))
-return {'OK', wake(run, rid)}
+local woke = wake(run, rid)
+-- The caller's private stream (KEYS[8], consumer ARGV[11]): the woken task went there when the
+-- run is sticky to the caller; read it for the caller now, so it decides the run without a
+-- read of its own. pcall: that stream may have lost its consumer group (the caller recreates it).
+if woke == 1 and KEYS[8] then
+  local got = redis.pcall('XREADGROUP', 'GROUP', GROUP, ARGV[11], 'COUNT', 1, 'STREAMS', KEYS[8], '>')
+  if type(got) == 'table' and not got.err and got[1] then return {'OK', woke, got[1][2][1]} end
+end
+return {'OK', woke}
