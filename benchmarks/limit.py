@@ -3,16 +3,17 @@
 One durable step (DESIGN.md "Work flow of one step") costs these Redis commands:
 
   1. the ``complete_activity`` script (inbox push, wake-up: enqueue a workflow task, ack),
-  2. XREADGROUP of the workflow task,
-  3. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
-  4. the ``commit`` script (inbox items + ActivityScheduled into history, next
+     which also reads that workflow task for the worker (from the worker's sticky stream;
+     here from the queue's stream, which only these runs use),
+  2. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
+  3. the ``commit`` script (inbox items + ActivityScheduled into history, next
      activity task, run record + snapshot, ack of the workflow task), which also reads
      the activity task for the committing worker and begins its attempt (a worker with a
      thread free claims what it schedules: ``CommitPlan.claimed``).
 
-Before claimed dispatch a step had a fifth command, an XREADGROUP of the activity task
-(and the worker a begin_attempt round trip this model never counted); ``--unclaimed``
-measures that older step.
+Before claimed dispatch a step had two more commands, an XREADGROUP of the activity task
+and one of the workflow task (and the worker a begin_attempt round trip this model never
+counted); ``--unclaimed`` measures that older step.
 
 This script drives exactly those commands, as fast as ONE client can, against a
 private embedded Redis: K synthetic runs (created with the real ``start_run``
@@ -77,7 +78,7 @@ class Limit:
         self.keys = store.keys
         self.n = n_runs
         self.conn: Any = None
-        self._wq_reply: Any = None
+        self._tasks: list[tuple[str, str, dict[bytes, bytes]]] | None = None
         src = load_scripts()
         self.sha = {name: store.redis.script_load(body) for name, body in src.items()}
         self.runs: list[dict[str, Any]] = []
@@ -106,8 +107,12 @@ class Limit:
                         RunRef(p, rid, wid),
                         CommitPlan(1, [], 0, "suspended", {}, activities=[_task(k, p, rid, wid)]),
                     )[0],
+                    # Claimed: the completion reads the task it wakes for the worker (a real worker's
+                    # sticky stream; here the queue's stream, which holds only these runs' tasks).
                     "complete_keys": store.complete_args(
-                        AttemptOutcome(_task(k, p, rid, wid), "completed", {}, k.activity_tasks(p, QUEUE))
+                        AttemptOutcome(_task(k, p, rid, wid), "completed", {}, k.activity_tasks(p, QUEUE)),
+                        taker="limit" if claimed else "",
+                        sticky=QUEUE,
                     )[0],
                 }
             )
@@ -219,6 +224,8 @@ class Limit:
     def _complete(self, run: dict[str, Any], stream: str, entry_id: str, aid: str) -> tuple[Any, ...]:
         data = codec.pack({"id": aid, "result": self.result, "attempt": 1})
         args = [run["rid"], aid, 1, entry_id, "completed", "ActivityCompleted", data, 0, b"", self.record]
+        if self.claimed:
+            args.append("limit")
         return (
             "EVALSHA",
             self.sha["complete_activity"],
@@ -231,12 +238,13 @@ class Limit:
     def as_written(self, seconds: float) -> tuple[int, float]:
         """The step's commands, K runs in lock step, 3 round trips per pass."""
         steps = 0
-        wq_reply = (
-            self._wq_reply if self._wq_reply is not None else self._roundtrip([self._xreadgroup(self.wq)])[0]
+        tasks = (
+            self._tasks
+            if self._tasks is not None
+            else self._entries(self._roundtrip([self._xreadgroup(self.wq)])[0])
         )
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            tasks = self._entries(wq_reply)
             # load: one MULTI/EXEC per run, all runs in one write
             load: list[tuple[Any, ...]] = []
             for _, _, fields in tasks:
@@ -270,17 +278,28 @@ class Limit:
             else:
                 activities = self._entries(replies[-1])
             # run the (no-op) activities: complete_activity each + read the workflow tasks they wake
-            completes = []
+            completes, completed = [], []
             for stream, entry_id, fields in activities:
                 run = self.by_rid[fields[b"run"].decode()]
                 completes.append(self._complete(run, stream, entry_id, fields[b"act"].decode()))
-            replies = self._roundtrip([*completes, self._xreadgroup(self.wq)])
-            for reply in replies[:-1]:
+                completed.append(run)
+            replies = self._roundtrip(completes if self.claimed else [*completes, self._xreadgroup(self.wq)])
+            for reply in replies[: len(completes)]:
                 if isinstance(reply, Exception) or reply[0] != b"OK":
                     raise RuntimeError(f"complete_activity failed: {reply!r}")
-            wq_reply = replies[-1]
+            if self.claimed:  # each completion read the task it woke: {entry id, fields}
+                tasks = [
+                    (
+                        run["complete_keys"][7],
+                        r[2][0].decode(),
+                        dict(zip(r[2][1][::2], r[2][1][1::2], strict=True)),
+                    )
+                    for r, run in zip(replies, completed, strict=True)
+                ]
+            else:
+                tasks = self._entries(replies[-1])
             steps += len(completes)
-        self._wq_reply = wq_reply  # tasks read but not yet decided: the next call starts with them
+        self._tasks = tasks  # tasks read but not yet decided: the next call starts with them
         return steps, time.perf_counter() - t0
 
     def eager(self, seconds: float) -> tuple[int, float]:
@@ -335,7 +354,7 @@ def main() -> None:
                     f"Redis-bound ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:"
                 )
                 print(
-                    f"  as written (4 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
+                    f"  as written (3 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
                     f"({steps:,} steps in {elapsed:.1f} s)"
                 )
                 if args.unclaimed:
