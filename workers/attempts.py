@@ -157,7 +157,8 @@ def _attempt(
     due_ms = int(deadline * 1000) if deadline is not None else 0
     # One round trip, before any user code: the run must be open and the attempt current
     # (a terminated or cancelled run's queued tasks stop here), and the last heartbeat
-    # details come back whichever path re-delivered the activity.
+    # details come back whichever path re-delivered the activity. A task its worker's own
+    # commit claimed was begun by that commit (where all of this holds by construction).
     if begun is None:
         begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000), worker_identity()[0])
     if not begun.ok:

@@ -5,7 +5,8 @@
 -- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
 --       then every stream the plan names (activity queues, next run's keys).
 -- ARGV: plan (msgpack map, built by store/runs.py RunStore.commit_args from a CommitPlan)
--- Returns {'OK', new seq, inbox length, claimed tasks ({stream, entry id, fields, began ms or 0})} | {'CONFLICT', seq} | {'CLOSED', status}
+-- Returns {'OK', new seq, inbox length, claimed tasks ({stream, entry id, fields, began ms or 0})}
+--       | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
