@@ -71,3 +71,15 @@ def park_queued_task(store: RedisStore, stub: WorkflowStub, reason: str, **optio
                 )
                 return
     raise AssertionError(f"no queued task of {stub.id}")
+
+
+def replay_next_decision(worker: Any, stub: WorkflowStub) -> None:
+    """Make ``worker``'s next decision of ``stub``'s run replay its history, as after a deploy.
+
+    The test sees a commit's effect (the run's status) before the worker thread has put the
+    run's driver back in its cache, and a cache cleared before that put would be refilled with
+    the old driver: so wait for the driver to be cached, then clear.
+    """
+    run_id = stub.run_id
+    wait_for(lambda: worker.decider.cache.seq_of(run_id) > 0)
+    worker.decider.cache.clear()

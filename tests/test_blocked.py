@@ -15,7 +15,7 @@ from apps import failures
 from apps.basic import Boom, Looper, Sequence, Waiter
 from apps.failures import Changing
 from click.testing import CliRunner
-from scenarios import park_queued_task
+from scenarios import park_queued_task, replay_next_decision
 from waiting import wait_for
 
 from durable import WorkflowBlocked, WorkflowFailed, WorkflowStub
@@ -71,7 +71,7 @@ def test_result_raises_when_the_run_becomes_blocked_while_waiting(worker) -> Non
         stub = WorkflowStub.make(Changing).start()
         wait_for(lambda: stub.status() == "suspended")
         failures.VERSION["value"] = 2  # a deploy changed the code under a running workflow
-        worker.decider.cache.clear()
+        replay_next_decision(worker, stub)
         stub.signal("go", "!")
         error = _assert_raises_blocked_soon(stub, "nondeterminism", within=10)
         assert error.reason.startswith("NondeterminismError")

@@ -16,6 +16,7 @@ from apps.failures import (
     ParentOfWaiting,
     Timeouts,
 )
+from scenarios import replay_next_decision
 from waiting import wait_for
 
 from durable import WorkflowFailed, WorkflowStub
@@ -100,7 +101,7 @@ def test_nondeterminism_blocks_the_run_and_repair_requeues_it(worker) -> None:
         stub = WorkflowStub.make(Changing).start()
         wait_for(lambda: stub.status() == "suspended")
         failures.VERSION["value"] = 2  # a deploy changed the code under a running workflow
-        worker.decider.cache.clear()
+        replay_next_decision(worker, stub)
         stub.signal("go", "!")
         blocked = wait_for(lambda: stub.snapshot()["blocked"])
         assert "NondeterminismError" in blocked and "step_a" in blocked and "step_b" in blocked
