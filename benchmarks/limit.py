@@ -49,6 +49,7 @@ from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.keys import GROUP  # noqa: E402
 from durable.store.redis_store import RedisStore, RunRef, load_scripts  # noqa: E402
 from durable.store.tasks import ActivityTask, AttemptOutcome, CommitPlan  # noqa: E402
+from durable.store.wire import pairs  # noqa: E402
 
 QUEUE = "default"
 
@@ -271,9 +272,7 @@ class Limit:
                     raise RuntimeError(f"commit failed: {reply!r}")
             if self.claimed:  # each commit read its activity task: {stream, entry id, fields, began}
                 activities = [
-                    (c[0].decode(), c[1].decode(), dict(zip(c[2][::2], c[2][1::2], strict=True)))
-                    for reply in replies
-                    for c in reply[3]
+                    (c[0].decode(), c[1].decode(), pairs(c[2])) for reply in replies for c in reply[3]
                 ]
             else:
                 activities = self._entries(replies[-1])
@@ -292,7 +291,7 @@ class Limit:
                     (
                         run["complete_keys"][7],
                         r[2][0].decode(),
-                        dict(zip(r[2][1][::2], r[2][1][1::2], strict=True)),
+                        pairs(r[2][1]),
                     )
                     for r, run in zip(replies, completed, strict=True)
                 ]

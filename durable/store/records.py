@@ -9,6 +9,7 @@ from typing import Any
 from .. import codec
 from ..codec.sealed import open_text
 from ..errors import DurableError, EventConflict, WorkflowClosed
+from .wire import pairs
 
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled", "terminated", "continued"})
@@ -107,7 +108,7 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
             f"run {run_id}: activity {text(reply[1])} is no longer pending; eager result not applied"
         )
     claimed = [
-        ClaimedTask(text(stream), text(entry_id), dict(zip(flat[::2], flat[1::2], strict=True)), int(began))
+        ClaimedTask(text(stream), text(entry_id), pairs(flat), int(began))
         for stream, entry_id, flat, began in (reply[3] if len(reply) > 3 else ())
     ]
     return CommitResult(seq=int(reply[1]), inbox=int(reply[2]), claimed=claimed)
