@@ -195,6 +195,9 @@ def test_promote_moves_new_runs_to_a_live_build(redis_url: str, store: RedisStor
 def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, store: RedisStore) -> None:
     with worker(redis_url), worker(redis_url, "--build-id", "b7", "--queue", "other", app="apps.features"):
         wait_registered(store, 2)
+        # A versioned worker registers first and claims its queue's current build just
+        # after (Membership.join), so the list may briefly show no current build.
+        wait_for(lambda: store.current_build(["other"]) == ["b7"], timeout=30)
         report = json.loads(invoke("workers", "--json").stdout)
         by_build = {w["build_id"]: w for w in report["workers"]}
         plain, pinned = by_build[None], by_build["b7"]
