@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import redis
 from apps.basic import EVERYTHING_RESULT, Everything, Sequence, Waiter
+from hypothesis import given
+from hypothesis import strategies as st
 from procs import spawn_worker, stop
 from redis.cluster import key_slot
 from scenarios import assert_history_sound, sigkill_mid_activity
@@ -24,7 +26,7 @@ from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
 from durable.store.cluster_dev import LocalCluster
-from durable.store.cluster_wire import CrossSlotTransaction
+from durable.store.cluster_wire import CrossSlotTransaction, slot_of
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
 from durable.store.tasks import ActivityTask, AttemptOutcome
 from workers.worker import Worker, WorkerThread
@@ -90,6 +92,19 @@ def test_cluster_urls_build_a_cluster_client(cluster: LocalCluster) -> None:
     plain = connect(cluster.node_urls[0])
     assert isinstance(plain, redis.Redis)
     plain.close()
+
+
+# Keys built around braces: tags, empty tags, unclosed and nested braces, repeated tags.
+_KEY_PARTS = st.sampled_from([b"{", b"}", b"{}", b"durable:", b"{3}", b"{12}", b":aq:default", b"\xff", b"x"])
+
+
+@given(st.lists(_KEY_PARTS, max_size=8).map(b"".join))
+def test_slot_of_agrees_with_redis_hash_tag_rule(key: bytes) -> None:
+    # slot_of keeps the slots of hash tags it has seen; it must route exactly as Redis does.
+    assert slot_of(key) == key_slot(key)
+    assert slot_of(key) == key_slot(key)  # the kept slot, this time
+    if key.isascii():
+        assert slot_of(key.decode()) == key_slot(key)
 
 
 def test_store_helpers_are_slot_safe(cstore: RedisStore, cluster: LocalCluster) -> None:

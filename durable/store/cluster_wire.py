@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from .wire import Command, connection_args, pack, read_replies, transaction_result
+from .wire import Command, IdleConnections, pack, read_replies, transaction_result
 
 log = logging.getLogger("durable.store")
 
@@ -72,7 +72,24 @@ def command_key(command: Command) -> Any:
 
 def slot_of(key: Any) -> int:
     """The hash slot of ``key`` (its hash tag's when it has one)."""
-    return key_slot(key if isinstance(key, bytes) else str(key).encode())
+    raw = key if isinstance(key, bytes) else str(key).encode()
+    # Every hot-path key carries a partition's hash tag, and there are few of them: their
+    # slots are kept rather than hashed again for each command (CRC16 in Python).
+    start = raw.find(b"{")
+    end = raw.find(b"}", start + 1) if start >= 0 else -1
+    if end <= start + 1:  # no tag, or an empty one: Redis hashes the whole key
+        return key_slot(raw)
+    tag = raw[start + 1 : end]
+    slot = _TAG_SLOTS.get(tag)
+    if slot is None:
+        if len(_TAG_SLOTS) >= _MOST_TAGS:
+            _TAG_SLOTS.clear()
+        slot = _TAG_SLOTS[tag] = key_slot(tag)
+    return slot
+
+
+_TAG_SLOTS: dict[bytes, int] = {}
+_MOST_TAGS = 4096
 
 
 class ClusterWire:
@@ -87,7 +104,12 @@ class ClusterWire:
     def __init__(self, client: RedisCluster | Any, scripts: Sequence[str | bytes]) -> None:
         self._nodes = client.nodes_manager
         self._scripts = list(scripts)
-        self._name: tuple[str, ...] | None = None
+        # The slot map as this wire last read it (slot -> node), and each node's idle
+        # connections (see IdleConnections): both are dropped when the map is read again.
+        # Asking redis-py for a slot's node and checking a connection out of its pool each
+        # round trip cost more than the round trip's own reads.
+        self._owners: dict[int, Any] = {}
+        self._idle: dict[str, IdleConnections] = {}
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands``, one write per node; their replies in order (errors as exception
@@ -162,7 +184,7 @@ class ClusterWire:
     ) -> dict[int, tuple[Any, list[Any]]]:
         """Send the pending units, one write per node, every write before the first read;
         ``{unit: (node, replies)}``."""
-        owners: dict[int, Any] = {}  # slot -> node, looked up once per slot
+        owners = self._owners
         groups: dict[str, tuple[Any, list[int]]] = {}
         for i in pending:
             node = asking.get(i)
@@ -171,13 +193,13 @@ class ClusterWire:
                 if node is None:
                     node = owners[slots[i]] = self._nodes.get_node_from_slot(slots[i])
             groups.setdefault(node.name, (node, []))[1].append(i)
-        taken: list[tuple[Any, Any]] = []
+        taken: list[tuple[IdleConnections, Any]] = []
         sent: dict[int, tuple[Any, list[Any]]] = {}
         try:
             for node, indexes in groups.values():
-                pool = self._pool(node)
-                conn = pool.get_connection(*self._args(pool))
-                taken.append((pool, conn))
+                idle = self._connections(node)
+                conn = idle.take()
+                taken.append((idle, conn))
                 commands = [
                     c for i in indexes for c in ((("ASKING",), *units[i]) if i in asking else units[i])
                 ]
@@ -194,20 +216,19 @@ class ClusterWire:
                 self._refresh(f"a node's connection failed ({exc})")
             raise
         finally:
-            for pool, conn in taken:
-                pool.release(conn)
+            for idle, conn in taken:
+                idle.give(conn)
         return sent
 
     # ------------------------------------------------------------------ nodes
-    def _pool(self, node: Any) -> Any:
-        if node.redis_connection is None:  # a node first heard of in a redirection
-            self._nodes.create_redis_connections([node])
-        return node.redis_connection.connection_pool
-
-    def _args(self, pool: Any) -> tuple[str, ...]:
-        if self._name is None:
-            self._name = connection_args(pool)
-        return self._name
+    def _connections(self, node: Any) -> IdleConnections:
+        idle = self._idle.get(node.name)
+        if idle is None:
+            if node.redis_connection is None:  # a node first heard of in a redirection
+                self._nodes.create_redis_connections([node])
+            make = node.redis_connection.connection_pool.make_connection
+            idle = self._idle.setdefault(node.name, IdleConnections(make))
+        return idle
 
     def _node_at(self, redirect: rexc.AskError) -> Any:
         """The node an ASK names (known to the slot map, or added to it)."""
@@ -223,6 +244,9 @@ class ClusterWire:
         """Read the slot map again (redis-py's nodes manager; one refresh when threads race);
         failing that, take the new owners the MOVED replies name."""
         log.info("reading the cluster slot map again: %s", why)
+        # Round trips still under way give their connections back to the dropped stacks,
+        # which are then forgotten: every later round trip connects along the new map.
+        self._owners, self._idle = {}, {}
         try:
             self._nodes.initialize()
         except Exception as exc:  # noqa: BLE001 - the refused commands stay refused; callers retry
@@ -233,8 +257,8 @@ class ClusterWire:
     def _load_scripts(self, node: Any) -> None:
         """Load every script on ``node`` (it answered NOSCRIPT: restarted, or flushed)."""
         log.info("loading the scripts on cluster node %s (NOSCRIPT)", node.name)
-        pool = self._pool(node)
-        conn = pool.get_connection(*self._args(pool))
+        idle = self._connections(node)
+        conn = idle.take()
         try:
             conn.send_packed_command([pack([("SCRIPT", "LOAD", src) for src in self._scripts])])
             for reply in read_replies(conn, len(self._scripts)):
@@ -244,7 +268,7 @@ class ClusterWire:
             conn.disconnect()
             raise
         finally:
-            pool.release(conn)
+            idle.give(conn)
 
 
 def one_slot(commands: Sequence[Command]) -> int:

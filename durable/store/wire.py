@@ -14,7 +14,6 @@ node (one write per node owning a batch's slots), with the same interface.
 
 from __future__ import annotations
 
-import inspect
 import os
 import select
 import time
@@ -39,15 +38,8 @@ class Wire:
     """
 
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
-        self._pool = client.connection_pool
+        self._idle = IdleConnections(client.connection_pool.make_connection)
         self._load_scripts = load_scripts
-        # Connections between round trips, a lock-free stack (list append/pop are atomic) of
-        # (connection, when released): the pool's checkout (queue, lock, a poll() per checkout,
-        # its bookkeeping) cost the worker more CPU per round trip than reading the replies.
-        # They are made by the pool, so closing the client closes them; a forked child starts
-        # with none (``_pid``).
-        self._idle: list[tuple[Any, float]] = []
-        self._pid = os.getpid()
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order (errors as exception objects).
@@ -100,15 +92,7 @@ class Wire:
         return out
 
     def _round_trip(self, commands: Sequence[Command]) -> list[Any]:
-        if self._pid != os.getpid():
-            self._idle, self._pid = [], os.getpid()
-        try:
-            conn, idle_since = self._idle.pop()
-        except IndexError:
-            conn = self._pool.make_connection()  # connects on its first send
-        else:
-            if time.monotonic() - idle_since > CHECK_IDLE_S:
-                _check(conn)
+        conn = self._idle.take()
         try:
             conn.send_packed_command([pack(commands)])
             replies = read_replies(conn, len(commands))
@@ -117,18 +101,42 @@ class Wire:
             conn.disconnect()  # reconnects on its next send
             raise
         finally:
-            self._idle.append((conn, time.monotonic()))
+            self._idle.give(conn)
         return replies
 
 
-def connection_args(pool: Any) -> tuple[str, ...]:
-    """What ``pool.get_connection`` takes: redis-py 5 wants a command name, 6 and later
-    deprecate passing one."""
-    try:
-        inspect.signature(pool.get_connection).bind()
-    except TypeError:
-        return ("PIPELINE",)
-    return ()
+class IdleConnections:
+    """One server's connections between round trips: a lock-free stack (list append and pop
+    are atomic) of (connection, when given back).
+
+    A pool's checkout (a queue, a lock, a ``poll()`` per checkout, its bookkeeping) cost the
+    worker more CPU per round trip than reading the replies. The connections are made by
+    the pool (``make``), so closing the client closes them; a forked child starts with none.
+
+    Args:
+        make: Makes a new connection (it connects on its first send).
+    """
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._stack: list[tuple[Any, float]] = []
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        """An idle connection (checked first if idle a while), or a new one."""
+        if self._pid != os.getpid():
+            self._stack, self._pid = [], os.getpid()
+        try:
+            conn, idle_since = self._stack.pop()
+        except IndexError:
+            return self._make()
+        if time.monotonic() - idle_since > CHECK_IDLE_S:
+            _check(conn)
+        return conn
+
+    def give(self, conn: Any) -> None:
+        """Keep ``conn`` for the next round trip (a broken one was disconnected: it reconnects)."""
+        self._stack.append((conn, time.monotonic()))
 
 
 def pack(commands: Sequence[Command]) -> bytes:
