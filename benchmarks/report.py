@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,13 @@ def headline(workload: str, fig: dict[str, Any] | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def ratios(figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]) -> list[str]:
+def ratios(
+    figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str], cores: int | None = None
+) -> list[str]:
     """Lines of text: durable/peer for each workload both measured, durable's W2 variants
     over W2, and issue 18's goals (W2 / ceiling, W1 queued/eager, W2 always/everysec) when
-    measured. A ratio is of the headline figure; "x faster" reads it either way."""
+    measured, with W2's CPU bound on ``cores`` (default: this machine's). A ratio is of the
+    headline figure; "x faster" reads it either way."""
     lines = []
     ours = figures.get("durable", {})
     for peer, theirs in figures.items():
@@ -65,12 +69,43 @@ def ratios(figures: dict[str, dict[str, dict[str, Any]]], workloads: list[str]) 
         line = _ratio(figs.get("W2"), figs.get("CEIL"), "steps_per_s", percent=True)
         if line:
             lines.append(f"W2 / limit.py ceiling as written ({engine}) = {line} (goal >= 80 %)")
+        bound = cpu_bound(figs.get("W2"), figs.get("CEIL"), cores or os.cpu_count() or 1)
+        if bound:
+            lines.append(f"W2 CPU bound ({engine}): {bound}")
     for label, (workload, key, text) in GOALS.items():
         base, other = ours.get(workload), figures.get(label, {}).get(workload)
         line = _ratio(base, other, key) if label == "durable+eager" else _ratio(other, base, key)
         if line:
             lines.append(f"{text} = {line}")
     return lines
+
+
+def cpu_bound(w2: dict[str, Any] | None, ceiling: dict[str, Any] | None, cores: int) -> str:
+    """Why W2 falls short of the ceiling, as text (``""`` without W2's CPU figures).
+
+    The ceiling is Redis alone running the step's commands. W2's client, workers and Redis
+    share the machine's cores, so W2 can reach at most ``cores`` / (their CPU per step):
+    how far W2 is from that bound is scheduling and waiting; how far the bound is from
+    the ceiling is the workers' (Python's) own CPU per step."""
+    parts = ("client", "workers", "redis")
+    if not w2 or not all(isinstance(w2.get(f"cpu_{p}_s"), (int, float)) for p in parts):
+        return ""
+    if not w2["cpu_redis_s"]:  # not measured (a cluster's nodes): the bound would be wrong
+        return ""
+    steps = w2.get("steps_per_s", 0) * w2.get("seconds", 0)
+    spent = [float(w2[f"cpu_{p}_s"]) * 1000 / steps for p in parts] if steps else []
+    if not spent or sum(spent) <= 0:
+        return ""
+    bound = cores * 1000 / sum(spent)
+    text = (
+        f"{sum(spent):.2f} ms CPU per step (client {spent[0]:.2f} + workers {spent[1]:.2f} + Redis "
+        f"{spent[2]:.2f}) allow at most {bound:,.0f} steps/s on {cores} cores; W2 reached "
+        f"{100 * w2['steps_per_s'] / bound:.0f} % of that"
+    )
+    ceiling_rate = headline("CEIL", ceiling)
+    if ceiling_rate:
+        text += f", and the bound is {100 * bound / ceiling_rate:.0f} % of the ceiling"
+    return text
 
 
 # Rows of a durable engine in another mode (harness --compare): (workload, key, what the ratio is).

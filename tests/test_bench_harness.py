@@ -67,3 +67,23 @@ def test_issue_18_ratios() -> None:
     assert "W1 p50 queued/eager (goal <= 1.5) = 2.00" in lines
     assert "W2 steps/s appendfsync always/everysec (goal >= 0.70) = 0.70 (per turn 0.50–0.70, n=2)" in lines
     assert not [line for line in lines if "durable/durable+" in line]
+
+
+def test_w2_cpu_bound_explains_the_ceiling_ratio() -> None:
+    # 1,000 steps in 1 s using 0.1 + 0.5 + 0.4 s of CPU: 1 ms per step, so 2 cores allow
+    # 2,000 steps/s (W2 reached 50 % of it), which is 50 % of a 4,000 steps/s ceiling.
+    w2 = {
+        "steps_per_s": 1000.0,
+        "seconds": 1.0,
+        "cpu_client_s": 0.1,
+        "cpu_workers_s": 0.5,
+        "cpu_redis_s": 0.4,
+    }
+    lines = report.ratios({"durable": {"W2": w2, "CEIL": {"steps_per_s": 4000.0}}}, ["W2", "CEIL"], cores=2)
+    assert (
+        "W2 CPU bound (durable): 1.00 ms CPU per step (client 0.10 + workers 0.50 + Redis 0.40) allow at "
+        "most 2,000 steps/s on 2 cores; W2 reached 50 % of that, and the bound is 50 % of the ceiling"
+    ) in lines
+    assert not [
+        line for line in report.ratios({"durable": {"W2": {"steps_per_s": 1.0}}}, ["W2"]) if "bound" in line
+    ]
