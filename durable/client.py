@@ -544,7 +544,8 @@ class WorkflowStub(Generic[R]):
     ) -> list[dict[str, Any]]:
         ids = [str(s["id"]) for s in pending if s.get("kind") == "activity"]
         begun = self._store.attempts_begun(ref.partition, ref.run_id, ids)
-        return with_attempts(pending, begun, {w.name for w in live})
+        now_ms = self._store.server_time_ms() if begun and live else None
+        return with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms)
 
     def describe(self) -> RunDescription:
         """Everything known about the current run: status, blocked reason, outcome, pending

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec, hooktokens
 from . import events as ev
 from .errors import ApplicationError, DurableError
-from .store.records import OPEN_STATUSES
+from .store.records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS
 
 if TYPE_CHECKING:
     from .store.activities import AttemptBegun
@@ -145,35 +145,53 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
 
 
 def with_attempts(
-    pending: list[dict[str, Any]], begun: Mapping[str, AttemptBegun], live: set[str]
+    pending: list[dict[str, Any]],
+    begun: Mapping[str, AttemptBegun],
+    live: set[str] | Mapping[str, int],
+    now_ms: int | None = None,
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
     ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
     that worker is among the ``live`` ones (``worker_alive``), and all that in words (``state``,
-    what ``durable describe`` and the UI show)."""
+    what ``durable describe`` and the UI show).
+
+    ``live`` may map each live worker to its last heartbeat (Redis time, ms); with ``now_ms``
+    the step also gets ``heartbeat_age_s``, and a worker silent for more than two heartbeats
+    is said to be so: it may have died, and is taken for gone only once its registry entry
+    lapses (:data:`~durable.store.records.REGISTRY_TTL_MS`)."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
         if b is not None:
             alive = (b.worker in live) if b.worker else None
+            seen = live.get(b.worker) if alive and isinstance(live, Mapping) else None
+            age = max(0.0, (now_ms - seen) / 1000) if seen and now_ms else None
             step = {
                 **step,
                 "attempt": b.attempt,
                 "started": b.started_ms or None,
                 "worker": b.worker or None,
                 "worker_alive": alive,
-                "state": _attempt_state(b, alive, step.get("queue") or "?"),
+                "heartbeat_age_s": age,
+                "state": _attempt_state(b, alive, step.get("queue") or "?", age),
             }
         out.append(step)
     return out
 
 
-def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str) -> str:
+def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_age_s: float | None) -> str:
     if not b.worker:
         return f"attempt {b.attempt}: not begun (queued on {queue!r}, or waiting for its retry time)"
     if alive:
         since = datetime.fromtimestamp(b.started_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-        return f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
+        state = f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
+        if heartbeat_age_s is not None and heartbeat_age_s > 2 * HEARTBEAT_S:
+            state += (
+                f", but that worker's last heartbeat was {heartbeat_age_s:.0f} s ago (one comes every "
+                f"{HEARTBEAT_S:.0f} s): it may have died or be stalled; it is taken for gone "
+                f"{REGISTRY_TTL_MS // 1000} s after its last heartbeat"
+            )
+        return state
     return (
         f"attempt {b.attempt}: began on {b.worker}, which is gone (stopped or died); another worker "
         "takes the task over after --claim-idle or the activity's timeout"
@@ -200,8 +218,9 @@ class RunDescription(Mapping[str, Any]):
         build_id: The build it is pinned to, or ``None``.
         pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...); an
             activity's also its ``queue``, current ``attempt``, when it ``started`` and on which
-            ``worker`` (``None``: not begun yet), whether that worker is alive (``worker_alive``),
-            and that in words (``state``).
+            ``worker`` (``None``: not begun yet), whether that worker is alive (``worker_alive``)
+            and how long ago it last sent a heartbeat (``heartbeat_age_s``), and that in words
+            (``state``).
         history: ``{"events", "bytes", "budget", "near_limit"}``.
         attempts: Activity attempts with their outcomes and errors.
         dropped: Inputs read but not applied (``reason``, ``ts``).

@@ -104,8 +104,23 @@ def test_describe_tells_whether_the_worker_of_a_running_attempt_is_alive(
         assert step["kind"] == "activity" and step["attempt"] == 1 and step["worker_alive"] is True
         assert step["worker"].split(":")[1] == str(worker.pid) and step["started"] > 0
         assert f"attempt 1: running on {step['worker']}" in _cli("describe", stub.id)
+        assert step["heartbeat_age_s"] is not None and step["heartbeat_age_s"] < 4
+        assert "last heartbeat" not in step["state"]
         worker.kill()  # SIGKILL: its registry entry lapses, its task stays pending for --claim-idle
         worker.wait(10)
+
+        # Until the entry lapses (10 s), the attempt still reads as running, but its worker's
+        # silence is named once it has missed two heartbeats.
+        # (The window is 6 s wide and describe is polled all along, so it is not missed.)
+        def silent_or_gone() -> dict | None:
+            step = stub.describe().pending[0]
+            age = step["heartbeat_age_s"]
+            return step if age is None or age > 4 else None
+
+        silent = wait_for(silent_or_gone, timeout=30)
+        assert silent["worker_alive"] is True, silent
+        assert "but that worker's last heartbeat was" in silent["state"]
+        assert "it may have died or be stalled" in silent["state"]
         gone = wait_for(lambda: (s := stub.describe().pending[0])["worker_alive"] is False and s, timeout=30)
         assert gone["worker"] == step["worker"] and gone["attempt"] == 1
         text = " ".join(_cli("describe", stub.id).split())

@@ -14,6 +14,12 @@ from .wire import pairs
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled", "terminated", "continued"})
 
+HEARTBEAT_S = 2.0
+"""Seconds between a worker's registry heartbeats."""
+
+REGISTRY_TTL_MS = 10_000
+"""A registry entry not renewed this long (five heartbeats) is a dead worker's."""
+
 DECISION_FIELDS = ("seq", "status", "blocked", "build", "wq", "workflow_id", "parent", "queue")
 """The fields of a run record a decision reads (the rest, e.g. the snapshot, only clients use)."""
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .base import StoreBase
 from .keys import is_private
-from .records import OPEN_STATUSES, text
+from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
 
 __all__ = [
     "HEARTBEAT_S",
@@ -36,12 +36,6 @@ __all__ = [
     "served_queues",
     "takes_new_runs",
 ]
-
-HEARTBEAT_S = 2.0
-"""Seconds between a worker's registry heartbeats."""
-
-REGISTRY_TTL_MS = 10_000
-"""A registry entry not renewed this long (five heartbeats) is a dead worker's."""
 
 
 @dataclass(frozen=True)
