@@ -111,7 +111,8 @@ class IdleConnections:
 
     A pool's checkout (a queue, a lock, a ``poll()`` per checkout, its bookkeeping) cost the
     worker more CPU per round trip than reading the replies. The connections are made by
-    the pool (``make``), so closing the client closes them; a forked child starts with none.
+    the pool (``make``: its server, credentials and timeouts) but not tracked by it: a
+    connection closes when dropped (redis-py's ``__del__``), and a forked child starts with none.
 
     Args:
         make: Makes a new connection (it connects on its first send).
