@@ -47,9 +47,8 @@ sys.path.insert(0, str(ROOT))
 from durable import codec  # noqa: E402
 from durable.store.embedded import EmbeddedRedis  # noqa: E402
 from durable.store.keys import GROUP  # noqa: E402
-from durable.store.redis_store import RedisStore, RunRef, load_scripts  # noqa: E402
+from durable.store.redis_store import ClaimedTask, RedisStore, RunRef, load_scripts  # noqa: E402
 from durable.store.tasks import ActivityTask, AttemptOutcome, CommitPlan  # noqa: E402
-from durable.store.wire import pairs  # noqa: E402
 
 QUEUE = "default"
 
@@ -66,6 +65,10 @@ def scheduled_event(aid: str, i: int) -> bytes:
         "local": False,
     }
     return codec.pack({"type": "ActivityScheduled", "ts": int(time.time() * 1000), "data": data})
+
+
+def _entry(task: ClaimedTask) -> tuple[str, str, dict[bytes, bytes]]:
+    return task.stream, task.entry_id, task.fields
 
 
 def _task(k: Any, p: int, rid: str, wid: str) -> ActivityTask:
@@ -271,9 +274,7 @@ class Limit:
                 if isinstance(reply, Exception) or reply[0] != b"OK":
                     raise RuntimeError(f"commit failed: {reply!r}")
             if self.claimed:  # each commit read its activity task: {stream, entry id, fields, began}
-                activities = [
-                    (c[0].decode(), c[1].decode(), pairs(c[2])) for reply in replies for c in reply[3]
-                ]
+                activities = [_entry(ClaimedTask.read(*c)) for reply in replies for c in reply[3]]
             else:
                 activities = self._entries(replies[-1])
             # run the (no-op) activities: complete_activity each + read the workflow tasks they wake
@@ -288,11 +289,7 @@ class Limit:
                     raise RuntimeError(f"complete_activity failed: {reply!r}")
             if self.claimed:  # each completion read the task it woke: {entry id, fields}
                 tasks = [
-                    (
-                        run["complete_keys"][7],
-                        r[2][0].decode(),
-                        pairs(r[2][1]),
-                    )
+                    _entry(ClaimedTask.read(run["complete_keys"][7], *r[2]))
                     for r, run in zip(replies, completed, strict=True)
                 ]
             else:

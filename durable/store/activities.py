@@ -31,7 +31,7 @@ from .keys import (
 from .loads import Loaded, RunToLoad
 from .records import ClaimedTask, text
 from .tasks import ActivityTask, AttemptOutcome
-from .wire import pairs, transaction_result
+from .wire import transaction_result
 
 
 class Begun(NamedTuple):
@@ -127,7 +127,7 @@ class ActivityStore(StoreBase):
                 raise reply
         done = [(text(r[0]), int(r[1]) if text(r[0]) != "STALE" else 0) for r in replies]
         handed = [
-            ClaimedTask(keys[7], text(r[2][0]), pairs(r[2][1]), 0)
+            ClaimedTask.read(keys[7], *r[2])
             for (keys, _), r in zip(calls, replies, strict=True)
             if len(r) > 2
         ]

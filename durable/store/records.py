@@ -39,7 +39,8 @@ class StaleCompletion(DurableError):
 
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:
-    """An activity task a commit read for the committing worker (``CommitPlan.claimed``).
+    """A task a script read for the calling worker: an activity task its commit scheduled
+    (``CommitPlan.claimed``), or a workflow task its completion woke (``Completions.handed``).
 
     Attributes:
         stream: The task stream.
@@ -53,6 +54,11 @@ class ClaimedTask:
     entry_id: str
     fields: dict[bytes, bytes]
     began_ms: int
+
+    @classmethod
+    def read(cls, stream: Any, entry_id: Any, flat: Sequence[Any], began_ms: Any = 0) -> ClaimedTask:
+        """From a script's raw reply: the entry's fields flat, as XREADGROUP gives them."""
+        return cls(text(stream), text(entry_id), pairs(flat), int(began_ms))
 
 
 @dataclass(frozen=True)
@@ -113,8 +119,5 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
         return StaleCompletion(
             f"run {run_id}: activity {text(reply[1])} is no longer pending; eager result not applied"
         )
-    claimed = [
-        ClaimedTask(text(stream), text(entry_id), pairs(flat), int(began))
-        for stream, entry_id, flat, began in (reply[3] if len(reply) > 3 else ())
-    ]
+    claimed = [ClaimedTask.read(*claimed) for claimed in (reply[3] if len(reply) > 3 else ())]
     return CommitResult(seq=int(reply[1]), inbox=int(reply[2]), claimed=claimed)
