@@ -93,9 +93,9 @@ def cpu_bound(w2: dict[str, Any] | None, ceiling: dict[str, Any] | None, cores: 
     if not w2["cpu_redis_s"]:  # not measured (a cluster's nodes): the bound would be wrong
         return ""
     steps = w2.get("steps_per_s", 0) * w2.get("seconds", 0)
-    spent = [float(w2[f"cpu_{p}_s"]) * 1000 / steps for p in parts] if steps else []
-    if not spent or sum(spent) <= 0:
+    if not steps:
         return ""
+    spent = [float(w2[f"cpu_{p}_s"]) * 1000 / steps for p in parts]
     bound = cores * 1000 / sum(spent)
     text = (
         f"{sum(spent):.2f} ms CPU per step (client {spent[0]:.2f} + workers {spent[1]:.2f} + Redis "

@@ -147,24 +147,24 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
 def with_attempts(
     pending: list[dict[str, Any]],
     begun: Mapping[str, AttemptBegun],
-    live: set[str] | Mapping[str, int],
+    live: Mapping[str, int],
     now_ms: int | None = None,
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
     ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
-    that worker is among the ``live`` ones (``worker_alive``), and all that in words (``state``,
-    what ``durable describe`` and the UI show).
+    that worker is among the ``live`` ones (``worker_alive``; ``live`` maps each to its last
+    heartbeat, Redis time in ms), and all that in words (``state``, what ``durable describe``
+    and the UI show).
 
-    ``live`` may map each live worker to its last heartbeat (Redis time, ms); with ``now_ms``
-    the step also gets ``heartbeat_age_s``, and a worker silent for more than two heartbeats
-    is said to be so: it may have died, and is taken for gone only once its registry entry
-    lapses (:data:`~durable.store.records.REGISTRY_TTL_MS`)."""
+    With ``now_ms`` the step also gets ``heartbeat_age_s``, and a worker silent for more than
+    two heartbeats is said to be so: it may have died, and is taken for gone only once its
+    registry entry lapses (:data:`~durable.store.records.REGISTRY_TTL_MS`)."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
         if b is not None:
             alive = (b.worker in live) if b.worker else None
-            seen = live.get(b.worker) if alive and isinstance(live, Mapping) else None
+            seen = live.get(b.worker) if alive else None
             age = max(0.0, (now_ms - seen) / 1000) if seen and now_ms else None
             step = {
                 **step,
