@@ -113,8 +113,6 @@ class ActivityStore(StoreBase):
         waiting in the worker's private stream of that partition (where the task went when the
         run is sticky to it), so the worker decides it without a read of its own.
         """
-        if not runs and not taker:
-            return Completions(self.complete_many(outcomes), None, [])
         calls = [self.complete_args(outcome, taker=taker, sticky=sticky) for outcome in outcomes]
         sha = self._scripts["complete_activity"].sha
         groups = loads.batches(self.keys, runs, cluster=self.cluster) if runs else []
