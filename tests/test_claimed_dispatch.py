@@ -1,6 +1,7 @@
 """A commit reads the activity tasks it schedules for the committing worker (claimed dispatch).
 
-When the deciding worker serves an activity's queue and has a thread free, the commit script
+When the deciding worker serves an activity's queue and has room for it (a thread free, or
+for activities that take microseconds, a short wait for one), the commit script
 adds the task to its stream and reads it for that worker in the same script: the task is in
 the consumer group's pending list (recovered like any task read if the worker dies), and
 when it is the stream's only waiting task its attempt begins there too. These tests drive
@@ -11,7 +12,9 @@ worker's attempt reclaimed by another worker) run claimed attempts.
 
 from __future__ import annotations
 
-from apps.basic import Sequence
+import threading
+
+from apps.basic import AddsAtOnce, Sequence
 
 from durable import WorkflowStub, codec
 from durable import events as ev
@@ -104,8 +107,9 @@ def test_an_older_waiting_task_is_claimed_first_and_begun_as_usual(store: RedisS
     assert [e[0].decode() for _, entries in got for e in entries] == [new_id]
 
 
-def test_a_worker_claims_only_while_it_has_a_free_thread(store: RedisStore) -> None:
-    """``ActivityHost.claims_here`` reserves a thread per claim; the rest stay in the stream."""
+def test_a_worker_claims_only_what_its_backlog_has_room_for(store: RedisStore) -> None:
+    """``ActivityHost.claims_here`` reserves a place in the backlog per claim; the rest stay in
+    the stream. Until it knows how long its activities take, a worker claims one per thread."""
     w = Worker(store, concurrency=2, block_ms=100)
     try:
         scheduled = ev.ActivityScheduled(id="a", name="add", args=b"", queue="default")
@@ -117,6 +121,49 @@ def test_a_worker_claims_only_while_it_has_a_free_thread(store: RedisStore) -> N
     finally:
         w.activities.lease_dropped(1)
         w.activities.finish(0)
+
+
+def test_a_worker_whose_activities_take_microseconds_claims_up_to_eight_per_thread(
+    store: RedisStore,
+) -> None:
+    """Fast activities wait for a thread less than BACKLOG_MS, so the commit claims more of
+    them than there are threads (each skips its own read and begin round trip); slow ones get
+    one per thread, so a worker never hoards a fan-out of slow work."""
+    w = Worker(store, concurrency=2, block_ms=100)
+    scheduled = ev.ActivityScheduled(id="a", name="add", args=b"", queue="default")
+    try:
+        w.activities._activity_ms = 0.05  # what _ran measures for activities of 50 µs
+        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 16
+        w.activities.lease_dropped(16)
+        w.activities._activity_ms = 50.0
+        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 2
+        w.activities.lease_dropped(2)
+    finally:
+        w.activities.finish(0)
+
+
+def test_claims_beyond_the_threads_all_run_and_are_begun_by_their_commit(store: RedisStore) -> None:
+    """A fan-out of fast activities larger than the worker's threads: the commit claims them
+    all (the backlog has room), begins their attempts, and every one runs to the result."""
+    w = Worker(store, concurrency=1, block_ms=100)
+    w.activities._activity_ms = 0.05  # measured fast: room for 8 on the one thread
+    claimed: list[ClaimedTask] = []
+    on_claimed = w.decider.on_claimed
+
+    def spy(task: ClaimedTask) -> None:
+        claimed.append(task)
+        on_claimed(task)
+
+    w.decider.on_claimed = spy
+    stub = WorkflowStub.make(AddsAtOnce, id="claim-backlog").start(6)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    try:
+        assert stub.result(timeout=20) == [i * 2 for i in range(6)]
+    finally:
+        w.stop()
+        thread.join(10)
+    assert len(claimed) == 6 and all(task.began_ms for task in claimed)
 
 
 def test_a_stream_without_its_consumer_group_leaves_the_task_unclaimed_and_the_commit_whole(

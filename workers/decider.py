@@ -117,7 +117,7 @@ class Decider:
         self.runs_activity = runs_activity
         self.on_leased = on_leased
         self.on_lease_dropped = on_lease_dropped
-        # Queued activities this worker has a thread free for are read for it by the commit
+        # Queued activities this worker has room for (its backlog) are read for it by the commit
         # that schedules them (and begun there): no read and no begin_attempt round trip.
         self.claims_activity = claims_activity if claimer else (lambda _a: False)
         self.on_claimed = on_claimed

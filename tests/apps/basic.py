@@ -88,6 +88,13 @@ class Sequence(Workflow):
         return total
 
 
+class AddsAtOnce(Workflow):
+    """``n`` activities at once: ``[0, 2, 4, ...]``."""
+
+    def handle(self, n: int) -> list[int]:
+        return all([lambda i=i: activity(add, i, i) for i in range(n)])
+
+
 EVERYTHING_RESULT = {
     "a": 11,
     "pair": [3, 7],

@@ -40,7 +40,7 @@ for _, d in ipairs(plan.dropped) do
     redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', d[1], 'reason', d[2], 'ts', ts)
   end
 end
--- A task the committing worker claims (a[4], a[5]: it has a thread free for it now) is read
+-- A task the committing worker claims (a[4], a[5]: it has room for it in its backlog) is read
 -- here, for it, into the consumer group's pending list: it runs without a read of its own,
 -- and is recovered like any read task if that worker dies. The read takes the stream's oldest
 -- undelivered task: when that is the one just added, its attempt begins here too (started ms
