@@ -1,4 +1,4 @@
-"""The event catalog: one small frozen dataclass per history event type.
+"""The event catalog: one small immutable dataclass per history event type.
 
 Each class names its stored type in ``TYPE``; the class name may change, the ``TYPE`` never
 does. A class whose stored name is also a public error's name carries an ``Event`` suffix.
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from . import codec
 from .errors import ConfigurationError, HistoryCorrupt
+from .immutable import immutable
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class Event:
     """Base of every event. Subclasses list their data fields."""
 
@@ -40,8 +40,7 @@ class Event:
     payloads: ClassVar[tuple[str, ...]] = ()
     #: True for events written by a decision (checked on replay).
     is_command: ClassVar[bool] = False
-    #: The type name written to history. Stored data: never change it for an
-    #: existing event (tests/test_replay.py pins every one).
+    #: The type name in history: never change it (tests/test_replay.py pins every one).
     TYPE: ClassVar[str] = ""
 
     @property
@@ -82,7 +81,7 @@ class Event:
 
 
 # --------------------------------------------------------------------- start
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowStarted(Event):
     TYPE = "WorkflowStarted"
 
@@ -93,19 +92,19 @@ class WorkflowStarted(Event):
     queue: str = "default"
     parent: dict[str, Any] | None = None
     build_id: str = ""
-    patches: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    patches: list[str] = dataclasses.field(default_factory=list)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Initial search attributes, ``{name: [type, value]}`` (see durable.search).
-    search_attributes: dict[str, Any] = field(default_factory=dict)
+    search_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Initial memo: a payload of a dict, or None.
     memo: bytes | None = None
     #: Interceptor headers (``{name: str | bytes}``, see durable.interceptors): tenant, trace context...
-    headers: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
     payloads = ("args", "memo")
 
 
 # ---------------------------------------------------------------- activities
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ActivityScheduled(Event):
     TYPE = "ActivityScheduled"
 
@@ -114,15 +113,15 @@ class ActivityScheduled(Event):
     args: bytes
     queue: str = "default"
     retry: dict[str, Any] | None = None
-    timeouts: dict[str, Any] = field(default_factory=dict)
+    timeouts: dict[str, Any] = dataclasses.field(default_factory=dict)
     local: bool = False
-    headers: dict[str, Any] = field(default_factory=dict)  # recorded, never compared on replay
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # recorded, never compared on replay
     compared = ("name", "args", "queue", "retry", "timeouts", "local")
     payloads = ("args",)
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ActivityCompleted(Event):
     TYPE = "ActivityCompleted"
 
@@ -132,7 +131,7 @@ class ActivityCompleted(Event):
     payloads = ("result",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ActivityFailedEvent(Event):
     TYPE = "ActivityFailed"
 
@@ -142,7 +141,7 @@ class ActivityFailedEvent(Event):
     payloads = ("error",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ActivityCancelled(Event):
     TYPE = "ActivityCancelled"
 
@@ -153,7 +152,7 @@ class ActivityCancelled(Event):
 
 
 # -------------------------------------------------------------------- timers
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class TimerStarted(Event):
     TYPE = "TimerStarted"
 
@@ -163,14 +162,14 @@ class TimerStarted(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class TimerFired(Event):
     TYPE = "TimerFired"
 
     id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class TimerCancelled(Event):
     TYPE = "TimerCancelled"
 
@@ -179,7 +178,7 @@ class TimerCancelled(Event):
 
 
 # ------------------------------------------------------------------- signals
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class SignalWaitStarted(Event):
     TYPE = "SignalWaitStarted"
 
@@ -190,19 +189,19 @@ class SignalWaitStarted(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class SignalReceived(Event):
     TYPE = "SignalReceived"
 
     name: str
     payload: bytes
     signal_id: str = ""
-    headers: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
     payloads = ("payload",)
 
 
 # ------------------------------------------------------- recorded values
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class SideEffectRecorded(Event):
     TYPE = "SideEffectRecorded"
 
@@ -213,7 +212,7 @@ class SideEffectRecorded(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class VersionMarker(Event):
     TYPE = "VersionMarker"
 
@@ -225,7 +224,7 @@ class VersionMarker(Event):
 
 
 # ------------------------------------------------------------------ children
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ChildStarted(Event):
     TYPE = "ChildStarted"
 
@@ -235,13 +234,13 @@ class ChildStarted(Event):
     args: bytes
     queue: str = "default"
     policy: str = "terminate"
-    headers: dict[str, Any] = field(default_factory=dict)  # the child run's; never compared
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # the child run's; never compared
     compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
     payloads = ("args",)
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ChildCompleted(Event):
     TYPE = "ChildCompleted"
 
@@ -250,7 +249,7 @@ class ChildCompleted(Event):
     payloads = ("result",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ChildFailed(Event):
     TYPE = "ChildFailed"
 
@@ -261,7 +260,7 @@ class ChildFailed(Event):
 
 
 # --------------------------------------------------------------------- hooks
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class HookCreated(Event):
     TYPE = "HookCreated"
 
@@ -274,7 +273,7 @@ class HookCreated(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class HookResumed(Event):
     TYPE = "HookResumed"
 
@@ -284,7 +283,7 @@ class HookResumed(Event):
 
 
 # ------------------------------------------------------------------- updates
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class UpdateRequested(Event):
     """An update on the inbox; its decision writes UpdateAccepted or UpdateRejected instead."""
 
@@ -293,11 +292,11 @@ class UpdateRequested(Event):
     id: str
     name: str
     args: bytes
-    headers: dict[str, Any] = field(default_factory=dict)  # the client's (durable.interceptors)
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # the client's (durable.interceptors)
     payloads = ("args",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class UpdateAccepted(Event):
     """An update the validator accepted: replay runs its handler again from here."""
 
@@ -306,11 +305,12 @@ class UpdateAccepted(Event):
     id: str
     name: str
     args: bytes
-    headers: dict[str, Any] = field(default_factory=dict)  # the update's; replay hands them to the handler
+    # The update's headers; replay hands them to the handler.
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
     payloads = ("args",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class UpdateRejectedEvent(Event):
     """An update refused before its handler ran (validator, unknown name, bad arguments).
     In history for the caller to read; replay skips it: the workflow never sees it."""
@@ -323,7 +323,7 @@ class UpdateRejectedEvent(Event):
     payloads = ("error",)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class UpdateCompleted(Event):
     """The handler of an accepted update returned (``result``) or raised (``error``)."""
 
@@ -337,7 +337,7 @@ class UpdateCompleted(Event):
 
 
 # ------------------------------------------------- search attributes and memo
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class SearchAttributesUpserted(Event):
     """``upsert_search_attributes``: ``{name: [type, value]}``, a ``None`` value removes it."""
 
@@ -349,7 +349,7 @@ class SearchAttributesUpserted(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class MemoUpserted(Event):
     """``upsert_memo``: a payload of the changed keys (a ``None`` value removes a key)."""
 
@@ -363,7 +363,7 @@ class MemoUpserted(Event):
 
 
 # ------------------------------------------------------------- cancellation
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class CancelRequested(Event):
     TYPE = "CancelRequested"
 
@@ -371,7 +371,7 @@ class CancelRequested(Event):
 
 
 # ------------------------------------------------------------ workflow timeouts
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowTimeoutFired(Event):
     """A run's workflow timeout passed (``timeout``: ``run`` or ``execution``); applying it
     closes the run as failed with :class:`~durable.errors.WorkflowTimeout`."""
@@ -382,7 +382,7 @@ class WorkflowTimeoutFired(Event):
 
 
 # ------------------------------------------------------------ run closings
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowCompleted(Event):
     TYPE = "WorkflowCompleted"
 
@@ -391,7 +391,7 @@ class WorkflowCompleted(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowFailedEvent(Event):
     TYPE = "WorkflowFailed"
 
@@ -400,7 +400,7 @@ class WorkflowFailedEvent(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowCancelled(Event):
     TYPE = "WorkflowCancelled"
 
@@ -408,14 +408,14 @@ class WorkflowCancelled(Event):
     is_command = True
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowTerminated(Event):
     TYPE = "WorkflowTerminated"
 
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class WorkflowContinuedAsNew(Event):
     TYPE = "WorkflowContinuedAsNew"
 
@@ -501,7 +501,7 @@ def _field_sets(cls: type[Event]) -> tuple[frozenset[str], frozenset[str]]:
     return sets
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Entry:
     """One event as stored: its position, its time stamp and its exact bytes.
 

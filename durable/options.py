@@ -1,6 +1,6 @@
 """Options shared by workflow code, activity definitions and the replay driver.
 
-A leaf module (it imports only :mod:`durable.errors`): durations, the retry
+A leaf module (it imports only :mod:`durable.errors` and :mod:`durable.immutable`): durations, the retry
 policy of an activity, and the per-call options a durable call hands to the
 workflow runtime.
 """
@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import ConfigurationError
+from .immutable import immutable
 
 #: A duration: seconds (int or float) or a :class:`~datetime.timedelta`.
 Seconds = float | int | timedelta
@@ -126,7 +127,7 @@ def duration_ms(value: Seconds, what: str) -> int:
     return int(round(seconds * 1000))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ActivityOptions:
     """The options of one ``activity()`` / ``local_activity()`` call, as given (``None``: the definition's).
 
@@ -149,7 +150,7 @@ class ActivityOptions:
     local: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@immutable(kw_only=True)
 class ChildOptions:
     """The options of one ``child()`` call.
 

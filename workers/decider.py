@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from durable import codec
@@ -28,6 +28,7 @@ from durable.errors import (
     UnknownTypeError,
     WorkflowClosed,
 )
+from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
 from durable.store.connect import is_transient
@@ -64,7 +65,7 @@ class TypeNotHere(UnknownTypeError):
         self.name = name
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class Task:
     """One claimed workflow task entry: its partition, stream, entry id and fields."""
 

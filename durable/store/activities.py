@@ -9,7 +9,6 @@ of its timers set.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import redis
@@ -17,6 +16,7 @@ import redis
 from .. import codec
 from .. import events as ev
 from ..codec.sealed import seal_fields
+from ..immutable import immutable
 from . import loads
 from .base import StoreBase
 from .keys import (
@@ -68,7 +68,7 @@ class Completions(NamedTuple):
     handed: list[ClaimedTask]
 
 
-@dataclass(frozen=True)
+@immutable(slots=False)
 class AttemptBegun:
     """A pending activity's current attempt, as ``durable describe`` shows it.
 

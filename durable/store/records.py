@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
 from ..codec.sealed import open_text
 from ..errors import DurableError, EventConflict, WorkflowClosed
+from ..immutable import immutable
 from .wire import pairs
 
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
@@ -24,7 +24,7 @@ DECISION_FIELDS = ("seq", "status", "blocked", "build", "wq", "workflow_id", "pa
 """The fields of a run record a decision reads (the rest, e.g. the snapshot, only clients use)."""
 
 
-@dataclass(frozen=True)
+@immutable(slots=False)
 class RunRef:
     """Where a run lives: its partition, run id and workflow id."""
 
@@ -37,7 +37,7 @@ class StaleCompletion(DurableError):
     """An eager commit carried the result of an attempt that is no longer current."""
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ClaimedTask:
     """A task a script read for the calling worker: an activity task its commit scheduled
     (``CommitPlan.claimed``), or a workflow task its completion woke (``Completions.handed``).
@@ -61,7 +61,7 @@ class ClaimedTask:
         return cls(text(stream), text(entry_id), pairs(flat), int(began_ms))
 
 
-@dataclass(frozen=True)
+@immutable(slots=False)
 class CommitResult:
     """Outcome of :meth:`RedisStore.commit`: the run's new seq, its inbox length, and the
     activity tasks read for the committing worker (``CommitPlan.claimed``)."""

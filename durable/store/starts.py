@@ -3,13 +3,13 @@ signal-with-start, workflow timeouts. :meth:`RunStore.start` drives it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
 from .. import events as ev
 from .. import limits as run_limits
 from ..errors import WorkflowAlreadyStarted
+from ..immutable import immutable
 from ..start_policy import StartPolicy, deadlines
 from .connect import Client
 from .keys import Keys, deadline_member
@@ -17,7 +17,7 @@ from .records import OPEN_STATUSES, RunRef, text
 from .tasks import child_result_message
 
 
-@dataclass(frozen=True)
+@immutable(slots=False)
 class StartedRun(RunRef):
     """The run a start left the workflow id with.
 

@@ -18,7 +18,6 @@ cost what the dicts they replace cost, and a misspelt field is an error.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -26,11 +25,12 @@ import msgpack
 from .. import codec
 from .. import events as ev
 from ..ids import successor_run_id
+from ..immutable import immutable
 
 _REQUIRED = frozenset({"rid", "wid", "p", "aid", "name", "args", "attempt", "stream"})
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class ActivityTask:
     """One attempt of one activity, as its task body says.
 
@@ -144,7 +144,7 @@ class ActivityTask:
         return (self.partition, self.run_id, self.activity_id, self.attempt)
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AttemptResult:
     """An attempt's result before it is recorded: its task, the encoded value, the log record."""
 
@@ -153,7 +153,7 @@ class AttemptResult:
     record: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class AttemptOutcome:
     """What happened to one attempt, for the completion script.
 
@@ -180,7 +180,7 @@ class AttemptOutcome:
     next_task: ActivityTask | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class NextRun:
     """The run a continue-as-new starts, in the same commit (same workflow id, same partition)."""
 
@@ -193,7 +193,7 @@ class NextRun:
     build: str
 
 
-@dataclass(frozen=True, slots=True)
+@immutable
 class CommitPlan:
     """Everything one decision commits, atomically, against its expected seq.
 
