@@ -1,8 +1,8 @@
 """Options shared by workflow code, activity definitions and the replay driver.
 
-A leaf module (it imports only :mod:`durable.errors` and :mod:`durable.immutable`): durations, the retry
-policy of an activity, and the per-call options a durable call hands to the
-workflow runtime.
+A leaf module (it imports only :mod:`durable.errors` and :mod:`durable.immutable`):
+durations, the retry policy of an activity, and the per-call options a durable call hands
+to the workflow runtime.
 """
 
 from __future__ import annotations

@@ -118,12 +118,9 @@ class ActivityHost:
         """
         if not self.allowed(scheduled.name):
             return False
-        with self._lock:
-            free = self.busy + self._reserved < self.backlog()
-            if scheduled.local or (self.eager and scheduled.queue in self.queues and free):
-                self._reserved += 1
-                return True
-        return False
+        if scheduled.local:
+            return self._reserve(bounded=False)
+        return self.eager and scheduled.queue in self.queues and self._reserve()
 
     def claims_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether the commit of the decision that scheduled this queued activity should read
@@ -131,17 +128,20 @@ class ActivityHost:
         in its :meth:`backlog` (a thread free; for activities that take microseconds, up to
         :data:`BACKLOG_MS` of work per thread waiting for one), so the task starts without a
         read and a begin round trip of its own. Otherwise it waits in its stream for any worker.
-
-        Claiming only for a free thread left most tasks of a busy worker to the slower path
-        (W2, 200 runs, 8 threads: begin_attempt on nearly every step); the backlog bounds how
-        much one worker holds, as for the tasks a read brings."""
+        (Claiming only for a free thread left most of a busy worker's tasks to that slower path.)
+        """
         if scheduled.queue not in self._claimable or not self.allowed(scheduled.name):
             return False
+        return self._reserve()
+
+    def _reserve(self, *, bounded: bool = True) -> bool:
+        """Take a place in the backlog for a leased or claimed activity (``bounded``: only if
+        the backlog has room); given back by :meth:`lease_dropped` or when it is run."""
         with self._lock:
-            if self.busy + self._reserved < self.backlog():
-                self._reserved += 1
-                return True
-        return False
+            if bounded and self.busy + self._reserved >= self.backlog():
+                return False
+            self._reserved += 1
+            return True
 
     def backlog(self) -> float:
         """How many activities this worker may hold (running or waiting for a thread)."""

@@ -207,8 +207,9 @@ class CommitPlan:
         activities: Activity tasks to enqueue on their streams.
         claimed: ``(task, deadline ms or 0)``: activity tasks enqueued like ``activities`` and
             read, in the same script, for ``claimer`` (the committing worker, which has room in its
-            backlog for each: a thread free, or one soon for activities that take microseconds), their attempts begun at ``claim_started`` (ms) when no older task
-            waited on their stream (:class:`ClaimedTask`).
+            backlog for each: a thread free, or one soon for activities that take microseconds),
+            their attempts begun at ``claim_started`` (ms) when no older task waited on their
+            stream (:class:`ClaimedTask`).
         claimer: The consumer name ``claimed`` are read for.
         claim_started: When the claimed attempts begin (ms, the worker's clock, as begin_attempt).
         leased: Activity tasks this worker runs itself, under a lease until ``lease_due``.
