@@ -23,6 +23,7 @@ from durable.store.keys import GROUP
 from durable.store.records import ClaimedTask
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask, AttemptResult
+from workers.activity_host import MOST_PER_THREAD
 from workers.attempts import completion
 from workers.decider import Decider
 from workers.worker import Worker
@@ -123,7 +124,7 @@ def test_a_worker_claims_only_what_its_backlog_has_room_for(store: RedisStore) -
         w.activities.finish(0)
 
 
-def test_a_worker_whose_activities_take_microseconds_claims_up_to_eight_per_thread(
+def test_a_worker_whose_activities_take_microseconds_claims_up_to_most_per_thread(
     store: RedisStore,
 ) -> None:
     """Fast activities wait for a thread less than BACKLOG_MS, so the commit claims more of
@@ -133,8 +134,12 @@ def test_a_worker_whose_activities_take_microseconds_claims_up_to_eight_per_thre
     scheduled = ev.ActivityScheduled(id="a", name="add", args=b"", queue="default")
     try:
         w.activities._activity_ms = 0.05  # what _ran measures for activities of 50 µs
-        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 16
-        w.activities.lease_dropped(16)
+        most = 2 * MOST_PER_THREAD  # 5 ms / 50 µs is 100 per thread: the count bound holds
+        assert sum(w.activities.claims_here(scheduled) for _ in range(most + 20)) == most
+        w.activities.lease_dropped(most)
+        w.activities._activity_ms = 1.0  # 5 per thread by the time bound
+        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 10
+        w.activities.lease_dropped(10)
         w.activities._activity_ms = 50.0
         assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 2
         w.activities.lease_dropped(2)
@@ -146,7 +151,7 @@ def test_claims_beyond_the_threads_all_run_and_are_begun_by_their_commit(store: 
     """A fan-out of fast activities larger than the worker's threads: the commit claims them
     all (the backlog has room), begins their attempts, and every one runs to the result."""
     w = Worker(store, concurrency=1, block_ms=100)
-    w.activities._activity_ms = 0.05  # measured fast: room for 8 on the one thread
+    w.activities._activity_ms = 0.05  # measured fast: room for MOST_PER_THREAD on the one thread
     claimed: list[ClaimedTask] = []
     on_claimed = w.decider.on_claimed
 

@@ -42,6 +42,14 @@ BACKLOG_MS = 5.0
 """How much activity work (by recent run times) a worker holds per thread, running or waiting for
 one: activity tasks it read, claimed or leased (eager) beyond that go to other workers."""
 
+MOST_PER_THREAD = 32
+"""The most activities a worker holds per thread, however fast they ran lately: a bound on what an
+activity that turns slow after a run of fast ones can keep waiting here (the recent run time
+follows within a few runs). Eight per thread was too few for 200 concurrent workflows of
+microsecond activities on 2 workers: commits left most of their tasks to a read and a begin round
+trip on any worker, so the runs lost their sticky worker and were loaded again (W2, 12 turns:
+x1.21 steps/s, worker CPU per step x0.80 with 32)."""
+
 
 class ActivityHost:
     """A worker's activity threads and what they share with its main thread.
@@ -112,7 +120,7 @@ class ActivityHost:
 
         Local activities always do; in eager mode, others do while this worker holds
         less than :data:`BACKLOG_MS` of work per thread (by the activities' recent
-        run time: one per thread for slow ones, up to eight per thread for
+        run time: one per thread for slow ones, up to :data:`MOST_PER_THREAD` for
         activities that take microseconds). The rest go to the activity queue, where
         any worker can take them, so one worker never hoards a fan-out of slow work.
         """
@@ -145,7 +153,8 @@ class ActivityHost:
 
     def backlog(self) -> float:
         """How many activities this worker may hold (running or waiting for a thread)."""
-        return min(8.0, max(1.0, BACKLOG_MS / max(self._activity_ms, 0.001))) * self.concurrency
+        per_thread = BACKLOG_MS / max(self._activity_ms, 0.001)
+        return min(float(MOST_PER_THREAD), max(1.0, per_thread)) * self.concurrency
 
     def _ran(self, started: float) -> None:
         # Moving average of an activity's run time here (ms); called holding _lock.
