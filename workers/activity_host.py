@@ -156,9 +156,13 @@ class ActivityHost:
         per_thread = BACKLOG_MS / max(self._activity_ms, 0.001)
         return min(float(MOST_PER_THREAD), max(1.0, per_thread)) * self.concurrency
 
-    def _ran(self, started: float) -> None:
-        # Moving average of an activity's run time here (ms); called holding _lock.
-        self._activity_ms += 0.1 * ((time.perf_counter() - started) * 1000 - self._activity_ms)
+    def _ran(self, seconds: float) -> None:
+        # Moving average of how long an activity's own code takes here (ms). Not the whole
+        # attempt: with the main thread deciding, a thread waits up to the GIL's switch interval
+        # (5 ms) to go on, so microsecond activities measured as milliseconds and the backlog
+        # fell to about one per thread in W2.
+        with self._lock:
+            self._activity_ms += 0.1 * (seconds * 1000 - self._activity_ms)
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
@@ -178,7 +182,6 @@ class ActivityHost:
         self._pool.submit(self._leased_activity, task)
 
     def _leased_activity(self, task: ActivityTask) -> None:
-        started = time.perf_counter()
         try:
             execute_attempt(
                 self.store,
@@ -187,6 +190,7 @@ class ActivityHost:
                 allowed=self.allowed,
                 on_timer=self.on_timer,
                 on_result=self._eager_result if self.eager else None,
+                on_ran=self._ran,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
@@ -195,7 +199,6 @@ class ActivityHost:
             self.leases.discard(task.lease)
             with self._lock:
                 self.busy -= 1
-                self._ran(started)
 
     def _eager_result(self, result: AttemptResult) -> None:
         self.eager_done.append(result)
@@ -235,7 +238,6 @@ class ActivityHost:
     def _activity(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool, begun: Begun | None
     ) -> None:
-        started = time.perf_counter()
         outcome = ""
         try:
             outcome = run_activity(
@@ -249,6 +251,7 @@ class ActivityHost:
                 on_result=self._queued_result(stream, entry_id),
                 unserved=self.unserved,
                 begun=begun,
+                on_ran=self._ran,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later
@@ -259,7 +262,6 @@ class ActivityHost:
             with self._lock:
                 self.busy -= 1
                 self.in_flight.pop((stream, entry_id), None)
-                self._ran(started)
         if outcome == "void":
             # A void task (its run closed, its activity no longer wanted) frees its thread at
             # once: read the next task now, not when the blocking read times out.

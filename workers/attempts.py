@@ -49,6 +49,10 @@ def _never(_due: int) -> None:
     pass
 
 
+def _unmeasured(_seconds: float) -> None:
+    pass
+
+
 def _all(_name: str) -> bool:
     return True
 
@@ -65,6 +69,7 @@ def run_activity(
     on_result: OnResult | None = None,
     unserved: Unserved | None = None,
     begun: Begun | None = None,
+    on_ran: Callable[[float], None] = _unmeasured,
 ) -> str:
     """Run one activity attempt from a task stream and record its outcome (see
     :func:`execute_attempt`). Returns the outcome word. A task whose type this worker
@@ -95,6 +100,7 @@ def run_activity(
         on_timer=on_timer,
         on_result=on_result,
         begun=begun,
+        on_ran=on_ran,
     )
 
 
@@ -108,11 +114,14 @@ def execute_attempt(
     on_timer: Callable[[int], None] = _never,
     on_result: OnResult | None = None,
     begun: Begun | None = None,
+    on_ran: Callable[[float], None] = _unmeasured,
 ) -> str:
     """Run one attempt of ``task`` and record what happened.
 
     ``begun``: the attempt was begun already (by the commit that scheduled and claimed it for
     this worker), so :meth:`~durable.store.redis_store.RedisStore.begin_attempt` is skipped.
+    ``on_ran``: told how many seconds the activity's own code took (not the round trips around
+    it, nor the waits for the GIL before and after), when it ran.
 
     A failure is recorded at once (retry timer or ActivityFailed). A result is
     recorded with the completion script, or handed to ``on_result`` when the
@@ -131,7 +140,7 @@ def execute_attempt(
     )
     began = time.perf_counter()
     try:
-        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result, begun)
+        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result, begun, on_ran)
     finally:
         unbind_run(token)
     metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began)
@@ -147,6 +156,7 @@ def _attempt(
     on_timer: Callable[[int], None],
     on_result: OnResult | None,
     begun: Begun | None = None,
+    on_ran: Callable[[float], None] = _unmeasured,
 ) -> str:
     resolved = _resolve(store, task, stream, entry_id, allowed)
     if resolved is None:
@@ -184,6 +194,7 @@ def _attempt(
         heartbeat_details=codec.loads(details) if details else None,
         heartbeat_fn=_heartbeat(store, task, started),
     )
+    ran = time.perf_counter()
     try:
         with running_activity(context):
             value = interceptors.execute(task, definition.fn, definition.typed_args(args))
@@ -192,6 +203,7 @@ def _attempt(
             payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
+        on_ran(time.perf_counter() - ran)
         return fail_attempt(
             store,
             task,
@@ -202,6 +214,7 @@ def _attempt(
             on_timer=on_timer,
             started_ms=begun.now_ms,
         )
+    on_ran(time.perf_counter() - ran)
     # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
     record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
     result = AttemptResult(task, payload, record)
