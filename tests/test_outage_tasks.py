@@ -22,8 +22,16 @@ SCRIPT_OOM = (
 )
 
 
+def _unclaimed(worker: Worker) -> Worker:
+    """``worker`` with claimed dispatch off: a claimed task's result rides with the run's next
+    decision, so only a task read from a queue has its result go through the inbox and wake the
+    run on the worker's private (sticky) stream, the path these tests refuse."""
+    worker.decider.claims_activity = lambda _scheduled: False
+    return worker
+
+
 def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) -> None:
-    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100)
+    worker = _unclaimed(Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100))
     refused: list[str] = []
     commit_many = store.commit_many
 
@@ -47,7 +55,9 @@ def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) 
 def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisStore) -> None:
     # Commits refused for 5 s, ten times --claim-idle: a worker reclaiming its tasks all the while
     # would count each claim as a delivery and block the run as a crash loop (max_deliveries=3).
-    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=500, block_ms=100, max_deliveries=3)
+    worker = _unclaimed(
+        Worker(store, concurrency=2, grace=5, claim_idle_ms=500, block_ms=100, max_deliveries=3)
+    )
     refusing: list[float] = []
     commit_many = store.commit_many
 
@@ -64,6 +74,48 @@ def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisSt
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=30) == 3
     assert refusing
+    assert not store.dead_letters()
+
+
+def test_a_claimed_result_refused_at_maxmemory_is_recorded_once_redis_answers(store: RedisStore) -> None:
+    # The commit carrying a claimed task's result with the run's next decision is refused, and
+    # so is the completion script it falls back to, for a second: the result stays in hand (its
+    # task pending for the worker) and is recorded once Redis answers; the activity never reruns.
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=5000, block_ms=100)
+    refusing: list[float] = []
+    commit_many, complete_many, complete_then_load = (
+        store.commit_many,
+        store.complete_many,
+        store.complete_then_load,
+    )
+    refused: list[str] = []
+
+    def refuse_claimed_results(decisions: Any) -> Any:
+        carries = any(r.entry_id for _, plan in decisions for r in plan.eager)
+        if carries and not refusing:
+            refusing.append(time.monotonic() + 1.0)
+        if carries and time.monotonic() < refusing[0]:
+            refused.append("commit")
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    def refusing_completions(complete: Any) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            if refusing and time.monotonic() < refusing[0]:
+                refused.append("completion")
+                raise rexc.ResponseError(SCRIPT_OOM)
+            return complete(*args, **kwargs)
+
+        return refuse
+
+    store.commit_many = refuse_claimed_results  # type: ignore[method-assign]
+    store.complete_many = refusing_completions(complete_many)  # type: ignore[method-assign]
+    store.complete_then_load = refusing_completions(complete_then_load)  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence).start(3)
+        assert stub.result(timeout=15) == 3
+    assert refused[0] == "commit" and "completion" in refused
+    assert worker.activities_run == 3
     assert not store.dead_letters()
 
 

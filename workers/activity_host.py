@@ -228,9 +228,15 @@ class ActivityHost:
         begun = Begun(True, now_ms=claimed.began_ms) if claimed.began_ms else None
         self.submit(claimed.stream, claimed.entry_id, claimed.fields, redelivered=False, begun=begun)
 
-    def _queued_result(self, stream: str, entry_id: str) -> Callable[[AttemptResult], None]:
+    def _queued_result(self, stream: str, entry_id: str, claimed: bool) -> Callable[[AttemptResult], None]:
         def hand_over(result: AttemptResult) -> None:
-            self.completed.append(completion(result, stream=stream, entry_id=entry_id))
+            if claimed and stream == result.task.stream:
+                # Claimed by this worker's commit: its run is most likely in this worker's cache,
+                # so the result is committed with the run's next decision, as an eager result
+                # is, acking the task there (one round trip instead of completion, then commit).
+                self.eager_done.append(AttemptResult(result.task, result.payload, result.record, entry_id))
+            else:
+                self.completed.append(completion(result, stream=stream, entry_id=entry_id))
             self.wake()
 
         return hand_over
@@ -248,7 +254,7 @@ class ActivityHost:
                 allowed=self.allowed,
                 redelivered=redelivered,
                 on_timer=self.on_timer,
-                on_result=self._queued_result(stream, entry_id),
+                on_result=self._queued_result(stream, entry_id, claimed=begun is not None),
                 unserved=self.unserved,
                 begun=begun,
                 on_ran=self._ran,

@@ -457,7 +457,7 @@ def record_in_hand(
         try:
             apply_eager(results)
         except BaseException:
-            completed.extend(completion(r, stream=r.task.stream) for r in results)
+            completed.extend(completion(r, stream=r.task.stream, entry_id=r.entry_id) for r in results)
             raise
 
 

@@ -284,11 +284,14 @@ class Decider:
 
     def apply_eager(self, results: list[AttemptResult]) -> None:
         """Commit results of activities this worker ran itself together with each run's next
-        decision, in one script per run (eager mode): no inbox, no workflow task.
+        decision, in one script per run: no inbox, no workflow task. These are leased
+        attempts (eager mode) and queued tasks this worker's commits claimed (the commit acks
+        the task's entry).
 
         A run not in the cache, or whose history moved on meanwhile, takes the
         ordinary path: the result goes through the inbox (completion script).
         """
+        began = time.perf_counter()
         by_run: dict[str, list[AttemptResult]] = {}
         for result in results:
             by_run.setdefault(result.task.run_id, []).append(result)
@@ -308,6 +311,9 @@ class Decider:
                 entries.append(ev.Entry(seq=0, ts=ts, event=event, raw=ev.encode(event, ts)))
             first = items[0].task
             ref = RunRef(first.partition, rid, first.workflow_id)
+            token = bind_run(
+                {"workflow_id": ref.workflow_id, "run_id": rid, "workflow_type": driver.workflow_type}
+            )
             try:
                 with self.deciding(Task(ref.partition, "", "", {b"run": rid.encode()})):
                     decision = driver.decide(entries)
@@ -316,6 +322,8 @@ class Decider:
                 driver.close()
                 inbox += items
                 continue
+            finally:
+                unbind_run(token)
             record = {"parent": first.parent, "build": self.build_id}
             plan = self.commit_plan(ref, record, driver, decision, None, eager=items)
             pending.append((ref, driver, decision, plan, items))
@@ -327,10 +335,14 @@ class Decider:
                 raise
             for (ref, driver, decision, plan, items), outcome in zip(pending, outcomes, strict=True):
                 self._after_commit(ref, driver, decision, plan, outcome)
+                if metrics.enabled():
+                    self._measure(driver, decision, {}, outcome, began)  # never a first decision
                 if isinstance(outcome, Exception):
                     inbox += items
         if inbox:
-            complete_batch(self.store, [completion(r, stream=r.task.stream) for r in inbox])
+            complete_batch(
+                self.store, [completion(r, stream=r.task.stream, entry_id=r.entry_id) for r in inbox]
+            )
 
     def _prepare(
         self,

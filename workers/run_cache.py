@@ -50,8 +50,13 @@ class RunCache:
         return driver.seq if driver is not None else 0
 
     def pop(self, run_id: str) -> Driver | None:
-        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits)."""
-        return self._drivers.pop(run_id, None)
+        """Take the cached driver of ``run_id`` out, whatever its seq (eager commits: a hit when
+        found; when not, the result goes through the inbox and that decision's lookup counts)."""
+        driver = self._drivers.pop(run_id, None)
+        if driver is not None:
+            self.hits += 1
+            metrics.cache_lookup(True)
+        return driver
 
     def clear(self) -> None:
         for driver in self._drivers.values():

@@ -146,11 +146,14 @@ class ActivityTask:
 
 @immutable
 class AttemptResult:
-    """An attempt's result before it is recorded: its task, the encoded value, the log record."""
+    """An attempt's result before it is recorded: its task, the encoded value, the log record,
+    and the entry of the task in ``task.stream`` it ran from (``""``: a leased attempt, no entry),
+    which whatever records the result acks."""
 
     task: ActivityTask
     payload: bytes
     record: dict[str, Any]
+    entry_id: str = ""
 
 
 @immutable

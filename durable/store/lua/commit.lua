@@ -78,6 +78,7 @@ end
 for _, e in ipairs(plan.eager) do
   forget_activity(acts, e[1])
   redis.call('ZREM', running, rid .. '|' .. e[1] .. '|' .. e[2])
+  ack(e[4], e[5]) -- a claimed task's entry (its result comes with the decision); none when leased
   redis.call('XADD', log, '*', 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
     'record', e[3], 'reason', '', 'ts', ts)
 end
