@@ -1,25 +1,32 @@
 """The Redis-bound ceiling for one durable activity step on this machine.
 
-One durable step (DESIGN.md "Work flow of one step") costs these Redis commands:
+One durable step (ARCHITECTURE.md "One step, from history to commit") costs, as written,
+ONE Redis command when the worker that runs the activity claimed it (its commit read the task
+for it: ``CommitPlan.claimed``) and holds the run's driver in its cache, as in W2:
+
+  the ``commit`` script carrying the attempt's result (ActivityCompleted into history, the
+  attempt's log record, ack of its task) with the run's next decision (ActivityScheduled,
+  the next activity task, read for the worker and begun there, run record + snapshot).
+
+``--inbox`` also measures the step of a run decided elsewhere than where its activity ran
+(the step as written before results rode with the decisions, 3 commands):
 
   1. the ``complete_activity`` script (inbox push, wake-up: enqueue a workflow task, ack),
      which also reads that workflow task for the worker (from the worker's sticky stream;
      here from the queue's stream, which only these runs use),
   2. the load: MULTI HGETALL run / LRANGE inbox / XRANGE history-after-seq EXEC,
   3. the ``commit`` script (inbox items + ActivityScheduled into history, next
-     activity task, run record + snapshot, ack of the workflow task), which also reads
-     the activity task for the committing worker and begins its attempt (a worker with a
-     thread free claims what it schedules: ``CommitPlan.claimed``).
+     activity task, run record + snapshot, ack of the workflow task), claiming the task.
 
-Before claimed dispatch a step had two more commands, an XREADGROUP of the activity task
+Before claimed dispatch that step had two more commands, an XREADGROUP of the activity task
 and one of the workflow task (and the worker a begin_attempt round trip this model never
 counted); ``--unclaimed`` measures that older step.
 
 This script drives exactly those commands, as fast as ONE client can, against a
 private embedded Redis: K synthetic runs (created with the real ``start_run``
 script) advance in lock step, and each pass sends each stage for all K runs in
-one pipelined write (the XREADGROUPs ride along with the previous stage, as a
-worker would pipeline them). No workflow code, no codec work per step beyond
+one pipelined write (in the inbox step, the XREADGROUPs ride along with the previous
+stage, as a worker would pipeline them). No workflow code, no codec work per step beyond
 packing the plan: what is left is Redis (+ this client's packing). The scripts
 are ``RedisStore``'s own (``durable/store/lua``), called by EVALSHA.
 
@@ -27,7 +34,7 @@ It prints steps/s, so durable's W2 figure can be read as a fraction of it.
 ``--eager`` also measures the eager-mode floor: one ``commit`` script per step
 (completion + next decision together, no task streams).
 
-    python benchmarks/limit.py [--runs 64] [--seconds 5] [--appendfsync everysec|always] [--eager] [--unclaimed]
+    python benchmarks/limit.py [--runs 64] [--seconds 5] [--appendfsync everysec|always] [--inbox] [--eager] [--unclaimed]
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +91,7 @@ class Limit:
         self.n = n_runs
         self.conn: Any = None
         self._tasks: list[tuple[str, str, dict[bytes, bytes]]] | None = None
+        self._claims: list[tuple[str, str, dict[bytes, bytes]]] | None = None
         src = load_scripts()
         self.sha = {name: store.redis.script_load(body) for name, body in src.items()}
         self.runs: list[dict[str, Any]] = []
@@ -180,8 +189,16 @@ class Limit:
         return out
 
     def _commit(
-        self, run: dict[str, Any], inbox: list[bytes], task: tuple[str, str] | None
+        self,
+        run: dict[str, Any],
+        inbox: list[bytes],
+        task: tuple[str, str] | None,
+        done: tuple[str, str, str] | None = None,
     ) -> tuple[Any, ...]:
+        """A decision's commit: acking workflow task ``task``, or carrying the result of the
+        claimed attempt ``done`` (its stream, entry id, activity id); either way scheduling (and
+        claiming) the next activity. Neither: the eager floor's commit, no task streams."""
+        queued = task is not None or done is not None
         run["step"] += 1
         aid = str(run["step"])
         body = codec.pack(
@@ -199,9 +216,9 @@ class Limit:
             "rid": run["rid"],
             "seq": run["seq"],
             "events": [*inbox, scheduled_event(aid, run["step"])],
-            "consumed": len(inbox),
+            "consumed": 0 if done is not None else len(inbox),
             "dropped": [],
-            "activities": [] if task is None else [[run["commit_keys"][-1], aid, body, *self._claim()]],
+            "activities": [[run["commit_keys"][-1], aid, body, *self._claim()]] if queued else [],
             "timers": [],
             "untimers": [],
             "cancel_activities": [],
@@ -209,16 +226,16 @@ class Limit:
             "hooks": [],
             "unhooks": [],
             "leased": [],
-            "eager": [],
+            "eager": [] if done is None else [[done[2], 1, self.record, done[0], done[1]]],
             "status": "suspended",
             "snapshot": self.snapshot,
         }
         if task is not None:
             plan["task"] = list(task)
-            if self.claimed:
-                plan["claimer"] = "limit"
+        if queued and self.claimed:
+            plan["claimer"] = "limit"
         run["seq"] += len(plan["events"])
-        keys = run["commit_keys"] if task is not None else run["commit_keys"][:-1]
+        keys = run["commit_keys"] if queued else run["commit_keys"][:-1]
         return ("EVALSHA", self.sha["commit"], len(keys), *keys, msgpack.packb(plan, use_bin_type=False))
 
     def _claim(self) -> list[int]:
@@ -238,9 +255,42 @@ class Limit:
             *args,
         )
 
+    def _completed(self, aid: str) -> bytes:
+        """The ActivityCompleted history entry of activity ``aid``'s result."""
+        return codec.pack(
+            {"type": "ActivityCompleted", "ts": 0, "data": {"id": aid, "result": self.result, "attempt": 1}}
+        )
+
+    def _claimed(self, replies: list[Any]) -> list[tuple[str, str, dict[bytes, bytes]]]:
+        """The activity tasks the commits of one pass claimed ({stream, entry id, fields, began})."""
+        for reply in replies:
+            if isinstance(reply, Exception) or reply[0] != b"OK":
+                raise RuntimeError(f"commit failed: {reply!r}")
+        return [_entry(ClaimedTask.read(*c)) for reply in replies for c in reply[3]]
+
     # -------------------------------------------------------------- modes
     def as_written(self, seconds: float) -> tuple[int, float]:
-        """The step's commands, K runs in lock step, 3 round trips per pass."""
+        """The step's one command, K runs in lock step, 1 round trip per pass: each run's commit
+        carries the result of the activity its previous commit claimed and claims the next."""
+        if self._claims is None:
+            # The runs' first decisions: read their workflow tasks, commit, claim the first activity.
+            tasks = self._entries(self._roundtrip([self._xreadgroup(self.wq)])[0])
+            first = [self._commit(self.by_rid[f[b"run"].decode()], [], (s, e)) for s, e, f in tasks]
+            self._claims = self._claimed(self._roundtrip(first))
+        steps = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            commits = []
+            for stream, entry_id, fields in self._claims:
+                aid = fields[b"act"].decode()
+                run = self.by_rid[fields[b"run"].decode()]
+                commits.append(self._commit(run, [self._completed(aid)], None, done=(stream, entry_id, aid)))
+            self._claims = self._claimed(self._roundtrip(commits))
+            steps += len(commits)
+        return steps, time.perf_counter() - t0
+
+    def through_inbox(self, seconds: float) -> tuple[int, float]:
+        """The inbox step's commands, K runs in lock step, 3 round trips per pass."""
         steps = 0
         tasks = (
             self._tasks
@@ -303,16 +353,7 @@ class Limit:
         steps = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            completed = [
-                codec.pack(
-                    {
-                        "type": "ActivityCompleted",
-                        "ts": 0,
-                        "data": {"id": str(r["step"]), "result": self.result, "attempt": 1},
-                    }
-                )
-                for r in self.runs
-            ]
+            completed = [self._completed(str(r["step"])) for r in self.runs]
             replies = self._roundtrip(
                 [self._commit(r, [c], None) for r, c in zip(self.runs, completed, strict=True)]
             )
@@ -323,6 +364,32 @@ class Limit:
         return steps, time.perf_counter() - t0
 
 
+def beside(
+    bench: Limit,
+    url: str,
+    name: str,
+    mode: Callable[[Limit, float], tuple[int, float]],
+    seconds: float,
+    *,
+    claimed: bool = True,
+    warm: bool = True,
+) -> tuple[int, float]:
+    """(steps, seconds) of ``mode`` on runs of their own (prefix ``limit-<name>``), on
+    ``bench``'s connection, after a warm-up pass when ``warm``."""
+    other = Limit(RedisStore(url, prefix=f"limit-{name}"), bench.n, claimed=claimed)
+    other.conn = bench.conn
+    try:
+        if warm:
+            mode(other, min(1.0, seconds))
+        return mode(other, seconds)
+    finally:
+        other.store.close()
+
+
+def report(label: str, steps: int, elapsed: float) -> None:
+    print(f"  {label + ':':<58} {steps / elapsed:,.0f} steps/s ({steps:,} steps in {elapsed:.1f} s)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -330,6 +397,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=64, help="runs advanced in lock step (pipeline depth)")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--appendfsync", default="everysec", choices=["everysec", "always", "no"])
+    parser.add_argument(
+        "--inbox", action="store_true", help="also measure the step through the inbox (3 commands)"
+    )
     parser.add_argument("--eager", action="store_true", help="also measure the eager-mode floor")
     parser.add_argument(
         "--unclaimed", action="store_true", help="also measure the step before claimed dispatch (5 commands)"
@@ -349,31 +419,18 @@ def main() -> None:
                 print(
                     f"Redis-bound ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:"
                 )
-                print(
-                    f"  as written (3 commands/step, 3 round trips/pass): {steps / elapsed:,.0f} steps/s "
-                    f"({steps:,} steps in {elapsed:.1f} s)"
-                )
+                report("as written (1 command/step, 1 round trip/pass)", steps, elapsed)
+                if args.inbox:
+                    steps, elapsed = beside(bench, url, "inbox", Limit.through_inbox, args.seconds)
+                    report("through the inbox (3 commands/step, 3 round trips/pass)", steps, elapsed)
                 if args.unclaimed:
-                    older = Limit(RedisStore(url, prefix="limit-unclaimed"), args.runs, claimed=False)
-                    older.conn = bench.conn
-                    older.as_written(min(1.0, args.seconds))
-                    steps, elapsed = older.as_written(args.seconds)
-                    older.store.close()
-                    print(
-                        f"  unclaimed (5 commands/step, before claimed dispatch): {steps / elapsed:,.0f} steps/s "
-                        f"({steps:,} steps in {elapsed:.1f} s)"
+                    steps, elapsed = beside(
+                        bench, url, "unclaimed", Limit.through_inbox, args.seconds, claimed=False
                     )
-                if args.eager:
-                    eager = Limit(
-                        RedisStore(url, prefix="limit-eager"), args.runs
-                    )  # fresh runs, empty inboxes
-                    eager.conn = bench.conn
-                    steps, elapsed = eager.eager(args.seconds)
-                    eager.store.close()
-                    print(
-                        f"  eager floor (1 commit script/step):              {steps / elapsed:,.0f} steps/s "
-                        f"({steps:,} steps in {elapsed:.1f} s)"
-                    )
+                    report("unclaimed (5 commands/step, before claimed dispatch)", steps, elapsed)
+                if args.eager:  # fresh runs, empty inboxes; no warm-up pass
+                    steps, elapsed = beside(bench, url, "eager", Limit.eager, args.seconds, warm=False)
+                    report("eager floor (1 commit script/step)", steps, elapsed)
             finally:
                 bench.close()
         finally:

@@ -28,6 +28,11 @@ def test_limit_passes_run_on_the_real_scripts(redis_url: str) -> None:
     try:
         steps, _ = bench.as_written(0.05)
         assert steps >= 4
+        inbox = Limit(RedisStore(redis_url, prefix="limit-test-inbox"), 4)
+        inbox.conn = bench.conn
+        steps, _ = inbox.through_inbox(0.05)
+        inbox.store.close()
+        assert steps >= 4
         eager = Limit(RedisStore(redis_url, prefix="limit-test-eager"), 4)
         eager.conn = bench.conn
         steps, _ = eager.eager(0.05)
