@@ -207,9 +207,7 @@ def test_a_completion_reads_the_woken_task_only_from_its_takers_private_stream(s
     (claimed,) = _decide_and_commit(store, "claim-done", _claiming(store, "w-claim"))
     task = ActivityTask.decode(claimed.fields[b"body"])
     outcome = completion(
-        AttemptResult(task, codec.dumps(0, path="result"), {}),
-        stream=claimed.stream,
-        entry_id=claimed.entry_id,
+        AttemptResult(task, codec.dumps(0, path="result"), {}, claimed.stream, claimed.entry_id)
     )
 
     replies, loads, handed = store.complete_then_load([outcome], [], taker="w-claim", sticky="@nobody")
@@ -247,3 +245,24 @@ def test_the_backlog_learns_the_time_of_the_activity_code_only(
     )
     assert outcome == "completed"
     assert len(ran) == 1 and at_least <= ran[0] < below
+
+
+def test_a_claimed_result_still_in_hand_at_shutdown_is_recorded_and_its_task_acked(
+    store: RedisStore,
+) -> None:
+    """A stopping worker records the results it holds through the inbox (no more decisions):
+    a claimed task's result carries its entry, so that entry is acked, not left to a reclaim."""
+    WorkflowStub.make(Sequence, id="claim-stop").start(1)
+    ref = store.ref("claim-stop")
+    stream = store.keys.activity_tasks(ref.partition, "default")
+    store.ensure_groups([stream])
+    (claimed,) = _decide_and_commit(store, "claim-stop", _claiming(store, "w-claim"))
+    assert _pending_for(store, stream) == {claimed.entry_id: "w-claim"}
+    task = ActivityTask.decode(claimed.fields[b"body"])
+    w = Worker(store, concurrency=1, block_ms=100)
+    w.activities.eager_done.append(
+        AttemptResult(task, codec.dumps(0, path="result"), {}, claimed.stream, claimed.entry_id)
+    )
+    w.activities.finish(0)
+    assert _pending_for(store, stream) == {}
+    assert len(store.redis.lrange(store.keys.inbox(ref.partition, ref.run_id), 0, -1)) == 1

@@ -228,18 +228,9 @@ class ActivityHost:
         begun = Begun(True, now_ms=claimed.began_ms) if claimed.began_ms else None
         self.submit(claimed.stream, claimed.entry_id, claimed.fields, redelivered=False, begun=begun)
 
-    def _queued_result(self, stream: str, entry_id: str, claimed: bool) -> Callable[[AttemptResult], None]:
-        def hand_over(result: AttemptResult) -> None:
-            if claimed and stream == result.task.stream:
-                # Claimed by this worker's commit: its run is most likely in this worker's cache,
-                # so the result is committed with the run's next decision, as an eager result
-                # is, acking the task there (one round trip instead of completion, then commit).
-                self.eager_done.append(AttemptResult(result.task, result.payload, result.record, entry_id))
-            else:
-                self.completed.append(completion(result, stream=stream, entry_id=entry_id))
-            self.wake()
-
-        return hand_over
+    def _queued_result(self, result: AttemptResult) -> None:
+        self.completed.append(completion(result))
+        self.wake()
 
     def _activity(
         self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool, begun: Begun | None
@@ -254,7 +245,10 @@ class ActivityHost:
                 allowed=self.allowed,
                 redelivered=redelivered,
                 on_timer=self.on_timer,
-                on_result=self._queued_result(stream, entry_id, claimed=begun is not None),
+                # A task this worker's commit claimed (and began): its run is most likely in this
+                # worker's cache, so its result is committed with the run's next decision, as an
+                # eager one is (one round trip instead of a completion, then a commit).
+                on_result=self._eager_result if begun is not None else self._queued_result,
                 unserved=self.unserved,
                 begun=begun,
                 on_ran=self._ran,
@@ -283,7 +277,7 @@ class ActivityHost:
         # Results handed to the main thread but not yet recorded: record them through the
         # inbox now (no more decisions are made here).
         pending = list(self.completed)
-        pending += [completion(r, stream=r.task.stream) for r in self.eager_done]
+        pending += [completion(r) for r in self.eager_done]
         if pending:
             try:
                 complete_batch(self.store, pending)

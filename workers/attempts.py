@@ -217,11 +217,11 @@ def _attempt(
     on_ran(time.perf_counter() - ran)
     # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
     record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
-    result = AttemptResult(task, payload, record)
+    result = AttemptResult(task, payload, record, stream, entry_id)
     if on_result is not None:
         on_result(result)
     else:
-        outcome = completion(result, stream=stream, entry_id=entry_id)
+        outcome = completion(result)
         retry_transient(lambda: complete_batch(store, [outcome]), _recording)
     return "completed"
 
@@ -267,11 +267,11 @@ def _heartbeat(store: RedisStore, task: ActivityTask, started: float) -> Callabl
     return heartbeat
 
 
-def completion(result: AttemptResult, *, stream: str, entry_id: str = "") -> AttemptOutcome:
-    """The outcome recording an attempt's result through the run's inbox."""
+def completion(result: AttemptResult) -> AttemptOutcome:
+    """The outcome recording an attempt's result through the run's inbox (acking its entry)."""
     task = result.task
     event = ev.ActivityCompleted(id=task.activity_id, result=result.payload, attempt=task.attempt)
-    return AttemptOutcome(task, "completed", result.record, stream, entry_id, event)
+    return AttemptOutcome(task, "completed", result.record, result.stream, result.entry_id, event)
 
 
 def attempt_failed(
@@ -457,7 +457,7 @@ def record_in_hand(
         try:
             apply_eager(results)
         except BaseException:
-            completed.extend(completion(r, stream=r.task.stream, entry_id=r.entry_id) for r in results)
+            completed.extend(completion(r) for r in results)
             raise
 
 

@@ -340,9 +340,7 @@ class Decider:
                 if isinstance(outcome, Exception):
                     inbox += items
         if inbox:
-            complete_batch(
-                self.store, [completion(r, stream=r.task.stream, entry_id=r.entry_id) for r in inbox]
-            )
+            complete_batch(self.store, [completion(r) for r in inbox])
 
     def _prepare(
         self,

@@ -246,14 +246,14 @@ class RunStore(SearchStore):
             "unhooks": list(plan.expired_hooks),
             "leased": [[t.stream, t.activity_id, t.encode(), plan.lease_due] for t in plan.leased],
             "eager": [
-                [r.task.activity_id, r.task.attempt, codec.pack(r.record), r.task.stream, r.entry_id]
+                [r.task.activity_id, r.task.attempt, codec.pack(r.record), r.stream, r.entry_id]
                 for r in plan.eager
             ],
             "status": plan.status,
             "snapshot": codec.pack(plan.snapshot),
         }
         extra = [t.stream for t in plan.activities] + [t.stream for t, _ in plan.claimed]
-        extra += [r.task.stream for r in plan.eager if r.entry_id]
+        extra += [r.stream for r in plan.eager if r.entry_id]
         if plan.claimed:
             payload["claimer"] = plan.claimer
         if plan.close is not None:

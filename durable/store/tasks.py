@@ -147,12 +147,13 @@ class ActivityTask:
 @immutable
 class AttemptResult:
     """An attempt's result before it is recorded: its task, the encoded value, the log record,
-    and the entry of the task in ``task.stream`` it ran from (``""``: a leased attempt, no entry),
+    and the task stream entry it ran from (``entry_id`` ``""``: a leased attempt, no entry),
     which whatever records the result acks."""
 
     task: ActivityTask
     payload: bytes
     record: dict[str, Any]
+    stream: str = ""
     entry_id: str = ""
 
 
