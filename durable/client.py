@@ -32,7 +32,7 @@ from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
-from .store.waits import wait_alone, waiter_for
+from .store.waits import RunMoved, wait_alone, waiter_for
 from .store.workers import WorkerInfo
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -525,12 +525,23 @@ class WorkflowStub(Generic[R]):
             TimeoutError: ``timeout`` seconds passed first.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        ref = self._ref()
+        # The run this stub last knew is checked to be current by the wait's first look
+        # (one round trip, not an id lookup and then a look).
+        known = self._run_id
+        if known is not None:
+            ref, current = RunRef(self._store.keys.partition(self._id), known, self._id), True
+        else:
+            ref, current = self._ref(), False
         while True:
-            if self._store.cluster:  # one XREAD cannot span a cluster's slots
-                closing = wait_alone(self._store, ref, deadline)
-            else:
-                closing = waiter_for(self._store).wait(self._store, ref, deadline)
+            try:
+                if self._store.cluster:  # one XREAD cannot span a cluster's slots
+                    closing = wait_alone(self._store, ref, deadline, current=current)
+                else:
+                    closing = waiter_for(self._store).wait(self._store, ref, deadline, current=current)
+            except RunMoved:
+                ref, current = self._ref(), False
+                continue
+            current = False
             if isinstance(closing.event, ev.WorkflowCompleted):
                 return codec.loads(closing.event.result)
             if isinstance(closing.event, ev.WorkflowContinuedAsNew):

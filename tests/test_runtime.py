@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from apps.basic import (
@@ -156,6 +158,37 @@ def test_continue_as_new_result_follows_runs(worker) -> None:
     assert stub.result(timeout=15) == 6
     assert stub.run_id != first_run
     assert WorkflowStub.load("loop").status() == "completed"
+
+
+def test_result_waits_for_the_ids_current_run_when_another_took_the_stubs_place(worker) -> None:
+    # A stub is a handle on its workflow id: its result is its id's current run's, also when
+    # the run it started has been replaced (the known run is checked in the first look).
+    old = WorkflowStub.make(Sequence, id="replaced").start(3)
+    assert old.result(timeout=10) == 3
+    newer = WorkflowStub.make(Sequence, id="replaced").start(5)
+    assert newer.run_id != old.run_id
+    assert old.result(timeout=10) == 10
+    assert old.run_id == newer.run_id
+
+
+def test_result_of_a_closed_run_takes_one_round_trip(worker, store: RedisStore, monkeypatch) -> None:
+    stub = WorkflowStub.make(Sequence, store=store).start(2)
+    assert stub.result(timeout=10) == 1
+    trips: list[str] = []  # this thread's round trips (the worker's threads share the store)
+    me = threading.get_ident()
+
+    def counted(name: str, call: Any) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:
+                trips.append(name or args[0])
+            return call(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(store.redis, "pipeline", counted("pipeline", store.redis.pipeline))
+    monkeypatch.setattr(store.redis, "execute_command", counted("", store.redis.execute_command))
+    assert stub.result(timeout=10) == 1
+    assert trips == ["pipeline"]
 
 
 def test_hook_resumed_by_token(worker) -> None:

@@ -134,18 +134,30 @@ def _unserved_too_long(since: float | None) -> bool:
     return since is not None and time.monotonic() - since >= NO_LIVE_WORKER_GRACE_S
 
 
-def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None, str | None]:
+class RunMoved(Exception):
+    """The workflow id's current run is not the run looked at (another run took its place)."""
+
+
+def look(store: RedisStore, ref: RunRef, *, current: bool = False) -> tuple[str, ev.Entry | None, str | None]:
     """One look at a run: its closing entry, or the last stream id to wait after, and (a run
     pinned to a build) why no live worker can move it (``None``: one can).
 
+    ``current``: ``ref`` is the run a caller last knew as its workflow's current one; the same
+    round trip checks it still is (a caller's id lookup and its look in one round trip).
+
     Raises:
+        RunMoved: ``current`` and the workflow's current run is another (or none).
         WorkflowBlocked: the run is open and blocked.
         WorkflowNotFound: the run record is gone (expired or purged).
     """
     with store.redis.pipeline(transaction=False) as pipe:
         pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
         pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
-        rows, values = pipe.execute()
+        if current:
+            pipe.hget(store.keys.instance(ref.partition, ref.workflow_id), "run")
+        rows, values, *now = pipe.execute()
+    if current and (now[0] or b"").decode() != ref.run_id:
+        raise RunMoved(ref.run_id)
     last, closing = _last_entry(rows, ref.run_id)
     if closing is not None:
         return last, closing, None
@@ -158,12 +170,14 @@ def look(store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None, str | No
     return last, None, store.unserved_reason(record)
 
 
-def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
-    """Wait for ``ref`` to close, blocking a connection of this caller's own (a cluster's way)."""
+def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False) -> ev.Entry:
+    """Wait for ``ref`` to close, blocking a connection of this caller's own (a cluster's way).
+    ``current``: as for :func:`look` (checked once, first)."""
     key = store.keys.history(ref.partition, ref.run_id)
     since: float | None = None
     while True:
-        last, closing, unserved = look(store, ref)
+        last, closing, unserved = look(store, ref, current=current)
+        current = False
         if closing is not None:
             return closing
         since = _still_unserved(since, unserved is not None)
@@ -212,16 +226,20 @@ class RunWaiter:
         self._read_at = 0.0
         self._failures = 0
 
-    def wait(self, store: RedisStore, ref: RunRef, deadline: float | None) -> ev.Entry:
+    def wait(
+        self, store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False
+    ) -> ev.Entry:
         """The closing entry of ``ref`` (a run of ``store``) once it is written.
+        ``current``: as for :func:`look`.
 
         Raises:
+            RunMoved: ``current`` and ``ref`` is no longer its workflow's current run.
             WorkflowBlocked: the run is (or becomes) blocked.
             WorkflowNotFound: the run record is gone.
             TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
             redis.RedisError: Redis failed while waiting.
         """
-        last, closing, unserved = look(store, ref)
+        last, closing, unserved = look(store, ref, current=current)
         if closing is not None:
             return closing
         caller = _Caller()
