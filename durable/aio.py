@@ -33,7 +33,7 @@ from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
 from .store.redis_store import RedisStore, RunRef
 from .store.updates import update_result
-from .store.waits import wait_alone
+from .store.waits import RunMoved, wait_alone
 from .workflow import Workflow
 
 R = TypeVar("R")
@@ -189,14 +189,25 @@ class AsyncWorkflowStub(Generic[R]):
         waiter = async_waiter_for(store)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        ref = await waiter.ref(self.id)
-        self._stub._run_id = ref.run_id
+        # As WorkflowStub.result: the known run is checked current by the first look.
+        known = self._stub._run_id
+        if known is not None:
+            ref, current = RunRef(store.keys.partition(self.id), known, self.id), True
+        else:
+            ref, current = await waiter.ref(self.id), False
+            self._stub._run_id = ref.run_id
         while True:
-            if store.cluster:
-                wall = None if deadline is None else time.monotonic() + (deadline - loop.time())
-                closing = await asyncio.to_thread(wait_alone, store, ref, wall)
-            else:
-                closing = await waiter.wait(ref, deadline)
+            try:
+                if store.cluster:
+                    wall = None if deadline is None else time.monotonic() + (deadline - loop.time())
+                    closing = await asyncio.to_thread(wait_alone, store, ref, wall, current=current)
+                else:
+                    closing = await waiter.wait(ref, deadline, current=current)
+            except RunMoved:
+                ref, current = await waiter.ref(self.id), False
+                self._stub._run_id = ref.run_id
+                continue
+            current = False
             if isinstance(closing.event, ev.WorkflowCompleted):
                 result: R = codec.loads(closing.event.result)
                 return result

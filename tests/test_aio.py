@@ -65,6 +65,12 @@ def test_async_client_signal_query_update_and_errors(redis_url: str) -> None:
             await other.result(timeout=10)
         with pytest.raises(WorkflowNotFound):
             await AsyncWorkflowStub.make(Gate, id="gate-none").result()
+        # A stub follows its id's current run, also when another run took its run's place.
+        old = await AsyncWorkflowStub.make(Doubles, id="doubles-again").start(2)
+        assert await old.result(timeout=30) == [0, 2]
+        newer = await AsyncWorkflowStub.make(Doubles, id="doubles-again").start(3)
+        assert await old.result(timeout=30) == [0, 2, 4]
+        assert old.run_id == newer.run_id
         await _cancelled_await_leaves_the_others()
 
     with workers(redis_url, app="apps.async_app"):

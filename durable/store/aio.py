@@ -45,6 +45,7 @@ from .waits import (
     BLOCK_MS,
     IDLE_S,
     READ_COUNT,
+    RunMoved,
     _last_entry,
     _record,
     _still_unserved,
@@ -197,17 +198,25 @@ def _rows(reply: Any) -> list[tuple[bytes, Any]]:
     return [(entry_id, _entry_fields(fields)) for entry_id, fields in reply or ()]
 
 
-async def look(batch: _Batch, store: RedisStore, ref: RunRef) -> tuple[str, ev.Entry | None]:
+async def look(
+    batch: _Batch, store: RedisStore, ref: RunRef, *, current: bool = False
+) -> tuple[str, ev.Entry | None]:
     """One look at a run (:func:`durable.store.waits.look`, awaited).
 
     Raises:
+        RunMoved: ``current`` and the workflow's current run is another (or none).
         WorkflowBlocked: the run is open and blocked.
         WorkflowNotFound: the run record is gone (expired or purged).
     """
-    rows, values = await asyncio.gather(
+    calls = [
         batch.call("XREVRANGE", store.keys.history(ref.partition, ref.run_id), "+", "-", "COUNT", "1"),
         batch.call("HMGET", store.keys.run(ref.partition, ref.run_id), *_RECORD_FIELDS),
-    )
+    ]
+    if current:
+        calls.append(batch.call("HGET", store.keys.instance(ref.partition, ref.workflow_id), "run"))
+    rows, values, *now = await asyncio.gather(*calls)
+    if current and text(now[0] or b"") != ref.run_id:
+        raise RunMoved(ref.run_id)
     last, closing = _last_entry(_rows(rows), ref.run_id)
     if closing is not None:
         return last, closing
@@ -257,17 +266,19 @@ class AsyncRunWaiter:
         """The workflow's current run."""
         return await current_ref(self.batch, self.store, workflow_id)
 
-    async def wait(self, ref: RunRef, deadline: float | None) -> ev.Entry:
+    async def wait(self, ref: RunRef, deadline: float | None, *, current: bool = False) -> ev.Entry:
         """The closing entry of ``ref`` once it is written (``deadline``: the loop's clock).
+        ``current``: as for :func:`look`.
 
         Raises:
+            RunMoved: ``current`` and ``ref`` is no longer its workflow's current run.
             WorkflowBlocked: the run is (or becomes) blocked.
             WorkflowNotFound: the run record is gone.
             TimeoutError: ``deadline`` passed first.
             redis.RedisError: Redis failed while waiting.
         """
         loop = asyncio.get_running_loop()
-        last, closing = await look(self.batch, self.store, ref)
+        last, closing = await look(self.batch, self.store, ref, current=current)
         if closing is not None:
             return closing
         key = self.store.keys.history(ref.partition, ref.run_id)
