@@ -1,4 +1,5 @@
-"""The Redis-bound ceiling for one durable activity step on this machine.
+"""The ceiling for one durable activity step on this machine: Redis running the step's commands
+for one client that does nothing but pack them (it prints how busy each of the two was).
 
 One durable step (ARCHITECTURE.md "One step, from history to commit") costs, as written,
 ONE Redis command when the worker that runs the activity claimed it (its commit read the task
@@ -381,8 +382,28 @@ def beside(
         other.store.close()
 
 
-def report(label: str, steps: int, elapsed: float) -> None:
-    print(f"  {label + ':':<58} {steps / elapsed:,.0f} steps/s ({steps:,} steps in {elapsed:.1f} s)")
+def cpu(store: RedisStore) -> tuple[float, float]:
+    """CPU seconds so far of the Redis server and of this process (the one client)."""
+    info = store.redis.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), time.process_time()
+
+
+def busy(before: tuple[float, float], after: tuple[float, float], elapsed: float) -> dict[str, float]:
+    """How busy Redis and the client were between two :func:`cpu` readings, as shares of one
+    core: which of the two bounds the ceiling on this machine (it is not always Redis)."""
+    return {
+        "redis_core": round((after[0] - before[0]) / elapsed, 3),
+        "client_core": round((after[1] - before[1]) / elapsed, 3),
+    }
+
+
+def report(label: str, steps: int, elapsed: float, load: dict[str, float] | None = None) -> None:
+    line = f"  {label + ':':<58} {steps / elapsed:,.0f} steps/s ({steps:,} steps in {elapsed:.1f} s)"
+    if load:
+        line += (
+            f"; Redis {100 * load['redis_core']:.0f} %, client {100 * load['client_core']:.0f} % of a core"
+        )
+    print(line)
 
 
 def main() -> None:
@@ -410,11 +431,11 @@ def main() -> None:
             bench.take_connection()
             try:
                 bench.as_written(min(1.0, args.seconds))  # warm up
+                before = cpu(store)
                 steps, elapsed = bench.as_written(args.seconds)
-                print(
-                    f"Redis-bound ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:"
-                )
-                report("as written (1 command/step, 1 round trip/pass)", steps, elapsed)
+                load = busy(before, cpu(store), elapsed)
+                print(f"Ceiling, appendfsync {args.appendfsync}, {args.runs} runs in lock step, one client:")
+                report("as written (1 command/step, 1 round trip/pass)", steps, elapsed, load)
                 if args.inbox:
                     steps, elapsed = beside(bench, url, "inbox", Limit.through_inbox, args.seconds)
                     report("through the inbox (3 commands/step, 3 round trips/pass)", steps, elapsed)

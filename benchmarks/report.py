@@ -83,10 +83,11 @@ def ratios(
 def cpu_bound(w2: dict[str, Any] | None, ceiling: dict[str, Any] | None, cores: int) -> str:
     """Why W2 falls short of the ceiling, as text (``""`` without W2's CPU figures).
 
-    The ceiling is Redis alone running the step's commands. W2's client, workers and Redis
-    share the machine's cores, so W2 can reach at most ``cores`` / (their CPU per step):
-    how far W2 is from that bound is scheduling and waiting; how far the bound is from
-    the ceiling is the workers' (Python's) own CPU per step."""
+    The ceiling is Redis running the step's commands for one client that only packs them
+    (which of the two bounds it is measured: ``redis_core``, ``client_core``). W2's client,
+    workers and Redis share the machine's cores, so W2 can reach at most ``cores`` / (their
+    CPU per step): how far W2 is from that bound is scheduling and waiting; how far the bound
+    is from the ceiling is the workers' (Python's) own CPU per step."""
     parts = ("client", "workers", "redis")
     if not w2 or not all(isinstance(w2.get(f"cpu_{p}_s"), (int, float)) for p in parts):
         return ""
@@ -105,6 +106,11 @@ def cpu_bound(w2: dict[str, Any] | None, ceiling: dict[str, Any] | None, cores: 
     ceiling_rate = headline("CEIL", ceiling)
     if ceiling_rate:
         text += f", and the bound is {100 * bound / ceiling_rate:.0f} % of the ceiling"
+        if ceiling and isinstance(ceiling.get("redis_core"), (int, float)):
+            text += (
+                f" (whose Redis was busy {100 * ceiling['redis_core']:.0f} % of a core, "
+                f"its one client {100 * ceiling['client_core']:.0f} %)"
+            )
     return text
 
 

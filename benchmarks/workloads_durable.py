@@ -367,8 +367,12 @@ class Engine:
         if self._limit is None:
             self._limit = self._start_limit(runs)
             self._limit.as_written(min(0.5, seconds))  # warm up: scripts, first pass
+        from limit import busy, cpu
+
+        before = cpu(self._limit.store)
         steps, elapsed = self._limit.as_written(seconds)
-        return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "runs": runs}
+        load = busy(before, cpu(self._limit.store), elapsed)
+        return {"steps_per_s": steps / elapsed, "steps": steps, "seconds": elapsed, "runs": runs, **load}
 
     def _start_limit(self, runs: int) -> Any:
         from limit import Limit

@@ -16,6 +16,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import harness  # noqa: E402
+import limit  # noqa: E402
 import report  # noqa: E402
 from limit import Limit  # noqa: E402
 
@@ -26,8 +27,11 @@ def test_limit_passes_run_on_the_real_scripts(redis_url: str) -> None:
     bench = Limit(RedisStore(redis_url, prefix="limit-test"), 4)
     bench.take_connection()
     try:
-        steps, _ = bench.as_written(0.05)
+        before = limit.cpu(bench.store)
+        steps, elapsed = bench.as_written(0.05)
         assert steps >= 4
+        load = limit.busy(before, limit.cpu(bench.store), elapsed)
+        assert load["redis_core"] > 0 and load["client_core"] > 0
         inbox = Limit(RedisStore(redis_url, prefix="limit-test-inbox"), 4)
         inbox.conn = bench.conn
         steps, _ = inbox.through_inbox(0.05)
@@ -89,6 +93,13 @@ def test_w2_cpu_bound_explains_the_ceiling_ratio() -> None:
         "W2 CPU bound (durable): 1.00 ms CPU per step (client 0.10 + workers 0.50 + Redis 0.40) allow at "
         "most 2,000 steps/s on 2 cores; W2 reached 50 % of that, and the bound is 50 % of the ceiling"
     ) in lines
+    # What bounds the ceiling itself: how busy its Redis and its one client were.
+    ceiling = {"steps_per_s": 4000.0, "redis_core": 0.71, "client_core": 0.33}
+    lines = report.ratios({"durable": {"W2": w2, "CEIL": ceiling}}, ["W2", "CEIL"], cores=2)
+    assert any(
+        line.endswith("50 % of the ceiling (whose Redis was busy 71 % of a core, its one client 33 %)")
+        for line in lines
+    )
     assert not [
         line for line in report.ratios({"durable": {"W2": {"steps_per_s": 1.0}}}, ["W2"]) if "bound" in line
     ]

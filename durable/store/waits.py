@@ -1,7 +1,8 @@
 """Waiting for runs to close, multiplexed: one thread and one Redis connection per process
 and store, however many callers wait in :meth:`WorkflowStub.result`.
 
-A caller first looks itself (the run may be closed or blocked already). Otherwise it
+A caller first looks itself (the run may be closed or blocked already; the same round trip
+checks that the run the caller knew is still its workflow's current one). Otherwise it
 registers the run's history stream with the store's :class:`RunWaiter` and sleeps on
 its own event. The waiter thread blocks in one ``XREAD`` over every watched stream;
 the newest entry the read returns of a grown stream tells, from its type alone (no decode
