@@ -26,9 +26,9 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 from . import codec
 from . import events as ev
-from .client import WorkflowStub, _closing_error, _Handles
+from .client import WorkflowStub, _Handles
 from .client_updates import send_update
-from .runinfo import HistoryEvent, RunDescription
+from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
 from .store.redis_store import RedisStore, RunRef
@@ -215,4 +215,4 @@ class AsyncWorkflowStub(Generic[R]):
                 ref = RunRef(ref.partition, closing.event.new_run_id, self.id)
                 self._stub._run_id = ref.run_id
                 continue
-            raise _closing_error(closing, self.id)
+            raise closing_error(closing, self.id)

@@ -15,7 +15,6 @@ from .errors import (
     ConfigurationError,
     DurableError,
     WorkflowClosed,
-    WorkflowFailed,
     WorkflowNotFound,
 )
 from .ids import check_workflow_id, new_run_id
@@ -24,7 +23,15 @@ from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow
 from .replay.driver import query_history
-from .runinfo import BlockedReason, HistoryEvent, RunDescription, RunOutcome, outcome_of, with_attempts
+from .runinfo import (
+    BlockedReason,
+    HistoryEvent,
+    RunDescription,
+    RunOutcome,
+    closing_error,
+    outcome_of,
+    with_attempts,
+)
 from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
@@ -32,7 +39,7 @@ from .store.embedded import resolve_redis_url
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
-from .store.waits import RunMoved, wait_alone, waiter_for
+from .store.waits import RunMoved, wait_closing
 from .store.workers import WorkerInfo
 from .workflow import Workflow, effective_history_budget, near_history_limit
 
@@ -49,18 +56,6 @@ def default_store() -> RedisStore:
         if store is None:
             store = _stores[url, name] = RedisStore(url, namespace=name)
         return store
-
-
-def _closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
-    status = ev.STATUS_OF_CLOSING[entry.type]
-    cause = None
-    if isinstance(entry.event, ev.WorkflowFailedEvent):
-        cause = codec.loads(entry.event.error)
-        message = f"workflow {workflow_id!r} failed: {type(cause).__name__}: {cause}"
-    else:
-        reason = getattr(entry.event, "reason", "")
-        message = f"workflow {workflow_id!r} was {status}" + (f": {reason}" if reason else "")
-    return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
 
 
 def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.SignalReceived:
@@ -528,16 +523,11 @@ class WorkflowStub(Generic[R]):
         # The run this stub last knew is checked to be current by the wait's first look
         # (one round trip, not an id lookup and then a look).
         known = self._run_id
-        if known is not None:
-            ref, current = RunRef(self._store.keys.partition(self._id), known, self._id), True
-        else:
-            ref, current = self._ref(), False
+        ref = RunRef(self._store.keys.partition(self._id), known, self._id) if known else self._ref()
+        current = known is not None
         while True:
             try:
-                if self._store.cluster:  # one XREAD cannot span a cluster's slots
-                    closing = wait_alone(self._store, ref, deadline, current=current)
-                else:
-                    closing = waiter_for(self._store).wait(self._store, ref, deadline, current=current)
+                closing = wait_closing(self._store, ref, deadline, current=current)
             except RunMoved:
                 ref, current = self._ref(), False
                 continue
@@ -548,7 +538,7 @@ class WorkflowStub(Generic[R]):
                 ref = RunRef(ref.partition, closing.event.new_run_id, self._id)
                 self._run_id = ref.run_id
                 continue
-            raise _closing_error(closing, self._id)
+            raise closing_error(closing, self._id)
 
     def _pending_with_attempts(
         self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec, hooktokens
 from . import events as ev
-from .errors import ApplicationError, DurableError
+from .errors import ApplicationError, DurableError, WorkflowFailed
 from .store.records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS
 
 if TYPE_CHECKING:
@@ -142,6 +142,19 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
     if isinstance(event, ev.WorkflowContinuedAsNew):
         return RunOutcome(status, when, continued_as=event.new_run_id)
     return RunOutcome(status, when, error_type=closing.type, error_message=getattr(event, "reason", ""))
+
+
+def closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
+    """What ``result()`` raises for a run that closed other than completed (``entry`` closed it)."""
+    status = ev.STATUS_OF_CLOSING[entry.type]
+    cause = None
+    if isinstance(entry.event, ev.WorkflowFailedEvent):
+        cause = codec.loads(entry.event.error)
+        message = f"workflow {workflow_id!r} failed: {type(cause).__name__}: {cause}"
+    else:
+        reason = getattr(entry.event, "reason", "")
+        message = f"workflow {workflow_id!r} was {status}" + (f": {reason}" if reason else "")
+    return WorkflowFailed(message, status=status, cause=cause if isinstance(cause, BaseException) else None)
 
 
 def with_attempts(

@@ -412,6 +412,17 @@ class RunWaiter:
                 self._wake(key, error=exc)
 
 
+def wait_closing(
+    store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False
+) -> ev.Entry:
+    """The closing entry of ``ref`` once it is written: through the process's
+    :class:`RunWaiter`, or on a Redis Cluster (one ``XREAD`` cannot span its slots) by
+    :func:`wait_alone`. Raises what :meth:`RunWaiter.wait` raises."""
+    if store.cluster:
+        return wait_alone(store, ref, deadline, current=current)
+    return waiter_for(store).wait(store, ref, deadline, current=current)
+
+
 _waiters: weakref.WeakKeyDictionary[RedisStore, tuple[int, RunWaiter]] = weakref.WeakKeyDictionary()
 _waiters_lock = threading.Lock()
 
