@@ -213,24 +213,19 @@ class Limit:
                 "attempt": 1,
             }
         )
+        # As RunStore.commit_args: the lists a decision does not use are left out.
         plan: dict[str, Any] = {
             "rid": run["rid"],
             "seq": run["seq"],
             "events": [*inbox, scheduled_event(aid, run["step"])],
             "consumed": 0 if done is not None else len(inbox),
-            "dropped": [],
-            "activities": [[run["commit_keys"][-1], aid, body, *self._claim()]] if queued else [],
-            "timers": [],
-            "untimers": [],
-            "cancel_activities": [],
-            "outbox": [],
-            "hooks": [],
-            "unhooks": [],
-            "leased": [],
-            "eager": [] if done is None else [[done[2], 1, self.record, done[0], done[1]]],
             "status": "suspended",
             "snapshot": self.snapshot,
         }
+        if queued:
+            plan["activities"] = [[run["commit_keys"][-1], aid, body, *self._claim()]]
+        if done is not None:
+            plan["eager"] = [[done[2], 1, self.record, done[0], done[1]]]
         if task is not None:
             plan["task"] = list(task)
         if queued and self.claimed:

@@ -226,11 +226,7 @@ class RunStore(SearchStore):
         """Keys and argument of the commit script for one decision (see ``lua/commit.lua``)."""
         p, rid = ref.partition, ref.run_id
         k = self.keys
-        payload: dict[str, Any] = {
-            "rid": rid,
-            "seq": plan.expected_seq,
-            "events": list(plan.events),
-            "consumed": plan.consumed,
+        lists = {
             # A poison input's reason quotes the decoder's error about user data: sealed.
             "dropped": [
                 [raw, seal_text(reason) if poison else reason, 1 if poison else 0]
@@ -249,8 +245,17 @@ class RunStore(SearchStore):
                 [r.task.activity_id, r.task.attempt, codec.pack(r.record), r.stream, r.entry_id]
                 for r in plan.eager
             ],
+        }
+        payload: dict[str, Any] = {
+            "rid": rid,
+            "seq": plan.expected_seq,
+            "events": list(plan.events),
+            "consumed": plan.consumed,
             "status": plan.status,
             "snapshot": codec.pack(plan.snapshot),
+            # Only the lists in use: the script reads a missing one as empty, and packing and
+            # unpacking ten empty lists per commit costs both sides.
+            **{name: items for name, items in lists.items() if items},
         }
         extra = [t.stream for t in plan.activities] + [t.stream for t, _ in plan.claimed]
         extra += [r.stream for r in plan.eager if r.entry_id]

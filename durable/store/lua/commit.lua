@@ -13,6 +13,8 @@ local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8
 local running, sessions = KEYS[11], KEYS[12]
 local plan = cmsgpack.unpack(ARGV[1])
 local rid = plan.rid
+-- The plan leaves out the lists a decision does not use (most are empty in most decisions).
+local NONE = {}
 
 -- Check before writing anything: a Lua error does not undo earlier writes.
 local st = redis.call('HMGET', run, 'seq', 'status')
@@ -21,7 +23,7 @@ if seq == nil then return {'CLOSED', 'missing'} end
 if seq ~= plan.seq then return {'CONFLICT', seq} end
 if not is_open(st[2]) then return {'CLOSED', st[2]} end
 -- Eager completions: this worker ran these attempts itself; each must still be current.
-for _, e in ipairs(plan.eager) do
+for _, e in ipairs(plan.eager or NONE) do
   if tonumber(redis.call('HGET', acts, e[1] .. '#')) ~= e[2] then return {'STALE', e[1]} end
 end
 
@@ -34,7 +36,7 @@ if plan.consumed > 0 then redis.call('LTRIM', inbox, plan.consumed, -1) end
 
 -- Inputs read but not applied (duplicates, late results) stay beside the history;
 -- undecodable ones are parked as dead letters too.
-for _, d in ipairs(plan.dropped) do
+for _, d in ipairs(plan.dropped or NONE) do
   redis.call('XADD', log, '*', 'kind', 'dropped', 'e', d[1], 'reason', d[2], 'ts', ts)
   if d[3] == 1 then
     redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', d[1], 'reason', d[2], 'ts', ts)
@@ -46,51 +48,56 @@ end
 -- undelivered task: when that is the one just added, its attempt begins here too (started ms
 -- a[4], deadline a[5]: begin_attempt.lua's bookkeeping) and the worker skips that round trip.
 local claimed = {}
-for _, a in ipairs(plan.activities) do
-  redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
+for _, a in ipairs(plan.activities or NONE) do
   local id = redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
   -- A worker session's private queue: remember it, so a dead host's tasks get failed.
   local private = string.match(a[1], ':aq:(@.+)$')
   if private then redis.call('SADD', sessions, private) end
+  local begun = 0
   if a[4] then
     -- pcall: a stream deleted meanwhile has no consumer group (NOGROUP), and an error here
     -- would leave this commit half written. The task then just waits for a read.
     local got = redis.pcall('XREADGROUP', 'GROUP', GROUP, plan.claimer, 'COUNT', 1, 'STREAMS', a[1], '>')
     local entry = type(got) == 'table' and not got.err and got[1][2][1]
     if entry then
-      local begun = 0
       if entry[1] == id then
-        begun = now_ms()
-        redis.call('HSET', acts, a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer)
+        begun = ts
         if a[5] > 0 then redis.call('ZADD', running, a[5], rid .. '|' .. a[2] .. '|1') end
       end
       claimed[#claimed + 1] = {a[1], entry[1], entry[2], begun}
     end
   end
+  -- The activity's fields (and, begun here, its start and who began it) in one write.
+  if begun > 0 then
+    redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1],
+      a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer)
+  else
+    redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
+  end
 end
 -- Leased activities run on the committing worker (local activities, eager mode): no
 -- task in a stream, only a lease; if the worker dies, the lease expires and the
 -- scheduler retries the attempt through the activity's stream.
-for _, a in ipairs(plan.leased) do
+for _, a in ipairs(plan.leased or NONE) do
   redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
   redis.call('ZADD', running, a[4], rid .. '|' .. a[2] .. '|1')
 end
-for _, e in ipairs(plan.eager) do
+for _, e in ipairs(plan.eager or NONE) do
   forget_activity(acts, e[1])
   redis.call('ZREM', running, rid .. '|' .. e[1] .. '|' .. e[2])
   ack(e[4], e[5]) -- a claimed task's entry (its result comes with the decision); none when leased
   redis.call('XADD', log, '*', 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
     'record', e[3], 'reason', '', 'ts', ts)
 end
-for _, t in ipairs(plan.timers) do redis.call('ZADD', timers, t[2], t[1]) end
-for _, m in ipairs(plan.untimers) do redis.call('ZREM', timers, m) end
-for _, aid in ipairs(plan.cancel_activities) do
+for _, t in ipairs(plan.timers or NONE) do redis.call('ZADD', timers, t[2], t[1]) end
+for _, m in ipairs(plan.untimers or NONE) do redis.call('ZREM', timers, m) end
+for _, aid in ipairs(plan.cancel_activities or NONE) do
   forget_activity(acts, aid)
   redis.call('ZREM', timers, 'r|' .. rid .. '|' .. aid)
 end
-for _, m in ipairs(plan.outbox) do redis.call('XADD', outbox, '*', 'm', m) end
-for _, h in ipairs(plan.hooks) do hook_add(run, rid, h[2], h[1]) end
-for _, hid in ipairs(plan.unhooks) do hook_remove(run, hid) end
+for _, m in ipairs(plan.outbox or NONE) do redis.call('XADD', outbox, '*', 'm', m) end
+for _, h in ipairs(plan.hooks or NONE) do hook_add(run, rid, h[2], h[1]) end
+for _, hid in ipairs(plan.unhooks or NONE) do hook_remove(run, hid) end
 
 if plan.sticky ~= nil then
   -- The committing worker holds the run's driver in its cache: its next tasks go there.
