@@ -63,8 +63,9 @@ class ClaimedTask:
 
 @immutable(slots=False)
 class CommitResult:
-    """Outcome of :meth:`RedisStore.commit`: the run's new seq, its inbox length, and the
-    activity tasks read for the committing worker (``CommitPlan.claimed``)."""
+    """Outcome of :meth:`RedisStore.commit`: the run's new seq, its inbox length (0 when the
+    commit did not read it: an eager one, or one that closed the run), and the activity tasks
+    read for the committing worker (``CommitPlan.claimed``)."""
 
     seq: int
     inbox: int

@@ -5,7 +5,8 @@
 -- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
 --       then every stream the plan names (activity queues, next run's keys).
 -- ARGV: plan (msgpack map, built by store/runs.py RunStore.commit_args from a CommitPlan)
--- Returns {'OK', new seq, inbox length, claimed tasks ({stream, entry id, fields, began ms or 0})}
+-- Returns {'OK', new seq, inbox length (0 when not read: eager, closed), claimed tasks
+--       ({stream, entry id, fields, began ms or 0})}
 --       | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -156,11 +157,13 @@ if closed then
 end
 
 if plan.task ~= nil then ack(plan.task[1], plan.task[2]) end
-local waiting = redis.call('LLEN', inbox)
+-- An eager commit holds no workflow task: a task already pending (inputs arrived)
+-- stays pending and will read them; nothing to ack or re-wake, and the inbox is not read.
+local waiting = 0
+if plan.task ~= nil and not closed then waiting = redis.call('LLEN', inbox) end
 if plan.task == nil and not closed then
-  -- An eager commit holds no workflow task: a task already pending (inputs arrived)
-  -- stays pending and will read them; nothing to ack or re-wake here.
-elseif not closed and waiting > 0 then
+  -- (eager: see above)
+elseif waiting > 0 then
   -- Inputs arrived during the decision: keep the task flag and enqueue a new
   -- task, or they would be stranded behind the task just acked.
   redis.call('XADD', task_stream(run), '*', 'run', rid)
