@@ -187,9 +187,10 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
     key = "steps_per_s" if "steps_per_s" in runs[0] else "p50_s"
-    turns = [fig[key] for fig in runs]  # in the order run: per-turn ratios between variants
+    # In the order run: per-turn ratios between variants (the ceiling's inbox step too).
+    turns = {f"turns_{k}": [fig[k] for fig in runs] for k in (key, "inbox_steps_per_s") if k in runs[0]}
     runs.sort(key=lambda fig: fig[key])
-    return {**runs[len(runs) // 2], f"runs_{key}": [fig[key] for fig in runs], f"turns_{key}": turns}
+    return {**runs[len(runs) // 2], f"runs_{key}": [fig[key] for fig in runs], **turns}
 
 
 Slot = tuple[str, str]  # (engine label, workload)

@@ -69,6 +69,18 @@ def ratios(
         line = _ratio(figs.get("W2"), figs.get("CEIL"), "steps_per_s", percent=True)
         if line:
             lines.append(f"W2 / limit.py ceiling as written ({engine}) = {line} (goal >= 80 %)")
+        ceiling = figs.get("CEIL") or {}
+        if ceiling.get("inbox_steps_per_s"):
+            # The ceiling of the step the engine had when issue 18 was filed (3 commands).
+            then = {
+                "steps_per_s": ceiling["inbox_steps_per_s"],
+                "turns_steps_per_s": ceiling.get("turns_inbox_steps_per_s", []),
+            }
+            line = _ratio(figs.get("W2"), then, "steps_per_s", percent=True)
+            if line:
+                lines.append(
+                    f"W2 / limit.py ceiling through the inbox, the step when issue 18 was filed ({engine}) = {line}"
+                )
         bound = cpu_bound(figs.get("W2"), figs.get("CEIL"), cores or os.cpu_count() or 1)
         if bound:
             lines.append(f"W2 CPU bound ({engine}): {bound}")

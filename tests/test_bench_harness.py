@@ -74,6 +74,21 @@ def test_issue_18_ratios() -> None:
         "W2 / limit.py ceiling as written (durable) = 50 % (per turn 50 %–80 %, n=2) (goal >= 80 %)" in lines
     )
     assert "W1 p50 queued/eager (goal <= 1.5) = 2.00" in lines
+    # The ceiling's turns also ran the step through the inbox: merged, and its ratio printed.
+    ceiling = harness.merge_runs(
+        "CEIL",
+        [
+            {"steps_per_s": 200.0, "inbox_steps_per_s": 100.0},
+            {"steps_per_s": 100.0, "inbox_steps_per_s": 40.0},
+        ],
+    )
+    assert ceiling["turns_inbox_steps_per_s"] == [100.0, 40.0]
+    figures["durable"]["CEIL"] = ceiling
+    lines = report.ratios(figures, ["W2", "CEIL"])
+    assert (
+        "W2 / limit.py ceiling through the inbox, the step when issue 18 was filed (durable) = 100 % "
+        "(per turn 100 %–200 %, n=2)"
+    ) in lines
     assert "W2 steps/s appendfsync always/everysec (goal >= 0.70) = 0.70 (per turn 0.50–0.70, n=2)" in lines
     assert not [line for line in lines if "durable/durable+" in line]
 
