@@ -31,7 +31,7 @@ from .client_updates import send_update
 from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
-from .store.redis_store import RedisStore, RunRef
+from .store.redis_store import RedisStore
 from .store.updates import update_result
 from .store.waits import RunMoved, wait_alone
 from .workflow import Workflow
@@ -190,12 +190,10 @@ class AsyncWorkflowStub(Generic[R]):
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         # As WorkflowStub.result: the known run is checked current by the first look.
-        known = self._stub._run_id
-        if known is not None:
-            ref, current = RunRef(store.keys.partition(self.id), known, self.id), True
-        else:
-            ref, current = await waiter.ref(self.id), False
-            self._stub._run_id = ref.run_id
+        stub = self._stub
+        current = stub._run_id is not None
+        known = stub._run_id if stub._run_id is not None else (await waiter.ref(self.id)).run_id
+        ref = stub._at_run(known)
         while True:
             try:
                 if store.cluster:
@@ -203,16 +201,15 @@ class AsyncWorkflowStub(Generic[R]):
                     closing = await asyncio.to_thread(wait_alone, store, ref, wall, current=current)
                 else:
                     closing = await waiter.wait(ref, deadline, current=current)
-            except RunMoved:
-                ref, current = await waiter.ref(self.id), False
-                self._stub._run_id = ref.run_id
+            except RunMoved as moved:
+                ref = stub._at_run(moved.current or (await waiter.ref(self.id)).run_id)
+                current = False
                 continue
             current = False
             if isinstance(closing.event, ev.WorkflowCompleted):
                 result: R = codec.loads(closing.event.result)
                 return result
             if isinstance(closing.event, ev.WorkflowContinuedAsNew):
-                ref = RunRef(ref.partition, closing.event.new_run_id, self.id)
-                self._stub._run_id = ref.run_id
+                ref = stub._at_run(closing.event.new_run_id)
                 continue
             raise closing_error(closing, self.id)

@@ -283,6 +283,11 @@ class WorkflowStub(Generic[R]):
         self._run_id = ref.run_id
         return ref
 
+    def _at_run(self, run_id: str) -> RunRef:
+        """``run_id`` of this stub's workflow, from now on the run the stub knows (unchecked)."""
+        self._run_id = run_id
+        return RunRef(self._store.keys.partition(self._id), run_id, self._id)
+
     # ------------------------------------------------------------- actions
     def start(self, *args: Any) -> Self:
         """Start a run with ``args`` and return this stub.
@@ -520,23 +525,20 @@ class WorkflowStub(Generic[R]):
             TimeoutError: ``timeout`` seconds passed first.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        # The run this stub last knew is checked to be current by the wait's first look
-        # (one round trip, not an id lookup and then a look).
-        known = self._run_id
-        ref = RunRef(self._store.keys.partition(self._id), known, self._id) if known else self._ref()
-        current = known is not None
+        # The run this stub knew is checked current by the wait's first look (one round trip).
+        current = self._run_id is not None
+        ref = self._at_run(self._run_id) if self._run_id is not None else self._ref()
         while True:
             try:
                 closing = wait_closing(self._store, ref, deadline, current=current)
-            except RunMoved:
-                ref, current = self._ref(), False
+            except RunMoved as moved:
+                ref, current = self._at_run(moved.current) if moved.current else self._ref(), False
                 continue
             current = False
             if isinstance(closing.event, ev.WorkflowCompleted):
                 return codec.loads(closing.event.result)
             if isinstance(closing.event, ev.WorkflowContinuedAsNew):
-                ref = RunRef(ref.partition, closing.event.new_run_id, self._id)
-                self._run_id = ref.run_id
+                ref = self._at_run(closing.event.new_run_id)
                 continue
             raise closing_error(closing, self._id)
 

@@ -45,13 +45,13 @@ from .waits import (
     BLOCK_MS,
     IDLE_S,
     READ_COUNT,
-    RunMoved,
     _last_entry,
     _record,
     _still_unserved,
     _unserved_error,
     _unserved_too_long,
     blocked_error,
+    check_current,
     newest,
     read_pause,
 )
@@ -215,8 +215,8 @@ async def look(
     if current:
         calls.append(batch.call("HGET", store.keys.instance(ref.partition, ref.workflow_id), "run"))
     rows, values, *now = await asyncio.gather(*calls)
-    if current and text(now[0] or b"") != ref.run_id:
-        raise RunMoved(ref.run_id)
+    if current:
+        check_current(ref, now[0])
     last, closing = _last_entry(_rows(rows), ref.run_id)
     if closing is not None:
         return last, closing

@@ -136,7 +136,23 @@ def _unserved_too_long(since: float | None) -> bool:
 
 
 class RunMoved(Exception):
-    """The workflow id's current run is not the run looked at (another run took its place)."""
+    """The workflow id's current run is not the run looked at (another run took its place).
+
+    Attributes:
+        current: The id's current run as the look read it (``None``: the id has none).
+    """
+
+    def __init__(self, current: str | None) -> None:
+        super().__init__(current)
+        self.current = current
+
+
+def check_current(ref: RunRef, current: bytes | str | None) -> None:
+    """Raise :class:`RunMoved` unless ``current`` (the instance's ``run`` field, as read in a
+    look's round trip) is ``ref``'s run."""
+    run_id = current.decode() if isinstance(current, bytes) else current
+    if run_id != ref.run_id:
+        raise RunMoved(run_id or None)
 
 
 def look(store: RedisStore, ref: RunRef, *, current: bool = False) -> tuple[str, ev.Entry | None, str | None]:
@@ -157,8 +173,8 @@ def look(store: RedisStore, ref: RunRef, *, current: bool = False) -> tuple[str,
         if current:
             pipe.hget(store.keys.instance(ref.partition, ref.workflow_id), "run")
         rows, values, *now = pipe.execute()
-    if current and (now[0] or b"").decode() != ref.run_id:
-        raise RunMoved(ref.run_id)
+    if current:
+        check_current(ref, now[0])
     last, closing = _last_entry(rows, ref.run_id)
     if closing is not None:
         return last, closing, None
