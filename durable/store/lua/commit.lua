@@ -69,12 +69,11 @@ for _, a in ipairs(plan.activities or NONE) do
     end
   end
   -- The activity's fields (and, begun here, its start and who began it) in one write.
+  local fields = {a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1]}
   if begun > 0 then
-    redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1],
-      a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer)
-  else
-    redis.call('HSET', acts, a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1])
+    fields[7], fields[8], fields[9], fields[10] = a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer
   end
+  redis.call('HSET', acts, unpack(fields))
 end
 -- Leased activities run on the committing worker (local activities, eager mode): no
 -- task in a stream, only a lease; if the worker dies, the lease expires and the
@@ -157,17 +156,19 @@ if closed then
 end
 
 if plan.task ~= nil then ack(plan.task[1], plan.task[2]) end
--- An eager commit holds no workflow task: a task already pending (inputs arrived)
--- stays pending and will read them; nothing to ack or re-wake, and the inbox is not read.
+-- An eager commit (no workflow task) of an open run leaves the task flag alone: a task already
+-- pending (inputs arrived) stays pending and will read them; the inbox is not read for it.
 local waiting = 0
-if plan.task ~= nil and not closed then waiting = redis.call('LLEN', inbox) end
-if plan.task == nil and not closed then
-  -- (eager: see above)
-elseif waiting > 0 then
-  -- Inputs arrived during the decision: keep the task flag and enqueue a new
-  -- task, or they would be stranded behind the task just acked.
-  redis.call('XADD', task_stream(run), '*', 'run', rid)
-else
+if closed then
   redis.call('HSET', run, 'task', '0')
+elseif plan.task ~= nil then
+  waiting = redis.call('LLEN', inbox)
+  if waiting > 0 then
+    -- Inputs arrived during the decision: keep the task flag and enqueue a new
+    -- task, or they would be stranded behind the task just acked.
+    redis.call('XADD', task_stream(run), '*', 'run', rid)
+  else
+    redis.call('HSET', run, 'task', '0')
+  end
 end
 return {'OK', new_seq, waiting, claimed}
