@@ -372,6 +372,8 @@ class Engine:
         if self._limit is None:
             self._limit = self._start_limit(runs)
             self._limit.as_written(min(0.5, seconds))  # warm up: scripts, first pass
+            # Runs of its own that last across turns (limit.beside() makes new ones per call,
+            # and their tasks would share the stream with the last call's leftovers).
             self._inbox = Limit(RedisStore(self._limit_server.ensure(), prefix="limit-inbox"), runs)
             self._inbox.conn = self._limit.conn
             self._inbox.through_inbox(min(0.5, seconds))
