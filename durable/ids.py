@@ -30,7 +30,7 @@ def successor_run_id(run_id: str, ts_ms: int) -> str:
 
 
 def check_workflow_id(workflow_id: object) -> str:
-    """Validate a workflow id: 1-256 printable characters, no whitespace.
+    """Validate a workflow id: 1-256 printable characters, no whitespace, not ``.`` or ``..``.
 
     Raises:
         ConfigurationError: naming the id and the rule it breaks.
@@ -39,6 +39,16 @@ def check_workflow_id(workflow_id: object) -> str:
         raise ConfigurationError(
             f"invalid workflow id {workflow_id!r}: use 1-256 printable characters without whitespace"
         )
+    if workflow_id in (".", ".."):
+        # A URL path segment "." or ".." (even percent-encoded) is resolved away by browsers
+        # and HTTP clients: the run could not be addressed by the API or the web UI.
+        raise ConfigurationError(f"invalid workflow id {workflow_id!r}: '.' and '..' are not ids")
+    try:
+        workflow_id.encode()
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"invalid workflow id {workflow_id!r}: it holds a lone surrogate, not valid Unicode text"
+        ) from None
     return workflow_id
 
 

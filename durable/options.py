@@ -19,6 +19,11 @@ from .immutable import immutable
 Seconds = float | int | timedelta
 
 
+MAX_DURATION_S = 1e15
+"""The longest duration (timeouts, timers, retention) durable takes, in seconds: about 30 million
+years, so that any time stamp plus it still fits the signed 64-bit ms fields of history and Redis."""
+
+
 def to_seconds(value: Seconds | None, what: str) -> float | None:
     """Normalise seconds-or-timedelta to float seconds (``None`` stays ``None``)."""
     if value is None:
@@ -33,6 +38,10 @@ def to_seconds(value: Seconds | None, what: str) -> float | None:
         seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigurationError(f"{what} must be a finite, non-negative duration, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ConfigurationError(
+            f"{what} must be at most {MAX_DURATION_S:.0e} s (about 30 million years), got {value!r}"
+        )
     return seconds
 
 

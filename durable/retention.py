@@ -23,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import ConfigurationError
+from .options import MAX_DURATION_S
 from .registry import workflows
 
 __all__ = [
@@ -98,6 +99,10 @@ def retention_ms(value: Any, what: str = "retention") -> int:
         )
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigurationError(f"{what} must be a positive duration, got {value!r}")
+    if seconds > MAX_DURATION_S:
+        raise ConfigurationError(
+            f"{what} must be at most {MAX_DURATION_S:.0e} s (about 30 million years), got {value!r}"
+        )
     return max(1, int(round(seconds * 1000)))
 
 

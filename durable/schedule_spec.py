@@ -268,6 +268,7 @@ class Schedule:
             raise ConfigurationError(f"max_runs must be an int >= 1, got {self.max_runs!r}")
         if self.queue is not None:
             check_name(self.queue, "queue")
+        check_note(self.note)
 
     # ------------------------------------------------------------------ times
     @property
@@ -365,6 +366,23 @@ class Schedule:
 def iso(ms: int | None) -> str | None:
     """A stored epoch-ms time as a UTC ISO string (``None`` stays ``None``)."""
     return None if ms is None else _iso(ms)
+
+
+MAX_NOTE = 1000
+"""Longest schedule note (characters): notes are kept with every recent action and listed."""
+
+
+def check_note(note: object) -> str:
+    """Validate a schedule note: text of at most :data:`MAX_NOTE` characters.
+
+    Raises:
+        ConfigurationError: not a string, or too long.
+    """
+    if not isinstance(note, str):
+        raise ConfigurationError(f"a schedule note must be a string, not {type(note).__name__}")
+    if len(note) > MAX_NOTE:
+        raise ConfigurationError(f"a schedule note holds at most {MAX_NOTE} characters, not {len(note):,}")
+    return note
 
 
 def check_ids(schedule_id: str) -> str:

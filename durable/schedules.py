@@ -29,7 +29,15 @@ from . import codec
 from .client import default_store
 from .errors import ConfigurationError, DurableError
 from .schedule_pass import SchedulePass, action
-from .schedule_spec import Schedule, ScheduleOverlap, check_ids, iso, parse_moment, scheduled_workflow_id
+from .schedule_spec import (
+    Schedule,
+    ScheduleOverlap,
+    check_ids,
+    check_note,
+    iso,
+    parse_moment,
+    scheduled_workflow_id,
+)
 from .store.redis_store import RedisStore
 from .store.schedules import ScheduleState, claim_member
 
@@ -223,6 +231,8 @@ class ScheduleHandle:
     def _save(
         self, state: ScheduleState, spec: Schedule, args: bytes, *, paused: bool, note: str | None, what: str
     ) -> None:
+        if note is not None:
+            check_note(note)
         now = self._store.server_time_ms()
         last = int(state.record.get("last") or 0)
         fired = int(state.record.get("fired") or 0)

@@ -326,6 +326,10 @@ def _tokens(where: str) -> list[_Tok]:
         i = m.end()
 
 
+MAX_NESTING = 64
+"""Most levels of ``not`` and parentheses a ``--where`` expression may nest."""
+
+
 class _Parser:
     """Recursive descent over :func:`_tokens`: or > and > not > comparison / parentheses."""
 
@@ -334,6 +338,7 @@ class _Parser:
         self.types = types
         self.toks = _tokens(where)
         self.i = 0
+        self.depth = 0
 
     def error(self, message: str, tok: _Tok) -> SearchQueryError:
         got = "end of input" if tok.kind == "end" else repr(tok.text)
@@ -375,14 +380,23 @@ class _Parser:
         return items[0] if len(items) == 1 else Query("and", tuple(items))
 
     def negation(self) -> Query | Comparison:
+        tok = self.peek()
+        if (tok.kind, tok.text) in (("word", "not"), ("op", "(")):
+            # Each level is a Python frame here and in the query's compilation: a bound keeps
+            # an absurd expression a clear error instead of a RecursionError.
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise self.error(f"nested deeper than {MAX_NESTING} levels of 'not' and parentheses", tok)
         if self.accept("word", "not"):
-            return Query("not", (self.negation(),))
-        if self.accept("op", "("):
+            node: Query | Comparison = Query("not", (self.negation(),))
+        elif self.accept("op", "("):
             node = self.disjunction()
             if not self.accept("op", ")"):
                 raise self.error("expected ')'", self.peek())
-            return node
-        return self.comparison()
+        else:
+            return self.comparison()
+        self.depth -= 1
+        return node
 
     def comparison(self) -> Comparison:
         tok = self.take()

@@ -219,6 +219,24 @@ def test_bad_app_module_is_one_error_line(redis_url: str) -> None:
     assert "no_such_module_xyz" in one_error_line(result)
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("list", "--status", "bogus"), "Invalid value for '--status': 'bogus' is not one of 'cancelled'"),
+        (("worker", "--app", "apps.basic", "--queue", "a b"), "invalid queue name 'a b'"),
+        (("worker", "--app", "apps.basic", "--queue", "@private"), "a leading '@' is reserved"),
+    ],
+)
+def test_option_values_no_run_could_match_are_refused(
+    redis_url: str, args: tuple[str, ...], says: str
+) -> None:
+    """A typo'd status would list nothing (read as "none blocked"); a worker of a queue name no
+    run can have would wait for nothing."""
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+
+
 def test_result_of_failed_run_exits_1(redis_url: str) -> None:
     stub = WorkflowStub.make("Whatever", id="doomed", store=RedisStore(redis_url)).start()
     assert invoke("terminate", "doomed", "--reason", "testing").exit_code == 0

@@ -220,6 +220,22 @@ def test_start_refuses_a_type_its_app_does_not_define(redis_url: str, store: Red
     assert store.list_runs() == []
 
 
+def test_start_warns_about_the_queue_the_class_names(
+    redis_url: str, store: RedisStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run starts on its class's queue: the warning is about that queue, not ``default``."""
+    (tmp_path / "billing_app.py").write_text(
+        "from durable import Workflow\n\n\nclass OnBilling(Workflow):\n    queue = 'billing'\n\n"
+        "    def handle(self) -> int:\n        return 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with worker(redis_url):
+        wait_registered(store, 1)
+        started = invoke("start", "OnBilling", "--app", "billing_app")
+        assert started.exit_code == 0, started.output
+        assert "warning: no live worker on queue 'billing' runs workflow type 'OnBilling'" in started.stderr
+
+
 def test_start_warns_when_no_live_worker_runs_the_type(redis_url: str, store: RedisStore) -> None:
     started = invoke("start", "Waiter", "0.01", "--app", "apps.basic")
     assert started.exit_code == 0

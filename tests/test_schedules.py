@@ -135,6 +135,7 @@ def test_workflow_id_is_deterministic() -> None:
             "end_at (2024-05-01T00:00:00Z) is before start_at",
         ),
         ({"every": "1m", "start_at": "tomorrow"}, "start_at 'tomorrow': not a date-time"),
+        ({"every": "1m", "note": "n" * 1001}, "a schedule note holds at most 1000 characters, not 1,001"),
     ],
 )
 def test_bad_specs_raise_and_write_nothing(store: RedisStore, kwargs: dict, message: str) -> None:
@@ -156,6 +157,10 @@ def test_bad_id_and_duplicates(store: RedisStore) -> None:
     with pytest.raises(ConfigurationError, match="unknown overlap policy"):
         ScheduleHandle("dup", store=store).update(overlap="never")
     assert ScheduleHandle("dup", store=store).spec.every == 60.0
+    # A pause note is kept with each recent action: a long one is refused, nothing changes.
+    with pytest.raises(ConfigurationError, match="at most 1000 characters"):
+        ScheduleHandle("dup", store=store).pause("x" * 1_000_000)
+    assert ScheduleHandle("dup", store=store).describe().paused is False
 
 
 # --------------------------------------------------------------------------- firing

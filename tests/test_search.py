@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import durable
 from durable import ConfigurationError, SearchAttribute, SearchQueryError, WorkflowStub
@@ -23,6 +25,7 @@ from durable.testing import replay_history
 from tests.apps.search import SearchBadUpsert, SearchLooper, SearchOrder
 from tests.procs import ROOT, TESTS, workers
 from tests.waiting import wait_for
+from workers.cli import cli
 
 
 def _ids(rows: list[dict[str, Any]]) -> list[str]:
@@ -248,3 +251,122 @@ def test_cli_list_where_and_count_with_real_workers(redis_url: str, store: Any) 
     assert bad.returncode == 1 and "position 32" in bad.stderr and "^" in bad.stderr, bad.stderr
     bad = _cli(redis_url, "count", "--where", "customer >")
     assert bad.returncode == 1 and "position 11" in bad.stderr
+
+
+# ------------------------------------------------------- paging among runs of one millisecond
+
+
+def _started_in_one_ms(store: Any, count: int) -> tuple[list[tuple[int, str]], int]:
+    """``count`` runs (types ``TieA``/``TieB``, never run: no worker), most of them moved into
+    one millisecond ``ms`` and the others into the two around it; returns their
+    ``(created, run id)`` newest first (the list's order) and ``ms``.
+
+    A run's ``created`` is Redis's clock when start_run.lua ran, so the test sets it: the
+    record's field and the run's score in every index (the runs index, every keyword set).
+    """
+    runs = [
+        WorkflowStub.make("TieA" if i % 2 else "TieB", id=f"tie-{i:03d}", store=store).start()
+        for i in range(count)
+    ]
+    ms = store.server_time_ms() - 60_000
+    placed: list[tuple[int, str]] = []
+    indexes = [k.decode() for k in store.redis.keys(f"{store.keys.prefix}:*:sx:k:*")]
+    indexes += [store.keys.runs(p) for p in range(store.keys.partitions)]
+    for i, stub in enumerate(runs):
+        created = ms + (1 if i % 10 == 0 else -1 if i % 10 == 1 else 0)
+        ref = store.ref(stub.id)
+        store.redis.hset(store.keys.run(ref.partition, stub.run_id), "created", created)
+        for key in indexes:
+            store.redis.zadd(key, {stub.run_id: created}, xx=True)
+        placed.append((created, stub.run_id))
+    return sorted(placed, reverse=True), ms
+
+
+_TIE_QUERIES = [
+    "",
+    "type = 'TieA'",  # one keyword set
+    "type in ('TieA', 'TieB')",  # the `or` fast path (each set's newest, merged)
+    "status = 'open'",  # the same, over the four open status sets
+    "type = 'TieA' or queue = 'default'",  # an `or` built into a set
+    "type = 'TieB' and queue = 'default'",  # `and`
+    "not type = 'Nope'",
+]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7])
+def test_paging_never_skips_runs_of_one_millisecond(durable_store: Any, limit: int) -> None:
+    store = durable_store
+    placed, ms = _started_in_one_ms(store, 60)
+    windows = [f"started >= {ms}", f"started <= {ms}", f"started < {ms}", f"started > {ms - 1}"]
+    for where in [*_TIE_QUERIES, *windows, f"type = 'TieA' and started <= {ms}"]:
+        everything = durable.list_runs(where, limit=1000, store=store)
+        expected = [(r["created"], r["run_id"]) for r in everything]
+        assert expected == sorted(expected, reverse=True), where  # ms desc, then run id desc
+        assert len(expected) == durable.count_runs(where, store=store), where
+        assert set(expected) <= set(placed) and expected, where
+        # Each page resumes after the previous page's last row: as the row, or as its cursor.
+        for as_cursor in (False, True):
+            seen: list[tuple[int, str]] = []
+            before: Any = None
+            while True:
+                page = durable.list_runs(where, limit=limit, before=before, store=store)
+                seen += [(r["created"], r["run_id"]) for r in page]
+                if len(page) < limit:
+                    break
+                before = f"{page[-1]['created']}:{page[-1]['run_id']}" if as_cursor else page[-1]
+            assert seen == expected, (where, as_cursor)
+    # A time (ms or datetime) still means "created before it".
+    assert {r["created"] for r in durable.list_runs(before=ms, limit=1000, store=store)} == {ms - 1}
+    moment = datetime.fromtimestamp((ms + 1) / 1000, tz=UTC)
+    assert {r["created"] for r in durable.list_runs(before=moment, limit=1000, store=store)} == {ms - 1, ms}
+    assert len(durable.list_runs(before=str(ms + 1), limit=1000, store=store)) == 54
+    for bad in ("soon", {"created": ms}, 1.5, f"x:{placed[0][1]}"):
+        with pytest.raises(ConfigurationError, match="before must be"):
+            durable.list_runs(before=bad, store=store)  # type: ignore[arg-type]
+
+
+def test_search_leaves_no_temporary_keys(durable_store: Any) -> None:
+    store = durable_store
+    placed, ms = _started_in_one_ms(store, 12)
+    for where in _TIE_QUERIES:
+        durable.list_runs(where, limit=3, before=f"{ms}:{placed[5][1]}", store=store)
+        durable.count_runs(where, store=store)
+    assert store.redis.keys(f"{store.keys.prefix}:*:sx:tmp:*") == []
+
+
+def test_runs_started_concurrently_page_exactly(durable_store: Any) -> None:
+    """As a tester found it: 60 runs started from 8 threads, many in one millisecond."""
+    store = durable_store
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda i: WorkflowStub.make("Burst", store=store).start().run_id, range(60)))
+    for limit in (1, 2, 7):
+        seen: list[str] = []
+        before: Any = None
+        while page := durable.list_runs("type = 'Burst'", limit=limit, before=before, store=store):
+            seen += [r["run_id"] for r in page]
+            before = page[-1]
+        assert sorted(seen) == sorted(ids), limit
+
+
+def test_cli_list_pages_with_the_hint(durable_store: Any) -> None:
+    store = durable_store
+    placed, _ = _started_in_one_ms(store, 30)
+    for base in (["list"], ["list", "--where", "type in ('TieA', 'TieB')"]):
+        seen: list[str] = []
+        before: list[str] = []
+        while True:
+            shown = CliRunner().invoke(
+                cli, [*base, "--limit", "7", "--json", *before], catch_exceptions=False
+            )
+            rows = json.loads(shown.output)
+            seen += [r["run_id"] for r in rows]
+            table = CliRunner().invoke(cli, [*base, "--limit", "7", *before], catch_exceptions=False).output
+            hints = [line for line in table.splitlines() if line.startswith("more: --before ")]
+            if len(rows) < 7:
+                assert hints == [], table
+                break
+            assert hints == [f"more: --before {rows[-1]['created']}:{rows[-1]['run_id']}"], table
+            before = ["--before", hints[0].removeprefix("more: --before ")]
+        assert seen == [rid for _, rid in placed], base
+    bad = CliRunner().invoke(cli, ["list", "--before", "yesterday"])
+    assert bad.exit_code == 2 and "MS:RUN_ID" in bad.output

@@ -479,21 +479,38 @@ class RunStore(SearchStore):
         workflow_type: str | None = None,
         limit: int = 50,
         before_ms: int | None = None,
+        before_run_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Runs of every partition, newest first, filtered by status and type.
+        """Runs of every partition, newest first (``created`` desc, then ``run_id`` desc among
+        runs of one millisecond), filtered by status and type.
 
-        Page with ``before_ms`` = the ``created`` of the last row of the previous page.
+        Page with ``before_ms`` and ``before_run_id`` = the ``created`` and ``run_id`` of the
+        last row of the previous page: no run of that millisecond is skipped. ``before_ms``
+        alone lists the runs created before that time.
         """
-        upper = f"({before_ms}" if before_ms is not None else "+inf"
-        candidates: list[tuple[int, int, str]] = []
+        upper = "+inf"
+        ties = [0] * self.keys.partitions
+        if before_ms is not None and before_run_id:
+            # The cursor's own ms is read too (a zset cannot seek inside a score): its runs
+            # at or above the cursor are dropped below.
+            upper = str(before_ms)
+            with self.redis.pipeline(transaction=False) as pipe:
+                for p in range(self.keys.partitions):
+                    pipe.zcount(self.keys.runs(p), before_ms, before_ms)
+                ties = [int(n) for n in pipe.execute()]
+        elif before_ms is not None:
+            upper = f"({before_ms}"
+        top = (before_ms, before_run_id) if before_ms is not None and before_run_id else None
+        candidates: list[tuple[int, str, int]] = []
         for p in range(self.keys.partitions):
             rows = self.redis.zrevrangebyscore(
-                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4, withscores=True
+                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4 + ties[p], withscores=True
             )
-            candidates += [(int(score), p, text(rid)) for rid, score in rows]
-        candidates.sort(reverse=True)
+            keys = ((int(score), text(rid)) for rid, score in rows)
+            candidates += [(created, rid, p) for created, rid in keys if top is None or (created, rid) < top]
+        candidates.sort(reverse=True)  # (ms, run id) desc: the index's order, the cursor's too
         out: list[dict[str, Any]] = []
-        for created, p, rid in candidates:
+        for created, rid, p in candidates:
             raw = self.redis.hgetall(self.keys.run(p, rid))
             if not raw:
                 continue

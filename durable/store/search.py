@@ -104,6 +104,14 @@ def compile_query(query: Query | Comparison | None, before_ms: int | None = None
     Raises:
         ConfigurationError: more than :data:`MAX_LEAVES` index lookups.
     """
+    plan, low, high = _compile(query)
+    if before_ms is not None:
+        high = min(high, (float(before_ms), True), key=_high_key)
+    return plan, _bound(low), _bound(high)
+
+
+def _compile(query: Query | Comparison | None) -> tuple[Any, Bound, Bound]:
+    """:func:`compile_query` with the window's bounds as :data:`Bound` values (no paging)."""
     low: Bound = (float("-inf"), False)
     high: Bound = (float("inf"), False)
     rest: list[Query | Comparison] = []
@@ -118,8 +126,6 @@ def compile_query(query: Query | Comparison | None, before_ms: int | None = None
             low, high = max(low, lo, key=_low_key), min(high, hi, key=_high_key)
         else:
             rest.append(item)
-    if before_ms is not None:
-        high = min(high, (float(before_ms), True), key=_high_key)
     leaves = [0]
     if not rest:
         plan: Any = ["all"]
@@ -131,7 +137,14 @@ def compile_query(query: Query | Comparison | None, before_ms: int | None = None
         raise ConfigurationError(
             f"--where needs {leaves[0]} index lookups; at most {MAX_LEAVES} (shorten the in (...) lists)"
         )
-    return plan, _bound(low), _bound(high)
+    return plan, low, high
+
+
+def _inside(value: float, low: Bound, high: Bound) -> bool:
+    """Whether ``value`` is within the window ``low``..``high``."""
+    above = value > low[0] if low[1] else value >= low[0]
+    below = value < high[0] if high[1] else value <= high[0]
+    return above and below
 
 
 def _low_key(bound: Bound) -> tuple[float, bool]:
@@ -220,23 +233,46 @@ class SearchStore(StoreBase):
         return {**{text(k): text(v) for k, v in stored.items()}, **declared()}
 
     def search_runs(
-        self, query: Query | Comparison | None, *, limit: int = 50, before_ms: int | None = None
+        self,
+        query: Query | Comparison | None,
+        *,
+        limit: int = 50,
+        before_ms: int | None = None,
+        before_run_id: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Runs matching ``query`` over every partition, newest first (``created`` desc).
+        """Runs matching ``query`` over every partition, newest first: ``created`` desc, then
+        ``run_id`` desc among runs of the same millisecond.
 
-        Page with ``before_ms`` = the ``created`` of the last row of the previous page.
+        Page with ``before_ms`` and ``before_run_id`` = the ``created`` and ``run_id`` of the
+        last row of the previous page (a cursor: no run is skipped or repeated, even among
+        runs created in one millisecond). ``before_ms`` alone lists the runs created before
+        that time.
+
+        Raises:
+            ConfigurationError: ``limit`` out of 1..:data:`MAX_LIMIT`, ``before_run_id``
+                without ``before_ms``, or a query of too many index lookups.
         """
         if not 1 <= limit <= MAX_LIMIT:
             raise ConfigurationError(f"limit must be 1..{MAX_LIMIT}, not {limit}")
-        plan, low, high = compile_query(query, before_ms)
+        if before_run_id and before_ms is None:
+            raise ConfigurationError("before_run_id needs before_ms (the created ms of that run)")
+        plan, window_low, window_high = _compile(query)
+        cursor = ["", ""]
+        if before_ms is not None:
+            # The cursor's own ms, when the window holds it, is read apart (ids below the
+            # cursor's); the window then ends before that ms.
+            if before_run_id and _inside(float(before_ms), window_low, window_high):
+                cursor = [str(int(before_ms)), before_run_id]
+            window_high = min(window_high, (float(before_ms), True), key=_high_key)
         packed = msgpack.packb(plan, use_bin_type=False)
-        calls = [
-            ([self.keys.runs(p)], [packed, "list", low, high, limit]) for p in range(self.keys.partitions)
-        ]
+        args = [packed, "list", _bound(window_low), _bound(window_high), limit, *cursor]
+        calls = [([self.keys.runs(p)], args) for p in range(self.keys.partitions)]
         replies = self._script_many("search", calls, raise_on_error=True)
         rows: list[tuple[int, str, int]] = []
         for p, reply in enumerate(replies):
             rows += [(int(float(reply[i + 1])), text(reply[i]), p) for i in range(0, len(reply), 2)]
+        # (ms, run id) descending is the index's own order for equal scores (members by
+        # bytes, which is str order for run ids), so the next page's cursor resumes exactly.
         rows.sort(reverse=True)
         rows = rows[:limit]
         with self.redis.pipeline(transaction=False) as pipe:

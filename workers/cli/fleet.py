@@ -51,15 +51,19 @@ def with_unserved(
     workflow_type: str | None,
     limit: int,
     before_ms: int | None,
+    before_run_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """``durable list``'s rows with the runs no live worker can move marked blocked; for
-    ``--status blocked``, the runs blocked on record plus those among the newest open runs."""
+    ``--status blocked``, the runs blocked on record plus those among the newest open runs
+    (after the paging cursor ``before_ms``/``before_run_id``, as the rows were read)."""
     live = store.live_workers()
     mark_unserved(runs, live)
     if not blocked_only:
         return runs
     seen = {r["run_id"] for r in runs}
-    recent = store.list_runs(workflow_type=workflow_type, limit=limit * 4, before_ms=before_ms)
+    recent = store.list_runs(
+        workflow_type=workflow_type, limit=limit * 4, before_ms=before_ms, before_run_id=before_run_id
+    )
     mark_unserved(recent, live)
     runs += [
         r
@@ -68,7 +72,7 @@ def with_unserved(
         and r.get("status") in OPEN_STATUSES
         and r["run_id"] not in seen
     ]
-    runs.sort(key=lambda r: r.get("created", 0), reverse=True)
+    runs.sort(key=lambda r: (r.get("created", 0), r["run_id"]), reverse=True)  # the cursor's order
     return runs[:limit]
 
 

@@ -9,6 +9,7 @@ import click
 
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
 from durable.search import parse_where
+from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
 from workers.cli.fleet import with_unserved
@@ -77,11 +78,22 @@ _APP_HELP = "Import module M first: its search attribute declarations give the t
 @click.command(name="list")
 @click.option("--where", "where", default=None, metavar="EXPR", help=_WHERE_HELP)
 @click.option("--app", "apps", multiple=True, metavar="M", help=_APP_HELP)
-@click.option("--status", "status_", default=None, help="Only runs with this status (or 'blocked').")
+@click.option(
+    "--status",
+    "status_",
+    default=None,
+    type=click.Choice(sorted(OPEN_STATUSES | CLOSED_STATUSES) + ["blocked"]),
+    help="Only runs with this status (or 'blocked').",
+)
 @click.option("--type", "workflow_type", default=None, help="Only runs of this workflow type.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1), help="At most N rows.")
 @click.option(
-    "--before", "before_ms", type=int, default=None, metavar="MS", help="Only runs created before (paging)."
+    "--before",
+    "before",
+    default=None,
+    metavar="MS[:RUN_ID]",
+    callback=lambda _ctx, _param, value: _before(value),
+    help="Paging: the runs after MS:RUN_ID (the hint under a full page), or created before MS.",
 )
 @click.option("--dead", is_flag=True, help="Show the dead-letter stream (parked tasks) instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -93,11 +105,11 @@ def list_(
     status_: str | None,
     workflow_type: str | None,
     limit: int,
-    before_ms: int | None,
+    before: tuple[int, str | None] | None,
     dead: bool,
     as_json: bool,
 ) -> None:
-    """Runs, newest first; page with --before = the last row's created (ms)."""
+    """Runs, newest first; a full page ends with the --before MS:RUN_ID of the next one."""
     store = state.existing_store
     url = mask_url(state.url or "")
     if dead:
@@ -107,18 +119,44 @@ def list_(
         else:
             console().print(dead_letters_table(letters, url))
         return
+    before_ms, before_run_id = before or (None, None)
     if where is not None:
         load_apps(apps)
         _searched(lambda: parse_where(where, store.search_types()))  # its errors, at its positions
         expr = _with_filters(where, status_, workflow_type)
-        runs = _searched(lambda: list_runs(expr, limit=min(limit, 1000), before=before_ms, store=store))
+        limit = min(limit, 1000)
+        cursor = (
+            None if before is None else f"{before_ms}:{before_run_id}" if before_run_id else str(before_ms)
+        )
+        runs = _searched(lambda: list_runs(expr, limit=limit, before=cursor, store=store))
     else:
-        runs = store.list_runs(status=status_, workflow_type=workflow_type, limit=limit, before_ms=before_ms)
-    runs = with_unserved(store, runs, status_ == "blocked", workflow_type, limit, before_ms)
+        runs = store.list_runs(
+            status=status_,
+            workflow_type=workflow_type,
+            limit=limit,
+            before_ms=before_ms,
+            before_run_id=before_run_id,
+        )
+    runs = with_unserved(
+        store, runs, status_ == "blocked", workflow_type, limit, before_ms, before_run_id=before_run_id
+    )
     if as_json:
         click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
-    else:
-        console().print(runs_table(runs, url))
+        return
+    console().print(runs_table(runs, url))
+    if runs and len(runs) >= limit:
+        # The last row's (ms, run id), not its ms alone: runs of the same ms are not skipped.
+        click.echo(f"more: --before {runs[-1]['created']}:{runs[-1]['run_id']}")
+
+
+def _before(value: str | None) -> tuple[int, str | None] | None:
+    """``--before MS[:RUN_ID]`` as ``(ms, run id or None)``."""
+    if value is None:
+        return None
+    ms, _, rid = value.strip().partition(":")
+    if not ms.isdigit():
+        raise click.BadParameter(f"{value!r}: expected MS or MS:RUN_ID (the hint under a full page)")
+    return int(ms), rid or None
 
 
 @click.command()

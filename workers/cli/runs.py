@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from durable import WorkflowStub
+from durable import WorkflowStub, registry
 from durable.errors import DurableError, WorkflowClosed
 from durable.ids import new_run_id
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
@@ -102,7 +102,9 @@ def start(
         execution_timeout=execution_timeout,
         run_timeout=run_timeout,
     )
-    warning = check_startable(stub.store, workflow_type, stub.queue or "default", apps)
+    # The queue the run starts on: the one given, else its class's (when --app defines it).
+    queue_used = stub.queue or getattr(registry.workflows().get(workflow_type), "queue", None) or "default"
+    warning = check_startable(stub.store, workflow_type, queue_used, apps)
     if signal_name:
         before = stub.run_id
         stub.signal_with_start(signal_name, *parse_args(signal_args), start_args=parse_args(args))

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from durable.errors import ConfigurationError
+from durable.limits import check_queue_name
 from durable.retention import ENV
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
@@ -21,6 +22,16 @@ from workers.config import WorkerConfig, mask_url
 from workers.supervisor import worker_supervisor
 
 __all__ = ["COMMANDS"]
+
+
+def _checked_queues(queues: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``--queue`` names, each one that ``start`` would take (a worker of a name no run can
+    use would wait for nothing, and ``@...`` names are workers' private queues)."""
+    try:
+        return tuple(check_queue_name(q) for q in queues)
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--queue'") from None
+
 
 _worker_options: list[Callable[[Any], Any]] = [
     click.option(
@@ -37,6 +48,7 @@ _worker_options: list[Callable[[Any], Any]] = [
         multiple=True,
         default=("default",),
         show_default=True,
+        callback=lambda _ctx, _param, queues: _checked_queues(queues),
         help="Task queue to serve (repeatable).",
     ),
     click.option(

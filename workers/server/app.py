@@ -7,6 +7,7 @@ import logging
 import re
 import time
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -96,6 +97,34 @@ def _path_ids(path: str) -> str:
     return path.replace("/workflows/{id}", "/workflows/{id:path}")
 
 
+RAW_IDS = "durable.raw_ids"
+"""Set in the ASGI scope when a workflow route's path kept its ``%2F`` and ``%25`` escapes
+(:class:`EncodedSlashes`); :mod:`.endpoint` then unquotes the path parameters itself."""
+
+
+class EncodedSlashes:
+    """Route ``/api/v1/workflows/...`` on the path with ``%2F`` still escaped.
+
+    A workflow id may hold "/" (a child's is ``<parent>/<n>``). Decoded before routing, the id
+    ``x/history`` sent as ``x%2Fhistory`` would read as the history route of run ``x``. Kept
+    escaped, it matches the describe route as the one id it is; an unescaped "/" still works
+    as before for ids the routes cannot mistake.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and raw.startswith(b"/api/v1/workflows/") and re.search(rb"%2[fF]", raw):
+            # Every other escape is decoded as usual; "%" itself is escaped again so that
+            # unquoting the parameters afterwards is exact.
+            parts = re.split(rb"%2[fF]", raw)
+            path = "%2F".join(unquote(p.decode("ascii", "replace")).replace("%", "%25") for p in parts)
+            scope = {**scope, "path": path, RAW_IDS: True}
+        await self.app(scope, receive, send)
+
+
 def _metrics_route(store: RedisStore) -> Route:
     registry = metrics.registry_for(store, None, fresh=True)
 
@@ -131,5 +160,6 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
     )
     app.state.store = store
     app.state.auth = auth
+    app.add_middleware(EncodedSlashes)
     app.add_middleware(AccessLog)
     return app

@@ -8,10 +8,12 @@ then runs the handler in Starlette's thread pool and answers its value as JSON.
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -127,6 +129,9 @@ class Endpoint:
     params: tuple[Param, ...] = ()
     body: str | None = None
     tags: tuple[str, ...] = field(default=())
+    fields: tuple[str, ...] | None = None
+    """The body fields the route reads (``None``: no check); any other one is refused, so that
+    a misspelt field is an error instead of an option silently left at its default."""
 
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -170,16 +175,37 @@ async def _prepare(
     raw = await read_body(request, max_body) if request.method == "POST" else b""
     if endpoint.role == "hook":
         auth.check_signature(headers, raw)
+    body = None if endpoint.role == "hook" else parse_json(raw, headers.get("content-type", ""))
+    if endpoint.fields is not None and isinstance(body, dict):
+        _check_fields(body, endpoint.fields)
     return Call(
         store=store,
-        path=dict(request.path_params),
+        path=_path_params(request),
         query=dict(request.query_params),
         # A webhook's body is the hook's payload, whatever its media type (see hook_payload).
-        body=None if endpoint.role == "hook" else parse_json(raw, headers.get("content-type", "")),
+        body=body,
         raw=raw,
         headers=headers,
         role=role,
     )
+
+
+def _check_fields(body: dict[str, Any], known: tuple[str, ...]) -> None:
+    for name in body:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            takes = ", ".join(known) if known else "no fields"
+            raise ApiError(
+                "invalid_argument", f"unknown body field {name!r}{hint}; this route takes: {takes}"
+            )
+
+
+def _path_params(request: Request) -> dict[str, str]:
+    params = dict(request.path_params)
+    if request.scope.get("durable.raw_ids"):  # app.EncodedSlashes kept %2F and %25 escaped
+        params = {name: unquote(value) for name, value in params.items()}
+    return params
 
 
 async def read_body(request: Request, cap: int) -> bytes:
@@ -217,3 +243,5 @@ def parse_json(raw: bytes, content_type: str) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("bad_request", f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError("bad_request", "the body's JSON is nested too deeply to read") from None

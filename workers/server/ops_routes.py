@@ -106,9 +106,23 @@ ENDPOINTS = [
     ),
     Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
     Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),
-    Endpoint("POST", _SCHEDULE + "/pause", pause_schedule, "operator", "Pause a schedule", body=_NOTE_BODY),
     Endpoint(
-        "POST", _SCHEDULE + "/unpause", unpause_schedule, "operator", "Unpause a schedule", body=_NOTE_BODY
+        "POST",
+        _SCHEDULE + "/pause",
+        pause_schedule,
+        "operator",
+        "Pause a schedule",
+        body=_NOTE_BODY,
+        fields=("note",),
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + "/unpause",
+        unpause_schedule,
+        "operator",
+        "Unpause a schedule",
+        body=_NOTE_BODY,
+        fields=("note",),
     ),
     Endpoint(
         "POST",
@@ -117,6 +131,7 @@ ENDPOINTS = [
         "operator",
         "Start a run of a schedule now",
         body='{"overlap": "..."} (optional): the overlap policy for this run',
+        fields=("overlap",),
     ),
     Endpoint(
         "GET",

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import durable
-from durable import HistoryEvent, WorkflowStub
-from durable.errors import WorkflowClosed
+from durable import HistoryEvent, WorkflowStub, registry
+from durable.errors import ConfigurationError, WorkflowClosed
 from durable.runinfo import NO_LIVE_WORKER
+from durable.search import parse_where
+from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import CLOSED_STATUSES
-from durable.store.run_list import LIST_FIELDS
+from durable.store.run_list import LIST_FIELDS, parse_cursor
 from durable.store.workers import WorkerInfo, no_worker_reason
+from workers.cli.core import CliError
 from workers.cli.fleet import check_startable
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
 
-__all__ = ["ENDPOINTS", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE"]
+__all__ = ["ENDPOINTS", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE", "MAX_SEQ"]
+
+T = TypeVar("T")
 
 MAX_LIST_PAGE = 500
 """Most runs one page of the runs list holds."""
 MAX_HISTORY_PAGE = 10_000
 """Most events one page of a history holds."""
+MAX_SEQ = 2**53 - 1
+"""Largest ``after`` a history page takes (a seq; JSON numbers are exact up to here)."""
 
 _STATUSES = (
     "pending",
@@ -42,32 +49,36 @@ def _stub(call: Call) -> WorkflowStub:
 
 
 def list_workflows(call: Call) -> dict[str, Any]:
-    if call.arg("where") is not None:
-        return _search_workflows(call)
     status = call.arg("status")
     if status is not None and status not in _STATUSES:
         raise ApiError("invalid_argument", f"unknown status {status!r}; one of {', '.join(_STATUSES)}")
     limit = call.arg("limit", int, 50)
     if not 1 <= limit <= MAX_LIST_PAGE:
         raise ApiError("invalid_argument", f"limit must be 1..{MAX_LIST_PAGE}")
+    if call.arg("where") is not None:
+        return _search_workflows(call, limit)
+    filters: dict[str, Any] = {
+        "workflow_type": call.arg("type"),
+        "id_prefix": call.arg("id_prefix"),
+        "since_ms": call.time_arg("since"),
+        "until_ms": call.time_arg("until"),
+    }
     try:
-        page = call.store.list_runs_page(
-            status=status,
-            workflow_type=call.arg("type"),
-            id_prefix=call.arg("id_prefix"),
-            since_ms=call.time_arg("since"),
-            until_ms=call.time_arg("until"),
-            cursor=call.arg("before"),
-            limit=limit,
-        )
+        if status == "blocked":
+            return _blocked_page(call, limit, filters)
+        page = call.store.list_runs_page(status=status, cursor=call.arg("before"), limit=limit, **filters)
     except ValueError:
-        raise ApiError("invalid_argument", "'before' must be a 'next' cursor of a page, or UTC ms") from None
+        raise ApiError("invalid_argument", _BEFORE_HELP) from None
     live = call.store.live_workers()
     rows = [_list_row(record, live) for record in page.runs]
     return {"workflows": rows, "next": page.next, "scanned": page.scanned}
 
 
+_BEFORE_HELP = "'before' must be the 'next' cursor of a page ('<ms>:<run id>'), or UTC ms"
 _ROW_FIELDS = (*LIST_FIELDS, "run_id", "partition", "created", "search_attributes")
+_UNSERVED_CHUNK = 500
+_UNSERVED_SCAN = 20_000
+_BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
 
 
 def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
@@ -80,44 +91,114 @@ def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
     return row
 
 
-def _search_workflows(call: Call) -> dict[str, Any]:
+def _blocked_page(call: Call, limit: int, filters: dict[str, Any]) -> dict[str, Any]:
+    """``status=blocked``: the open runs blocked on record, and those that no live worker can
+    move (:func:`no_worker_reason`: no live worker serves their queue or build, or defines
+    their type; ``blocked_kind: no_live_worker``), as the rows show them and as
+    ``durable list --status blocked`` lists them.
+
+    Two reads merged newest first: the blocked index, and the open runs of the same span
+    (checked against the live workers). The page holds only what both have read; ``next``
+    resumes where the shallower one stopped, so no run is skipped or repeated.
+    """
+    store, before = call.store, call.arg("before")
+    live = store.live_workers()
+    recorded = store.list_runs_page(status="blocked", cursor=before, limit=limit, **filters)
+    found = {(r["created"], r["run_id"]): _list_row(r, live) for r in recorded.runs}
+    recorded_end, scanned = _end(recorded.next), recorded.scanned
+    cursor = before
+    while True:
+        chunk = store.list_runs_page(cursor=cursor, limit=_UNSERVED_CHUNK, scan=_UNSERVED_CHUNK, **filters)
+        scanned += chunk.scanned
+        for record in chunk.runs:
+            row = _list_row(record, live)
+            if row.get("blocked_kind") == NO_LIVE_WORKER and row.get("status") in OPEN_STATUSES:
+                found.setdefault((record["created"], record["run_id"]), row)
+        cursor, open_end = chunk.next, _end(chunk.next)
+        if open_end <= recorded_end or scanned >= _UNSERVED_SCAN:
+            break
+        if sum(key >= open_end for key in found) >= limit:
+            break
+    frontier = max(recorded_end, open_end)  # both reads are complete down to here
+    keys = sorted((key for key in found if key >= frontier), reverse=True)
+    if len(keys) >= limit:
+        keys = keys[:limit]
+        frontier = keys[-1]
+    return {
+        "workflows": [found[key] for key in keys],
+        "next": None if frontier == _BOTTOM else f"{frontier[0]}:{frontier[1]}",
+        "scanned": scanned,
+    }
+
+
+def _end(cursor: str | None) -> tuple[int, str]:
+    """Down to where a page's read went: its ``next`` cursor, or the bottom (read to the end)."""
+    return parse_cursor(cursor) if cursor else _BOTTOM
+
+
+def _search_workflows(call: Call, limit: int) -> dict[str, Any]:
     """The runs list by a ``where`` expression (docs/search.md), ANDed with status, type and time."""
     if call.arg("id_prefix") or call.arg("status") == "blocked":
         raise ApiError("invalid_argument", "'where' cannot be combined with id_prefix or status=blocked")
-    limit = call.arg("limit", int, 50)
-    if not 1 <= limit <= MAX_LIST_PAGE:
-        raise ApiError("invalid_argument", f"limit must be 1..{MAX_LIST_PAGE}")
-    clauses = [f"({call.arg('where')})"] if call.arg("where", str, "").strip() else []
-    for name, field in (("status", "status"), ("type", "type")):
+    where = call.arg("where", str, "")
+    clauses = [f"({where})"] if _checked_where(call, where) is not None else []
+    for name in ("status", "type"):
         if call.arg(name):
-            clauses.append(f"{field} = {json.dumps(call.arg(name))}")
+            clauses.append(f"{name} = {_quoted(call.arg(name))}")
     for name, op in (("since", ">="), ("until", "<=")):
         if (ms := call.time_arg(name)) is not None:
             clauses.append(f"started {op} {ms}")
     before = call.arg("before")
-    if before is not None and not str(before).isdigit():
-        raise ApiError("invalid_argument", "with 'where', 'before' is the 'next' of the previous page (ms)")
-    rows = durable.list_runs(
-        " and ".join(clauses), limit=limit, before=int(before) if before else None, store=call.store
+    if before is not None and not _is_cursor(before):
+        raise ApiError("invalid_argument", _BEFORE_HELP)
+    rows = _searched(
+        lambda: durable.list_runs(" and ".join(clauses), limit=limit, before=before, store=call.store)
     )
     live = call.store.live_workers()
     more = len(rows) == limit
     return {
         "workflows": [_list_row(record, live) for record in rows],
-        "next": str(rows[-1]["created"]) if more else None,
+        # The last row's (ms, run id): a bare ms would skip the runs sharing its millisecond.
+        "next": f"{rows[-1]['created']}:{rows[-1]['run_id']}" if more else None,
         "scanned": len(rows),
     }
 
 
+def _is_cursor(value: str) -> bool:
+    ms, _, _ = value.partition(":")
+    return ms.isdigit()
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a string literal of the ``where`` language (a quote doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _checked_where(call: Call, where: str) -> Any:
+    """The user's ``where`` parsed on its own (``None``: empty), so its errors point into what
+    they typed, and it cannot close the parentheses the filters are combined with."""
+    return _searched(lambda: parse_where(where, call.store.search_types()))
+
+
+def _searched(read: Callable[[], T]) -> T:
+    """``read()``; a bad expression (or one too costly) is a 422 worded for the API."""
+    try:
+        return read()
+    except ConfigurationError as exc:
+        raise ApiError("invalid_argument", str(exc).replace("--where", "where")) from None
+
+
 def count_workflows(call: Call) -> dict[str, Any]:
     """Runs per status word (and in all) matching an optional ``where`` expression."""
-    where = call.arg("where", str, "").strip()
-    base = f"({where}) and " if where else ""
-    counts = {
-        status: durable.count_runs(f"{base}status = '{status}'", store=call.store)
-        for status in _STATUSES
-        if status != "blocked"
-    }
+    where = call.arg("where", str, "")
+    base = f"({where}) and " if _checked_where(call, where) is not None else ""
+    counts = _searched(
+        lambda: {
+            status: durable.count_runs(f"{base}status = '{status}'", store=call.store)
+            for status in _STATUSES
+            if status != "blocked"
+        }
+    )
     return {"counts": counts, "total": sum(counts.values())}
 
 
@@ -138,7 +219,12 @@ def start_workflow(call: Call) -> dict[str, Any]:
         memo=call.field("memo", dict),
     )
     args = call.args()
-    warning = check_startable(call.store, workflow_type, stub.queue or "default", ())
+    try:
+        warning = check_startable(
+            call.store, workflow_type, _start_queue(stub, workflow_type), _loaded_apps()
+        )
+    except CliError as exc:  # a type the server's --app does not define: as `durable start --app`
+        raise ApiError("unknown_type", str(exc)) from None
     signal = call.field("signal", dict)
     if signal is None:
         stub.start(*args)
@@ -150,6 +236,19 @@ def start_workflow(call: Call) -> dict[str, Any]:
     return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": warning}
 
 
+def _start_queue(stub: WorkflowStub, workflow_type: str) -> str:
+    """The queue the run will start on: the request's, else the class's (when this server
+    loaded it), else ``default`` -- as :meth:`WorkflowStub.start` picks it."""
+    cls = registry.workflows().get(workflow_type)
+    return stub.queue or (cls.queue if cls is not None else "default")
+
+
+def _loaded_apps() -> list[str]:
+    """The modules of the workflows this server process loaded (``durable server --app``,
+    ``durable dev --app``); none: it knows no types, and any may be started by name."""
+    return sorted({cls.__module__ for cls in registry.workflows().values()})
+
+
 def describe_workflow(call: Call) -> dict[str, Any]:
     return _stub(call).describe().to_dict()
 
@@ -157,8 +256,11 @@ def describe_workflow(call: Call) -> dict[str, Any]:
 def workflow_history(call: Call) -> dict[str, Any]:
     after = call.arg("after", int, 0)
     limit = call.arg("limit", int, 1000)
-    if not 1 <= limit <= MAX_HISTORY_PAGE or after < 0:
-        raise ApiError("invalid_argument", f"limit must be 1..{MAX_HISTORY_PAGE} and after >= 0")
+    if not 0 <= after <= MAX_SEQ:
+        # Checked here: past 2**64 Redis refuses the stream id (a 500), and no run gets near.
+        raise ApiError("invalid_argument", f"query parameter 'after' must be 0..{MAX_SEQ} (an event seq)")
+    if not 1 <= limit <= MAX_HISTORY_PAGE:
+        raise ApiError("invalid_argument", f"query parameter 'limit' must be 1..{MAX_HISTORY_PAGE}")
     store = call.store
     ref = store.ref(call.path["id"])
     entries = store.history(ref, after)
@@ -239,7 +341,7 @@ ENDPOINTS = [
             Param("id_prefix", "string", "the start of the workflow id"),
             Param("since", "string", "created at or after (UTC ms or ISO 8601)"),
             Param("until", "string", "created at or before (UTC ms or ISO 8601)"),
-            Param("before", "string", "the previous page's 'next' cursor"),
+            Param("before", "string", "the previous page's 'next' cursor ('<ms>:<run id>'), or UTC ms"),
             Param("limit", "integer", f"runs per page, 1..{MAX_LIST_PAGE} (default 50)"),
             Param("where", "string", "a search expression (docs/search.md); not with id_prefix"),
         ),
@@ -260,6 +362,19 @@ ENDPOINTS = [
         "Start a run",
         status=201,
         body='{"type": "...", "id": "..." (optional), "args": [...], "queue": "..." (optional)}',
+        fields=(
+            "type",
+            "id",
+            "args",
+            "queue",
+            "id_reuse_policy",
+            "id_conflict_policy",
+            "execution_timeout",
+            "run_timeout",
+            "search_attributes",
+            "memo",
+            "signal",
+        ),
     ),
     Endpoint("GET", _ID, describe_workflow, "read", "Describe the current run"),
     Endpoint(
@@ -269,16 +384,58 @@ ENDPOINTS = [
         "read",
         "Read the current run's history (payloads decoded, hook tokens masked)",
         params=(
-            Param("after", "integer", "only events after this seq (paging: the previous 'next_after')"),
+            Param(
+                "after",
+                "integer",
+                f"only events after this seq, 0..{MAX_SEQ} (paging: the previous 'next_after')",
+            ),
             Param("limit", "integer", f"events per page, 1..{MAX_HISTORY_PAGE} (default 1000)"),
         ),
     ),
-    Endpoint("POST", _ID + "/signal/{name}", signal_workflow, "operator", "Send a signal", body=_ARGS_BODY),
-    Endpoint("POST", _ID + "/query/{name}", query_workflow, "read", "Call a query", body=_ARGS_BODY),
-    Endpoint("POST", _ID + "/update/{name}", update_workflow, "operator", "Send an update", body=_ARGS_BODY),
-    Endpoint("POST", _ID + "/cancel", cancel_workflow, "operator", "Request cancellation", body=_REASON_BODY),
     Endpoint(
-        "POST", _ID + "/terminate", terminate_workflow, "operator", "Terminate the run", body=_REASON_BODY
+        "POST",
+        _ID + "/signal/{name}",
+        signal_workflow,
+        "operator",
+        "Send a signal",
+        body=_ARGS_BODY,
+        fields=("args",),
+    ),
+    Endpoint(
+        "POST",
+        _ID + "/query/{name}",
+        query_workflow,
+        "read",
+        "Call a query",
+        body=_ARGS_BODY,
+        fields=("args",),
+    ),
+    Endpoint(
+        "POST",
+        _ID + "/update/{name}",
+        update_workflow,
+        "operator",
+        "Send an update",
+        body=_ARGS_BODY,
+        fields=("args",),
+    ),
+    Endpoint(
+        "POST",
+        _ID + "/cancel",
+        cancel_workflow,
+        "operator",
+        "Request cancellation",
+        body=_REASON_BODY,
+        fields=("reason",),
+    ),
+    Endpoint(
+        "POST",
+        _ID + "/terminate",
+        terminate_workflow,
+        "operator",
+        "Terminate the run",
+        body=_REASON_BODY,
+        fields=("reason",),
     ),
     Endpoint(
         "POST",
@@ -287,6 +444,7 @@ ENDPOINTS = [
         "operator",
         "Re-queue a blocked run",
         body='{"drop_input": false, "build_id": "..."} (both optional)',
+        fields=("drop_input", "build_id"),
     ),
 ]
 """The workflow routes, in the order the OpenAPI document lists them."""

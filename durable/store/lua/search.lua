@@ -7,12 +7,18 @@
 -- KEYS: runs index of the partition
 -- ARGV: plan (msgpack tree of {'k', suffix} | {'n', suffix, min, max} | {'r', min, max}
 --       | {'all'} | {'not', node} | {'and'|'or', node...}), mode ('list' | 'count'),
---       window min, window max (created ms, ZRANGEBYSCORE syntax), limit
--- Returns list: {run id, created, ...} newest first; count: the number of runs.
+--       window min, window max (created ms, ZRANGEBYSCORE syntax), limit,
+--       paging cursor (list only, optional): created ms, run id -- the runs of that very ms
+--       whose id sorts below the run id come first, then the window (which then ends
+--       before that ms)
+-- Returns list: {run id, created, ...} newest first -- the `limit` newest of the partition,
+--       plus, on the `or` fast path, any rows tied with the last one's ms (the client
+--       orders equal ms by run id); count: the number of runs.
 local runs = KEYS[1]
 local prefix = string.match(runs, '^(.-{%d+})') .. ':sx:'
 local plan = cmsgpack.unpack(ARGV[1])
 local mode, low, high, limit = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local tie_ms, tie_rid = ARGV[6] or '', ARGV[7] or ''
 local temps = 0
 
 local function temp()
@@ -94,12 +100,36 @@ eval = function(node)
   return out
 end
 
+-- The newest rows of zset `key` (scored by created ms) after the paging cursor, at most
+-- `limit`, as {member, score, ...}. The cursor's own ms comes first: its members below the
+-- cursor's run id by byte order (ZREVRANGEBYLEX on a copy of that ms's members, all of one
+-- score), not by a Lua string comparison, which follows the server's locale.
+local function page(key)
+  local out = {}
+  if tie_rid ~= '' then
+    local ties = temp()
+    redis.call('ZRANGESTORE', ties, key, tie_ms, tie_ms, 'BYSCORE')
+    for _, m in ipairs(redis.call('ZREVRANGEBYLEX', ties, '(' .. tie_rid, '-', 'LIMIT', 0, limit)) do
+      out[#out + 1] = m
+      out[#out + 1] = tie_ms
+    end
+  end
+  local want = limit - #out / 2
+  if want > 0 then
+    local older = redis.call('ZREVRANGEBYSCORE', key, high, low, 'WITHSCORES', 'LIMIT', 0, want)
+    for i = 1, #older do out[#out + 1] = older[i] end
+  end
+  return out
+end
+
 -- A list over `or` of keyword sets (`in (...)`, status = 'open'/'closed'): merge each set's
--- newest rows instead of building the union (O(sets x limit), not the sets' sizes).
+-- newest rows instead of building the union (O(sets x limit), not the sets' sizes). Sorted
+-- by ms only (numbers: no locale), so every row tied with the `limit`-th one's ms is kept
+-- too: the client orders those by run id and cuts.
 local function merged()
   local rows, seen = {}, {}
   for i = 2, #plan do
-    local got = redis.call('ZREVRANGEBYSCORE', prefix .. plan[i][2], high, low, 'WITHSCORES', 'LIMIT', 0, limit)
+    local got = page(prefix .. plan[i][2])
     for j = 1, #got, 2 do
       if not seen[got[j]] then
         seen[got[j]] = true
@@ -108,8 +138,10 @@ local function merged()
     end
   end
   table.sort(rows, function(a, b) return a[2] > b[2] end)
+  local n = math.min(limit, #rows)
+  while n > 0 and n < #rows and rows[n + 1][2] == rows[n][2] do n = n + 1 end
   local out = {}
-  for i = 1, math.min(limit, #rows) do
+  for i = 1, n do
     out[#out + 1] = rows[i][1]
     out[#out + 1] = tostring(rows[i][2])
   end
@@ -122,14 +154,14 @@ if only_keywords then
     if plan[i][1] ~= 'k' then only_keywords = false end
   end
 end
-if only_keywords then return merged() end
 
-local result = eval(plan)
 local reply
-if mode == 'count' then
-  reply = redis.call('ZCOUNT', result, low, high)
+if only_keywords then
+  reply = merged()
+elseif mode == 'count' then
+  reply = redis.call('ZCOUNT', eval(plan), low, high)
 else
-  reply = redis.call('ZREVRANGEBYSCORE', result, high, low, 'WITHSCORES', 'LIMIT', 0, limit)
+  reply = page(eval(plan))
 end
 for i = 1, temps do redis.call('DEL', prefix .. 'tmp:' .. i) end
 return reply
