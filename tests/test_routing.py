@@ -79,10 +79,16 @@ def test_tasks_go_to_the_worker_that_has_their_type(redis_url: str, store: Redis
         wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
         alphas = [WorkflowStub.make("AlphaFlow", store=store).start(i) for i in range(4)]
         betas = [WorkflowStub.make("BetaFlow", store=store).start(i) for i in range(4)]
-        # Nobody serves BetaFlow (nor beta_step) yet: the tasks wait, nothing is parked.
+        # Nobody serves BetaFlow (nor beta_step) yet: the tasks wait, nothing is parked, and
+        # the views say what is missing.
         time.sleep(3)
         assert store.dead_letters() == []
-        assert all(stub.blocked() is None for stub in alphas + betas)
+        for stub, missing in [(s, "workflow type 'BetaFlow'") for s in betas] + [
+            (s, "activity 'beta_step' (id 2)") for s in alphas
+        ]:
+            reason = stub.blocked()
+            assert reason is not None and reason.kind == "no_live_worker", reason
+            assert f"no live worker of queue 'default' defines {missing}" in reason.message
         with app_worker(redis_url, apps, "beta_app", grace=30):
             assert [s.result(timeout=60) for s in alphas] == [[i + 1, i * 10] for i in range(4)]
             assert [s.result(timeout=60) for s in betas] == [[i * 10, i + 1] for i in range(4)]

@@ -143,7 +143,8 @@ def _confirm(page: Any, **fields: str) -> None:
 def test_runs_list_shows_runs_counts_and_a_blocked_reason(ui: Ui) -> None:
     waiter = _start(ui, "Waiter", 60)
     blocked = WorkflowStub.make("UiNoSuchType", id=_id("blocked"), store=ui.store).start()
-    wait_for(blocked.blocked, timeout=30)
+    # At once no live worker defines the type; once the grace passes, its task is parked.
+    wait_for(lambda: (b := blocked.blocked()) is not None and b.kind == "unknown_type", timeout=30)
     page = ui.page()
     page.goto(ui.open.url + "/")
     page.wait_for_selector(f"#runs tr[data-id='{waiter}']")

@@ -131,3 +131,24 @@ def test_describe_tells_whether_the_worker_of_a_running_attempt_is_alive(
         )
     finally:
         stop(worker)
+
+
+def test_a_run_of_a_type_no_live_worker_defines_says_so_at_once(redis_url: str, store: RedisStore) -> None:
+    """Not only after the unknown-type grace parks its task: the live workers of its queue say
+    what they define, so every view names the missing type right away."""
+    worker = spawn_worker(redis_url)
+    try:
+        wait_for(store.live_workers, timeout=30)
+        stub = WorkflowStub.make("NoSuchFlow", store=store).start()
+        reason = stub.blocked()
+        assert reason is not None and reason.kind == "no_live_worker", reason
+        assert reason.message.startswith(
+            "no live worker of queue 'default' defines workflow type 'NoSuchFlow' (they define "
+        ), reason.message
+        assert "'AddsAtOnce'" in reason.message and "start a worker whose --app defines it" in reason.message
+        assert "defines workflow type 'NoSuchFlow'" in _cli("status", stub.id)
+        # A run of a type the worker defines is not reported.
+        ok = WorkflowStub.make(Sequence, store=store).start(2)
+        assert ok.result(timeout=30) is not None and ok.blocked() is None
+    finally:
+        stop(worker)

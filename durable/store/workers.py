@@ -126,18 +126,55 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
     """
     if record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
         return None
+    live = list(live)
     served = {q for w in live for q in w.queues}
     queue = str(record.get("queue") or "default")
     if not record.get("build") and queue not in served:
         return f"no live worker serves queue {queue!r}: start one (`durable worker --app YOUR_APP --queue {queue}`)"
+    build = str(record.get("build") or "")
+    deciders = [w for w in live if queue in w.queues and (not build or build in w.builds)]
+    workflow_type = str(record.get("type") or "")
+    if workflow_type and _none_defines(deciders, "workflows", workflow_type):
+        return (
+            f"no live worker of queue {queue!r} defines workflow type {workflow_type!r} (they define "
+            f"{_listed(deciders, 'workflows')}): start a worker whose --app defines it"
+        )
     # Activities run on any live worker of their queue, whatever the run's build.
     for step in (record.get("snapshot") or {}).get("pending") or ():
-        if step.get("kind") == "activity" and step.get("queue") and step["queue"] not in served:
+        if step.get("kind") != "activity" or not step.get("queue"):
+            continue
+        name, where = str(step.get("name") or ""), f"activity {step.get('name', '')!r} (id {step.get('id')})"
+        if step["queue"] not in served:
             return (
-                f"no live worker serves queue {step['queue']!r}, where activity {step.get('name', '')!r} "
-                f"(id {step.get('id')}) waits: start one (`durable worker --app YOUR_APP --queue {step['queue']}`)"
+                f"no live worker serves queue {step['queue']!r}, where {where} waits: "
+                f"start one (`durable worker --app YOUR_APP --queue {step['queue']}`)"
+            )
+        runners = [w for w in live if step["queue"] in w.queues]
+        if name and _none_defines(runners, "activities", name):
+            return (
+                f"no live worker of queue {step['queue']!r} defines {where} (they define "
+                f"{_listed(runners, 'activities')}): start a worker whose --app defines it"
             )
     return None
+
+
+def _none_defines(workers: list[WorkerInfo], kind: str, name: str) -> bool:
+    """Whether ``workers`` (all of which say what they define) lack ``name`` among their ``kind``.
+
+    A worker that lists nothing (an older release, or a registry entry cut short) is taken to
+    define everything, so it never makes a run look blocked.
+    """
+    return (
+        bool(workers)
+        and all(getattr(w, kind) for w in workers)
+        and not any(name in getattr(w, kind) for w in workers)
+    )
+
+
+def _listed(workers: list[WorkerInfo], kind: str) -> str:
+    names = sorted({n for w in workers for n in getattr(w, kind)})
+    shown = ", ".join(repr(n) for n in names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
 def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:

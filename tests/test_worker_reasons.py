@@ -1,0 +1,57 @@
+"""Why no live worker can move a run, from run records and registry entries (no Redis)."""
+
+from __future__ import annotations
+
+from durable.store.workers import WorkerInfo, no_worker_reason
+
+_ORDERS = WorkerInfo("w1", queues=("default",), workflows=("Order",), activities=("charge", "ship"))
+
+
+def _record(**fields: object) -> dict[str, object]:
+    return {"workflow_id": "o-1", "type": "Order", "status": "suspended", "queue": "default", **fields}
+
+
+def test_a_run_its_queues_workers_can_decide_is_not_reported() -> None:
+    assert no_worker_reason(_record(), [_ORDERS]) is None
+
+
+def test_a_type_no_worker_of_the_queue_defines_is_named_with_what_they_define() -> None:
+    other_queue = WorkerInfo("w2", queues=("billing",), workflows=("Invoice",))
+    reason = no_worker_reason(_record(type="Ordr"), [_ORDERS, other_queue])
+    assert reason == (
+        "no live worker of queue 'default' defines workflow type 'Ordr' (they define 'Order'): "
+        "start a worker whose --app defines it"
+    )
+    # A worker of another queue defining it does not help; one of this queue does.
+    assert no_worker_reason(_record(type="Invoice"), [_ORDERS, other_queue]) is not None
+    assert no_worker_reason(_record(type="Invoice"), [_ORDERS, WorkerInfo("w3", queues=("default",))]) is None
+
+
+def test_a_worker_that_lists_nothing_is_taken_to_define_everything() -> None:
+    """An older worker's registry entry has no type lists: it never makes a run look blocked."""
+    silent = WorkerInfo("old", queues=("default",))
+    assert no_worker_reason(_record(type="Anything"), [silent]) is None
+    assert no_worker_reason(_record(type="Anything"), [_ORDERS, silent]) is None
+
+
+def test_a_pending_activity_no_worker_of_its_queue_defines_is_named() -> None:
+    pending = [{"kind": "activity", "id": "2", "name": "refund", "queue": "default"}]
+    reason = no_worker_reason(_record(snapshot={"pending": pending}), [_ORDERS])
+    assert reason is not None and reason.startswith(
+        "no live worker of queue 'default' defines activity 'refund' (id 2) (they define 'charge', 'ship')"
+    )
+    defined = [{"kind": "activity", "id": "2", "name": "ship", "queue": "default"}]
+    assert no_worker_reason(_record(snapshot={"pending": defined}), [_ORDERS]) is None
+
+
+def test_a_pinned_run_counts_only_the_workers_of_its_build() -> None:
+    v2 = WorkerInfo("w-v2", build="v2", queues=("default",), workflows=("Other",))
+    v1 = WorkerInfo("w-v1", build="v1", queues=("default",), workflows=("Order",))
+    assert no_worker_reason(_record(build="v1"), [v1, v2]) is None
+    reason = no_worker_reason(_record(build="v2"), [v1, v2])
+    assert reason is not None and "defines workflow type 'Order' (they define 'Other')" in reason
+
+
+def test_closed_or_already_blocked_runs_are_not_reported() -> None:
+    assert no_worker_reason(_record(type="Ordr", status="completed"), [_ORDERS]) is None
+    assert no_worker_reason(_record(type="Ordr", blocked="NondeterminismError: ..."), [_ORDERS]) is None
