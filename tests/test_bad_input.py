@@ -461,7 +461,8 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
     stub.signal("go", "ok")
     assert stub.result(timeout=10) == "ok"
     letters = store.dead_letters()
-    assert [(d["kind"], d["run"]) for d in letters] == [("inbox", ref.run_id)]
+    assert [(d["kind"], d["run"], d["workflow_id"]) for d in letters] == [("inbox", ref.run_id, stub.id)]
+    assert isinstance(letters[0]["ts"], int)  # readable, not bytes
     assert letters[0]["reason"].startswith("poison: ") and "not valid msgpack" in letters[0]["reason"]
 
 

@@ -214,7 +214,8 @@ class QueueStore(RunStore):
         return ref
 
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
-        """Parked tasks of every partition, newest last."""
+        """Parked tasks of every partition, newest last; each with its run's ``workflow_id``
+        (``None`` once the run is purged) so that an operator can go to the run."""
         out = []
         for p in range(self.keys.partitions):
             for entry_id, fields in self.redis.xrange(self.keys.dead(p), count=count):
@@ -222,6 +223,8 @@ class QueueStore(RunStore):
                 for key in ("kind", "stream", "entry", "run"):
                     if key in item:
                         item[key] = text(item[key])
+                if "ts" in item:
+                    item["ts"] = int(item["ts"]) if text(item["ts"]).isdigit() else text(item["ts"])
                 if "reason" in item:
                     item["reason"] = open_text(item["reason"])
                 if "task" in item:
@@ -232,6 +235,12 @@ class QueueStore(RunStore):
                 item["id"] = text(entry_id)
                 item["partition"] = p
                 out.append(item)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for item in out:
+                pipe.hget(self.keys.run(item["partition"], item.get("run") or "-"), "workflow_id")
+            owners = pipe.execute() if out else []
+        for item, owner in zip(out, owners, strict=True):
+            item["workflow_id"] = text(owner) if owner else None
         return out
 
     # ----------------------------------------------------------------- clock

@@ -252,13 +252,14 @@ def describe_tables(info: Mapping[str, Any], redis_url: str) -> list[Table]:
 def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
     """``durable list --dead``: one row per parked task."""
     table = Table(title=f"dead letters ({len(letters)})", title_justify="left", caption=f"redis: {redis_url}")
-    for col in ("partition", "entry", "kind", "run", "reason"):
+    for col in ("partition", "entry", "kind", "workflow id", "run", "reason"):
         table.add_column(col, overflow="fold")
     for item in letters:
         table.add_row(
             str(item.get("partition", "")),
             str(item.get("id", "")),
             str(item.get("kind", "")),
+            str(item.get("workflow_id") or ""),
             str(item.get("run", "")),
             str(item.get("reason", "")),
         )

@@ -84,7 +84,8 @@
       const parkedAt = Number(String(d.id || "").split("-")[0]) || null;
       const task = Object.fromEntries(Object.entries(d.task || {}).map(([k, v]) => [k, D.bytesText(v)]));
       return el("tr", {}, el("td", { class: "small" }, time(parkedAt), el("div", { class: "muted" }, ago(parkedAt))),
-        el("td", {}, d.kind), el("td", { class: "small" }, d.run || ""),
+        el("td", {}, d.kind),
+        el("td", { class: "small" }, d.workflow_id ? D.runLink(d.workflow_id) : "", el("div", { class: "muted" }, d.run || "")),
         el("td", { class: "bad" }, d.reason),
         el("td", { class: "small" }, `partition ${d.partition}`, el("div", { class: "muted" }, `${d.stream} ${d.entry}`),
           el("details", {}, el("summary", {}, "task"), el("pre", { class: "json" }, json(task)))));
