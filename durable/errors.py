@@ -284,3 +284,22 @@ class ApplicationError(DurableError):
 
 class CancelledError(BaseException):
     """Thrown into workflow code at its suspension point when the run (or branch) is cancelled."""
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``; when the exception's own ``__str__`` raises, its ``repr``, else a stand-in.
+
+    A user's exception whose ``__str__`` is broken must still be recorded: the failure being
+    recorded must not itself fail the recording (the attempt would be retried forever).
+    """
+    for render in (str, repr):
+        try:
+            return render(exc)
+        except Exception:  # noqa: BLE001, S112 - any error of user code: try the next rendering
+            continue
+    return f"<{type(exc).__name__}: its str() and repr() raised>"
+
+
+def error_text(exc: BaseException) -> str:
+    """``"<type name>: <message>"`` of ``exc``, safe for any exception (see :func:`message_of`)."""
+    return f"{type(exc).__name__}: {message_of(exc)}"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec, hooktokens
 from . import events as ev
-from .errors import ApplicationError, DurableError, WorkflowFailed
+from .errors import ApplicationError, DurableError, WorkflowFailed, error_text
 from .store.records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
     cause = None
     if isinstance(entry.event, ev.WorkflowFailedEvent):
         cause = codec.loads(entry.event.error)
-        message = f"workflow {workflow_id!r} failed: {type(cause).__name__}: {cause}"
+        message = f"workflow {workflow_id!r} failed: {error_text(cause)}"
     else:
         reason = getattr(entry.event, "reason", "")
         message = f"workflow {workflow_id!r} was {status}" + (f": {reason}" if reason else "")

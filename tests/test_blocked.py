@@ -44,7 +44,7 @@ def _assert_raises_blocked_soon(stub: WorkflowStub, kind: str, within: float = 5
 
 def test_unknown_workflow_type_blocks_visibly(worker, store: RedisStore) -> None:
     stub = WorkflowStub.make("BlNoSuchWorkflow").start(1)
-    wait_for(stub.blocked)
+    wait_for(lambda: (b := stub.blocked()) is not None and b.kind == "unknown_type")
     error = _assert_raises_blocked_soon(stub, "unknown_type")
     assert error.reason.startswith(UNKNOWN_WORKFLOW)
     assert stub.status() == "pending"  # the status word stays one of the documented ones
@@ -193,3 +193,30 @@ def test_terminated_and_continued_runs_carry_their_outcome(worker, store: RedisS
     continued = outcome_of(tail, None)
     assert (continued.status, continued.continued_as) == ("continued", ref.run_id)
     assert continued.to_dict()["continued_as"] == ref.run_id
+
+
+def test_a_decision_that_raises_outside_workflow_code_parks_the_run_not_the_worker(
+    worker, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something raised by the decision machinery itself (not by workflow code, which fails the
+    run) blocks that run visibly, and the worker goes on serving the others."""
+    from durable.replay import Driver
+
+    real = Driver.decide
+
+    def decide(self: Driver, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.workflow_type == "Waiter":
+            raise RuntimeError("machinery broke")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Driver, "decide", decide)
+    broken = WorkflowStub.make(Waiter).start(0.01)
+    reason = wait_for(broken.blocked)
+    assert reason.kind == "other"
+    assert reason.message == "unexpected error deciding: RuntimeError: machinery broke"
+    assert WorkflowStub.make(Sequence).start(2).result(timeout=10) is not None  # the worker lives on
+    monkeypatch.setattr(Driver, "decide", real)
+    store.repair(broken.id)
+    wait_for(lambda: broken.status() == "suspended" and broken.blocked() is None)
+    broken.signal("go", "fixed")
+    assert broken.result(timeout=10) == "fixed"

@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from apps.recovery import NOTES, MailingToStop, MailingWithCleanup, OneRecoveringActivity
+from apps.recovery import NOTES, FailsUnprintably, MailingToStop, MailingWithCleanup, OneRecoveringActivity
 from procs import spawn_worker, stop
 from waiting import wait_for
 
@@ -207,3 +207,22 @@ def test_no_queued_activity_of_a_closed_run_starts(redis_url: str, store: RedisS
     print(f"\n{how}: {len(started)} of 200 e-mails started, {len(late)} after the run closed")
     assert late == []
     assert len(started) < 20
+
+
+@pytest.mark.slow
+def test_an_activity_error_nothing_can_print_fails_the_attempt_once(
+    redis_url: str, store: RedisStore
+) -> None:
+    """Its ``__str__`` and ``__repr__`` raise: the attempt is still recorded (with a stand-in
+    message) instead of the recording failing and the task running again on every reclaim."""
+    worker = spawn_worker(redis_url, app="apps.recovery", extra=("--claim-idle", "1"))
+    try:
+        stub = WorkflowStub.make(FailsUnprintably, store=store).start("unprintable")
+        assert stub.result(timeout=30) == "caught ActivityFailed"
+        time.sleep(2.5)  # past two reclaim intervals: nothing runs it again
+        assert _notes(store, "unprintable") == ["ran"]
+        record = stub.describe()["attempts"][0]["record"]
+        assert record["error"] == "UnprintableError: <UnprintableError: its str() and repr() raised>"
+        assert record["final"] == "max_attempts=1 reached"
+    finally:
+        stop(worker)

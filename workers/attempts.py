@@ -19,7 +19,14 @@ from typing import Any
 from durable import codec, interceptors
 from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity, worker_identity
-from durable.errors import ActivityTimeout, NonRetryableError, SerializationError, UnknownTypeError
+from durable.errors import (
+    ActivityTimeout,
+    NonRetryableError,
+    SerializationError,
+    UnknownTypeError,
+    error_text,
+    message_of,
+)
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
 from durable.store.loads import Loaded, RunToLoad
@@ -83,7 +90,7 @@ def run_activity(
             stream=stream,
             entry_id=entry_id,
             kind="activity",
-            reason=f"undecodable activity task: {exc}",
+            reason=f"undecodable activity task: {message_of(exc)}",
             fields=fields,
         )
         return "parked"
@@ -240,7 +247,7 @@ def _resolve(
             stream=stream,
             entry_id=entry_id,
             kind="activity",
-            reason=f"{type(exc).__name__}: {exc}",
+            reason=error_text(exc),
             fields={"body": task.encode()},
             run_id=task.run_id,
             # The run cannot go on without this activity: block it, visibly, until a
@@ -406,7 +413,7 @@ def fail_attempt(
         # error_type stays readable for operators; error and traceback may quote user data and
         # are sealed (encrypted) by the store when a payload hook is installed.
         "error_type": type(exc).__name__,
-        "error": f"{type(exc).__name__}: {exc}",
+        "error": error_text(exc),
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
         "duration_ms": int((time.time() - started) * 1000),
     }
@@ -417,7 +424,7 @@ def fail_attempt(
         error = exc
         if final_reason.startswith("schedule_to_close"):
             error = ActivityTimeout(
-                f"activity {task.name} ({task.activity_id}) exceeded schedule_to_close_timeout; last error: {exc}",
+                f"activity {task.name} ({task.activity_id}) exceeded schedule_to_close_timeout; last error: {message_of(exc)}",
                 kind="schedule_to_close",
             )
         failed = attempt_failed(task, error, record, stream=stream, entry_id=entry_id)

@@ -27,11 +27,12 @@ from durable.errors import (
     SerializationError,
     UnknownTypeError,
     WorkflowClosed,
+    error_text,
 )
 from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
-from durable.store.connect import is_transient
+from durable.store.connect import is_redis_error, is_transient
 from durable.store.redis_store import OPEN_STATUSES, ClaimedTask, RedisStore, RunRef, StaleCompletion
 from durable.store.tasks import (
     ActivityTask,
@@ -395,28 +396,44 @@ class Decider:
                 driver.close()
             self.routing.workflow(p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name})
             return None
-        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError) as exc:
-            # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
-            culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
+        except Exception as exc:
             if driver is not None:
                 driver.close()
-            self.store.park(
-                p=p,
-                stream=task.stream,
-                entry_id=task.entry_id,
-                kind="workflow",
-                reason=f"{type(exc).__name__}: {exc}",
-                fields=task.fields,
-                run_id=rid,
-                block=True,
-                input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
-            )
+            if is_transient(exc) or is_redis_error(exc):
+                raise  # Redis being away is no fault of the run's: its task waits
+            self._park_undecidable(task, rid, driver, inbox, exc)
             return None
         except BaseException:
             if driver is not None:
                 driver.close()
             raise
         return ref, driver, decision, record
+
+    def _park_undecidable(
+        self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
+    ) -> None:
+        """Park and block a run its decision raised for: nondeterminism, an unknown type, corrupt
+        history, an undecodable input -- or anything else raised outside workflow code (say a
+        user's error class whose ``__str__`` raises). Visible, instead of the worker stopping
+        on it again at each delivery; ``durable repair`` re-queues it after a fix."""
+        expected = isinstance(
+            exc, NondeterminismError | UnknownTypeError | HistoryCorrupt | SerializationError
+        )
+        if not expected:
+            log.exception("deciding run %s raised; the run is parked until `durable repair`", rid)
+        # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
+        culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
+        self.store.park(
+            p=task.p,
+            stream=task.stream,
+            entry_id=task.entry_id,
+            kind="workflow",
+            reason=error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}",
+            fields=task.fields,
+            run_id=rid,
+            block=True,
+            input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
+        )
 
     def _replay(self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any) -> None:
         """Rebuild a run's driver from its whole history (a cache miss)."""

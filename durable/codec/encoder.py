@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 import msgpack
 
-from durable.errors import SerializationError
+from durable.errors import SerializationError, message_of
 
 from . import limits, models
 from .ext import (
@@ -186,13 +186,6 @@ def _exc_traceback(exc: BaseException) -> str:
     return ""
 
 
-def _exc_message(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:
-        return repr(exc)
-
-
 def _exc_arg(arg: Any) -> bytes:
     packed = _try_pack(arg)
     if packed is not None:
@@ -219,7 +212,7 @@ def _exc_body(exc: BaseException) -> dict[str, Any]:
     cause = exc.__cause__
     return {
         "type": type_name(type(exc)),
-        "message": _exc_message(exc),
+        "message": message_of(exc),
         "args": [_exc_arg(arg) for arg in _exc_args(exc)],
         "traceback": _exc_traceback(exc),
         "cause": None if cause is None else _try_pack(cause),

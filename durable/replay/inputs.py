@@ -17,6 +17,8 @@ from ..errors import (
     SerializationError,
     SignalTimeout,
     WorkflowTimeout,
+    error_text,
+    message_of,
 )
 from ..ids import successor_run_id
 from ..interceptors import HandleInput, HandleSignalInput, WorkflowInboundInterceptor
@@ -161,7 +163,7 @@ class Inputs(Updates):
                 branch,
                 exc=ChildWorkflowFailed(
                     f"child workflow {branch.wait.child_workflow_id!r} {event.status}"
-                    + (f": {type(cause).__name__}: {cause}" if cause is not None else ""),
+                    + (f": {error_text(cause)}" if cause is not None else ""),
                     workflow_id=branch.wait.child_workflow_id,
                     status=event.status,
                     cause=cause,
@@ -215,7 +217,7 @@ class Inputs(Updates):
     def _activity_error(self, event: ev.ActivityFailedEvent, branch: Branch) -> ActivityFailed:
         assert branch.wait is not None
         cause = codec.loads(event.error)
-        cause_text = f"{getattr(cause, 'type_name', '') or type(cause).__name__}: {cause}"
+        cause_text = f"{getattr(cause, 'type_name', '') or type(cause).__name__}: {message_of(cause)}"
         return ActivityFailed(
             f"activity {branch.wait.name} ({event.id}) failed after {event.attempts} attempt(s): {cause_text}",
             activity_id=event.id,
@@ -331,7 +333,7 @@ class Inputs(Updates):
             group.results[branch.index] = result
         elif group.first_error is None and not isinstance(exc, CancelledError):
             group.first_error = exc
-            reason = f"branch {branch.path} failed: {type(exc).__name__}: {exc}"
+            reason = f"branch {branch.path} failed: {error_text(exc)}"
             for sibling in group.branches:
                 if sibling is not branch and not sibling.dead:
                     self._cancel_branch(sibling, reason)

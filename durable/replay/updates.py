@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import codec, interceptors
 from .. import events as ev
-from ..errors import ConfigurationError, DurableError, NondeterminismError, SerializationError
+from ..errors import ConfigurationError, DurableError, NondeterminismError, SerializationError, error_text
 from ..interceptors import HandleUpdateInput, WorkflowInboundInterceptor
 from ..workflow import ContinueAsNew
 from .branches import Branch
@@ -45,7 +45,7 @@ class Updates(DriverCore):
             try:
                 payload = codec.dumps(error, path="update rejection")
             except DurableError as err:  # the validator raised something that cannot be stored
-                payload = codec.dumps(DurableError(f"{type(error).__name__}: {error} ({err})"), path="error")
+                payload = codec.dumps(DurableError(f"{error_text(error)} ({err})"), path="error")
             event = ev.UpdateRejectedEvent(id=request.id, name=request.name, error=payload)
         return event, ev.encode(event, ts)
 

@@ -96,12 +96,30 @@ def is_transient(exc: BaseException) -> bool:
     return unavailable_kind(exc) is not None
 
 
+def is_redis_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from Redis or its client (a refused command, say): no fault of a
+    run's, so never a reason to park one."""
+    return isinstance(exc, rexc.RedisError)
+
+
 def is_missing_group(exc: BaseException) -> bool:
     """Whether ``exc`` says a task stream (and so its consumer group) does not exist."""
     return isinstance(exc, rexc.ResponseError) and "NOGROUP" in str(exc)
 
 
 CLUSTER_SCHEME = "redis+cluster"
+
+#: The URL forms :func:`connect` takes, for error messages.
+URL_FORMS = (
+    "redis://host[:port][/db] (user:password@ before the host), rediss://... (TLS), "
+    f"unix:///path/to/redis.sock or {CLUSTER_SCHEME}://host:port[,host:port...]"
+)
+
+
+class BadRedisUrl(ConfigurationError):
+    """A Redis URL that does not parse; the message names it (password masked) and the forms
+    a Redis URL takes."""
+
 
 # redis-py's type hints cannot express that our clients return bytes (decode_responses
 # is off), nor that a RedisCluster stands in for a Redis: the store types them as this.
@@ -141,22 +159,32 @@ def connect(url: str) -> Client:
     (``rediss+cluster://`` turns TLS on); they apply to every node.
 
     Raises:
+        BadRedisUrl: ``url`` does not parse (no or another scheme, a port that is no number...).
         ConfigurationError: A cluster URL names no node, a database other than 0, or an
-            option the cluster client does not take.
+            option the cluster client does not take; or its node is no cluster node.
+        redis.exceptions.ConnectionError: No node of a cluster answers (as when one Redis does
+            not: a transient error, so a starting worker waits for the cluster).
     """
-    if not is_cluster_url(url):
-        # A pool that waits for a free connection (``timeout`` s) instead of raising
-        # MaxConnectionsError past ``max_connections`` (both overridable in the URL's query).
-        pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S)
-        client = redis.Redis(connection_pool=pool)
-        client.auto_close_connection_pool = True
-        return client
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    nodes = _cluster_nodes(netloc[-1])
+    try:
+        if not is_cluster_url(url):
+            # A pool that waits for a free connection (``timeout`` s) instead of raising
+            # MaxConnectionsError past ``max_connections`` (both overridable in the URL's query).
+            pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S)
+            client = redis.Redis(connection_pool=pool)
+            client.auto_close_connection_pool = True
+            return client
+        parts = urlsplit(url)
+        netloc = parts.netloc.rsplit("@", 1)
+        nodes = _cluster_nodes(netloc[-1])
+        kwargs = _cluster_options(url)
+    except ValueError as exc:
+        # redis-py's and urllib's parsers say what is wrong but not with which URL, nor what
+        # a good one looks like.
+        raise BadRedisUrl(
+            f"bad Redis URL {_masked(url)!r}: {exc}; a Redis URL looks like {URL_FORMS}"
+        ) from None
     if not nodes:
         raise ConfigurationError(f"cluster URL {_masked(url)!r} names no host:port")
-    kwargs = _cluster_options(url)
     if len(netloc) == 2:
         user, _, password = netloc[0].partition(":")
         if password:
@@ -166,7 +194,30 @@ def connect(url: str) -> Client:
             kwargs["password"] = unquote(user)
     if parts.scheme.startswith("rediss"):
         kwargs["ssl"] = True
-    return RedisCluster(startup_nodes=nodes, **kwargs)
+    try:
+        return RedisCluster(startup_nodes=nodes, **kwargs)
+    except rexc.RedisClusterException as exc:
+        raise _cluster_startup_error(url, exc) from exc
+
+
+def _cluster_startup_error(url: str, exc: rexc.RedisClusterException) -> Exception:
+    """What a failed cluster discovery means, as the error a caller can act on.
+
+    redis-py wraps every node's failure in one RedisClusterException, which is not a
+    RedisError: unwrapped, an unreachable cluster would be neither "Redis unavailable"
+    (waited out) nor a one-line error.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, rexc.AuthenticationError):
+        return type(cause)(f"the Redis Cluster refused the login: {cause}")  # not waited out
+    if isinstance(cause, rexc.ConnectionError | rexc.TimeoutError):
+        return type(cause)(f"no node of the Redis Cluster answers: {cause}")
+    if isinstance(cause, rexc.RedisClusterException) and "not enabled" in str(cause):
+        return ConfigurationError(
+            f"{_masked(url)} is not a Redis Cluster ({cause}): for one Redis, drop "
+            f"{CLUSTER_SCHEME}:// (use redis://) or ?cluster=1"
+        )
+    return exc
 
 
 def _cluster_options(url: str) -> dict[str, Any]:
@@ -196,7 +247,10 @@ def _cluster_options(url: str) -> dict[str, Any]:
 
 def _masked(url: str) -> str:
     """``url`` without the password of its user info (for error messages)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (``redis://[::1``): hide whatever stands before an "@"
+        return re.sub(r"://[^/@]*@", "://***@", url)
     if "@" not in parts.netloc:
         return url
     userinfo, _, hosts = parts.netloc.rpartition("@")

@@ -19,6 +19,10 @@ any number of threads and processes pointed at the same dir share one server.
 The server is started in its own session, detached from the caller, and keeps
 running after the caller exits; :meth:`EmbeddedRedis.stop` shuts it down.
 
+A data dir that holds the server's data (its AOF, or an RDB) but runs no server
+(:meth:`EmbeddedRedis.has_data`) is a project whose server was stopped or crashed:
+the CLI's read-only commands restart it there, and start none in a dir without data.
+
 After a crash the pidfile and socket file are left behind. They are never
 trusted: a server is "running" only if PING over the socket succeeds, and a pid
 from the pidfile is killed only if it is alive (not a zombie -- a dead server
@@ -60,6 +64,10 @@ MIN_REDIS_VERSION = (6, 2, 0)
 _MAX_SOCKET_PATH = 100
 
 _START_TIMEOUT = 10.0
+
+#: What a server leaves in its dir once it has run: Redis 6.2's AOF, Redis 7's AOF
+#: folder, an RDB snapshot.
+_DATA_FILES = ("appendonly.aof", "appendonlydir", "dump.rdb")
 _APPENDFSYNC_CHOICES = ("everysec", "always")
 
 # Servers this process started, by pid, so that their exit can be reaped
@@ -274,6 +282,8 @@ class EmbeddedRedis:
             digest = hashlib.sha256(os.fsencode(self.data_dir)).hexdigest()[:16]
             socket_path = Path("/tmp") / f"durable-{digest}" / "redis.sock"
         self.socket_path = socket_path
+        #: The pid of the server this object started (None: it started none, it reused one).
+        self.started_pid: int | None = None
 
     def __repr__(self) -> str:
         return f"EmbeddedRedis({str(self.data_dir)!r})"
@@ -337,6 +347,16 @@ class EmbeddedRedis:
     def is_running(self) -> bool:
         """True if PING over the unix socket succeeds."""
         return self._ping() == "ok"
+
+    def has_data(self) -> bool:
+        """True if the data dir holds a server's data (its AOF or RDB), running or not."""
+        try:
+            names = {entry.name for entry in self.data_dir.iterdir()}
+        except OSError:  # no dir (or not ours to read): no data of ours
+            return False
+        return any(name in names for name in _DATA_FILES) or any(
+            name.endswith((".aof", ".rdb")) for name in names
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -443,6 +463,7 @@ class EmbeddedRedis:
         with _CHILDREN_LOCK:
             _CHILDREN[proc.pid] = proc
         self._wait_ready(proc)
+        self.started_pid = proc.pid
 
     def _wait_ready(self, proc: subprocess.Popen[bytes] | None) -> None:
         deadline = time.monotonic() + _START_TIMEOUT

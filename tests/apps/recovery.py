@@ -87,3 +87,29 @@ class MailingWithCleanup(Workflow):
         except CancelledError:
             activity(send_mail, key + ":cleanup", -1)
             return "cleaned up"
+
+
+class UnprintableError(Exception):
+    """An exception whose ``__str__`` and ``__repr__`` raise (a user's broken error class)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str exploded")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr exploded")
+
+
+def raises_unprintable(key: str) -> None:
+    note(key, "ran")
+    raise UnprintableError("boom")
+
+
+class FailsUnprintably(Workflow):
+    """One attempt of an activity that raises an exception nothing can print."""
+
+    def handle(self, key: str) -> str:
+        try:
+            activity(raises_unprintable, key, retry=RetryPolicy(max_attempts=1))
+        except Exception as exc:  # noqa: BLE001 - the test reads what reached workflow code
+            return f"caught {type(exc).__name__}"
+        return "no error"

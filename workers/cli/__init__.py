@@ -3,8 +3,8 @@
 Every command talks to the Redis given by ``--redis URL``, else
 ``DURABLE_REDIS_URL``, else the embedded server in ``.durable/``: started on
 demand by the commands that create work (``worker``, ``dev``, ``start``,
-``demo``), never by those that address existing runs (they say so when there is
-none). Errors exit with status 1 and one line on stderr, ``error: ...`` (no
+``demo``); those that address existing runs only restart the project's own server
+when its data is in ``.durable/`` (they say so when there is none). Errors exit with status 1 and one line on stderr, ``error: ...`` (no
 traceback), naming the Redis used with its password masked.
 
 Arguments of workflows, signals and queries are JSON values: each positional

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import sys
+import sysconfig
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
 import click
 import redis
 
+import durable
 from durable import DurableError, codec
 from durable.config import check_namespace
+from durable.store.connect import BadRedisUrl
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers.config import mask_secrets, mask_url
@@ -51,6 +57,8 @@ class CliState:
 
     def __init__(self, redis_option: str | None, namespace: str | None = None) -> None:
         self.url: str | None = redis_option or os.environ.get("DURABLE_REDIS_URL") or None
+        # Where the URL came from, for the error line of one that does not parse.
+        self._given = (self.url, "--redis" if redis_option else "$DURABLE_REDIS_URL")
         #: ``--namespace``, or None: the store reads ``$DURABLE_NAMESPACE`` (default ``durable``).
         self.namespace = namespace
         self._store: RedisStore | None = None
@@ -62,10 +70,12 @@ class CliState:
 
     @property
     def existing_store(self) -> RedisStore:
-        """The store of a Redis that already exists: never starts an embedded server.
+        """The store of a Redis that already exists: never starts a new embedded server.
 
         Commands that address existing runs use it: a new, empty server could only
-        answer "no workflow with id ..." and would be left running.
+        answer "no workflow with id ..." and would be left running. The project's server
+        that was stopped or crashed is restarted (with a note on stderr) when its data is
+        in the data dir: the runs asked about are there.
         """
         return self._open(start_embedded=False)
 
@@ -73,7 +83,11 @@ class CliState:
         if self._store is None:
             if self.url is None:
                 self.url = _embedded_url(start_embedded)
-            self._store = RedisStore(self.url, namespace=self.namespace)
+            try:
+                self._store = RedisStore(self.url, namespace=self.namespace)
+            except BadRedisUrl as exc:
+                url, source = self._given
+                raise CliError(f"{source}: {exc}" if url == self.url else str(exc)) from None
         return self._store
 
     @property
@@ -92,6 +106,17 @@ def _embedded_url(start: bool) -> str:
         return server.ensure()
     if server.is_running():
         return server.url
+    if server.has_data():
+        # The project's own server, stopped or crashed: its runs are on disk, and a command run
+        # from the project folder must find them. A folder without data gets no server.
+        url = server.ensure()
+        if server.started_pid is not None:
+            click.echo(
+                f"note: the embedded Redis in {server.data_dir} was not running; "
+                f"restarted it (pid {server.started_pid})",
+                err=True,
+            )
+        return url
     raise NoRedisHere(
         f"no Redis here: no --redis URL, no $DURABLE_REDIS_URL and no embedded server running in "
         f"{server.data_dir}; point at yours with --redis URL or `export DURABLE_REDIS_URL=...`, "
@@ -120,6 +145,8 @@ class DurableGroup(click.Group):
             die(f"cannot reach Redis at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
         except NoRedisHere as exc:
             die(str(exc))
+        except redis.exceptions.RedisClusterException as exc:  # not a RedisError
+            die(f"Redis Cluster at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
         except redis.exceptions.RedisError as exc:
             die(f"redis: {one_line(exc)}", _url_of(ctx))
         except CliError as exc:
@@ -163,21 +190,69 @@ def parse_args(values: Sequence[str]) -> list[Any]:
 
 
 def load_apps(modules: Sequence[str]) -> list[ModuleType]:
-    """Import the ``--app`` modules; a module that cannot be imported is one :class:`CliError`."""
+    """Import the ``--app`` modules; a module that cannot be imported is one :class:`CliError`.
+
+    Whatever the module raises while it is imported (a RuntimeError, a missing setting...) is
+    the app's problem, not durable's: one line naming it and where in the app's code it rose.
+    """
     loaded: list[ModuleType] = []
     for name in modules:
         try:
             loaded += load_app([name])
-        except SyntaxError as exc:
-            where = f"{exc.filename}, line {exc.lineno}" if exc.filename else f"line {exc.lineno}"
-            raise CliError(f"cannot import app module {name!r}: {exc.msg} ({where})") from None
-        except ImportError as exc:
-            hint = ""
-            if name.endswith(".py") or "/" in name:
-                dotted = name.removesuffix(".py").replace("/", ".").strip(".")
-                hint = f"; --app takes a module name: drop the .py (--app {dotted})"
-            raise CliError(f"cannot import app module {name!r}: {exc}{hint}") from None
+        except Exception as exc:
+            raise CliError(f"cannot import app module {name!r}: {_import_problem(name, exc)}") from None
     return loaded
+
+
+def _import_problem(name: str, exc: Exception) -> str:
+    """What went wrong importing ``--app name``, and where: the rest of its error line."""
+    hint = ""
+    if name.endswith(".py") or "/" in name:
+        dotted = name.removesuffix(".py").replace("/", ".").strip(".")
+        hint = f"; --app takes a module name: drop the .py (--app {dotted})"
+    if isinstance(exc, SyntaxError):
+        where = f"{_shown_path(exc.filename)}, line {exc.lineno}" if exc.filename else f"line {exc.lineno}"
+        return f"{exc.msg} ({where}){hint}"
+    if isinstance(exc, ImportError):  # "No module named 'x'" says it all
+        what = str(exc)
+    else:
+        what = f"{type(exc).__name__}: {one_line(exc)}" if str(exc).strip() else type(exc).__name__
+    frame = _app_frame(exc)
+    return what + (f" ({frame})" if frame else "") + hint
+
+
+def _app_frame(exc: BaseException) -> str | None:
+    """``file, line N`` of the innermost frame of ``exc`` in the app's own code, or None.
+
+    The app's code is what is not Python's import machinery (frozen), the standard library,
+    an installed package, durable or the CLI: the line to fix is there, not in a library the
+    app called.
+    """
+    library = _library_dirs()
+    where = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        filename = frame.f_code.co_filename
+        if filename.startswith("<") or os.path.abspath(filename).startswith(library):
+            continue
+        where = f"{_shown_path(filename)}, line {lineno}"
+    return where
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+    dirs += site.getsitepackages() + [site.getusersitepackages()]
+    dirs += [os.path.dirname(durable.__file__), os.path.dirname(os.path.dirname(__file__))]  # + workers/
+    return tuple(os.path.join(os.path.abspath(d), "") for d in dirs if d)
+
+
+def _shown_path(filename: str) -> str:
+    """``filename`` relative to the current folder when it is under it (as the user typed it)."""
+    path = Path(filename).absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 # --------------------------------------------------------------------------- group

@@ -1,0 +1,223 @@
+"""The ``durable`` command's error lines as a user meets them: bad Redis URLs, an app module
+that raises at import, an embedded server that died. Run as real processes (a traceback only
+shows there), each in a tmp folder of its own.
+
+Every process a test starts is stopped by pid, the embedded ``redis-server`` included.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "s3cretMarker"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without a configured Redis (no URL, no DURABLE_HOME): the CLI falls back
+    to the embedded server of its working folder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DURABLE_REDIS_URL", "DURABLE_HOME")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env.update(extra)
+    return env
+
+
+def run_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=cwd,
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0, result.stdout + result.stderr
+    err = result.stderr.strip()
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: "), err
+    return err
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def kill_and_wait(pid: int, sig: signal.Signals = signal.SIGTERM, timeout: float = 10.0) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"pid {pid} did not exit within {timeout} s of {sig.name}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    """A tmp project folder; whatever embedded server a test leaves in its ``.durable`` is stopped."""
+    yield tmp_path
+    pidfile = tmp_path / ".durable" / "redis.pid"
+    if pidfile.exists():
+        kill_and_wait(int(pidfile.read_text().strip()))
+
+
+# --------------------------------------------------------------------------- bad Redis URLs
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis://localhost:notaport", "Port could not be cast to integer"),
+        ("http://x", "must specify one of the following schemes"),
+        ("garbage", "must specify one of the following schemes"),
+        (f"redis://app:{SECRET}@db:99999/0", "Port out of range"),
+        (f"redis+cluster://app:{SECRET}@db:bad", "bad Redis URL"),
+        ("redis://[::1", "Invalid IPv6 URL"),
+    ],
+)
+def test_a_bad_url_is_one_error_line(project: Path, url: str, says: str) -> None:
+    line = one_error_line(run_cli(project, "--redis", url, "status", "x"))
+    assert line.startswith("error: --redis: bad Redis URL"), line
+    assert says in line
+    assert "a Redis URL looks like redis://host" in line  # what a good one looks like
+    assert SECRET not in line
+    if SECRET in url:
+        assert url.replace(SECRET, "***") in line
+    else:
+        assert url in line
+    assert not (project / ".durable").exists()  # a URL was given: no embedded server
+
+
+@pytest.mark.parametrize("command", [("list",), ("worker", "--app", "app1")])
+def test_a_bad_url_in_the_environment_is_one_error_line(project: Path, command: tuple[str, ...]) -> None:
+    (project / "app1.py").write_text("x = 1\n")
+    result = run_cli(project, *command, env=clean_env(DURABLE_REDIS_URL="garbage"))
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert line.startswith("error: $DURABLE_REDIS_URL: bad Redis URL 'garbage'"), line
+
+
+def test_an_unreachable_cluster_is_one_error_line(project: Path) -> None:
+    line = one_error_line(run_cli(project, "--redis", "redis+cluster://127.0.0.1:1", "status", "x"))
+    assert "cannot reach Redis at redis+cluster://127.0.0.1:1" in line
+    assert "no node of the Redis Cluster answers" in line
+
+
+def test_a_worker_waits_for_an_unreachable_cluster(project: Path) -> None:
+    """As for one Redis that is not up yet (docs/operations.md): a WARNING, no exit."""
+    (project / "app1.py").write_text("x = 1\n")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workers.cli",
+            "--redis",
+            "redis+cluster://127.0.0.1:1",
+            "worker",
+            "--app",
+            "app1",
+        ],
+        cwd=project,
+        env=clean_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "redis unavailable (connection lost" in first and "worker startup" in first, first
+        assert proc.poll() is None
+    finally:
+        kill_and_wait(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+# --------------------------------------------------------------------------- --app import errors
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('raise RuntimeError("boom at import")\n', "RuntimeError: boom at import (app6.py, line 1)"),
+        # The line in the app's code, not in the library it called.
+        ('import json\n\njson.loads("{")\n', "JSONDecodeError: Expecting property name"),
+        ("raise RuntimeError()\n", "RuntimeError (app6.py, line 1)"),
+        ("import no_such_dependency_xyz\n", "No module named 'no_such_dependency_xyz' (app6.py, line 1)"),
+        ("def f(:\n", "(app6.py, line 1)"),
+    ],
+)
+def test_an_app_that_raises_at_import_is_one_error_line(project: Path, source: str, expected: str) -> None:
+    (project / "app6.py").write_text(source)
+    result = run_cli(project, "check", "--app", "app6")
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert line.startswith("error: cannot import app module 'app6': "), line
+    assert expected in line
+    if "json" in source:
+        assert line.endswith("(app6.py, line 3)"), line
+
+
+def test_worker_with_an_app_that_raises_at_import(project: Path, redis_url: str) -> None:
+    (project / "app6.py").write_text('raise RuntimeError("boom at import")\n')
+    result = run_cli(project, "worker", "--app", "app6", env=clean_env(DURABLE_REDIS_URL=redis_url))
+    assert result.returncode == 1
+    line = one_error_line(result)
+    assert "error: cannot import app module 'app6': RuntimeError: boom at import (app6.py, line 1)" in line
+
+
+# --------------------------------------------------------------------------- the embedded server
+
+
+def test_a_read_command_restarts_the_dead_embedded_server(project: Path) -> None:
+    started = run_cli(project, "start", "Greet", "alice", "--id", "survivor")
+    assert started.returncode == 0, started.stderr
+    pidfile = project / ".durable" / "redis.pid"
+    first = int(pidfile.read_text())
+    kill_and_wait(first, signal.SIGKILL)
+    assert (project / ".durable" / "redis.sock").exists()  # left behind, as after a crash
+
+    listed = run_cli(project, "list")
+    assert listed.returncode == 0, listed.stderr
+    second = int(pidfile.read_text())
+    assert second != first and alive(second)
+    assert listed.stderr.strip() == (
+        f"note: the embedded Redis in {project / '.durable'} was not running; restarted it (pid {second})"
+    )
+    assert "survivor" in listed.stdout  # its data came back with it
+
+    again = run_cli(project, "status", "survivor")
+    assert again.returncode == 0, again.stderr
+    assert "note:" not in again.stderr  # running: nothing to say
+
+
+def test_a_folder_without_data_gets_no_server(project: Path) -> None:
+    """A ``.durable`` with no AOF (only a lock, a stale pidfile) is no project's server."""
+    (project / ".durable").mkdir(mode=0o700)
+    (project / ".durable" / "redis.lock").write_text("")
+    (project / ".durable" / "redis.pid").write_text("999999\n")
+    line = one_error_line(run_cli(project, "list"))
+    assert "no Redis here" in line
+    assert not (project / ".durable" / "redis.sock").exists()
+    (project / ".durable" / "redis.pid").unlink()  # not a server's: nothing to stop
