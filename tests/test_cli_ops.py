@@ -299,3 +299,16 @@ def test_log_records_mask_passwords(fmt: str, capsys: pytest.CaptureFixture[str]
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_repair_to_a_build_no_live_worker_runs_warns(redis_url: str, store: RedisStore) -> None:
+    stub = WorkflowStub.make(Waiter, id="rp-2", store=store)
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100, build_id="v1")):
+        stub.start(0.01)
+        wait_for(lambda: any(p.get("kind") == "signal" for p in stub.describe().get("pending") or []))
+        result = invoke("repair", "rp-2", "--build-id", "v9")
+    assert result.exit_code == 0, result.output
+    assert "re-queued rp-2" in result.stdout
+    assert result.stderr.startswith("warning: no live worker serves build 'v9' on queue 'default'"), (
+        result.stderr
+    )

@@ -281,6 +281,9 @@ def repair(state: CliState, workflow_id: str, build_id: str | None, drop_input: 
         )
         return
     click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on build {build_id}")
+    unserved = store.unserved_reason(store.run_record(ref))
+    if unserved:  # moved where nothing runs it yet: say so now, not only in describe
+        click.echo(f"warning: {unserved}", err=True)
 
 
 COMMANDS = [start, signal, update, query, cancel, terminate, status, result, repair]

@@ -321,7 +321,15 @@ def repair_workflow(call: Call) -> dict[str, Any]:
         store.repair(workflow_id)
     except WorkflowClosed:
         pass  # the move itself queued a task and the new build's workers closed the run already
-    return {"workflow_id": workflow_id, "run_id": ref.run_id, "requeued": True, "build_id": build}
+    # Moved where nothing runs it yet (no live worker of that build): said now, not only by describe.
+    warning = store.unserved_reason(store.run_record(ref))
+    return {
+        "workflow_id": workflow_id,
+        "run_id": ref.run_id,
+        "requeued": True,
+        "build_id": build,
+        "warning": warning,
+    }
 
 
 _ID = "/api/v1/workflows/{id}"
