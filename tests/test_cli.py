@@ -223,6 +223,7 @@ def test_bad_app_module_is_one_error_line(redis_url: str) -> None:
     ("args", "says"),
     [
         (("list", "--status", "bogus"), "Invalid value for '--status': 'bogus' is not one of 'cancelled'"),
+        (("list", "--limit", "99999999999999999999"), "Invalid value for '--limit'"),
         (("worker", "--app", "apps.basic", "--queue", "a b"), "invalid queue name 'a b'"),
         (("worker", "--app", "apps.basic", "--queue", "@private"), "a leading '@' is reserved"),
     ],

@@ -86,7 +86,13 @@ _APP_HELP = "Import module M first: its search attribute declarations give the t
     help="Only runs with this status (or 'blocked').",
 )
 @click.option("--type", "workflow_type", default=None, help="Only runs of this workflow type.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1), help="At most N rows.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="At most N rows (1..10,000).",
+)
 @click.option(
     "--before",
     "before",
