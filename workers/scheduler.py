@@ -239,8 +239,10 @@ class Scheduler:
             self.store.extend_leases(leases, self.store.server_time_ms() + self.claim_idle_ms)
 
     def release(self) -> None:
-        """Give up this worker's lease at once (graceful stop): its sessions fail fast and the
-        workflow tasks waiting in its private stream go back to their runs' queues."""
+        """Give up this worker's lease at once (graceful stop): its sessions fail fast, the
+        workflow tasks waiting in its private stream go back to their runs' queues, and its
+        private streams are deleted (an activity stream that still holds session tasks only
+        once another worker's sweep has failed them)."""
         if self.session_queue:
             self.store.release_worker(self.session_queue)
 
@@ -252,11 +254,13 @@ class Scheduler:
     def _check_workers(self) -> None:
         """Renew this worker's lease; clean up after workers whose lease ran out (they died)."""
         self.renew_lease()
-        for p, host, session, sticky in self.store.dead_workers(self.session_queue):
+        for p, host, session, _ in self.store.dead_workers(self.session_queue):
             if session:
                 self._fail_lost_sessions(p, host)
-            # unstick checks the lease again, atomically: a worker that renewed meanwhile keeps its tasks.
-            moved = self.store.unstick(p, host) if sticky else 0
+            # unstick checks the lease again, atomically: a worker that renewed meanwhile keeps its
+            # tasks. Also for a session host: it deletes the private activity stream the failures
+            # emptied, or keeps it (and the host listed) if a task arrived meanwhile, for the next pass.
+            moved = self.store.unstick(p, host)
             if moved > 0:
                 log.warning(
                     "worker %s stopped: %d workflow task(s) it held (partition %d) went back to their queues",
@@ -270,7 +274,6 @@ class Scheduler:
         stream, entries = self.store.session_tasks(p, host)
         for entry_id, fields in entries:
             self._fail_session_task(p, stream, entry_id, fields, host)
-        self.store.drop_session_queue(p, host)
 
     def _fail_session_task(
         self, p: int, stream: str, entry_id: str, fields: dict[bytes, bytes], host: str

@@ -237,6 +237,9 @@ class Worker:
         self.unpinned_streams = [s for q in self.queues for s in self._unpinned_of[q]]
         self.workflow_streams = self.pinned_streams + self.unpinned_streams
         shared_activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
+        # Its private (session) streams are created with the others, not when a session first
+        # uses one: a read of a stream without its group fails. Its lease's end deletes them
+        # (Scheduler.release, or another worker's sweep: LeaseStore.unstick).
         self.activity_streams = shared_activity_streams + [
             keys.activity_tasks(p, self.session_queue) for p in parts
         ]

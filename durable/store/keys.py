@@ -18,6 +18,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
     T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
     T:aq:<queue>           stream  activity tasks (consumer group "workers")
+    T:aq:@<worker>         stream  a worker's private activity tasks (its sessions'); deleted with its
+                                   T:wq:@<worker> when it stops or its lease lapses, once empty
     T:ox                   stream  outbox: cross-partition messages (children)
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
                            <aid>:hb heartbeat details, <aid>:started attempt start (ms),
@@ -35,9 +37,10 @@ Layout (``T`` = ``prefix:{p}``)::
     T:retention            string  the namespace's retention (ms) of runs closing from now on
     T:dead                 stream  dead letters: tasks parked with their reason
     T:hooks                hash    hook token digest (sha256:<hex>) -> "run|hook id"
-    T:sessions             set     private queues (worker sessions) that got activity tasks
+    T:sessions             set     private queues (worker sessions) whose activity tasks are not all
+                                   run or failed yet: a dead one's are failed (SessionLost)
     T:alive:@<worker>      string  a worker's lease (expires when it dies): its sessions, its sticky runs
-    T:sticky               set     workers (private queue names) whose private workflow streams exist
+    T:sticky               set     workers (private queue names) whose private streams exist
     T:sc:<schedule id>     hash    a schedule (in its id's partition): spec, args, next time, paused, counters
     T:scc:<schedule id>    zset    start due (ms, after jitter) -> "<scheduled ms>|<kind>|<overlap>" claimed times
     T:scb:<schedule id>    list    claimed times buffered by the overlap policy (same members)

@@ -8,6 +8,10 @@ task its worker has not read within the sticky timeout goes back at once, lease 
 not (:meth:`LeaseStore.sweep_sticky`): a dead worker's lease outlives it. Task
 entries a dead worker had claimed are reclaimed from the consumer group's
 pending list once idle long enough.
+
+Every worker creates its private streams when it starts, so they go when it does
+(:meth:`LeaseStore.unstick`: its own release, or the sweep once its lease lapsed); a private
+activity stream that still holds tasks stays until the sweep has failed them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class LeaseStore(StoreBase):
             pipe.execute()
 
     def release_worker(self, host: str) -> None:
-        """Give up ``host``'s lease at once (graceful stop) and hand its sticky tasks back."""
+        """Give up ``host``'s lease at once (graceful stop), hand its sticky tasks back and
+        delete its private streams (an activity stream only if empty: see :meth:`unstick`)."""
         k = self.keys
         self.redis.delete(*[k.alive(p, host) for p in range(k.partitions)])
         for p in range(k.partitions):
@@ -46,9 +51,18 @@ class LeaseStore(StoreBase):
 
     def unstick(self, p: int, host: str) -> int:
         """Hand the workflow tasks in the private stream of the stopped worker ``host`` back to
-        their runs' queues. Returns how many moved, or -1 (and does nothing) while its lease lives."""
+        their runs' queues and delete that stream; delete its private activity stream too if it
+        holds no task, else keep ``host`` in the session hosts, whose tasks the scheduler fails
+        (only that host could run them). Returns how many workflow tasks moved, or -1 (and does
+        nothing) while its lease lives."""
         k = self.keys
-        keys = [k.workflow_tasks(p, host), k.alive(p, host), k.sticky_hosts(p)]
+        keys = [
+            k.workflow_tasks(p, host),
+            k.alive(p, host),
+            k.sticky_hosts(p),
+            k.activity_tasks(p, host),
+            k.sessions(p),
+        ]
         return int(self._run_script("unstick", keys, [host]))
 
     def sweep_sticky(self, timeout_ms: int, limit: int = 100) -> tuple[int, int | None]:
@@ -96,13 +110,6 @@ class LeaseStore(StoreBase):
         """The activity tasks queued for the session host ``host``: ``(its stream, entries)``."""
         stream = self.keys.activity_tasks(p, host)
         return stream, [(text(entry_id), fields) for entry_id, fields in self.redis.xrange(stream)]
-
-    def drop_session_queue(self, p: int, host: str) -> None:
-        """Forget the session host ``host``'s queue in partition ``p`` once it is empty."""
-        stream = self.keys.activity_tasks(p, host)
-        if not self.redis.xlen(stream):
-            self.redis.delete(stream)
-            self.redis.srem(self.keys.sessions(p), host)
 
     def touch_claims(self, consumer: str, entries: Iterable[tuple[str, str]]) -> None:
         """Reset the idle time of ``(stream, entry id)`` tasks ``consumer`` is still working on,

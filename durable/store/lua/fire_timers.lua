@@ -36,7 +36,13 @@ for _, member in ipairs(due) do
     elseif kind == 'u' then
       local aid, first = string.match(id, '^(.+)|(%d+)$')
       local task = redis.call('HMGET', tag .. ':act:' .. rid, aid, aid .. '@')
-      if task[1] then redis.call('XADD', task[2], '*', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first) end
+      if task[1] then
+        redis.call('XADD', task[2], '*', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first)
+        -- As for a retry: a task back in a private stream keeps its host a session host, so
+        -- its stream is not forgotten (unstick.lua) before the task is run or failed.
+        local private = string.match(task[2], ':aq:(@.+)$')
+        if private then redis.call('SADD', tag .. ':sessions', private) end
+      end
     end
   end
 end
