@@ -26,7 +26,8 @@ import math
 import re
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from .errors import ConfigurationError
@@ -73,6 +74,12 @@ MAX_LIST = 64
 """Items of a keyword list."""
 MAX_SAFE_INT = 2**53
 """Integers are indexed as zset scores (doubles): beyond this they lose precision."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The epoch ms of the first and last datetimes (years 1 and 9999): what a datetime can hold.
+MS_RANGE = (
+    (datetime.min.replace(tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1),
+    (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1),
+)
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 _WORD = re.compile(r"\w+")
@@ -166,6 +173,14 @@ def encode_values(values: Any, what: str = "search attribute") -> dict[str, list
     types = declared()
     out: dict[str, list[Any] | None] = {}
     for name in sorted(values, key=str):
+        if isinstance(name, str) and (name in BUILTINS or name.lower() in _KEYWORDS):
+            raise ConfigurationError(
+                f"{what} {name!r} is a built-in attribute, kept by the store from the run record: "
+                "workflow code cannot set it (nor can search_attributes= at start)"
+                if name in BUILTINS
+                else f"{what} name {name!r} is a query word (and, or, not, in, true, false): it cannot "
+                "be declared or set"
+            )
         if not isinstance(name, str) or name not in types:
             hint = f"declared: {sorted(types)}" if types else "none are declared"
             raise ConfigurationError(
@@ -180,7 +195,7 @@ def encode_values(values: Any, what: str = "search attribute") -> dict[str, list
 def _encode(name: str, kind: str, value: Any) -> Any:
     def wrong(expected: str) -> ConfigurationError:
         return ConfigurationError(
-            f"search attribute {name!r} is a {kind}: expected {expected}, got {type(value).__name__} "
+            f"search attribute {name!r} is {_a(kind)}: expected {expected}, got {type(value).__name__} "
             f"{_short(value)}"
         )
 
@@ -207,9 +222,10 @@ def _encode(name: str, kind: str, value: Any) -> Any:
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise wrong("a float")
-        if not math.isfinite(value):
-            raise ConfigurationError(f"search attribute {name!r}: {value} is not a finite number")
-        return float(value)
+        number = _float(value)
+        if not math.isfinite(number):
+            raise ConfigurationError(f"search attribute {name!r}: {_short(value)} is not a finite number")
+        return number
     if kind == "datetime":
         if not isinstance(value, datetime):
             raise wrong("a datetime")
@@ -234,8 +250,24 @@ def _keyword(name: str, value: str) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    return _clip(repr(value))
+
+
+def _clip(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _float(value: int | float | Decimal) -> float:
+    """``value`` as a float; infinite when its magnitude is beyond a float's (a huge int)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article: ``a float``, ``an int``."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def decode_values(stored: dict[str, Any] | None) -> dict[str, Any]:
@@ -314,9 +346,8 @@ def _tokens(where: str) -> list[_Tok]:
         if m.lastgroup == "str":
             q = text[0]
             out.append(_Tok("str", text, text[1:-1].replace(q + q, q), pos))
-        elif m.lastgroup == "num":
-            value = float(text) if any(c in text for c in ".eE") else int(text)
-            out.append(_Tok("num", text, value, pos))
+        elif m.lastgroup == "num":  # exact, whatever its size: literal() checks it for its attribute
+            out.append(_Tok("num", text, Decimal(text), pos))
         elif m.lastgroup == "name" and text.lower() in _KEYWORDS:
             word = text.lower()
             kind = "bool" if word in ("true", "false") else "word"
@@ -433,7 +464,7 @@ class _Parser:
             values = [self.literal(tok.text, kind)]
         if op in ("<", "<=", ">", ">=") and kind not in ("int", "float", "datetime"):
             raise SearchQueryError(
-                f"--where: {op!r} at position {op_tok.pos} compares {tok.text!r}, a {kind}; ranges need an "
+                f"--where: {op!r} at position {op_tok.pos} compares {tok.text!r}, {_a(kind)}; ranges need an "
                 "int, float or datetime attribute (use =, != or in)",
                 self.where,
                 op_tok.pos,
@@ -444,46 +475,83 @@ class _Parser:
         tok = self.take()
         if tok.kind not in ("str", "num", "bool"):
             raise self.error(f"expected a value for {name!r}", tok)
-
-        def wrong(expected: str) -> SearchQueryError:
-            return SearchQueryError(
-                f"--where: {name!r} is a {kind}, so position {tok.pos} needs {expected}, not {tok.text}",
-                self.where,
-                tok.pos,
-            )
-
         if kind in ("keyword", "keyword_list", "text"):
-            if tok.kind != "str":
-                raise wrong("a quoted string")
-            if name == "status" and tok.value not in STATUS_WORDS:
-                raise SearchQueryError(
-                    f"--where: unknown status {tok.value!r} at position {tok.pos}; use one of "
-                    f"{list(STATUS_WORDS)}",
-                    self.where,
-                    tok.pos,
-                )
-            return tok.value
+            return self.string(tok, name, kind)
         if kind == "bool":
             if tok.kind == "bool":
                 return tok.value
             if tok.kind == "str" and tok.value.lower() in ("true", "false"):
                 return tok.value.lower() == "true"
-            raise wrong("true or false")
-        if kind in ("int", "float"):
-            if tok.kind != "num":
-                raise wrong("a number")
-            return tok.value
-        if tok.kind == "num":  # datetime: ms since the epoch
-            return int(tok.value)
+            raise self.wrong(tok, name, kind, "true or false")
+        if tok.kind == "num":
+            return self.number(tok, name, kind)
+        if kind != "datetime":
+            raise self.wrong(tok, name, kind, "a number")
         if tok.kind != "str":
-            raise wrong("a quoted ISO 8601 date or time (or ms since the epoch)")
+            raise self.wrong(tok, name, kind, "a quoted ISO 8601 date or time (or ms since the epoch)")
         try:
             moment = datetime.fromisoformat(tok.value)
         except ValueError:
-            raise wrong("an ISO 8601 date or time like '2026-11-01' or '2026-11-01T09:30:00Z'") from None
+            raise self.wrong(
+                tok, name, kind, "an ISO 8601 date or time like '2026-11-01' or '2026-11-01T09:30:00Z'"
+            ) from None
         if moment.tzinfo is None:  # a date or naive time is taken as UTC
             moment = moment.replace(tzinfo=UTC)
         return int(moment.timestamp() * 1000)
+
+    def wrong(self, tok: _Tok, name: str, kind: str, expected: str) -> SearchQueryError:
+        return SearchQueryError(
+            f"--where: {name!r} is {_a(kind)}, so position {tok.pos} needs {expected}, not {_clip(tok.text)}",
+            self.where,
+            tok.pos,
+        )
+
+    def string(self, tok: _Tok, name: str, kind: str) -> str:
+        """A keyword, keyword-list item or text literal, checked as a stored value would be."""
+        if tok.kind != "str":
+            raise self.wrong(tok, name, kind, "a quoted string")
+        value: str = tok.value
+        if name == "status" and value not in STATUS_WORDS:
+            raise SearchQueryError(
+                f"--where: unknown status {value!r} at position {tok.pos}; use one of {list(STATUS_WORDS)}",
+                self.where,
+                tok.pos,
+            )
+        if kind == "text" and not text_words(value):
+            raise SearchQueryError(
+                f"--where: a text match needs at least one word (letters or digits); the string at "
+                f"position {tok.pos} for {name!r} has none",
+                self.where,
+                tok.pos,
+            )
+        if kind != "text" and name not in BUILTINS and len(value) > MAX_KEYWORD:
+            raise SearchQueryError(
+                f"--where: {name!r} is {_a(kind)}, whose values are at most {MAX_KEYWORD} characters; the "
+                f"string at position {tok.pos} has {len(value)} (no run can match it)",
+                self.where,
+                tok.pos,
+            )
+        return value
+
+    def number(self, tok: _Tok, name: str, kind: str) -> int | float:
+        """A number literal for an int, float or datetime (ms) attribute, in the range its
+        stored values can have (no conversion overflows, and no such literal matches nothing
+        because of its type)."""
+        value: Decimal = tok.value
+        if kind == "float":
+            number = _float(value)
+            if not math.isfinite(number):
+                raise self.wrong(tok, name, kind, "a finite number (within a float's range)")
+            return number
+        if value != value.to_integral_value():
+            raise self.wrong(tok, name, kind, "a whole number" + (" of ms" if kind == "datetime" else ""))
+        if kind == "int" and value.copy_abs() > MAX_SAFE_INT:
+            raise self.wrong(tok, name, kind, "a whole number within ±2**53 (what is indexable)")
+        if kind == "datetime" and not MS_RANGE[0] <= value <= MS_RANGE[1]:
+            raise self.wrong(
+                tok, name, kind, f"ms since the epoch within years 1 to 9999 ({MS_RANGE[0]} to {MS_RANGE[1]})"
+            )
+        return int(value)
 
 
 def parse_where(where: str, types: dict[str, str] | None = None) -> Query | Comparison | None:
@@ -495,8 +563,11 @@ def parse_where(where: str, types: dict[str, str] | None = None) -> Query | Comp
             the built-ins are always known.
 
     Raises:
-        SearchQueryError: a syntax error, an unknown attribute, a value of the wrong type
-            (the message gives the position and points at it).
+        SearchQueryError: a syntax error, an unknown attribute, a value of the wrong type or
+            beyond what the attribute can hold (an int beyond ±2**53 or not whole, a float
+            beyond a float's range, epoch ms beyond years 1..9999, a keyword over
+            :data:`MAX_KEYWORD` characters), or a text literal without a word (the message gives
+            the position and points at it).
     """
     if not isinstance(where, str):
         raise SearchQueryError(f"--where must be a string, not {type(where).__name__}")

@@ -188,7 +188,7 @@ def test_bad_upsert_raises_in_workflow_and_records_nothing(durable_env: Any) -> 
 
 def test_bad_start_values_write_nothing(durable_env: Any) -> None:
     store = durable_env.store
-    with pytest.raises(ConfigurationError, match="'items' is a int: expected an int"):
+    with pytest.raises(ConfigurationError, match="'items' is an int: expected an int"):
         WorkflowStub.make(SearchOrder, id="bad", store=store, search_attributes={"items": "7"})
     with pytest.raises(ConfigurationError, match="memo must be a dict"):
         WorkflowStub.make(SearchOrder, id="bad", store=store, memo=[1])

@@ -34,7 +34,8 @@ from .records import decode_run, text
 MAX_LIMIT = 1000
 """Rows one list call returns at most."""
 MAX_LEAVES = 128
-"""Index lookups one query may make (``in`` lists count each value)."""
+"""Index lookups one query may make: each comparison counts one, an ``in`` list each value, a
+text match each word, ``status = 'open'``/``'closed'`` each status of the group."""
 
 Bound = tuple[float, bool]  # (value, exclusive)
 
@@ -135,7 +136,8 @@ def _compile(query: Query | Comparison | None) -> tuple[Any, Bound, Bound]:
         plan = ["and", *(_node(item, leaves) for item in rest)]
     if leaves[0] > MAX_LEAVES:
         raise ConfigurationError(
-            f"--where needs {leaves[0]} index lookups; at most {MAX_LEAVES} (shorten the in (...) lists)"
+            f"--where needs {leaves[0]} index lookups; at most {MAX_LEAVES} (use fewer comparisons, or "
+            "shorter in (...) lists)"
         )
     return plan, low, high
 
@@ -205,9 +207,9 @@ def _equal(attribute: str, kind: str, value: Any, leaves: list[int]) -> Any:
         return ["k", keyword_posting(attribute, "true" if value else "false")]
     if kind == "text":
         words = text_words(value)
-        leaves[0] += max(len(words) - 1, 0)
-        if not words:
-            return ["all"]
+        if not words:  # the parser refuses it; matching every run (or none, with !=) would be wrong
+            raise ConfigurationError(f"--where: a text match needs at least one word; {value!r} has none")
+        leaves[0] += len(words) - 1
         nodes = [["k", keyword_posting(attribute, w)] for w in words]
         return nodes[0] if len(nodes) == 1 else ["and", *nodes]
     return ["k", keyword_posting(attribute, value)]
