@@ -27,6 +27,7 @@ from .registry import check_name
 from .retention import parse_duration
 
 __all__ = [
+    "MIN_INTERVAL_S",
     "Schedule",
     "ScheduleOverlap",
     "check_schedule_id",
@@ -38,6 +39,11 @@ _CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 _CRONSIM_FIELDS = {"minute": 0, "hour": 1, "day-of-month": 2, "month": 3, "day-of-week": 4}
 _SCHEDULE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:\-]{0,199}$")
 _DEFAULT_CATCHUP_S = 60.0
+
+MIN_INTERVAL_S = 1.0
+"""Shortest ``every`` interval (seconds). Each scheduled time is a claim, a start and a settle
+in Redis plus a run: a sub-second interval floods the schedulers and the workers (at 1 ms one
+schedule asked for ~1,000 runs a second), and scheduled workflow ids are unique per ms only."""
 
 
 class ScheduleOverlap(enum.StrEnum):
@@ -149,6 +155,27 @@ def _duration_s(value: Any, what: str, *, zero: bool = False) -> float:
     return seconds
 
 
+def _interval_s(value: Any) -> float:
+    seconds = _duration_s(value, "every")
+    if seconds < MIN_INTERVAL_S:
+        raise ConfigurationError(
+            f"every {value!r} is {seconds:g}s: the shortest interval is {MIN_INTERVAL_S:g}s "
+            "(MIN_INTERVAL_S; shorter ones flood the scheduler); for more often, use several schedules "
+            "or a workflow that loops"
+        )
+    return seconds
+
+
+def _check_args(args: Any) -> tuple[Any, ...]:
+    # tuple("abc") would silently make three arguments 'a', 'b', 'c'.
+    if not isinstance(args, list | tuple):
+        hint = f" (one argument: args=({args!r},))" if isinstance(args, str | bytes) else ""
+        raise ConfigurationError(
+            f"args must be a list or tuple of arguments, not {type(args).__name__} {args!r}{hint}"
+        )
+    return tuple(args)
+
+
 def check_cron(expr: str) -> str:
     """Validate a standard five-field cron expression with cronsim.
 
@@ -201,10 +228,11 @@ class Schedule:
 
     Args:
         workflow: The workflow type name (or a ``Workflow`` subclass: its name).
-        args: Arguments of every run it starts.
+        args: Arguments of every run it starts: a list or tuple (a lone string is refused).
         cron: A standard five-field cron expression (``*/5 * * * *``), read in ``timezone``.
-        every: An interval (``30s``, ``5m``, seconds or a timedelta); times are aligned to
-            ``start_at`` if given, else to the Unix epoch (``1h`` fires on the hour).
+        every: An interval (``30s``, ``5m``, seconds or a timedelta), at least
+            :data:`MIN_INTERVAL_S` (1 s); times are aligned to ``start_at`` if given, else to
+            the Unix epoch (``1h`` fires on the hour).
         timezone: IANA zone the cron expression is read in; DST is handled as cron does
             (a time in the skipped hour fires once at the jump, a repeated hour fires once).
         jitter: Each start waits a random delay below this (deterministic per time).
@@ -212,7 +240,7 @@ class Schedule:
         start_at: No time before this (datetime, ISO string or epoch seconds).
         end_at: No time after this.
         max_runs: Stop after this many scheduled times (triggers and backfills do not count).
-        paused: Create the schedule paused.
+        paused: Create the schedule paused (read back: whether it is paused now).
         catchup_window: Times missed while no scheduler ran still fire when they are at most
             this old when a scheduler comes back (default 60 s); older ones are recorded as missed.
         queue: Task queue of the runs (default: the workflow class's, else ``default``).
@@ -241,7 +269,7 @@ class Schedule:
         if isinstance(self.workflow, type) and self.queue is None:
             object.__setattr__(self, "queue", getattr(self.workflow, "queue", None))
         object.__setattr__(self, "workflow", check_name(workflow, "workflow"))
-        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "args", _check_args(self.args))
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(
                 "a schedule needs exactly one of cron (e.g. '*/5 * * * *') and every (e.g. 30s)"
@@ -249,7 +277,7 @@ class Schedule:
         if self.cron is not None:
             object.__setattr__(self, "cron", " ".join(check_cron(self.cron).split()))
         else:
-            object.__setattr__(self, "every", _duration_s(self.every, "every"))
+            object.__setattr__(self, "every", _interval_s(self.every))
         object.__setattr__(self, "timezone", check_timezone(self.timezone))
         object.__setattr__(self, "jitter", _duration_s(self.jitter, "jitter", zero=True))
         object.__setattr__(
@@ -274,7 +302,12 @@ class Schedule:
     @property
     def every_ms(self) -> int | None:
         """The interval in ms (``None``: a cron schedule)."""
-        return None if self.every is None else max(1, int(float(self.every) * 1000))  # type: ignore[arg-type]
+        return None if self.every is None else round(float(self.every) * 1000)  # type: ignore[arg-type]
+
+    @property
+    def end_ms(self) -> int | None:
+        """``end_at`` in epoch ms (``None``: no end)."""
+        return self._end_ms
 
     def _raw_after(self, after_ms: int) -> Iterator[int]:
         """Times strictly after ``after_ms``, ignoring start/end."""
@@ -337,6 +370,10 @@ class Schedule:
         for name in ("start_at", "end_at"):
             if data.get(name) is not None:
                 data[name] = data[name] / 1000
+        if data.get("every") is not None and data["every"] < MIN_INTERVAL_S:
+            # Stored before the minimum existed: read it (so it can be listed, paused, updated
+            # or deleted) at the minimum rather than refuse it or keep flooding.
+            data["every"] = MIN_INTERVAL_S
         return cls(args=args, **data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -349,10 +386,20 @@ class Schedule:
         return data
 
     def with_changes(self, **changes: Any) -> Schedule:
-        """A copy with ``changes`` (validated again)."""
+        """A copy with ``changes`` (validated again).
+
+        Raises:
+            ConfigurationError: an unknown field (the message lists the valid ones), or a bad value.
+        """
         current = {
             f.name: getattr(self, f.name) for f in fields(self) if f.init and not f.name.startswith("_")
         }
+        unknown = sorted(set(changes) - set(current))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown schedule field(s) {', '.join(map(repr, unknown))}: "
+                f"valid ones are {', '.join(current)}"
+            )
         current["start_at"] = None if self._start_ms is None else self._start_ms / 1000
         current["end_at"] = None if self._end_ms is None else self._end_ms / 1000
         if "cron" in changes and changes["cron"] is not None:

@@ -9,7 +9,7 @@ Example:
         Schedule(workflow="Report", args=("eu",), cron="0 2 * * *", timezone="Europe/Berlin"),
     )
     print(handle.describe().next_times)
-    handle.trigger()          # one run now
+    handle.trigger()          # one run now (None: the overlap policy skipped it)
     handle.pause("maintenance")
     ```
 
@@ -22,7 +22,8 @@ the scheduled time (``WorkflowStarted`` options, and the run record's ``schedule
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import codec
@@ -39,9 +40,10 @@ from .schedule_spec import (
     scheduled_workflow_id,
 )
 from .store.redis_store import RedisStore
-from .store.schedules import ScheduleState, claim_member
+from .store.schedules import ScheduleState, claim_member, parse_claim_member
 
 __all__ = [
+    "BackfillResult",
     "Schedule",
     "ScheduleDescription",
     "ScheduleExists",
@@ -52,6 +54,10 @@ __all__ = [
 
 MAX_BACKFILL = 10_000
 """Most scheduled times one backfill may start (split a longer range)."""
+
+SETTLE_WAIT_S = 5.0
+"""How long trigger/backfill wait for a worker's scheduler that holds the schedule's lock to
+let go, so they can say what happened to their times (started, buffered or skipped)."""
 
 
 class ScheduleNotFound(DurableError):
@@ -68,8 +74,10 @@ class ScheduleDescription:
 
     Attributes:
         id: The schedule id.
-        spec: Its :class:`Schedule`.
+        spec: Its :class:`Schedule` (its ``paused`` and ``note`` are the current ones).
         paused: Whether it is paused; ``note`` says why (when given).
+        state: ``active``, ``paused``, ``done (max_runs reached)``, ``ended (end_at passed)`` or
+            ``ended (no scheduled time before end_at)``: a done or ended schedule fires no more.
         next_times: The next 5 scheduled times (UTC ISO; none while paused or ended).
         recent_actions: Newest first: started (with ``workflow_id``, ``scheduled_at``,
             ``late_ms``), skipped, buffered, missed, paused, unpaused, updated, ...
@@ -92,6 +100,7 @@ class ScheduleDescription:
     created: int | None = None
     updated: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    state: str = "active"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly fields (what ``durable schedule describe --json`` prints)."""
@@ -99,6 +108,7 @@ class ScheduleDescription:
             "id": self.id,
             "spec": self.spec.to_dict(),
             "paused": self.paused,
+            "state": self.state,
             "note": self.note,
             "next_times": self.next_times,
             "recent_actions": self.recent_actions,
@@ -111,9 +121,56 @@ class ScheduleDescription:
         }
 
 
+class BackfillResult(builtins.list[str]):
+    """What :meth:`ScheduleHandle.backfill` returns: the scheduled times it covered (UTC ISO;
+    a plain list of them, as before), and what the overlap policy did with each.
+
+    Attributes:
+        started: Times whose run started (or had started already: the same workflow id).
+        buffered: Times waiting for an open run to close; they start then.
+        skipped: Times the overlap policy dropped: no run starts for them.
+        pending: Times not settled yet when it returned (a scheduler that held the schedule
+            settles them; ``describe`` shows the outcome).
+        skip_reason: Why times were skipped (``None``: none was).
+    """
+
+    def __init__(
+        self, times: builtins.list[str], outcome: dict[str, builtins.list[str]], reason: str
+    ) -> None:
+        super().__init__(times)
+        self.started = outcome["started"]
+        self.buffered = outcome["buffered"]
+        self.skipped = outcome["skipped"]
+        self.pending = outcome["pending"]
+        self.skip_reason = reason if self.skipped else None
+
+
+def skip_reason(policy: ScheduleOverlap | str) -> str:
+    """Why the overlap policy ``policy`` skips a time (what ``durable schedule`` prints)."""
+    if policy == ScheduleOverlap.BUFFER_ONE:
+        return "a time is buffered already (overlap buffer_one)"
+    return f"a run is open (overlap {policy})"
+
+
 def _spec_of(state: ScheduleState) -> Schedule:
     args = state.record.get("args") or b""
-    return Schedule.from_json(state.record["spec"], tuple(codec.loads(args)) if args else ())
+    spec = Schedule.from_json(state.record["spec"], tuple(codec.loads(args)) if args else ())
+    # The record holds the current pause state and note (pause/unpause change them, not the
+    # stored spec of older versions): one answer for spec.paused and describe's paused.
+    return replace(spec, paused=state.record.get("paused") == "1", note=state.record.get("note", ""))
+
+
+def _run_state(spec: Schedule, record: dict[str, Any], paused: bool) -> str:
+    fired = int(record.get("fired") or 0)
+    if spec.max_runs is not None and fired >= spec.max_runs:
+        return "done (max_runs reached)"
+    if not record.get("next"):
+        if spec.end_ms is None:
+            return "ended"
+        if spec.end_ms <= time.time() * 1000:
+            return "ended (end_at passed)"
+        return "ended (no scheduled time before end_at)"
+    return "paused" if paused else "active"
 
 
 class ScheduleHandle:
@@ -197,10 +254,9 @@ class ScheduleHandle:
         state = self._state()
         spec = _spec_of(state)
         record = state.record
-        paused = record.get("paused") == "1"
         nxt = record.get("next")
         upcoming: list[int] = []
-        if nxt and not paused:
+        if nxt and not spec.paused:
             upcoming = [int(nxt), *spec.upcoming(int(nxt), 4)]
             if spec.max_runs is not None:
                 upcoming = upcoming[: max(0, spec.max_runs - int(record.get("fired") or 0))]
@@ -215,8 +271,9 @@ class ScheduleHandle:
         return ScheduleDescription(
             id=self._id,
             spec=spec,
-            paused=paused,
-            note=record.get("note", ""),
+            paused=spec.paused,
+            state=_run_state(spec, record, spec.paused),
+            note=spec.note,
             next_times=[t for t in (iso(ms) for ms in upcoming) if t],
             recent_actions=[{**a, "at": iso(a.get("ts"))} for a in state.actions],
             running=running,
@@ -229,8 +286,10 @@ class ScheduleHandle:
 
     # ------------------------------------------------------------- actions
     def _save(
-        self, state: ScheduleState, spec: Schedule, args: bytes, *, paused: bool, note: str | None, what: str
+        self, state: ScheduleState, spec: Schedule, args: bytes, *, note: str | None, what: str
     ) -> None:
+        """Write ``spec`` (its ``paused`` is the new pause state); ``note``: the new note
+        (``""`` clears it), ``None`` keeps the old one."""
         if note is not None:
             check_note(note)
         now = self._store.server_time_ms()
@@ -245,68 +304,72 @@ class ScheduleHandle:
             spec=spec.to_json(),
             args=args,
             next_ms=next_ms,
-            paused=paused,
+            paused=spec.paused,
             note=note,
             action=action(what, now, note=note or None),
         )
         if reply == "MISSING":
             raise ScheduleNotFound(f"no schedule with id {self._id!r} (deleted meanwhile)")
 
-    def pause(self, note: str = "") -> None:
-        """Stop firing until :meth:`unpause` (times passing meanwhile are not made up)."""
+    def _set_paused(self, paused: bool, note: str, what: str) -> None:
         state = self._state()
-        self._save(
-            state,
-            _spec_of(state),
-            state.record.get("args") or b"",
-            paused=True,
-            note=note or "paused",
-            what="paused",
-        )
+        spec = replace(_spec_of(state), paused=paused)
+        # A pause or unpause without a note clears the old one: it said why of a former state.
+        self._save(state, spec, state.record.get("args") or b"", note=note, what=what)
+
+    def pause(self, note: str = "") -> None:
+        """Stop firing until :meth:`unpause` (times passing meanwhile are not made up).
+        ``note`` (why) is shown by describe until the next pause, unpause or note update."""
+        self._set_paused(True, note, "paused")
 
     def unpause(self, note: str = "") -> None:
-        """Fire again from the next scheduled time after now."""
-        state = self._state()
-        self._save(
-            state,
-            _spec_of(state),
-            state.record.get("args") or b"",
-            paused=False,
-            note=note or "unpaused",
-            what="unpaused",
-        )
+        """Fire again from the next scheduled time after now (clears the pause note, or sets ``note``)."""
+        self._set_paused(False, note, "unpaused")
 
     def update(self, **changes: Any) -> Schedule:
-        """Change fields of the spec (``cron=``, ``every=``, ``args=``, ``overlap=``, ...); the new
-        spec is validated first: on bad input nothing is written. Returns the new spec."""
+        """Change fields of the spec (``cron=``, ``every=``, ``args=``, ``overlap=``, ``paused=``,
+        ``note=``, ...); the new spec is validated first: on bad input nothing is written, and
+        when nothing changes nothing is written or recorded. Returns the new spec.
+
+        Raises:
+            ConfigurationError: an unknown field (the message lists the valid ones) or a bad value.
+        """
         state = self._state()
-        paused = changes.pop("paused", None)
-        spec = _spec_of(state).with_changes(**changes)
+        current = _spec_of(state)
+        if "paused" in changes:
+            changes["paused"] = bool(changes["paused"])
+        spec = current.with_changes(**changes)
+        if spec == current:
+            return current
         args = codec.dumps(tuple(spec.args), path="args")
-        is_paused = state.record.get("paused") == "1" if paused is None else bool(paused)
-        self._save(state, spec, args, paused=is_paused, note=None, what="updated")
+        self._save(state, spec, args, note=spec.note if "note" in changes else None, what="updated")
         return spec
 
-    def trigger(self, *, overlap: ScheduleOverlap | str | None = None) -> str:
-        """Start a run now (outside the schedule; the overlap policy applies). Returns its
-        workflow id (``<schedule id>-<now>``)."""
+    def trigger(self, *, overlap: ScheduleOverlap | str | None = None) -> str | None:
+        """Start a run now, outside the schedule; the overlap policy (the schedule's, or
+        ``overlap``) applies, as in Temporal. Returns its workflow id, or ``None`` when the
+        policy skipped it (a run is open): nothing started.
+
+        Returns:
+            The run's workflow id (``<schedule id>-<now>``) when it started, or when the policy
+            buffered it (it starts under that id once the open run closes); ``None`` when the
+            policy skipped it: nothing started and nothing will (``describe()`` shows the
+            ``skipped`` action). ``overlap="allow_all"`` starts one whatever runs.
+        """
         state = self._state()
-        spec = _spec_of(state)
-        policy = str(ScheduleOverlap.parse(overlap or spec.overlap))
+        policy = ScheduleOverlap.parse(overlap or _spec_of(state).overlap)
         now = self._store.server_time_ms()
-        self._claim(
-            [(now, claim_member(now, "trigger", policy))], action("triggered", now, scheduled_at=iso(now))
-        )
-        SchedulePass(self._store).process(self._id)
-        return scheduled_workflow_id(self._id, now)
+        outcome = self._fire([now], "trigger", policy, action("triggered", now, scheduled_at=iso(now)))
+        return None if outcome["skipped"] else scheduled_workflow_id(self._id, now)
 
     def backfill(
         self, start: Any, end: Any, *, overlap: ScheduleOverlap | str | None = None
-    ) -> builtins.list[str]:
+    ) -> BackfillResult:
         """Start the runs of the scheduled times between ``start`` and ``end`` (inclusive; datetimes,
         ISO strings or epoch seconds), as if the schedule had run then. The overlap policy (the
         schedule's, or ``overlap``) applies between them: use ``allow_all`` or ``buffer_all`` to
-        start every one. Returns their scheduled times (UTC ISO).
+        start every one. Returns their scheduled times (UTC ISO), a :class:`BackfillResult` that
+        also says which started, were buffered or were skipped (and why).
 
         Raises:
             ConfigurationError: bad times, end before start, or more than
@@ -317,7 +380,7 @@ class ScheduleHandle:
             raise ConfigurationError(f"backfill end ({iso(end_ms)}) is before its start ({iso(start_ms)})")
         state = self._state()
         spec = _spec_of(state)
-        policy = str(ScheduleOverlap.parse(overlap or spec.overlap))
+        policy = ScheduleOverlap.parse(overlap or spec.overlap)
         times: list[int] = []
         for ms in spec.times_after(start_ms - 1):
             if ms > end_ms:
@@ -329,17 +392,52 @@ class ScheduleHandle:
                 )
             times.append(ms)
         now = self._store.server_time_ms()
-        items = [(now, claim_member(ms, "backfill", policy)) for ms in times]
-        self._claim(items, action("backfilled", now, first=iso(start_ms), last=iso(end_ms), times=len(times)))
-        SchedulePass(self._store).process(self._id)
-        return [iso(ms) or "" for ms in times]
+        entry = action("backfilled", now, first=iso(start_ms), last=iso(end_ms), times=len(times))
+        outcome = self._fire(times, "backfill", policy, entry)
+        named = {k: [iso(ms) or "" for ms in v] for k, v in outcome.items()}
+        return BackfillResult([iso(ms) or "" for ms in times], named, skip_reason(policy))
 
-    def _claim(self, items: builtins.list[tuple[int, str]], entry: dict[str, Any]) -> None:
+    def _fire(
+        self, times: builtins.list[int], kind: str, policy: ScheduleOverlap, entry: dict[str, Any]
+    ) -> dict[str, builtins.list[int]]:
+        """Claim ``times`` (start due now), settle them, and say what happened to each:
+        ``started``, ``buffered``, ``skipped`` or ``pending``."""
+        members = [claim_member(ms, kind, str(policy)) for ms in times]
+        now = self._store.server_time_ms()
         reply = self._store.schedule_claim(
-            self._id, token="", expected=None, next_ms=None, last_ms=None, count=0, items=items, action=entry
+            self._id,
+            token="",
+            expected=None,
+            next_ms=None,
+            last_ms=None,
+            count=0,
+            items=[(now, m) for m in members],
+            action=entry,
         )
         if reply == "MISSING":
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")
+        sched = SchedulePass(self._store)
+        deadline = time.monotonic() + SETTLE_WAIT_S
+        while True:
+            # False: a worker's scheduler holds the schedule; it settles our times, or we do
+            # once its lock is free.
+            sched.process(self._id)
+            state = self._state()
+            claimed = {m for m, _ in state.claimed}.intersection(members)
+            if not claimed or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        buffered = set(state.buffer)
+        outcome: dict[str, builtins.list[int]] = {"started": [], "buffered": [], "skipped": [], "pending": []}
+        settled = [parse_claim_member(m)[0] for m in members if m not in claimed and m not in buffered]
+        statuses = self._store.instance_statuses([scheduled_workflow_id(self._id, ms) for ms in settled])
+        # Settled, not buffered, and no run under its id: the policy dropped it.
+        ran = {ms for ms, status in zip(settled, statuses, strict=True) if status is not None}
+        for member in members:
+            ms = parse_claim_member(member)[0]
+            key = "pending" if member in claimed else "buffered" if member in buffered else None
+            outcome[key or ("started" if ms in ran else "skipped")].append(ms)
+        return outcome
 
     def delete(self) -> None:
         """Delete the schedule (the runs it started go on).

@@ -48,7 +48,10 @@ def main(store: Any = None, *, seconds: float = 5.0) -> dict[str, Any]:
             schedule_id, Schedule(workflow=Heartbeat, args=("eu",), every="2s", overlap="skip"), store=store
         )
         time.sleep(seconds)
-        triggered = handle.trigger()
+        # allow_all: start one even while a scheduled run is open (the schedule's own policy,
+        # skip, would start nothing then, and trigger() would return None).
+        triggered = handle.trigger(overlap="allow_all")
+        assert triggered is not None
         result = WorkflowStub.load(triggered, store=store).result(timeout=30)
         handle.pause("example done")
         info = handle.describe()

@@ -344,3 +344,123 @@ def test_example(store: RedisStore) -> None:
     out = example.main(store, seconds=2.5)
     assert out["started"] >= 2 and out["result"]["region"] == "eu"
     assert store.schedule_ids() == []
+
+
+# --------------------------------------------------------------------------- tester's findings
+
+
+@pytest.mark.parametrize("every", ["1ms", "999ms", 0.5, "0.2s"])
+def test_every_below_the_minimum_is_refused(store: RedisStore, every: object) -> None:
+    from durable.schedule_spec import MIN_INTERVAL_S
+
+    with pytest.raises(ConfigurationError, match=r"the shortest interval is 1s \(MIN_INTERVAL_S"):
+        Schedule(workflow="SchedTick", every=every)
+    handle = ScheduleHandle.create("m", Schedule(workflow="SchedTick", every="1s"), store=store)
+    before = handle.describe(runs=False)
+    with pytest.raises(ConfigurationError, match="the shortest interval is 1s"):
+        handle.update(every=every)
+    after = handle.describe(runs=False)
+    assert after.spec.every == 1.0 and after.recent_actions == before.recent_actions
+    assert MIN_INTERVAL_S == 1.0 and Schedule(workflow="X", every=1).every_ms == 1000
+
+
+def test_a_stored_sub_second_interval_is_read_at_the_minimum(store: RedisStore) -> None:
+    """Schedules stored before the minimum existed can still be listed, paused, updated, deleted."""
+    import json
+
+    handle = ScheduleHandle.create("old", Schedule(workflow="SchedTick", every="1h"), store=store)
+    key = store.keys.schedule(store.keys.partition("old"), "old")
+    spec = json.loads(store.redis.hget(key, "spec"))
+    store.redis.hset(key, "spec", json.dumps({**spec, "every": 0.001}))
+    assert handle.spec.every == 1.0
+    assert [d.id for d in ScheduleHandle.list(store=store)] == ["old"]
+    handle.pause()
+    handle.update(every="5m")
+    assert handle.spec.every == 300.0
+
+
+def test_trigger_returns_none_when_the_overlap_policy_skips(store: RedisStore) -> None:
+    handle = ScheduleHandle.create("tr", Schedule(workflow="SchedSleep", every="1h"), store=store)
+    first = handle.trigger()
+    assert first is not None and WorkflowStub.load(first, store=store).status() == "pending"
+    assert handle.trigger() is None  # a run is open: skip starts nothing
+    skipped = handle.describe().recent_actions[0]
+    assert skipped["action"] == "skipped" and skipped["reason"] == "a run is open"
+    forced = handle.trigger(overlap="allow_all")
+    assert forced is not None and WorkflowStub.load(forced, store=store).status() == "pending"
+    # buffer_one: the id it will start under once the open runs close.
+    buffered = handle.trigger(overlap="buffer_one")
+    assert buffered is not None and handle.describe().buffered == [buffered[len("tr-") :]]
+    assert handle.describe(runs=False).started == 2
+
+
+def test_backfill_says_what_started_and_what_was_skipped(store: RedisStore) -> None:
+    handle = ScheduleHandle.create("bs", Schedule(workflow="SchedSleep", every="1h"), store=store)
+    done = handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T04:00:00Z")
+    assert len(done) == 5 and done[0] == "2024-05-01T00:00:00Z"  # still the list of times
+    assert done.started == ["2024-05-01T00:00:00Z"] and len(done.skipped) == 4
+    assert done.skip_reason == "a run is open (overlap skip)"
+    assert done.buffered == done.pending == []
+    every = handle.backfill("2024-05-02T00:00:00Z", "2024-05-02T02:00:00Z", overlap="allow_all")
+    assert len(every.started) == 3 and every.skipped == [] and every.skip_reason is None
+    queued = handle.backfill("2024-05-03T00:00:00Z", "2024-05-03T02:00:00Z", overlap="buffer_one")
+    assert queued.started == [] and len(queued.buffered) == 1 and len(queued.skipped) == 2
+    assert queued.skip_reason == "a time is buffered already (overlap buffer_one)"
+
+
+def test_finished_schedules_say_so(store: RedisStore) -> None:
+    handle = ScheduleHandle.create(
+        "mr", Schedule(workflow="SchedTick", every=1, max_runs=2, overlap="allow_all"), store=store
+    )
+    assert handle.describe(runs=False).state == "active"
+    key = store.keys.schedule(store.keys.partition("mr"), "mr")
+    store.redis.hset(key, "next", (store.server_time_ms() // 1000 - 3) * 1000)  # 3 times are due
+    SchedulePass(store).process("mr")
+    desc = handle.describe(runs=False)
+    assert desc.fired == desc.started == 2 and desc.next_times == []
+    assert desc.state == "done (max_runs reached)" and desc.to_dict()["state"] == desc.state
+    past = ScheduleHandle.create(
+        "past", Schedule(workflow="SchedTick", every="1h", end_at="2020-01-01"), store=store
+    )
+    assert past.describe(runs=False).state == "ended (end_at passed)"
+    handle.pause()
+    assert handle.describe(runs=False).state == "done (max_runs reached)"
+
+
+@pytest.mark.parametrize("args", ["abc", b"abc", 5])
+def test_args_must_be_a_list_or_tuple(store: RedisStore, args: object) -> None:
+    with pytest.raises(ConfigurationError, match="args must be a list or tuple of arguments, not "):
+        Schedule(workflow="SchedTick", every="1m", args=args)  # type: ignore[arg-type]
+    handle = ScheduleHandle.create("ar", Schedule(workflow="SchedTick", every="1m", args=["a"]), store=store)
+    with pytest.raises(ConfigurationError, match="args must be a list or tuple"):
+        handle.update(args=args)
+    assert handle.spec.args == ("a",)
+
+
+def test_update_of_an_unknown_field_names_it(store: RedisStore) -> None:
+    handle = ScheduleHandle.create("uf", Schedule(workflow="SchedTick", every="1m"), store=store)
+    with pytest.raises(ConfigurationError) as info:
+        handle.update(colour="red", every="5m")
+    assert "unknown schedule field(s) 'colour': valid ones are workflow, args, cron, every" in str(info.value)
+    assert handle.spec.every == 60.0
+
+
+def test_pause_notes_paused_flags_and_empty_updates(store: RedisStore) -> None:
+    handle = ScheduleHandle.create("pn", Schedule(workflow="SchedTick", every="1m"), store=store)
+    handle.pause()
+    desc = handle.describe()
+    assert desc.paused and desc.note == "" and desc.state == "paused"
+    data = desc.to_dict()
+    assert data["paused"] is data["spec"]["paused"] is True and handle.spec.paused
+    handle.unpause()
+    handle.pause("deploy")
+    assert handle.describe().note == "deploy"
+    handle.unpause()  # the pause's reason no longer holds
+    desc = handle.describe()
+    assert not desc.paused and desc.note == "" and desc.to_dict()["spec"]["paused"] is False
+    # Nothing to change: nothing written, nothing recorded.
+    assert handle.update() == handle.spec
+    assert handle.update(every="1m") == handle.spec
+    assert handle.describe().recent_actions == desc.recent_actions
+    handle.update(note="owned by billing")
+    assert handle.describe().note == "owned by billing" and handle.spec.note == "owned by billing"

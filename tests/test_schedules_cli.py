@@ -143,3 +143,116 @@ def test_schedule_survives_a_redis_restart(fresh_redis: EmbeddedRedis) -> None:
         wid = ScheduleHandle("keep", store=store).trigger()
         assert wait_for(lambda: WorkflowStub.load(wid, store=store).status() == "completed", timeout=15)
     store.close()
+
+
+# --------------------------------------------------------------------------- tester's findings
+
+
+def _fails(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_refuses_an_interval_below_the_minimum(redis_url: str) -> None:
+    made = _fails("schedule", "create", "bad1", "--workflow", "Tick", "--every", "1ms")
+    assert made.exit_code == 1
+    assert made.output.startswith("error: every '1ms' is 0.001s: the shortest interval is 1s"), made.output
+    assert RedisStore(redis_url).schedule_ids() == []
+    assert invoke("schedule", "create", "ok", "--workflow", "Tick", "--every", "1s").exit_code == 0
+    changed = _fails("schedule", "update", "ok", "--every", "1ms")
+    assert changed.exit_code == 1 and "the shortest interval is 1s" in changed.output
+    assert json.loads(invoke("schedule", "describe", "ok", "--json").output)["spec"]["every"] == 1.0
+
+
+def test_cli_trigger_and_backfill_say_what_the_overlap_policy_did(redis_url: str) -> None:
+    invoke("schedule", "create", "sA", "--workflow", "Report", "--every", "1h")
+    started = invoke("schedule", "trigger", "sA").output  # no worker runs Report: the run stays open
+    assert started.startswith("workflow_id: sA-"), started
+    skipped = invoke("schedule", "trigger", "sA")
+    assert skipped.exit_code == 0
+    assert skipped.output == (
+        "skipped: a run is open (overlap skip); use --overlap allow_all to start one anyway\n"
+    )
+    data = json.loads(invoke("schedule", "trigger", "sA", "--json").output)
+    assert data["outcome"] == "skipped" and data["workflow_id"] is None
+    data = json.loads(invoke("schedule", "trigger", "sA", "--overlap", "allow_all", "--json").output)
+    assert data["outcome"] == "started" and data["workflow_id"].startswith("sA-")
+    buffered = invoke("schedule", "trigger", "sA", "--overlap", "buffer_one").output
+    assert buffered.startswith("buffered: sA-") and "starts when the open run closes" in buffered
+
+    filled = invoke(
+        "schedule", "backfill", "sA", "--from", "2024-05-01T00:00:00Z", "--to", "2024-05-01T04:00:00Z"
+    )
+    assert filled.output == (
+        "backfill of sA: 5 scheduled time(s) (2024-05-01T00:00:00Z .. 2024-05-01T04:00:00Z); "
+        "0 started, 5 skipped: a run is open (overlap skip)\n"
+        "use --overlap allow_all or buffer_all to start every one\n"
+    )
+    data = json.loads(
+        invoke(
+            "schedule",
+            "backfill",
+            "sA",
+            "--from",
+            "2024-05-02",
+            "--to",
+            "2024-05-02T01:00:00Z",
+            "--overlap",
+            "allow_all",
+            "--json",
+        ).output  # fmt: skip
+    )
+    assert data["scheduled"] == data["started"] == ["2024-05-02T00:00:00Z", "2024-05-02T01:00:00Z"]
+    assert data["skipped"] == [] and data["skip_reason"] is None
+
+
+def test_cli_create_with_app_checks_the_workflow_type(redis_url: str) -> None:
+    refused = _fails(
+        "schedule", "create", "g3", "--workflow", "SchedEch", "--every", "3s", "--app", "apps.schedules"
+    )
+    assert refused.exit_code == 1
+    assert "workflow type 'SchedEch' is not defined in --app apps.schedules; did you mean 'SchedEcho'?" in (
+        refused.output
+    )
+    assert RedisStore(redis_url).schedule_ids() == []
+    made = invoke(
+        "schedule", "create", "g3", "--workflow", "SchedEcho", "--every", "3s", "--app", "apps.schedules"
+    )
+    assert made.exit_code == 0
+    assert "warning: no live worker on queue 'default' runs workflow type 'SchedEcho'" in made.stderr
+    changed = _fails("schedule", "update", "g3", "--workflow", "Nope", "--app", "apps.schedules")
+    assert changed.exit_code == 1 and "'Nope' is not defined in --app" in changed.output
+    assert ScheduleHandle("g3").spec.workflow == "SchedEcho"
+
+
+def test_cli_shows_finished_schedules(redis_url: str) -> None:
+    store = RedisStore(redis_url)
+    invoke("schedule", "create", "mr", "--workflow", "Report", "--every", "1s", "--max-runs", "2",
+           "--overlap", "allow_all")  # fmt: skip
+    key = store.keys.schedule(store.keys.partition("mr"), "mr")
+    store.redis.hset(key, "next", (store.server_time_ms() // 1000 - 3) * 1000)  # 3 times are due
+    ScheduleHandle("mr", store=store).trigger()  # runs the schedule pass at once
+    assert "state: done (max_runs reached); fired 2, started 3" in invoke("schedule", "describe", "mr").output
+    ended = invoke(
+        "schedule", "create", "old", "--workflow", "Report", "--every", "1h", "--end-at", "2020-01-01"
+    )
+    assert ended.exit_code == 0
+    assert (
+        "warning: schedule old will never fire: end_at 2020-01-01T00:00:00Z is already past" in ended.stderr
+    )
+    listed = invoke("schedule", "list").output.splitlines()
+    assert "  done (max_runs reached)  next -" in listed[0] and "  ended (end_at passed)  next -" in listed[1]
+    assert (
+        json.loads(invoke("schedule", "describe", "old", "--json").output)["state"] == "ended (end_at passed)"
+    )
+
+
+def test_cli_pause_without_note_and_update_without_options(redis_url: str) -> None:
+    invoke("schedule", "create", "sC", "--workflow", "Report", "--every", "1h")
+    invoke("schedule", "pause", "sC")
+    assert "state: paused; fired 0" in invoke("schedule", "describe", "sC").output
+    data = json.loads(invoke("schedule", "describe", "sC", "--json").output)
+    assert data["paused"] is True and data["spec"]["paused"] is True and data["note"] == ""
+    before = data["recent_actions"]
+    nothing = _fails("schedule", "update", "sC")
+    assert nothing.exit_code == 2 and "nothing to change" in nothing.output
+    assert json.loads(invoke("schedule", "describe", "sC", "--json").output)["recent_actions"] == before

@@ -292,8 +292,17 @@ def test_workers_schedules_dead_letters(api: Api) -> None:
         described = c.get("/api/v1/schedules/srv-sched").json()
         assert described["paused"] and described["note"] == "maintenance"
         assert c.post("/api/v1/schedules/srv-sched/unpause").json()["paused"] is False
-        triggered = c.post("/api/v1/schedules/srv-sched/trigger").json()["workflow_id"]
+        outcome = c.post("/api/v1/schedules/srv-sched/trigger").json()
+        assert outcome["outcome"] == "started", outcome
+        triggered = outcome["workflow_id"]
         assert triggered.startswith("srv-sched-")
+        again = c.post("/api/v1/schedules/srv-sched/trigger").json()  # the first one is still open
+        assert again == {
+            "id": "srv-sched",
+            "outcome": "skipped",
+            "workflow_id": None,
+            "reason": "a run is open (overlap skip)",
+        }
         c.post(f"/api/v1/workflows/{triggered}/terminate")
         assert isinstance(c.get("/api/v1/dead-letters").json()["dead_letters"], list)
     ScheduleHandle("srv-sched", store=api.store).delete()

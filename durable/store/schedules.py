@@ -73,7 +73,8 @@ class ScheduleStore(StoreBase):
         note: str | None = None,
         action: dict[str, Any] | None = None,
     ) -> str:
-        """Create (``mode="create"``) or update a schedule; ``'OK'``, ``'EXISTS'`` or ``'MISSING'``."""
+        """Create (``mode="create"``) or update a schedule; ``'OK'``, ``'EXISTS'`` or ``'MISSING'``.
+        ``paused``/``note``: ``None`` keeps the current one (a note ``""`` clears it)."""
         return self._schedule_call(
             "schedule_save",
             schedule_id,
@@ -83,7 +84,7 @@ class ScheduleStore(StoreBase):
                 args,
                 "" if next_ms is None else next_ms,
                 "" if paused is None else ("1" if paused else "0"),
-                note or "",
+                "" if note is None else "=" + note,  # '=' marks a note to set, even an empty one
                 json.dumps(action) if action else "",
             ],
         )

@@ -7,8 +7,12 @@ from typing import Any
 
 import click
 
-from durable import Schedule, ScheduleDescription, ScheduleHandle, ScheduleOverlap
+from durable import Schedule, ScheduleDescription, ScheduleHandle, ScheduleOverlap, registry
+from durable.schedule_spec import MIN_INTERVAL_S
+from durable.schedules import skip_reason
+from durable.store.redis_store import RedisStore
 from workers.cli.core import CliState, load_apps, parse_args, pass_state
+from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
 
 __all__ = ["COMMANDS"]
@@ -32,7 +36,12 @@ def _spec_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
         click.option(
             "--cron", default=None, metavar="EXPR", help="Five-field cron expression ('*/5 * * * *')."
         ),
-        click.option("--every", default=None, metavar="DURATION", help="Interval: 30s, 5m, 1h, 1d."),
+        click.option(
+            "--every",
+            default=None,
+            metavar="DURATION",
+            help=f"Interval: 30s, 5m, 1h, 1d (at least {MIN_INTERVAL_S:g}s).",
+        ),
         click.option("--timezone", default=None, metavar="TZ", help="IANA zone of --cron (default UTC)."),
         click.option("--jitter", default=None, metavar="D", help="Random start delay below D (e.g. 10s)."),
         click.option(
@@ -56,7 +65,11 @@ def _spec_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
             "--queue", default=None, help="Task queue of the runs (default: the class's, else 'default')."
         ),
         click.option(
-            "--app", "apps", multiple=True, metavar="MODULE", help="Import the type's module first."
+            "--app",
+            "apps",
+            multiple=True,
+            metavar="MODULE",
+            help="Import the type's module first; TYPE must be defined there.",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print the schedule as JSON."),
     ]
@@ -81,6 +94,9 @@ def _changes(fields: dict[str, Any]) -> dict[str, Any]:
 
 def _lines(desc: ScheduleDescription) -> list[str]:
     spec = desc.spec
+    # Older versions stored "paused"/"unpaused" as the note of a pause without one: it only
+    # repeats the state.
+    note = desc.note if desc.note not in ("paused", "unpaused") else ""
     when = f"cron {spec.cron!r} ({spec.timezone})" if spec.cron else f"every {spec.every:g}s"
     lines = [
         f"schedule: {desc.id}",
@@ -89,8 +105,9 @@ def _lines(desc: ScheduleDescription) -> list[str]:
         f"when: {when}, overlap {spec.overlap}"
         + (f", jitter {spec.jitter:g}s" if spec.jitter else "")
         + (f", max runs {spec.max_runs}" if spec.max_runs else ""),
-        f"state: {'paused' if desc.paused else 'active'}"
-        + (f" ({desc.note})" if desc.note else "")
+        f"state: {desc.state}"
+        + (f" ({note})" if note else "")
+        + (", paused" if desc.paused and desc.state != "paused" else "")
         + f"; fired {desc.fired}, started {desc.started}",
         "next: " + (", ".join(desc.next_times) if desc.next_times else "-"),
     ]
@@ -120,6 +137,21 @@ def _handle(state: CliState, schedule_id: str) -> ScheduleHandle:
     return ScheduleHandle(schedule_id, store=state.existing_store)
 
 
+def _check_workflow(store: RedisStore, spec: Schedule, apps: tuple[str, ...]) -> str | None:
+    """As ``durable start`` does: refuse a type the ``--app`` modules do not define; the
+    warning to print when no live worker of the runs' queue runs the type."""
+    # The queue the runs start on: the spec's, else the class's (when --app defines it).
+    queue = spec.queue or getattr(registry.workflows().get(spec.workflow), "queue", None) or "default"
+    return check_startable(store, spec.workflow, queue, apps)
+
+
+def _warn_ended(desc: ScheduleDescription) -> None:
+    if desc.state.startswith("ended"):
+        end = desc.spec.to_dict()["end_at"]
+        why = "is already past" if "passed" in desc.state else "comes before its first scheduled time"
+        click.echo(f"warning: schedule {desc.id} will never fire: end_at {end} {why}", err=True)
+
+
 @click.group()
 def schedule() -> None:
     """Start runs on a cron expression or an interval (see docs/schedules.md).
@@ -141,8 +173,12 @@ def create(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bo
     if apps:
         load_apps(apps)
     spec = Schedule(**_changes(fields))
+    warning = _check_workflow(state.store, spec, apps) if apps else None
     handle = ScheduleHandle.create(schedule_id, spec, store=state.store)
     desc = handle.describe(runs=False)
+    if warning:
+        click.echo(warning, err=True)
+    _warn_ended(desc)
     if as_json:
         click.echo(to_json(desc.to_dict()))
         return
@@ -155,11 +191,20 @@ def create(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bo
 @pass_state
 def update(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bool, **fields: Any) -> None:
     """Change schedule ID's options (the others stay); checked first, nothing written on bad input."""
+    changes = _changes(fields)
+    if not changes:
+        raise click.UsageError("nothing to change: give the options to change (e.g. --every 5m)")
     if apps:
         load_apps(apps)
     handle = _handle(state, schedule_id)
-    handle.update(**_changes(fields))
+    # Checked before anything is written, on the spec as it will be.
+    warning = (
+        _check_workflow(state.existing_store, handle.spec.with_changes(**changes), apps) if apps else None
+    )
+    handle.update(**changes)
     desc = handle.describe(runs=False)
+    if warning:
+        click.echo(warning, err=True)
     if as_json:
         click.echo(to_json(desc.to_dict()))
         return
@@ -181,9 +226,7 @@ def list_(state: CliState, as_json: bool) -> None:
     for d in items:
         when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {d.spec.every:g}s"
         nxt = d.next_times[0] if d.next_times else "-"
-        click.echo(
-            f"{d.id}  {d.spec.workflow}  {when}  {'paused' if d.paused else 'active'}  next {nxt}  started {d.started}"
-        )
+        click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
 
 
 @schedule.command("describe")
@@ -222,12 +265,36 @@ _simple("unpause", "unpaused")
 @click.option(
     "--overlap", type=_POLICIES, default=None, help="Overlap policy for this run (default: the schedule's)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the workflow id as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @pass_state
 def trigger(state: CliState, schedule_id: str, overlap: str | None, as_json: bool) -> None:
-    """Start a run of schedule ID now (its overlap policy applies)."""
-    wid = _handle(state, schedule_id).trigger(overlap=overlap)
-    click.echo(to_json({"workflow_id": wid}) if as_json else f"workflow_id: {wid}")
+    """Start a run of schedule ID now (its overlap policy applies).
+
+    Prints `workflow_id: ...`; or `buffered: ...` when the policy holds the run until the
+    open one closes; or `skipped: ...` when the policy dropped it (nothing starts).
+    """
+    handle = _handle(state, schedule_id)
+    policy = overlap or str(handle.spec.overlap)
+    wid = handle.trigger(overlap=overlap)
+    if wid is None:
+        reason = skip_reason(policy)
+        if as_json:
+            click.echo(
+                to_json({"id": schedule_id, "outcome": "skipped", "workflow_id": None, "reason": reason})
+            )
+        else:
+            click.echo(f"skipped: {reason}; use --overlap allow_all to start one anyway")
+        return
+    # Not started yet: buffered by the policy (or, rarely, still being settled by a worker).
+    started = state.existing_store.instance_statuses([wid])[0] is not None
+    if as_json:
+        click.echo(
+            to_json({"id": schedule_id, "outcome": "started" if started else "buffered", "workflow_id": wid})
+        )
+    elif started:
+        click.echo(f"workflow_id: {wid}")
+    else:
+        click.echo(f"buffered: {wid} starts when the open run closes (overlap {policy})")
 
 
 @schedule.command("backfill")
@@ -237,20 +304,42 @@ def trigger(state: CliState, schedule_id: str, overlap: str | None, as_json: boo
 @click.option(
     "--overlap", type=_POLICIES, default=None, help="Policy between these runs (default: the schedule's)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the scheduled times as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the scheduled times and outcomes as JSON.")
 @pass_state
 def backfill(
     state: CliState, schedule_id: str, start: str, end: str, overlap: str | None, as_json: bool
 ) -> None:
-    """Start the runs of schedule ID's times between --from and --to, as if it had run then."""
-    times = _handle(state, schedule_id).backfill(start, end, overlap=overlap)
+    """Start the runs of schedule ID's times between --from and --to, as if it had run then.
+
+    Prints how many started, were buffered or were skipped by the overlap policy (and why).
+    """
+    done = _handle(state, schedule_id).backfill(start, end, overlap=overlap)
     if as_json:
-        click.echo(to_json({"id": schedule_id, "scheduled": times}))
+        click.echo(
+            to_json(
+                {
+                    "id": schedule_id,
+                    "scheduled": list(done),
+                    "started": done.started,
+                    "buffered": done.buffered,
+                    "skipped": done.skipped,
+                    "pending": done.pending,
+                    "skip_reason": done.skip_reason,
+                }
+            )
+        )
         return
-    click.echo(
-        f"backfilled {len(times)} time(s) of {schedule_id}"
-        + (f": {times[0]} .. {times[-1]}" if times else "")
-    )
+    counts = [f"{len(done.started)} started"]
+    if done.buffered:
+        counts.append(f"{len(done.buffered)} buffered (start one by one as the open run closes)")
+    if done.pending:
+        counts.append(f"{len(done.pending)} still being settled (see describe)")
+    if done.skipped:
+        counts.append(f"{len(done.skipped)} skipped: {done.skip_reason}")
+    span = f" ({done[0]} .. {done[-1]})" if done else ""
+    click.echo(f"backfill of {schedule_id}: {len(done)} scheduled time(s){span}; " + ", ".join(counts))
+    if done.skipped:
+        click.echo("use --overlap allow_all or buffer_all to start every one")
 
 
 @schedule.command("delete")

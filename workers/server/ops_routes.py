@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from durable import ScheduleHandle, WorkflowStub
+from durable.schedules import skip_reason
 from workers.cli.fleet import fleet_report
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
@@ -73,7 +74,23 @@ def unpause_schedule(call: Call) -> dict[str, Any]:
 
 
 def trigger_schedule(call: Call) -> dict[str, Any]:
-    return {"id": call.path["id"], "workflow_id": _schedule(call).trigger(overlap=call.field("overlap", str))}
+    """As ``durable schedule trigger --json``: the outcome, and why a skipped one started nothing."""
+    handle, overlap = _schedule(call), call.field("overlap", str)
+    policy = overlap or str(handle.spec.overlap)
+    workflow_id = handle.trigger(overlap=overlap)
+    if workflow_id is None:
+        return {
+            "id": call.path["id"],
+            "outcome": "skipped",
+            "workflow_id": None,
+            "reason": skip_reason(policy),
+        }
+    started = call.store.instance_statuses([workflow_id])[0] is not None
+    return {
+        "id": call.path["id"],
+        "outcome": "started" if started else "buffered",
+        "workflow_id": workflow_id,
+    }
 
 
 def dead_letters(call: Call) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 -- KEYS: record, claimed, buffer, runs, actions, lock, due index, busy index, all index
 --       (keys.schedule_keys)
 -- ARGV: schedule id, mode ('create' | 'update'), spec (JSON), args (payload), next time (ms, ''
---       = none: ended), paused ('1' | '0' | '' = keep), note (or '' = keep), action (JSON or '')
+--       = none: ended), paused ('1' | '0' | '' = keep), note ('=' .. text: set it, '' = keep),
+--       action (JSON or '')
 -- Returns 'OK' | 'EXISTS' (create of an existing id) | 'MISSING' (update of an unknown id).
 local record, actions, due, all = KEYS[1], KEYS[5], KEYS[7], KEYS[9]
 local sid, mode, spec, args, nxt, paused, note, action =
@@ -19,7 +20,7 @@ if mode == 'create' then
 end
 redis.call('HSET', record, 'spec', spec, 'args', args, 'next', nxt, 'updated', ts)
 if paused ~= '' then redis.call('HSET', record, 'paused', paused) end
-if note ~= '' then redis.call('HSET', record, 'note', note) end
+if note ~= '' then redis.call('HSET', record, 'note', string.sub(note, 2)) end
 if redis.call('HGET', record, 'paused') == '1' or nxt == '' then
   redis.call('ZREM', due, sid)
 else

@@ -51,7 +51,8 @@
     const body = action === "trigger" ? (values.overlap ? { overlap: values.overlap } : {}) : { note: values.note };
     try {
       const out = await api("POST", `/api/v1/schedules/${encodeURIComponent(id)}/${action}`, body);
-      if (out.workflow_id) flash(el("span", {}, "started ", D.runLink(out.workflow_id)), "ok");
+      if (out.outcome === "skipped") flash(`schedule ${id}: skipped, ${out.reason}`, "warn");
+      else if (out.workflow_id) flash(el("span", {}, out.outcome === "buffered" ? "buffered " : "started ", D.runLink(out.workflow_id)), "ok");
       else flash(`schedule ${id}: ${action}d`, "ok");
       await schedules();
     } catch (err) {
