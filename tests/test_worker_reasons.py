@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from durable.store.workers import WorkerInfo, no_worker_reason
 
-_ORDERS = WorkerInfo("w1", queues=("default",), workflows=("Order",), activities=("charge", "ship"))
+_ORDERS = WorkerInfo(
+    "w1", queues=("default",), workflows=("Order",), activities=("charge", "ship"), complete=True
+)
 
 
 def _record(**fields: object) -> dict[str, object]:
@@ -16,7 +18,7 @@ def test_a_run_its_queues_workers_can_decide_is_not_reported() -> None:
 
 
 def test_a_type_no_worker_of_the_queue_defines_is_named_with_what_they_define() -> None:
-    other_queue = WorkerInfo("w2", queues=("billing",), workflows=("Invoice",))
+    other_queue = WorkerInfo("w2", queues=("billing",), workflows=("Invoice",), complete=True)
     reason = no_worker_reason(_record(type="Ordr"), [_ORDERS, other_queue])
     assert reason == (
         "no live worker of queue 'default' defines workflow type 'Ordr' (they define 'Order'): "
@@ -24,14 +26,18 @@ def test_a_type_no_worker_of_the_queue_defines_is_named_with_what_they_define() 
     )
     # A worker of another queue defining it does not help; one of this queue does.
     assert no_worker_reason(_record(type="Invoice"), [_ORDERS, other_queue]) is not None
-    assert no_worker_reason(_record(type="Invoice"), [_ORDERS, WorkerInfo("w3", queues=("default",))]) is None
+    invoices = WorkerInfo("w3", queues=("default",), workflows=("Invoice",), complete=True)
+    assert no_worker_reason(_record(type="Invoice"), [_ORDERS, invoices]) is None
 
 
-def test_a_worker_that_lists_nothing_is_taken_to_define_everything() -> None:
-    """An older worker's registry entry has no type lists: it never makes a run look blocked."""
-    silent = WorkerInfo("old", queues=("default",))
-    assert no_worker_reason(_record(type="Anything"), [silent]) is None
-    assert no_worker_reason(_record(type="Anything"), [_ORDERS, silent]) is None
+def test_a_worker_whose_lists_may_be_partial_never_makes_a_run_look_blocked() -> None:
+    """Started in-process (its plain-function activities register when first used), or an
+    older release: its lists are not taken as all it can run."""
+    partial = WorkerInfo("in-process", queues=("default",), workflows=("Order",), activities=("charge",))
+    assert no_worker_reason(_record(type="Anything"), [partial]) is None
+    assert no_worker_reason(_record(type="Anything"), [_ORDERS, partial]) is None
+    pending = [{"kind": "activity", "id": "2", "name": "lazy_fn", "queue": "default"}]
+    assert no_worker_reason(_record(snapshot={"pending": pending}), [partial]) is None
 
 
 def test_a_pending_activity_no_worker_of_its_queue_defines_is_named() -> None:
@@ -45,8 +51,8 @@ def test_a_pending_activity_no_worker_of_its_queue_defines_is_named() -> None:
 
 
 def test_a_pinned_run_counts_only_the_workers_of_its_build() -> None:
-    v2 = WorkerInfo("w-v2", build="v2", queues=("default",), workflows=("Other",))
-    v1 = WorkerInfo("w-v1", build="v1", queues=("default",), workflows=("Order",))
+    v2 = WorkerInfo("w-v2", build="v2", queues=("default",), workflows=("Other",), complete=True)
+    v1 = WorkerInfo("w-v1", build="v1", queues=("default",), workflows=("Order",), complete=True)
     assert no_worker_reason(_record(build="v1"), [v1, v2]) is None
     reason = no_worker_reason(_record(build="v2"), [v1, v2])
     assert reason is not None and "defines workflow type 'Order' (they define 'Other')" in reason

@@ -48,6 +48,7 @@ class Membership:
         queues: The shared queues it serves.
         workflows: The workflow types it can run.
         activities: The activity types it can run.
+        complete: Whether those lists name everything it can run (see ``WorkerInfo.complete``).
         promote: Make ``build`` the queues' current build when starting (``--promote``).
     """
 
@@ -62,6 +63,7 @@ class Membership:
         workflows: Sequence[str],
         activities: Sequence[str],
         promote: bool,
+        complete: bool = False,
     ) -> None:
         self.store = store
         self.build = build
@@ -76,6 +78,7 @@ class Membership:
             queues=tuple(queues),
             workflows=tuple(sorted(workflows)),
             activities=tuple(sorted(activities)),
+            complete=complete,
         )
         self._started = 0
         # Queues whose new runs this worker starts: all of them when unversioned.

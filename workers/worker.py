@@ -97,6 +97,9 @@ class Worker:
             instead of four). Local activities always run this way.
         unknown_type_grace: Seconds a task waits for a live worker of its queue that has its type
             before it is parked (its run blocked).
+        types_complete: Its ``app`` modules were loaded and their plain-function activities
+            registered before it started (``durable worker`` does so), so its registry entry
+            names everything it runs and the views may call a type it lacks missing at once.
     """
 
     def __init__(
@@ -118,11 +121,13 @@ class Worker:
         promote: bool = False,
         decision_timeout: float = DEFAULT_DECISION_TIMEOUT,
         unknown_type_grace: float = UNKNOWN_TYPE_GRACE,
+        types_complete: bool = False,
     ) -> None:
         self.store = store or RedisStore()
         self.queues = list(queues)
         self.concurrency = concurrency
         self.app = list(app)
+        self.types_complete = types_complete
         self.grace = grace
         self.block_ms = block_ms
         self.max_deliveries = max_deliveries
@@ -203,6 +208,7 @@ class Worker:
             workflows=[n for n in registry.workflows() if self._workflow_ok(n)],
             activities=[n for n in registry.activities() if self._activity_ok(n)],
             promote=promote,
+            complete=self.types_complete,
         )
 
     def _make_scheduler(self, claim_idle_ms: int, sticky_timeout_ms: int = 5_000) -> Scheduler:

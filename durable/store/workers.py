@@ -53,6 +53,10 @@ class WorkerInfo:
         activities: The activity type names it can run.
         started: When it started (Redis time, ms).
         seen: Its last heartbeat (Redis time, ms).
+        complete: Whether ``workflows`` and ``activities`` name everything it can run: its
+            ``--app`` modules were loaded and scanned before it registered (``durable
+            worker``). A worker started in-process registers plain-function activities (and
+            classes defined later) only when first used, so its lists may be partial.
     """
 
     name: str
@@ -65,6 +69,7 @@ class WorkerInfo:
     activities: tuple[str, ...] = ()
     started: int = 0
     seen: int = 0
+    complete: bool = False
 
     @property
     def builds(self) -> set[str]:
@@ -159,14 +164,15 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
 
 
 def _none_defines(workers: list[WorkerInfo], kind: str, name: str) -> bool:
-    """Whether ``workers`` (all of which say what they define) lack ``name`` among their ``kind``.
+    """Whether ``workers`` lack ``name`` among their ``kind`` (workflows or activities).
 
-    A worker that lists nothing (an older release, or a registry entry cut short) is taken to
-    define everything, so it never makes a run look blocked.
+    Only workers whose lists are :attr:`~WorkerInfo.complete` count: one whose lists may be
+    partial (started in-process, or an older release) is taken to define everything, so it
+    never makes a run look blocked.
     """
     return (
         bool(workers)
-        and all(getattr(w, kind) for w in workers)
+        and all(w.complete for w in workers)
         and not any(name in getattr(w, kind) for w in workers)
     )
 

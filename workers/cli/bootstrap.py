@@ -89,6 +89,7 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         build_id=build_id,
         compatible=config.compatible,
         promote=config.promote,
+        types_complete=True,  # load_apps registered the modules' functions too
     )
     log.info(
         "build id: %s; decision timeout: %s",
