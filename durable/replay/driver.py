@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from .commands import Commands
 from .decision import Decision, build_decision
 from .inputs import Inputs, undecodable_input
 from .logger import set_active
+from .updates import check_arguments
 
 log = logging.getLogger("durable.workflow")
 
@@ -174,7 +174,7 @@ class Driver(Commands, Inputs):
         if method is None:
             known = sorted(type(self._instance)._queries)
             raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
-        _check_arguments(getattr(self._instance, method), args, f"@query {name!r}")
+        check_arguments(getattr(self._instance, method), args, f"@query {name!r}")
         request = HandleQueryInput(self.run_info(), name, tuple(args), headers or {})
         previous = set_active(self)  # a query answers from history: the workflow logger is silent
         try:
@@ -346,19 +346,3 @@ def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None 
     finally:
         driver.close()
     return driver
-
-
-def _check_arguments(method: Callable[..., Any], args: Sequence[Any], what: str) -> None:
-    """Refuse arguments ``method`` cannot take, naming the call (not a bare ``TypeError``).
-
-    Raises:
-        DurableError: the arguments do not fit the method's signature.
-    """
-    try:
-        signature = inspect.signature(method)
-    except (TypeError, ValueError):  # a builtin without a signature: let the call say
-        return
-    try:
-        signature.bind(*args)
-    except TypeError as exc:
-        raise DurableError(f"{what} takes {signature}: {exc}") from None

@@ -9,11 +9,13 @@ runs a validator again: history already says whether the update was accepted.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import codec, interceptors
 from .. import events as ev
-from ..errors import ConfigurationError, DurableError, NondeterminismError, SerializationError, error_text
+from ..errors import ConfigurationError, DurableError, NondeterminismError, error_text
 from ..interceptors import HandleUpdateInput, WorkflowInboundInterceptor
 from ..workflow import ContinueAsNew
 from .branches import Branch
@@ -21,6 +23,27 @@ from .core import DriverCore
 
 #: The path of an update's branch: its generated command ids are ``update:<id>.<n>``.
 BRANCH_PREFIX = "update:"
+
+
+def check_arguments(method: Callable[..., Any], args: Sequence[Any], what: str) -> None:
+    """Refuse arguments ``method`` cannot take, naming the call and its signature (not a
+    bare ``TypeError`` from inside it).
+
+    Raises:
+        DurableError: the arguments do not fit the method's signature.
+    """
+    try:
+        try:  # annotations as the reader wrote them (``sku: str``, not ``sku: 'str'``)
+            signature = inspect.signature(method, eval_str=True)
+        except Exception:  # noqa: BLE001 - e.g. a name imported under TYPE_CHECKING only
+            signature = inspect.signature(method)
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        return
+    signature = signature.replace(return_annotation=inspect.Signature.empty)
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        raise DurableError(f"{what} takes {signature}: {exc}") from None
 
 
 class Updates(DriverCore):
@@ -62,7 +85,11 @@ class Updates(DriverCore):
             )
         try:
             args = codec.loads(request.args)
-        except SerializationError as exc:
+            # Arguments the handler cannot take would fail inside it, after UpdateAccepted: refuse
+            # them here, where the refusal is recorded (replay reads it and never checks again,
+            # so a later change of the handler's signature cannot change this run's past).
+            check_arguments(getattr(instance, entry[0]), args, f"@update {request.name!r}")
+        except DurableError as exc:  # undecodable (SerializationError) or not fitting
             return exc
         validator = entry[1]
 

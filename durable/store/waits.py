@@ -71,9 +71,12 @@ _RECORD_FIELDS = ("status", "blocked", "blocked_kind", "build", "queue", "workfl
 
 def blocked_error(workflow_id: str, run_id: str, reason: BlockedReason) -> WorkflowBlocked:
     """The error ``result()`` raises for a blocked run."""
+    repair = f"`durable repair {workflow_id}`"
+    # Reasons written by a worker often end with the repair step already: it is said once.
+    fix = "" if repair in reason.message else f"; fix the cause, then {repair}"
     return WorkflowBlocked(
-        f"workflow {workflow_id!r} (run {run_id}) is blocked ({reason.kind}): {reason.message}; "
-        f"fix the cause, then `durable repair {workflow_id}` (`durable describe {workflow_id}` shows more)",
+        f"workflow {workflow_id!r} (run {run_id}) is blocked ({reason.kind}): {reason.message}{fix} "
+        f"(`durable describe {workflow_id}` shows more)",
         workflow_id=workflow_id,
         run_id=run_id,
         kind=reason.kind,

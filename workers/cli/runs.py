@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
+import time
+
 import click
 
 from durable import WorkflowStub, registry
-from durable.errors import DurableError, WorkflowClosed
+from durable.client_updates import Delivery, blocked_text, reused_differently, send_update
+from durable.errors import DurableError, WorkflowBlocked, WorkflowClosed
 from durable.ids import new_run_id
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
-from durable.store.redis_store import CLOSED_STATUSES
+from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
+from durable.store.updates import Outcome, update_result, wait_update
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
@@ -132,6 +137,65 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
     click.echo(f"signal {name!r} sent to {workflow_id}")
 
 
+#: How long `durable update` waits quietly for the outcome before it prints the update's id (and
+#: why no live worker can run it, if none can): a prompt outcome prints only itself, so scripts
+#: get one line, and workers still starting up (a second or so) cause no false alarm.
+QUIET_WAIT_S = 2.0
+
+
+def _again(workflow_id: str, name: str, args: tuple[str, ...], update_id: str) -> str:
+    """The command that waits again for an update's outcome (the id makes it run once)."""
+    return shlex.join(["durable", "update", workflow_id, name, *args, "--update-id", update_id])
+
+
+def _unserved(store: RedisStore, ref: RunRef) -> str | None:
+    """Why no live worker can move the run now (its queue, type or build has none), or None."""
+    try:
+        reason = store.why_blocked(store.run_record(ref))
+    except DurableError:  # the run is gone: the wait says so
+        return None
+    return reason.message if reason else None
+
+
+def _wait_outcome(
+    store: RedisStore, delivery: Delivery, name: str, deadline: float | None, again: str
+) -> Outcome:
+    """Wait for a delivered update's outcome; once the wait is not prompt, say (stderr) the
+    update's id and, if no live worker can run it, why."""
+    ref, uid = delivery.ref, delivery.update_id
+    quiet: float | None = time.monotonic() + QUIET_WAIT_S
+    while True:
+        until = deadline if quiet is None else quiet if deadline is None else min(quiet, deadline)
+        try:
+            return wait_update(store, ref, uid, delivery.after, until)
+        except TimeoutError:
+            unserved = _unserved(store, ref)
+            if deadline is not None and time.monotonic() >= deadline:
+                live = (
+                    f"no live worker can run it now: {unserved}"
+                    if unserved
+                    else f"live workers serve the run (`durable describe {ref.workflow_id}` shows what it waits on)"
+                )
+                raise CliError(
+                    f"update {name!r} ({uid}) of {ref.workflow_id} had no outcome within the timeout; "
+                    f"it stays delivered: `{again}` keeps waiting; {live}"
+                ) from None
+            quiet = None
+            click.echo(f"update id: {uid}  (wait again with --update-id {uid})", err=True)
+            if unserved:
+                click.echo(
+                    f"warning: no live worker can run update {name!r} now: {unserved}; "
+                    "it stays delivered and runs when one can",
+                    err=True,
+                )
+        except WorkflowBlocked as exc:  # blocked while we waited: the update runs after the repair
+            raise CliError(
+                f"{blocked_text(ref.workflow_id, exc.run_id or ref.run_id, exc.kind, exc.reason)}; "
+                f"update {name!r} ({uid}) stays delivered and runs once the run is repaired: "
+                f"`{again}` waits for it"
+            ) from None
+
+
 @click.command()
 @click.argument("workflow_id", metavar="ID")
 @click.argument("name")
@@ -139,14 +203,14 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
 @click.option(
     "--update-id",
     default=None,
-    help="The update's id; calling again with the same id runs nothing and prints the first outcome "
-    "(default: generated, and printed).",
+    help="The update's id; calling again with the same id runs nothing and prints the first outcome, "
+    "whatever the arguments (default: generated; printed to stderr if the outcome takes over 2 s).",
 )
 @click.option(
     "--timeout", type=float, default=None, help="Seconds to wait for the outcome (default: forever)."
 )
 @click.option(
-    "--app", "apps", multiple=True, metavar="MODULE", help="Check NAME against the workflow's class."
+    "--app", "apps", multiple=True, metavar="MODULE", help="Check NAME and ARGS against the workflow's class."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print only the handler's result, as one JSON value.")
 @pass_state
@@ -162,16 +226,40 @@ def update(
 ) -> None:
     """Run the @update handler NAME with ARGS (JSON values) in workflow ID's run; print its result.
 
-    A rejected update (its validator raised, or no such @update) and a handler that raised
-    exit 1 with an error line. Retry with --update-id to get the same outcome exactly once.
+    A rejected update (its validator raised, ARGS do not fit the handler, or no such @update)
+    and a handler that raised exit 1 with an error line; an update to a blocked run is refused.
+    Warns at once when no live worker can run it. The update stays delivered when the wait
+    ends early (--timeout, Ctrl-C): the messages say how to wait again with --update-id,
+    which gets the same outcome and runs it once.
     """
     if apps:
         load_apps(apps)
     stub = _stub(state, workflow_id)
+    values = parse_args(args)
     uid = update_id or f"cli-{new_run_id().lower()}"
+    again = _again(workflow_id, name, args, uid)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        value = stub.update(name, *parse_args(args), timeout=timeout, update_id=uid)
-    except (DurableError, TimeoutError):
+        delivery = send_update(stub.store, stub.workflow_type, workflow_id, name, values, uid)
+    except KeyboardInterrupt:
+        click.echo(
+            f"update id: {uid}; it may have been delivered: `{again}` sends it again (it runs once)", err=True
+        )
+        raise
+    try:
+        if delivery.after == "0-0" and (first := reused_differently(stub.store, delivery, name, values)):
+            click.echo(
+                f"warning: update id {uid!r} was first sent as {first}: this call sent nothing, "
+                "and the outcome printed is that update's",
+                err=True,
+            )
+        outcome = _wait_outcome(stub.store, delivery, name, deadline, again)
+    except KeyboardInterrupt:
+        click.echo(f"update id: {uid} stays delivered: `{again}` waits for its outcome", err=True)
+        raise
+    try:
+        value = update_result(outcome, workflow_id, name)
+    except DurableError:
         raise
     except Exception as exc:  # noqa: BLE001 - the handler's own error, reported as one line
         raise CliError(
