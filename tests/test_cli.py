@@ -474,3 +474,31 @@ def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path) -> None:
+    """Most likely the wrong module: otherwise it would serve its queues and run nothing."""
+    (tmp_path / "empty_app.py").write_text("x = 1\n")
+    log = tmp_path / "worker.log"
+    env = dict(
+        os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)])
+    )
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--app", "empty_app"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while "serving queues" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+    text = log.read_text()
+    assert "--app empty_app defines no workflow and no activity: this worker runs nothing" in text, text

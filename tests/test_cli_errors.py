@@ -195,6 +195,12 @@ def test_a_read_command_restarts_the_dead_embedded_server(project: Path) -> None
     assert started.returncode == 0, started.stderr
     pidfile = project / ".durable" / "redis.pid"
     first = int(pidfile.read_text())
+    # A new, empty server is announced (a command run from the wrong folder would make one).
+    assert (
+        f"note: started a new embedded Redis in {project / '.durable'} (pid {first}); runs started here are kept there"
+        in started.stderr
+    ), started.stderr
+    assert "note:" not in run_cli(project, "start", "Greet", "bob").stderr  # the same one, reused
     kill_and_wait(first, signal.SIGKILL)
     assert (project / ".durable" / "redis.sock").exists()  # left behind, as after a crash
 

@@ -129,6 +129,9 @@ def test_upserts_index_and_queries(durable_env: Any) -> None:
         "vip": True,
     }
     assert info["memo"] == {"m": 1, "note": "order for acme", "done": True}
+    described = CliRunner().invoke(cli, ["describe", "o-acme"], catch_exceptions=False).output
+    assert "search attributes" in described and "Rush delivery to Berlin" in described, described
+    assert "memo" in described and "order for acme" in described
     assert acme.snapshot()["search_attributes"]["vip"] is True
     types = [e.type for e in acme.history()]
     assert types.count("SearchAttributesUpserted") == 2 and types.count("MemoUpserted") == 2
@@ -370,3 +373,17 @@ def test_cli_list_pages_with_the_hint(durable_store: Any) -> None:
         assert seen == [rid for _, rid in placed], base
     bad = CliRunner().invoke(cli, ["list", "--before", "yesterday"])
     assert bad.exit_code == 2 and "MS:RUN_ID" in bad.output
+
+
+def test_a_declaration_that_disagrees_with_the_published_type_is_an_error(durable_store: Any) -> None:
+    """Another process published 'customer' as int (its runs were indexed so); this one declares
+    it keyword: a query typed here would silently match nothing, so it is refused, naming both."""
+    store = durable_store
+    store.redis.hset(store.keys.search_types(), "customer", "int")
+    with pytest.raises(ConfigurationError) as info:
+        durable.count_runs("customer = 'acme'", store=store)
+    assert str(info.value).startswith(
+        "search attribute 'customer' is declared keyword in this process but int in Redis"
+    )
+    store.redis.hset(store.keys.search_types(), "customer", "keyword")
+    assert durable.count_runs("customer = 'acme'", store=store) == 0

@@ -230,9 +230,23 @@ class SearchStore(StoreBase):
             self._published = self._published | frozenset(wanted)
 
     def search_types(self) -> dict[str, str]:
-        """Custom attribute types: those published in Redis, overridden by this process's."""
-        stored = self.redis.hgetall(self.keys.search_types())
-        return {**{text(k): text(v) for k, v in stored.items()}, **declared()}
+        """Custom attribute types: those published in Redis and this process's declarations.
+
+        Raises:
+            ConfigurationError: this process declares an attribute with another type than the
+                one published (the runs were indexed by that one: a query typed by this
+                process's would silently match nothing, or refuse right values).
+        """
+        stored = {text(k): text(v) for k, v in self.redis.hgetall(self.keys.search_types()).items()}
+        mine = declared()
+        for name, kind in sorted(mine.items()):
+            if stored.get(name, kind) != kind:
+                raise ConfigurationError(
+                    f"search attribute {name!r} is declared {kind} in this process but {stored[name]} in "
+                    "Redis (published by the processes that start and run workflows; runs are indexed "
+                    "that way): make the declarations agree"
+                )
+        return {**stored, **mine}
 
     def search_runs(
         self,

@@ -96,6 +96,15 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         build_id or "(unversioned)",
         f"{config.decision_timeout:g} s" if config.decision_timeout > 0 else "off",
     )
+    info = worker.membership.info
+    own = [name for name in (*info.workflows, *info.activities) if not name.startswith("durable.")]
+    if not own:  # (durable.* are the library's own, e.g. the session activity)
+        # Most likely the wrong module: the worker would serve its queues and never run anything.
+        log.warning(
+            "--app %s defines no workflow and no activity: this worker runs nothing "
+            "(point --app at the module that defines them)",
+            ", ".join(config.apps),
+        )
     if config.metrics_port:
         _start_metrics(config, store)
     worker.install_signal_handlers()

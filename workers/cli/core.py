@@ -103,7 +103,17 @@ class CliState:
 def _embedded_url(start: bool) -> str:
     server = EmbeddedRedis()
     if start:
-        return server.ensure()
+        fresh = not server.has_data()
+        url = server.ensure()
+        if fresh and server.started_pid is not None:
+            # A new, empty server: said once, so that a command run from the wrong folder does
+            # not quietly work against a Redis none of the project's runs are in.
+            click.echo(
+                f"note: started a new embedded Redis in {server.data_dir} (pid {server.started_pid}); "
+                "runs started here are kept there",
+                err=True,
+            )
+        return url
     if server.is_running():
         return server.url
     if server.has_data():

@@ -180,6 +180,10 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
         head.add_row("signals buffered", to_json(info["signals_buffered"]))
     if info.get("cancel_requested"):
         head.add_row("cancel requested", "yes")
+    if info.get("search_attributes"):
+        head.add_row("search attributes", short(to_json(info["search_attributes"]), 400))
+    if info.get("memo"):
+        head.add_row("memo", short(to_json(info["memo"]), 400))
     head.add_row("redis", redis_url)
     return head
 
