@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import importlib.util
 import os
@@ -16,7 +17,7 @@ import redis
 from apps.payments import SecretEcho
 from scenarios import park_queued_task
 
-from durable import WorkflowFailed, WorkflowStub, codec
+from durable import AsyncWorkflowStub, WorkflowBlocked, WorkflowFailed, WorkflowStub, codec
 from durable.codec import sealed as sealed_text
 from durable.errors import ConfigurationError, SerializationError
 
@@ -165,11 +166,23 @@ def test_parked_and_blocked_reasons_are_encrypted(
     ref = store.ref(stub.id)
     blocked = stub.blocked()
     assert blocked is not None and blocked.kind == "parked_input" and blocked.message == reason
+    # result() reads the sealed reason too (it used to fail decoding it as UTF-8, killing the
+    # process's waiter thread: every later result() hung), sync and async.
+    with pytest.raises(WorkflowBlocked) as info:
+        stub.result(timeout=5)
+    assert info.value.reason == reason
+    with pytest.raises(WorkflowBlocked):
+        asyncio.run(_async_result(stub.id, store))
     assert [d["reason"] for d in store.dead_letters()] == [reason]
     store.repair(stub.id, drop_input=True)
     assert store.log_entries(ref)[-1]["reason"] == f"dropped by durable repair: {reason}"
     assert [blob for blob in _all_redis_bytes(redis_client) if CARD.encode() in blob] == []
     stub.terminate("test over")
+
+
+async def _async_result(workflow_id: str, store: Any) -> Any:
+    stub = await AsyncWorkflowStub.load(workflow_id, store=store)
+    return await stub.result(timeout=5)
 
 
 @needs_cryptography

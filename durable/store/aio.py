@@ -25,6 +25,7 @@ Lua scripts' arguments and replies is worth the executor hop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ from .waits import (
     read_pause,
 )
 from .workers import WorkerInfo, no_live_worker_reason
+
+log = logging.getLogger("durable.client")
 
 POOL_SIZE = 32
 """Connections of a loop's async client (looks, update waits); more callers wait for one."""
@@ -329,6 +332,12 @@ class AsyncRunWaiter:
         try:
             while await self._has_work():
                 conn = await self._read_once(conn)
+        except Exception as exc:
+            # A bug met here must not leave the loop's waits hanging on a dead task: the
+            # callers waiting now get the error, and the next wait starts a new task.
+            log.exception("the async run waiter stopped")
+            for key in list(self._watches):
+                self._wake(key, error=exc)
         finally:
             self._task, self._reader_id = None, None
             if conn is not None:

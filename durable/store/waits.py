@@ -35,6 +35,7 @@ import redis
 
 from .. import codec
 from .. import events as ev
+from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .redis_store import RedisStore, RunRef
@@ -87,7 +88,13 @@ def blocked_error(workflow_id: str, run_id: str, reason: BlockedReason) -> Workf
 def _record(values: list[Any]) -> dict[str, Any] | None:
     if values[0] is None:
         return None
-    return {name: v.decode() for name, v in zip(_RECORD_FIELDS, values, strict=True) if v is not None}
+    # The blocked reason may quote user data: with a payload hook installed it is stored sealed
+    # (binary), and is opened like any stored reason; the other fields are plain text.
+    return {
+        name: open_text(v) if name == "blocked" else v.decode("utf-8", "replace")
+        for name, v in zip(_RECORD_FIELDS, values, strict=True)
+        if v is not None
+    }
 
 
 def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
@@ -316,6 +323,13 @@ class RunWaiter:
         try:
             while self._has_work():
                 conn = self._read_once(store, conn)
+        except Exception as exc:
+            # A bug met here must not leave this process's waits hanging on a dead thread:
+            # the callers waiting now get the error, and the next wait starts a new thread.
+            log.exception("the run waiter thread stopped")
+            with self._lock:
+                self._thread = None
+            self._fail_all(exc)
         finally:
             self._client_id = None
             if conn is not None:
