@@ -495,6 +495,7 @@ class Decider:
             status=decision.status,
             snapshot=decision.snapshot,
             dropped=[(raw, reason, reason.startswith("poison")) for raw, reason in decision.dropped],
+            carried=decision.carried,
             activities=queued,
             claimed=claimed,
             claimer=self.claimer,

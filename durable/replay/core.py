@@ -76,6 +76,7 @@ class DriverCore(WorkflowRuntime):
         self._out: list[bytes] = []
         self._new: list[ev.Event] = []
         self._dropped: list[tuple[bytes, str]] = []
+        self._carried: list[bytes] = []
         self._close_actions: tuple[list[str], list[str], list[tuple[str, str, str]]] = ([], [], [])
         self._child_cancels: list[tuple[str, str, str]] = []
         self._closing: ev.Event | None = None

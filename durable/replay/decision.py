@@ -57,6 +57,9 @@ class Decision:
     search_attributes: dict[str, Any] | None = None
     #: The run's whole memo (a payload) when this decision upserted it.
     memo: bytes | None = None
+    #: Signals read after the run continued as new: not this run's, they go to the next run's
+    #: inbox (a signal is addressed to the workflow id, whose current run that is).
+    carried: list[bytes] = field(default_factory=list)
 
 
 def build_decision(

@@ -123,7 +123,12 @@ class Driver(Commands, Inputs):
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
-                self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+                if isinstance(self._closing, ev.WorkflowContinuedAsNew) and isinstance(
+                    item.event, ev.SignalReceived
+                ):
+                    self._carried.append(item.raw)  # the next run of the id applies it
+                else:
+                    self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
                 continue
             poison = undecodable_input(item.event)
             if poison is not None:  # a bad signal is a dead letter, not a crash of the run
@@ -161,6 +166,7 @@ class Driver(Commands, Inputs):
         self._out = []
         self._new = []
         self._dropped = []
+        self._carried = []
         self._expired_now = []
         self._child_cancels = []
         self._close_actions = ([], [], [])
@@ -286,6 +292,7 @@ class Driver(Commands, Inputs):
             snapshot=self.snapshot(status),
         )
         decision.expired_hooks = list(self._expired_now)
+        decision.carried = list(self._carried)
         if any(isinstance(e, ev.SearchAttributesUpserted) for e in self._new):
             decision.search_attributes = dict(self._search)
         if any(isinstance(e, ev.MemoUpserted) for e in self._new):

@@ -276,7 +276,9 @@ class RunStore(SearchStore):
             extra.append(payload["pin"][1])
         if plan.next_run is not None:
             nxt = payload["next"] = self._next_run_args(p, plan.next_run)
-            extra += [nxt["run"], nxt["history"], nxt["wq"], nxt["runs"]]
+            extra += [nxt["run"], nxt["history"], nxt["inbox"], nxt["wq"], nxt["runs"]]
+            if plan.carried:
+                payload["carry"] = list(plan.carried)
         if plan.task is not None:
             payload["task"] = list(plan.task)
             extra.append(plan.task[0])
@@ -310,6 +312,7 @@ class RunStore(SearchStore):
             "parent": nxt.parent,
             "run": k.run(p, nxt.run_id),
             "history": k.history(p, nxt.run_id),
+            "inbox": k.inbox(p, nxt.run_id),
             "wq": k.workflow_tasks(p, nxt.queue, nxt.build),
             "runs": k.runs(p),
             "build": nxt.build,

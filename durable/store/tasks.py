@@ -227,6 +227,8 @@ class CommitPlan:
         eager: Results of attempts this worker ran, applied by this decision.
         close: The closing status word when the run ends.
         next_run: The run a continue-as-new starts.
+        carried: Signals read after the run continued as new: pushed to ``next_run``'s inbox
+            (as are the inputs that arrive while the decision is made), not dropped.
         pin: ``(build id, queue)``: pin the run to this worker's build (first versioned decision).
         task: ``(stream, entry id)`` of the workflow task to ack (``None``: eager, no task).
         sticky: The committing worker's private queue: the run's next tasks go there.
@@ -256,6 +258,7 @@ class CommitPlan:
     eager: Sequence[AttemptResult] = ()
     close: str | None = None
     next_run: NextRun | None = None
+    carried: Sequence[bytes] = ()
     pin: tuple[str, str] | None = None
     task: tuple[str, str] | None = None
     sticky: str = ""

@@ -3,7 +3,7 @@
 --   activity tasks, timers, outbox messages, run record + snapshot, ack the
 --   workflow task; re-wake the run if inputs arrived meanwhile.
 -- KEYS: run, history, inbox, instance, timers, activities, log, outbox, hooks, dead, running, sessions,
---       then every stream the plan names (activity queues, next run's keys).
+--       then every stream the plan names (activity queues, next run's keys, its inbox included).
 -- ARGV: plan (msgpack map, built by store/runs.py RunStore.commit_args from a CommitPlan)
 -- Returns {'OK', new seq, inbox length (0 when not read: eager, closed), claimed tasks
 --       ({stream, entry id, fields, began ms or 0})}
@@ -16,6 +16,13 @@ local plan = cmsgpack.unpack(ARGV[1])
 local rid = plan.rid
 -- The plan leaves out the lists a decision does not use (most are empty in most decisions).
 local NONE = {}
+
+-- Whether an inbox item is a signal: its envelope (see envelope() in _lib.lua, and the same
+-- bytes from the client) starts with its type; a garbled item is simply not one.
+local SIGNAL_HEAD = '\131' .. cmsgpack.pack('type') .. cmsgpack.pack('SignalReceived')
+local function is_signal(item)
+  return string.sub(item, 1, #SIGNAL_HEAD) == SIGNAL_HEAD
+end
 
 -- Check before writing anything: a Lua error does not undo earlier writes.
 local st = redis.call('HMGET', run, 'seq', 'status')
@@ -126,12 +133,26 @@ if closed then
   redis.call('HSET', run, 'closed', ts, 'outcome', plan.close)
   index_closed(run, rid)
   close_hooks(run)
-  -- Nothing can apply what is still in the inbox: keep it beside the history.
+  local nxt = plan.next
+  -- Continued as new: signals are addressed to the workflow id, whose current run is the next
+  -- one, so those the decision read too late (plan.carry) and those that arrived meanwhile go to
+  -- its inbox, in order. Anything else still in the inbox is kept beside the history.
+  local carry_to = (nxt ~= nil and current) and nxt.inbox or nil
+  for _, item in ipairs(plan.carry or NONE) do
+    if carry_to then
+      redis.call('RPUSH', carry_to, item)
+    else
+      redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+    end
+  end
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
-    redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+    if carry_to and is_signal(item) then
+      redis.call('RPUSH', carry_to, item)
+    else
+      redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+    end
   end
   redis.call('DEL', inbox, acts)
-  local nxt = plan.next
   if nxt ~= nil and current then
     -- continue-as-new: the next run of the same workflow id (same partition).
     redis.call('HSET', instance, 'run', nxt.rid, 'status', 'pending', 'updated', ts)
