@@ -21,7 +21,7 @@ from .interceptors import ClientInterceptor, UpdateWorkflowInput
 from .limits import check_name_length
 from .registry import get_workflow
 from .replay.updates import check_arguments
-from .runinfo import blocked_reason
+from .runinfo import blocked_reason, blocked_text
 from .store.records import text
 from .store.redis_store import RedisStore, RunRef
 from .store.updates import deliver_update
@@ -66,14 +66,6 @@ def check_update_call(workflow_type: str, name: str, args: Sequence[Any]) -> Non
         raise UpdateRejected(
             f"update {name!r} of workflow {workflow_type!r} was rejected: {exc}", name=name, cause=exc
         ) from None
-
-
-def blocked_text(workflow_id: str, run_id: str, kind: str, reason: str) -> str:
-    """A blocked run, in words, with how to repair it (once: some reasons name the repair)."""
-    message = f"workflow {workflow_id!r} (run {run_id}) is blocked ({kind}): {reason}"
-    if "durable repair" not in reason:
-        message += f"; fix the cause, then `durable repair {workflow_id}`"
-    return message
 
 
 def refuse_if_blocked(store: RedisStore, workflow_id: str, update_id: str, name: str) -> None:

@@ -325,3 +325,14 @@ class HistoryEvent:
         if isinstance(entry.event, ev.HookCreated):
             data["token"] = hooktokens.mask(data.get("token"))  # never printed, even as a digest in full
         return cls(seq=entry.seq, type=entry.type, ts=entry.ts, data=data)
+
+
+def blocked_text(workflow_id: str, run_id: str, kind: str, reason: str) -> str:
+    """A blocked run, in words, with how to repair it (once: some reasons name the repair)."""
+    message = f"workflow {workflow_id!r} (run {run_id}) is blocked ({kind}): {reason}"
+    command = f"`durable repair {workflow_id}`"
+    if command in reason:
+        return message
+    if "`durable repair`" in reason:  # the step is named, not for which run
+        return f"{message} (here: {command})"
+    return f"{message}; fix the cause, then {command}"

@@ -37,7 +37,7 @@ from .. import codec
 from .. import events as ev
 from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
-from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
+from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -72,11 +72,8 @@ _RECORD_FIELDS = ("status", "blocked", "blocked_kind", "build", "queue", "workfl
 
 def blocked_error(workflow_id: str, run_id: str, reason: BlockedReason) -> WorkflowBlocked:
     """The error ``result()`` raises for a blocked run."""
-    repair = f"`durable repair {workflow_id}`"
-    # Reasons written by a worker often end with the repair step already: it is said once.
-    fix = "" if repair in reason.message else f"; fix the cause, then {repair}"
     return WorkflowBlocked(
-        f"workflow {workflow_id!r} (run {run_id}) is blocked ({reason.kind}): {reason.message}{fix} "
+        f"{blocked_text(workflow_id, run_id, reason.kind, reason.message)} "
         f"(`durable describe {workflow_id}` shows more)",
         workflow_id=workflow_id,
         run_id=run_id,

@@ -8,9 +8,10 @@ import time
 import click
 
 from durable import WorkflowStub, registry
-from durable.client_updates import Delivery, blocked_text, reused_differently, send_update
+from durable.client_updates import Delivery, reused_differently, send_update
 from durable.errors import DurableError, WorkflowBlocked, WorkflowClosed
 from durable.ids import new_run_id
+from durable.runinfo import blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
