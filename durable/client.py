@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -435,13 +436,13 @@ class WorkflowStub(Generic[R]):
         self._close_children(snapshot, "parent terminated")
 
     def _close_children(self, snapshot: dict[str, Any], reason: str) -> None:
-        """Terminate the children a terminated run was waiting on."""
+        """Apply each pending child's ``parent_close_policy`` (as when the parent closes itself)."""
         for item in snapshot.get("pending", []):
-            if item.get("kind") == "child" and item.get("workflow_id"):
-                try:
-                    WorkflowStub(self._store, "", item["workflow_id"]).terminate(reason)
-                except (WorkflowClosed, WorkflowNotFound):
-                    pass
+            policy = item.get("policy") or "terminate"
+            if item.get("kind") == "child" and item.get("workflow_id") and policy != "abandon":
+                child = WorkflowStub(self._store, "", item["workflow_id"])
+                with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
+                    child.cancel(reason) if policy == "request_cancel" else child.terminate(reason)
 
     # --------------------------------------------------------------- reads
     def status(self) -> str:
@@ -555,10 +556,9 @@ class WorkflowStub(Generic[R]):
         steps, activity attempts with their errors, dropped inputs and history size.
 
         The :class:`~durable.runinfo.RunDescription` also reads as a mapping (``info["attempts"]``).
-        ``history`` is ``{"events", "bytes", "budget", "near_limit"}``: the size
-        of the run's history as of its last decision, its class's
-        ``history_budget``, and whether it passed 80% of either threshold
-        (see :func:`durable.should_continue_as_new`).
+        ``history`` is ``{"events", "bytes", "budget", "near_limit"}``: the size of the run's
+        history as of its last decision, its class's ``history_budget``, and whether it passed
+        80% of either threshold (see :func:`durable.should_continue_as_new`).
         """
         ref = self._ref()
         record = self._store.run_record(ref)

@@ -283,8 +283,11 @@ def child(
         workflow: A ``Workflow`` subclass or its registered name.
         id: Command id in this run (default: the next number).
         workflow_id: The child's workflow id (default: ``<parent id>/<command id>``).
-        parent_close_policy: What happens to the child if this run closes first:
-            ``terminate`` (default), ``request_cancel`` or ``abandon``.
+        parent_close_policy: What happens to the child if this run closes first (completes,
+            fails, times out, continues as new or is terminated): ``terminate`` (default),
+            ``request_cancel`` or ``abandon``. Cancelling the parent is not closing it: while
+            the parent waits on the child, a cancellation is passed on to the child (a cancel
+            request, as a cancelled scope in Temporal), whatever the policy.
 
     Raises:
         ChildWorkflowFailed: The child failed, was cancelled or terminated.

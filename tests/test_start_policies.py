@@ -222,6 +222,26 @@ def test_a_child_of_a_timed_out_parent_follows_its_policy(
         wait_for(lambda: child.status() == child_status)
 
 
+@pytest.mark.parametrize(
+    ("policy", "child_status"),
+    [("terminate", "terminated"), ("request_cancel", "cancelled"), ("abandon", None)],
+)
+def test_a_child_of_a_terminated_parent_follows_its_policy(
+    durable_env: TestEnvironment, policy: str, child_status: str | None
+) -> None:
+    """`terminate` of the parent, like a parent closing itself: abandon leaves the child running."""
+    parent = _stub(durable_env, Guardian, f"term-guard-{policy}").start(policy, f"term-ward-{policy}")
+    store = durable_env.store
+    wait_for(lambda: f"term-ward-{policy}" in [r["workflow_id"] for r in store.list_runs(status="suspended")])
+    child = WorkflowStub.load(f"term-ward-{policy}", store=store)
+    parent.terminate("test")
+    if child_status is None:
+        assert child.status() in ("pending", "running", "suspended")
+        child.terminate("test cleanup")
+    else:
+        wait_for(lambda: child.status() == child_status)
+
+
 # ------------------------------------------------------------------------- all_settled
 
 
