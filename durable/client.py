@@ -440,7 +440,7 @@ class WorkflowStub(Generic[R]):
         for item in snapshot.get("pending", []):
             policy = item.get("policy") or "terminate"
             if item.get("kind") == "child" and item.get("workflow_id") and policy != "abandon":
-                child = WorkflowStub(self._store, "", item["workflow_id"])
+                child: WorkflowStub[Any] = WorkflowStub(self._store, "", item["workflow_id"])
                 with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
                     child.cancel(reason) if policy == "request_cancel" else child.terminate(reason)
 

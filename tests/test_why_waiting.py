@@ -20,9 +20,10 @@ from click.testing import CliRunner
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import Workflow, WorkflowStub, child
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
+from workers.worker import Worker, WorkerThread
 
 
 def _cli(*args: str) -> str:
@@ -152,3 +153,23 @@ def test_a_run_of_a_type_no_live_worker_defines_says_so_at_once(redis_url: str, 
         assert ok.result(timeout=30) is not None and ok.blocked() is None
     finally:
         stop(worker)
+
+
+class WaitsOnAGhost(Workflow):
+    """Waits on a child whose type no worker defines."""
+
+    def handle(self) -> str:
+        return child("NoSuchChildType")
+
+
+def test_a_parent_waiting_on_a_blocked_child_says_so(store: RedisStore) -> None:
+    """The child is blocked (its task parked); the parent would read as plainly 'running'."""
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100, unknown_type_grace=0)):
+        parent = WorkflowStub.make(WaitsOnAGhost, store=store).start()
+        reason = wait_for(parent.blocked, timeout=30)
+        child_id = f"{parent.id}/1"
+        assert reason.kind == "unknown_type", reason
+        assert reason.message.startswith(f"waits on child {child_id!r}, which is blocked: "), reason.message
+        assert "NoSuchChildType" in reason.message
+        assert f"(blocked: waits on child {child_id!r}" in _cli("status", parent.id)
+        parent.terminate("test over")

@@ -23,7 +23,7 @@ from typing import Any
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .base import StoreBase
 from .keys import is_private
-from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
+from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, decode_run, text
 
 __all__ = [
     "HEARTBEAT_S",
@@ -36,6 +36,10 @@ __all__ = [
     "served_queues",
     "takes_new_runs",
 ]
+
+CHILDREN_CHECKED = 20
+"""How many of a run's pending children ``why_blocked`` reads for a blocked one (a fan-out of
+thousands is not read on every status call)."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,36 @@ class WorkerRegistry(StoreBase):
             and (unserved := no_worker_reason(record, self.live_workers() if live is None else live))
         ):
             reason = BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
+        if reason is None and record.get("status", "pending") in OPEN_STATUSES:
+            reason = self._child_blocked(record)
         return reason
+
+    def _child_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
+        """A child this run waits on that is blocked itself (its reason, naming the child): the
+        parent then waits on an operator too. The first :data:`CHILDREN_CHECKED` are read."""
+        children = [
+            str(step["workflow_id"])
+            for step in (record.get("snapshot") or {}).get("pending") or ()
+            if step.get("kind") == "child" and step.get("workflow_id")
+        ][:CHILDREN_CHECKED]
+        if not children:
+            return None
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for wid in children:
+                pipe.hget(k.instance(k.partition(wid), wid), "run")
+            runs = pipe.execute()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for wid, rid in zip(children, runs, strict=True):
+                pipe.hgetall(k.run(k.partition(wid), text(rid) if rid else "-"))
+            records = pipe.execute()
+        for wid, raw in zip(children, records, strict=True):
+            child = blocked_reason(decode_run(raw)) if raw else None
+            if child is not None:
+                return BlockedReason(
+                    kind=child.kind, message=f"waits on child {wid!r}, which is blocked: {child.message}"
+                )
+        return None
 
     def claim_current_build(self, queue: str, expected: str, build: str) -> bool:
         """Make ``build`` the current build of ``queue`` if it still is ``expected`` (``""``:
