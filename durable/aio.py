@@ -43,13 +43,16 @@ class AsyncWorkflowStub(Generic[R]):
     """A handle on one workflow instance for asyncio code; its methods are coroutines.
 
     ``AsyncWorkflowStub.make(Order)`` takes what :meth:`WorkflowStub.make` takes and is typed
-    like it (``await stub.result()`` has ``Order.handle``'s return type).
+    like it (``await stub.result()`` has ``Order.handle``'s return type). ``make`` is a plain
+    call (it reads nothing); :meth:`load` reads the id's current run, so it is awaited:
+    ``stub = await AsyncWorkflowStub.load("order-42")``.
 
     Example:
         ```python
         stub = await AsyncWorkflowStub.make(OrderWorkflow, id="order-42").start("order-42", 1999)
         await stub.signal("approve", "alice")
         print(await stub.result(timeout=30))
+        same = await AsyncWorkflowStub.load("order-42")
         ```
     """
 

@@ -375,9 +375,9 @@ def test_signal_cancel_terminate_a_closed_run(worker, redis_url: str) -> None:
     with pytest.raises(WorkflowClosed) as info:
         stub.signal("go", 2)
     assert str(info.value) == (
-        f"workflow 'closed-one' (run {rid}) is completed; it takes no more SignalReceived — start a new run to continue"
+        f"workflow 'closed-one' (run {rid}) is completed; it takes no more signals — start a new run to continue"
     )
-    with pytest.raises(WorkflowClosed, match=r"it takes no more CancelRequested"):
+    with pytest.raises(WorkflowClosed, match=r"it takes no more cancel requests"):
         stub.cancel()
     with pytest.raises(WorkflowClosed) as info:
         stub.terminate()

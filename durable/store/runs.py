@@ -50,6 +50,14 @@ def _partition_keys(keys: Keys, p: int) -> tuple[str, str, str, str, str, str]:
     return keys.timers(p), keys.outbox(p), keys.hooks(p), keys.dead(p), keys.running(p), keys.sessions(p)
 
 
+# What a closed run refusing an input calls it (event type names are for history readers).
+_INPUT_WORDS = {
+    "SignalReceived": "signals",
+    "CancelRequested": "cancel requests",
+    "HookResumed": "hook resumes",
+}
+
+
 class RunStore(SearchStore):
     """Runs: their records, histories, inboxes and the decisions committed on them."""
 
@@ -391,7 +399,7 @@ class RunStore(SearchStore):
         if outcome == "CLOSED":
             raise WorkflowClosed(
                 f"workflow {workflow_id!r} (run {text(result[2])}) is {text(result[1])}; it takes no more "
-                f"{event.type} — start a new run to continue"
+                f"{_INPUT_WORDS.get(event.type, event.type)} — start a new run to continue"
             )
         return RunRef(p, text(result[1]), workflow_id)
 
