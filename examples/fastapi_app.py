@@ -27,7 +27,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from durable import AsyncWorkflowStub, RetryPolicy, Workflow, WorkflowFailed, activity
+from durable import (
+    AsyncWorkflowStub,
+    RetryPolicy,
+    Workflow,
+    WorkflowAlreadyStarted,
+    WorkflowFailed,
+    WorkflowNotFound,
+    activity,
+)
 
 
 class Line(BaseModel):
@@ -73,19 +81,38 @@ def create_app(store: Any = None, *, timeout: float = 30.0) -> Any:
 
     @api.post("/orders")
     async def place_order(order: OrderIn) -> Receipt:
-        stub = AsyncWorkflowStub.make(WebOrder, id=f"web-order-{order.id}", store=store)
-        await stub.start(order)
+        # The order id is the workflow id, and placing an order is idempotent: a retried POST
+        # joins the run already going (use_existing) and one after it closed gets that run's
+        # outcome (reject_duplicate), so an order is never charged twice.
+        wid = f"web-order-{order.id}"
+        stub = AsyncWorkflowStub.make(
+            WebOrder,
+            id=wid,
+            store=store,
+            id_reuse_policy="reject_duplicate",
+            id_conflict_policy="use_existing",
+        )
+        try:
+            await stub.start(order)
+        except WorkflowAlreadyStarted:  # placed before, and closed: answer with that run
+            stub = await AsyncWorkflowStub.load(wid, store=store)
         try:
             return await stub.result(timeout=timeout)
         except WorkflowFailed as exc:
             raise HTTPException(status_code=502, detail=str(exc)) from exc
-        except TimeoutError as exc:  # still running: the client may GET it later
+        except TimeoutError as exc:  # still running: GET /orders/{id} gives the receipt once done
             raise HTTPException(status_code=504, detail=f"order {order.id} is still running") from exc
 
     @api.get("/orders/{order_id}")
     async def order_status(order_id: str) -> dict[str, Any]:
-        stub = await AsyncWorkflowStub.load(f"web-order-{order_id}", store=store)
-        return {"status": await stub.status()}
+        try:
+            stub = await AsyncWorkflowStub.load(f"web-order-{order_id}", store=store)
+        except WorkflowNotFound as exc:
+            raise HTTPException(status_code=404, detail=f"no order {order_id}") from exc
+        status = await stub.status()
+        if status != "completed":
+            return {"status": status}
+        return {"status": status, "receipt": await stub.result(timeout=timeout)}
 
     return api
 
@@ -109,10 +136,19 @@ def main(store: Any = None, *, timeout: float = 30.0) -> dict[str, Any]:
     async def calls() -> dict[str, Any]:
         transport = httpx.ASGITransport(app=create_app(store, timeout=timeout))
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            placed = await client.post("/orders", json={"id": order_id, "items": [{"sku": "book", "qty": 2}]})
+            body = {"id": order_id, "items": [{"sku": "book", "qty": 2}]}
+            placed = await client.post("/orders", json=body)
+            again = await client.post("/orders", json=body)  # a retried request: the same receipt
             status = await client.get(f"/orders/{order_id}")
+            unknown = await client.get("/orders/nope")
             invalid = await client.post("/orders", json={"id": "x", "items": [{"sku": "pen", "qty": 0}]})
-        return {"placed": placed.json(), "status": status.json(), "invalid": invalid.status_code}
+        return {
+            "placed": placed.json(),
+            "again": again.json(),
+            "status": status.json(),
+            "unknown": unknown.status_code,
+            "invalid": invalid.status_code,
+        }
 
     with WorkerThread(Worker(store, concurrency=4, grace=5.0, block_ms=200)):
         return asyncio.run(calls())

@@ -29,5 +29,9 @@ def test_fastapi_app_starts_a_workflow_and_awaits_its_result(store: RedisStore) 
     result = fastapi_app.main(store, timeout=30)
     placed = result["placed"]
     assert placed["cents"] == 500 and placed["charge_id"].startswith("ch-")
-    assert result["status"] == {"status": "completed"}
+    assert result["again"] == placed  # idempotent: the retried POST got the first run's receipt
+    assert result["status"] == {"status": "completed", "receipt": placed}
+    assert result["unknown"] == 404
     assert result["invalid"] == 422  # the request body failed validation: no workflow started
+    # One run for the order, though it was posted twice.
+    assert [r["type"] for r in store.list_runs(workflow_type="WebOrder")] == ["WebOrder"]
