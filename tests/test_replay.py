@@ -988,6 +988,26 @@ def test_command_issued_mid_replay_that_history_lacks(sims: Any) -> None:
     d.close()
 
 
+class RTNdWaitFirst(Workflow):
+    def handle(self) -> Any:
+        await_signal("go")  # takes id 1, where history has the activity
+        activity(rt_add, 1, 2)
+
+
+def test_a_command_of_another_kind_at_a_recorded_id_names_what_history_has(sims: Any) -> None:
+    s = base_history(sims)
+    d = Driver(run_id="run-1", resolve=lambda _: RTNdWaitFirst)
+    with pytest.raises(NondeterminismError) as info:
+        d.replay(s.history)
+    message = str(info.value)
+    assert (
+        "SignalWaitStarted '1' was issued while replaying seq 1, but the history has ActivityScheduled '1'"
+        in message
+    )
+    assert info.value.recorded is not None and "rt_add" in str(info.value.recorded)
+    d.close()
+
+
 class RTOrderA(Workflow):
     def handle(self) -> Any:
         timer(1)

@@ -264,11 +264,15 @@ class DriverCore(WorkflowRuntime):
             self._stop_at_frontier()
             return
         if self._replaying():
+            # Another kind of command under the same id is the usual case (an activity where a
+            # signal wait was): name it, it is what the code used to do there.
+            other = next((e for (_, cid), e in self._recorded.items() if cid == key[1]), None)
+            recorded = "no such command" if other is None else f"{other.type} {key[1]!r} at seq {other.seq}"
             raise self._nondeterminism(
-                f"{key[0]} {key[1]!r} was issued while replaying seq {self._pos}, but the history has no such "
-                "command (code changed before this point?)",
+                f"{key[0]} {key[1]!r} was issued while replaying seq {self._pos}, but the history has "
+                f"{recorded} (code changed before this point?)",
                 key[1],
-                None,
+                None if other is None else other.event.describe(),
                 event.describe(),
             )
         self._out.append(ev.encode(event, self._now))
