@@ -60,7 +60,7 @@ def default_store() -> RedisStore:
 
 
 def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.SignalReceived:
-    payload = codec.dumps(tuple(args), path="args")
+    payload = codec.dumps(tuple(args), path="args", allowed_only=True)
     return ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id(), headers=headers)
 
 
@@ -246,7 +246,7 @@ class WorkflowStub(Generic[R]):
         """
         store = store or default_store()
         # One script resolves, uses up and delivers: a crash cannot burn the token alone.
-        store.resume_hook(token, codec.dumps((payload,), path="payload"))
+        store.resume_hook(token, codec.dumps((payload,), path="payload", allowed_only=True))
 
     # ------------------------------------------------------------ identity
     @property
@@ -330,8 +330,8 @@ class WorkflowStub(Generic[R]):
 
     def _start_run(self, request: StartWorkflowInput) -> str:
         signal = _signal(request.signal, request.signal_args, request.headers) if request.signal else None
-        payload = codec.dumps(tuple(request.args), path="args" if signal is None else "start_args")
-        cls = None
+        where = "args" if signal is None else "start_args"
+        payload = codec.dumps(tuple(request.args), path=where, allowed_only=True)
         try:
             cls = get_workflow(self._type)
         except DurableError:

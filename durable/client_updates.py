@@ -124,7 +124,7 @@ def send_update(
     check_update_call(workflow_type, name, args)
 
     def deliver(request: UpdateWorkflowInput) -> Delivery:
-        payload = codec.dumps(tuple(request.args), path="args")
+        payload = codec.dumps(tuple(request.args), path="args", allowed_only=True)
         refuse_if_blocked(store, request.workflow_id, request.update_id, request.name)
         ref, after = deliver_update(
             store, request.workflow_id, request.update_id, request.name, payload, request.headers

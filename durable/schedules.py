@@ -203,7 +203,7 @@ class ScheduleHandle:
         if not isinstance(spec, Schedule):
             raise ConfigurationError(f"ScheduleHandle.create needs a Schedule, not {spec!r}")
         handle = cls(schedule_id, store=store)
-        args = codec.dumps(tuple(spec.args), path="args")
+        args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
         now = handle._store.server_time_ms()
         reply = handle._store.schedule_save(
             handle._id,
@@ -341,7 +341,7 @@ class ScheduleHandle:
         spec = current.with_changes(**changes)
         if spec == current:
             return current
-        args = codec.dumps(tuple(spec.args), path="args")
+        args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
         self._save(state, spec, args, note=spec.note if "note" in changes else None, what="updated")
         return spec
 

@@ -115,4 +115,21 @@ def typed_method(cls: type, attr: str, what: str) -> None:
         return fn(self, *convert(fn, args, what, skip=1), **kwargs)
 
     typed.__durable_typed__ = True  # type: ignore[attr-defined]
+    typed.__durable_what__ = what  # type: ignore[attr-defined]
     setattr(cls, attr, typed)
+
+
+def prepared(method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A bound handler's arguments converted now, as its :func:`typed_method` wrapper would
+    convert them when called, with what to call on them (the method itself, unwrapped: nothing
+    is validated twice). Lets a caller turn an input away before any of the handler runs.
+
+    Raises:
+        SerializationError: an argument does not validate (the wrapper's error, word for word).
+    """
+    bound: Any = method
+    fn: Any = getattr(bound, "__func__", None)
+    if not getattr(fn, "__durable_typed__", False):
+        return method, args
+    inner = fn.__wrapped__
+    return functools.partial(inner, bound.__self__), convert(inner, args, fn.__durable_what__, skip=1)

@@ -22,7 +22,10 @@ newly issued commands by these bytes (see :func:`canonical`).
 A payload never chooses what code runs: the decoder builds only allowed classes
 (:func:`allow_module`, :func:`register_type`; see :mod:`durable.codec.allowlist`) and
 enforces the limits of :mod:`durable.codec.limits` (nesting depth, int and Decimal
-size, hash collisions) exactly as the encoder does.
+size, hash collisions) exactly as the encoder does. Asked to (``allowed_only``: what
+clients write -- start, signal, update and schedule arguments, hook payloads) the encoder
+refuses a dataclass, pydantic model or Enum member whose class the decoder would refuse, with
+the decoder's reason, before anything is written.
 
 A byte-level :class:`PayloadHook` (encryption, compression) can be installed
 with :func:`set_payload_hook`; it wraps the output of :func:`dumps` only.
@@ -83,23 +86,26 @@ __all__ = [
 ]
 
 
-def dumps(value: Any, *, path: str = "value") -> bytes:
+def dumps(value: Any, *, path: str = "value", allowed_only: bool = False) -> bytes:
     """Encode a payload: canonical msgpack, then the payload hook (if installed).
 
     Args:
         value: The value to encode (see the module docstring for the supported types).
         path: The name of the value's root in error messages, e.g. ``"args"`` or ``"result"``.
+        allowed_only: Refuse a class the decoder would refuse (a client writing arguments:
+            the caller learns it at once, nothing is written).
 
     Returns:
         The stored bytes.
 
     Raises:
-        SerializationError: A value cannot be encoded or breaks a limit; the message names its
-            type and where it sits, e.g. ``cannot encode <app.Foo> at args[1]['when']: ...``.
+        SerializationError: A value cannot be encoded, breaks a limit or (``allowed_only``) is
+            of a class the decoder would refuse (:func:`is_allowed`); the message names its type
+            and where it sits, e.g. ``cannot encode <app.Foo> at args[1]['when']: ...``.
         PayloadTooLarge: The encoded bytes exceed ``max_payload_bytes`` (:mod:`durable.limits`;
             an exception is stored cut down instead). Over ``warn_payload_bytes`` a warning is logged.
     """
-    data = apply(encode(value, path))
+    data = apply(encode(value, path, allowed_only=allowed_only))
     bounds = run_limits.current()
     if len(data) > bounds.warn_payload_bytes or len(data) > bounds.max_payload_bytes:
         data = _sized(value, path, data)

@@ -14,6 +14,10 @@ imported) by reading module and class ``__dict__`` entries (so no lazy module
 A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
 ``GreenletExit``) is never rebuilt: it would change the control flow of the code that
 receives it.
+
+The encoder applies the same rule (:func:`refusal`): a dataclass, model or Enum member of a
+class that is not allowed is refused when written, not when some worker reads it. An
+exception is written either way (a decoder that does not allow it gets an ``ApplicationError``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import enum
 import sys
 import threading
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -34,6 +39,9 @@ _types: dict[str, type] = {}
 # Positive lookups: name -> (the module it was found in, the class). Checked against
 # sys.modules on use, so a module removed from sys.modules stops resolving.
 _found: dict[str, tuple[ModuleType | None, type]] = {}
+# Classes the encoder found allowed (see refusal): checked for every instance encoded, so
+# remembered; weak, so a class that goes away is forgotten with it.
+_allowed_seen: weakref.WeakSet[type] = weakref.WeakSet()
 
 
 def allow_module(name: str) -> None:
@@ -50,6 +58,7 @@ def allow_module(name: str) -> None:
         raise ValueError(f"allow_module needs a module name such as 'shop.models', not {name!r}")
     with _lock:
         _modules.add(name)
+        _allowed_seen.clear()
 
 
 def register_type(cls: type) -> type:
@@ -69,6 +78,8 @@ def register_type(cls: type) -> type:
         raise ValueError(f"{type_name(cls)} is defined inside a function; define it at module level")
     with _lock:
         _types[type_name(cls)] = cls
+        # A class registered under a name another class held before no longer is allowed.
+        _allowed_seen.clear()
     return cls
 
 
@@ -98,7 +109,8 @@ def module_allowed(module: str, *, stdlib: bool = False) -> bool:
 
 
 def is_allowed(cls: type) -> bool:
-    """Whether the decoder builds instances of ``cls`` from payloads (see :mod:`~durable.codec.allowlist`).
+    """Whether the decoder builds instances of ``cls`` from payloads (see :mod:`~durable.codec.allowlist`);
+    the encoder refuses a dataclass, model or Enum member of a class for which this is false.
 
     Args:
         cls: A dataclass, Enum or exception class.
@@ -107,6 +119,24 @@ def is_allowed(cls: type) -> bool:
         return True
     stdlib = issubclass(cls, Exception | enum.Enum)
     return module_allowed(cls.__module__, stdlib=stdlib)
+
+
+def refusal(cls: type) -> str | None:
+    """Why the decoder would refuse to build ``cls`` (``None``: it builds it), worded as the
+    decoder words it: the encoder refuses such a value, so what is written can be read.
+
+    Only "allowed" verdicts are remembered (until :func:`allow_module` or
+    :func:`register_type` changes the lists): a module becomes allowed when it registers a
+    workflow or activity, so a refusal is worked out anew each time -- it raises anyway. (A
+    verdict remembered outlives a registration undone later, a test's mock: the decoder, which
+    checks on its own, refuses then.)
+    """
+    if cls in _allowed_seen:
+        return None
+    if is_allowed(cls):
+        _allowed_seen.add(cls)
+        return None
+    return f"its module {cls.__module__!r} is not allowed to be decoded; " + how_to_allow(cls.__module__)
 
 
 class Resolution:

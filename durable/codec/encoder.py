@@ -17,7 +17,7 @@ import msgpack
 
 from durable.errors import SerializationError, message_of
 
-from . import limits, models
+from . import allowlist, limits, models
 from .ext import (
     EXT_BIGINT,
     EXT_DATACLASS,
@@ -143,6 +143,13 @@ def _enc_uuid(u: UUID) -> msgpack.ExtType:
 
 
 def _class_ref(obj: object) -> str:
+    """The stored name of a dataclass, model or Enum member's class.
+
+    With ``allowed_only`` (a client's start, signal, update, schedule arguments) a class the
+    decoder would refuse is refused here, at the caller, with nothing written. Workers do not
+    refuse: a payload they write is read back by a run that is then blocked, visibly and
+    repairably (allow_module, then ``durable repair``), where an error here would fail it.
+    """
     tp = type(obj)
     if "<locals>" in tp.__qualname__:
         raise EncodeFail(
@@ -150,6 +157,10 @@ def _class_ref(obj: object) -> str:
             "the class is defined inside a function, so it cannot be found when decoding; "
             "define it at module level",
         )
+    if getattr(_tls, "allowed_only", False):
+        refused = allowlist.refusal(tp)
+        if refused is not None:
+            raise EncodeFail(obj, refused)
     return type_name(tp)
 
 
@@ -377,8 +388,13 @@ _ENCODE_ERRORS = (
 )
 
 
-def encode(value: Any, path: str) -> bytes:
+def encode(value: Any, path: str, *, allowed_only: bool = False) -> bytes:
     """Encode ``value`` to canonical msgpack (no hook).
+
+    Args:
+        value: What to encode.
+        path: Where it sits, for error messages (``args``, ``result``...).
+        allowed_only: Refuse classes the decoder would refuse (see :func:`_class_ref`).
 
     Raises:
         SerializationError: Naming the offending value's type and path.
@@ -387,6 +403,8 @@ def encode(value: Any, path: str) -> bytes:
     if packer is None:
         packer = _new_packer()
     _tls.packer = None  # taken: a re-entrant call (user __str__ calling dumps) gets its own
+    outer = getattr(_tls, "allowed_only", False)
+    _tls.allowed_only = allowed_only or outer
     try:
         # Checked before packing: msgpack recurses on the C stack and would crash first.
         limits.check_depth(value, hashes=True)
@@ -395,3 +413,4 @@ def encode(value: Any, path: str) -> bytes:
         raise _encode_error(value, path, exc) from None
     finally:
         _tls.packer = packer
+        _tls.allowed_only = outer

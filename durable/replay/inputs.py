@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from .. import codec, interceptors
+from .. import codec, interceptors, typed_args
 from .. import events as ev
 from ..errors import (
     ActivityFailed,
@@ -25,7 +28,7 @@ from ..interceptors import HandleInput, HandleSignalInput, WorkflowInboundInterc
 from ..limits import LIMIT_REASON, current, limit_error
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
-from .updates import Updates
+from .updates import Updates, check_arguments
 
 
 def undecodable_input(event: ev.Event) -> str | None:
@@ -46,6 +49,28 @@ def undecodable_input(event: ev.Event) -> str | None:
     except SerializationError as exc:
         return f"{what}: {exc}"
     return None
+
+
+@functools.cache
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    """A handler's signature, worked out once: every new signal is checked against it."""
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to check against: the call says
+        return None
+
+
+def _binds(method: Callable[..., Any], args: tuple[Any, ...] | list[Any]) -> bool:
+    """Whether a bound handler takes ``args`` (False too when that cannot be told cheaply)."""
+    func = getattr(method, "__func__", None)
+    signature = _signature(func) if func is not None else None
+    if signature is None:
+        return False
+    try:
+        signature.bind(None, *args)
+    except TypeError:
+        return False
+    return True
 
 
 class Inputs(Updates):
@@ -111,8 +136,7 @@ class Inputs(Updates):
         if isinstance(event, ev.TimerFired):
             return self._timer_fired(event.id)
         if isinstance(event, ev.SignalReceived):
-            self._signal(event)
-            return None
+            return self._signal(event)
         if isinstance(event, ev.ChildCompleted | ev.ChildFailed):
             return self._child_closed(event)
         if isinstance(event, ev.HookResumed):
@@ -246,26 +270,60 @@ class Inputs(Updates):
             return f"timer {timer_id!r} has no waiter"
         return None
 
-    def _signal(self, event: ev.SignalReceived) -> None:
+    def _signal(self, event: ev.SignalReceived) -> str | None:
+        """Apply a signal; returns why a new one is dropped instead (a poison input)."""
+        call = None
+        if self._pos > self._history_end:
+            # Decided live only. A dropped signal is kept beside the history (the run's log and
+            # a dead letter), never in it, so no replay meets it; a signal in the history was
+            # applied when it was recorded, and a replay applies it again as it was then.
+            try:
+                # Guarded as the handler is (the conversion used to run inside its call).
+                call = self._guarded(f"signal handler {event.name!r}", lambda: self._signal_call(event))
+            except Exception as exc:  # noqa: BLE001 - a validator's own error refuses the payload too
+                why = str(exc) if isinstance(exc, DurableError) else error_text(exc)
+                return f"poison: SignalReceived {event.name!r}: {why}"
         if not interceptors.active(WorkflowInboundInterceptor):
-            return self._apply_signal(event)
+            self._apply_signal(event, call)
+            return None
         # A committed signal was applied (and intercepted) by the decision that committed it.
         replaying = self._pos <= self._history_end
         request = HandleSignalInput(self.run_info(), event.name, event.payload, event.headers, replaying)
         interceptors.run(
-            WorkflowInboundInterceptor, "handle_signal", request, lambda _i: self._apply_signal(event)
+            WorkflowInboundInterceptor, "handle_signal", request, lambda _i: self._apply_signal(event, call)
         )
         return None
 
-    def _apply_signal(self, event: ev.SignalReceived) -> None:
+    def _signal_call(self, event: ev.SignalReceived) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """The ``@signal`` handler and the arguments it gets (converted by its annotations), or
+        ``None`` without a handler (``await_signal`` returns the payload as it was decoded).
+
+        Raises:
+            DurableError: the payload does not fit the handler: not an argument list, arguments
+                its signature does not take, or one that does not convert to its declared type.
+        """
+        assert self._instance is not None
+        attr = type(self._instance)._signals.get(event.name)
+        if attr is None:
+            return None
+        args = codec.loads(event.payload)
+        what = f"signal {event.name!r} of workflow {self.workflow_type!r}"
+        if not isinstance(args, tuple | list):
+            raise SerializationError(f"{what}: the payload is {type(args).__name__}, not a list of arguments")
+        method = getattr(self._instance, attr)
+        if not _binds(method, args):
+            check_arguments(method, args, what)  # raises, naming the signature as written
+        return typed_args.prepared(method, tuple(args))
+
+    def _apply_signal(
+        self, event: ev.SignalReceived, call: tuple[Callable[..., Any], tuple[Any, ...]] | None
+    ) -> None:
         assert self._instance is not None
         handler = type(self._instance)._signals.get(event.name)
         if handler is not None:
-            args = codec.loads(event.payload)
+            fn, args = call or (getattr(self._instance, handler), codec.loads(event.payload))
             try:
-                self._guarded(
-                    f"signal handler {event.name!r}", lambda: getattr(self._instance, handler)(*args)
-                )
+                self._guarded(f"signal handler {event.name!r}", lambda: fn(*args))
             except Exception as exc:  # noqa: BLE001 - an error in a handler fails the run
                 self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")))
             return
