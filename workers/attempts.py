@@ -8,7 +8,6 @@ or fails the activity for good.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 import traceback
@@ -35,7 +34,7 @@ from durable.store.redis_store import ClaimedTask, RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from . import faults, metrics
-from .async_activities import hard_deadline, run_coroutine
+from .async_activities import awaiting, recorded_elsewhere, timed_out_here
 from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.worker")
@@ -147,10 +146,12 @@ def execute_attempt(
     )
     began = time.perf_counter()
     try:
-        outcome = _attempt(store, task, stream, entry_id, allowed, on_timer, on_result, begun, on_ran)
+        outcome, timeout = _attempt(
+            store, task, stream, entry_id, allowed, on_timer, on_result, begun, on_ran
+        )
     finally:
         unbind_run(token)
-    metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began)
+    metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began, timeout)
     return outcome
 
 
@@ -164,10 +165,11 @@ def _attempt(
     on_result: OnResult | None,
     begun: Begun | None = None,
     on_ran: Callable[[float], None] = _unmeasured,
-) -> str:
+) -> tuple[str, str]:
+    """(outcome word, the kind of deadline the worker's own timer ended the attempt at, or "")."""
     resolved = _resolve(store, task, stream, entry_id, allowed)
     if resolved is None:
-        return "parked"
+        return "parked", ""
     definition, args = resolved
     started = time.time()
     deadline = attempt_deadline(task, started)
@@ -186,7 +188,7 @@ def _attempt(
             task.attempt,
             begun.reason,
         )
-        return "void"
+        return "void", ""
     if task.attempt == 1:
         metrics.started(task.name, task.stream, begun.now_ms - task.scheduled)
     if due_ms:
@@ -204,14 +206,15 @@ def _attempt(
     ran = time.perf_counter()
     try:
         with running_activity(context):
-            value = interceptors.execute(task, definition.fn, definition.typed_args(args))
-            if inspect.iscoroutine(value):  # an async def activity: on the worker's event loop
-                value = run_coroutine(value, context, hard_deadline(task, started))
+            # An async def activity runs to its end inside the interceptors' chain (in the context
+            # they set: a tenant, the attempt's span), on the worker's event loop.
+            fn = awaiting(definition.fn, store, task, context, started)
+            value = interceptors.execute(task, fn, definition.typed_args(args))
             payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
         on_ran(time.perf_counter() - ran)
-        return fail_attempt(
+        failed = fail_attempt(
             store,
             task,
             exc,
@@ -221,6 +224,7 @@ def _attempt(
             on_timer=on_timer,
             started_ms=begun.now_ms,
         )
+        return failed, timed_out_here(exc)  # counted as a timeout, as the scheduler's expiries are
     on_ran(time.perf_counter() - ran)
     # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
     record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
@@ -230,7 +234,7 @@ def _attempt(
     else:
         outcome = completion(result)
         retry_transient(lambda: complete_batch(store, [outcome]), _recording)
-    return "completed"
+    return "completed", ""
 
 
 def _resolve(
@@ -405,7 +409,14 @@ def fail_attempt(
     started_ms: int = 0,
 ) -> str:
     """Record a failed attempt: schedule the retry, or fail the activity for good
-    (``started_ms``: when it began, on the scripts' clock; 0 when not known)."""
+    (``started_ms``: when it began, on the scripts' clock; 0 when not known). Returns ``retry``
+    or ``failed``; ``discarded`` when the attempt was no longer current (its end was recorded
+    already, by the scheduler's expiry or by the worker's own timeout): nothing to count."""
+    if recorded_elsewhere(exc):
+        # An async attempt the scheduler expired: its record stands, a second one would only be
+        # logged as discarded.
+        log.info("activity %s (run %s, attempt %d) ended after it expired", *_ids(task))
+        return "discarded"
     policy = RetryPolicy.from_dict(task.retry)
     delay = policy.delay(task.attempt)
     final_reason = _final_reason(task, exc, policy, delay)
@@ -428,8 +439,8 @@ def fail_attempt(
                 kind="schedule_to_close",
             )
         failed = attempt_failed(task, error, record, stream=stream, entry_id=entry_id)
-        retry_transient(lambda: store.complete_activity(failed), _recording)
-        return "failed"
+        reply, _ = retry_transient(lambda: store.complete_activity(failed), _recording)
+        return _accepted(task, reply, "failed")
     record["retry_in_s"] = delay
     retry = AttemptOutcome(
         task, "retry", record, stream, entry_id, None, int(delay * 1000), task.next_attempt()
@@ -437,7 +448,21 @@ def fail_attempt(
     outcome, due = retry_transient(lambda: store.complete_activity(retry), _recording)
     if outcome == "RETRY":
         on_timer(due)
-    return "retry"
+    return _accepted(task, outcome, "retry")
+
+
+def _accepted(task: ActivityTask, reply: str, outcome: str) -> str:
+    """``outcome``, or ``discarded`` when the completion script's ``reply`` says another record
+    of the attempt came first (the worker's and the scheduler's timeouts of an async attempt
+    race at the same deadline): only the record that stands is counted."""
+    if reply != "STALE":
+        return outcome
+    log.info("late failure of activity %s (run %s, attempt %d) discarded", *_ids(task))
+    return "discarded"
+
+
+def _ids(task: ActivityTask) -> tuple[str, str, int]:
+    return task.activity_id, task.run_id, task.attempt
 
 
 def record_in_hand(

@@ -281,15 +281,20 @@ def replayed(workflow_type: str, seconds: float) -> None:
     m.child(m.replay_s, workflow_type).observe(seconds)
 
 
-def attempt(activity_type: str, stream: str, outcome: str, seconds: float) -> None:
+def attempt(activity_type: str, stream: str, outcome: str, seconds: float | None, timeout: str = "") -> None:
     """An activity attempt on ``stream`` ended with ``outcome`` after ``seconds`` (begin, run,
-    record)."""
+    record; ``None``: not measured). ``timeout``: the kind of deadline it passed, then it counts
+    as ``timed_out`` (whoever recorded it). ``discarded`` (another record of the attempt came
+    first and is counted) counts nothing: one attempt, one outcome."""
     m = _m
-    if m is None:
+    if m is None or outcome == "discarded":
         return
-    queue = queue_of(stream)
-    m.tally.add((m.attempts, activity_type, queue, outcome))
-    m.child(m.execution, activity_type, queue, outcome).observe(seconds)
+    queue, label = queue_of(stream), "timed_out" if timeout else outcome
+    m.tally.add((m.attempts, activity_type, queue, label))
+    if seconds is not None:
+        m.child(m.execution, activity_type, queue, label).observe(seconds)
+    if timeout:
+        m.tally.add((m.timeouts, activity_type, timeout))
     if outcome == "retry":
         m.tally.add((m.retries, activity_type))
 
@@ -302,14 +307,9 @@ def started(activity_type: str, stream: str, waited_ms: int) -> None:
 
 
 def timed_out(activity_type: str, stream: str, kind: str, outcome: str) -> None:
-    """An activity attempt passed a deadline of kind ``kind``; ``outcome``: retry or failed."""
-    m = _m
-    if m is None:
-        return
-    m.child(m.timeouts, activity_type, kind).inc()
-    m.child(m.attempts, activity_type, queue_of(stream), "timed_out").inc()
-    if outcome == "retry":
-        m.child(m.retries, activity_type).inc()
+    """The scheduler expired an attempt at a deadline of kind ``kind``; ``outcome``: retry, failed
+    or discarded (the worker's own timeout of an async attempt was recorded first)."""
+    attempt(activity_type, stream, outcome, None, kind)
 
 
 def timers_fired(partition: int, fired: int, next_due_ms: int, now_ms: int) -> None:
