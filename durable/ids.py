@@ -29,6 +29,16 @@ def successor_run_id(run_id: str, ts_ms: int) -> str:
     return _ulid(ts_ms, hashlib.sha256(run_id.encode()).digest())
 
 
+def shown_id(workflow_id: object) -> str:
+    """``workflow_id`` for an error message: its repr, cut to its start when long (a 100 KB id
+    given by mistake must not become a 100 KB error line)."""
+    text = repr(workflow_id)
+    if len(text) <= 80:
+        return text
+    size = f" ({len(workflow_id):,} characters)" if isinstance(workflow_id, str) else ""
+    return f"{text[:60]}...{size}"
+
+
 def check_workflow_id(workflow_id: object) -> str:
     """Validate a workflow id: 1-256 printable characters, no whitespace, not ``.`` or ``..``.
 
@@ -37,17 +47,17 @@ def check_workflow_id(workflow_id: object) -> str:
     """
     if not isinstance(workflow_id, str) or not _WORKFLOW_ID.match(workflow_id):
         raise ConfigurationError(
-            f"invalid workflow id {workflow_id!r}: use 1-256 printable characters without whitespace"
+            f"invalid workflow id {shown_id(workflow_id)}: use 1-256 printable characters without whitespace"
         )
     if workflow_id in (".", ".."):
         # A URL path segment "." or ".." (even percent-encoded) is resolved away by browsers
         # and HTTP clients: the run could not be addressed by the API or the web UI.
-        raise ConfigurationError(f"invalid workflow id {workflow_id!r}: '.' and '..' are not ids")
+        raise ConfigurationError(f"invalid workflow id {shown_id(workflow_id)}: '.' and '..' are not ids")
     try:
         workflow_id.encode()
     except UnicodeEncodeError:
         raise ConfigurationError(
-            f"invalid workflow id {workflow_id!r}: it holds a lone surrogate, not valid Unicode text"
+            f"invalid workflow id {shown_id(workflow_id)}: it holds a lone surrogate, not valid Unicode text"
         ) from None
     return workflow_id
 

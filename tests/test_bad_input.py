@@ -35,6 +35,7 @@ from durable import (
     query,
     timer,
 )
+from durable.ids import shown_id
 from durable.limits import set_limits
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
@@ -352,7 +353,8 @@ def test_bad_workflow_ids(redis_url: str, bad: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
         WorkflowStub.make(BiWait, id=bad)
     assert (
-        str(info.value) == f"invalid workflow id {bad!r}: use 1-256 printable characters without whitespace"
+        str(info.value)
+        == f"invalid workflow id {shown_id(bad)}: use 1-256 printable characters without whitespace"
     )
     with pytest.raises(ConfigurationError):
         WorkflowStub.load(bad)

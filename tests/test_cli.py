@@ -207,6 +207,13 @@ def test_status_of_unknown_id_is_one_error_line(redis_url: str) -> None:
     assert result.stdout == ""
 
 
+def test_an_absurdly_long_id_is_not_echoed_whole(redis_url: str) -> None:
+    result = invoke("status", "x" * 100_000)
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "(100,000 characters)" in line and len(line) < 400, line[:500]
+
+
 def test_unreachable_redis_is_one_error_line(tmp_path: Path) -> None:
     result = run_cli("--redis", f"unix://{tmp_path}/nothing.sock", "status", "x")
     assert result.returncode == 1

@@ -36,6 +36,7 @@ from redis.asyncio import connection as aconnection
 
 from .. import events as ev
 from ..errors import WorkflowNotFound
+from ..ids import shown_id
 from ..runinfo import blocked_reason
 from .records import RunRef, text
 from .redis_store import RedisStore
@@ -192,7 +193,7 @@ async def current_ref(batch: _Batch, store: RedisStore, workflow_id: str) -> Run
     p = store.keys.partition(workflow_id)
     current = await batch.call("HGET", store.keys.instance(p, workflow_id), "run")
     if current is None:
-        raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+        raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}")
     return RunRef(p, text(current), workflow_id)
 
 

@@ -24,7 +24,7 @@ from ..errors import (
     WorkflowClosed,
     WorkflowNotFound,
 )
-from ..ids import check_workflow_id
+from ..ids import check_workflow_id, shown_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
@@ -73,7 +73,7 @@ class RunStore(SearchStore):
         if run_id is None:
             current = self.redis.hget(self.keys.instance(p, workflow_id), "run")
             if current is None:
-                raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+                raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}")
             run_id = text(current)
         elif not self.redis.exists(self.keys.run(p, run_id)):
             raise WorkflowNotFound(f"workflow {workflow_id!r} has no run {run_id!r}")
@@ -395,7 +395,7 @@ class RunStore(SearchStore):
                 int(result[2]) + 1,
             )
         if outcome == "NOTFOUND":
-            raise WorkflowNotFound(f"no workflow with id {workflow_id!r}")
+            raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}")
         if outcome == "CLOSED":
             raise WorkflowClosed(
                 f"workflow {workflow_id!r} (run {text(result[2])}) is {text(result[1])}; it takes no more "
