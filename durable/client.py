@@ -22,7 +22,7 @@ from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds
-from .registry import check_name, get_workflow
+from .registry import check_name, get_workflow, start_queue
 from .replay.driver import query_history
 from .runinfo import (
     BlockedReason,
@@ -336,7 +336,7 @@ class WorkflowStub(Generic[R]):
             cls = get_workflow(self._type)
         except DurableError:
             cls = None
-        queue = self._queue or (cls.queue if cls is not None else "default")
+        queue = start_queue(self._type, self._queue)
         patches = list(getattr(cls, "patches", ())) if cls is not None else []
         run = self._store.start(
             workflow_type=self._type,

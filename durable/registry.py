@@ -302,6 +302,16 @@ def get_workflow(name: str) -> type[Workflow]:
     return found
 
 
+def start_queue(workflow_type: str, given: str | None = None) -> str:
+    """The task queue a run of ``workflow_type`` starts on: ``given``, else its class's when
+    registered in this process, else ``default`` (what a start writes, and what a warning
+    about a queue no worker serves must name)."""
+    if given:
+        return given
+    cls = _workflows.get(workflow_type)
+    return cls.queue if cls is not None else "default"
+
+
 def workflows() -> dict[str, type[Workflow]]:
     return dict(_workflows)
 

@@ -27,7 +27,7 @@ from typing import Any
 from .client import WorkflowStub
 from .errors import DurableError, WorkflowAlreadyStarted, WorkflowClosed, WorkflowNotFound
 from .ids import successor_run_id
-from .registry import get_workflow
+from .registry import get_workflow, start_queue
 from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
 from .store.records import OPEN_STATUSES
 from .store.redis_store import RedisStore
@@ -166,7 +166,7 @@ class SchedulePass:
             cls = get_workflow(spec.workflow)
         except DurableError:
             cls = None
-        queue = spec.queue or (cls.queue if cls is not None else "default")
+        queue = start_queue(spec.workflow, spec.queue)
         try:
             self.store.start(
                 workflow_type=spec.workflow,

@@ -108,9 +108,9 @@ def start(
         execution_timeout=execution_timeout,
         run_timeout=run_timeout,
     )
-    # The queue the run starts on: the one given, else its class's (when --app defines it).
-    queue_used = stub.queue or getattr(registry.workflows().get(workflow_type), "queue", None) or "default"
-    warning = check_startable(stub.store, workflow_type, queue_used, apps)
+    warning = check_startable(
+        stub.store, workflow_type, registry.start_queue(workflow_type, stub.queue), apps
+    )
     if signal_name:
         before = stub.run_id
         stub.signal_with_start(signal_name, *parse_args(signal_args), start_args=parse_args(args))

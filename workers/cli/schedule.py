@@ -140,9 +140,7 @@ def _handle(state: CliState, schedule_id: str) -> ScheduleHandle:
 def _check_workflow(store: RedisStore, spec: Schedule, apps: tuple[str, ...]) -> str | None:
     """As ``durable start`` does: refuse a type the ``--app`` modules do not define; the
     warning to print when no live worker of the runs' queue runs the type."""
-    # The queue the runs start on: the spec's, else the class's (when --app defines it).
-    queue = spec.queue or getattr(registry.workflows().get(spec.workflow), "queue", None) or "default"
-    return check_startable(store, spec.workflow, queue, apps)
+    return check_startable(store, spec.workflow, registry.start_queue(spec.workflow, spec.queue), apps)
 
 
 def _warn_ended(desc: ScheduleDescription) -> None:

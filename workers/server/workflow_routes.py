@@ -221,7 +221,7 @@ def start_workflow(call: Call) -> dict[str, Any]:
     args = call.args()
     try:
         warning = check_startable(
-            call.store, workflow_type, _start_queue(stub, workflow_type), _loaded_apps()
+            call.store, workflow_type, registry.start_queue(workflow_type, stub.queue), _loaded_apps()
         )
     except CliError as exc:  # a type the server's --app does not define: as `durable start --app`
         raise ApiError("unknown_type", str(exc)) from None
@@ -234,13 +234,6 @@ def start_workflow(call: Call) -> dict[str, Any]:
             raise ApiError("invalid_argument", 'body field \'signal\' must be {"name": str, "args": [...]}')
         stub.signal_with_start(name, *signal_args, start_args=args)
     return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": warning}
-
-
-def _start_queue(stub: WorkflowStub, workflow_type: str) -> str:
-    """The queue the run will start on: the request's, else the class's (when this server
-    loaded it), else ``default`` -- as :meth:`WorkflowStub.start` picks it."""
-    cls = registry.workflows().get(workflow_type)
-    return stub.queue or (cls.queue if cls is not None else "default")
 
 
 def _loaded_apps() -> list[str]:
