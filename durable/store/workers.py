@@ -289,11 +289,13 @@ class WorkerRegistry(StoreBase):
             for wid in children:
                 pipe.hget(k.instance(k.partition(wid), wid), "run")
             runs = pipe.execute()
+        fields = ("status", "blocked", "blocked_kind")  # what blocked_reason reads, no snapshot
         with self.redis.pipeline(transaction=False) as pipe:
             for wid, rid in zip(children, runs, strict=True):
-                pipe.hgetall(k.run(k.partition(wid), text(rid) if rid else "-"))
+                pipe.hmget(k.run(k.partition(wid), text(rid) if rid else "-"), fields)
             records = pipe.execute()
-        for wid, raw in zip(children, records, strict=True):
+        for wid, values in zip(children, records, strict=True):
+            raw = {name: value for name, value in zip(fields, values, strict=True) if value is not None}
             child = blocked_reason(decode_run(raw)) if raw else None
             if child is not None:
                 return BlockedReason(
