@@ -38,6 +38,7 @@ from .errors import (
     WorkflowClosed,
     WorkflowFailed,
     WorkflowNotFound,
+    WorkflowTaskFailed,
     WorkflowTimeout,
 )
 from .limits import Limits
@@ -138,6 +139,7 @@ __all__ = [
     "WorkflowFailed",
     "WorkflowLogger",
     "WorkflowNotFound",
+    "WorkflowTaskFailed",
     "WorkflowTimeout",
     "WorkerSession",
     "WorkflowStub",

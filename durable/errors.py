@@ -88,6 +88,27 @@ class NondeterminismError(DurableError):
         self.issued = issued
 
 
+class WorkflowTaskFailed(DurableError):
+    """Workflow code raised an error its class lists in ``Workflow.block_on_errors``.
+
+    Raised inside the worker, never to workflow code: the run is *blocked*, not failed (as a
+    Temporal workflow task failure), so a bug of a bad deploy (a ``NameError``, an
+    ``AttributeError``) costs no run. Deploy the fix, then ``durable repair ID`` (or
+    ``durable repair --blocked``) replays the run with the fixed code.
+
+    Attributes:
+        run_id: The blocked run.
+        error_type: The type name of the error the code raised.
+        where: ``file:line in function`` of the innermost frame that raised it (``""`` when unknown).
+    """
+
+    def __init__(self, message: str, *, run_id: str = "", error_type: str = "", where: str = "") -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.error_type = error_type
+        self.where = where
+
+
 class HistoryCorrupt(DurableError):
     """A history or inbox entry is malformed, foreign or of an unknown type."""
 
@@ -233,7 +254,8 @@ class WorkflowBlocked(DurableError):
         workflow_id: The workflow id.
         run_id: The blocked run.
         kind: What blocks it: ``nondeterminism``, ``unknown_type``, ``no_live_worker``,
-            ``runaway_decision``, ``parked_input``, ``history_corrupt`` or ``other``.
+            ``runaway_decision``, ``parked_input``, ``history_corrupt``, ``workflow_error``
+            (code raised one of its ``block_on_errors``) or ``other``.
         reason: The reason recorded with the block, in words.
     """
 

@@ -23,6 +23,7 @@ BLOCKED_KINDS = (
     "runaway_decision",
     "parked_input",
     "history_corrupt",
+    "workflow_error",
     "other",
 )
 """The kinds of :attr:`BlockedReason.kind` (``other``: a reason not classified here)."""
@@ -37,6 +38,7 @@ _PREFIX_KINDS = (
     ("UnknownTypeError", "unknown_type"),
     ("SerializationError", "parked_input"),
     ("HistoryCorrupt", "history_corrupt"),
+    ("WorkflowTaskFailed", "workflow_error"),
     ("the decision did not finish", "runaway_decision"),
     ("decision exceeded", "runaway_decision"),
     ("no live worker", "no_live_worker"),

@@ -53,6 +53,12 @@ class Workflow:
             scheduler purges it: a ``timedelta``, seconds, or ``"30d"``; ``None``
             (default): the namespace's (``durable worker --retention``, else 3 days).
             Recorded in the run when it starts.
+        block_on_errors: Exception types that, raised out of ``handle()`` or a ``@signal``
+            handler, *block* the run instead of failing it (as a Temporal workflow task
+            failure): e.g. ``(NameError, AttributeError)`` for the bugs of a bad deploy, or
+            ``(Exception,)``. Errors of durable calls (any ``DurableError``) still fail it.
+            Default ``()``: an uncaught error fails the run. After the fix is deployed,
+            ``durable repair ID`` (or ``--blocked``) replays the run with the new code.
 
     Example:
         ```python
@@ -70,6 +76,7 @@ class Workflow:
     patches: ClassVar[tuple[str, ...]] = ()
     history_budget: ClassVar[dict[str, int]] = dict(DEFAULT_HISTORY_BUDGET)
     retention: ClassVar[timedelta | float | str | None] = None
+    block_on_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     _signals: ClassVar[dict[str, str]] = {}
     _queries: ClassVar[dict[str, str]] = {}
     #: ``@update`` name -> (handler attribute, validator attribute or None).
@@ -94,6 +101,13 @@ class Workflow:
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         if cls.retention is not None:
             retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention
+        errors = cls.block_on_errors
+        if not isinstance(errors, tuple) or not builtins.all(
+            isinstance(e, type) and issubclass(e, BaseException) for e in errors
+        ):
+            raise ConfigurationError(
+                f"{cls.__name__}.block_on_errors must be a tuple of exception classes, e.g. (NameError, AttributeError), not {errors!r}"
+            )
         register_workflow_class(cls)
 
     def handle(self, *args: Any) -> Any:

@@ -27,6 +27,7 @@ from durable.errors import (
     SerializationError,
     UnknownTypeError,
     WorkflowClosed,
+    WorkflowTaskFailed,
     error_text,
 )
 from durable.immutable import immutable
@@ -83,6 +84,10 @@ class Task:
     @property
     def key(self) -> tuple[str, str]:
         return (self.stream, self.entry_id)
+
+
+# Raised by a run's own history or code: they block that run, the worker itself is fine.
+_RUN_ERRORS = (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError, WorkflowTaskFailed)
 
 
 class Decider:
@@ -412,15 +417,13 @@ class Decider:
     def _park_undecidable(
         self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
     ) -> None:
-        """Park and block a run its decision raised for: nondeterminism, an unknown type, corrupt
-        history, an undecodable input -- or anything else raised outside workflow code (say a
-        user's error class whose ``__str__`` raises). Visible, instead of the worker stopping
-        on it again at each delivery; ``durable repair`` re-queues it after a fix."""
-        expected = isinstance(
-            exc, NondeterminismError | UnknownTypeError | HistoryCorrupt | SerializationError
-        )
-        if not expected:
+        """Park and block a run its decision raised for (:data:`_RUN_ERRORS`, or anything raised
+        outside workflow code, say by an error whose ``__str__`` raises): visible, instead of the
+        worker stopping on it at each delivery; ``durable repair`` re-queues it after a fix."""
+        if not (expected := isinstance(exc, _RUN_ERRORS)):
             log.exception("deciding run %s raised; the run is parked until `durable repair`", rid)
+        elif isinstance(exc, WorkflowTaskFailed):  # the code's traceback, for its fixer
+            log.warning("%s", exc, exc_info=exc.__cause__)
         # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
         culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
         self.store.park(

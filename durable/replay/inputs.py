@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from ..errors import (
     NondeterminismError,
     SerializationError,
     SignalTimeout,
+    WorkflowTaskFailed,
     WorkflowTimeout,
     error_text,
     message_of,
@@ -325,6 +327,8 @@ class Inputs(Updates):
             try:
                 self._guarded(f"signal handler {event.name!r}", lambda: fn(*args))
             except Exception as exc:  # noqa: BLE001 - an error in a handler fails the run
+                if self._blocks(exc):
+                    raise self._task_failed(exc, f"signal handler {event.name!r}") from exc
                 self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")))
             return
         waiters = self._signal_waiters.get(event.name)
@@ -426,9 +430,36 @@ class Inputs(Updates):
                 closing = ev.WorkflowFailedEvent(error=codec.dumps(err, path="error"))
         elif isinstance(exc, CancelledError):
             closing = ev.WorkflowCancelled(reason=str(exc) or self._cancel_reason or "cancelled")
+        elif self._blocks(exc):
+            self._task_failed(exc, "handle()")
+            return
         else:
             closing = ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error"))
         self._close(closing)
+
+    def _blocks(self, exc: BaseException) -> bool:
+        """Whether an error raised out of workflow code blocks the run instead of failing it."""
+        if self._instance is None or isinstance(exc, DurableError):
+            return False
+        return isinstance(exc, type(self._instance).block_on_errors)
+
+    def _task_failed(self, exc: BaseException, where: str) -> WorkflowTaskFailed:
+        """Stop the decision on a blocking error (nothing of it is committed); the decider parks
+        the run with this message until a fixed deploy is repaired in."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        name = type(self._instance).__name__
+        err = WorkflowTaskFailed(
+            f"{error_text(exc)} raised in {where} of {self.workflow_type}"
+            f"{f' ({at})' if at else ''}; the run is blocked, not failed ({name}.block_on_errors): "
+            "deploy a fix, then `durable repair`",
+            run_id=self.run_id,
+            error_type=type(exc).__name__,
+            where=at,
+        )
+        err.__cause__ = exc  # the worker logs its traceback
+        self._fatal = self._fatal or err
+        return err
 
     def _close(self, closing: ev.Event) -> None:
         try:

@@ -11,10 +11,11 @@ even among runs created in the same millisecond.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runinfo import classify_block
 from .base import StoreBase
 from .records import OPEN_STATUSES, decode_run, text
 
@@ -121,6 +122,27 @@ class RunQueries(StoreBase):
                 return page
         page.next = f"{top[0]}:{top[1]}" if top is not None else None
         return page
+
+    def blocked_runs(
+        self, *, workflow_type: str | None = None, kind: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every open run with a recorded blocked reason (newest first), optionally only those of
+        one workflow type and/or one :data:`durable.runinfo.BLOCKED_KINDS` kind -- what
+        ``durable repair --blocked`` re-queues after a fixed deploy."""
+        cursor = None
+        while True:
+            page = self.list_runs_page(
+                status="blocked", workflow_type=workflow_type, cursor=cursor, limit=500
+            )
+            for run in page.runs:
+                if (
+                    kind is None
+                    or (run.get("blocked_kind") or classify_block(run.get("blocked") or "")) == kind
+                ):
+                    yield run
+            if page.next is None:
+                return
+            cursor = page.next
 
     def _candidates(
         self, index: Callable[[int], str], top: tuple[int, str] | None, lower: int | None, count: int

@@ -9,9 +9,9 @@ import click
 
 from durable import WorkflowStub, registry
 from durable.client_updates import Delivery, reused_differently, send_update
-from durable.errors import DurableError, WorkflowBlocked, WorkflowClosed
+from durable.errors import DurableError, WorkflowBlocked, WorkflowClosed, WorkflowNotFound
 from durable.ids import new_run_id
-from durable.runinfo import blocked_text
+from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
@@ -332,7 +332,7 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
 
 
 @click.command()
-@click.argument("workflow_id", metavar="ID")
+@click.argument("workflow_id", metavar="[ID]", required=False)
 @click.option(
     "--build-id",
     default=None,
@@ -345,9 +345,42 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     help="First move the inbox item that blocks the run (e.g. a result this worker cannot decode) "
     "to the dead letters (`durable list --dead` shows it).",
 )
+@click.option("--blocked", "every_blocked", is_flag=True, help="Re-queue every blocked run (instead of ID).")
+@click.option(
+    "--type", "workflow_type", default=None, help="With --blocked: only runs of this workflow type."
+)
+@click.option(
+    "--kind",
+    type=click.Choice([k for k in BLOCKED_KINDS if k != NO_LIVE_WORKER]),
+    default=None,
+    help="With --blocked: only runs blocked for this reason (as `durable describe` names it).",
+)
 @pass_state
-def repair(state: CliState, workflow_id: str, build_id: str | None, drop_input: bool) -> None:
-    """Re-queue a blocked run (after deploying code that decides as its history says)."""
+def repair(
+    state: CliState,
+    workflow_id: str | None,
+    build_id: str | None,
+    drop_input: bool,
+    every_blocked: bool,
+    workflow_type: str | None,
+    kind: str | None,
+) -> None:
+    """Re-queue a blocked run (after deploying code that decides as its history says).
+
+    `durable repair --blocked [--type T] [--kind K]` re-queues every blocked run (of a type,
+    blocked for a reason), e.g. all the runs a bad deploy blocked, once the fix is deployed.
+    """
+    if every_blocked:
+        if workflow_id or build_id or drop_input:
+            raise click.UsageError(
+                "--blocked repairs every blocked run: give no ID, --build-id or --drop-input"
+            )
+        _repair_blocked(state.existing_store, workflow_type, kind)
+        return
+    if workflow_id is None:
+        raise click.UsageError("give the ID of the run to repair, or --blocked for every blocked run")
+    if workflow_type or kind:
+        raise click.UsageError("--type and --kind go with --blocked")
     store = state.existing_store
     if not build_id:
         ref = store.repair(workflow_id, drop_input=drop_input)
@@ -373,6 +406,21 @@ def repair(state: CliState, workflow_id: str, build_id: str | None, drop_input: 
     unserved = store.unserved_reason(store.run_record(ref))
     if unserved:  # moved where nothing runs it yet: say so now, not only in describe
         click.echo(f"warning: {unserved}", err=True)
+
+
+def _repair_blocked(store: RedisStore, workflow_type: str | None, kind: str | None) -> None:
+    repaired = 0
+    for run in list(store.blocked_runs(workflow_type=workflow_type, kind=kind)):
+        try:
+            store.repair(run["workflow_id"])
+        except (WorkflowClosed, WorkflowNotFound):  # closed or purged since it was listed
+            continue
+        repaired += 1
+        click.echo(f"re-queued {run['workflow_id']} (run {run['run_id']})")
+    which = [f"of type {workflow_type!r}"] if workflow_type else []
+    if kind:
+        which.append(f"blocked ({kind})")
+    click.echo(f"re-queued {repaired} blocked run(s) {' and '.join(which)}".rstrip())
 
 
 COMMANDS = [start, signal, update, query, cancel, terminate, status, result, repair]

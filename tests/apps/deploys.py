@@ -1,0 +1,67 @@
+"""Workflows whose code a test "deploys" a bug into and out of (``Workflow.block_on_errors``)."""
+
+from __future__ import annotations
+
+from durable import NonRetryableError, Workflow, activity, await_signal, signal
+
+#: The bug is deployed while this is true (the tests flip it, as a deploy would swap the code).
+BUGGY = {"on": False}
+
+
+def bd_double(x: int) -> int:
+    return 2 * x
+
+
+def bd_refuse(x: int) -> int:
+    raise NonRetryableError(f"refused {x}")
+
+
+class BdShip(Workflow):
+    """A bad deploy's NameError blocks this run; the fixed deploy and a repair carry it on."""
+
+    block_on_errors = (NameError, AttributeError)
+
+    def handle(self, x: int) -> int:
+        y = activity(bd_double, x)
+        await_signal("go")
+        if BUGGY["on"]:
+            return recipt  # type: ignore[name-defined]  # noqa: F821 - the bug a deploy brought
+        return activity(bd_double, y)
+
+
+class BdShipFails(Workflow):
+    """The same bug without ``block_on_errors``: the run fails (the default rule)."""
+
+    def handle(self, x: int) -> int:
+        await_signal("go")
+        if BUGGY["on"]:
+            return recipt  # type: ignore[name-defined]  # noqa: F821
+        return x
+
+
+class BdStrict(Workflow):
+    """Temporal's rule: every error blocks -- except the errors of durable calls, which fail."""
+
+    block_on_errors = (Exception,)
+
+    def handle(self, x: int) -> int:
+        return activity(bd_refuse, x)
+
+
+class BdHandler(Workflow):
+    """A bug in a ``@signal`` handler blocks too."""
+
+    block_on_errors = (KeyError,)
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    @signal
+    def add(self, sku: str) -> None:
+        if BUGGY["on"]:
+            {}[sku]  # noqa: B018 - the bug
+        self.items.append(sku)
+
+    def handle(self) -> list[str]:
+        await_signal("done")
+        return self.items
