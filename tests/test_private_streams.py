@@ -7,12 +7,14 @@ import signal
 from collections.abc import Collection
 
 import pytest
+import redis
 from apps.basic import Sequence
 from apps.sessions import Pinned
 from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.store.connect import is_missing_group
 from durable.store.redis_store import RedisStore
 
 pytestmark = pytest.mark.slow
@@ -120,3 +122,16 @@ def test_a_dead_hosts_private_stream_is_kept_while_it_holds_a_task(redis_url: st
     assert len(result["ran_on"]) == 2
     assert not store.redis.sismember(keys.sessions(p), host)
     assert _activity_streams(store) == {}
+
+
+@pytest.mark.parametrize(
+    ("reply", "missing"),
+    [
+        ("NOGROUP No such key 'T:{0}:q:default' or consumer group 'g' in XREADGROUP with GROUP option", True),
+        ("UNBLOCKED the stream key no longer exists", True),  # Redis 7, a read blocked on a deleted stream
+        ("ERR wrong number of arguments for 'xreadgroup' command", False),
+    ],
+)
+def test_both_answers_to_a_read_of_a_deleted_stream_mean_a_missing_group(reply: str, missing: bool) -> None:
+    """The reader makes the group again on either (the embedded Redis 6.2 answers NOGROUP only)."""
+    assert is_missing_group(redis.ResponseError(reply)) is missing

@@ -103,8 +103,11 @@ def is_redis_error(exc: BaseException) -> bool:
 
 
 def is_missing_group(exc: BaseException) -> bool:
-    """Whether ``exc`` says a task stream (and so its consumer group) does not exist."""
-    return isinstance(exc, rexc.ResponseError) and "NOGROUP" in str(exc)
+    """Whether ``exc`` says a task stream (and so its consumer group) does not exist: ``NOGROUP``,
+    or Redis 7's answer to a read blocked on a stream deleted meanwhile (``UNBLOCKED the stream
+    key no longer exists``; Redis 6.2 answers that read with ``NOGROUP``)."""
+    message = str(exc)
+    return isinstance(exc, rexc.ResponseError) and ("NOGROUP" in message or "UNBLOCKED" in message)
 
 
 CLUSTER_SCHEME = "redis+cluster"
