@@ -323,5 +323,12 @@ def message_of(exc: BaseException) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """``"<type name>: <message>"`` of ``exc``, safe for any exception (see :func:`message_of`)."""
-    return f"{type(exc).__name__}: {message_of(exc)}"
+    """``"<type name>: <message>"`` of ``exc``, safe for any exception (see :func:`message_of`).
+
+    An :class:`ApplicationError` standing in for an error not rebuilt here (``SystemExit``, a
+    class of a module not loaded) is named by the original type it keeps.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, ApplicationError) and exc.type_name:
+        name = exc.type_name.removeprefix("builtins.")
+    return f"{name}: {message_of(exc)}"

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable import codec
-from durable.errors import ApplicationError, SerializationError
+from durable.errors import ApplicationError, SerializationError, error_text
 
 # The classes below are payload types: allow them, as an app does for its own modules.
 codec.allow_module(__name__)
@@ -541,3 +541,15 @@ def test_unpack_rejects_ext_and_garbage() -> None:
         codec.unpack(codec.dumps((1, 2)))
     with pytest.raises(SerializationError):
         codec.unpack(b"\xc1")
+
+
+def test_an_error_not_rebuilt_is_named_by_its_original_type() -> None:
+    """``sys.exit(3)`` in ``handle()``: the run's failure reads ``SystemExit: 3``, not the stand-in's name."""
+    decoded = codec.loads(codec.dumps(SystemExit(3)))
+    assert isinstance(decoded, ApplicationError) and decoded.type_name == "builtins.SystemExit"
+    assert error_text(decoded) == "SystemExit: 3"
+    assert (
+        error_text(ApplicationError("declined", type_name="shop.errors.Declined"))
+        == "shop.errors.Declined: declined"
+    )
+    assert error_text(ApplicationError("plain")) == "ApplicationError: plain"
