@@ -273,6 +273,9 @@ def test_read_only_token_sees_runs_but_actions_are_refused(ui: Ui) -> None:
 
 
 def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
+    # A dead letter of this test's own (the worker parks a type it lacks after its 1 s grace).
+    parked = WorkflowStub.make("UiNoSuchType", id=_id("parked"), store=ui.store).start().id
+    wait_for(lambda: any(d["workflow_id"] == parked for d in ui.store.dead_letters()), timeout=30)
     ScheduleHandle.create("ui-sched", Schedule(workflow="Waiter", args=(60,), every="1h"), store=ui.store)
     page = ui.page()
     page.goto(ui.open.url + "/workers")
