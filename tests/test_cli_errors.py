@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cretMarker"
@@ -216,6 +217,60 @@ def test_a_read_command_restarts_the_dead_embedded_server(project: Path) -> None
     again = run_cli(project, "status", "survivor")
     assert again.returncode == 0, again.stderr
     assert "note:" not in again.stderr  # running: nothing to say
+
+
+REVIVE_APP = """
+from durable import Workflow, await_signal
+
+
+class RvWait(Workflow):
+    def handle(self) -> str:
+        return "got " + await_signal("go")
+"""
+
+
+@pytest.mark.fault
+def test_a_worker_starts_its_dead_embedded_server_again(project: Path) -> None:
+    """Killed (SIGKILL, the OOM killer), the project's server is started again on its AOF by the
+    worker, which then carries the run on; stopped cleanly, it is left stopped."""
+    (project / "rv_app.py").write_text(REVIVE_APP)
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(project), str(ROOT)]))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--app", "rv_app"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        pidfile = project / ".durable" / "redis.pid"
+        wait_for(pidfile.exists, timeout=30)
+        assert run_cli(project, "start", "RvWait", "--id", "rv", env=env).returncode == 0
+        wait_for(lambda: run_cli(project, "status", "rv", env=env).stdout.strip() == "suspended", timeout=30)
+        first = int(pidfile.read_text())
+        kill_and_wait(first, signal.SIGKILL)
+        wait_for(lambda: pidfile.exists() and int(pidfile.read_text()) != first, timeout=30)
+        second = int(pidfile.read_text())
+        assert alive(second)
+        signalled = run_cli(project, "signal", "rv", "go", '"back"', env=env)
+        assert signalled.returncode == 0 and "note:" not in signalled.stderr, signalled.stderr
+        result = run_cli(project, "result", "rv", "--timeout", "30", env=env)
+        assert result.stdout.strip() == '"got back"', result.stdout + result.stderr
+
+        kill_and_wait(second)  # SIGTERM: a clean stop removes the pidfile; nobody's crash
+        time.sleep(7)  # past the worker's next tries (one each 5 s)
+        assert not pidfile.exists() and alive(second) is False
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            _, err = worker.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            _, err = worker.communicate()
+    assert "the embedded Redis had died; started it again on its data (AOF)" in err, err
+    assert err.count("started it again") == 1, err
 
 
 def test_a_folder_without_data_gets_no_server(project: Path) -> None:

@@ -74,6 +74,8 @@ class WorkerConfig:
         log_format: ``text`` or ``json``.
         log_level: A logging level name.
         metrics_port: Serve Prometheus metrics on this port (``--metrics-port``; 0: off).
+        embedded_dir: The data dir of the embedded Redis ``redis_url`` points at (``""``: a
+            Redis of the user's): the worker starts that server again if it dies.
     """
 
     ENV: ClassVar[str] = "DURABLE_WORKER_CONFIG"
@@ -97,6 +99,7 @@ class WorkerConfig:
     log_format: str = "text"
     log_level: str = "INFO"
     metrics_port: int = 0
+    embedded_dir: str = ""
 
     @property
     def claim_idle_ms(self) -> int:

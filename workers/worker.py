@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from durable import registry
@@ -151,6 +151,9 @@ class Worker:
         # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
         # still work while its writes are refused (OOM): only a quiet spell ends an incident.
         self._outage = Incident(log, "worker loop", settle=3.0)
+        #: Starts the embedded Redis again if it died (set for one; see :meth:`_wait_out`).
+        self.revive_redis: Callable[[], bool] | None = None
+        self._revive_at = 0.0
         self._stop = threading.Event()
         #: Set once the worker is in the registry and serving (WorkerThread waits for it).
         self.joined = threading.Event()
@@ -333,6 +336,13 @@ class Worker:
         """Pause: ``exc`` says Redis is unavailable for now. Results in hand stay for the next
         pass, tasks read but not finished stay pending in Redis."""
         delay = self._outage.failed(exc)
+        if self.revive_redis is not None and time.monotonic() >= self._revive_at:
+            self._revive_at = time.monotonic() + 5.0  # a server that will not start is not hammered
+            try:
+                if self.revive_redis():
+                    log.warning("the embedded Redis had died; started it again on its data (AOF)")
+            except Exception as revive_error:  # noqa: BLE001 - the outage goes on; said each try
+                log.warning("the embedded Redis died and could not be started again: %s", revive_error)
         if self.store.cluster:
             try:
                 self.store.refresh_topology()

@@ -417,6 +417,22 @@ class EmbeddedRedis:
             self._start()
         return self.url
 
+    def revive(self) -> bool:
+        """Start the server again if it *died* with its data here; return whether it did.
+
+        A worker's outage hook: a server killed (SIGKILL, the OOM killer) leaves its pidfile
+        naming a dead process, and the runs are in its AOF. A server stopped cleanly (its
+        pidfile removed: someone stopped it on purpose) or alive but not answering (stalled,
+        loading, rewriting: killing it could lose writes) is left alone.
+        """
+        with self._locked():
+            pid = self.pid
+            if pid is None or _pid_alive(pid) or not self.has_data() or self._ping() != "down":
+                return False
+            self._clear_stale()
+            self._start()
+            return True
+
     def _clear_stale(self) -> None:
         """Remove what a dead (or hung) server left behind. Caller holds the lock."""
         pid = self.pid

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers import metrics
 from workers.app import AUTO_BUILD_ID, code_build_id, tune_gc
@@ -107,6 +108,8 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         )
     if config.metrics_port:
         _start_metrics(config, store)
+    if config.embedded_dir:  # the project's own server: a worker starts it again if it dies
+        worker.revive_redis = EmbeddedRedis(config.embedded_dir).revive
     worker.install_signal_handlers()
     # Through the handler, so the stop is bounded (grace + a margin) like a signal's.
     stop = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731

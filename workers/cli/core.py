@@ -61,6 +61,8 @@ class CliState:
         self._given = (self.url, "--redis" if redis_option else "$DURABLE_REDIS_URL")
         #: ``--namespace``, or None: the store reads ``$DURABLE_NAMESPACE`` (default ``durable``).
         self.namespace = namespace
+        #: The embedded server's data dir once ``url`` was resolved to it ("": a given URL).
+        self.embedded_dir = ""
         self._store: RedisStore | None = None
 
     @property
@@ -83,6 +85,7 @@ class CliState:
         if self._store is None:
             if self.url is None:
                 self.url = _embedded_url(start_embedded)
+                self.embedded_dir = str(EmbeddedRedis().data_dir)
             try:
                 self._store = RedisStore(self.url, namespace=self.namespace)
             except BadRedisUrl as exc:

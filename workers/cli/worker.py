@@ -198,7 +198,7 @@ def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
             raise CliError(f"--retention: {exc}") from None
 
 
-def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
+def _config(state: CliState, store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
     """The one :class:`WorkerConfig` of this command line (``store``'s URL, resolved)."""
     return WorkerConfig(
         redis_url=store.url or "",
@@ -220,6 +220,7 @@ def _config(store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
         log_format=options["log_format"],
         log_level=options["log_level"],
         metrics_port=options["metrics_port"],
+        embedded_dir=state.embedded_dir,
     )
 
 
@@ -243,7 +244,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     """
     store = _open_store(state)
     _apply_retention(store, options)
-    config = _config(store, options)
+    config = _config(state, store, options)
     configure_logging(config)
     if processes == 1:
         run_worker(config, store)
@@ -283,7 +284,7 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     the HTTP API and web UI on 127.0.0.1 (no tokens; needs the server extra)."""
     store = _open_store(state)
     _apply_retention(store, options)
-    config = _config(store, options)
+    config = _config(state, store, options)
     configure_logging(config)
     shown = mask_url(config.redis_url)
     click.echo(f"durable dev: Redis at {shown}", err=True)
