@@ -168,13 +168,13 @@ class AsyncWorkflowStub(Generic[R]):
         """The current run's status (:meth:`WorkflowStub.status`)."""
         return await asyncio.to_thread(self._stub.status)
 
-    async def describe(self) -> RunDescription:
-        """Everything known about the current run (:meth:`WorkflowStub.describe`)."""
-        return await asyncio.to_thread(self._stub.describe)
+    async def describe(self, run_id: str | None = None) -> RunDescription:
+        """Everything known about the current run, or ``run_id`` (:meth:`WorkflowStub.describe`)."""
+        return await asyncio.to_thread(self._stub.describe, run_id)
 
-    async def history(self) -> list[HistoryEvent]:
-        """The current run's events (:meth:`WorkflowStub.history`)."""
-        return await asyncio.to_thread(self._stub.history)
+    async def history(self, run_id: str | None = None) -> list[HistoryEvent]:
+        """The current run's events, or ``run_id``'s (:meth:`WorkflowStub.history`)."""
+        return await asyncio.to_thread(self._stub.history, run_id)
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).

@@ -18,6 +18,7 @@ from .errors import (
     WorkflowClosed,
     WorkflowNotFound,
 )
+from .history_budget import history_info
 from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
@@ -42,7 +43,7 @@ from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
 from .store.workers import WorkerInfo
-from .workflow import Workflow, effective_history_budget, near_history_limit
+from .workflow import Workflow
 
 _stores: dict[tuple[str, str], RedisStore] = {}
 _stores_lock = threading.Lock()
@@ -284,6 +285,10 @@ class WorkflowStub(Generic[R]):
         self._run_id = ref.run_id
         return ref
 
+    def _run_ref(self, run_id: str | None) -> RunRef:
+        """The current run, or the given run of this workflow (the stub keeps the current one)."""
+        return self._store.ref(self._id, run_id) if run_id else self._ref()
+
     def _at_run(self, run_id: str) -> RunRef:
         """``run_id`` of this stub's workflow, from now on the run the stub knows (unchecked)."""
         self._run_id = run_id
@@ -492,26 +497,10 @@ class WorkflowStub(Generic[R]):
             return None
         return outcome_of(closing, record.get("closed"))
 
-    def _history_info(self, snap: dict[str, Any]) -> dict[str, Any]:
-        """The ``history`` item of :meth:`describe`, from the snapshot the last decision wrote."""
-        budget = snap.pop("history_budget", None)
-        if not isinstance(budget, dict):
-            try:
-                budget = effective_history_budget(get_workflow(str(snap.get("type") or "")))
-            except DurableError:
-                budget = effective_history_budget(None)
-        events = snap.pop("history_events", None)
-        if not isinstance(events, int):  # no decision yet: only what the record knows
-            events = int(snap.get("seq") or 0)
-        size = snap.pop("history_bytes", None)
-        near = snap.pop("near_history_limit", None)
-        if not isinstance(near, bool):
-            near = near_history_limit(events, size if isinstance(size, int) else 0, budget)
-        return {"events": events, "bytes": size, "budget": budget, "near_limit": near}
-
-    def history(self) -> list[HistoryEvent]:
-        """The current run's events in order (``seq``, ``type``, ``ts``, ``data``)."""
-        return [HistoryEvent.from_entry(e) for e in self._store.history(self._ref())]
+    def history(self, run_id: str | None = None) -> list[HistoryEvent]:
+        """The current run's events in order (``seq``, ``type``, ``ts``, ``data``); or those of
+        ``run_id``, an earlier run of this workflow id (a continue-as-new chain, a reused id)."""
+        return [HistoryEvent.from_entry(e) for e in self._store.history(self._run_ref(run_id))]
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
@@ -551,22 +540,26 @@ class WorkflowStub(Generic[R]):
         now_ms = self._store.server_time_ms() if begun and live else None
         return with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms)
 
-    def describe(self) -> RunDescription:
-        """Everything known about the current run: status, blocked reason, outcome, pending
-        steps, activity attempts with their errors, dropped inputs and history size.
+    def describe(self, run_id: str | None = None) -> RunDescription:
+        """Everything known about the current run (or ``run_id``, an earlier run of this id):
+        status, blocked reason, outcome, pending steps, activity attempts with their errors,
+        dropped inputs and history size.
 
         The :class:`~durable.runinfo.RunDescription` also reads as a mapping (``info["attempts"]``).
         ``history`` is ``{"events", "bytes", "budget", "near_limit"}``: the size of the run's
         history as of its last decision, its class's ``history_budget``, and whether it passed
         80% of either threshold (see :func:`durable.should_continue_as_new`).
+
+        Raises:
+            WorkflowNotFound: no such workflow id, or ``run_id`` is no run of it (or was purged).
         """
-        ref = self._ref()
+        ref = self._run_ref(run_id)
         record = self._store.run_record(ref)
         # One registry read serves the blocked reason and the pending attempts' workers.
         live = self._store.live_workers() if record.get("status", "pending") in OPEN_STATUSES else []
         snap = dict(record.get("snapshot") or {})
         snap.update(type=record.get("type"), seq=record.get("seq"))
-        history = self._history_info(snap)
+        history = history_info(snap, get_workflow)
         log = self._store.log_entries(ref)
         outcome = self._outcome(ref, record)
         for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):

@@ -132,6 +132,24 @@ def test_start_signal_describe_history_list(api: Api) -> None:
         assert c.get("/api/v1/workflows", params={"until": created, "id_prefix": wid}).json()["workflows"]
 
 
+def test_an_earlier_run_of_a_continue_as_new_chain(api: Api) -> None:
+    wid = _id("looper")
+    with api.open.client(**CSRF) as c:
+        first = c.post("/api/v1/workflows", json={"type": "Looper", "id": wid, "args": [1, 0]}).json()[
+            "run_id"
+        ]
+        last = _status(c, wid, "completed")["run_id"]
+        assert last != first
+        old = c.get(f"/api/v1/workflows/{wid}", params={"run_id": first}).json()
+        assert old["run_id"] == first and old["outcome"]["status"] == "continued"
+        assert old["outcome"]["continued_as"] == last
+        events = c.get(f"/api/v1/workflows/{wid}/history", params={"run_id": first}).json()
+        assert events["run_id"] == first and events["events"][-1]["type"] == "WorkflowContinuedAsNew"
+        assert "has no run 'nope'" in _error(
+            c.get(f"/api/v1/workflows/{wid}/history", params={"run_id": "nope"}), 404, "not_found"
+        )
+
+
 def test_start_with_policies_and_signal_with_start(api: Api) -> None:
     wid = _id("policy")
     with api.open.client(**CSRF) as c:

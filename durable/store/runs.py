@@ -75,8 +75,8 @@ class RunStore(SearchStore):
             if current is None:
                 raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}")
             run_id = text(current)
-        elif not self.redis.exists(self.keys.run(p, run_id)):
-            raise WorkflowNotFound(f"workflow {workflow_id!r} has no run {run_id!r}")
+        elif len(run_id) > 64 or not self.redis.exists(self.keys.run(p, run_id)):
+            raise WorkflowNotFound(f"workflow {shown_id(workflow_id)} has no run {shown_id(run_id)}")
         return RunRef(p, run_id, workflow_id)
 
     def run_record(self, ref: RunRef) -> dict[str, Any]:

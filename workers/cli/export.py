@@ -24,9 +24,9 @@ from workers.cli.core import CliError
 __all__ = ["export_history", "history_files", "load_export"]
 
 
-def export_history(store: RedisStore, workflow_id: str) -> list[dict[str, Any]]:
-    """The current run's history in the export format (see the module docstring)."""
-    ref = store.ref(workflow_id)
+def export_history(store: RedisStore, workflow_id: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The current run's (or ``run_id``'s) history in the export format (see the module docstring)."""
+    ref = store.ref(workflow_id, run_id)
     out = []
     for entry in store.history(ref):
         item = HistoryEvent.from_entry(entry).to_dict()

@@ -31,13 +31,17 @@ _LIST_SKIP = ("snapshot", "result", "error", "args")
 T = TypeVar("T")
 
 
+_RUN_HELP = "An earlier run of ID (`durable list` shows each run; default: the current one)."
+
+
 @click.command()
 @click.argument("workflow_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@click.option("--run", "run_id", default=None, metavar="RUN_ID", help=_RUN_HELP)
 @pass_state
-def describe(state: CliState, workflow_id: str, as_json: bool) -> None:
+def describe(state: CliState, workflow_id: str, as_json: bool, run_id: str | None) -> None:
     """Status, blocked reason, pending steps and activity attempts of workflow ID."""
-    info = WorkflowStub.load(workflow_id, store=state.existing_store).describe().to_dict()
+    info = WorkflowStub.load(workflow_id, store=state.existing_store).describe(run_id).to_dict()
     if as_json:
         click.echo(to_json(info, indent=2))
         return
@@ -54,18 +58,20 @@ def describe(state: CliState, workflow_id: str, as_json: bool) -> None:
     is_flag=True,
     help="A JSON array of {seq, type, ts, data, raw}: the export format of `durable replay`.",
 )
+@click.option("--run", "run_id", default=None, metavar="RUN_ID", help=_RUN_HELP)
 @pass_state
-def history(state: CliState, workflow_id: str, as_json: bool) -> None:
-    """The events of workflow ID's current run, as a table or (--json) for export.
+def history(state: CliState, workflow_id: str, as_json: bool, run_id: str | None) -> None:
+    """The events of workflow ID's current run (or --run's), as a table or (--json) for export.
 
     `durable history ID --json > run.json` then `durable replay run.json --app M`
     checks that today's code still decides as that history says.
     """
     if as_json:
-        click.echo(to_json(export_history(state.existing_store, workflow_id), indent=1))
+        click.echo(to_json(export_history(state.existing_store, workflow_id, run_id), indent=1))
         return
     stub = WorkflowStub.load(workflow_id, store=state.existing_store)
-    console().print(history_table(stub.history(), title=f"{workflow_id} (run {stub.run_id})"))
+    events = stub.history(run_id)
+    console().print(history_table(events, title=f"{workflow_id} (run {run_id or stub.run_id})"))
 
 
 _WHERE_HELP = (

@@ -48,6 +48,11 @@ def _stub(call: Call) -> WorkflowStub:
     return WorkflowStub.load(call.path["id"], store=call.store)
 
 
+_RUN_PARAM = Param(
+    "run_id", "string", "an earlier run of the id (a continue-as-new chain); default: the current"
+)
+
+
 def list_workflows(call: Call) -> dict[str, Any]:
     status = call.arg("status")
     if status is not None and status not in _STATUSES:
@@ -243,7 +248,7 @@ def _loaded_apps() -> list[str]:
 
 
 def describe_workflow(call: Call) -> dict[str, Any]:
-    return _stub(call).describe().to_dict()
+    return _stub(call).describe(call.arg("run_id")).to_dict()
 
 
 def workflow_history(call: Call) -> dict[str, Any]:
@@ -255,7 +260,7 @@ def workflow_history(call: Call) -> dict[str, Any]:
     if not 1 <= limit <= MAX_HISTORY_PAGE:
         raise ApiError("invalid_argument", f"query parameter 'limit' must be 1..{MAX_HISTORY_PAGE}")
     store = call.store
-    ref = store.ref(call.path["id"])
+    ref = store.ref(call.path["id"], call.arg("run_id"))
     entries = store.history(ref, after)
     events = [HistoryEvent.from_entry(e).to_dict() for e in entries[:limit]]
     more = len(entries) > limit
@@ -377,7 +382,7 @@ ENDPOINTS = [
             "signal",
         ),
     ),
-    Endpoint("GET", _ID, describe_workflow, "read", "Describe the current run"),
+    Endpoint("GET", _ID, describe_workflow, "read", "Describe the current run", params=(_RUN_PARAM,)),
     Endpoint(
         "GET",
         _ID + "/history",
@@ -391,6 +396,7 @@ ENDPOINTS = [
                 f"only events after this seq, 0..{MAX_SEQ} (paging: the previous 'next_after')",
             ),
             Param("limit", "integer", f"events per page, 1..{MAX_HISTORY_PAGE} (default 1000)"),
+            _RUN_PARAM,
         ),
     ),
     Endpoint(
