@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from apps.basic import Waiter
+from apps.basic import PaysOnBilling, Waiter
 from click.testing import CliRunner, Result
 from procs import ROOT, TESTS, spawn_worker, stop
 from waiting import wait_for
@@ -211,6 +211,39 @@ def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, sto
         table = invoke("workers").stdout
         assert "b7" in table and "(unversioned)" in table
     assert json.loads(invoke("workers", "--json").stdout)["workers"] == []
+
+
+def test_durable_workers_lists_queues_no_live_worker_serves_while_tasks_wait(
+    redis_url: str, store: RedisStore
+) -> None:
+    """A run started on a queue nobody serves, an activity sent to one: both queues are listed,
+    with their backlog, as served by no worker (they used to be missing from the page)."""
+    with worker(redis_url):
+        wait_registered(store, 1)
+        WorkflowStub.make(Waiter, queue="nobody").start(0.01)
+        paying = WorkflowStub.make(PaysOnBilling).start(1)
+        wait_for(lambda: store.queue_backlog(["billing"])["billing"]["activity_tasks"] == 1, timeout=30)
+        report = json.loads(invoke("workers", "--json").stdout)
+        assert set(report["queues"]) == {"default", "nobody", "billing"}
+        assert report["queues"]["nobody"]["workers"] == [] and report["queues"]["billing"]["workers"] == []
+        assert report["backlog"]["nobody"]["workflow_tasks"] == 1
+        assert report["backlog"]["billing"] == {
+            **report["backlog"]["billing"],
+            "workflow_tasks": 0,
+            "activity_tasks": 1,
+        }
+        assert report["backlog"]["billing"]["lag_ms"] >= 0
+        table = invoke("workers").stdout
+        assert table.count("none serves it") == 2, table
+        with worker(redis_url, "--queue", "billing"):  # served: the task runs, the queue empties
+            assert paying.result(timeout=30) == 2
+            wait_for(
+                lambda: "billing" in json.loads(invoke("workers", "--json").stdout)["queues"], timeout=30
+            )
+        # Unserved and empty again: no longer listed (the waiting run on "nobody" still is).
+        wait_for(
+            lambda: set(json.loads(invoke("workers", "--json").stdout)["queues"]) == {"default", "nobody"}
+        )
 
 
 def test_start_refuses_a_type_its_app_does_not_define(redis_url: str, store: RedisStore) -> None:

@@ -185,6 +185,11 @@ def search_temp(n: int | str) -> str:
     return f"tmp:{n}"
 
 
+def activity_queue(stream: str) -> str:
+    """The queue of an activity task stream (:meth:`Keys.activity_tasks`)."""
+    return stream.partition("}")[2].removeprefix(":aq:")
+
+
 def is_private(queue: str) -> bool:
     """Whether ``queue`` is a worker's private queue (``@<worker>``)."""
     return queue.startswith(PRIVATE)
@@ -247,6 +252,11 @@ class Keys:
     def search_types(self) -> str:
         """Declared search attribute types, published for other processes (plain key)."""
         return f"{self.prefix}:search-attributes"
+
+    def queues(self) -> str:
+        """The names of the queues tasks were sent to (plain key: the workers page shows those
+        no live worker serves, with their backlog)."""
+        return f"{self.prefix}:queues"
 
     def worker_index(self) -> str:
         """The names of registered workers (plain key: read outside scripts)."""

@@ -29,7 +29,7 @@ from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
 from . import loads
-from .keys import Keys, deadline_member, timer_member
+from .keys import Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
 from .records import (
     OPEN_STATUSES,
@@ -147,6 +147,21 @@ class RunStore(SearchStore):
             out.append(item)
         return out
 
+    _noted: frozenset[str] = frozenset()
+    _noted_streams: frozenset[str] = frozenset()
+
+    def note_queues(self, queues: Iterable[str]) -> None:
+        """Record that tasks go to ``queues`` (once per name and process: off the hot path), so
+        that a queue no worker serves still shows on the workers page, with its backlog."""
+        new = {q for q in queues if q not in self._noted and not is_private(q)}
+        if new:
+            self.redis.sadd(self.keys.queues(), *sorted(new))
+            self._noted = self._noted | new
+
+    def known_queues(self) -> list[str]:
+        """The queues tasks were sent to (:meth:`note_queues`), sorted."""
+        return sorted(text(q) for q in self.redis.smembers(self.keys.queues()))
+
     # ------------------------------------------------------------- starting
     def start(
         self,
@@ -170,8 +185,7 @@ class RunStore(SearchStore):
         script that applies the start ``policy`` (:mod:`durable.start_policy`) and, with
         ``signal`` (signal-with-start), pushes the signal onto the started or open run's inbox.
 
-        ``search_attributes`` (encoded, see :func:`durable.search.encode_values`) and ``memo``
-        (a payload) are the run's initial ones; the search index is written in the same script.
+        ``search_attributes`` (encoded: :func:`durable.search.encode_values`) are indexed by it.
 
         Raises:
             WorkflowAlreadyStarted: the workflow id has an open run (conflict policy ``fail``),
@@ -200,6 +214,7 @@ class RunStore(SearchStore):
         ).to_data()
         if search_attributes:
             self.publish_search_types(list(search_attributes))
+        self.note_queues((queue,))
         keys = [
             k.instance(p, workflow_id),
             k.run(p, run_id),
@@ -347,6 +362,10 @@ class RunStore(SearchStore):
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
         calls = [self.commit_args(ref, plan) for ref, plan in decisions]
+        streams = {t.stream for _, plan in decisions for t in plan.activities}
+        streams.update(t.stream for _, plan in decisions for t, _ in plan.claimed)
+        self.note_queues(activity_queue(s) for s in streams if s not in self._noted_streams)
+        self._noted_streams |= streams
         upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
         if upserted:
             self.publish_search_types(upserted)

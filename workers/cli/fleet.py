@@ -93,14 +93,22 @@ def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Seq
 
 
 def fleet_report(store: RedisStore) -> dict[str, Any]:
-    """What ``durable workers --json`` prints: the live workers, and per queue which build
-    is current and which workers start its new runs."""
+    """What ``durable workers --json`` prints: the live workers; per queue which build is
+    current and which workers start its new runs; and per queue its ``backlog``
+    (:meth:`~durable.store.workers.WorkerRegistry.queue_backlog`). A queue tasks were sent to
+    that no live worker serves is listed too while tasks wait on it (its ``workers`` empty)."""
     live = store.live_workers()
     now = store.server_time_ms()
-    queues = served_queues(live)
-    current = store.current_build(queues)
+    served = served_queues(live)
+    candidates = sorted({*served, *store.known_queues()})
+    current = dict(zip(candidates, store.current_build(candidates), strict=True))
+    backlog = store.queue_backlog(candidates, {w.build for w in live} | set(current.values()))
+    queues = [
+        q for q in candidates if q in served or backlog[q]["workflow_tasks"] or backlog[q]["activity_tasks"]
+    ]
     per_queue = {}
-    for queue, build in zip(queues, current, strict=True):
+    for queue in queues:
+        build = current[queue]
         starters = takes_new_runs(queue, build, live)
         per_queue[queue] = {
             "current_build": build or None,
@@ -124,7 +132,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
         }
         for w in live
     ]
-    return {"workers": workers, "queues": per_queue}
+    return {"workers": workers, "queues": per_queue, "backlog": {q: backlog[q] for q in queues}}
 
 
 def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
@@ -147,15 +155,23 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
 
 
 def _queues_table(report: dict[str, Any]) -> Table:
-    table = Table(title="new runs", title_justify="left")
-    for col in ("queue", "current build", "new runs go to"):
+    table = Table(title="queues", title_justify="left")
+    for col in ("queue", "current build", "new runs go to", "workers", "tasks (workflow/activity)", "oldest"):
         table.add_column(col, overflow="fold")
     for queue, q in report["queues"].items():
         current = q["current_build"] or "(none)"
         if q["current_build_live"] is False:
             current = Text(f"{current} (no live worker)", style="red")
         starters = ", ".join(q["new_runs_to"])
-        table.add_row(queue, current, starters or Text("no live worker takes new runs", style="bold red"))
+        b = report["backlog"][queue]
+        table.add_row(
+            queue,
+            current,
+            starters or Text("no live worker takes new runs", style="bold red"),
+            str(len(q["workers"])) if q["workers"] else Text("none serves it", style="bold red"),
+            f"{b['workflow_tasks']} / {b['activity_tasks']}",
+            "-" if b["lag_ms"] is None else f"{b['lag_ms'] / 1000:.1f} s ago",
+        )
     return table
 
 
@@ -163,8 +179,9 @@ def _queues_table(report: dict[str, Any]) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @pass_state
 def workers_(state: CliState, as_json: bool) -> None:
-    """The live workers: build ids, queues, the types they run, last heartbeat; and per queue,
-    which build takes new runs."""
+    """The live workers: build ids, queues, the types they run, last heartbeat; and per queue
+    (those served, and those tasks wait on that no live worker serves), which build takes new
+    runs and the tasks waiting."""
     report = fleet_report(state.existing_store)
     if as_json:
         click.echo(to_json(report, indent=1))

@@ -44,11 +44,7 @@ def resume_hook(call: Call) -> dict[str, Any]:
 
 
 def list_workers(call: Call) -> dict[str, Any]:
-    report = fleet_report(call.store)
-    builds = {w["build_id"] for w in report["workers"] if w["build_id"]}
-    builds |= {q["current_build"] for q in report["queues"].values() if q["current_build"]}
-    report["backlog"] = call.store.queue_backlog(report["queues"], builds)
-    return report
+    return fleet_report(call.store)
 
 
 def list_schedules(call: Call) -> dict[str, Any]:

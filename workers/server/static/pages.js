@@ -20,9 +20,10 @@
     const qrows = Object.entries(data.queues).map(([name, q]) => {
       const b = backlog[name] || {};
       const lag = b.lag_ms === null || b.lag_ms === undefined ? "empty" : duration(b.lag_ms);
-      return el("tr", { class: b.lag_ms > 60000 ? "is-blocked" : "" }, el("td", {}, el("b", {}, name)),
+      const served = q.workers.length > 0;
+      return el("tr", { class: b.lag_ms > 60000 || !served ? "is-blocked" : "" }, el("td", {}, el("b", {}, name)),
         el("td", {}, q.current_build ? el("span", {}, q.current_build, q.current_build_live ? "" : el("span", { class: "bad" }, " (no live worker)")) : "unversioned"),
-        el("td", {}, list(q.new_runs_to)), el("td", {}, String(q.workers.length)),
+        el("td", {}, list(q.new_runs_to)), el("td", {}, served ? String(q.workers.length) : el("span", { class: "bad" }, "none serves it")),
         el("td", { class: "num" }, String(b.workflow_tasks ?? "")), el("td", { class: "num" }, String(b.activity_tasks ?? "")),
         el("td", { title: b.oldest_ms ? time(b.oldest_ms) : "" }, lag));
     });
