@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import signal
+import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from apps.async_app import TimesOut
+from apps.async_app import BlocksTheLoop, TimesOut
 from procs import spawn_worker, stop
 from waiting import wait_for
 
@@ -220,3 +222,21 @@ def test_an_async_start_to_close_timeout_counts_once_per_attempt(redis_url: str)
         assert sorted((a["attempt"], a["outcome"]) for a in accepted) == [(1, "retry"), (2, "failed")]
     finally:
         stop(proc)
+
+
+@pytest.mark.fault
+def test_an_async_activity_blocking_the_loop_is_logged_with_its_line(redis_url: str) -> None:
+    """Every async activity of the worker waits while one blocks the loop: the worker says so."""
+    proc = spawn_worker(redis_url, app="apps.async_app")
+    try:
+        assert WorkflowStub.make(BlocksTheLoop).start(3.5).result(timeout=60) == "done"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            err = proc.communicate(timeout=30)[1].decode()
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = proc.communicate()[1].decode()
+    assert "the event loop of async activities has not run for" in err, err
+    assert "apps/async_app.py" in err and "in blocks_the_loop" in err, err
+    assert "the event loop of async activities runs again" in err, err

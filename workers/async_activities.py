@@ -39,10 +39,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import math
 import os
+import sys
+import sysconfig
 import threading
 import time
+import traceback
 from collections.abc import Callable, Coroutine
 from concurrent.futures import CancelledError, Future
 from functools import partial
@@ -81,6 +85,11 @@ scheduler's expiry of it to ``ms`` from now (the heartbeat script, without detai
 _RECORDED = "__durable_recorded_elsewhere__"
 _TIMED_OUT_HERE = "__durable_timed_out_here__"
 
+STALL_S = 2.0
+"""The loop not getting to its callbacks for this long: a coroutine blocks it (logged, see
+:class:`_Watchdog`)."""
+
+log = logging.getLogger("durable.worker")
 _lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None
 
@@ -93,8 +102,59 @@ def event_loop() -> asyncio.AbstractEventLoop:
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="durable-async-activities", daemon=True)
             thread.start()
+            _Watchdog(loop, thread).start()
             _loop = (os.getpid(), loop)
         return _loop[1]
+
+
+class _Watchdog:
+    """Says when an ``async def`` activity blocks the loop with a synchronous call (``time.sleep``,
+    a blocking client, a CPU loop): every async attempt of the process waits meanwhile, and
+    their heartbeats and timeouts with them, so the worker logs it (once per stall) with the
+    line the loop is stuck at."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self.loop, self.thread = loop, thread
+        self.last = time.monotonic()
+
+    def start(self) -> None:
+        self.loop.call_soon_threadsafe(self._tick)
+        threading.Thread(target=self._watch, name="durable-async-watchdog", daemon=True).start()
+
+    def _tick(self) -> None:
+        self.last = time.monotonic()
+        self.loop.call_later(STALL_S / 8, self._tick)
+
+    def _watch(self) -> None:
+        stalled = 0.0
+        while self.thread.is_alive():
+            time.sleep(STALL_S / 4)
+            lag = time.monotonic() - self.last
+            if lag > STALL_S and not stalled:
+                stalled = lag
+                log.warning(
+                    "the event loop of async activities has not run for %.1f s (stuck at %s): an async def "
+                    "activity makes a blocking call, and every async activity of this worker waits "
+                    "meanwhile; await an async API (asyncio.sleep, an async client) or make it a plain "
+                    "def activity (it gets a thread of its own)",
+                    lag,
+                    self._where(),
+                )
+            elif lag <= STALL_S and stalled:
+                stalled = 0.0
+                log.info("the event loop of async activities runs again")
+
+    def _where(self) -> str:
+        """``file:line in function`` of the innermost frame of the loop's thread outside the
+        standard library (the blocking call's caller), else its innermost frame."""
+        frame = sys._current_frames().get(self.thread.ident or -1)  # noqa: SLF001 - a stack, read only
+        if frame is None:
+            return "an unknown place"
+        stack = traceback.extract_stack(frame)
+        stdlib = sysconfig.get_paths()["stdlib"]
+        own = [f for f in stack if not f.filename.startswith(stdlib)] or stack
+        last = own[-1]
+        return f"{last.filename}:{last.lineno} in {last.name}"
 
 
 def hard_deadline(task: ActivityTask, started: float) -> tuple[float, str] | None:

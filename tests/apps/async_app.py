@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from durable import (
     Activity,
@@ -114,3 +115,13 @@ class Gate(Workflow):
     @query
     def seen(self) -> int:
         return self.bumps
+
+
+async def blocks_the_loop(seconds: float) -> str:
+    time.sleep(seconds)  # the mistake: a synchronous sleep in an async def activity
+    return "done"
+
+
+class BlocksTheLoop(Workflow):
+    def handle(self, seconds: float) -> str:
+        return activity(blocks_the_loop, seconds)
