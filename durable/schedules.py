@@ -83,6 +83,9 @@ class ScheduleDescription:
             ``late_ms``), skipped, buffered, missed, paused, unpaused, updated, ...
         running: The open runs it started: ``workflow_id``, ``scheduled_at``, ``status``.
         buffered: Scheduled times waiting for the overlap policy.
+        claimed: Scheduled times claimed whose run starts later, each ``{"scheduled_at",
+            "starts_at"}``: a time waiting out the spec's ``jitter`` (or, for a moment, being
+            started).
         fired: Scheduled times claimed so far (what ``max_runs`` counts).
         started: Runs started (scheduled, triggered, backfilled).
     """
@@ -101,6 +104,7 @@ class ScheduleDescription:
     updated: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     state: str = "active"
+    claimed: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly fields (what ``durable schedule describe --json`` prints)."""
@@ -114,6 +118,7 @@ class ScheduleDescription:
             "recent_actions": self.recent_actions,
             "running": self.running,
             "buffered": self.buffered,
+            "claimed": self.claimed,
             "fired": self.fired,
             "started": self.started,
             "created": self.created,
@@ -278,6 +283,10 @@ class ScheduleHandle:
             recent_actions=[{**a, "at": iso(a.get("ts"))} for a in state.actions],
             running=running,
             buffered=[iso(int(m.split("|", 1)[0])) or "" for m in state.buffer],
+            claimed=[
+                {"scheduled_at": iso(int(m.split("|", 1)[0])) or "", "starts_at": iso(due) or ""}
+                for m, due in state.claimed
+            ],
             fired=int(record.get("fired") or 0),
             started=int(record.get("started") or 0),
             created=int(record["created"]) if record.get("created") else None,

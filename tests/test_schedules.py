@@ -12,6 +12,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+from click.testing import CliRunner
 
 from durable import (
     ConfigurationError,
@@ -24,10 +25,11 @@ from durable import (
     timer,
 )
 from durable.schedule_pass import SchedulePass
-from durable.schedule_spec import scheduled_workflow_id
+from durable.schedule_spec import iso, scheduled_workflow_id
 from durable.store.redis_store import RedisStore
 from durable.store.schedules import claim_member
 from tests.waiting import wait_for
+from workers.cli import cli
 
 
 class SchedTick(Workflow):
@@ -336,6 +338,26 @@ def test_catch_up_window(store: RedisStore) -> None:
     assert "missed" in actions
     assert 3 <= desc.started <= 4  # the last 3 s (+ the boundary), not 10
     assert _ms(desc.next_times[0]) > now
+
+
+def test_a_time_waiting_out_its_jitter_is_shown(store: RedisStore) -> None:
+    """Claimed, its run not started yet: describe shows when it starts (it was invisible)."""
+    handle = ScheduleHandle.create(
+        "jit", Schedule(workflow="SchedTick", every="1h", jitter="50m"), store=store
+    )
+    key = store.keys.schedule(store.keys.partition("jit"), "jit")
+    spec = handle.describe(runs=False).spec
+    now = store.server_time_ms()
+    # A due time (a second ago or earlier) whose jitter is long enough for this test to see it.
+    due = next(t for t in range(now - 1000, now - 600_000, -1000) if spec.jitter_ms("jit", t) > 60_000)
+    delay = spec.jitter_ms("jit", due)
+    store.redis.hset(key, "next", due)
+    SchedulePass(store).process("jit")
+    desc = handle.describe(runs=False)
+    assert desc.claimed == [{"scheduled_at": iso(due), "starts_at": iso(due + delay)}]
+    assert desc.started == 0 and desc.to_dict()["claimed"] == desc.claimed
+    out = CliRunner().invoke(cli, ["schedule", "describe", "jit"])
+    assert f"claimed: {iso(due)}, starts at {iso(due + delay)}" in out.output, out.output
 
 
 def test_example(store: RedisStore) -> None:

@@ -113,6 +113,8 @@ def _lines(desc: ScheduleDescription) -> list[str]:
     ]
     if desc.buffered:
         lines.append("buffered: " + ", ".join(desc.buffered))
+    for claimed in desc.claimed:  # a time waiting out its jitter
+        lines.append(f"claimed: {claimed['scheduled_at']}, starts at {claimed['starts_at']}")
     lines.append(
         "running: " + (", ".join(f"{r['workflow_id']} ({r['status']})" for r in desc.running) or "-")
     )
