@@ -105,6 +105,12 @@ class RetryPolicy:
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
         assert self.max_interval is not None
+        if self.backoff_coefficient > 1:
+            # Past the cap, the power is not computed: 2.0 ** 1024 overflows (attempt 1025 of
+            # the default policy, about a day of retries, would fail to be recorded, forever).
+            capped = math.log(self.max_interval / self.initial_interval, self.backoff_coefficient) + 1
+            if attempt >= capped:
+                return self.max_interval
         return min(self.initial_interval * self.backoff_coefficient ** (attempt - 1), self.max_interval)
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 
 from durable import events as ev
 from durable.activity import set_worker_identity
+from durable.errors import error_text
 from durable.store.activities import Begun
+from durable.store.connect import is_redis_error, is_transient
 from durable.store.redis_store import ClaimedTask, RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
@@ -254,10 +256,13 @@ class ActivityHost:
                 on_ran=self._ran,
             )
             self.activities_run += 1
-        except Exception:  # noqa: BLE001 - the task stays pending and is reclaimed later
-            log.exception(
-                "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
-            )
+        except Exception as exc:  # noqa: BLE001 - see below
+            if is_transient(exc) or is_redis_error(exc):  # the task stays pending: reclaimed later
+                log.exception(
+                    "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
+                )
+            else:  # a fault of ours that a retry would meet again, forever: park it, visibly
+                self._park_unrecordable(stream, entry_id, fields, exc)
         finally:
             with self._lock:
                 self.busy -= 1
@@ -266,6 +271,30 @@ class ActivityHost:
             # A void task (its run closed, its activity no longer wanted) frees its thread at
             # once: read the next task now, not when the blocking read times out.
             self.wake()
+
+    def _park_unrecordable(
+        self, stream: str, entry_id: str, fields: dict[bytes, bytes], exc: Exception
+    ) -> None:
+        """Move a task whose outcome could not be recorded to the dead letters, blocking its run
+        (``durable repair`` re-queues it after a fix), instead of re-running it at each reclaim."""
+        log.error(
+            "activity task %s on %s could not be recorded; it is parked", entry_id, stream, exc_info=exc
+        )
+        try:
+            task = ActivityTask.decode(fields[b"body"])
+            self.store.park(
+                p=task.partition,
+                stream=stream,
+                entry_id=entry_id,
+                kind="activity",
+                reason=f"activity {task.name} ({task.activity_id}): its outcome could not be recorded: "
+                f"{error_text(exc)}; fix the cause, then `durable repair`",
+                fields=fields,
+                run_id=task.run_id,
+                block=True,
+            )
+        except Exception:  # noqa: BLE001 - left pending: reclaimed (and tried again) later
+            log.exception("activity task %s on %s could not be parked either", entry_id, stream)
 
     # ------------------------------------------------------------ shutdown
     def finish(self, grace: float) -> None:

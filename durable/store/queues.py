@@ -204,7 +204,8 @@ class QueueStore(RunStore):
             for entry_id, fields in self.redis.xrange(dead):
                 if fields.get(b"run") != ref.run_id.encode() or fields.get(b"kind") != b"activity":
                     continue
-                raw_body = codec.unpack(fields[b"task"]).get("body")
+                parked = codec.unpack(fields[b"task"])  # the task's fields, keys str or bytes
+                raw_body = parked.get("body", parked.get(b"body"))
                 if not isinstance(raw_body, bytes):
                     continue
                 task = ActivityTask.decode(raw_body)
