@@ -505,6 +505,9 @@ class WorkflowStub(Generic[R]):
     def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
 
+        A stub addresses its workflow id: once the id was started again (a reused id), that is
+        the newer run's result. ``describe(run_id)`` and ``history(run_id)`` read an earlier run.
+
         Waits without polling: the process's waits share one blocking read
         (``XREAD BLOCK``) on one connection, so any number of threads may wait.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -314,6 +314,12 @@ def start_queue(workflow_type: str, given: str | None = None) -> str:
 
 def workflows() -> dict[str, type[Workflow]]:
     return dict(_workflows)
+
+
+def declared_patches(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The ``Workflow.patches`` of the registered workflow types ``names`` that declare some."""
+    found = {name: _workflows.get(name) for name in names}
+    return {name: tuple(cls.patches) for name, cls in found.items() if cls is not None and cls.patches}
 
 
 def activities() -> dict[str, ActivityDefinition]:

@@ -49,22 +49,10 @@ from . import faults, metrics
 from .attempts import attempt_deadline, complete_batch, completion
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
-from .routing import UNKNOWN_TYPE_GRACE, Routing
+from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
 from .run_cache import RunCache
 
 log = logging.getLogger("durable.worker")
-
-
-class TypeNotHere(UnknownTypeError):
-    """The run's workflow type is not in this worker's ``--app``: another worker may run it
-    (:mod:`workers.routing` leaves the task for it)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"workflow type {name!r} is not defined in this worker's --app modules; start a worker "
-            "with the module that defines it"
-        )
-        self.name = name
 
 
 @immutable
@@ -384,6 +372,8 @@ class Decider:
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
                 self._replay(driver, ref, record, rows if after == 0 else self.store.history_rows(p, rid))
+            if driver.undeclared_patches and self.routing.newer_code_serves(record, driver):
+                raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches)
             run_fields = bound_run()
             if run_fields is not None:
                 run_fields["workflow_type"] = driver.workflow_type
@@ -399,7 +389,9 @@ class Decider:
         except TypeNotHere as exc:
             if driver is not None:
                 driver.close()
-            self.routing.workflow(p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name})
+            self.routing.workflow(
+                p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name}, exc.patches
+            )
             return None
         except Exception as exc:
             if driver is not None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from durable.registry import declared_patches
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
 
@@ -79,6 +80,7 @@ class Membership:
             workflows=tuple(sorted(workflows)),
             activities=tuple(sorted(activities)),
             complete=complete,
+            patches=declared_patches(workflows),
         )
         self._started = 0
         # Queues whose new runs this worker starts: all of them when unversioned.

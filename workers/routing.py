@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from durable.errors import UnknownTypeError
 from durable.store.keys import handed_back_member, is_private
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
@@ -50,6 +51,20 @@ UNSERVED_DELAY_MS = 1000
 
 LIVE_CACHE_S = 1.0
 """How long one read of the worker registry answers "who serves this type" here."""
+
+
+class TypeNotHere(UnknownTypeError):
+    """The run's workflow type is not in this worker's ``--app`` (or its class lacks a patch the
+    run recorded): another worker may run it (:class:`Routing` leaves the task for it)."""
+
+    def __init__(self, name: str, *, patches: Sequence[str] = ()) -> None:
+        what = f"workflow type {name!r}" + (f" with patches {list(patches)!r}" if patches else "")
+        super().__init__(
+            f"{what} is not defined in this worker's --app modules; start a worker "
+            "with the module that defines it"
+        )
+        self.name = name
+        self.patches = tuple(patches)
 
 
 class Routing:
@@ -75,16 +90,18 @@ class Routing:
         self._unserved: set[tuple[str, str, str]] = set()  # (kind, queue, type) logged as unserved
 
     def workflow(
-        self, p: int, stream: str, entry_id: str, fields: Mapping[bytes, bytes], record: Mapping[str, str]
+        self,
+        p: int,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        record: Mapping[str, str],
+        patches: Sequence[str] = (),
     ) -> str:
-        """Route a workflow task whose type this worker lacks; returns ``handed back`` or ``parked``."""
-        name, queue, build = record.get("type", ""), record.get("queue", "default"), record.get("build", "")
-        live, current = self._registry(queue)
-        if build:  # a pinned run's tasks are read by the workers of its build only
-            servers = [w for w in live if queue in w.queues and build in w.builds]
-        else:
-            servers = takes_new_runs(queue, current, live)
-        served = any(name in w.workflows for w in servers)
+        """Route a workflow task whose type (with ``patches``, recorded by the run) this worker
+        lacks; returns ``handed back`` or ``parked``."""
+        name, queue = record.get("type", ""), record.get("queue", "default")
+        served = any(_declares(w, name, patches) for w in self._servers(record))
         rid = fields.get(b"run", b"").decode()
         return self._route(
             p=p,
@@ -98,6 +115,34 @@ class Routing:
             workflow_id=record.get("workflow_id", "ID"),
             member=lambda first: handed_back_member(rid, first),
         )
+
+    def newer_code_serves(self, record: Mapping[str, Any], driver: Any) -> bool:
+        """Whether a live worker of the run's queue (and build) declares every patch the run
+        recorded, which this worker's class lacks: its code predates them and would take the old
+        branch, so the task is left for that worker. Without one (a patch retired from the code,
+        or only old workers left) this worker decides, as before, and says so once."""
+        name, recorded = driver.workflow_type, driver.recorded_patches
+        if any(_declares(w, name, recorded) for w in self._servers(record)):
+            return True
+        what = ("patch", name, ",".join(driver.undeclared_patches))
+        if what not in self._unserved:
+            self._unserved.add(what)
+            log.warning(
+                "runs of %s recorded patches %s that this worker's class does not declare, and no live "
+                "worker declares them: deciding them with this code (keep a patch id in "
+                "Workflow.patches while runs that recorded it are open)",
+                name,
+                list(driver.undeclared_patches),
+            )
+        return False
+
+    def _servers(self, record: Mapping[str, Any]) -> list[WorkerInfo]:
+        """The live workers that read the run's workflow tasks."""
+        queue, build = record.get("queue", "default"), record.get("build", "")
+        live, current = self._registry(queue)
+        if build:  # a pinned run's tasks are read by the workers of its build only
+            return [w for w in live if queue in w.queues and build in w.builds]
+        return takes_new_runs(queue, current, live)
 
     def activity(self, task: ActivityTask, stream: str, entry_id: str, fields: Mapping[bytes, bytes]) -> str:
         """Route an activity task whose type this worker lacks; returns ``handed back`` or ``parked``."""
@@ -194,6 +239,10 @@ class Routing:
                 current[queue] = self.store.current_build([queue])[0]
             self._live = (read_at, live, current)
             return live, current[queue]
+
+
+def _declares(worker: WorkerInfo, name: str, patches: Sequence[str]) -> bool:
+    return name in worker.workflows and set(patches) <= set(worker.patches.get(name, ()))
 
 
 def _first_unserved(fields: Mapping[bytes, bytes]) -> int:

@@ -132,6 +132,20 @@ class DriverCore(WorkflowRuntime):
         return self._started
 
     @property
+    def recorded_patches(self) -> tuple[str, ...]:
+        """The patches the run recorded at start (``Workflow.patches`` of the code that started it)."""
+        started = self.started
+        return tuple(started.patches) if started is not None else ()
+
+    @property
+    def undeclared_patches(self) -> tuple[str, ...]:
+        """The recorded patches this process's class does not declare: its code may predate them."""
+        if self._instance is None:
+            return ()
+        declared = set(type(self._instance).patches)
+        return tuple(p for p in self.recorded_patches if p not in declared)
+
+    @property
     def workflow_type(self) -> str:
         return self._started.workflow_type if self._started else ""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
@@ -61,6 +61,8 @@ class WorkerInfo:
             ``--app`` modules were loaded and scanned before it registered (``durable
             worker``). A worker started in-process registers plain-function activities (and
             classes defined later) only when first used, so its lists may be partial.
+        patches: Per workflow type that declares some, its ``Workflow.patches``: a run that
+            recorded a patch this worker's class lacks is left to a worker that declares it.
     """
 
     name: str
@@ -74,6 +76,7 @@ class WorkerInfo:
     started: int = 0
     seen: int = 0
     complete: bool = False
+    patches: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def builds(self) -> set[str]:
@@ -93,6 +96,7 @@ class WorkerInfo:
             data = {k: v for k, v in json.loads(raw).items() if k in known}
             for name in ("compatible", "queues", "workflows", "activities"):
                 data[name] = tuple(data.get(name) or ())
+            data["patches"] = {str(k): tuple(v) for k, v in (data.get("patches") or {}).items()}
             return cls(**data)
         except (ValueError, TypeError, AttributeError):
             return None

@@ -1,0 +1,122 @@
+"""A run that recorded a patch is not decided by a worker whose code predates it, while a
+worker that declares the patch is live (found by a tester: during an unversioned overlap an
+old worker took such a run down the old branch, silently)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from procs import ROOT, TESTS, spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
+
+V1 = """
+from durable import Workflow, activity, await_signal
+
+
+def pr_step(x: int) -> int:
+    return x
+
+
+class PrOrder(Workflow):
+    def handle(self, n: int) -> list:
+        first = activity(pr_step, n)
+        await_signal("go")
+        return [first, activity(pr_step, n + 10)]
+"""
+
+V2 = """
+from durable import Workflow, activity, await_signal, patched
+
+
+def pr_step(x: int) -> int:
+    return x
+
+
+class PrOrder(Workflow):
+    patches = ("pr-more",)
+
+    def handle(self, n: int) -> list:
+        first = activity(pr_step, n)
+        await_signal("go")
+        return [first, activity(pr_step, n + 100 if patched("pr-more") else n + 10)]
+"""
+
+
+def _app(folder: Path, source: str) -> dict[str, str]:
+    folder.mkdir()
+    (folder / "pr_app.py").write_text(textwrap.dedent(source))
+    return {"PYTHONPATH": os.pathsep.join([str(folder), str(TESTS), str(ROOT)])}
+
+
+def _start_v2(redis_url: str, env: dict[str, str], n: int) -> WorkflowStub:
+    """A run started by v2 code (its patches recorded), as `durable start --app` does."""
+    wid = f"pr-{n}-{time.monotonic_ns()}"
+    subprocess.run(
+        [sys.executable, "-m", "workers.cli", "start", "PrOrder", str(n), "--id", wid, "--app", "pr_app"],
+        cwd=ROOT,
+        env=dict(os.environ, DURABLE_REDIS_URL=redis_url, **env),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return WorkflowStub.load(wid)
+
+
+def test_an_old_worker_leaves_a_patched_run_to_a_worker_that_declares_the_patch(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    old_env, new_env = _app(tmp_path / "v1", V1), _app(tmp_path / "v2", V2)
+    old = spawn_worker(redis_url, app="pr_app", env=old_env)
+    newer = None
+    # A live worker that declares the patch (it reads nothing: the old worker must wait for it).
+    fake = WorkerInfo(
+        "pr-fake", queues=("default",), workflows=("PrOrder",), patches={"PrOrder": ("pr-more",)}
+    )
+    try:
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        store.register_worker(fake, ttl_ms=120_000)
+        stub = _start_v2(redis_url, new_env, 1)
+        time.sleep(3)
+        # Handed back again and again, not decided: no activity scheduled by the old code.
+        assert [e.type for e in stub.history()] == ["WorkflowStarted"], stub.history()
+        newer = spawn_worker(redis_url, app="pr_app", env=new_env)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        stub.signal("go")
+        assert stub.result(timeout=30) == [1, 101]  # the patched branch, whoever decided
+    finally:
+        store.unregister_worker(fake.name)
+        for proc in (old, newer):
+            if proc is not None:
+                stop(proc)
+
+
+def test_without_a_worker_declaring_it_the_old_worker_decides_and_says_so(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A patch retired from the code (or only old workers left): decided as before, logged once."""
+    old_env, new_env = _app(tmp_path / "v1", V1), _app(tmp_path / "v2", V2)
+    old = spawn_worker(redis_url, app="pr_app", env=old_env)
+    try:
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        stub = _start_v2(redis_url, new_env, 2)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        stub.signal("go")
+        assert stub.result(timeout=30) == [2, 12]
+    finally:
+        old.send_signal(signal.SIGTERM)
+        try:
+            err = old.communicate(timeout=30)[1].decode()
+        except subprocess.TimeoutExpired:
+            old.kill()
+            err = old.communicate()[1].decode()
+    assert "recorded patches ['pr-more'] that this worker's class does not declare" in err, err
