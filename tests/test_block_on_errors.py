@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 from apps import deploys
-from apps.deploys import BdHandler, BdShip, BdShipFails, BdStrict
+from apps.deploys import BdHandler, BdResigned, BdShip, BdShipFails, BdStrict, bd_resigned_v2
 from click.testing import CliRunner
 from procs import ROOT, TESTS, spawn_worker, stop
+from scenarios import replay_next_decision
 from waiting import wait_for
 
 from durable import (
@@ -188,3 +189,18 @@ def test_a_bad_deploy_of_real_workers_costs_no_run(redis_url: str, tmp_path: Pat
         assert [s.result(timeout=60) for s in stubs] == [2, 3, 4]
     finally:
         stop(proc)
+
+
+def test_code_failing_on_replay_where_history_goes_on_names_what_it_raised(worker, monkeypatch) -> None:
+    """A changed handle() signature: the blocked reason names the TypeError, not only the
+    WorkflowFailed it implies (a tester found the TypeError nowhere)."""
+    stub = WorkflowStub.make(BdResigned).start(5)
+    wait_for(lambda: stub.status() == "suspended")
+    monkeypatch.setattr(BdResigned, "handle", bd_resigned_v2)  # the deploy
+    replay_next_decision(worker, stub)
+    stub.signal("go")
+    wait_for(lambda: (b := stub.blocked()) is not None and b.kind == "nondeterminism", timeout=20)
+    reason = stub.blocked().message  # type: ignore[union-attr]
+    assert "the code raised TypeError: bd_resigned_v2() missing 1 required positional argument: 'm'" in reason
+    assert "while replaying seq 1, but the history goes on" in reason, reason
+    assert "durable/replay" not in reason  # no frame of durable's own

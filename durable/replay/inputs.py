@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -435,7 +436,7 @@ class Inputs(Updates):
             return
         else:
             closing = ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error"))
-        self._close(closing)
+        self._close(closing, raised=exc)
 
     def _blocks(self, exc: BaseException) -> bool:
         """Whether an error raised out of workflow code blocks the run instead of failing it."""
@@ -446,8 +447,7 @@ class Inputs(Updates):
     def _task_failed(self, exc: BaseException, where: str) -> WorkflowTaskFailed:
         """Stop the decision on a blocking error (nothing of it is committed); the decider parks
         the run with this message until a fixed deploy is repaired in."""
-        frames = traceback.extract_tb(exc.__traceback__)
-        at = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+        at = _where(exc)
         name = type(self._instance).__name__
         err = WorkflowTaskFailed(
             f"{error_text(exc)} raised in {where} of {self.workflow_type}"
@@ -461,10 +461,22 @@ class Inputs(Updates):
         self._fatal = self._fatal or err
         return err
 
-    def _close(self, closing: ev.Event) -> None:
+    def _close(self, closing: ev.Event, raised: BaseException | None = None) -> None:
         try:
             self._issue(closing)
-        except NondeterminismError:
+        except NondeterminismError as err:
+            if raised is not None and self._fatal is err:
+                # The code failed where its history goes on: what it raised is the news (say a
+                # TypeError of a changed handle() signature), not the failure event it implies.
+                at = _where(raised)
+                self._fatal = None
+                self._nondeterminism(
+                    f"the code raised {error_text(raised)}{f' ({at})' if at else ''} while replaying seq "
+                    f"{self._pos}, but the history goes on (code changed before this point?)",
+                    err.command_id,
+                    err.recorded,
+                    None,
+                )
             return
         self._closing = closing
         self._void_on_close()
@@ -510,3 +522,14 @@ class Inputs(Updates):
                 timers.append(w.id)
             if w.kind == "child":
                 children.append((w.id, w.child_workflow_id, w.policy))
+
+
+_DURABLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _where(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of workflow code that raised ``exc``
+    (durable's own frames left out: a call with the wrong arguments fails in the caller's);
+    ``""`` when none is known."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_DURABLE)]
+    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""

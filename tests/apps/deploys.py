@@ -65,3 +65,16 @@ class BdHandler(Workflow):
     def handle(self) -> list[str]:
         await_signal("done")
         return self.items
+
+
+class BdResigned(Workflow):
+    """A deploy changes ``handle()``'s signature under a running run: its replay raises TypeError."""
+
+    def handle(self, x: int) -> int:
+        await_signal("go")
+        return x
+
+
+def bd_resigned_v2(self: Workflow, x: int, m: int) -> int:  # the deployed signature
+    await_signal("go")
+    return x + m
