@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -94,6 +95,8 @@ class RunOutcome:
             (``WorkflowCancelled``, ``WorkflowTerminated``); ``None`` when it completed.
         error_message: The failure's message, or the cancel/terminate reason.
         continued_as: The next run's id (``continued`` only).
+        error_traceback: The failure's traceback, as recorded (``failed`` only; ``None`` when
+            none was recorded; not in :meth:`to_dict`: a run description has ``raised_at``).
     """
 
     status: str
@@ -102,9 +105,10 @@ class RunOutcome:
     error_type: str | None = None
     error_message: str | None = None
     continued_as: str | None = None
+    error_traceback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        error = None
+        error: dict[str, Any] | None = None
         if self.error_type is not None:
             error = {"type": self.error_type, "message": self.error_message or ""}
         out: dict[str, Any] = {
@@ -140,10 +144,32 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
             type_name = type(cause).__name__
         else:
             type_name = "Undecodable"
-        return RunOutcome(status, when, error_type=type_name, error_message=str(cause))
+        trace = getattr(cause, "__durable_traceback__", None) or getattr(cause, "remote_traceback", None)
+        return RunOutcome(
+            status, when, error_type=type_name, error_message=str(cause), error_traceback=trace or None
+        )
     if isinstance(event, ev.WorkflowContinuedAsNew):
         return RunOutcome(status, when, continued_as=event.new_run_id)
     return RunOutcome(status, when, error_type=closing.type, error_message=getattr(event, "reason", ""))
+
+
+def last_frame(traceback_text: str) -> str:
+    """``file:line in function`` of a formatted traceback's innermost frame (``""``: none)."""
+    found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
+    return f"{found[-1][0]}:{found[-1][1]} in {found[-1][2]}" if found else ""
+
+
+def failure_text(event: ev.WorkflowFailedEvent) -> tuple[str, bool]:
+    """A run's failure in words, with where it was raised; and whether it is a bug of the code
+    (not an error of a durable call such as ``ActivityFailed``)."""
+    cause = _decoded(event.error)
+    if not isinstance(cause, BaseException):
+        return str(cause), False
+    where = last_frame(getattr(cause, "__durable_traceback__", None) or "")
+    bug = not isinstance(cause, DurableError) or (
+        isinstance(cause, ApplicationError) and bool(cause.type_name)
+    )
+    return error_text(cause) + (f" ({where})" if where else ""), bug
 
 
 def closing_error(entry: ev.Entry, workflow_id: str) -> WorkflowFailed:
@@ -260,8 +286,11 @@ class RunDescription(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready but for payload values): ``blocked`` is the reason's message
-        and ``blocked_kind`` its kind; ``outcome`` is :meth:`RunOutcome.to_dict` or ``None``."""
+        and ``blocked_kind`` its kind; ``outcome`` is :meth:`RunOutcome.to_dict` or ``None``;
+        ``raised_at`` (a failed run's, when recorded) is where its error was raised."""
         out = dict(self.extra)
+        if self.outcome is not None and self.outcome.error_traceback:
+            out["raised_at"] = last_frame(self.outcome.error_traceback)
         out.update(
             workflow_id=self.workflow_id,
             run_id=self.run_id,

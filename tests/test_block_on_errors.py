@@ -86,7 +86,9 @@ def test_a_bug_in_handle_blocks_the_run_and_a_repair_after_the_fix_finishes_it(w
     assert stub.blocked() is None
 
 
-def test_without_block_on_errors_the_same_bug_fails_the_run(worker) -> None:
+def test_without_block_on_errors_the_same_bug_fails_the_run(worker, caplog: pytest.LogCaptureFixture) -> None:
+    """... and says where it was raised: in the worker's log, describe and the API's outcome."""
+    caplog.set_level("INFO", logger="durable.worker")
     stub = WorkflowStub.make(BdShipFails).start(5)
     wait_for(lambda: stub.status() == "suspended")
     deploys.BUGGY["on"] = True
@@ -94,6 +96,17 @@ def test_without_block_on_errors_the_same_bug_fails_the_run(worker) -> None:
     with pytest.raises(WorkflowFailed) as info:
         stub.result(timeout=30)
     assert info.value.status == "failed" and isinstance(info.value.cause, NameError)
+    described = stub.describe().to_dict()
+    assert (
+        described["outcome"]["error"]["type"] == "NameError" and "apps/deploys.py:" in described["raised_at"]
+    )
+    where = next(line for line in _cli("describe", stub.id).splitlines() if "raised at" in line)
+    assert "apps/deploys.py:" in where and "in handle" in where, where
+    logged = [
+        r for r in caplog.records if r.getMessage().startswith(f"run {stub.run_id} (BdShipFails) failed")
+    ]
+    assert logged and logged[0].levelname == "WARNING", caplog.text
+    assert "NameError: name 'recipt' is not defined (" in logged[0].getMessage()
 
 
 def test_errors_of_durable_calls_still_fail_the_run(worker) -> None:

@@ -33,6 +33,7 @@ from durable.errors import (
 from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
+from durable.runinfo import failure_text
 from durable.store.connect import is_redis_error, is_transient
 from durable.store.redis_store import OPEN_STATUSES, ClaimedTask, RedisStore, RunRef, StaleCompletion
 from durable.store.tasks import (
@@ -260,12 +261,15 @@ class Decider:
         elif isinstance(result, Exception):
             driver.close()
             if not isinstance(result, WorkflowClosed | StaleCompletion) and not is_transient(result):
-                log.error(
-                    "commit of run %s failed: %s; the task stays pending and is retried", ref.run_id, result
-                )
+                log.error("commit of run %s failed: %s; the task stays pending, retried", ref.run_id, result)
         else:
             driver.committed()
             self.cache.put(ref.run_id, driver)
+            if isinstance(decision.closing, ev.WorkflowFailedEvent):  # a bug: said, and where
+                text, bug = failure_text(decision.closing)
+                (log.warning if bug else log.info)(
+                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text
+                )
             # After the commit: a scheduler woken earlier would not see the timer yet.
             for _, due in decision.timers:
                 self.on_timer(due)

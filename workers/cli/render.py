@@ -174,6 +174,8 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
     outcome = info.get("outcome") or {}
     if outcome.get("error"):
         head.add_row("error", Text(f"{outcome['error']['type']}: {outcome['error']['message']}", style="red"))
+        if info.get("raised_at"):
+            head.add_row("raised at", info["raised_at"])
     elif outcome.get("status") == "completed":
         head.add_row("result", short(to_json(outcome.get("result")), 200))
     if info.get("signals_buffered"):
