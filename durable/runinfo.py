@@ -160,8 +160,8 @@ def last_frame(traceback_text: str) -> str:
 
 
 def failure_text(event: ev.WorkflowFailedEvent) -> tuple[str, bool]:
-    """A run's failure in words, with where it was raised; and whether it is a bug of the code
-    (not an error of a durable call such as ``ActivityFailed``)."""
+    """A run's failure in words for a log line, with where it was raised; and whether it is a
+    bug of the code (not an error of a durable call such as ``ActivityFailed``)."""
     cause = _decoded(event.error)
     if not isinstance(cause, BaseException):
         return str(cause), False
@@ -309,6 +309,24 @@ class RunDescription(Mapping[str, Any]):
             dropped=self.dropped,
         )
         return out
+
+    def retrying(self) -> list[str]:
+        """A line per pending activity past its first attempt, with its last error (what
+        ``durable status`` adds to the status word: an activity failing on every attempt)."""
+        last: dict[str, dict[str, Any]] = {}
+        for entry in self.attempts:
+            if entry.get("outcome") in ("retry", "failed"):
+                last[str(entry.get("act"))] = entry
+        lines = []
+        for step in self.pending:
+            failed = last.get(str(step.get("id")))
+            if step.get("kind") == "activity" and int(step.get("attempt") or 1) > 1 and failed:
+                error = (failed.get("record") or {}).get("error") or "?"
+                lines.append(
+                    f"activity {step.get('name')} ({step.get('id')}) retrying: attempt {step.get('attempt')}, "
+                    f"last error {error}"
+                )
+        return lines
 
     def __getitem__(self, key: str) -> Any:
         return self.to_dict()[key]

@@ -18,6 +18,7 @@ from typing import Any
 from durable import codec, interceptors
 from durable import events as ev
 from durable.activity import ActivityContext, RetryPolicy, running_activity, worker_identity
+from durable.codec.sealed import log_text
 from durable.errors import (
     ActivityTimeout,
     NonRetryableError,
@@ -430,6 +431,17 @@ def fail_attempt(
     }
     if started_ms:
         record["started_ms"] = started_ms
+    # Said in the worker's log, one line each: an activity failing on every attempt (a missing
+    # module, a changed signature) is otherwise seen only by `durable describe`.
+    log.warning(
+        "activity %s (%s) of run %s failed, attempt %d: %s; %s",
+        task.name,
+        task.activity_id,
+        task.run_id,
+        task.attempt,
+        log_text(record["error"], type(exc).__name__),
+        f"no retry ({final_reason})" if final_reason else f"retrying in {delay:g} s",
+    )
     if final_reason:
         record["final"] = final_reason
         error = exc

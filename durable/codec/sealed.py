@@ -38,6 +38,14 @@ def seal_text(value: str) -> str | bytes:
     return SEALED + apply(encode(value, "text"))
 
 
+def log_text(text: str, type_name: str) -> str:
+    """An error's ``text`` for a log line: as is, or with a payload hook installed only its
+    type (logs are not encrypted; the sealed message is where ``durable describe`` reads it)."""
+    if get_payload_hook() is None:
+        return text
+    return f"{type_name} (its message is sealed: `durable describe` shows it)"
+
+
 def is_sealed(value: object) -> bool:
     """Whether ``value`` holds sealed text (as read from Redis)."""
     return isinstance(value, bytes) and SEALED in value

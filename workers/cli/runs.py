@@ -319,7 +319,11 @@ def status(state: CliState, workflow_id: str) -> None:
     """Print the status word of workflow ID's current run (and why, when it is blocked)."""
     stub = _stub(state, workflow_id)
     word, blocked = stub.status(), stub.blocked()
-    click.echo(f"{word} (blocked: {blocked.message})" if blocked else word)
+    if blocked:
+        click.echo(f"{word} (blocked: {blocked.message})")
+        return
+    retrying = stub.describe().retrying() if word not in CLOSED_STATUSES else []
+    click.echo(f"{word} ({'; '.join(retrying)})" if retrying else word)
 
 
 @click.command()
