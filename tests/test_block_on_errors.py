@@ -28,6 +28,7 @@ from waiting import wait_for
 from durable import (
     ActivityFailed,
     ConfigurationError,
+    NondeterminismError,
     Workflow,
     WorkflowBlocked,
     WorkflowFailed,
@@ -217,3 +218,28 @@ def test_code_failing_on_replay_where_history_goes_on_names_what_it_raised(worke
     assert "the code raised TypeError: bd_resigned_v2() missing 1 required positional argument: 'm'" in reason
     assert "while replaying seq 1, but the history goes on" in reason, reason
     assert "durable/replay" not in reason  # no frame of durable's own
+
+
+def test_a_query_with_code_that_does_not_replay_says_the_run_is_not_affected(worker, monkeypatch) -> None:
+    """The query replays in this process: its code diverging says nothing of the run itself."""
+    stub = WorkflowStub.make(BdResigned).start(5)
+    wait_for(lambda: stub.status() == "suspended")
+    monkeypatch.setattr(BdResigned, "handle", bd_resigned_v2)  # this process's code only
+    with pytest.raises(NondeterminismError) as info:
+        stub.query("anything")
+    assert "the run itself is not affected" in str(info.value) and "blocked" not in str(info.value)
+    monkeypatch.undo()
+    stub.signal("go")
+    assert stub.result(timeout=30) == 5 and stub.blocked() is None
+
+
+def test_repairing_a_run_that_is_not_blocked_says_so(worker) -> None:
+    stub = WorkflowStub.make(BdShip).start(1)
+    wait_for(lambda: stub.status() == "suspended")
+    result = CliRunner().invoke(cli, ["repair", stub.id])
+    assert (
+        result.exit_code == 0
+        and "note: it was not blocked; the extra workflow task is harmless" in result.output
+    )
+    stub.signal("go")
+    assert stub.result(timeout=30) == 4

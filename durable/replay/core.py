@@ -304,9 +304,15 @@ class DriverCore(WorkflowRuntime):
         detail = ""
         if recorded is not None or issued is not None:
             detail = f" (recorded: {recorded!r}; now: {issued!r})"
+        then = (
+            "This process's code does not replay the run's history (the run itself is not affected): "
+            "query it with the code its workers run"
+            if self._read_only
+            else "The run is blocked; deploy code that decides as before (use get_version/patched for "
+            "changes), then `durable repair`"
+        )
         err = NondeterminismError(
-            f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}{detail}. The run is blocked; "
-            "deploy code that decides as before (use get_version/patched for changes), then `durable repair`",
+            f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}{detail}. {then}",
             run_id=self.run_id,
             command_id=command_id,
             recorded=recorded,

@@ -387,9 +387,13 @@ def repair(
         raise click.UsageError("--type and --kind go with --blocked")
     store = state.existing_store
     if not build_id:
+        was = _stub(state, workflow_id).blocked()
         ref = store.repair(workflow_id, drop_input=drop_input)
         dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
         click.echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
+        if was is None or was.kind == NO_LIVE_WORKER:  # nothing recorded to clear: say so
+            why = "it was not blocked" if was is None else f"it waits for a live worker ({was.message})"
+            click.echo(f"note: {why}; the extra workflow task is harmless", err=True)
         return
     if drop_input:
         raise click.UsageError("--drop-input and --build-id go in two separate repairs")
