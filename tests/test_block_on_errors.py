@@ -59,7 +59,9 @@ def _blocked(stub: WorkflowStub) -> str:
     return blocked.message
 
 
-def test_a_bug_in_handle_blocks_the_run_and_a_repair_after_the_fix_finishes_it(worker) -> None:
+def test_a_bug_in_handle_blocks_the_run_and_a_repair_after_the_fix_finishes_it(
+    worker, store: RedisStore
+) -> None:
     stub = WorkflowStub.make(BdShip).start(5)
     wait_for(lambda: stub.status() == "suspended")
     events_before = len(stub.history())
@@ -80,8 +82,10 @@ def test_a_bug_in_handle_blocks_the_run_and_a_repair_after_the_fix_finishes_it(w
     listed = json.loads(_cli("list", "--status", "blocked", "--json"))
     assert [r["workflow_id"] for r in listed] == [stub.id]
 
+    assert [d["kind"] for d in store.dead_letters() if d["workflow_id"] == stub.id] == ["workflow"]
     deploys.BUGGY["on"] = False  # the fix is deployed
     out = _cli("repair", "--blocked", "--kind", "workflow_error")
+    assert [d for d in store.dead_letters() if d["workflow_id"] == stub.id] == []  # dealt with
     assert f"re-queued {stub.id} (run {stub.run_id})" in out and "re-queued 1 blocked run(s)" in out
     assert stub.result(timeout=30) == 20
     assert stub.blocked() is None

@@ -198,11 +198,17 @@ class QueueStore(RunStore):
         )
         if text(result[0]) == "CLOSED":
             raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
-        # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue.
+        # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue;
+        # its parked workflow tasks are done with (the script queued a new one). Dropped inputs
+        # stay: they are data an operator set aside.
         dead = self.keys.dead(ref.partition)
         with self.redis.pipeline(transaction=False) as pipe:
             for entry_id, fields in self.redis.xrange(dead):
-                if fields.get(b"run") != ref.run_id.encode() or fields.get(b"kind") != b"activity":
+                if fields.get(b"run") != ref.run_id.encode():
+                    continue
+                if fields.get(b"kind") == b"workflow":
+                    pipe.xdel(dead, entry_id)
+                if fields.get(b"kind") != b"activity":
                     continue
                 parked = codec.unpack(fields[b"task"])  # the task's fields, keys str or bytes
                 raw_body = parked.get("body", parked.get(b"body"))
