@@ -100,6 +100,7 @@ class Scheduler:
         #: Claims and starts the due times of schedules (exactly once across schedulers).
         self.schedules = SchedulePass(store)
         self._next_closes = 0.0
+        self._next_consumers = 0.0
 
     def start(self) -> None:
         if metrics.enabled():
@@ -268,6 +269,31 @@ class Scheduler:
                     moved,
                     p,
                 )
+        self._drop_dead_consumers()
+
+    def _drop_dead_consumers(self) -> None:
+        """Every ``claim_idle_ms``, delete from the groups of this worker's streams the consumers
+        of workers that are gone (a worker stopping cleanly deletes its own; one killed cannot):
+        each start adds one per stream, and nothing else ever removes them. Only consumers with
+        no pending entry, idle for ``claim_idle_ms`` and of no live worker: a dead worker's
+        pending tasks are reclaimed first (:meth:`_reclaim`), its consumer goes at a later pass."""
+        now = time.monotonic()
+        if now < self._next_consumers:
+            return
+        self._next_consumers = now + self.claim_idle_ms / 1000
+        try:
+            live = [w.name for w in self.store.live_workers()] + [self.consumer]
+            deleted, held = self.store.drop_dead_consumers(self.streams, live, self.claim_idle_ms)
+        except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
+            log.warning("dead workers' consumers not deleted yet: %s", exc)
+            return
+        if deleted:
+            log.info(
+                "deleted %d consumer(s) of stopped workers from the task streams' groups (%d kept "
+                "until their pending tasks are reclaimed)",
+                deleted,
+                held,
+            )
 
     def _fail_lost_sessions(self, p: int, host: str) -> None:
         """Fail the queued session tasks of the dead session host ``host`` in partition ``p``."""

@@ -361,9 +361,23 @@ class Worker:
         self.activities.finish(self.grace)
         self._requeue_unread()
         self._leave()
+        self._forget_consumer()
         self.decider.cache.clear()
         self._stop_deadline.cancel()
         log.info("worker %s stopped", self.consumer)
+
+    def _forget_consumer(self) -> None:
+        """Delete this worker's consumer from the groups of the shared streams it read (its
+        private streams went with its lease), else every start would leave one behind in each.
+        After :meth:`_leave`: its scheduler no longer reclaims tasks into it. Where it still holds
+        pending tasks (their hand-back failed), it stays for others to reclaim them first."""
+        try:
+            _, held = self.store.forget_consumer(self.shared_streams, self.consumer)
+        except Exception as exc:  # noqa: BLE001 - live workers' sweeps delete it later
+            log.warning("could not delete this worker's consumer from the task streams: %s", exc)
+            return
+        if held:
+            log.warning("%d task stream(s) still hold tasks pending for this worker: reclaimed later", held)
 
     def _runaway(self, stuck: Stuck) -> None:
         """A decision runs workflow code that does not yield (called on the watchdog thread)."""

@@ -27,11 +27,19 @@ from .wire import Wire
 
 log = logging.getLogger("durable.store")
 
+LOG_MAXLEN = 1000
+"""Entries a run's log (its activity attempts and dropped inputs, kept beside the history)
+keeps: the scripts that append to it trim it to about this many (``XADD MAXLEN ~``), so
+``describe()`` shows the last ~1,000. Without a cap an activity retrying every 10 ms added
+thousands of entries a minute to its open run. Reaches the scripts through
+:func:`load_scripts`."""
+
 
 def load_scripts() -> dict[str, str]:
-    """Every script's source by name, with the shared ``_lib.lua`` prepended."""
+    """Every script's source by name, with the shared ``_lib.lua`` prepended, and before it
+    the constants the scripts share with this code (defined once, here)."""
     folder = resources.files("durable.store") / "lua"
-    lib = (folder / "_lib.lua").read_text()
+    lib = f"local LOG_MAXLEN = {LOG_MAXLEN}\n" + (folder / "_lib.lua").read_text()
     return {
         entry.name[:-4]: lib + "\n" + entry.read_text()
         for entry in folder.iterdir()

@@ -12,6 +12,10 @@ pending list once idle long enough.
 Every worker creates its private streams when it starts, so they go when it does
 (:meth:`LeaseStore.unstick`: its own release, or the sweep once its lease lapsed); a private
 activity stream that still holds tasks stays until the sweep has failed them.
+
+Likewise its consumer in the groups of the shared streams it read: a stopping worker deletes it
+(:meth:`LeaseStore.forget_consumer`), a dead worker's goes in a live worker's sweep
+(:meth:`LeaseStore.drop_dead_consumers`); either only where it holds no pending entry.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ log = logging.getLogger("durable.store")
 
 Entry = tuple[str, dict[bytes, bytes]]
 """A task stream entry: its id and its fields."""
+
+DROP_CONSUMERS_MOST = 1000
+"""Consumers one ``drop_consumers.lua`` call deletes at most (a stream's backlog of dead
+consumers from before they were deleted clears over a few calls, none of them long)."""
 
 
 class LeaseStore(StoreBase):
@@ -110,6 +118,37 @@ class LeaseStore(StoreBase):
         """The activity tasks queued for the session host ``host``: ``(its stream, entries)``."""
         stream = self.keys.activity_tasks(p, host)
         return stream, [(text(entry_id), fields) for entry_id, fields in self.redis.xrange(stream)]
+
+    def forget_consumer(self, streams: Iterable[str], consumer: str) -> tuple[int, int]:
+        """Delete a stopping worker's ``consumer`` from the group of each of ``streams`` where it
+        holds no pending entry (one script per stream, ``lua/drop_consumers.lua``, one round trip).
+        Where it still holds some (a hand-back failed), it stays until a live worker's
+        :meth:`drop_dead_consumers` finds it empty after a reclaim.
+
+        Returns ``(consumers deleted, consumers kept for their pending entries)``.
+        """
+        return self._drop_consumers(streams, "only", 0, [consumer])
+
+    def drop_dead_consumers(
+        self, streams: Iterable[str], live: Iterable[str], idle_ms: int
+    ) -> tuple[int, int]:
+        """Delete from the group of each of ``streams`` the consumers of workers gone without a
+        clean stop (killed, crashed): every consumer not named in ``live`` that holds no pending
+        entry and has not read for ``idle_ms``. One holding entries is kept for the reclaim
+        (``XAUTOCLAIM``), and deleted by a later call once it holds none.
+
+        Returns ``(consumers deleted, consumers kept for their pending entries)``.
+        """
+        return self._drop_consumers(streams, "except", idle_ms, sorted(set(live)))
+
+    def _drop_consumers(
+        self, streams: Iterable[str], mode: str, idle_ms: int, names: list[str]
+    ) -> tuple[int, int]:
+        calls = [([stream], [mode, idle_ms, DROP_CONSUMERS_MOST, *names]) for stream in streams]
+        if not calls:
+            return 0, 0
+        replies = self._script_many("drop_consumers", calls, raise_on_error=True)
+        return sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies)
 
     def touch_claims(self, consumer: str, entries: Iterable[tuple[str, str]]) -> None:
         """Reset the idle time of ``(stream, entry id)`` tasks ``consumer`` is still working on,

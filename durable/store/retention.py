@@ -87,6 +87,8 @@ class Purger:
         batch: Runs per script call (one call per partition per round trip).
         rounds: Round trips per pass at most; what is left waits for the next pass.
         sweep_count: Hash fields / stream entries examined per partition per sweep step.
+        sweep_budget_s: Longest the dead-letter sweep of one pass goes on taking steps (it also
+            stops after ``rounds`` steps), so a backlog cannot stall the scheduler's timers.
     """
 
     def __init__(
@@ -97,16 +99,20 @@ class Purger:
         batch: int = 50,
         rounds: int = 20,
         sweep_count: int = 200,
+        sweep_budget_s: float = 0.25,
     ) -> None:
         self.store = store
         self.interval = interval
         self.batch = batch
         self.rounds = rounds
         self.sweep_count = sweep_count
+        self.sweep_budget_s = sweep_budget_s
         self._next = 0.0
         self._hook_cursors = ["0"] * store.keys.partitions
         self._dead_cursors = ["-"] * store.keys.partitions
         self.purged = 0
+        #: Dead letters this purger deleted (expired, their run closed or gone).
+        self.dead_swept = 0
 
     def tick(self, now: float | None = None) -> None:
         """Run a pass if one is due (called from the scheduler's loop)."""
@@ -121,7 +127,8 @@ class Purger:
         self._next = now if backlog else now + self.interval
 
     def run_pass(self) -> bool:
-        """One pass over every partition; returns True when runs were left due (backlog)."""
+        """One pass over every partition; returns True when runs were left due, or expired dead
+        letters still being deleted when the pass's budget ran out (backlog)."""
         parts = list(range(self.store.keys.partitions))
         backlog = False
         for _ in range(self.rounds):
@@ -136,8 +143,7 @@ class Purger:
         else:
             backlog = True
         self._sweep_hooks()
-        self._sweep_dead()
-        return backlog
+        return self._sweep_dead() or backlog
 
     def _sweep_hooks(self) -> None:
         parts = range(self.store.keys.partitions)
@@ -145,13 +151,33 @@ class Purger:
         for p, (cursor, _) in zip(parts, self._script("sweep_hooks", calls), strict=True):
             self._hook_cursors[p] = _s(cursor)
 
-    def _sweep_dead(self) -> None:
-        parts = range(self.store.keys.partitions)
-        calls = [
-            ([self.store.keys.dead(p)], [self._dead_cursors[p], self.sweep_count, "", "0"]) for p in parts
-        ]
-        for p, (last, _) in zip(parts, self._script("sweep_dead", calls), strict=True):
-            self._dead_cursors[p] = "(" + _s(last) if last else "-"
+    def _sweep_dead(self) -> bool:
+        """Delete expired dead letters: a step per partition, then again for the partitions whose
+        step examined a full batch (more may be due), up to :attr:`rounds` round trips and
+        :attr:`sweep_budget_s` seconds. One step per pass (200 entries every 10 s) let poison
+        input above ~20 letters/s per partition outgrow its retention, and took minutes to clear
+        a backlog.
+
+        Returns True when the budget ran out while its last step still deleted letters (the
+        caller runs the next pass at once, as for runs). Letters of open runs are kept and only
+        walked past: a stream full of those waits for the next pass, where the scan resumes
+        (after reaching the cutoff it starts over at the stream's head)."""
+        k, parts = self.store.keys, list(range(self.store.keys.partitions))
+        ends = time.monotonic() + self.sweep_budget_s
+        before, deleted = self.dead_swept, 0
+        for _ in range(self.rounds):
+            calls = [([k.dead(p)], [self._dead_cursors[p], self.sweep_count, "", "0"]) for p in parts]
+            replies = self._script("sweep_dead", calls)
+            deleted = sum(int(gone) for _, gone in replies)
+            self.dead_swept += deleted
+            for p, (last, _) in zip(parts, replies, strict=True):
+                self._dead_cursors[p] = "(" + _s(last) if last else "-"
+            parts = [p for p in parts if self._dead_cursors[p] != "-"]
+            if not parts or time.monotonic() >= ends:
+                break
+        if self.dead_swept > before:
+            log.info("deleted %d expired dead letter(s)", self.dead_swept - before)
+        return bool(parts) and deleted > 0
 
     def _script(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         return run_scripts(self.store, name, calls)

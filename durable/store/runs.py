@@ -29,6 +29,7 @@ from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
 from . import loads
+from .base import LOG_MAXLEN
 from .keys import Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
 from .records import (
@@ -128,11 +129,13 @@ class RunStore(SearchStore):
         results = self._wire.transactions([commands for _, commands in groups])
         return loads.loaded(len(runs), [indexes for indexes, _ in groups], results)
 
-    def log_entries(self, ref: RunRef, count: int = 1000) -> list[dict[str, Any]]:
-        """Activity attempts and dropped inputs kept beside the history."""
-        rows = self.redis.xrange(self.keys.log(ref.partition, ref.run_id), count=count)
+    def log_entries(self, ref: RunRef, count: int = LOG_MAXLEN) -> list[dict[str, Any]]:
+        """Activity attempts and dropped inputs kept beside the history: the last ``count``,
+        oldest first. The log keeps about :data:`~durable.store.base.LOG_MAXLEN` entries (a
+        stream node more at times), so older ones are gone; the newest are the ones to show."""
+        rows = self.redis.xrevrange(self.keys.log(ref.partition, ref.run_id), count=count)
         out = []
-        for _, fields in rows:
+        for _, fields in reversed(rows):
             item = {text(k): v for k, v in fields.items()}
             for k in ("kind", "act", "outcome"):
                 if k in item:

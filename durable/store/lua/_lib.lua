@@ -7,6 +7,17 @@ redis.replicate_commands()
 
 local GROUP = 'workers'
 
+-- LOG_MAXLEN (entries a run's log keeps, about) is not defined here: store/base.py prepends
+-- it from its one Python definition (durable.store.base.LOG_MAXLEN) when it loads the scripts.
+
+-- Append one entry (attempt or dropped input) to a run's log, the record kept beside its
+-- history. Capped: a run retrying an activity for hours would otherwise grow it without
+-- bound (thousands of entries a minute); `~` trims whole stream nodes, so it stays cheap
+-- and the log holds the last LOG_MAXLEN entries, a stream node or so more.
+local function log_add(log, ...)
+  redis.call('XADD', log, 'MAXLEN', '~', LOG_MAXLEN, '*', ...)
+end
+
 -- The clock of a partition: Redis TIME plus an offset kept in `<tag>:clock`
 -- (absent = 0). Only durable.testing sets it (time skipping). The tag is the
 -- partition prefix of KEYS[1], which every script passes, so the key is in
@@ -243,7 +254,7 @@ local function terminate_run(rid, instance, run, history, inbox, acts, log, outb
   local seq = tonumber(redis.call('HGET', run, 'seq')) + 1
   redis.call('XADD', history, '0-' .. seq, 'e', envelope('WorkflowTerminated', ts, data))
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
-    redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run terminated', 'ts', ts)
+    log_add(log, 'kind', 'dropped', 'e', item, 'reason', 'run terminated', 'ts', ts)
   end
   redis.call('DEL', inbox, acts)
   redis.call('HSET', run, 'seq', seq, 'status', 'terminated', 'closed', ts, 'outcome', 'terminated', 'task', '0',

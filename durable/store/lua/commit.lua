@@ -45,7 +45,7 @@ if plan.consumed > 0 then redis.call('LTRIM', inbox, plan.consumed, -1) end
 -- Inputs read but not applied (duplicates, late results) stay beside the history;
 -- undecodable ones are parked as dead letters too.
 for _, d in ipairs(plan.dropped or NONE) do
-  redis.call('XADD', log, '*', 'kind', 'dropped', 'e', d[1], 'reason', d[2], 'ts', ts)
+  log_add(log, 'kind', 'dropped', 'e', d[1], 'reason', d[2], 'ts', ts)
   if d[3] == 1 then
     redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', d[1], 'reason', d[2], 'ts', ts)
   end
@@ -93,7 +93,7 @@ for _, e in ipairs(plan.eager or NONE) do
   forget_activity(acts, e[1])
   redis.call('ZREM', running, rid .. '|' .. e[1] .. '|' .. e[2])
   ack(e[4], e[5]) -- a claimed task's entry (its result comes with the decision); none when leased
-  redis.call('XADD', log, '*', 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
+  log_add(log, 'kind', 'attempt', 'act', e[1], 'attempt', e[2], 'outcome', 'completed',
     'record', e[3], 'reason', '', 'ts', ts)
 end
 for _, t in ipairs(plan.timers or NONE) do redis.call('ZADD', timers, t[2], t[1]) end
@@ -142,14 +142,14 @@ if closed then
     if carry_to then
       redis.call('RPUSH', carry_to, item)
     else
-      redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+      log_add(log, 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
     end
   end
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
     if carry_to and is_signal(item) then
       redis.call('RPUSH', carry_to, item)
     else
-      redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
+      log_add(log, 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
     end
   end
   redis.call('DEL', inbox, acts)

@@ -27,7 +27,7 @@ elseif not is_open(redis.call('HGET', run, 'status')) then
 end
 local logged = outcome
 if stale then logged = 'discarded' end
-redis.call('XADD', log, '*', 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', logged,
+log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', logged,
   'record', ARGV[10], 'reason', stale or '', 'ts', ts)
 if stale then return {'STALE', stale} end
 

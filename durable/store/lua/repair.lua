@@ -18,7 +18,7 @@ if drop then
     -- An identical earlier item would have blocked first: removing the first copy removes this one.
     redis.call('LREM', inbox, 1, item)
     redis.call('XADD', dead, '*', 'kind', 'inbox', 'run', rid, 'e', item, 'reason', reason, 'ts', ts)
-    redis.call('XADD', log, '*', 'kind', 'dropped', 'e', item, 'reason', reason, 'ts', ts)
+    log_add(log, 'kind', 'dropped', 'e', item, 'reason', reason, 'ts', ts)
     dropped = '1'
   end
 end

@@ -1,6 +1,9 @@
 -- Delete dead letters older than a cutoff whose run is closed or gone: one bounded
 -- step through the partition's dead-letter stream. A dead letter of an open run (a
 -- blocked run waits for `durable repair`, which re-queues its parked tasks) is kept.
+-- One step examines at most `count` entries, so the script stays short however many are due;
+-- a caller that got a full batch back takes the next step (Purger._sweep_dead, within a
+-- budget per pass; purge_closed_before until the cutoff).
 -- KEYS: dead
 -- ARGV: start ('-' or an exclusive '(<id>'), count, cutoff ms ('' = now minus the
 --       namespace's retention), dry ('1': count, delete nothing)
