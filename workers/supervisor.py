@@ -13,6 +13,17 @@ Redis URL may hold a password). The supervisor
   has lived for a minute). A child that exits with
   :data:`~workers.watchdog.RUNAWAY_EXIT` gave up a runaway decision (its run is
   blocked, the child was healthy): it is restarted after the shortest backoff;
+* gives up when the children cannot start: a child says on a pipe (named by
+  ``DURABLE_SUPERVISOR_READY_FD`` in its environment) once it has joined the
+  worker registry. If no child ever joined and every slot's first few children
+  (``start_attempts``) died before joining, the same fault (the app does not
+  import, the store refuses the worker) would end every restart: the supervisor
+  stops and keeps the children's ``error: ...`` line in :attr:`Supervisor.startup_error`
+  for ``durable worker`` to print, as one worker process would. Once any child
+  has joined, deaths are restarted as above whatever their cause (a deploy
+  half-way through is not a reason to stop serving);
+* forwards each child's stderr to its own, line by line, but for the child's
+  ``error: ...`` line, which it says in its own line about that child's end;
 * sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
   whose supervisor vanishes (SIGKILL) stops by itself;
 * with ``--metrics-port``, serves the port itself: the children write their metrics
@@ -29,18 +40,40 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from workers import metrics
-from workers.config import WorkerConfig
+from workers.config import WorkerConfig, mask_secrets
 from workers.watchdog import RUNAWAY_EXIT
 
 log = logging.getLogger("durable.supervisor")
 
 PARENT_ENV = "DURABLE_SUPERVISOR_PID"
+
+#: Names the write end of the pipe on which a child says it joined (see :data:`JOINED`).
+READY_FD_ENV = "DURABLE_SUPERVISOR_READY_FD"
+#: What a child writes on that pipe once it is in the worker registry.
+JOINED = b"joined\n"
+#: Seconds the children get to stop once the supervisor gave up on them (none of them
+#: serves anything: a child stuck importing its app is not waited for).
+GIVE_UP_KILL_AFTER = 10.0
+#: Longest wait, once a child is dead, for the last lines of its stderr (a grandchild that
+#: inherited the pipe may hold it open).
+DRAIN_S = 1.0
+#: The prefix of the one line the ``durable`` command prints when it fails.
+ERROR_PREFIX = "error: "
+
+
+@dataclass
+class _Said:
+    """What one child wrote on its stderr that the supervisor reports (written by its pump)."""
+
+    error: str = ""  # its `error: ...` line
+    last_line: str = ""  # its last other line
 
 
 @dataclass
@@ -51,6 +84,13 @@ class _Slot:
     backoff: float = 0.0
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
+    ready: int | None = None  # the read end of the current child's join pipe, until it said or died
+    joined: bool = False  # the current child joined the registry
+    startup_failures: int = 0  # children of this slot that died before joining (none joined yet)
+    pump: threading.Thread | None = None  # forwards the current child's stderr
+    # Per child, not per slot: a pump still draining a pipe a dead child's grandchild holds
+    # must not write over what the next child says.
+    said: _Said = field(default_factory=_Said)
 
 
 class Supervisor:
@@ -65,6 +105,13 @@ class Supervisor:
             running are killed (``None``: wait for them).
         metrics_dir: The children's multiprocess metrics directory (removed when
             :meth:`run` returns; a dead child's live gauges leave the sum).
+        start_attempts: Children each slot starts before the supervisor gives up, while
+            every one of them died before joining (``None``: restart for ever).
+
+    Attributes:
+        startup_error: Set when the supervisor gave up because no child could start: the
+            last one's ``error: ...`` line (or one saying how it ended); :meth:`run` then
+            returns 1.
     """
 
     def __init__(
@@ -79,6 +126,7 @@ class Supervisor:
         kill_after: float | None = None,
         poll_interval: float = 0.1,
         metrics_dir: str | None = None,
+        start_attempts: int | None = 3,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be at least 1")
@@ -95,13 +143,85 @@ class Supervisor:
         self.stop_signals: set[int] = set()
         self.restarts = 0
         self.metrics_dir = metrics_dir
+        self.start_attempts = start_attempts
+        self.ever_joined = False
+        self.startup_error: str | None = None
+        self._last_failure = ""
+        self._output_lock = threading.Lock()
 
     # ------------------------------------------------------------ children
     def _spawn(self, slot: _Slot) -> None:
-        slot.proc = subprocess.Popen(self.argv, env=self.env)
+        read, write = os.pipe()
+        os.set_blocking(read, False)  # polled by the supervision loop
+        try:
+            env = dict(self.env, **{READY_FD_ENV: str(write)})
+            slot.proc = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE, pass_fds=(write,))
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)  # the child's copy is the only one: its death is the pipe's end
+        slot.ready = read
+        slot.joined = False
+        slot.said = _Said()
         slot.started = time.monotonic()
         slot.restart_at = None
+        slot.pump = threading.Thread(
+            target=self._pump,
+            args=(slot.said, slot.proc.stderr),
+            name=f"durable-stderr-{slot.index}",
+            daemon=True,
+        )
+        slot.pump.start()
         log.info("started worker process %d (pid %d)", slot.index, slot.proc.pid)
+
+    def _pump(self, said: _Said, stream: Any) -> None:
+        """Forward one child's stderr to ours, keeping its ``error: ...`` line back: the
+        supervisor says it in its own line about that child's end (and, giving up, once)."""
+        with stream:
+            for raw in stream:
+                text = raw.decode(errors="replace").rstrip()
+                if text.startswith(ERROR_PREFIX):
+                    said.error = text
+                    continue
+                if text:
+                    said.last_line = text
+                self._write(raw if raw.endswith(b"\n") else raw + b"\n")
+
+    def _write(self, data: bytes) -> None:
+        with self._output_lock:  # whole lines: the children's output does not interleave
+            try:
+                while data:
+                    data = data[os.write(2, data) :]
+            except OSError:
+                pass  # our stderr is gone: nothing can show the children's output either
+
+    def _check_joined(self, slot: _Slot) -> None:
+        """Read the child's join pipe: :data:`JOINED`, or its end (the child died without)."""
+        if slot.ready is None:
+            return
+        try:
+            message = os.read(slot.ready, len(JOINED))
+        except BlockingIOError:
+            return  # still starting
+        os.close(slot.ready)
+        slot.ready = None
+        if message:
+            slot.joined = True
+            slot.startup_failures = 0
+            self.ever_joined = True
+
+    def _reap(self, slot: _Slot, proc: subprocess.Popen[bytes]) -> None:
+        """Done with a dead child: whether it joined, its last lines, its metrics."""
+        self._check_joined(slot)  # before its death counts: it may have joined, then died at once
+        if slot.ready is not None:  # (not at its end yet: a grandchild holds the pipe)
+            os.close(slot.ready)
+            slot.ready = None
+        if slot.pump is not None:
+            slot.pump.join(DRAIN_S)  # its `error: ...` line is among its last
+            slot.pump = None
+        if self.metrics_dir is not None:
+            metrics.process_dead(proc.pid, self.metrics_dir)
 
     def _forward(self, signum: int) -> None:
         for slot in self.slots:
@@ -148,56 +268,109 @@ class Supervisor:
             for slot in self.slots:
                 proc = slot.proc
                 if proc is not None:
+                    self._check_joined(slot)
                     code = proc.poll()
                     if code is None:
                         alive += 1
                         continue
                     slot.proc = None
                     slot.exit_codes.append(code)
-                    if self.metrics_dir is not None:
-                        metrics.process_dead(proc.pid, self.metrics_dir)
+                    self._reap(slot, proc)
                     if self.stopping_since is not None:
                         # Killed by the very signal we forwarded (e.g. before its handler was
                         # installed) still counts as a clean stop.
                         failed = failed or (code != 0 and -code not in self.stop_signals)
-                        log.info("worker process %d (pid %d) exited with %d", slot.index, proc.pid, code)
-                        continue
-                    lived = now - slot.started
-                    if lived >= self.stable_after:
-                        slot.backoff = 0.0
-                    if code == RUNAWAY_EXIT:
-                        slot.restart_at = now + self.min_backoff
-                        log.warning(
-                            "worker process %d (pid %d) gave up a runaway decision (see its log: the run is "
-                            "blocked); restarting in %.1f s",
+                        log.info(
+                            "worker process %d (pid %d) exited with %d%s",
                             slot.index,
                             proc.pid,
-                            self.min_backoff,
+                            code,
+                            _said(slot),
                         )
                         continue
-                    slot.backoff = min(self.max_backoff, max(self.min_backoff, slot.backoff * 2))
-                    slot.restart_at = now + slot.backoff
-                    log.warning(
-                        "worker process %d (pid %d) died unexpectedly with %d after %.1f s; restarting in %.1f s",
-                        slot.index,
-                        proc.pid,
-                        code,
-                        lived,
-                        slot.backoff,
-                    )
+                    self._schedule_restart(slot, proc.pid, code, now)
                 if self.stopping_since is None and slot.restart_at is not None and now >= slot.restart_at:
                     self.restarts += 1
                     self._spawn(slot)
                     alive += 1
+            if self.stopping_since is None and self._cannot_start():
+                self._give_up()
             if self.stopping_since is not None:
                 if alive == 0:
-                    return 1 if failed else 0
+                    return 1 if failed or self.startup_error is not None else 0
                 if self.kill_after is not None and now - self.stopping_since > self.kill_after:
                     log.warning(
                         "worker processes still running %.0f s after stop; killing them", self.kill_after
                     )
                     self._forward(signal.SIGKILL)
             time.sleep(self.poll_interval)
+
+    def _schedule_restart(self, slot: _Slot, pid: int, code: int, now: float) -> None:
+        """A child died unasked: when to start its slot's next one (and say why)."""
+        lived = now - slot.started
+        if code == RUNAWAY_EXIT:
+            slot.restart_at = now + self.min_backoff
+            log.warning(
+                "worker process %d (pid %d) gave up a runaway decision (see its log: the run is "
+                "blocked); restarting in %.1f s",
+                slot.index,
+                pid,
+                self.min_backoff,
+            )
+            return
+        if lived >= self.stable_after:
+            slot.backoff = 0.0
+        slot.backoff = min(self.max_backoff, max(self.min_backoff, slot.backoff * 2))
+        slot.restart_at = now + slot.backoff
+        if slot.joined:
+            log.warning(
+                "worker process %d (pid %d) died unexpectedly with %d after %.1f s%s; restarting in %.1f s",
+                slot.index,
+                pid,
+                code,
+                lived,
+                _said(slot),
+                slot.backoff,
+            )
+            return
+        # Counted (see _cannot_start): what ends a child before it joins likely ends the next too.
+        slot.startup_failures += 1
+        self._last_failure = slot.said.error or (
+            f"{ERROR_PREFIX}worker process exited with {code} before it joined"
+            + (f" (its last output: {slot.said.last_line})" if slot.said.last_line else "")
+        )
+        then = "" if self._cannot_start() else f"; restarting in {slot.backoff:.1f} s"
+        log.warning(
+            "worker process %d (pid %d) exited with %d before it joined%s%s",
+            slot.index,
+            pid,
+            code,
+            _said(slot),
+            then,
+        )
+
+    def _cannot_start(self) -> bool:
+        """No child ever joined, and every slot's first ``start_attempts`` children died before."""
+        if self.start_attempts is None or self.ever_joined:
+            return False
+        return all(slot.startup_failures >= self.start_attempts for slot in self.slots)
+
+    def _give_up(self) -> None:
+        """Stop the children still starting and keep the last one's error line for the caller."""
+        self.startup_error = mask_secrets(self._last_failure)
+        log.error(
+            "no worker process could start (%d attempts each, none joined); stopping",
+            self.start_attempts or 0,
+        )
+        # None of them serves anything yet: one stuck importing its app is not waited for.
+        self.kill_after = min(self.kill_after or GIVE_UP_KILL_AFTER, GIVE_UP_KILL_AFTER)
+        self.stopping_since = time.monotonic()  # (stop() would log a signal nobody sent)
+        self.stop(signal.SIGTERM)
+
+
+def _said(slot: _Slot) -> str:
+    """The dead child's own ``error: ...`` line, for the supervisor's line about its end."""
+    return f" ({slot.said.error})" if slot.said.error else ""
 
 
 #: The hidden ``durable`` command a supervised worker process runs.

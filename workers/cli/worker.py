@@ -19,7 +19,7 @@ from workers.cli.bootstrap import configure_logging, log, run_worker
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
-from workers.supervisor import worker_supervisor
+from workers.supervisor import JOINED, READY_FD_ENV, worker_supervisor
 
 __all__ = ["COMMANDS"]
 
@@ -255,6 +255,10 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
         raise CliError(f"--metrics-port {config.metrics_port}: {exc}") from None
     supervisor.install_signal_handlers()
     code = supervisor.run()
+    if supervisor.startup_error is not None:
+        # No child could start: the one line a single worker process would have printed
+        # (already naming the Redis), not "error:" about the supervisor.
+        click.echo(supervisor.startup_error, err=True)
     if code:
         sys.exit(code)
 
@@ -269,7 +273,36 @@ def worker_process(state: CliState) -> None:
         raise CliError(str(exc)) from None
     configure_logging(config)
     state.url = config.redis_url
-    run_worker(config, _open_store(state))
+    store = _open_store(state)
+    _report_join(store)
+    run_worker(config, store)
+
+
+def _report_join(store: RedisStore) -> None:
+    """Tell the supervisor, on the pipe it named, once this worker is in the registry.
+
+    Until then its death is a failure to start, which the supervisor stops retrying when
+    every process fails so. The first registration is that moment (``durable status``
+    counts the worker from then on); it is seen by wrapping this store's
+    ``register_worker`` once, as :func:`run_worker` builds the worker itself.
+    """
+    raw = os.environ.pop(READY_FD_ENV, "")  # popped: the app's own subprocesses are no child of ours
+    if not raw.isdigit():
+        return
+    fd = int(raw)
+    register = store.register_worker
+
+    def first_registration(*args: Any, **kwargs: Any) -> None:
+        register(*args, **kwargs)
+        del store.register_worker  # the heartbeats' renewals go straight to the store
+        try:
+            os.write(fd, JOINED)
+        except OSError:
+            pass  # the supervisor is gone: the parent watch stops this worker
+        finally:
+            os.close(fd)
+
+    store.register_worker = first_registration  # type: ignore[method-assign]
 
 
 @click.command()
