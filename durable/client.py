@@ -25,7 +25,6 @@ from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow, start_queue
 from .replay.driver import query_history
-from .replay.updates import check_start_arguments
 from .runinfo import (
     BlockedReason,
     HistoryEvent,
@@ -342,8 +341,6 @@ class WorkflowStub(Generic[R]):
             cls = get_workflow(self._type)
         except DurableError:
             cls = None
-        if cls is not None:  # arguments its handle() cannot take would fail the run at once
-            check_start_arguments(cls, request.args)
         queue = start_queue(self._type, self._queue)
         patches = list(getattr(cls, "patches", ())) if cls is not None else []
         run = self._store.start(

@@ -530,21 +530,3 @@ def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
     with pytest.raises(TimeoutError) as info:
         stub.result(timeout=0.3)
     assert str(info.value) == "workflow 'slowpoke' did not close within the timeout"
-
-
-class BiTwoArgs(Workflow):
-    def handle(self, n: int, m: int) -> int:
-        return n + m
-
-
-def test_start_arguments_the_handle_cannot_take_are_refused_at_the_client(worker) -> None:
-    """The run would fail at once with a TypeError: refused at the call, nothing written."""
-    stub = WorkflowStub.make(BiTwoArgs, id="bi-two-args")
-    with pytest.raises(
-        ConfigurationError,
-        match=r"BiTwoArgs.handle\(\) takes \(n: int, m: int\): missing a required argument: 'm'",
-    ):
-        stub.start(5)
-    with pytest.raises(WorkflowNotFound):
-        WorkflowStub.load("bi-two-args")
-    assert stub.start(5, 6).result(timeout=30) == 11

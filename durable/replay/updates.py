@@ -10,7 +10,6 @@ runs a validator again: history already says whether the update was accepted.
 from __future__ import annotations
 
 import inspect
-import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,19 +23,6 @@ from .core import DriverCore
 
 #: The path of an update's branch: its generated command ids are ``update:<id>.<n>``.
 BRANCH_PREFIX = "update:"
-
-
-def check_start_arguments(workflow: type, args: Sequence[Any]) -> None:
-    """Refuse, at the client, start arguments the workflow's ``handle()`` cannot take.
-
-    Raises:
-        ConfigurationError: naming the signature (the run would fail at once otherwise).
-    """
-    try:
-        handle = types.MethodType(workflow.handle, workflow)  # type: ignore[attr-defined]
-        check_arguments(handle, args, f"{workflow.__name__}.handle()")
-    except DurableError as exc:
-        raise ConfigurationError(str(exc)) from None
 
 
 def check_arguments(method: Callable[..., Any], args: Sequence[Any], what: str) -> None:
