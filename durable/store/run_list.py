@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runinfo import classify_block
+from ..runinfo import blocked_reason
 from .base import StoreBase
 from .records import OPEN_STATUSES, decode_run, text
 
@@ -135,10 +135,7 @@ class RunQueries(StoreBase):
                 status="blocked", workflow_type=workflow_type, cursor=cursor, limit=500
             )
             for run in page.runs:
-                if (
-                    kind is None
-                    or (run.get("blocked_kind") or classify_block(run.get("blocked") or "")) == kind
-                ):
+                if kind is None or getattr(blocked_reason(run), "kind", None) == kind:
                     yield run
             if page.next is None:
                 return

@@ -161,6 +161,17 @@ class RunStore(SearchStore):
             self.redis.sadd(self.keys.queues(), *sorted(new))
             self._noted = self._noted | new
 
+    def _note_streams(self, decisions: Sequence[tuple[RunRef, CommitPlan]]) -> None:
+        """:meth:`note_queues` of the activity streams the decisions send tasks to (new ones only:
+        this runs on every commit)."""
+        new = {t.stream for _, plan in decisions for t in plan.activities} | {
+            t.stream for _, plan in decisions for t, _ in plan.claimed
+        }
+        new -= self._noted_streams
+        if new:
+            self.note_queues(activity_queue(s) for s in new)
+            self._noted_streams |= new
+
     def known_queues(self) -> list[str]:
         """The queues tasks were sent to (:meth:`note_queues`), sorted."""
         return sorted(text(q) for q in self.redis.smembers(self.keys.queues()))
@@ -365,10 +376,7 @@ class RunStore(SearchStore):
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
         calls = [self.commit_args(ref, plan) for ref, plan in decisions]
-        streams = {t.stream for _, plan in decisions for t in plan.activities}
-        streams.update(t.stream for _, plan in decisions for t, _ in plan.claimed)
-        self.note_queues(activity_queue(s) for s in streams if s not in self._noted_streams)
-        self._noted_streams |= streams
+        self._note_streams(decisions)
         upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
         if upserted:
             self.publish_search_types(upserted)

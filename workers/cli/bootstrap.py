@@ -62,8 +62,9 @@ def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
     metrics.watch_store(store)
 
 
-def run_worker(config: WorkerConfig, store: RedisStore) -> None:
-    """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop signal."""
+def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], None] | None = None) -> None:
+    """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop
+    signal; ``on_joined`` is called (on a thread of its own) once the worker is in the registry."""
     # A stop signal while the app modules are imported must not kill the process
     # half-way: remember it and stop the worker as soon as it exists.
     early: list[int] = []
@@ -110,6 +111,10 @@ def run_worker(config: WorkerConfig, store: RedisStore) -> None:
         _start_metrics(config, store)
     if config.embedded_dir:  # the project's own server: a worker starts it again if it dies
         worker.revive_redis = EmbeddedRedis(config.embedded_dir).revive
+    if on_joined is not None:
+        threading.Thread(
+            target=lambda: worker.joined.wait() and on_joined(), name="durable-joined", daemon=True
+        ).start()
     worker.install_signal_handlers()
     # Through the handler, so the stop is bounded (grace + a margin) like a signal's.
     stop = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731

@@ -318,12 +318,16 @@ def terminate(state: CliState, workflow_id: str, reason: str) -> None:
 def status(state: CliState, workflow_id: str) -> None:
     """Print the status word of workflow ID's current run (and why, when it is blocked)."""
     stub = _stub(state, workflow_id)
-    word, blocked = stub.status(), stub.blocked()
-    if blocked:
-        click.echo(f"{word} (blocked: {blocked.message})")
+    word = stub.status()
+    if word in CLOSED_STATUSES:
+        click.echo(word)
         return
-    retrying = stub.describe().retrying() if word not in CLOSED_STATUSES else []
-    click.echo(f"{word} ({'; '.join(retrying)})" if retrying else word)
+    info = stub.describe()  # the blocked reason and the retrying activities, in one read
+    if info.blocked:
+        click.echo(f"{info.status} (blocked: {info.blocked.message})")
+    else:
+        retrying = info.retrying()
+        click.echo(f"{info.status} ({'; '.join(retrying)})" if retrying else info.status)
 
 
 @click.command()

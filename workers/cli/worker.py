@@ -273,28 +273,21 @@ def worker_process(state: CliState) -> None:
         raise CliError(str(exc)) from None
     configure_logging(config)
     state.url = config.redis_url
-    store = _open_store(state)
-    _report_join(store)
-    run_worker(config, store)
+    run_worker(config, _open_store(state), on_joined=_join_report())
 
 
-def _report_join(store: RedisStore) -> None:
-    """Tell the supervisor, on the pipe it named, once this worker is in the registry.
+def _join_report() -> Callable[[], None] | None:
+    """What tells the supervisor, on the pipe it named, that this worker is in the registry.
 
-    Until then its death is a failure to start, which the supervisor stops retrying when
-    every process fails so. The first registration is that moment (``durable status``
-    counts the worker from then on); it is seen by wrapping this store's
-    ``register_worker`` once, as :func:`run_worker` builds the worker itself.
+    Until then its death is a failure to start, which the supervisor stops retrying when every
+    process fails so; from then on ``durable status`` counts the worker.
     """
     raw = os.environ.pop(READY_FD_ENV, "")  # popped: the app's own subprocesses are no child of ours
     if not raw.isdigit():
-        return
+        return None
     fd = int(raw)
-    register = store.register_worker
 
-    def first_registration(*args: Any, **kwargs: Any) -> None:
-        register(*args, **kwargs)
-        del store.register_worker  # the heartbeats' renewals go straight to the store
+    def report() -> None:
         try:
             os.write(fd, JOINED)
         except OSError:
@@ -302,7 +295,7 @@ def _report_join(store: RedisStore) -> None:
         finally:
             os.close(fd)
 
-    store.register_worker = first_registration  # type: ignore[method-assign]
+    return report
 
 
 @click.command()
