@@ -9,6 +9,7 @@ workflow code does not swallow a cancellation.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 
@@ -332,3 +333,8 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, ApplicationError) and exc.type_name:
         name = exc.type_name.removeprefix("builtins.")
     return f"{name}: {message_of(exc)}"
+
+
+def frame_text(frame: traceback.FrameSummary) -> str:
+    """``file:line in function`` of one frame: how error lines and logs say where code was."""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"

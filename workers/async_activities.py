@@ -53,7 +53,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from durable.activity import ActivityCancelledError, ActivityContext, running_activity
-from durable.errors import ActivityTimeout
+from durable.errors import ActivityTimeout, frame_text
 from durable.store.tasks import ActivityTask
 
 if TYPE_CHECKING:
@@ -153,8 +153,7 @@ class _Watchdog:
         stack = traceback.extract_stack(frame)
         stdlib = sysconfig.get_paths()["stdlib"]
         own = [f for f in stack if not f.filename.startswith(stdlib)] or stack
-        last = own[-1]
-        return f"{last.filename}:{last.lineno} in {last.name}"
+        return frame_text(own[-1])
 
 
 def hard_deadline(task: ActivityTask, started: float) -> tuple[float, str] | None:

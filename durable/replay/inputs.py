@@ -24,6 +24,7 @@ from ..errors import (
     WorkflowTaskFailed,
     WorkflowTimeout,
     error_text,
+    frame_text,
     message_of,
 )
 from ..ids import successor_run_id
@@ -532,4 +533,4 @@ def _where(exc: BaseException) -> str:
     (durable's own frames left out: a call with the wrong arguments fails in the caller's);
     ``""`` when none is known."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_DURABLE)]
-    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    return frame_text(frames[-1]) if frames else ""
