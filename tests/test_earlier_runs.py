@@ -9,6 +9,7 @@ from apps.basic import Looper
 from click.testing import CliRunner
 
 from durable import WorkflowNotFound, WorkflowStub
+from durable.store.redis_store import RedisStore
 from workers.cli import cli
 
 
@@ -47,9 +48,15 @@ def test_each_run_of_a_continue_as_new_chain_can_be_read(worker) -> None:
     assert code == 0 and json.loads(out)[-1]["type"] == "WorkflowContinuedAsNew", out
 
 
-def test_a_run_that_is_not_the_ids_is_not_found(worker) -> None:
-    stub = WorkflowStub.make(Looper).start(0, 0)
-    other = WorkflowStub.make(Looper).start(0, 0)
+def test_a_run_that_is_not_the_ids_is_not_found(worker, store: RedisStore) -> None:
+    stub = WorkflowStub.make(Looper, id="er-mine").start(0, 0)
+    # Another id's run in the same partition (the run keys sit side by side there).
+    same = next(
+        f"er-other-{i}"
+        for i in range(1000)
+        if store.keys.partition(f"er-other-{i}") == store.keys.partition(stub.id)
+    )
+    other = WorkflowStub.make(Looper, id=same).start(0, 0)
     stub.result(timeout=30)
     for run_id in (other.run_id, "nope", "x" * 10_000):
         try:

@@ -76,7 +76,11 @@ class RunStore(SearchStore):
             if current is None:
                 raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}")
             run_id = text(current)
-        elif len(run_id) > 64 or not self.redis.exists(self.keys.run(p, run_id)):
+        elif (
+            len(run_id) > 64
+            or text(self.redis.hget(self.keys.run(p, run_id), "workflow_id") or b"") != workflow_id
+        ):
+            # (the run's record names its id: another id's run in the same partition is no run of it)
             raise WorkflowNotFound(f"workflow {shown_id(workflow_id)} has no run {shown_id(run_id)}")
         return RunRef(p, run_id, workflow_id)
 
