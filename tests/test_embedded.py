@@ -148,6 +148,66 @@ def test_stale_pidfile_and_socket_after_sigkill(tmp_path: Path, servers: list[Em
     assert redis_pids_under(tmp_path) == [server.pid]
 
 
+def test_a_stopped_server_is_left_alone_and_named(
+    tmp_path: Path, servers: list[EmbeddedRedis], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that is alive but does not answer (SIGSTOP) holds the latest writes: a command
+    must not kill it and start a second one on its AOF; it says which process to look at."""
+    monkeypatch.setattr(embedded, "_STALL_WAIT", 1.0)
+    server = new(servers, tmp_path / "d")
+    server.ensure()
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(ConfigurationError, match=rf"pid {pid}\).*kill -CONT {pid}"):
+            EmbeddedRedis(tmp_path / "d").ensure()
+        assert embedded._pid_alive(pid) and server.pid == pid
+        assert redis_pids_under(tmp_path) == [pid]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert EmbeddedRedis(tmp_path / "d").ensure() == server.url
+    assert server.pid == pid
+
+
+def test_a_server_busy_in_a_long_script_is_waited_for(tmp_path: Path, servers: list[EmbeddedRedis]) -> None:
+    server = new(servers, tmp_path / "d")
+    server.ensure()
+    pid = server.pid
+    client = redis.Redis(unix_socket_path=str(server.socket_path))
+    spin = "local t = redis.call('TIME'); local e = t[1] + 4; while tonumber(redis.call('TIME')[1]) < e do end"
+    busy = threading.Thread(target=client.eval, args=(spin, 0))
+    busy.start()
+    try:
+        time.sleep(0.3)
+        assert EmbeddedRedis(tmp_path / "d").ensure() == server.url
+        assert server.pid == pid and redis_pids_under(tmp_path) == [pid]
+    finally:
+        busy.join()
+        client.close()
+
+
+def test_a_server_whose_socket_was_removed_is_replaced_with_its_data(
+    tmp_path: Path, servers: list[EmbeddedRedis]
+) -> None:
+    server = new(servers, tmp_path / "d")
+    server.ensure()
+    old = server.pid
+    assert old is not None
+    client = redis.Redis(unix_socket_path=str(server.socket_path))
+    client.set("kept", "1")
+    client.close()
+    server.socket_path.unlink()
+
+    EmbeddedRedis(tmp_path / "d").ensure()
+    assert server.pid not in (None, old) and not embedded._pid_alive(old)
+    client = redis.Redis(unix_socket_path=str(server.socket_path))
+    try:
+        assert client.get("kept") == b"1"  # SIGTERM let the old server write its AOF
+    finally:
+        client.close()
+
+
 def test_pidfile_of_a_foreign_process_is_not_killed(tmp_path: Path, servers: list[EmbeddedRedis]) -> None:
     server = new(servers, tmp_path / "d")
     server.data_dir.mkdir()

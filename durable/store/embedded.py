@@ -64,6 +64,8 @@ MIN_REDIS_VERSION = (6, 2, 0)
 _MAX_SOCKET_PATH = 100
 
 _START_TIMEOUT = 10.0
+#: How long a command waits for our own server that is alive but not answering.
+_STALL_WAIT = 5.0
 
 #: What a server leaves in its dir once it has run: Redis 6.2's AOF, Redis 7's AOF
 #: folder, an RDB snapshot.
@@ -330,7 +332,8 @@ class EmbeddedRedis:
         )
 
     def _ping(self, timeout: float = 1.0) -> str:
-        """``"ok"``, ``"loading"`` (up, still reading its AOF) or ``"down"``."""
+        """``"ok"``, ``"loading"`` (up, still reading its AOF), ``"busy"`` (up, running a long
+        script) or ``"down"`` (no answer)."""
         if not self.socket_path.exists():
             return "down"
         client = self._client(timeout)
@@ -339,6 +342,8 @@ class EmbeddedRedis:
             return "ok"
         except redis.exceptions.BusyLoadingError:
             return "loading"
+        except redis.exceptions.ResponseError as exc:
+            return "busy" if str(exc).startswith("BUSY") else "down"
         except (redis.exceptions.RedisError, OSError):
             return "down"
         finally:
@@ -408,14 +413,41 @@ class EmbeddedRedis:
             return self.url
         with self._locked():
             state = self._ping()
-            if state == "loading":
+            if state in ("loading", "busy"):
                 self._wait_ready(None)
                 return self.url
             if state == "ok":
                 return self.url
+            pid = self.pid
+            if pid is not None and self.socket_path.exists() and self._owns(pid):
+                self._wait_stalled(pid)
+                return self.url
             self._clear_stale()
             self._start()
         return self.url
+
+    def _wait_stalled(self, pid: int) -> None:
+        """Wait for our own server that is alive but does not answer; never kill it.
+
+        It may be stopped (SIGSTOP, a debugger), swapping, or stuck in a long command: it holds
+        the runs' latest writes, and a second server started on its AOF would lose them. So a
+        command waits a little, then says which process to look at.
+        """
+        deadline = time.monotonic() + _STALL_WAIT
+        while time.monotonic() < deadline:
+            if self._ping() == "ok":
+                return
+            if not _pid_alive(pid):
+                self._clear_stale()
+                self._start()
+                return
+            time.sleep(0.1)
+        raise ConfigurationError(
+            f"the embedded redis-server in {self.data_dir} (pid {pid}) is running but has not "
+            f"answered for {_STALL_WAIT:.0f} s (stopped by a signal? stuck in a long command?); "
+            f"it holds the runs' data, so durable leaves it alone: resume it (kill -CONT {pid}) "
+            f"or stop it (kill {pid}) and run the command again"
+        )
 
     def revive(self) -> bool:
         """Start the server again if it *died* with its data here; return whether it did.
@@ -434,13 +466,15 @@ class EmbeddedRedis:
             return True
 
     def _clear_stale(self) -> None:
-        """Remove what a dead (or hung) server left behind. Caller holds the lock."""
+        """Remove what a dead server left behind. Caller holds the lock."""
         pid = self.pid
         if pid is not None and self._owns(pid):
-            # A redis-server that does not answer PING on our socket: kill it,
-            # it holds our AOF.
-            _signal(pid, signal.SIGKILL)
-            _wait_gone(pid, 5.0)
+            # Alive but its socket is gone (removed by hand): no client can reach it again,
+            # and it holds our AOF. SIGTERM lets it write the AOF out before it exits.
+            _signal(pid, signal.SIGTERM)
+            if not _wait_gone(pid, 5.0):
+                _signal(pid, signal.SIGKILL)
+                _wait_gone(pid, 5.0)
         _unlink(self.socket_path)
         _unlink(self.pidfile)
 
