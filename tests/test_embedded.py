@@ -175,7 +175,9 @@ def test_a_server_busy_in_a_long_script_is_waited_for(tmp_path: Path, servers: l
     server.ensure()
     pid = server.pid
     client = redis.Redis(unix_socket_path=str(server.socket_path))
-    spin = "local t = redis.call('TIME'); local e = t[1] + 4; while tonumber(redis.call('TIME')[1]) < e do end"
+    spin = (
+        "local t = redis.call('TIME'); local e = t[1] + 4; while tonumber(redis.call('TIME')[1]) < e do end"
+    )
     busy = threading.Thread(target=client.eval, args=(spin, 0))
     busy.start()
     try:
