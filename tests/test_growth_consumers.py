@@ -158,3 +158,29 @@ def test_a_killed_workers_consumers_are_deleted_by_a_live_worker_after_its_tasks
         stop(victim)
         if survivor is not None:
             assert stop(survivor) == 0
+
+
+@pytest.mark.fault
+def test_a_killed_workers_consumers_go_from_a_queue_no_live_worker_serves(
+    redis_url: str, store: RedisStore
+) -> None:
+    """Nobody reads the queue any more, so no worker of its own sweeps it: a live worker of
+    another queue does (the queue is known: tasks were sent to it)."""
+    victim = spawn_worker(redis_url, extra=("--queue", "other"))
+    survivor = None
+    try:
+        dead = started(store, victim, set())
+        stubs = [WorkflowStub.make(Sequence, store=store, queue="other").start(2) for _ in range(8)]
+        assert [s.result(timeout=15) for s in stubs] == [1] * 8
+        streams = shared_streams(store, "other")[: -store.keys.partitions]  # wq and aq, no outbox
+        assert dead in consumers(store, streams)
+        victim.kill()
+        victim.wait(5)
+        survivor = spawn_worker(redis_url, extra=("--claim-idle", "1"))
+        started(store, survivor, {dead})
+        # Its registry entry lapses 10 s after the kill; the survivor's next sweep deletes them.
+        wait_for(lambda: dead not in consumers(store, streams), timeout=30)
+    finally:
+        stop(victim)
+        if survivor is not None:
+            assert stop(survivor) == 0

@@ -23,7 +23,7 @@ from durable.store.outage import Incident
 from durable.store.redis_store import RedisStore
 from durable.store.retention import Purger
 from durable.store.tasks import ActivityTask
-from durable.store.workers import HEARTBEAT_S
+from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 
 from . import faults, metrics
 from .attempts import attempt_failed, fail_attempt, timeout_kind
@@ -272,18 +272,24 @@ class Scheduler:
         self._drop_dead_consumers()
 
     def _drop_dead_consumers(self) -> None:
-        """Every ``claim_idle_ms``, delete from the groups of this worker's streams the consumers
-        of workers that are gone (a worker stopping cleanly deletes its own; one killed cannot):
+        """Every ``claim_idle_ms``, delete from the groups of task streams the consumers of
+        workers that are gone (a worker stopping cleanly deletes its own; one killed cannot):
         each start adds one per stream, and nothing else ever removes them. Only consumers with
         no pending entry, idle for ``claim_idle_ms`` and of no live worker: a dead worker's
-        pending tasks are reclaimed first (:meth:`_reclaim`), its consumer goes at a later pass."""
+        pending tasks are reclaimed first (:meth:`_reclaim`), its consumer goes at a later pass.
+        The streams are this worker's and those of queues no live worker serves (no one else
+        would clean them); and the empty streams of retired builds go (see
+        :meth:`~durable.store.queues.QueueStore.drop_retired_builds`)."""
         now = time.monotonic()
         if now < self._next_consumers:
             return
         self._next_consumers = now + self.claim_idle_ms / 1000
         try:
-            live = [w.name for w in self.store.live_workers()] + [self.consumer]
-            deleted, held = self.store.drop_dead_consumers(self.streams, live, self.claim_idle_ms)
+            workers = self.store.live_workers()
+            live = [w.name for w in workers] + [self.consumer]
+            streams = self.streams + self._unserved_streams(workers)
+            deleted, held = self.store.drop_dead_consumers(streams, live, self.claim_idle_ms)
+            retired = self.store.drop_retired_builds(workers, keep=self.streams)
         except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
             log.warning("dead workers' consumers not deleted yet: %s", exc)
             return
@@ -294,6 +300,19 @@ class Scheduler:
                 deleted,
                 held,
             )
+        if retired.dropped:
+            log.info("deleted the empty task streams of retired builds %s", ", ".join(retired.dropped))
+
+    def _unserved_streams(self, workers: list[WorkerInfo]) -> list[str]:
+        """The shared task streams of the queues tasks were sent to that no live worker serves."""
+        keys = self.store.keys
+        unserved = set(self.store.known_queues()) - set(served_queues(workers))
+        return [
+            stream
+            for q in sorted(unserved)
+            for p in range(keys.partitions)
+            for stream in (keys.workflow_tasks(p, q), keys.activity_tasks(p, q))
+        ]
 
     def _fail_lost_sessions(self, p: int, host: str) -> None:
         """Fail the queued session tasks of the dead session host ``host`` in partition ``p``."""

@@ -53,6 +53,8 @@ Layout (``T`` = ``prefix:{p}``)::
     prefix:meta            hash    deployment settings (partition count)
     prefix:hook-secret     string  the secret hook tokens are derived with (unless DURABLE_HOOK_SECRET is set)
     prefix:build:<queue>   string  the current build id: its workers start the queue's new runs
+    prefix:builds          set     JSON [queue, build] of every build a worker served (its pinned
+                                   streams are deleted once empty, no live worker serving the build)
     prefix:search-attributes hash  declared search attribute name -> type (for --where elsewhere)
     prefix:workers         set     names of registered workers (entries whose key expired are stale)
     prefix:worker:<name>   string  a live worker's registry entry (JSON; expires unless its heartbeat renews it)
@@ -257,6 +259,11 @@ class Keys:
         """The names of the queues tasks were sent to (plain key: the workers page shows those
         no live worker serves, with their backlog)."""
         return f"{self.prefix}:queues"
+
+    def served_builds(self) -> str:
+        """``[queue, build]`` (JSON) pairs versioned workers served (plain key: the sweep of
+        retired builds' task streams reads it)."""
+        return f"{self.prefix}:builds"
 
     def worker_index(self) -> str:
         """The names of registered workers (plain key: read outside scripts)."""

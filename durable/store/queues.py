@@ -7,9 +7,11 @@ with its reason), never dropped.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -23,7 +25,20 @@ from .records import RunRef, text
 from .runs import RunStore
 from .tasks import ActivityTask
 
+if TYPE_CHECKING:
+    from .workers import WorkerInfo
+
 log = logging.getLogger("durable.store")
+
+
+@dataclass
+class RetiredBuilds:
+    """What :meth:`QueueStore.drop_retired_builds` did, as ``queue@build`` names."""
+
+    dropped: list[str] = field(default_factory=list)
+    """Builds whose task streams were deleted (they were empty)."""
+    waiting: list[str] = field(default_factory=list)
+    """Builds kept: some stream still holds tasks of runs pinned to them."""
 
 
 class QueueStore(RunStore):
@@ -98,6 +113,30 @@ class QueueStore(RunStore):
         else:
             values = self.redis.mget(names)
         return [text(v) if v is not None else "" for v in values]
+
+    def drop_retired_builds(self, live: Sequence[WorkerInfo], keep: Iterable[str] = ()) -> RetiredBuilds:
+        """Delete the empty workflow task streams of builds no worker in ``live`` serves and that
+        are not their queue's current build (``lua/drop_retired_stream.lua``, one per partition),
+        but none of ``keep`` (the caller's own streams: its registry entry may have lapsed).
+        A build whose streams are all gone leaves :meth:`~.keys.Keys.served_builds`; one whose
+        streams hold tasks (runs waiting for a worker of that build) is kept for a later pass."""
+        pairs = [json.loads(m) for m in self.redis.smembers(self.keys.served_builds())]
+        served = {(q, b) for w in live for q in w.queues for b in w.builds}
+        current = dict(zip((q for q, _ in pairs), self.current_build([q for q, _ in pairs]), strict=True))
+        out, kept = RetiredBuilds(), set(keep)
+        for queue, build in sorted(map(tuple, pairs)):
+            if (queue, build) in served or current.get(queue) == build:
+                continue
+            streams = [self.keys.workflow_tasks(p, queue, build) for p in range(self.keys.partitions)]
+            if kept & set(streams):
+                continue
+            gone = self._script_many("drop_retired_stream", [([s], []) for s in streams], raise_on_error=True)
+            if all(int(g) for g in gone):
+                self.redis.srem(self.keys.served_builds(), json.dumps([queue, build]))
+                out.dropped.append(f"{queue}@{build}")
+            else:
+                out.waiting.append(f"{queue}@{build}")
+        return out
 
     def promote_build(self, queues: Sequence[str], build: str) -> None:
         """Make ``build`` the one whose workers start the new runs of ``queues``."""

@@ -217,6 +217,8 @@ class WorkerRegistry(StoreBase):
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms)
             pipe.sadd(self.keys.worker_index(), info.name)
+            if info.build:  # on every renewal: a sweep that just dropped it gets it back
+                pipe.sadd(self.keys.served_builds(), *(json.dumps([q, info.build]) for q in info.queues))
             pipe.execute()
 
     def unregister_worker(self, name: str) -> None:
