@@ -74,6 +74,8 @@ class WorkerConfig:
         log_format: ``text`` or ``json``.
         log_level: A logging level name.
         metrics_port: Serve Prometheus metrics on this port (``--metrics-port``; 0: off).
+        metrics_host: The address the metrics port listens on (``--metrics-host``; default
+            this host only, ``0.0.0.0``: every interface).
         embedded_dir: The data dir of the embedded Redis ``redis_url`` points at (``""``: a
             Redis of the user's): the worker starts that server again if it dies.
     """
@@ -99,6 +101,7 @@ class WorkerConfig:
     log_format: str = "text"
     log_level: str = "INFO"
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
     embedded_dir: str = ""
 
     @property

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import Any
 
@@ -30,7 +30,6 @@ from redis.connection import AbstractConnection
 try:  # the `metrics` extra; without it every function below is a no-op
     import prometheus_client as prom
     from prometheus_client import multiprocess as prom_multiprocess
-    from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError:  # pragma: no cover - exercised where the extra is absent
     prom = None  # type: ignore[assignment]
@@ -41,8 +40,9 @@ from durable import events as ev
 from durable.errors import WorkflowTimeout
 from durable.runinfo import classify_block
 from durable.store.connect import is_transient
-from durable.store.keys import GROUP, PRIVATE
+from durable.store.keys import PRIVATE
 from workers import tally
+from workers.queue_metrics import QueueCollector
 
 log = logging.getLogger("durable.metrics")
 
@@ -51,10 +51,11 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+DEFAULT_HOST = "127.0.0.1"
+"""Where ``/metrics`` listens unless ``--metrics-host`` says otherwise: this host only, as the
+operator server's ``--host`` (the metrics need no token; exposing them is a choice)."""
 CLOSES_GROUP = "metrics"
 """The consumer group (and consumer) the metrics processes read the closes streams in."""
-QUEUE_SCAN_LIMIT = 2000
-"""At most this many task streams are read per scrape (bounded cost on Redis)."""
 FLUSH_S = 0.5
 """Counters are tallied per thread and written to ``prometheus-client`` this often (and at exit,
 and before each scrape a worker serves itself): a supervised worker's scrape lags by at most this."""
@@ -413,114 +414,8 @@ def _count_redis_requests(m: _Metrics) -> None:
     AbstractConnection.read_response = counted_read  # type: ignore[method-assign]
 
 
-# ------------------------------------------------------------------ what Redis holds, per scrape
-class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
-    """Reads task queue backlogs and dead letters from Redis on each scrape (bounded: two
-    pipelined round trips over at most :data:`QUEUE_SCAN_LIMIT` streams)."""
-
-    def __init__(self, store: Any, queues: Sequence[str] | None) -> None:
-        self.store = store
-        self.queues = list(queues) if queues is not None else None
-
-    def _queue_names(self) -> list[str]:
-        """The given queues; else every shared queue a live worker serves, and ``default``."""
-        if self.queues is not None:
-            return self.queues
-        names = {"default"}
-        for info in self.store.live_workers():
-            names.update(q for q in info.queues if not q.startswith(PRIVATE))
-        return sorted(names)
-
-    def _streams(self) -> list[tuple[str, str, str]]:
-        keys = self.store.keys
-        out = []
-        for queue in self._queue_names():
-            for p in range(keys.partitions):
-                out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
-                out.append(("activity", queue, keys.activity_tasks(p, queue)))
-        return out[:QUEUE_SCAN_LIMIT]
-
-    def collect(self) -> Iterator[Any]:
-        backlog = GaugeMetricFamily(
-            "durable_task_queue_backlog",
-            "Tasks waiting to be read, per queue and kind.",
-            labels=["queue", "kind"],
-        )
-        oldest = GaugeMetricFamily(
-            "durable_task_queue_oldest_age_seconds",
-            "Age of the oldest task waiting to be read, per queue and kind.",
-            labels=["queue", "kind"],
-        )
-        dead = GaugeMetricFamily("durable_dead_letters", "Tasks in the dead-letter streams (parked).")
-        try:
-            self._read(backlog, oldest, dead)
-        except redis.RedisError as exc:
-            log.warning("metrics: task queues not read from Redis: %s", exc)
-            return
-        yield from (backlog, oldest, dead)
-
-    def _read(self, backlog: Any, oldest: Any, dead: Any) -> None:
-        streams = self._streams()
-        client = self.store.redis
-        with client.pipeline(transaction=False) as pipe:
-            for _, _, key in streams:
-                pipe.xlen(key)
-                pipe.xinfo_groups(key)
-            for p in range(self.store.keys.partitions):
-                pipe.xlen(self.store.keys.dead(p))
-            pipe.time()
-            replies = pipe.execute(raise_on_error=False)
-        now_s, now_us = replies[-1]
-        now_ms = int(now_s) * 1000 + int(now_us) // 1000
-        dead.add_metric([], sum(r for r in replies[2 * len(streams) : -1] if isinstance(r, int)))
-        totals: dict[tuple[str, str], int] = {}
-        waiting: list[tuple[str, str, str, str]] = []
-        for i, (kind, queue, key) in enumerate(streams):
-            length, groups = replies[2 * i], replies[2 * i + 1]
-            if not isinstance(length, int):
-                continue
-            group = _group(groups) or {}  # no group yet (no worker ever served it): all waiting
-            # Acked tasks are deleted: what is left is either pending (read) or waiting.
-            count = max(0, length - int(group.get("pending", 0)))
-            totals[(queue, kind)] = totals.get((queue, kind), 0) + count
-            if count:
-                waiting.append((kind, queue, key, _text(group.get("last-delivered-id", "0-0"))))
-        ages = self._ages(waiting, now_ms)
-        for (queue, kind), count in sorted(totals.items()):
-            backlog.add_metric([queue, kind], count)
-            oldest.add_metric([queue, kind], ages.get((queue, kind), 0.0))
-
-    def _ages(
-        self, waiting: Iterable[tuple[str, str, str, str]], now_ms: int
-    ) -> dict[tuple[str, str], float]:
-        """Age of the first unread entry of each stream, oldest per (queue, kind)."""
-        waiting = list(waiting)
-        if not waiting:
-            return {}
-        with self.store.redis.pipeline(transaction=False) as pipe:
-            for _, _, key, last in waiting:
-                pipe.xrange(key, min=f"({last}", count=1)
-            rows = pipe.execute(raise_on_error=False)
-        ages: dict[tuple[str, str], float] = {}
-        for (kind, queue, _, _), row in zip(waiting, rows, strict=True):
-            if isinstance(row, list) and row:
-                ms = int(_text(row[0][0]).split("-", 1)[0])
-                age = max(0.0, (now_ms - ms) / 1000)
-                ages[(queue, kind)] = max(ages.get((queue, kind), 0.0), age)
-        return ages
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _group(groups: Any) -> dict[str, Any] | None:
-    if not isinstance(groups, list):
-        return None
-    for group in groups:
-        if _text(group.get("name", "")) == GROUP:
-            return group
-    return None
 
 
 # ------------------------------------------------------------------ serving
@@ -537,7 +432,8 @@ def registry_for(
 ) -> Any:
     """The registry a scrape reads: this process's metrics (``fresh``: none), or with
     ``multiproc_dir`` the sum over the processes writing there; and the Redis queue collector
-    (``queues`` ``None``: those live workers serve)."""
+    (``queues`` ``None``: those live workers serve; either way also the known queues no live
+    worker serves: :class:`~workers.queue_metrics.QueueCollector`)."""
     assert prom is not None
     if multiproc_dir is None and not fresh:
         registry = prom.CollectorRegistry()
@@ -552,14 +448,24 @@ def registry_for(
     return registry
 
 
-def serve(port: int, store: Any, queues: Sequence[str], *, multiproc_dir: str | None = None) -> None:
-    """Serve ``/metrics`` on ``port`` (all interfaces) from a background thread."""
+def serve(
+    port: int,
+    store: Any,
+    queues: Sequence[str],
+    *,
+    host: str = DEFAULT_HOST,
+    multiproc_dir: str | None = None,
+) -> None:
+    """Serve ``/metrics`` on ``host``:``port`` from a background thread (``0.0.0.0``: every
+    interface, for a scraper on another host or outside the worker's container)."""
     if prom is None:
         raise RuntimeError("prometheus-client is not installed: pip install 'durable[metrics]'")
     if multiproc_dir is None:
         enable()
-    prom.start_http_server(port, registry=registry_for(store, queues, multiproc_dir=multiproc_dir))
-    log.info("metrics at http://0.0.0.0:%d/metrics", port)
+    registry = registry_for(store, queues, multiproc_dir=multiproc_dir)
+    prom.start_http_server(port, addr=host, registry=registry)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+    log.info("metrics at http://%s:%d/metrics", shown, port)
 
 
 def exposition(registry: Any) -> tuple[bytes, str]:
@@ -575,6 +481,7 @@ def process_dead(pid: int, multiproc_dir: str) -> None:
 
 
 __all__ = [
+    "DEFAULT_HOST",
     "MULTIPROC_ENV",
     "QueueCollector",
     "attempt",

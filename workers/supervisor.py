@@ -384,7 +384,7 @@ def worker_supervisor(
 
     ``options`` are :class:`Supervisor`'s keyword arguments (backoff, ``kill_after``...).
     With ``config.metrics_port`` the supervisor serves the children's metrics (and the
-    task queues of ``store``) on that port.
+    task queues of ``store``) on that port of ``config.metrics_host``.
 
     Raises:
         RuntimeError: ``--metrics-port`` without ``prometheus-client``.
@@ -399,7 +399,9 @@ def worker_supervisor(
         metrics_dir = tempfile.mkdtemp(prefix="durable-metrics-")
         env[metrics.MULTIPROC_ENV] = metrics_dir
         try:
-            metrics.serve(config.metrics_port, store, config.queues, multiproc_dir=metrics_dir)
+            metrics.serve(
+                config.metrics_port, store, config.queues, host=config.metrics_host, multiproc_dir=metrics_dir
+            )
         except BaseException:
             shutil.rmtree(metrics_dir, ignore_errors=True)
             raise

@@ -56,7 +56,7 @@ def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
         if supervised:
             metrics.enable()
         else:
-            metrics.serve(config.metrics_port, store, config.queues)
+            metrics.serve(config.metrics_port, store, config.queues, host=config.metrics_host)
     except (RuntimeError, OSError) as exc:
         raise CliError(f"--metrics-port {config.metrics_port}: {exc}") from None
     metrics.watch_store(store)

@@ -158,6 +158,14 @@ _worker_options: list[Callable[[Any], Any]] = [
         help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs the `metrics` extra; with "
         "--processes N one port shows the sum of every process). 0: off. See docs/observability.md.",
     ),
+    click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        metavar="HOST",
+        help="Address the --metrics-port listens on: this host only by default; 0.0.0.0 (every "
+        "interface) lets a Prometheus scraper on another host or outside the worker's container reach it.",
+    ),
 ]
 
 
@@ -220,6 +228,7 @@ def _config(state: CliState, store: RedisStore, options: dict[str, Any]) -> Work
         log_format=options["log_format"],
         log_level=options["log_level"],
         metrics_port=options["metrics_port"],
+        metrics_host=options["metrics_host"],
         embedded_dir=state.embedded_dir,
     )
 

@@ -1,0 +1,103 @@
+"""Where `/metrics` listens (`--metrics-host`, this host only by default: testers found the port
+open on every interface with no way to choose) and which queues its backlog gauges cover (a
+queue no live worker serves was missing, so an alert on its backlog never fired)."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from apps.basic import Waiter
+from procs import spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from workers.queue_metrics import QueueCollector  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrapes(host: str, port: int) -> bool:
+    try:
+        body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return False
+    return "durable_task_queue_backlog" in body
+
+
+def _free_on(host: str, port: int) -> bool:
+    """Whether ``host``:``port`` can be bound (a listener on 0.0.0.0 holds it on every address)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_metrics_port_listens_on_this_host_only_by_default(redis_url: str) -> None:
+    port = _free_port()
+    proc = spawn_worker(redis_url, app="apps.observe", extra=("--metrics-port", str(port)))
+    try:
+        wait_for(lambda: _scrapes("127.0.0.1", port), timeout=60)
+        # 127.0.0.2 is this host too (all of 127/8 is loopback), but not the address listened on.
+        assert _free_on("127.0.0.2", port)
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_metrics_host_is_the_address_the_metrics_port_listens_on(redis_url: str, processes: int) -> None:
+    port = _free_port()
+    extra = ("--metrics-port", str(port), "--metrics-host", "127.0.0.2", "--processes", str(processes))
+    proc = spawn_worker(redis_url, app="apps.observe", extra=extra)
+    try:
+        wait_for(lambda: _scrapes("127.0.0.2", port), timeout=60)
+        assert not _scrapes("127.0.0.1", port)
+    finally:
+        stop(proc)
+
+
+def _backlog(collector: QueueCollector) -> dict[tuple[str, str], float]:
+    (backlog,) = [f for f in collector.collect() if f.name == "durable_task_queue_backlog"]
+    return {(s.labels["queue"], s.labels["kind"]): s.value for s in backlog.samples}
+
+
+def test_backlog_gauges_include_queues_no_live_worker_serves(store: RedisStore) -> None:
+    """A run started on a queue nobody serves: a worker's port (its own queues given) and the
+    operator server's (none given) both report that queue's backlog, as `durable workers` does."""
+    WorkflowStub.make(Waiter, queue="nobody").start(0.01)
+    WorkflowStub.make(Waiter, queue="nobody").start(0.01)
+    for queues in (["default"], None):
+        backlog = _backlog(QueueCollector(store, queues))
+        assert backlog[("nobody", "workflow")] == 2, (queues, backlog)
+        assert backlog[("default", "workflow")] == 0
+    # The known queues come after a worker's own: the scan limit drops those first.
+    assert QueueCollector(store, ["mine"])._queue_names() == ["mine", "nobody"]
+
+
+def test_backlog_text_of_a_scrape_names_the_unserved_queue(store: RedisStore) -> None:
+    """The same through the exposition a scraper reads (the operator server's `/metrics`)."""
+    from workers import metrics  # noqa: PLC0415 - after the importorskip above
+
+    # Another name than above: a process notes a queue name once (the tests flush Redis between).
+    WorkflowStub.make(Waiter, queue="unserved").start(0.01)
+    body, _ = metrics.exposition(metrics.registry_for(store, ["default"], fresh=True))
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+    key = ("durable_task_queue_backlog", (("kind", "workflow"), ("queue", "unserved")))
+    assert samples.get(key) == 1

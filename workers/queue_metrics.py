@@ -1,0 +1,149 @@
+"""The task queue gauges of ``/metrics``: backlogs, oldest task ages and dead letters, read from
+Redis on each scrape (:class:`QueueCollector`).
+
+A worker's port and the operator server's both register one (see
+:func:`workers.metrics.registry_for`). The queues read are those the scrape's owner serves, and
+every queue tasks were sent to that no live worker serves: an alert on a queue's backlog must
+also fire for a queue whose workers all stopped (or never started), as ``durable workers`` lists it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import redis
+
+try:  # the `metrics` extra; workers.metrics registers this collector only when it is installed
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError:  # pragma: no cover - exercised where the extra is absent
+    Collector = object  # type: ignore[assignment,misc]
+
+from durable.store.keys import GROUP, PRIVATE
+from durable.store.records import text
+
+log = logging.getLogger("durable.metrics")
+
+QUEUE_SCAN_LIMIT = 2000
+"""At most this many task streams are read per scrape (bounded cost on Redis)."""
+
+
+class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
+    """Reads task queue backlogs and dead letters from Redis on each scrape (bounded: a few
+    pipelined round trips over at most :data:`QUEUE_SCAN_LIMIT` streams).
+
+    Args:
+        store: The :class:`~durable.store.redis_store.RedisStore` to read.
+        queues: The queues the scrape's owner serves (a worker's ``--queue``); ``None``: every
+            shared queue a live worker serves, and ``default`` (the operator server). Either
+            way, the queues tasks were sent to that no live worker serves are read too.
+    """
+
+    def __init__(self, store: Any, queues: Sequence[str] | None) -> None:
+        self.store = store
+        self.queues = list(queues) if queues is not None else None
+
+    def _queue_names(self) -> list[str]:
+        """The given queues (else those live workers serve, and ``default``), then the known
+        queues no live worker serves: those come last, so the scan limit drops them first."""
+        served: set[str] = set()
+        for info in self.store.live_workers():
+            served.update(q for q in info.queues if not q.startswith(PRIVATE))
+        own = list(self.queues) if self.queues is not None else sorted(served | {"default"})
+        # No worker reads these as its own: each port reports them (the same value on every
+        # target), or an alert on the backlog would never see a queue whose workers all stopped.
+        unserved = sorted(set(self.store.known_queues()) - served - set(own))
+        return own + unserved
+
+    def _streams(self) -> list[tuple[str, str, str]]:
+        keys = self.store.keys
+        out = []
+        for queue in self._queue_names():
+            for p in range(keys.partitions):
+                out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
+                out.append(("activity", queue, keys.activity_tasks(p, queue)))
+        return out[:QUEUE_SCAN_LIMIT]
+
+    def collect(self) -> Iterator[Any]:
+        """The backlog, oldest age and dead-letter gauges (none when Redis cannot be read)."""
+        backlog = GaugeMetricFamily(
+            "durable_task_queue_backlog",
+            "Tasks waiting to be read, per queue and kind.",
+            labels=["queue", "kind"],
+        )
+        oldest = GaugeMetricFamily(
+            "durable_task_queue_oldest_age_seconds",
+            "Age of the oldest task waiting to be read, per queue and kind.",
+            labels=["queue", "kind"],
+        )
+        dead = GaugeMetricFamily("durable_dead_letters", "Tasks in the dead-letter streams (parked).")
+        try:
+            self._read(backlog, oldest, dead)
+        except redis.RedisError as exc:
+            log.warning("metrics: task queues not read from Redis: %s", exc)
+            return
+        yield from (backlog, oldest, dead)
+
+    def _read(self, backlog: Any, oldest: Any, dead: Any) -> None:
+        streams = self._streams()
+        client = self.store.redis
+        with client.pipeline(transaction=False) as pipe:
+            for _, _, key in streams:
+                pipe.xlen(key)
+                pipe.xinfo_groups(key)
+            for p in range(self.store.keys.partitions):
+                pipe.xlen(self.store.keys.dead(p))
+            pipe.time()
+            replies = pipe.execute(raise_on_error=False)
+        now_s, now_us = replies[-1]
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        dead.add_metric([], sum(r for r in replies[2 * len(streams) : -1] if isinstance(r, int)))
+        totals: dict[tuple[str, str], int] = {}
+        waiting: list[tuple[str, str, str, str]] = []
+        for i, (kind, queue, key) in enumerate(streams):
+            length, groups = replies[2 * i], replies[2 * i + 1]
+            if not isinstance(length, int):
+                continue
+            group = _group(groups) or {}  # no group yet (no worker ever served it): all waiting
+            # Acked tasks are deleted: what is left is either pending (read) or waiting.
+            count = max(0, length - int(group.get("pending", 0)))
+            totals[(queue, kind)] = totals.get((queue, kind), 0) + count
+            if count:
+                waiting.append((kind, queue, key, text(group.get("last-delivered-id", "0-0"))))
+        ages = self._ages(waiting, now_ms)
+        for (queue, kind), count in sorted(totals.items()):
+            backlog.add_metric([queue, kind], count)
+            oldest.add_metric([queue, kind], ages.get((queue, kind), 0.0))
+
+    def _ages(
+        self, waiting: Iterable[tuple[str, str, str, str]], now_ms: int
+    ) -> dict[tuple[str, str], float]:
+        """Age of the first unread entry of each stream, oldest per (queue, kind)."""
+        waiting = list(waiting)
+        if not waiting:
+            return {}
+        with self.store.redis.pipeline(transaction=False) as pipe:
+            for _, _, key, last in waiting:
+                pipe.xrange(key, min=f"({last}", count=1)
+            rows = pipe.execute(raise_on_error=False)
+        ages: dict[tuple[str, str], float] = {}
+        for (kind, queue, _, _), row in zip(waiting, rows, strict=True):
+            if isinstance(row, list) and row:
+                ms = int(text(row[0][0]).split("-", 1)[0])
+                age = max(0.0, (now_ms - ms) / 1000)
+                ages[(queue, kind)] = max(ages.get((queue, kind), 0.0), age)
+        return ages
+
+
+def _group(groups: Any) -> dict[str, Any] | None:
+    if not isinstance(groups, list):
+        return None
+    for group in groups:
+        if text(group.get("name", "")) == GROUP:
+            return group
+    return None
+
+
+__all__ = ["QUEUE_SCAN_LIMIT", "QueueCollector"]
