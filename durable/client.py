@@ -33,6 +33,7 @@ from .runinfo import (
     closing_error,
     outcome_of,
     with_attempts,
+    with_children,
 )
 from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
@@ -538,10 +539,11 @@ class WorkflowStub(Generic[R]):
     def _pending_with_attempts(
         self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo]
     ) -> list[dict[str, Any]]:
-        ids = [str(s["id"]) for s in pending if s.get("kind") == "activity"]
-        begun = self._store.attempts_begun(ref.partition, ref.run_id, ids)
+        begun = self._store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
         now_ms = self._store.server_time_ms() if begun and live else None
-        return with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms)
+        kids = [str(s["workflow_id"]) for s in pending if s.get("kind") == "child" and s.get("workflow_id")]
+        statuses = dict(zip(kids, self._store.instance_statuses(kids), strict=True))
+        return with_children(with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms), statuses)
 
     def describe(self, run_id: str | None = None) -> RunDescription:
         """Everything known about the current run (or ``run_id``, an earlier run of this id):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -214,15 +215,39 @@ def with_attempts(
                 "worker": b.worker or None,
                 "worker_alive": alive,
                 "heartbeat_age_s": age,
+                "backlog": b.backlog,
                 "state": _attempt_state(b, alive, step.get("queue") or "?", age),
             }
         out.append(step)
     return out
 
 
+def with_children(pending: list[dict[str, Any]], statuses: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """``pending`` with, on each child step, the status of its child's current run
+    (``child_status``, from ``statuses`` by workflow id; ``None``: not started yet) and the
+    child's workflow id and status in words (``state``, what ``durable describe`` shows)."""
+    out = []
+    for step in pending:
+        child_id = step.get("workflow_id") if step.get("kind") == "child" else None
+        if child_id:
+            status = statuses.get(str(child_id))
+            step = {**step, "child_status": status, "state": _child_state(str(child_id), status)}
+        out.append(step)
+    return out
+
+
+def _child_state(child_id: str, status: str | None) -> str:
+    if status is None:
+        # The parent's decision queued the child's start; another partition's outbox delivers it.
+        return f"child {child_id}: not started yet (its start is on its way)"
+    if status in OPEN_STATUSES:
+        return f"child {child_id}: {status}"
+    return f"child {child_id}: {status} (its outcome reaches this run with its next decision)"
+
+
 def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_age_s: float | None) -> str:
     if not b.worker:
-        return f"attempt {b.attempt}: not begun (queued on {queue!r}, or waiting for its retry time)"
+        return _not_begun(b, queue)
     if alive:
         since = datetime.fromtimestamp(b.started_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
         state = f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
@@ -237,6 +262,45 @@ def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_ag
         f"attempt {b.attempt}: began on {b.worker}, which is gone (stopped or died); another worker "
         "takes the task over after --claim-idle or the activity's timeout"
     )
+
+
+def _not_begun(b: AttemptBegun, queue: str) -> str:
+    """An attempt no worker has started, in words: its task waits in its queue's backlog (workers
+    take only tasks they can start now: ``workers/pace.py``), or a retry waits for its time."""
+    backlog = "" if b.backlog is None else f" (backlog {b.backlog})"
+    if b.attempt > 1:
+        return f"attempt {b.attempt}: not begun: waiting for its retry time, or queued on {queue!r}{backlog}"
+    return f"attempt {b.attempt}: not begun: queued on {queue!r}, waiting for a worker{backlog}"
+
+
+def _next_attempt(step: Mapping[str, Any], failed: Mapping[str, Any], now_ms: int) -> str:
+    """``, next attempt in 4 s`` for an activity ``step`` waiting for the backoff after its
+    ``failed`` attempt (``""`` when not known, or when the next attempt has begun already)."""
+    record = failed.get("record") or {}
+    delay, ts = record.get("retry_in_s"), failed.get("ts")
+    if step.get("worker") or delay is None or ts is None or failed.get("outcome") != "retry":
+        return ""
+    if int(failed.get("attempt") or 0) != int(step.get("attempt") or 0) - 1:
+        return ""  # the failure logged is not the one before the pending attempt
+    # As the completion script sets the retry timer: its log entry's time plus the delay in ms.
+    due = int(ts) + int(float(delay) * 1000)
+    wait_s = (due - now_ms) / 1000
+    if wait_s <= 0:
+        # Past due: the attempt waits in its queue for a worker (or for the scheduler to fire it).
+        return ", next attempt due now" if wait_s > -1 else f", next attempt due {_span(-wait_s)} ago"
+    at = datetime.fromtimestamp(due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f", next attempt in {_span(wait_s)}" + (f" (at {at} UTC)" if wait_s >= 60 else "")
+
+
+def _span(seconds: float) -> str:
+    """``seconds`` in words short enough for a status line: ``0.4 s``, ``12 s``, ``5 min``, ``2.5 h``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass(frozen=True)
@@ -260,8 +324,10 @@ class RunDescription(Mapping[str, Any]):
         pending: Its pending steps and waits (``kind``, ``id``, ``name``, ``deadline``...); an
             activity's also its ``queue``, current ``attempt``, when it ``started`` and on which
             ``worker`` (``None``: not begun yet), whether that worker is alive (``worker_alive``)
-            and how long ago it last sent a heartbeat (``heartbeat_age_s``), and that in words
-            (``state``).
+            and how long ago it last sent a heartbeat (``heartbeat_age_s``), the tasks waiting in
+            its queue when it has not begun (``backlog``), and that in words (``state``); a
+            child's also its ``workflow_id``, the status of its current run (``child_status``;
+            ``None``: not started yet) and both in words (``state``).
         history: ``{"events", "bytes", "budget", "near_limit"}``.
         attempts: Activity attempts with their outcomes and errors.
         dropped: Inputs read but not applied (``reason``, ``ts``).
@@ -310,21 +376,44 @@ class RunDescription(Mapping[str, Any]):
         )
         return out
 
-    def retrying(self) -> list[str]:
+    def retrying(self, now_ms: int | None = None) -> list[str]:
         """A line per pending activity past its first attempt, with its last error (what
-        ``durable status`` adds to the status word: an activity failing on every attempt)."""
+        ``durable status`` adds to the status word: an activity failing on every attempt), and
+        when its next attempt is due while it waits for its backoff (``next attempt in 4 s``).
+
+        Args:
+            now_ms: The time to count the wait from (UTC ms; default: this host's clock).
+        """
         last: dict[str, dict[str, Any]] = {}
         for entry in self.attempts:
             if entry.get("outcome") in ("retry", "failed"):
                 last[str(entry.get("act"))] = entry
+        now = int(time.time() * 1000) if now_ms is None else now_ms
         lines = []
         for step in self.pending:
             failed = last.get(str(step.get("id")))
             if step.get("kind") == "activity" and int(step.get("attempt") or 1) > 1 and failed:
                 error = (failed.get("record") or {}).get("error") or "?"
                 lines.append(
-                    f"activity {step.get('name')} ({step.get('id')}) retrying: attempt {step.get('attempt')}, "
-                    f"last error {error}"
+                    f"activity {step.get('name')} ({step.get('id')}) retrying: attempt {step.get('attempt')}"
+                    f"{_next_attempt(step, failed, now)}, last error {error}"
+                )
+        return lines
+
+    def queued(self) -> list[str]:
+        """A line per pending activity whose first attempt no worker has started, with its queue's
+        backlog (what ``durable status`` adds to the status word: the run waits for a worker)."""
+        lines = []
+        for step in self.pending:
+            if (
+                step.get("kind") == "activity"
+                and int(step.get("attempt") or 0) == 1
+                and not step.get("worker")
+            ):
+                backlog = step.get("backlog")
+                lines.append(
+                    f"activity {step.get('name')} ({step.get('id')}) queued on {step.get('queue')!r}: waiting "
+                    "for a worker" + ("" if backlog is None else f" (backlog {backlog})")
                 )
         return lines
 

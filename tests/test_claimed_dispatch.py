@@ -134,19 +134,33 @@ def test_a_worker_whose_activities_take_microseconds_claims_up_to_most_per_threa
 ) -> None:
     """Fast activities wait for a thread less than BACKLOG_MS, so the commit claims more of
     them than there are threads (each skips its own read and begin round trip); slow ones get
-    one per thread, so a worker never hoards a fan-out of slow work."""
+    one per thread, so a worker never hoards a fan-out of slow work. The bound is per activity
+    type: a type it has not run yet gets one per thread, whatever the others take."""
     w = Worker(store, concurrency=2, block_ms=100)
-    scheduled = ev.ActivityScheduled(id="a", name="add", args=b"", queue="default")
+
+    def scheduled(name: str) -> ev.ActivityScheduled:
+        return ev.ActivityScheduled(id="a", name=name, args=b"", queue="default")
+
+    w.activities.allowed = lambda _name: True  # the names stand for types of various speeds
     try:
-        w.activities._activity_ms = 0.05  # what _ran measures for activities of 50 µs
+        w.activities.pace.ran("add", 50e-6)  # what it measures for activities of 50 µs
         most = 2 * MOST_PER_THREAD  # 5 ms / 50 µs is 100 per thread: the count bound holds
-        assert sum(w.activities.claims_here(scheduled) for _ in range(most + 20)) == most
+        assert sum(w.activities.claims_here(scheduled("add")) for _ in range(most + 20)) == most
+        assert w.activities.waiting() == most - 2
+        # A type never run here gets none of that prefetch (but the claims above fill the threads).
+        assert not w.activities.claims_here(scheduled("record"))
         w.activities.lease_dropped(most)
-        w.activities._activity_ms = 1.0  # 5 per thread by the time bound
-        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 10
+        assert sum(w.activities.claims_here(scheduled("record")) for _ in range(20)) == 2
+        w.activities.lease_dropped(2)
+        w.activities.pace.ran("apply_once", 1e-3)  # 5 per thread by the time bound
+        assert sum(w.activities.claims_here(scheduled("apply_once")) for _ in range(20)) == 10
         w.activities.lease_dropped(10)
-        w.activities._activity_ms = 50.0
-        assert sum(w.activities.claims_here(scheduled) for _ in range(20)) == 2
+        w.activities.pace.ran("Slow", 0.05)
+        assert sum(w.activities.claims_here(scheduled("Slow")) for _ in range(20)) == 2
+        w.activities.lease_dropped(2)
+        # A fast type that turns slow loses its prefetch at its first slow run.
+        w.activities.pace.ran("add", 30.0)
+        assert sum(w.activities.claims_here(scheduled("add")) for _ in range(20)) == 2
         w.activities.lease_dropped(2)
     finally:
         w.activities.finish(0)
@@ -156,7 +170,7 @@ def test_claims_beyond_the_threads_all_run_and_are_begun_by_their_commit(store: 
     """A fan-out of fast activities larger than the worker's threads: the commit claims them
     all (the backlog has room), begins their attempts, and every one runs to the result."""
     w = Worker(store, concurrency=1, block_ms=100)
-    w.activities._activity_ms = 0.05  # measured fast: room for MOST_PER_THREAD on the one thread
+    w.activities.pace.ran("add", 50e-6)  # measured fast: room for MOST_PER_THREAD on the one thread
     claimed: list[ClaimedTask] = []
     on_claimed = w.decider.on_claimed
 
@@ -234,17 +248,17 @@ def test_the_backlog_learns_the_time_of_the_activity_code_only(
     thread decides), so the backlog fell to about one per thread."""
     encoded = codec.dumps(args if args is not None else (str(tmp_path / "slow"), 0.1, "t"))
     task = ActivityTask("r-1", "w-1", 0, "a-1", activity, encoded, 1, "default")
-    ran: list[float] = []
+    ran: list[tuple[str, float]] = []
     outcome = execute_attempt(
         store,
         task,
         stream="default",
         begun=Begun(True, now_ms=1),
         on_result=lambda _result: time.sleep(0.3),
-        on_ran=ran.append,
+        on_ran=lambda name, seconds: ran.append((name, seconds)),
     )
     assert outcome == "completed"
-    assert len(ran) == 1 and at_least <= ran[0] < below
+    assert len(ran) == 1 and ran[0][0] == activity and at_least <= ran[0][1] < below
 
 
 def test_a_claimed_result_still_in_hand_at_shutdown_is_recorded_and_its_task_acked(

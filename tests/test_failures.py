@@ -46,6 +46,16 @@ def test_heartbeat_timeout_and_details_reach_next_attempt(worker, tmp_path: Path
     assert lines(log)[:2] == ["attempt 1 from 0", "attempt 2 from 2"]
 
 
+def test_a_timed_out_attempt_records_how_long_it_ran(worker, tmp_path: Path) -> None:
+    """The record of an attempt the scheduler expired said 0 ms: it took the expiry for the start."""
+    stub = WorkflowStub.make(Heartbeats).start(str(tmp_path / "hb.log"))
+    assert stub.result(timeout=15) == {"attempt": 2, "resumed_from": 2}
+    (expired,) = [a for a in stub.describe()["attempts"] if a["outcome"] == "retry"]
+    assert "timed out (heartbeat)" in expired["record"]["error"]
+    # Three heartbeats 20 ms apart, then none for heartbeat_timeout (0.4 s) before it expired.
+    assert 400 <= expired["record"]["duration_ms"] < 5000, expired["record"]
+
+
 @pytest.mark.parametrize(("kind", "cause"), [("listed", "PermissionError"), ("raised", "NonRetryableError")])
 def test_non_retryable_errors_stop_retries(worker, tmp_path: Path, kind: str, cause: str) -> None:
     log = tmp_path / "nr.log"

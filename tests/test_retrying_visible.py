@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from waiting import wait_for
 
 from durable import Activity, RetryPolicy, Workflow, WorkflowStub, activity
+from durable.runinfo import RunDescription
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
 from workers.cli import cli
@@ -44,3 +45,68 @@ def test_status_and_the_log_say_an_activity_keeps_failing(
         f"activity RvLazyImport (1) of run {stub.run_id} failed, attempt 1: "
         "ModuleNotFoundError: No module named 'rv_not_installed'; retrying in 0.05 s"
     ), lines[:2]
+
+
+class RvSlowRetry(Activity):
+    retry = RetryPolicy(initial_interval=30, max_interval=30)
+
+    def handle(self) -> int:
+        raise ConnectionError("payments API down")
+
+
+class RvWaitsForRetry(Workflow):
+    def handle(self) -> int:
+        return activity(RvSlowRetry)
+
+
+def test_status_says_when_the_next_attempt_is_due(redis_url: str, store: RedisStore) -> None:
+    """An activity waiting out its backoff: `durable status` said which attempt comes, not when."""
+    with TestEnvironment(store=store, eager=False):
+        stub = WorkflowStub.make(RvWaitsForRetry).start()
+        wait_for(lambda: len(stub.describe().retrying()) == 1, timeout=30)
+        out = CliRunner().invoke(cli, ["status", stub.id]).output.strip()
+        stub.terminate("test over")
+    head, _, rest = out.partition("retrying: attempt 2, next attempt in ")
+    assert head == "running (activity RvSlowRetry (1) ", out
+    wait, _, error = rest.partition(" s, last error ")
+    assert 25 <= float(wait) <= 30, out
+    assert error == "ConnectionError: payments API down)", out
+
+
+def _retrying_run(attempt: dict, step: dict) -> RunDescription:
+    return RunDescription(
+        workflow_id="w",
+        run_id="r",
+        type="T",
+        status="running",
+        blocked=None,
+        outcome=None,
+        created=0,
+        closed=None,
+        seq=3,
+        build_id=None,
+        pending=[{"kind": "activity", "id": "1", "name": "Charge", "attempt": 3, "worker": None, **step}],
+        attempts=[
+            {"act": "1", "attempt": 2, "outcome": "retry", "ts": 1_000_000, **attempt},
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("attempt", "step", "now_ms", "said"),
+    [
+        ({}, {}, 1_000_000, ", next attempt in 5.0 s,"),
+        ({}, {}, 1_004_000, ", next attempt in 1.0 s,"),
+        ({}, {}, 1_005_500, ", next attempt due now,"),
+        ({}, {}, 1_050_000, ", next attempt due 45 s ago,"),
+        ({"record": {"error": "E: x", "retry_in_s": 600}}, {}, 1_000_000, ", next attempt in 10 min (at "),
+        ({}, {"worker": "vm:1"}, 1_000_000, "attempt 3, last error"),  # begun: no wait to tell
+        ({"attempt": 1}, {}, 1_000_000, "attempt 3, last error"),  # not the failure before attempt 3
+    ],
+)
+def test_the_next_attempt_is_counted_from_the_failures_record(
+    attempt: dict, step: dict, now_ms: int, said: str
+) -> None:
+    attempt = {"record": {"error": "E: x", "retry_in_s": 5.0}, **attempt}
+    (line,) = _retrying_run(attempt, step).retrying(now_ms)
+    assert said in line and line.endswith("last error E: x"), line

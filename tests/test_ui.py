@@ -182,7 +182,7 @@ def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -
     assert "no live worker serves queue 'billing', where activity 'add' (id 1) waits" in banner
     assert "moves on by itself" in banner
     row = page.locator("#pending tbody tr.current").first.inner_text()
-    assert "attempt 1: not begun (queued on 'billing'" in row
+    assert "attempt 1: not begun: queued on 'billing', waiting for a worker" in row
     page.context.close()
     with ui.open.client(**CSRF) as c:
         c.post(f"/api/v1/workflows/{wid}/terminate")

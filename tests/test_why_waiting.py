@@ -15,12 +15,14 @@ import json
 
 import pytest
 from apps.basic import PaysOnBilling, Sequence
+from apps.failures import ParentOfWaiting
 from apps.recovery import OneRecoveringActivity
 from click.testing import CliRunner
 from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
+from durable.runinfo import with_children
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 from workers.worker import Worker, WorkerThread
@@ -173,3 +175,37 @@ def test_a_parent_waiting_on_a_blocked_child_says_so(store: RedisStore) -> None:
         assert "NoSuchChildType" in reason.message
         assert f"(blocked: waits on child {child_id!r}" in _cli("status", parent.id)
         parent.terminate("test over")
+
+
+def test_describe_shows_a_pending_childs_workflow_id_and_state(store: RedisStore) -> None:
+    """The pending steps of a parent named the child's type only: not which workflow it is, nor
+    whether it runs, waits or already closed."""
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):
+        parent = WorkflowStub.make(ParentOfWaiting, store=store).start()
+        kid = "ParentOfWaiting-kid"  # the id the parent gives its child
+        wait_for(
+            lambda: [s.get("child_status") for s in parent.describe().pending] == ["suspended"], timeout=30
+        )
+        (step,) = parent.describe().pending
+        assert step["kind"] == "child" and step["workflow_id"] == kid, step
+        assert step["state"] == f"child {kid}: suspended", step
+        table = _cli("describe", parent.id)
+        assert "ChildWaits" in table and f"child {kid}: suspended" in table, table
+        assert json.loads(_cli("describe", parent.id, "--json"))["pending"][0]["child_status"] == "suspended"
+        WorkflowStub.load(kid, store=store).terminate("test over")
+        assert parent.result(timeout=30) == {"status": "terminated"}
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        (None, "child k: not started yet (its start is on its way)"),
+        ("running", "child k: running"),
+        ("failed", "child k: failed (its outcome reaches this run with its next decision)"),
+    ],
+)
+def test_a_child_steps_state_in_words(status: str | None, state: str) -> None:
+    pending = [{"kind": "child", "id": "1", "name": "Ship", "workflow_id": "k"}, {"kind": "timer", "id": "2"}]
+    child_step, timer = with_children(pending, {"k": status})
+    assert child_step == {**pending[0], "child_status": status, "state": state}
+    assert timer == pending[1]

@@ -7,8 +7,9 @@ on an activity thread, and the bookkeeping shared with it, lives here:
   main thread, which records them in batches (:meth:`ActivityHost.record`);
 * leased activities (eager mode, local activities) are started by the decider's commit and their
   results, in eager mode, are committed with the run's next decision;
-* the backlog: how many activities this worker holds, running or waiting for a thread, so that
-  one worker never hoards a fan-out of slow work (:data:`BACKLOG_MS` per thread).
+* the backlog: how many activities this worker holds, running or waiting for a thread: one per
+  free thread, and beyond that only a small prefetch of activities known to take microseconds
+  (:mod:`workers.pace`), so that tasks it cannot start now stay in their queue's backlog.
 """
 
 from __future__ import annotations
@@ -36,21 +37,12 @@ from .attempts import (
     record_in_hand,
     run_activity,
 )
+from .pace import BACKLOG_MS, MOST_PER_THREAD, STALLED_S, Pace
 from .threads import ActivityThreads
 
 log = logging.getLogger("durable.worker")
 
-BACKLOG_MS = 5.0
-"""How much activity work (by recent run times) a worker holds per thread, running or waiting for
-one: activity tasks it read, claimed or leased (eager) beyond that go to other workers."""
-
-MOST_PER_THREAD = 32
-"""The most activities a worker holds per thread, however fast they ran lately: a bound on what an
-activity that turns slow after a run of fast ones can keep waiting here (the recent run time
-follows within a few runs). Eight per thread was too few for 200 concurrent workflows of
-microsecond activities on 2 workers: commits left most of their tasks to a read and a begin round
-trip on any worker, so the runs lost their sticky worker and were loaded again (W2, 12 turns:
-x1.21 steps/s, worker CPU per step x0.80 with 32)."""
+__all__ = ["BACKLOG_MS", "MOST_PER_THREAD", "ActivityHost"]  # the bounds, re-exported (tests)
 
 
 class ActivityHost:
@@ -93,7 +85,8 @@ class ActivityHost:
         self._lock = threading.Lock()
         self.in_flight: dict[tuple[str, str], float] = {}
         self._reserved = 0
-        self._activity_ms = BACKLOG_MS  # recent run time of an activity here; unknown: one per thread
+        self.pace = Pace(concurrency)  # recent run times per activity type: the prefetch they allow
+        self._refused_at = 0.0  # when :meth:`takes` last refused a task a read brought (monotonic)
         # Leased attempts running here without a deadline of their own: (p, run, activity, attempt).
         self.leases: set[tuple[int, str, str, int]] = set()
         self.eager_done: deque[AttemptResult] = deque()
@@ -120,51 +113,69 @@ class ActivityHost:
     def runs_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether this worker runs an activity its decision scheduled, under a lease.
 
-        Local activities always do; in eager mode, others do while this worker holds
-        less than :data:`BACKLOG_MS` of work per thread (by the activities' recent
-        run time: one per thread for slow ones, up to :data:`MOST_PER_THREAD` for
-        activities that take microseconds). The rest go to the activity queue, where
-        any worker can take them, so one worker never hoards a fan-out of slow work.
+        Local activities always do; in eager mode, others do while :meth:`takes` one of its
+        type (a free thread, or a small prefetch of an activity known to take microseconds).
+        The rest go to the activity queue, where any worker can take them, so one worker never
+        hoards a fan-out of slow work.
         """
         if not self.allowed(scheduled.name):
             return False
         if scheduled.local:
-            return self._reserve(bounded=False)
-        return self.eager and scheduled.queue in self.queues and self._reserve()
+            return self._reserve(scheduled.name, bounded=False)
+        return self.eager and scheduled.queue in self.queues and self._reserve(scheduled.name)
 
     def claims_here(self, scheduled: ev.ActivityScheduled) -> bool:
         """Whether the commit of the decision that scheduled this queued activity should read
-        its task for this worker (:meth:`run_claimed`): a queue it serves, a type it has, and room
-        in its :meth:`backlog` (a thread free; for activities that take microseconds, up to
-        :data:`BACKLOG_MS` of work per thread waiting for one), so the task starts without a
-        read and a begin round trip of its own. Otherwise it waits in its stream for any worker.
+        its task for this worker (:meth:`run_claimed`): a queue it serves, a type it has, and
+        room (:meth:`takes`), so the task starts without a read and a begin round trip of its
+        own. Otherwise it waits in its stream, in the queue's backlog, for any worker.
         (Claiming only for a free thread left most of a busy worker's tasks to that slower path.)
         """
         if scheduled.queue not in self._claimable or not self.allowed(scheduled.name):
             return False
-        return self._reserve()
+        return self._reserve(scheduled.name)
 
-    def _reserve(self, *, bounded: bool = True) -> bool:
-        """Take a place in the backlog for a leased or claimed activity (``bounded``: only if
-        the backlog has room); given back by :meth:`lease_dropped` or when it is run."""
+    def _reserve(self, name: str, *, bounded: bool = True) -> bool:
+        """Take a place for a leased or claimed activity of type ``name`` (``bounded``: only if
+        :meth:`takes` one); given back by :meth:`lease_dropped` or when it is run."""
         with self._lock:
-            if bounded and self.busy + self._reserved >= self.backlog():
+            if bounded and not self._room(name):
                 return False
             self._reserved += 1
             return True
 
-    def backlog(self) -> float:
-        """How many activities this worker may hold (running or waiting for a thread)."""
-        per_thread = BACKLOG_MS / max(self._activity_ms, 0.001)
-        return min(float(MOST_PER_THREAD), max(1.0, per_thread)) * self.concurrency
-
-    def _ran(self, seconds: float) -> None:
-        # Moving average of how long an activity's own code takes here (ms). Not the whole
-        # attempt: with the main thread deciding, a thread waits up to the GIL's switch interval
-        # (5 ms) to go on, so microsecond activities measured as milliseconds and the backlog
-        # fell to about one per thread in W2.
+    def takes(self, name: str) -> bool:
+        """Whether this worker may take one more activity task of type ``name`` now: a thread is
+        free, or the task is in the small prefetch :mod:`workers.pace` allows (an activity type
+        known to take microseconds, on threads that are turning over)."""
         with self._lock:
-            self._activity_ms += 0.1 * (seconds * 1000 - self._activity_ms)
+            if self._room(name):
+                return True
+        # Reads ask for no prefetch a while: a read for it brought a type that gets none (it goes
+        # back to its stream), and would bring it back at once, over and over.
+        self._refused_at = time.monotonic()
+        return False
+
+    def _room(self, name: str) -> bool:  # under self._lock
+        held = self.busy + self._reserved
+        if held < self.concurrency:
+            return True
+        return held < self.pace.limit(name, self._pool.stalled(STALLED_S))
+
+    def read_room(self) -> int:
+        """How many activity tasks a read may bring now (:meth:`takes` decides each of them):
+        the free threads, plus the prefetch of the fastest type while no thread is stalled."""
+        with self._lock:
+            held = self.busy + self._reserved
+        free = self.concurrency - held
+        if self._pool.stalled(STALLED_S) or time.monotonic() - self._refused_at < STALLED_S:
+            return max(0, free)
+        return max(free, self.pace.most() - held)
+
+    def waiting(self) -> int:
+        """Activities this worker holds that no thread runs yet (taken as prefetch)."""
+        with self._lock:
+            return max(0, self.busy + self._reserved - self.concurrency)
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
@@ -192,7 +203,7 @@ class ActivityHost:
                 allowed=self.allowed,
                 on_timer=self.on_timer,
                 on_result=self._eager_result if self.eager else None,
-                on_ran=self._ran,
+                on_ran=self.pace.ran,
             )
             self.activities_run += 1
         except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
@@ -253,7 +264,7 @@ class ActivityHost:
                 on_result=self._eager_result if begun is not None else self._queued_result,
                 unserved=self.unserved,
                 begun=begun,
-                on_ran=self._ran,
+                on_ran=self.pace.ran,
             )
             self.activities_run += 1
         except Exception as exc:  # noqa: BLE001 - see below

@@ -56,7 +56,7 @@ def _never(_due: int) -> None:
     pass
 
 
-def _unmeasured(_seconds: float) -> None:
+def _unmeasured(_name: str, _seconds: float) -> None:
     pass
 
 
@@ -76,7 +76,7 @@ def run_activity(
     on_result: OnResult | None = None,
     unserved: Unserved | None = None,
     begun: Begun | None = None,
-    on_ran: Callable[[float], None] = _unmeasured,
+    on_ran: Callable[[str, float], None] = _unmeasured,
 ) -> str:
     """Run one activity attempt from a task stream and record its outcome (see
     :func:`execute_attempt`). Returns the outcome word. A task whose type this worker
@@ -121,14 +121,14 @@ def execute_attempt(
     on_timer: Callable[[int], None] = _never,
     on_result: OnResult | None = None,
     begun: Begun | None = None,
-    on_ran: Callable[[float], None] = _unmeasured,
+    on_ran: Callable[[str, float], None] = _unmeasured,
 ) -> str:
     """Run one attempt of ``task`` and record what happened.
 
     ``begun``: the attempt was begun already (by the commit that scheduled and claimed it for
     this worker), so :meth:`~durable.store.redis_store.RedisStore.begin_attempt` is skipped.
-    ``on_ran``: told how many seconds the activity's own code took (not the round trips around
-    it, nor the waits for the GIL before and after), when it ran.
+    ``on_ran``: told the activity's type and how many seconds its own code took (not the round
+    trips around it, nor the waits for the GIL before and after), when it ran.
 
     A failure is recorded at once (retry timer or ActivityFailed). A result is
     recorded with the completion script, or handed to ``on_result`` when the
@@ -165,7 +165,7 @@ def _attempt(
     on_timer: Callable[[int], None],
     on_result: OnResult | None,
     begun: Begun | None = None,
-    on_ran: Callable[[float], None] = _unmeasured,
+    on_ran: Callable[[str, float], None] = _unmeasured,
 ) -> tuple[str, str]:
     """(outcome word, the kind of deadline the worker's own timer ended the attempt at, or "")."""
     resolved = _resolve(store, task, stream, entry_id, allowed)
@@ -214,7 +214,7 @@ def _attempt(
             payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
     except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
-        on_ran(time.perf_counter() - ran)
+        on_ran(task.name, time.perf_counter() - ran)
         failed = fail_attempt(
             store,
             task,
@@ -226,7 +226,7 @@ def _attempt(
             started_ms=begun.now_ms,
         )
         return failed, timed_out_here(exc)  # counted as a timeout, as the scheduler's expiries are
-    on_ran(time.perf_counter() - ran)
+    on_ran(task.name, time.perf_counter() - ran)
     # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
     record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
     result = AttemptResult(task, payload, record, stream, entry_id)

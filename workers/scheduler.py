@@ -19,6 +19,7 @@ from collections.abc import Callable
 from durable.errors import ActivityTimeout, SessionLost
 from durable.schedule_pass import SchedulePass
 from durable.store.connect import is_transient
+from durable.store.memory import OomEpisode
 from durable.store.outage import Incident
 from durable.store.redis_store import RedisStore
 from durable.store.retention import Purger
@@ -73,6 +74,7 @@ class Scheduler:
         heartbeat: Callable[[], None] = lambda: None,
         sticky_timeout_ms: int = 5_000,
         paused: Callable[[], bool] = lambda: False,
+        oom: OomEpisode | None = None,
     ) -> None:
         self.store = store
         self.streams = streams
@@ -85,6 +87,16 @@ class Scheduler:
         self.max_sleep = max_sleep
         self.heartbeat = heartbeat
         self.paused = paused
+        #: Writes refused at maxmemory (the worker's, shared): while on, nothing is reclaimed.
+        self.oom = oom or OomEpisode(log, f"worker {consumer}")
+        keys = store.keys
+        # This worker's private streams: a task pending there is its own, never a dead worker's.
+        self._private = {
+            stream
+            for p in range(keys.partitions)
+            for stream in (keys.workflow_tasks(p, session_queue), keys.activity_tasks(p, session_queue))
+            if session_queue
+        }
         self._last_beat = time.time()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -130,7 +142,9 @@ class Scheduler:
                 sleep = self.tick()
                 self._outage.recovered()
             except Exception as exc:  # noqa: BLE001 - keep scheduling whatever happens
-                if is_transient(exc):
+                if self.oom.failed(exc, "a scheduler write (lease, timers, retries)"):
+                    sleep = 1.0  # said once per episode (with the remedies); no line per pass
+                elif is_transient(exc):
                     sleep = self._outage.failed(exc)  # logged once per outage
                 else:
                     log.exception("scheduler pass failed; retrying in 1 s")
@@ -163,15 +177,20 @@ class Scheduler:
         if now - self._last_claim >= self.claim_idle_ms / 3000:
             self._last_claim = now
             self._refresh_in_flight()
-            if not self.paused():
+            # Not while writes are refused: a task pending here for long is then one this worker
+            # could not finish (or whose idle time it could not reset), not a dead worker's.
+            if not self.paused() and not self.oom.active:
                 self._reclaim()
             self._check_workers()
         if now - self._last_beat >= HEARTBEAT_S:
             self._last_beat = now
             try:
                 self.heartbeat()
+                self.oom.wrote()  # the registry entry is a write: Redis takes them again
             except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
-                if is_transient(exc):
+                if self.oom.failed(exc, "the registry heartbeat"):
+                    pass  # said once per episode; the worker goes on working
+                elif is_transient(exc):
                     self._outage.failed(exc)  # one line per outage, not per heartbeat
                 else:
                     log.warning("worker heartbeat failed: %s", exc)
@@ -203,12 +222,16 @@ class Scheduler:
         return self._next_sweep
 
     def _expire_attempts(self, p: int, now_ms: int) -> None:
+        own = set(self.leases())
         for rid, aid, attempt in self.store.expired_attempts(p, now_ms):
             task, _ = self.store.activity_state(p, rid, aid)
+            if self._renew_own(p, (rid, aid, attempt), task, now_ms, own):
+                continue
             self.store.drop_deadline(p, rid, aid, attempt)
             if task is None or task.attempt != attempt:
                 continue
-            kind = timeout_kind(task, self.store.attempt_started(p, rid, aid), now_ms)
+            started_ms = self.store.attempt_started(p, rid, aid)
+            kind = timeout_kind(task, started_ms, now_ms)
             error = ActivityTimeout(
                 f"activity {task.name} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )
@@ -222,12 +245,30 @@ class Scheduler:
                     error,
                     stream=task.stream,
                     entry_id="",
-                    started=time.time(),
+                    started=_attempt_began(started_ms, now_ms),
                     on_timer=self.notify,
                 )
             finally:
                 unbind_run(token)
             metrics.timed_out(task.name, task.stream, kind, outcome)
+
+    def _renew_own(
+        self,
+        p: int,
+        attempt: tuple[str, str, int],
+        task: ActivityTask | None,
+        now_ms: int,
+        own: set[tuple[int, str, str, int]],
+    ) -> bool:
+        """Whether the expired ``attempt`` is one this worker runs whose lease merely lapsed (its
+        renewal was refused at maxmemory, or lost): then renewed here rather than failed."""
+        lease = (p, *attempt)
+        if task is None or lease not in own:
+            return False
+        if timeout_kind(task, self.store.attempt_started(p, attempt[0], attempt[1]), now_ms) != "lease":
+            return False  # a real timeout of the attempt: it fails as usual
+        self.store.extend_leases([lease], now_ms + self.claim_idle_ms)
+        return True
 
     def _refresh_in_flight(self) -> None:
         # Reset the idle time of tasks this worker is still working on, so other
@@ -344,7 +385,36 @@ class Scheduler:
         self.store.complete_activity(attempt_failed(task, error, record, stream=stream, entry_id=entry_id))
 
     def _reclaim(self) -> None:
+        busy = set(self.in_flight())
         for stream in self.streams:
             for entry_id, fields in self.store.reclaim(stream, self.consumer, self.claim_idle_ms):
-                log.warning("reclaimed task %s from %s (its worker stopped responding)", entry_id, stream)
+                if (stream, entry_id) in busy:
+                    # Ours and still running: its idle time went unrefreshed (a refused or lost
+                    # write), it is not abandoned. Claiming it again just reset its idle time.
+                    continue
+                if stream in self._private:
+                    log.warning(
+                        "retrying task %s of this worker's private stream %s: it read it but did not "
+                        "finish it (a write refused or a reply lost)",
+                        entry_id,
+                        stream,
+                    )
+                else:
+                    log.warning(
+                        "reclaimed task %s from %s: pending for %.0f s (its worker stopped responding, "
+                        "or could not finish it)",
+                        entry_id,
+                        stream,
+                        self.claim_idle_ms / 1000,
+                    )
                 self.reclaimed(stream, entry_id, fields)
+
+
+def _attempt_began(started_ms: int | None, now_ms: int) -> float:
+    """When an expired attempt began, as a ``time.time()`` value, so that its record's duration
+    is the time it ran until the deadline passed (taking the expiry for its start said 0 ms).
+    The span is ``now_ms - started_ms``, the one :func:`timeout_kind` compares with the timeouts;
+    unknown (the attempt registered no start): now."""
+    if not started_ms:
+        return time.time()
+    return time.time() - max(0, now_ms - started_ms) / 1000

@@ -2,7 +2,9 @@
 
 Lighter than ``concurrent.futures.ThreadPoolExecutor`` on the hot path: no
 Future per call (the calls hand their results over themselves), one lock-free
-``SimpleQueue``. A call's exception is logged; the thread carries on.
+``SimpleQueue``. A call's exception is logged; the thread carries on. Each thread notes when its
+current call began (:meth:`ActivityThreads.stalled`), so the worker holds no tasks behind threads
+stuck in long activities.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +35,11 @@ class ActivityThreads:
         )
         self._initializer = initializer
         self._initargs = initargs
+        # When each thread's current call began (monotonic s; 0.0: idle). Each slot is written by
+        # its own thread only and read whole (a float), so no lock on the hot path.
+        self._began = [0.0] * n
         self._threads = [
-            threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(n)
+            threading.Thread(target=self._serve, args=(i,), name=f"{name}_{i}", daemon=True) for i in range(n)
         ]
         for thread in self._threads:
             thread.start()
@@ -41,6 +47,11 @@ class ActivityThreads:
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the next free thread."""
         self._calls.put((fn, args))
+
+    def stalled(self, longer_than: float) -> int:
+        """How many threads have been running their current call for more than ``longer_than`` s."""
+        since = time.monotonic() - longer_than
+        return sum(1 for began in self._began if 0.0 < began < since)
 
     def shutdown(self) -> None:
         """Drop the calls not started yet; the threads exit after their current call."""
@@ -52,14 +63,17 @@ class ActivityThreads:
         for _ in self._threads:
             self._calls.put(None)
 
-    def _serve(self) -> None:
+    def _serve(self, i: int) -> None:
         self._initializer(*self._initargs)
         while True:
             call = self._calls.get()
             if call is None:
                 return
             fn, args = call
+            self._began[i] = time.monotonic()
             try:
                 fn(*args)
             except BaseException:  # noqa: BLE001 - a call must not take its thread down
                 log.exception("activity thread: %s failed", getattr(fn, "__name__", fn))
+            finally:
+                self._began[i] = 0.0

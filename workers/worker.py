@@ -30,6 +30,7 @@ from typing import Any
 
 from durable import registry
 from durable.store.connect import consumer_name, is_missing_group, is_transient
+from durable.store.memory import OomEpisode
 from durable.store.outage import Incident, retry_transient
 from durable.store.reads import Reply
 from durable.store.redis_store import RedisStore
@@ -42,6 +43,7 @@ from .attempts import complete_and_preload
 from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
+from .pace import task_name
 from .reader import TaskReader
 from .scheduler import Scheduler
 from .watchdog import (
@@ -151,6 +153,9 @@ class Worker:
         # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
         # still work while its writes are refused (OOM): only a quiet spell ends an incident.
         self._outage = Incident(log, "worker loop", settle=3.0)
+        # Writes refused at maxmemory (shared with the scheduler): said once, with the remedies;
+        # meanwhile nothing of this worker's is taken for abandoned.
+        self._oom = OomEpisode(log, f"worker {self.consumer}")
         #: Starts the embedded Redis again if it died (set for one; see :meth:`_wait_out`).
         self.revive_redis: Callable[[], bool] | None = None
         self._revive_at = 0.0
@@ -219,6 +224,7 @@ class Worker:
             self.store,
             streams=self.workflow_streams + self.sticky_streams + self.activity_streams + self.outbox_streams,
             paused=lambda: self._outage.active,
+            oom=self._oom,
             consumer=self.consumer,
             reclaimed=self._on_reclaimed,
             in_flight=lambda: list(self.activities.in_flight),
@@ -336,6 +342,7 @@ class Worker:
         """Pause: ``exc`` says Redis is unavailable for now. Results in hand stay for the next
         pass, tasks read but not finished stay pending in Redis."""
         delay = self._outage.failed(exc)
+        self._oom.failed(exc, "a write of the worker loop")
         if self.revive_redis is not None and time.monotonic() >= self._revive_at:
             self._revive_at = time.monotonic() + 5.0  # a server that will not start is not hammered
             try:
@@ -447,13 +454,14 @@ class Worker:
                 )
                 continue
             self._dispatch(kind, stream, entry_id, fields, redelivered=True)
-        # Activity tasks only while a thread is free; COUNT is per stream: each gets a share.
+        # Activity tasks only for a free thread (or the small prefetch of microsecond activities,
+        # workers.pace): the rest stay in their queue's backlog, where any worker (and `durable
+        # workers`) sees them. COUNT is per stream: each gets a share.
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
-        busy = self.activities.busy
-        free = self.concurrency - busy
-        if free > 0:
-            per_stream = (int(self.activities.backlog()) - busy) // max(1, len(self.activity_streams))
-            lanes[ACTIVITIES] = (self.activity_streams, max(1, min(free, per_stream)))
+        room = self.activities.read_room()
+        if room > 0:
+            per_stream = room // max(1, len(self.activity_streams))
+            lanes[ACTIVITIES] = (self.activity_streams, max(1, min(self.concurrency, per_stream)))
         idle = not (self._reclaimed or self.activities.results_in_hand)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
         try:
@@ -477,16 +485,15 @@ class Worker:
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
         decisions: list[Task] = []
         # COUNT is per stream, so one read over many activity streams may bring more tasks
-        # than this worker should hold: the excess goes back to its streams for others.
-        room = int(self.activities.backlog()) - self.activities.busy
+        # than this worker should hold (or tasks of a type it prefetches none of): the excess
+        # goes back to its streams for others.
         excess: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
         partition_of = self.store.keys.partition_of_key
         for lane, reply in response:
             for stream, entries in reply:
                 if lane == ACTIVITIES:
                     for entry_id, fields in entries:
-                        if room > 0:
-                            room -= 1
+                        if self.activities.takes(task_name(fields)):
                             self._dispatch(ACTIVITY, stream, entry_id, fields)
                         else:
                             excess.setdefault(stream, []).append((entry_id, fields))

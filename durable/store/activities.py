@@ -8,7 +8,8 @@ of its timers set.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import redis
@@ -76,11 +77,14 @@ class AttemptBegun:
         attempt: The attempt number.
         started_ms: When it began (ms; 0: it waits for a worker, or for its retry time).
         worker: The worker that began it ("" when it has not begun).
+        backlog: When it has not begun: the activity tasks waiting in its queue's streams for a
+            worker (over every partition; ``None``: not counted).
     """
 
     attempt: int
     started_ms: int = 0
     worker: str = ""
+    backlog: int | None = None
 
 
 class ActivityStore(StoreBase):
@@ -236,6 +240,48 @@ class ActivityStore(StoreBase):
                 out[aid] = AttemptBegun(attempt, int(started or 0), worker)
             else:  # the last attempt begun is an older one: this one waits for a worker
                 out[aid] = AttemptBegun(attempt)
+        return out
+
+    def pending_attempts(
+        self, p: int, run_id: str, steps: Sequence[Mapping[str, Any]]
+    ) -> dict[str, AttemptBegun]:
+        """:meth:`attempts_begun` for a run's pending ``steps`` (its snapshot's), each attempt not
+        begun yet with the ``backlog`` of its queue (:meth:`queued_activity_tasks`): what
+        ``durable describe`` says of an activity no worker has started."""
+        queue_of = {str(s["id"]): str(s.get("queue") or "") for s in steps if s.get("kind") == "activity"}
+        begun = self.attempts_begun(p, run_id, list(queue_of))
+        waiting = {queue_of[aid] for aid, b in begun.items() if not b.worker and queue_of[aid]}
+        if not waiting:
+            return begun
+        backlog = self.queued_activity_tasks(sorted(waiting))
+        return {
+            aid: (b if b.worker or not queue_of[aid] else replace(b, backlog=backlog[queue_of[aid]]))
+            for aid, b in begun.items()
+        }
+
+    def queued_activity_tasks(self, queues: Sequence[str]) -> dict[str, int]:
+        """Per queue, the activity tasks waiting in its streams (over every partition) that no
+        worker has read yet: a stream's length less its pending entries (acknowledged tasks are
+        deleted). What a worker took but has not started counts as pending, not here: so workers
+        read no more than they can start (:mod:`workers.pace`)."""
+        streams = [(q, self.keys.activity_tasks(p, q)) for q in queues for p in range(self.keys.partitions)]
+        out = dict.fromkeys(queues, 0)
+        for indexes in self._by_node([stream for _, stream in streams]).values():
+            with self.pipeline(streams[indexes[0]][1], transaction=False) as pipe:
+                for i in indexes:
+                    pipe.xlen(streams[i][1])
+                    pipe.xinfo_groups(streams[i][1])
+                replies = pipe.execute(raise_on_error=False)
+            for n, i in enumerate(indexes):
+                length, groups = replies[2 * n], replies[2 * n + 1]
+                if not isinstance(length, int):
+                    continue
+                pending = 0
+                if isinstance(groups, list):  # no group yet (no worker ever read it): all waiting
+                    pending = sum(
+                        int(g.get("pending", 0)) for g in groups if text(g.get("name", b"")) == GROUP
+                    )
+                out[streams[i][0]] += max(0, length - pending)
         return out
 
     def activity_state(

@@ -204,12 +204,15 @@ class ScheduleStore(StoreBase):
         return list(work), soonest
 
     def instance_statuses(self, workflow_ids: Sequence[str]) -> list[str | None]:
-        """The status of each workflow id's current run (``None``: no such workflow)."""
-        out: list[str | None] = []
-        for wid in workflow_ids:
-            status = self.redis.hget(self.keys.instance(self.keys.partition(wid), wid), "status")
-            out.append(None if status is None else text(status))
-        return out
+        """The status of each workflow id's current run (``None``: no such workflow), in one
+        pipelined round trip (``describe`` asks it for every pending child of a fan-out)."""
+        if not workflow_ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for wid in workflow_ids:
+                pipe.hget(self.keys.instance(self.keys.partition(wid), wid), "status")
+            replies = pipe.execute()
+        return [None if status is None else text(status) for status in replies]
 
     def mark_scheduled_run(self, workflow_id: str, run_id: str, schedule_id: str, scheduled_ms: int) -> None:
         """Record on the run which schedule started it and for which time (``durable describe``

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
-from .base import StoreBase
 from .keys import is_private
+from .memory import REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, decode_run, text
 
 __all__ = [
@@ -209,7 +209,7 @@ def takes_new_runs(queue: str, current: str, live: Iterable[WorkerInfo]) -> list
     return [w for w in live if queue in w.queues and (not w.build or w.build == current)]
 
 
-class WorkerRegistry(StoreBase):
+class WorkerRegistry(MemoryStore):
     """Workers' registry entries, and the compare-and-set of a queue's current build."""
 
     def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> None:
@@ -267,18 +267,23 @@ class WorkerRegistry(StoreBase):
         self, record: Mapping[str, Any], live: Sequence[WorkerInfo] | None = None
     ) -> BlockedReason | None:
         """Why an open run cannot move: the reason its record holds (nondeterminism, unknown
-        type, ...), else that no live worker serves its pinned build or, unpinned, its queue;
-        ``None``: it can move. ``live``: the live workers, if the caller has read them already."""
+        type, ...), else that Redis refuses writes at ``maxmemory`` (kind
+        :data:`~durable.store.memory.REDIS_OOM`: no run moves then, and the workers look gone),
+        else that no live worker serves its pinned build or, unpinned, its queue; ``None``: it
+        can move. ``live``: the live workers, if the caller has read them already."""
         reason = blocked_reason(record)
-        if (
-            reason is None
-            and record.get("status", "pending") in OPEN_STATUSES  # no registry read for a closed run
-            and (unserved := no_worker_reason(record, self.live_workers() if live is None else live))
-        ):
-            reason = BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
-        if reason is None and record.get("status", "pending") in OPEN_STATUSES:
-            reason = self._child_blocked(record)
-        return reason
+        if reason is not None or record.get("status", "pending") not in OPEN_STATUSES:
+            return reason  # no registry read for a closed run
+        unserved = no_worker_reason(record, self.live_workers() if live is None else live)
+        # At maxmemory nothing moves, and the workers' heartbeats are refused too: they look
+        # gone, but Redis is why. One INFO (a read: it works under OOM).
+        refused = self.memory_state().reason
+        if refused:
+            also = f" (workers' heartbeats cannot be written either, so the registry says: {unserved})"
+            return BlockedReason(kind=REDIS_OOM, message=refused + (also if unserved else ""))
+        if unserved:
+            return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
+        return self._child_blocked(record)
 
     def _child_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
         """A child this run waits on that is blocked itself (its reason, naming the child): the

@@ -96,7 +96,9 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     """What ``durable workers --json`` prints: the live workers; per queue which build is
     current and which workers start its new runs; and per queue its ``backlog``
     (:meth:`~durable.store.workers.WorkerRegistry.queue_backlog`). A queue tasks were sent to
-    that no live worker serves is listed too while tasks wait on it (its ``workers`` empty)."""
+    that no live worker serves is listed too while tasks wait on it (its ``workers`` empty).
+    ``redis_memory`` is :meth:`~durable.store.memory.MemoryStore.memory_state`; ``problem`` its
+    reason while Redis refuses writes (``maxmemory``), else ``None``."""
     live = store.live_workers()
     now = store.server_time_ms()
     served = served_queues(live)
@@ -132,7 +134,16 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
         }
         for w in live
     ]
-    return {"workers": workers, "queues": per_queue, "backlog": {q: backlog[q] for q in queues}}
+    report: dict[str, Any] = {
+        "workers": workers,
+        "queues": per_queue,
+        "backlog": {q: backlog[q] for q in queues},
+    }
+    # At maxmemory the workers' heartbeats are refused: the list above may miss live workers.
+    memory = store.memory_state()
+    report["redis_memory"] = memory.to_dict()
+    report["problem"] = memory.reason
+    return report
 
 
 def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
@@ -187,6 +198,16 @@ def workers_(state: CliState, as_json: bool) -> None:
         click.echo(to_json(report, indent=1))
         return
     out = console()
+    if report["problem"]:
+        # First, and on stderr too: the tables below are what Redis still holds, not the truth.
+        out.print(Text(report["problem"], style="bold red"))
+        out.print(
+            Text(
+                "workers' registry heartbeats cannot be written meanwhile: a worker missing below "
+                "may well be alive",
+                style="red",
+            )
+        )
     out.print(_workers_table(report, mask_url(state.url or "")))
     if report["queues"]:
         out.print(_queues_table(report))

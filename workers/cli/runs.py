@@ -326,7 +326,8 @@ def status(state: CliState, workflow_id: str) -> None:
     if info.blocked:
         click.echo(f"{info.status} (blocked: {info.blocked.message})")
     else:
-        retrying = info.retrying()
+        # Redis's clock: the retry's due time was set on it, this host's may be off.
+        retrying = info.retrying(stub.store.server_time_ms()) + info.queued()
         click.echo(f"{info.status} ({'; '.join(retrying)})" if retrying else info.status)
 
 

@@ -25,6 +25,7 @@ from durable.errors import (
     WorkflowNotFound,
 )
 from durable.schedules import ScheduleExists, ScheduleNotFound
+from durable.store.memory import REMEDY, is_oom
 from workers.config import mask_secrets
 
 __all__ = ["CODES", "ApiError", "from_exception"]
@@ -52,6 +53,7 @@ CODES: dict[str, tuple[int, str]] = {
     "internal": (500, "an unexpected server error (logged by the server)"),
     "not_implemented": (501, "this engine version does not have the feature"),
     "redis_unavailable": (503, "the server cannot reach Redis"),
+    "redis_out_of_memory": (503, "Redis refuses writes: it reached maxmemory (the message says what to do)"),
 }
 """Every error code the API answers with: its HTTP status and what it means (also in the
 OpenAPI document and docs/server.md)."""
@@ -95,6 +97,9 @@ def from_exception(exc: BaseException) -> ApiError:
             return ApiError(code, _first_line(exc))
     if isinstance(exc, DurableError):
         return ApiError("rejected", _first_line(exc))
+    if is_oom(exc):
+        log.warning("redis refuses writes: %s", _first_line(exc))
+        return ApiError("redis_out_of_memory", f"Redis is out of memory: writes are refused; {REMEDY}")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         log.warning("redis unavailable: %s", mask_secrets(_first_line(exc)))
         return ApiError("redis_unavailable", "the server cannot reach Redis; try again")

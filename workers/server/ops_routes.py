@@ -15,7 +15,12 @@ __all__ = ["ENDPOINTS", "hook_payload"]
 
 
 def healthz(call: Call) -> dict[str, Any]:
-    call.store.redis.ping()  # unreachable: the API's 503 redis_unavailable
+    """``{"status": "ok"}``; 503 ``redis_unavailable`` when Redis is unreachable, 503
+    ``redis_out_of_memory`` (with the reason) when it refuses writes at ``maxmemory``: it
+    still answers reads then, but no run can make progress."""
+    reason = call.store.memory_state().reason  # unreachable: the API's 503 redis_unavailable
+    if reason:
+        raise ApiError("redis_out_of_memory", reason)
     return {"status": "ok"}
 
 

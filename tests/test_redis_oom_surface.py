@@ -1,0 +1,199 @@
+"""Redis at ``maxmemory`` (noeviction): the operator surface says so, and workers keep their work.
+
+Each test fills a private Redis (``fresh_redis``) until it answers ``OOM`` to writes, then
+checks what ``durable workers``, ``durable describe`` and the server's ``/healthz`` say (real
+processes), and that a live worker whose lease and heartbeat writes were refused does not take
+its own running attempt for abandoned. Every process a test starts is stopped by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from apps.basic import SlowSteps
+from procs import ROOT, TESTS, stop
+from server_procs import ServerProc
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.embedded import EmbeddedRedis
+from durable.store.memory import is_oom
+from durable.store.redis_store import RedisStore
+
+FILLER = "oomtest:filler:"
+OOM_REASON = "Redis is out of memory (used "
+
+
+def fill_until_oom(client: redis.Redis) -> int:
+    """Lower ``maxmemory`` to a little above what is used (unless done already), then write
+    until Redis refuses even a tiny write (big values first, then smaller ones: a refused big
+    one leaves room for small ones); returns how many filler keys went in."""
+    if not int(client.info("memory")["maxmemory"]):
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 16 * 1024 * 1024)
+    written = len(list(client.scan_iter(f"{FILLER}*", count=1000)))
+    for size in (64 * 1024, 4 * 1024, 256, 16):
+        for _ in range(10_000):
+            try:
+                client.set(f"{FILLER}{written}", b"x" * size)
+            except redis.ResponseError as exc:
+                assert is_oom(exc), exc
+                break
+            written += 1
+        else:
+            raise AssertionError("Redis never refused a write")
+    return written
+
+
+def free(client: redis.Redis) -> None:
+    """Lift the limit and drop the filler: writes are accepted again."""
+    client.config_set("maxmemory", 0)
+    for key in client.scan_iter(f"{FILLER}*", count=1000):
+        client.delete(key)
+
+
+@contextmanager
+def kept_full(client: redis.Redis) -> Iterator[None]:
+    """Fill Redis until OOM and keep it there: then ``maxmemory`` 1 MiB below what is used. At
+    the limit itself Redis frees a few KB now and then (idle clients' buffers shrink, leases
+    expire) and a worker's tiny heartbeat could slip through; a real workload takes them at once."""
+    fill_until_oom(client)
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1024 * 1024)
+    try:
+        yield
+    finally:
+        free(client)
+
+
+@pytest.fixture
+def full_client(fresh_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
+    """A client of the private server; its memory limit is lifted again after the test."""
+    client = redis.Redis.from_url(fresh_redis.url)
+    try:
+        yield client
+    finally:
+        free(client)
+        client.close()
+
+
+def durable_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``durable ARGS`` as a real process (it ends by itself; a hang fails the test)."""
+    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", COLUMNS="400")
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def spawn_logged_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``durable worker`` with its log in ``log`` (a file: a pipe left unread would block it)."""
+    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.basic", *extra],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_memory_state_says_when_writes_are_refused(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis
+) -> None:
+    store = RedisStore(fresh_redis.url)
+    try:
+        before = store.memory_state()
+        assert not before.refused and before.reason is None
+        fill_until_oom(full_client)
+        full = store.memory_state()
+        assert full.refused and full.maxmemory > 0 and full.policy == "noeviction"
+        assert full.reason is not None and full.reason.startswith(OOM_REASON)
+        assert "of maxmemory" in full.reason and "writes are refused" in full.reason
+        assert "durable purge" in full.reason
+        free(full_client)
+        assert store.memory_state().reason is None
+    finally:
+        store.close()
+
+
+def test_workers_and_describe_say_redis_is_out_of_memory_and_the_worker_keeps_its_attempt(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis, tmp_path: Path
+) -> None:
+    url = fresh_redis.url
+    store = RedisStore(url)
+    effects = tmp_path / "steps.log"
+    worker_log = tmp_path / "worker.log"
+    # Eager: the worker runs the activity under a lease it renews every --claim-idle / 3 s; at
+    # maxmemory the renewals are refused for several times --claim-idle.
+    proc = spawn_logged_worker(url, worker_log, "--eager", "--claim-idle", "3", "--concurrency", "2")
+    try:
+        wait_for(lambda: store.live_workers(), timeout=30)
+        stub = WorkflowStub.make(SlowSteps, id="oom-run", store=store).start(str(effects), 2, 20.0)
+        wait_for(lambda: effects.exists() and "start s0" in effects.read_text(), timeout=30)
+        with kept_full(full_client):
+            # The workers' registry heartbeats are refused: their entries lapse (TTL 10 s).
+            wait_for(lambda: not store.live_workers(), timeout=20, interval=0.2)
+
+            workers = durable_cli(url, "workers")
+            assert workers.returncode == 0, workers.stderr
+            assert OOM_REASON in workers.stdout and "writes are refused" in workers.stdout
+            report = json.loads(durable_cli(url, "workers", "--json").stdout)
+            assert report["problem"].startswith(OOM_REASON)
+            assert report["redis_memory"]["refused"] is True
+
+            described = durable_cli(url, "describe", "oom-run")
+            assert described.returncode == 0, described.stderr
+            assert OOM_REASON in described.stdout
+            info = json.loads(durable_cli(url, "describe", "oom-run", "--json").stdout)
+            blocked = info["blocked"]
+            message = blocked["message"] if isinstance(blocked, dict) else str(blocked)
+            assert message.startswith(OOM_REASON), info
+            assert "heartbeats cannot be written" in message  # the registry's "no live worker" explained
+            assert "Redis is out of memory: it refused" in worker_log.read_text()
+            assert proc.poll() is None, worker_log.read_text()
+        free(full_client)
+
+        assert stub.result(timeout=60) == ["s0", "s1", "end"]
+    finally:
+        stop(proc)
+        store.close()
+    log = worker_log.read_text()
+    assert log.count("Redis is out of memory: it refused") == 1, log
+    assert "maxmemory" in log and "durable purge" in log
+    assert "stopped responding" not in log, log
+    assert "timed out (lease)" not in log, log
+    # Each step ran once, as attempt 1: the worker never took its own attempt for abandoned.
+    assert effects.read_text().splitlines() == ["start s0 1", "start s1 1"]
+
+
+def test_healthz_answers_503_while_redis_refuses_writes(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis, tmp_path: Path
+) -> None:
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    try:
+        with server.client() as http:
+            assert http.get("/healthz").status_code == 200
+            fill_until_oom(full_client)
+            answer = http.get("/healthz")
+            assert answer.status_code == 503, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "redis_out_of_memory"
+            assert error["message"].startswith(OOM_REASON) and "maxmemory" in error["message"]
+            free(full_client)
+            assert http.get("/healthz").json() == {"status": "ok"}
+    finally:
+        server.stop()
