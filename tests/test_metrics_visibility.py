@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 from apps.basic import Waiter
@@ -77,27 +78,30 @@ def _backlog(collector: QueueCollector) -> dict[tuple[str, str], float]:
 def test_backlog_gauges_include_queues_no_live_worker_serves(store: RedisStore) -> None:
     """A run started on a queue nobody serves: a worker's port (its own queues given) and the
     operator server's (none given) both report that queue's backlog, as `durable workers` does."""
-    WorkflowStub.make(Waiter, queue="nobody").start(0.01)
-    WorkflowStub.make(Waiter, queue="nobody").start(0.01)
+    # A name of its own: a process notes a queue name once, and other tests used theirs (the
+    # tests flush Redis in between; a deployment never deletes the set of known queues).
+    nobody = f"nobody-{uuid.uuid4().hex[:8]}"
+    WorkflowStub.make(Waiter, queue=nobody).start(0.01)
+    WorkflowStub.make(Waiter, queue=nobody).start(0.01)
     for queues in (["default"], None):
         backlog = _backlog(QueueCollector(store, queues))
-        assert backlog[("nobody", "workflow")] == 2, (queues, backlog)
+        assert backlog[(nobody, "workflow")] == 2, (queues, backlog)
         assert backlog[("default", "workflow")] == 0
     # The known queues come after a worker's own: the scan limit drops those first.
-    assert QueueCollector(store, ["mine"])._queue_names() == ["mine", "nobody"]
+    assert QueueCollector(store, ["mine"])._queue_names() == ["mine", nobody]
 
 
 def test_backlog_text_of_a_scrape_names_the_unserved_queue(store: RedisStore) -> None:
     """The same through the exposition a scraper reads (the operator server's `/metrics`)."""
     from workers import metrics  # noqa: PLC0415 - after the importorskip above
 
-    # Another name than above: a process notes a queue name once (the tests flush Redis between).
-    WorkflowStub.make(Waiter, queue="unserved").start(0.01)
+    unserved = f"unserved-{uuid.uuid4().hex[:8]}"  # a name of its own, as above
+    WorkflowStub.make(Waiter, queue=unserved).start(0.01)
     body, _ = metrics.exposition(metrics.registry_for(store, ["default"], fresh=True))
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(body.decode())
         for s in family.samples
     }
-    key = ("durable_task_queue_backlog", (("kind", "workflow"), ("queue", "unserved")))
+    key = ("durable_task_queue_backlog", (("kind", "workflow"), ("queue", unserved)))
     assert samples.get(key) == 1

@@ -126,7 +126,13 @@ class MemoryStore(StoreBase):
                 1 s time to live, deleted at once): under an eviction policy that finds no key
                 to evict, it is refused too (not on a cluster).
         """
-        states = [self._node_memory(name, info) for name, info in self._memory_infos()]
+        try:
+            infos = self._memory_infos()
+        except rexc.NoPermissionError:
+            # An ACL user without INFO (`-@dangerous`, docs/security.md): the limit is unknown,
+            # so nothing is said about it (the views fall back to what the registry shows).
+            return MemoryState(0, 0)
+        states = [self._node_memory(name, info) for name, info in infos]
         state = max(states, key=lambda s: (s.refused, s.used / s.maxmemory if s.maxmemory else 0.0))
         if state.refused or not state.maxmemory or state.used < state.maxmemory * PROBE_FROM:
             return state
