@@ -321,6 +321,8 @@ def run_coroutine(
             loop.call_soon_threadsafe(_cancel, beats)
     try:
         return future.result()
+    except _Escaped as escaped:
+        raise escaped.error from None  # recorded as the attempt's failure (SystemExit: 2)
     except BaseException as exc:
         if beats.cancelled and isinstance(exc, asyncio.CancelledError | CancelledError):
             error = ActivityCancelledError(
@@ -346,6 +348,23 @@ def _claim_timeout(exc: ActivityTimeout, hold: Hold | None) -> None:
             setattr(exc, _RECORDED, True)
     except Exception:  # noqa: BLE001 - Redis unavailable: recorded anyway (refused if the scheduler was first)
         pass
+
+
+class _Escaped(Exception):  # noqa: N818 - a carrier, not an error of its own
+    """A ``SystemExit`` or ``KeyboardInterrupt`` an attempt's coroutine raised (``sys.exit()``
+    in a library it calls), carried to the attempt's thread as a plain exception: asyncio lets
+    those two out of a task's step, which would end the loop and hang every async attempt."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _contained(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        return await coroutine
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Escaped(exc) from None
 
 
 def _start(
@@ -393,7 +412,7 @@ async def _attempt(
         timeout = asyncio.timeout(remaining)
         try:
             async with timeout:
-                return await coroutine
+                return await _contained(coroutine)
         except TimeoutError:
             if timeout.expired():
                 assert deadline is not None

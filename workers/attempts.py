@@ -213,7 +213,9 @@ def _attempt(
             value = interceptors.execute(task, fn, definition.typed_args(args))
             payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
-    except Exception as exc:  # every failure is recorded; BaseExceptions (worker exit) propagate
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        # Every failure is recorded, sys.exit() too (argparse and click call it): let through,
+        # it ended the thread's call unrecorded, and the task ran again at every reclaim, forever.
         on_ran(task.name, time.perf_counter() - ran)
         failed = fail_attempt(
             store,
