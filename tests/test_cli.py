@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.cli import cli, json_default, parse_args, to_json
+from workers.cli.core import CliError
 from workers.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,6 +133,13 @@ def worker_proc(redis_url: str) -> Iterator[subprocess.Popen[str]]:
 
 
 # --------------------------------------------------------------------------- pure helpers
+
+
+@pytest.mark.parametrize("value", ['{"name": "bob",}', "[1, 2", '"unterminated', "{'a': 1}"])
+def test_parse_args_refuses_what_was_meant_as_json(value: str) -> None:
+    """It became a string, silently: ``'{"name": "bob",}'`` reached the workflow as text."""
+    with pytest.raises(CliError, match=r"argument 2 is not valid JSON: .* in "):
+        parse_args(["1", value])
 
 
 def test_parse_args_json_then_string() -> None:

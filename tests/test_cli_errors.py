@@ -282,3 +282,13 @@ def test_a_folder_without_data_gets_no_server(project: Path) -> None:
     assert "no Redis here" in line
     assert not (project / ".durable" / "redis.sock").exists()
     (project / ".durable" / "redis.pid").unlink()  # not a server's: nothing to stop
+
+
+def test_a_worker_whose_app_is_not_found_starts_no_server(project: Path) -> None:
+    """A typo in --app, or the wrong folder: said before an embedded Redis is started for it
+    (it was started first, and left running)."""
+    line = one_error_line(run_cli(project, "worker", "--app", "no_such_app"))
+    assert line.startswith(
+        "error: cannot import app module 'no_such_app': No module named 'no_such_app' in "
+    ), line
+    assert not (project / ".durable").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -17,11 +18,29 @@ from durable import codec, registry
 __all__ = ["AUTO_BUILD_ID", "code_build_id", "load_app", "tune_gc"]
 
 
+def app_path() -> None:
+    """Put the current folder on ``sys.path``, where ``--app`` modules are looked for."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def missing_app(modules: Iterable[str]) -> str | None:
+    """The first of ``modules`` Python cannot find at all (a typo, the wrong folder), without
+    importing any: a worker says so before it starts an embedded Redis it would not use."""
+    app_path()
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):  # its parent package is missing; a name like ".x"
+            return name
+    return None
+
+
 def load_app(modules: Iterable[str]) -> list[Any]:
     """Import the user's modules (``--app``); their workflows and activities register themselves."""
     loaded = []
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    app_path()
     for name in modules:
         module = importlib.import_module(name)
         # Payloads may name the app's own types (dataclasses, enums, exceptions): allow them.

@@ -22,10 +22,21 @@ from durable.config import check_namespace
 from durable.store.connect import BadRedisUrl
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
+from workers.app import missing_app
 from workers.config import mask_secrets, mask_url
 from workers.worker import load_app
 
-__all__ = ["CliError", "CliState", "DurableGroup", "cli", "load_apps", "one_line", "parse_args", "pass_state"]
+__all__ = [
+    "CliError",
+    "CliState",
+    "DurableGroup",
+    "cli",
+    "find_apps",
+    "load_apps",
+    "one_line",
+    "parse_args",
+    "pass_state",
+]
 
 
 class CliError(Exception):
@@ -192,14 +203,32 @@ def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
 
 
 def parse_args(values: Sequence[str]) -> list[Any]:
-    """Each value as JSON, or as a plain string when it is not valid JSON."""
+    """Each value as JSON, or as a plain string when it is not valid JSON; a value that starts
+    like a JSON object, array or string (``{``, ``[``, ``"``) but is not valid JSON is an error,
+    not a string: it was meant as JSON (a trailing comma, single quotes)."""
     out = []
-    for value in values:
+    for n, value in enumerate(values, 1):
         try:
             out.append(json.loads(value))
-        except ValueError:
+        except ValueError as exc:
+            if value.lstrip()[:1] in ("{", "[", '"'):
+                raise CliError(
+                    f"argument {n} is not valid JSON: {exc} in {value!r}; fix it, or pass a string "
+                    f"starting with {value.lstrip()[0]!r} as a JSON string ('\"...\"')"
+                ) from None
             out.append(value)
     return out
+
+
+def find_apps(modules: Sequence[str]) -> None:
+    """Raise :class:`CliError` if an ``--app`` module cannot be found at all (nothing imported:
+    a worker checks before it starts an embedded Redis it would not use)."""
+    name = missing_app(modules)
+    if name is not None:
+        problem = _import_problem(
+            name, ImportError(f"No module named {name!r} in {os.getcwd()} or on the Python path")
+        )
+        raise CliError(f"cannot import app module {name!r}: {problem}")
 
 
 def load_apps(modules: Sequence[str]) -> list[ModuleType]:

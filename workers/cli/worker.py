@@ -16,7 +16,7 @@ from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker
-from workers.cli.core import CliError, CliState, pass_state
+from workers.cli.core import CliError, CliState, find_apps, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
 from workers.supervisor import JOINED, READY_FD_ENV, worker_supervisor
@@ -251,6 +251,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     --decision-timeout blocks its run and exits 70: run workers under a supervisor
     (--processes N, systemd) to have them restarted.
     """
+    find_apps(options["apps"])  # a typo must not start an embedded Redis first
     store = _open_store(state)
     _apply_retention(store, options)
     config = _config(state, store, options)
