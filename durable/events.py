@@ -116,7 +116,7 @@ class ActivityScheduled(Event):
     timeouts: dict[str, Any] = dataclasses.field(default_factory=dict)
     local: bool = False
     headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # recorded, never compared on replay
-    compared = ("name", "args", "queue", "retry", "timeouts", "local")
+    compared = ("name", "args", "local")  # no options: the recorded ones govern (docs/determinism.md)
     payloads = ("args",)
     is_command = True
 

@@ -23,6 +23,7 @@ from durable import (
     DurableError,
     HistoryCorrupt,
     NondeterminismError,
+    RetryPolicy,
     SignalTimeout,
     Workflow,
     activity,
@@ -967,6 +968,30 @@ def test_changed_command_is_nondeterminism(
     assert err.recorded is not None and err.issued is not None
     d.close()
     assert not [b for b in gc.get_objects() if isinstance(b, Branch) and b.runtime is d and not b.dead]
+
+
+class RTNdOptions(Workflow):
+    """RTNdBase with other activity options: queue, retry policy, timeouts."""
+
+    def handle(self) -> Any:
+        activity(
+            rt_add, 1, 2, queue="elsewhere", retry=RetryPolicy(max_attempts=9), start_to_close_timeout=20
+        )
+        timer(10)
+        await_signal("go")
+        return activity(rt_add, 3, 4, schedule_to_close_timeout=60)
+
+
+def test_changed_activity_options_replay_and_the_recorded_ones_stay(sims: Any) -> None:
+    """An edit of an activity's options is no divergence (it blocked every run that had scheduled
+    the activity): the recorded options govern the activity scheduled then; the history keeps them."""
+    s = base_history(sims)
+    recorded = [e for e in s.history if getattr(e.event, "TYPE", "") == "ActivityScheduled"]
+    d = Driver(run_id="run-1", resolve=lambda _: RTNdOptions)
+    d.replay(s.history)  # no NondeterminismError
+    assert d.status == "completed"
+    assert [e.event.queue for e in recorded] == ["default", "default"]
+    d.close()
 
 
 def test_recorded_command_not_issued_is_nondeterminism(sims: Any) -> None:

@@ -213,9 +213,7 @@ def _attempt(
             value = interceptors.execute(task, fn, definition.typed_args(args))
             payload = codec.dumps(value, path="result")
             faults.point("activity.after_effect")
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        # Every failure is recorded, sys.exit() too (argparse and click call it): let through,
-        # it ended the thread's call unrecorded, and the task ran again at every reclaim, forever.
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() too: unrecorded, it re-ran forever
         on_ran(task.name, time.perf_counter() - ran)
         failed = fail_attempt(
             store,
