@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from apps.basic import Waiter
 from click.testing import CliRunner, Result
 
 from durable import WorkflowStub
@@ -517,3 +518,15 @@ def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path
             proc.wait(15)
     text = log.read_text()
     assert "--app empty_app defines no workflow and no activity: this worker runs nothing" in text, text
+
+
+def test_cancel_of_a_blocked_run_says_it_waits_and_names_terminate(redis_url: str) -> None:
+    """A blocked run runs no workflow code, so its cancellation (which does) waits: said at once,
+    not left for the operator to find out (a tester's report)."""
+    stub = WorkflowStub.make(Waiter, queue="no-worker-here").start(0.01)
+    assert stub.blocked() is not None  # no live worker serves its queue
+    result = CliRunner().invoke(cli, ["cancel", stub.id], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert f"cancellation requested for {stub.id}" in result.stdout
+    assert "note: the run is blocked (no_live_worker)" in result.stderr
+    assert f"`durable terminate {stub.id}`" in result.stderr

@@ -298,8 +298,18 @@ def query(state: CliState, workflow_id: str, name: str, args: tuple[str, ...], a
 @pass_state
 def cancel(state: CliState, workflow_id: str, reason: str) -> None:
     """Request cancellation: the workflow gets CancelledError where it waits and may clean up."""
-    _stub(state, workflow_id).cancel(reason)
+    stub = _stub(state, workflow_id)
+    stub.cancel(reason)
     click.echo(f"cancellation requested for {workflow_id}")
+    blocked = stub.blocked()
+    if blocked is not None:
+        # Cancelling runs workflow code (its cleanup): a blocked run runs none until it moves.
+        click.echo(
+            f"note: the run is blocked ({blocked.kind}), so the cancellation takes effect only once it "
+            f"moves again (fix the cause, then `durable repair {workflow_id}`); to end it now without "
+            f"running workflow code: `durable terminate {workflow_id}`",
+            err=True,
+        )
 
 
 @click.command()
