@@ -46,13 +46,18 @@ def _busiest(before: dict[str, Any], after: dict[str, Any], steps: int, most: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--workflows", type=int, default=200)
     parser.add_argument("--turns", type=int, default=3)
     args = parser.parse_args()
     steps = args.workflows * STEPS
-    with tempfile.TemporaryDirectory() as tmp, Engine(Options(tmpdir=Path(tmp), processes=args.processes)) as e:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Engine(Options(tmpdir=Path(tmp), processes=args.processes)) as e,
+    ):
         e.w2(args.workflows)  # warm: drivers cached, scripts loaded
         redis = e.store.redis
         for turn in range(1, args.turns + 1):

@@ -16,6 +16,7 @@ from .client import HistoryEvent, WorkflowStub
 from .errors import (
     ActivityFailed,
     ActivityTimeout,
+    ActivityWorkerLost,
     ApplicationError,
     CancelledError,
     ChildWorkflowFailed,
@@ -98,6 +99,7 @@ __all__ = [
     "ActivityTimeout",
     "ActivityContext",
     "ActivityFailed",
+    "ActivityWorkerLost",
     "ApplicationError",
     "AsyncWorkflowStub",
     "BlockedReason",

@@ -12,6 +12,7 @@ from . import codec, interceptors
 from . import events as ev
 from .client_updates import send_update
 from .config import namespace as configured_namespace
+from .dropped import dropped_inputs
 from .errors import (
     ConfigurationError,
     DurableError,
@@ -39,6 +40,7 @@ from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
+from .store.held import starved_queues
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
@@ -537,13 +539,14 @@ class WorkflowStub(Generic[R]):
             raise closing_error(closing, self._id)
 
     def _pending_with_attempts(
-        self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo]
+        self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo], why: BlockedReason | None
     ) -> list[dict[str, Any]]:
         begun = self._store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
         now_ms = self._store.server_time_ms() if begun and live else None
         kids = [str(s["workflow_id"]) for s in pending if s.get("kind") == "child" and s.get("workflow_id")]
         statuses = dict(zip(kids, self._store.instance_statuses(kids), strict=True))
-        return with_children(with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms), statuses)
+        steps = with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms, starved_queues(live))
+        return with_children(steps, statuses, why)
 
     def describe(self, run_id: str | None = None) -> RunDescription:
         """Everything known about the current run (or ``run_id``, an earlier run of this id):
@@ -566,7 +569,7 @@ class WorkflowStub(Generic[R]):
         snap.update(type=record.get("type"), seq=record.get("seq"))
         history = history_info(snap, get_workflow)
         log = self._store.log_entries(ref)
-        outcome = self._outcome(ref, record)
+        outcome, blocked = self._outcome(ref, record), self._store.why_blocked(record, live)
         for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
             snap.pop(name, None)
         snap.update(
@@ -580,19 +583,17 @@ class WorkflowStub(Generic[R]):
             run_id=ref.run_id,
             type=record.get("type"),
             status=str(record.get("status", "pending")),
-            blocked=self._store.why_blocked(record, live),
+            blocked=blocked,
             outcome=outcome,
             created=record.get("created"),
             closed=record.get("closed"),
             seq=record.get("seq"),
             build_id=record.get("build") or None,
             pending=self._pending_with_attempts(
-                ref, (record.get("snapshot") or {}).get("pending") or [], live
+                ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked
             ),
             history=history,
             attempts=[e for e in log if e.get("kind") == "attempt"],
-            dropped=[
-                {"reason": e.get("reason"), "ts": e.get("ts")} for e in log if e.get("kind") == "dropped"
-            ],
+            dropped=dropped_inputs(log),
             extra=snap,
         )

@@ -147,6 +147,28 @@ class SessionLost(DurableError):
     """The worker hosting a worker session stopped: the session's activities cannot run there."""
 
 
+class ActivityWorkerLost(DurableError):
+    """The worker process running an activity attempt died each time it ran it (``os._exit``,
+    a segfault, the OOM killer): its task was delivered more than 3 times without the attempt's
+    outcome recorded.
+
+    The attempt is failed with this error instead of being run again blindly (each run would
+    kill one more worker). The activity's ``RetryPolicy`` applies as to any failure: a further
+    attempt runs as a new task, and once the policy gives up the workflow sees
+    :class:`ActivityFailed` with this as its ``cause``. List ``"ActivityWorkerLost"`` in
+    ``non_retryable_errors`` to stop at the first such attempt.
+
+    Attributes:
+        deliveries: How many times the attempt's task was delivered to a worker.
+        worker: The worker that began the attempt last (``""`` when unknown).
+    """
+
+    def __init__(self, message: str, *, deliveries: int = 0, worker: str = "") -> None:
+        super().__init__(message)
+        self.deliveries = deliveries
+        self.worker = worker
+
+
 class HookError(DurableError):
     """A hook token is unknown, already used, or the hook's run is closed."""
 

@@ -62,10 +62,14 @@ class BlockedReason:
     Attributes:
         kind: One of :data:`BLOCKED_KINDS`.
         message: The reason as recorded (names the error, the type, the build...).
+        child: For a run blocked through a pending child that is blocked itself, that child's
+            workflow id (the message then starts ``waits on child 'ID', which is blocked:``);
+            else ``None``.
     """
 
     kind: str
     message: str
+    child: str | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -191,6 +195,7 @@ def with_attempts(
     begun: Mapping[str, AttemptBegun],
     live: Mapping[str, int],
     now_ms: int | None = None,
+    starved: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
     ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
@@ -200,7 +205,11 @@ def with_attempts(
 
     With ``now_ms`` the step also gets ``heartbeat_age_s``, and a worker silent for more than
     two heartbeats is said to be so: it may have died, and is taken for gone only once its
-    registry entry lapses (:data:`~durable.store.records.REGISTRY_TTL_MS`)."""
+    registry entry lapses (:data:`~durable.store.records.REGISTRY_TTL_MS`).
+
+    ``starved``: per queue whose live workers have no usable activity thread (all held by hung
+    activities: :func:`durable.store.held.starved_queues`), why; a step not begun on such a queue
+    gets it as ``starved``, and its ``state`` says it."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
@@ -218,20 +227,30 @@ def with_attempts(
                 "backlog": b.backlog,
                 "state": _attempt_state(b, alive, step.get("queue") or "?", age),
             }
+            why = (starved or {}).get(str(step.get("queue"))) if not b.worker else None
+            if why:
+                step.update(starved=why, state=f"{step['state']}: {why}")
         out.append(step)
     return out
 
 
-def with_children(pending: list[dict[str, Any]], statuses: Mapping[str, str | None]) -> list[dict[str, Any]]:
+def with_children(
+    pending: list[dict[str, Any]], statuses: Mapping[str, str | None], blocked: BlockedReason | None = None
+) -> list[dict[str, Any]]:
     """``pending`` with, on each child step, the status of its child's current run
     (``child_status``, from ``statuses`` by workflow id; ``None``: not started yet) and the
-    child's workflow id and status in words (``state``, what ``durable describe`` shows)."""
+    child's workflow id and status in words (``state``, what ``durable describe`` shows).
+    ``blocked``: the parent's reason; when it names a child (:attr:`BlockedReason.child`), that
+    child's ``state`` also says why it is blocked."""
     out = []
     for step in pending:
         child_id = step.get("workflow_id") if step.get("kind") == "child" else None
         if child_id:
             status = statuses.get(str(child_id))
-            step = {**step, "child_status": status, "state": _child_state(str(child_id), status)}
+            state = _child_state(str(child_id), status)
+            if blocked is not None and blocked.child == str(child_id):
+                state += ", blocked: " + blocked.message.split(", which is blocked: ", 1)[-1]
+            step = {**step, "child_status": status, "state": state}
         out.append(step)
     return out
 
@@ -330,7 +349,10 @@ class RunDescription(Mapping[str, Any]):
             ``None``: not started yet) and both in words (``state``).
         history: ``{"events", "bytes", "budget", "near_limit"}``.
         attempts: Activity attempts with their outcomes and errors.
-        dropped: Inputs read but not applied (``reason``, ``ts``).
+        dropped: Inputs read but not applied: ``reason``, ``ts``, and what was dropped --
+            ``input`` (``signal``, ``update``, ``cancel``... the kind), ``name`` (the signal's or
+            update's), ``id`` (an update's) and ``preview`` (its payload, short; sealed under a
+            payload hook), see :mod:`durable.dropped`.
         extra: Other snapshot fields (``signals_buffered``, ``cancel_requested``...).
     """
 
@@ -411,9 +433,10 @@ class RunDescription(Mapping[str, Any]):
                 and not step.get("worker")
             ):
                 backlog = step.get("backlog")
+                why = step.get("starved") or "waiting for a worker"  # no worker has a usable thread
                 lines.append(
-                    f"activity {step.get('name')} ({step.get('id')}) queued on {step.get('queue')!r}: waiting "
-                    "for a worker" + ("" if backlog is None else f" (backlog {backlog})")
+                    f"activity {step.get('name')} ({step.get('id')}) queued on {step.get('queue')!r}: {why}"
+                    + ("" if backlog is None else f" (backlog {backlog})")
                 )
         return lines
 

@@ -37,6 +37,7 @@ from .attempts import (
     record_in_hand,
     run_activity,
 )
+from .hung import HungWatch
 from .pace import BACKLOG_MS, MOST_PER_THREAD, STALLED_S, Pace
 from .threads import ActivityThreads
 
@@ -81,6 +82,8 @@ class ActivityHost:
         self.unserved: Unserved | None = None  # set once the worker's routing exists
         self._claimable = {*self.queues, identity[1]}  # its queues and its session queue
         self._pool = ActivityThreads(concurrency, initializer=set_worker_identity, initargs=identity)
+        # Which attempts hold the threads, and those abandoned (the registry heartbeat asks it).
+        self.hung = HungWatch(store, self.running, concurrency, identity[0])
         self.busy = 0
         self._lock = threading.Lock()
         self.in_flight: dict[tuple[str, str], float] = {}
@@ -108,6 +111,18 @@ class ActivityHost:
         if given), eager ones through ``apply_eager`` (with their runs' next decisions)."""
         if self.completed or self.eager_done:
             record_in_hand(self.store, self.completed, self.eager_done, apply_eager, complete)
+
+    def running(self) -> list[tuple[float, ActivityTask]]:
+        """The attempts on the threads now: when each began (this host's clock, s) and its task."""
+        out = []
+        offset = time.time() - time.monotonic()
+        for began, fn, args in self._pool.running():
+            try:  # the calls :meth:`run_leased` and :meth:`submit` hand to the threads
+                task = args[0] if fn == self._leased_activity else ActivityTask.decode(args[2][b"body"])
+            except Exception:  # noqa: BLE001 - an undecodable task is parked at once: not held
+                continue
+            out.append((began + offset, task))
+        return out
 
     # ------------------------------------------------------------ backlog
     def runs_here(self, scheduled: ev.ActivityScheduled) -> bool:

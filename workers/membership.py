@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from durable.registry import declared_patches
@@ -86,6 +86,9 @@ class Membership:
         # Queues whose new runs this worker starts: all of them when unversioned.
         self.new_run_queues: list[str] = [] if build else list(queues)
         self._polled = 0.0
+        #: ``(threads, held, stuck)`` for the entry, asked on every heartbeat (the worker sets it to
+        #: :meth:`workers.hung.HungWatch.check`: activity threads held by abandoned attempts).
+        self.threads: Callable[[], tuple[int, int, tuple[str, ...]]] | None = None
 
     def join(self) -> None:
         """Register, then (versioned) promote if asked or take over queues nobody serves."""
@@ -148,5 +151,7 @@ class Membership:
         return self.new_run_queues
 
     def _register(self) -> None:
+        threads, held, stuck = self.threads() if self.threads is not None else (0, 0, ())
         now = self.store.server_time_ms()
-        self.store.register_worker(replace(self.info, started=self._started or now, seen=now))
+        info = replace(self.info, threads=threads, held=held, stuck=stuck)
+        self.store.register_worker(replace(info, started=self._started or now, seen=now))

@@ -4,7 +4,8 @@ Lighter than ``concurrent.futures.ThreadPoolExecutor`` on the hot path: no
 Future per call (the calls hand their results over themselves), one lock-free
 ``SimpleQueue``. A call's exception is logged; the thread carries on. Each thread notes when its
 current call began (:meth:`ActivityThreads.stalled`), so the worker holds no tasks behind threads
-stuck in long activities.
+stuck in long activities, and which call that is (:meth:`ActivityThreads.running`), so the worker
+can say which attempts hold its threads (:mod:`workers.hung`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class ActivityThreads:
         # When each thread's current call began (monotonic s; 0.0: idle). Each slot is written by
         # its own thread only and read whole (a float), so no lock on the hot path.
         self._began = [0.0] * n
+        # Each thread's current call (None: idle), written and read like ``_began``.
+        self._current: list[tuple[Callable[..., None], tuple[Any, ...]] | None] = [None] * n
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"{name}_{i}", daemon=True) for i in range(n)
         ]
@@ -52,6 +55,19 @@ class ActivityThreads:
         """How many threads have been running their current call for more than ``longer_than`` s."""
         since = time.monotonic() - longer_than
         return sum(1 for began in self._began if 0.0 < began < since)
+
+    def running(self) -> list[tuple[float, Callable[..., None], tuple[Any, ...]]]:
+        """The calls running now: when each began (monotonic s), its function and arguments."""
+        out = []
+        for began, call in zip(list(self._began), list(self._current), strict=True):
+            if began and call is not None:
+                out.append((began, call[0], call[1]))
+        return out
+
+    @property
+    def size(self) -> int:
+        """How many threads there are."""
+        return len(self._threads)
 
     def shutdown(self) -> None:
         """Drop the calls not started yet; the threads exit after their current call."""
@@ -70,6 +86,7 @@ class ActivityThreads:
             if call is None:
                 return
             fn, args = call
+            self._current[i] = call
             self._began[i] = time.monotonic()
             try:
                 fn(*args)
@@ -77,3 +94,4 @@ class ActivityThreads:
                 log.exception("activity thread: %s failed", getattr(fn, "__name__", fn))
             finally:
                 self._began[i] = 0.0
+                self._current[i] = None

@@ -40,6 +40,7 @@ from .activity_host import ActivityHost
 from .allowed import Allowed
 from .app import AUTO_BUILD_ID, code_build_id, load_app, tune_gc  # noqa: F401 - re-exported (examples)
 from .attempts import complete_and_preload
+from .crash_loops import fail_if_crash_loop
 from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
@@ -177,6 +178,7 @@ class Worker:
         )
         self.decider = self._make_decider(cache_size, claim_idle_ms, compatible, unknown_type_grace)
         self.activities.unserved = self.decider.routing.activity
+        self.membership.threads = self.activities.hung.check  # its entry says which threads hang
         self.decisions = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
         self._handed: list[Task] = []  # workflow tasks the completions read for this worker
@@ -453,6 +455,10 @@ class Worker:
                     "its worker); fix the code, then `durable repair`",
                 )
                 continue
+            if kind == ACTIVITY and fail_if_crash_loop(
+                self.store, stream, entry_id, fields, consumer=self.consumer, on_timer=self.scheduler.notify
+            ):
+                continue  # its attempt kept killing workers: failed (the retry policy decides)
             self._dispatch(kind, stream, entry_id, fields, redelivered=True)
         # Activity tasks only for a free thread (or the small prefetch of microsecond activities,
         # workers.pace): the rest stay in their queue's backlog, where any worker (and `durable

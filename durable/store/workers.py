@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
+from .child_blocks import blocked_children
 from .keys import is_private
 from .memory import REDIS_OOM, MemoryStore
-from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, decode_run, text
+from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
 
 __all__ = [
     "HEARTBEAT_S",
@@ -36,10 +37,6 @@ __all__ = [
     "served_queues",
     "takes_new_runs",
 ]
-
-CHILDREN_CHECKED = 20
-"""How many of a run's pending children ``why_blocked`` reads for a blocked one (a fan-out of
-thousands is not read on every status call)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,10 @@ class WorkerInfo:
             classes defined later) only when first used, so its lists may be partial.
         patches: Per workflow type that declares some, its ``Workflow.patches``: a run that
             recorded a patch this worker's class lacks is left to a worker that declares it.
+        threads: Its activity threads (0: not said, an older release or an in-process worker).
+        held: How many of them are held by abandoned attempts: past their start-to-close or
+            schedule-to-close timeout, or of a closed run (Python cannot stop a thread).
+        stuck: The first of those attempts, each in a few words starting with its activity's name.
     """
 
     name: str
@@ -77,6 +78,9 @@ class WorkerInfo:
     seen: int = 0
     complete: bool = False
     patches: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    threads: int = 0
+    held: int = 0
+    stuck: tuple[str, ...] = ()
 
     @property
     def builds(self) -> set[str]:
@@ -94,7 +98,7 @@ class WorkerInfo:
             # Fields a newer worker added are left out rather than making the entry unreadable.
             known = {f.name for f in fields(cls)}
             data = {k: v for k, v in json.loads(raw).items() if k in known}
-            for name in ("compatible", "queues", "workflows", "activities"):
+            for name in ("compatible", "queues", "workflows", "activities", "stuck"):
                 data[name] = tuple(data.get(name) or ())
             data["patches"] = {str(k): tuple(v) for k, v in (data.get("patches") or {}).items()}
             return cls(**data)
@@ -274,7 +278,8 @@ class WorkerRegistry(MemoryStore):
         reason = blocked_reason(record)
         if reason is not None or record.get("status", "pending") not in OPEN_STATUSES:
             return reason  # no registry read for a closed run
-        unserved = no_worker_reason(record, self.live_workers() if live is None else live)
+        live = self.live_workers() if live is None else live
+        unserved = no_worker_reason(record, live)
         # At maxmemory nothing moves, and the workers' heartbeats are refused too: they look
         # gone, but Redis is why. One INFO (a read: it works under OOM).
         refused = self.memory_state().reason
@@ -283,36 +288,14 @@ class WorkerRegistry(MemoryStore):
             return BlockedReason(kind=REDIS_OOM, message=refused + (also if unserved else ""))
         if unserved:
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
-        return self._child_blocked(record)
+        return self._child_blocked(record, live)
 
-    def _child_blocked(self, record: Mapping[str, Any]) -> BlockedReason | None:
-        """A child this run waits on that is blocked itself (its reason, naming the child): the
-        parent then waits on an operator too. The first :data:`CHILDREN_CHECKED` are read."""
-        children = [
-            str(step["workflow_id"])
-            for step in (record.get("snapshot") or {}).get("pending") or ()
-            if step.get("kind") == "child" and step.get("workflow_id")
-        ][:CHILDREN_CHECKED]
-        if not children:
-            return None
-        k = self.keys
-        with self.redis.pipeline(transaction=False) as pipe:
-            for wid in children:
-                pipe.hget(k.instance(k.partition(wid), wid), "run")
-            runs = pipe.execute()
-        fields = ("status", "blocked", "blocked_kind")  # what blocked_reason reads, no snapshot
-        with self.redis.pipeline(transaction=False) as pipe:
-            for wid, rid in zip(children, runs, strict=True):
-                pipe.hmget(k.run(k.partition(wid), text(rid) if rid else "-"), fields)
-            records = pipe.execute()
-        for wid, values in zip(children, records, strict=True):
-            raw = {name: value for name, value in zip(fields, values, strict=True) if value is not None}
-            child = blocked_reason(decode_run(raw)) if raw else None
-            if child is not None:
-                return BlockedReason(
-                    kind=child.kind, message=f"waits on child {wid!r}, which is blocked: {child.message}"
-                )
-        return None
+    def _child_blocked(self, record: Mapping[str, Any], live: Sequence[WorkerInfo]) -> BlockedReason | None:
+        """A child this run waits on that is blocked itself -- for a recorded reason or because no
+        live worker can move it, as its own ``why_blocked`` says -- as this run's reason, naming
+        the child. Bounded: see :mod:`durable.store.child_blocks` (its ``CHILDREN_CHECKED``
+        children per run, :data:`~durable.store.child_blocks.CHILD_DEPTH` levels)."""
+        return blocked_children(self, [record], lambda r: no_worker_reason(r, live))[0]
 
     def claim_current_build(self, queue: str, expected: str, build: str) -> bool:
         """Make ``build`` the current build of ``queue`` if it still is ``expected`` (``""``:

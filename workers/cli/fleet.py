@@ -18,6 +18,8 @@ from rich.text import Text
 
 from durable import registry
 from durable.runinfo import NO_LIVE_WORKER
+from durable.store.child_blocks import runs_blocked_by_children
+from durable.store.held import starved, threads_note
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo, no_worker_reason, served_queues, takes_new_runs
@@ -28,6 +30,7 @@ from workers.config import mask_url
 __all__ = [
     "COMMANDS",
     "fleet_report",
+    "mark_blocked_children",
     "mark_unserved",
     "with_unserved",
 ]
@@ -44,6 +47,21 @@ def mark_unserved(records: Iterable[MutableMapping[str, Any]], live: Sequence[Wo
             record["blocked_kind"] = NO_LIVE_WORKER
 
 
+def mark_blocked_children(
+    store: RedisStore, records: Sequence[MutableMapping[str, Any]], live: Sequence[WorkerInfo]
+) -> None:
+    """Set ``blocked`` (and ``blocked_kind``) on each open run record not blocked itself that
+    waits on a blocked child (:func:`~durable.store.child_blocks.runs_blocked_by_children`:
+    bounded, a few pipelined reads for all the rows), as ``describe`` says it."""
+    rows = [r for r in records if not r.get("blocked") and r.get("status") in OPEN_STATUSES]
+    for record, reason in zip(
+        rows, runs_blocked_by_children(store, rows, lambda r: no_worker_reason(r, live)), strict=True
+    ):
+        if reason is not None:
+            record["blocked"] = reason.message
+            record["blocked_kind"] = reason.kind
+
+
 def with_unserved(
     store: RedisStore,
     runs: list[dict[str, Any]],
@@ -53,11 +71,14 @@ def with_unserved(
     before_ms: int | None,
     before_run_id: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``durable list``'s rows with the runs no live worker can move marked blocked; for
-    ``--status blocked``, the runs blocked on record plus those among the newest open runs
-    (after the paging cursor ``before_ms``/``before_run_id``, as the rows were read)."""
+    """``durable list``'s rows with the runs no live worker can move, and the runs waiting on a
+    blocked child, marked blocked; for ``--status blocked``, the runs blocked on record plus
+    those two kinds among the newest open runs (``4 * limit`` of them, after the paging cursor
+    ``before_ms``/``before_run_id``, as the rows were read): a parent older than that window
+    whose child is blocked is listed on a later page, or by ``describe``."""
     live = store.live_workers()
     mark_unserved(runs, live)
+    mark_blocked_children(store, runs, live)
     if not blocked_only:
         return runs
     seen = {r["run_id"] for r in runs}
@@ -65,12 +86,9 @@ def with_unserved(
         workflow_type=workflow_type, limit=limit * 4, before_ms=before_ms, before_run_id=before_run_id
     )
     mark_unserved(recent, live)
+    mark_blocked_children(store, recent, live)
     runs += [
-        r
-        for r in recent
-        if r.get("blocked_kind") == NO_LIVE_WORKER
-        and r.get("status") in OPEN_STATUSES
-        and r["run_id"] not in seen
+        r for r in recent if r.get("blocked") and r.get("status") in OPEN_STATUSES and r["run_id"] not in seen
     ]
     runs.sort(key=lambda r: (r.get("created", 0), r["run_id"]), reverse=True)  # the cursor's order
     return runs[:limit]
@@ -97,6 +115,9 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     current and which workers start its new runs; and per queue its ``backlog``
     (:meth:`~durable.store.workers.WorkerRegistry.queue_backlog`). A queue tasks were sent to
     that no live worker serves is listed too while tasks wait on it (its ``workers`` empty).
+    Each worker's ``threads`` (its activity threads), ``threads_held`` and ``stuck`` (those held
+    by attempts past their timeout or of closed runs, described: Python cannot stop a thread),
+    ``starved`` (all of them are: it runs no activity, restart it) and ``threads_note`` (in words).
     ``redis_memory`` is :meth:`~durable.store.memory.MemoryStore.memory_state`; ``problem`` its
     reason while Redis refuses writes (``maxmemory``), else ``None``."""
     live = store.live_workers()
@@ -131,6 +152,12 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             "started": w.started,
             "last_heartbeat": w.seen,
             "heartbeat_age_s": round(max(0, now - w.seen) / 1000, 1),
+            # Activity threads held by abandoned attempts (Python cannot stop a thread).
+            "threads": w.threads or None,
+            "threads_held": w.held,
+            "stuck": list(w.stuck),
+            "starved": starved(w),
+            "threads_note": threads_note(w),
         }
         for w in live
     ]
@@ -150,7 +177,7 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
     table = Table(
         title=f"live workers ({len(report['workers'])})", title_justify="left", caption=f"redis: {redis_url}"
     )
-    for col in ("worker", "pid", "build", "queues", "workflows", "activities", "heartbeat"):
+    for col in ("worker", "pid", "build", "queues", "workflows", "activities", "threads", "heartbeat"):
         table.add_column(col, overflow="fold")
     for w in report["workers"]:
         table.add_row(
@@ -160,9 +187,20 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
             ", ".join(w["queues"]),
             ", ".join(w["workflows"]),
             ", ".join(w["activities"]),
+            _threads_cell(w),
             f"{w['heartbeat_age_s']} s ago",
         )
     return table
+
+
+def _threads_cell(w: dict[str, Any]) -> Text | str:
+    """A worker's activity threads; in red when attempts past their timeout (or of closed runs)
+    hold some (restart it when they hold all)."""
+    if not w["threads_held"]:
+        return w["threads_note"]
+    # The attempts themselves are in --json (``stuck``): the table stays readable.
+    lines = [w["threads_note"], "it runs no activity: restart it" if w["starved"] else "see --json: stuck"]
+    return Text("\n".join(lines), style="bold red" if w["starved"] else "red")
 
 
 def _queues_table(report: dict[str, Any]) -> Table:

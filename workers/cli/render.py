@@ -237,9 +237,21 @@ def _attempt_error(record: Mapping[str, Any]) -> str:
 def _dropped_table(dropped: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="dropped inputs", title_justify="left")
     table.add_column("time (UTC)")
+    table.add_column("input")
+    table.add_column("name", overflow="fold")
+    table.add_column("payload", overflow="fold")
     table.add_column("reason", overflow="fold")
     for item in dropped:
-        table.add_row(fmt_ms(item.get("ts")), str(item.get("reason", "")))
+        name = str(item.get("name") or "")
+        if item.get("id"):  # an update's id: the caller's handle on it
+            name += f" (id {item['id']})"
+        table.add_row(
+            fmt_ms(item.get("ts")),
+            str(item.get("input") or "?"),
+            name,
+            str(item.get("preview") or ""),
+            str(item.get("reason", "")),
+        )
     return table
 
 

@@ -11,11 +11,11 @@ from durable.errors import ConfigurationError, WorkflowClosed
 from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
-from durable.store.redis_store import CLOSED_STATUSES
+from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.run_list import LIST_FIELDS, parse_cursor
 from durable.store.workers import WorkerInfo, no_worker_reason
 from workers.cli.core import CliError
-from workers.cli.fleet import check_startable
+from workers.cli.fleet import check_startable, mark_blocked_children
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
 
@@ -75,7 +75,7 @@ def list_workflows(call: Call) -> dict[str, Any]:
     except ValueError:
         raise ApiError("invalid_argument", _BEFORE_HELP) from None
     live = call.store.live_workers()
-    rows = [_list_row(record, live) for record in page.runs]
+    rows = _list_rows(call.store, page.runs, live)
     return {"workflows": rows, "next": page.next, "scanned": page.scanned}
 
 
@@ -96,11 +96,22 @@ def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
     return row
 
 
+def _list_rows(
+    store: RedisStore, records: list[dict[str, Any]], live: list[WorkerInfo]
+) -> list[dict[str, Any]]:
+    """:func:`_list_row` of each record, an open run waiting on a blocked child shown as blocked
+    too (its reason naming the child, as ``describe`` says it: :func:`mark_blocked_children`)."""
+    rows = [_list_row(record, live) for record in records]
+    mark_blocked_children(store, rows, live)
+    return rows
+
+
 def _blocked_page(call: Call, limit: int, filters: dict[str, Any]) -> dict[str, Any]:
-    """``status=blocked``: the open runs blocked on record, and those that no live worker can
+    """``status=blocked``: the open runs blocked on record, those that no live worker can
     move (:func:`no_worker_reason`: no live worker serves their queue or build, or defines
-    their type; ``blocked_kind: no_live_worker``), as the rows show them and as
-    ``durable list --status blocked`` lists them.
+    their type; ``blocked_kind: no_live_worker``), and those waiting on a pending child blocked
+    for any of these reasons (``blocked`` names the child, ``blocked_kind`` is the child's), as
+    the rows show them and as ``durable list --status blocked`` lists them.
 
     Two reads merged newest first: the blocked index, and the open runs of the same span
     (checked against the live workers). The page holds only what both have read; ``next``
@@ -109,15 +120,17 @@ def _blocked_page(call: Call, limit: int, filters: dict[str, Any]) -> dict[str, 
     store, before = call.store, call.arg("before")
     live = store.live_workers()
     recorded = store.list_runs_page(status="blocked", cursor=before, limit=limit, **filters)
-    found = {(r["created"], r["run_id"]): _list_row(r, live) for r in recorded.runs}
+    found = {
+        (r["created"], r["run_id"]): row
+        for r, row in zip(recorded.runs, _list_rows(store, recorded.runs, live), strict=True)
+    }
     recorded_end, scanned = _end(recorded.next), recorded.scanned
     cursor = before
     while True:
         chunk = store.list_runs_page(cursor=cursor, limit=_UNSERVED_CHUNK, scan=_UNSERVED_CHUNK, **filters)
         scanned += chunk.scanned
-        for record in chunk.runs:
-            row = _list_row(record, live)
-            if row.get("blocked_kind") == NO_LIVE_WORKER and row.get("status") in OPEN_STATUSES:
+        for record, row in zip(chunk.runs, _list_rows(store, chunk.runs, live), strict=True):
+            if row.get("blocked") and row.get("status") in OPEN_STATUSES:
                 found.setdefault((record["created"], record["run_id"]), row)
         cursor, open_end = chunk.next, _end(chunk.next)
         if open_end <= recorded_end or scanned >= _UNSERVED_SCAN:

@@ -111,7 +111,7 @@
         el("td", {}, time(rec.started_ms || a.ts)), el("td", {}, rec.duration_ms !== undefined ? duration(rec.duration_ms) : ""), errCell));
     }
     for (const d of info.dropped || []) {
-      rows.push(el("tr", { class: "outcome-failed" }, el("td", {}, "input dropped"), el("td", {}, ""), el("td", {}, el("span", { class: "badge failed" }, "dropped")),
+      rows.push(el("tr", { class: "outcome-failed" }, el("td", {}, ["input dropped", d.input, d.name, d.id ? `(id ${d.id})` : ""].filter(Boolean).join(" ") + (d.preview ? `: ${d.preview}` : "")), el("td", {}, ""), el("td", {}, el("span", { class: "badge failed" }, "dropped")),
         el("td", {}, time(d.ts)), el("td", {}, ""), el("td", { class: "bad" }, d.reason || "")));
     }
     const body = document.querySelector("#attempts tbody");

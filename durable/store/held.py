@@ -1,0 +1,60 @@
+"""Workers whose activity threads are all held by abandoned attempts, as their registry entries say.
+
+Python cannot stop a thread: an activity that hangs past its timeout (or after its run closed)
+keeps its worker's thread (``workers/hung.py``). A worker whose threads are all held so runs no
+activity, while it still sends heartbeats. :func:`threads_note` says it of one worker (``durable
+workers``), :func:`starved_queues` of the queues whose live workers are all such workers
+(``describe``/``status`` of a run whose activity waits there).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from .workers import WorkerInfo
+
+__all__ = ["starved", "starved_queues", "threads_note"]
+
+
+def starved(worker: WorkerInfo) -> bool:
+    """Whether every activity thread of ``worker`` is held by an abandoned attempt."""
+    return worker.threads > 0 and worker.held >= worker.threads
+
+
+def threads_note(worker: WorkerInfo) -> str:
+    """``worker``'s threads in words: ``2/2 threads held by attempts past their timeout or of
+    closed runs`` when some are held so, else ``4 threads`` (``""``: the entry does not say)."""
+    if not worker.threads:
+        return ""
+    if not worker.held:
+        return f"{worker.threads} threads"
+    return f"{worker.held}/{worker.threads} threads held by attempts past their timeout or of closed runs"
+
+
+def _names(worker: WorkerInfo) -> str:
+    """``hang x2, fetch`` for a worker's held threads (each ``stuck`` entry starts with the name)."""
+    counts = Counter(entry.split(" (", 1)[0] for entry in worker.stuck)
+    listed = sum(counts.values())
+    names = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in sorted(counts.items()))
+    more = worker.held - listed
+    return names + (f" and {more} more" if more > 0 else "")
+
+
+def starved_queues(live: Iterable[WorkerInfo]) -> dict[str, str]:
+    """Per queue whose live workers all have every activity thread held by abandoned attempts
+    (:func:`starved`), why its activity tasks wait: ``its workers' threads are all held by hung
+    activities (W: hang x2); restart them``. Queues with no live worker are not here."""
+    by_queue: dict[str, list[WorkerInfo]] = {}
+    for worker in live:
+        for queue in worker.queues:
+            by_queue.setdefault(queue, []).append(worker)
+    out = {}
+    for queue, workers in by_queue.items():
+        if workers and all(starved(w) for w in workers):
+            who = "; ".join(f"{w.name}: {_names(w)}" for w in sorted(workers, key=lambda w: w.name))
+            out[queue] = (
+                f"its workers' threads are all held by hung activities ({who}), which Python cannot "
+                "stop; restart them (see `durable workers`)"
+            )
+    return out

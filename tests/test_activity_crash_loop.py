@@ -1,0 +1,125 @@
+"""An activity that kills its worker process (``os._exit``: as a segfault or the OOM killer)
+is not reclaimed and run again forever: after ``MAX_ACTIVITY_DELIVERIES`` deaths its attempt
+fails with ``ActivityWorkerLost`` and its retry policy decides (``workers/crash_loops.py``).
+
+Real worker processes, one at a time, restarted by the test each time one dies (as a
+supervisor would), with ``--claim-idle 1`` so each reclaim comes within about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from apps.crashing import CrashingRun, QuickRun
+from procs import ROOT, TESTS, spawn_worker, stop
+
+from durable import ActivityFailed, ActivityWorkerLost, WorkflowFailed, WorkflowStub
+from workers.crash_loops import MAX_ACTIVITY_DELIVERIES
+
+pytestmark = [pytest.mark.fault, pytest.mark.slow]
+
+EXTRA = ("--claim-idle", "1")
+
+
+class Restarter:
+    """One ``durable worker`` at a time: a dead one is replaced; every one is stopped by the end."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+        self.procs: list[subprocess.Popen] = []
+        self.deaths = 0
+
+    def keep_one(self) -> None:
+        """Start a worker if none runs (counting the death of the one that did)."""
+        if self.procs and self.procs[-1].poll() is None:
+            return
+        if self.procs:
+            self.deaths += 1
+        self.procs.append(spawn_worker(self.redis_url, app="apps.crashing", extra=EXTRA))
+
+    def until(self, done: object, timeout: float) -> None:
+        """Keep a worker running until ``done()`` is true."""
+        deadline = time.monotonic() + timeout
+        while not done():  # type: ignore[operator]
+            assert time.monotonic() < deadline, f"not done within {timeout} s ({self.deaths} worker deaths)"
+            self.keep_one()
+            time.sleep(0.05)
+
+    def stop_all(self) -> str:
+        """Stop every worker started (by its pid); returns the stderr of those that were alive."""
+        err = ""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+            if proc.stderr is not None and not proc.stderr.closed:
+                err += proc.stderr.read().decode(errors="replace")
+            stop(proc)
+        return err
+
+
+def _closed(stub: WorkflowStub) -> bool:
+    return stub.status() in ("completed", "failed")
+
+
+def _describe(workflow_id: str, redis_url: str) -> dict:
+    environ = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "describe", workflow_id, "--json"],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_an_activity_killing_its_workers_fails_after_the_bound_and_others_go_on(
+    redis_url: str, tmp_path: Path
+) -> None:
+    fatal, once = tmp_path / "fatal.log", tmp_path / "once.log"
+    workers = Restarter(redis_url)
+    try:
+        crashing = WorkflowStub.make(CrashingRun).start(str(fatal))
+        retried = WorkflowStub.make(CrashingRun).start(str(once), True)
+        workers.until(lambda: workers.deaths >= 1, timeout=20)
+        # Meanwhile a healthy run on the same queue is not held up by the crash loop.
+        quick = WorkflowStub.make(QuickRun).start(1)
+        workers.until(lambda: _closed(crashing) and _closed(retried) and _closed(quick), timeout=40)
+        assert quick.result(timeout=5) == 3
+        # Attempt 1 killed a worker on each delivery until the bound; then a new attempt ran.
+        assert retried.result(timeout=5) == "attempt 2 ran"
+        with pytest.raises(WorkflowFailed) as failed:
+            crashing.result(timeout=5)
+    finally:
+        err = workers.stop_all()
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityFailed), cause
+    lost = cause.cause
+    assert isinstance(lost, ActivityWorkerLost), lost
+    assert f"died {MAX_ACTIVITY_DELIVERIES} times (os._exit, a crash, the OOM killer?)" in str(lost)
+    assert "KillsItsWorker (" in str(lost) and "attempt 1" in str(lost)
+    assert lost.deliveries == MAX_ACTIVITY_DELIVERIES + 1 and lost.worker
+    # Each began exactly as often as the bound allows, no more: the loop ended there.
+    assert fatal.read_text().splitlines() == ["attempt 1"] * MAX_ACTIVITY_DELIVERIES
+    assert once.read_text().splitlines() == ["attempt 1"] * MAX_ACTIVITY_DELIVERIES + ["attempt 2"]
+    # Both crashing tasks usually die in the same worker; a worker that read them apart dies twice.
+    assert MAX_ACTIVITY_DELIVERIES <= workers.deaths <= 2 * MAX_ACTIVITY_DELIVERIES
+    assert "its worker died 3 times running it" in err, err[-3000:]
+
+    info = _describe(crashing.id, redis_url)
+    assert info["status"] == "failed"
+    text = json.dumps(info)
+    assert "ActivityWorkerLost" in text and "died 3 times" in text, text[:3000]

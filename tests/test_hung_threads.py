@@ -1,0 +1,133 @@
+"""Activity threads held by abandoned attempts (Python cannot stop a thread), with real workers.
+
+An activity that hangs past its timeout fails its run as it should, but keeps its thread for as
+long as the process lives. Before, a worker whose threads were all held so ran nothing more, with
+a healthy heartbeat, and a later run said only ``waiting for a worker``. Now the worker logs each
+abandoned attempt once and, when none of its threads is usable, an ERROR; its registry entry
+counts them (``durable workers``) and ``describe``/``status`` of a run waiting on its queue say
+that its workers' threads are held by hung activities.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from apps.hangs import Hang, Quick
+from click.testing import CliRunner
+from procs import spawn_worker
+from waiting import wait_for
+
+from durable import WorkflowFailed, WorkflowStub
+from durable.store.held import starved_queues
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+from durable.store.workers import WorkerInfo
+from workers.cli import cli
+from workers.hung import HungWatch
+
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str) -> str:
+    # Wide enough that the workers table does not fold its cells.
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False, env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _me(report: dict) -> dict:
+    (worker,) = report["workers"]
+    return worker
+
+
+def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, store: RedisStore) -> None:
+    worker = spawn_worker(
+        redis_url,
+        app="apps.hangs",
+        extra=("--concurrency", "2", "--queue", "default", "--queue", "starve", "--grace", "1"),
+    )
+    try:
+        wait_for(store.live_workers, timeout=20)
+        hangs = [WorkflowStub.make(Hang, store=store).start(f"h{i}") for i in range(2)]
+        for stub in hangs:  # the attempts time out and the runs fail, as they should
+            with pytest.raises(WorkflowFailed):
+                stub.result(timeout=15)
+
+        # The next heartbeats count the threads held (the entry is written every 2 s).
+        wait_for(lambda: _me(json.loads(_cli("workers", "--json")))["threads_held"] == 2, timeout=10)
+        me = _me(json.loads(_cli("workers", "--json")))
+        assert me["threads"] == 2 and me["starved"] is True
+        assert me["threads_note"] == "2/2 threads held by attempts past their timeout or of closed runs"
+        assert len(me["stuck"]) == 2 and all(
+            s.startswith("hang (1, attempt 1) of workflow ") for s in me["stuck"]
+        )
+        assert all("past its start_to_close 1 s timeout" in s for s in me["stuck"])
+        table = _cli("workers")
+        assert "2/2 threads held by attempts past their timeout" in table and "restart it" in table
+
+        # A later run on that queue waits; describe and status say why, naming the worker.
+        quick = WorkflowStub.make(Quick, store=store).start("q")
+        wait_for(lambda: quick.describe().pending and quick.describe().pending[0].get("backlog"), timeout=10)
+        why = f"its workers' threads are all held by hung activities ({me['name']}: hang x2)"
+        step = quick.describe().pending[0]
+        assert why in step["starved"] and why in step["state"]
+        assert step["state"].startswith("attempt 1: not begun: queued on 'starve', waiting for a worker")
+        status = _cli("status", quick.id)
+        assert status.startswith(f"running (activity quick (1) queued on 'starve': {why}")
+        assert "restart them" in status
+        assert why in _cli("describe", quick.id)
+    finally:
+        worker.send_signal(signal.SIGKILL)  # its threads hang: no graceful stop to wait for
+        worker.wait(10)
+        log = worker.stderr.read().decode() if worker.stderr else ""
+        if worker.stderr:
+            worker.stderr.close()
+    assert "has run past its timeout (start_to_close 1 s) for" in log, log
+    assert "still holds an activity thread (Python cannot stop a thread)" in log, log
+    assert log.count("of run ") >= 2 and "can run no activity: all its 2 activity threads" in log, log
+
+
+def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:
+    """Without a timeout, an attempt is abandoned once its run closed (or is gone)."""
+    now = time.time()
+    task = ActivityTask(
+        run_id="r-closed",
+        workflow_id="w",
+        partition=0,
+        activity_id="1",
+        name="hang",
+        args=b"",
+        attempt=1,
+        stream="s",
+    )
+    gone = ActivityTask(
+        run_id="r-gone",
+        workflow_id="w2",
+        partition=0,
+        activity_id="1",
+        name="hang",
+        args=b"",
+        attempt=1,
+        stream="s",
+    )
+    store.redis.hset(store.keys.run(0, "r-closed"), "status", "terminated")
+    watch = HungWatch(store, lambda: [(now - 30, task), (now - 30, gone)], 2, "w1")
+    threads, held, stuck = watch.check()
+    assert (threads, held) == (2, 2)
+    assert stuck[0].endswith("its run is terminated") and stuck[1].endswith("its run is gone")
+    store.redis.hset(store.keys.run(0, "r-closed"), "status", "running")
+    fresh = HungWatch(store, lambda: [(now - 30, task)], 2, "w1")
+    assert fresh.check()[1] == 0  # an open run's long attempt without a timeout is no hang
+
+
+def test_starved_queues_needs_every_live_worker_of_the_queue_starved() -> None:
+    stuck = ("hang (1, attempt 1) of workflow w run r: 3 s past its start_to_close 1 s timeout",) * 2
+    held = WorkerInfo(name="a", queues=("q", "p"), threads=2, held=2, stuck=stuck)
+    free = WorkerInfo(name="b", queues=("p",), threads=2, held=1, stuck=stuck[:1])
+    old = WorkerInfo(name="c", queues=("o",))  # an entry that does not say (older release)
+    reasons = starved_queues([held, free, old])
+    assert set(reasons) == {"q"}
+    assert "(a: hang x2)" in reasons["q"] and "restart them" in reasons["q"]

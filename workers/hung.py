@@ -1,0 +1,186 @@
+"""Activity threads held by abandoned attempts, found and said (the worker's heartbeat).
+
+Python cannot stop a thread: an activity whose code never returns keeps its activity thread for
+as long as the process lives, even once its attempt was abandoned -- its start-to-close or
+schedule-to-close deadline passed (the scheduler failed or retried it already), or its run closed
+(terminated, cancelled, failed...). Its thread does no useful work any more, yet the worker counts
+it busy and takes no task for it. When every thread is held so, the worker runs no activity at
+all while it still looks healthy.
+
+:class:`HungWatch` looks at the threads on every registry heartbeat: it logs a WARNING once per
+abandoned attempt, an ERROR once when all the threads are held by such attempts, and gives the
+registry entry its ``threads``, ``held`` and ``stuck`` fields (``durable workers``, and
+``describe``/``status`` of a run whose activity waits on a queue whose workers have no usable
+thread: :mod:`durable.store.held`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from durable.store.records import CLOSED_STATUSES, HEARTBEAT_S, text
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+
+from .attempts import attempt_deadline
+
+log = logging.getLogger("durable.worker")
+
+__all__ = ["CLOSED_CHECK_S", "STUCK_LISTED", "HeldThread", "HungWatch"]
+
+CLOSED_CHECK_S = 10.0
+"""How often a long-running attempt's run is read to know whether it closed (one read per
+attempt: a worker of hundreds of long activities does not read them all every heartbeat)."""
+
+STUCK_LISTED = 20
+"""How many held threads the registry entry describes (``held`` counts them all)."""
+
+
+@dataclass(frozen=True)
+class HeldThread:
+    """One activity thread's current attempt.
+
+    Attributes:
+        task: The attempt's task (activity name and id, run and workflow ids, attempt number).
+        started: When the thread began it (this host's clock, s).
+        deadline: When its start-to-close or schedule-to-close timeout ends it (``None``: none).
+        run_closed: Its run's status when that run is closed or gone (``""``: open, or not read).
+    """
+
+    task: ActivityTask
+    started: float
+    deadline: float | None
+    run_closed: str = ""
+
+    def abandoned(self, now: float) -> bool:
+        """Whether the attempt's result can no longer count: its deadline passed, or its run closed."""
+        return bool(self.run_closed) or (self.deadline is not None and now > self.deadline)
+
+    def describe(self, now: float) -> str:
+        """A short description (the registry's ``stuck``; it starts with the activity's name)."""
+        t = self.task
+        since = datetime.fromtimestamp(self.started, tz=UTC).strftime("%H:%M:%S")
+        head = f"{t.name} ({t.activity_id}, attempt {t.attempt}) of workflow {t.workflow_id} run {t.run_id}"
+        if self.deadline is not None and now > self.deadline:
+            return f"{head}, since {since} UTC: {now - self.deadline:.0f} s past its {_timeout(t)} timeout"
+        return f"{head}, since {since} UTC: its run is {self.run_closed}"
+
+
+def _timeout(task: ActivityTask) -> str:
+    """The hard timeouts of ``task`` in words (``start_to_close 2 s``)."""
+    kinds = [(k, task.timeout(k)) for k in ("start_to_close", "schedule_to_close")]
+    return " / ".join(f"{k} {v:g} s" for k, v in kinds if v)
+
+
+class HungWatch:
+    """Finds the activity threads held by abandoned attempts, says so, and counts them.
+
+    Args:
+        store: The worker's store (a long-running attempt's run status is read from it).
+        running: The attempts on the threads now: when each began (this host's clock) and its task.
+        threads: How many activity threads the worker has.
+        worker: The worker's name (for the log lines).
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        running: Callable[[], list[tuple[float, ActivityTask]]],
+        threads: int,
+        worker: str,
+    ) -> None:
+        self.store = store
+        self.running = running
+        self.threads = threads
+        self.worker = worker
+        self._warned: set[tuple[str, str, int]] = set()  # abandoned attempts said already
+        self._closed: dict[tuple[str, str, int], tuple[float, str]] = {}  # last read: (when, status)
+        self._starved = False  # the ERROR was said (said again once a thread freed up and was held again)
+
+    def held(self, now: float | None = None) -> list[HeldThread]:
+        """The attempts running on the threads now, each with whether its run is closed."""
+        now = time.time() if now is None else now
+        out = []
+        for started, task in self.running():
+            deadline = attempt_deadline(task, started, heartbeat=False)
+            closed = ""
+            if (deadline is None or now <= deadline) and now - started > HEARTBEAT_S:
+                closed = self._run_closed(task, now)  # only long calls: a short one is read for nothing
+            out.append(HeldThread(task, started, deadline, closed))
+        live = {_key(h.task) for h in out}
+        self._closed = {k: v for k, v in self._closed.items() if k in live}
+        return out
+
+    def check(self) -> tuple[int, int, tuple[str, ...]]:
+        """Look at the threads (every heartbeat): log what is new, and return the registry's
+        ``(threads, held, stuck)``: the thread count, how many abandoned attempts hold one, and
+        the first :data:`STUCK_LISTED` of them described."""
+        now = time.time()
+        abandoned = [h for h in self.held(now) if h.abandoned(now)]
+        for h in abandoned:
+            if _key(h.task) not in self._warned:
+                self._warned.add(_key(h.task))
+                self._warn(h, now)
+        self._warned &= {_key(h.task) for h in abandoned}
+        starved = len(abandoned) >= self.threads > 0
+        if starved and not self._starved:
+            log.error(
+                "worker %s can run no activity: all its %d activity threads are held by abandoned "
+                "attempts (%s), and Python cannot stop a thread; its queues' activity tasks wait for "
+                "other workers meanwhile. Restart it (a graceful stop hands its tasks back; under "
+                "`durable worker --processes N`, `kill %d` and its supervisor starts a new one), and "
+                "make those activities return: a timeout in their own blocking calls, heartbeats",
+                self.worker,
+                self.threads,
+                "; ".join(h.describe(now) for h in abandoned[:3]) + ("; ..." if len(abandoned) > 3 else ""),
+                os.getpid(),
+            )
+        self._starved = starved
+        stuck = tuple(h.describe(now) for h in abandoned[:STUCK_LISTED])
+        return self.threads, len(abandoned), stuck
+
+    def _warn(self, h: HeldThread, now: float) -> None:
+        t = h.task
+        if h.deadline is not None and now > h.deadline:
+            what = f"has run past its timeout ({_timeout(t)}) for {now - h.deadline:.0f} s"
+            fate = "the scheduler failed or retried the attempt already"
+        else:
+            what = f"has run for {now - h.started:.0f} s"
+            fate = f"its run is {h.run_closed}"
+        log.warning(
+            "activity %s (%s) of run %s %s and still holds an activity thread (Python cannot stop a "
+            "thread): %s, so its result will not count, and the thread stays held until the activity's "
+            "code returns. Give its blocking calls a timeout of their own, or heartbeat (a heartbeat "
+            "of an abandoned attempt raises, ending it)",
+            t.name,
+            t.activity_id,
+            t.run_id,
+            what,
+            fate,
+        )
+
+    def _run_closed(self, task: ActivityTask, now: float) -> str:
+        """The run's status if it is closed (``gone``: its record is not there any more), else ``""``;
+        read at most every :data:`CLOSED_CHECK_S` per attempt."""
+        key = _key(task)
+        read = self._closed.get(key)
+        if read is not None and now - read[0] < CLOSED_CHECK_S:
+            return read[1]
+        try:
+            raw = self.store.redis.hget(self.store.keys.run(task.partition, task.run_id), "status")
+        except Exception as exc:  # noqa: BLE001 - the heartbeat must go on; read again next time
+            log.debug("could not read the status of run %s: %s", task.run_id, exc)
+            return read[1] if read else ""
+        status = "gone" if raw is None else text(raw)
+        closed = status if status == "gone" or status in CLOSED_STATUSES else ""
+        self._closed[key] = (now, closed)
+        return closed
+
+
+def _key(task: ActivityTask) -> tuple[str, str, int]:
+    return task.run_id, task.activity_id, task.attempt
