@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from apps.hangs import Hang, Quick
+from apps.hangs import AfterHang, Hang
 from click.testing import CliRunner
 from procs import spawn_worker
 from waiting import wait_for
@@ -69,7 +69,7 @@ def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, sto
         assert "2/2 threads held by attempts past their timeout" in table and "restart it" in table
 
         # A later run on that queue waits; describe and status say why, naming the worker.
-        quick = WorkflowStub.make(Quick, store=store).start("q")
+        quick = WorkflowStub.make(AfterHang, store=store).start("q")
         wait_for(lambda: quick.describe().pending and quick.describe().pending[0].get("backlog"), timeout=10)
         why = f"its workers' threads are all held by hung activities ({me['name']}: hang x2)"
         step = quick.describe().pending[0]

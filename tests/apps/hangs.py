@@ -32,7 +32,7 @@ class Hang(Workflow):
             raise RuntimeError(f"hang {tag} timed out") from exc
 
 
-class Quick(Workflow):
+class AfterHang(Workflow):
     """One quick activity on queue ``starve`` (it waits there while every thread is held)."""
 
     def handle(self, tag: str) -> str:
