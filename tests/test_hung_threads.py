@@ -93,26 +93,9 @@ def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, sto
 def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:
     """Without a timeout, an attempt is abandoned once its run closed (or is gone)."""
     now = time.time()
-    task = ActivityTask(
-        run_id="r-closed",
-        workflow_id="w",
-        partition=0,
-        activity_id="1",
-        name="hang",
-        args=b"",
-        attempt=1,
-        stream="s",
-    )
-    gone = ActivityTask(
-        run_id="r-gone",
-        workflow_id="w2",
-        partition=0,
-        activity_id="1",
-        name="hang",
-        args=b"",
-        attempt=1,
-        stream="s",
-    )
+    fields = {"partition": 0, "activity_id": "1", "name": "hang", "args": b"", "attempt": 1, "stream": "s"}
+    task = ActivityTask(run_id="r-closed", workflow_id="w", **fields)
+    gone = ActivityTask(run_id="r-gone", workflow_id="w2", **fields)
     store.redis.hset(store.keys.run(0, "r-closed"), "status", "terminated")
     watch = HungWatch(store, lambda: [(now - 30, task), (now - 30, gone)], 2, "w1")
     threads, held, stuck = watch.check()
