@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from durable.store.records import CLOSED_STATUSES, HEARTBEAT_S, text
+from durable.store.records import CLOSED_STATUSES, HEARTBEAT_S
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 
@@ -172,11 +172,10 @@ class HungWatch:
         if read is not None and now - read[0] < CLOSED_CHECK_S:
             return read[1]
         try:
-            raw = self.store.redis.hget(self.store.keys.run(task.partition, task.run_id), "status")
+            status = self.store.run_status(task.partition, task.run_id) or "gone"
         except Exception as exc:  # noqa: BLE001 - the heartbeat must go on; read again next time
             log.debug("could not read the status of run %s: %s", task.run_id, exc)
             return read[1] if read else ""
-        status = "gone" if raw is None else text(raw)
         closed = status if status == "gone" or status in CLOSED_STATUSES else ""
         self._closed[key] = (now, closed)
         return closed

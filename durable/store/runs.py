@@ -91,6 +91,11 @@ class RunStore(SearchStore):
             raise WorkflowNotFound(f"run {ref.run_id!r} of workflow {ref.workflow_id!r} does not exist")
         return decode_run(raw)
 
+    def run_status(self, p: int, run_id: str) -> str | None:
+        """The status word of run ``run_id`` of partition ``p`` (``None``: no such run, e.g. purged)."""
+        raw = self.redis.hget(self.keys.run(p, run_id), "status")
+        return None if raw is None else text(raw)
+
     def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
         """The run's committed events after ``after_seq``, decoded, in seq order."""
         return self.decode_history(
