@@ -104,7 +104,7 @@ FUZZ = textwrap.dedent(
 
 def test_decoder_fuzz_never_crashes() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", FUZZ, "1500", str(ROOT)],
+        [sys.executable, "-c", FUZZ, "800", str(ROOT)],
         cwd=ROOT / "tests",
         env={**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"},
         capture_output=True,

@@ -29,7 +29,7 @@ from workers.threads import ActivityThreads
 
 pytestmark = pytest.mark.slow
 
-THREADS, RUNS, SECONDS = 2, 6, 6.0
+THREADS, RUNS, SECONDS = 2, 4, 6.0
 
 
 def _cli(*args: str) -> str:
