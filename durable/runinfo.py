@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import codec, hooktokens
@@ -159,9 +160,26 @@ def outcome_of(closing: ev.Entry, closed: int | None) -> RunOutcome:
 
 
 def last_frame(traceback_text: str) -> str:
-    """``file:line in function`` of a formatted traceback's innermost frame (``""``: none)."""
+    """``file:line in function`` of a formatted traceback's innermost frame of the user's code
+    (``""``: none): a durable call's error (``ActivityFailed``) is raised inside durable, and the
+    line to look at is the workflow's call. All frames durable's: its innermost one."""
     found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
-    return f"{found[-1][0]}:{found[-1][1]} in {found[-1][2]}" if found else ""
+    own = [f for f in found if not _durable_file(f[0])] or found
+    return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else ""
+
+
+def _durable_file(path: str) -> bool:
+    """Whether ``path`` is a module of this package (by its path below a ``durable`` folder: the
+    traceback may come from a worker where the package is installed elsewhere)."""
+    parts = path.replace("\\", "/").split("/")
+    return any(
+        parts[i] == "durable" and "/".join(parts[i + 1 :]) in _PACKAGE_FILES for i in range(len(parts) - 1)
+    )
+
+
+_PACKAGE_FILES = frozenset(
+    str(f.relative_to(Path(__file__).parent)).replace("\\", "/") for f in Path(__file__).parent.rglob("*.py")
+)
 
 
 def failure_text(event: ev.WorkflowFailedEvent) -> tuple[str, bool]:

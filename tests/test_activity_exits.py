@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.exits import ExitingActivity, ExitingAsyncActivity
+import pytest
+from apps.exits import ExitingActivity, ExitingAsyncActivity, ExitUncaught
 
-from durable import WorkflowStub
+from durable import WorkflowFailed, WorkflowStub
 
 
 def test_sys_exit_in_an_activity_is_a_failed_attempt(worker, tmp_path: Path) -> None:
@@ -29,3 +30,13 @@ def test_sys_exit_in_an_async_activity_is_a_failed_attempt(worker, tmp_path: Pat
         stub = WorkflowStub.make(ExitingAsyncActivity).start(str(log))
         assert stub.result(timeout=20) == {"cause": "builtins.SystemExit", "message": "4"}
     assert log.read_text().splitlines() == ["ran"] * 4
+
+
+def test_a_run_failed_by_an_activity_says_the_workflows_line(worker, tmp_path: Path) -> None:
+    """Where it was raised is the workflow's `activity(...)` call, not durable's frame inside it
+    (it said durable/replay/core.py in _suspend)."""
+    stub = WorkflowStub.make(ExitUncaught).start(str(tmp_path / "exits.log"))
+    with pytest.raises(WorkflowFailed):
+        stub.result(timeout=20)
+    raised_at = stub.describe().to_dict()["raised_at"]
+    assert "apps/exits.py:" in raised_at and raised_at.endswith(" in handle"), raised_at

@@ -38,3 +38,10 @@ class ExitingActivity(Workflow):
 class ExitingAsyncActivity(Workflow):
     def handle(self, log: str) -> dict:
         return _cause(exits_async, log, 4)
+
+
+class ExitUncaught(Workflow):
+    """Lets its activity's failure fail the run."""
+
+    def handle(self, log: str) -> None:
+        activity(exits, log, 5, retry=RetryPolicy(max_attempts=1))
