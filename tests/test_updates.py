@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from apps.updates import CALLS_FILE, UpdCart
 from click.testing import CliRunner
+from waiting import wait_for
 
 from durable import UpdateRejected, WorkflowClosed, WorkflowStub
 from durable import events as ev
@@ -76,6 +77,8 @@ def test_unknown_update_name_is_refused_at_the_client_and_by_the_worker(
     worker: Any, store: RedisStore
 ) -> None:
     stub = _started()
+    # Its first decision committed (it waits for the signal): the history below changes no more.
+    wait_for(lambda: stub.status() == "suspended", timeout=10)
     seq = len(stub.history())
     with pytest.raises(UpdateRejected, match=r"no @update 'nope'; it has \['add', 'fail', 'reserve'\]"):
         stub.update("nope")
