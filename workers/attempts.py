@@ -56,6 +56,15 @@ def _never(_due: int) -> None:
     pass
 
 
+def attempt_began(started_ms: int | None, now_ms: int) -> float:
+    """When an attempt that ends now without its own report (expired by the scheduler, its
+    worker dead) began, as a ``time.time()`` value, so its record's duration is the time it ran:
+    ``now_ms - started_ms``, both on the scripts' clock (``started_ms`` unknown: now)."""
+    if not started_ms:
+        return time.time()
+    return time.time() - max(0, now_ms - started_ms) / 1000
+
+
 def _unmeasured(_name: str, _seconds: float) -> None:
     pass
 

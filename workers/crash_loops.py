@@ -17,7 +17,6 @@ their run is blocked instead, since a decision's crash is a code bug a deploy fi
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from durable.errors import ActivityWorkerLost
@@ -25,7 +24,7 @@ from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 
 from . import metrics
-from .attempts import fail_attempt
+from .attempts import attempt_began, fail_attempt
 from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.worker")
@@ -126,18 +125,10 @@ def _fail(
             error,
             stream=stream,
             entry_id=entry_id,
-            started=_began(store, started_ms),
+            started=attempt_began(started_ms, store.server_time_ms()),
             on_timer=on_timer,
             started_ms=started_ms,
         )
     finally:
         unbind_run(token)
     metrics.attempt(task.name, stream, outcome, None)
-
-
-def _began(store: RedisStore, started_ms: int) -> float:
-    """When the attempt last began, as a ``time.time()`` value (its record's duration then runs
-    until now: when it died is not known); ``started_ms`` is on the scripts' clock."""
-    if not started_ms:
-        return time.time()
-    return time.time() - max(0, store.server_time_ms() - started_ms) / 1000

@@ -27,7 +27,7 @@ from durable.store.tasks import ActivityTask
 from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 
 from . import faults, metrics
-from .attempts import attempt_failed, fail_attempt, timeout_kind
+from .attempts import attempt_began, attempt_failed, fail_attempt, timeout_kind
 from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.scheduler")
@@ -245,7 +245,7 @@ class Scheduler:
                     error,
                     stream=task.stream,
                     entry_id="",
-                    started=_attempt_began(started_ms, now_ms),
+                    started=attempt_began(started_ms, now_ms),
                     on_timer=self.notify,
                 )
             finally:
@@ -408,13 +408,3 @@ class Scheduler:
                         self.claim_idle_ms / 1000,
                     )
                 self.reclaimed(stream, entry_id, fields)
-
-
-def _attempt_began(started_ms: int | None, now_ms: int) -> float:
-    """When an expired attempt began, as a ``time.time()`` value, so that its record's duration
-    is the time it ran until the deadline passed (taking the expiry for its start said 0 ms).
-    The span is ``now_ms - started_ms``, the one :func:`timeout_kind` compares with the timeouts;
-    unknown (the attempt registered no start): now."""
-    if not started_ms:
-        return time.time()
-    return time.time() - max(0, now_ms - started_ms) / 1000
