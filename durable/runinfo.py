@@ -75,6 +75,19 @@ class BlockedReason:
     def __str__(self) -> str:
         return self.message
 
+    @classmethod
+    def through(cls, child_id: str, reason: BlockedReason) -> BlockedReason:
+        """A parent's reason: it waits on the child ``child_id``, blocked for ``reason``."""
+        return cls(kind=reason.kind, message=f"{_THROUGH.format(child_id)}{reason.message}", child=child_id)
+
+    @property
+    def child_message(self) -> str:
+        """For a reason :meth:`through` a child, the child's own message (else :attr:`message`)."""
+        return self.message.removeprefix(_THROUGH.format(self.child)) if self.child else self.message
+
+
+_THROUGH = "waits on child {!r}, which is blocked: "
+
 
 def blocked_reason(record: Mapping[str, Any]) -> BlockedReason | None:
     """The blocked reason of a decoded run record (``None``: not blocked, or closed).
@@ -267,7 +280,7 @@ def with_children(
             status = statuses.get(str(child_id))
             state = _child_state(str(child_id), status)
             if blocked is not None and blocked.child == str(child_id):
-                state += ", blocked: " + blocked.message.split(", which is blocked: ", 1)[-1]
+                state += ", blocked: " + blocked.child_message
             step = {**step, "child_status": status, "state": state}
         out.append(step)
     return out

@@ -71,15 +71,6 @@ def own_reason(record: Mapping[str, Any], no_worker: NoWorker) -> BlockedReason 
     return BlockedReason(kind=NO_LIVE_WORKER, message=unserved) if unserved else None
 
 
-def through(child_id: str, reason: BlockedReason) -> BlockedReason:
-    """A parent's reason for waiting on ``child_id``, blocked for ``reason``."""
-    return BlockedReason(
-        kind=reason.kind,
-        message=f"waits on child {child_id!r}, which is blocked: {reason.message}",
-        child=child_id,
-    )
-
-
 def blocked_children(
     store: StoreBase,
     records: Sequence[Mapping[str, Any]],
@@ -88,7 +79,7 @@ def blocked_children(
     budget: int | None = None,
 ) -> list[BlockedReason | None]:
     """Per record (a decoded run record with its snapshot), the first pending child that is
-    blocked, as the parent's reason naming it (:func:`through`); ``None``: none of those read is.
+    blocked, as the parent's reason naming it (:meth:`BlockedReason.through`); ``None``: none of those read is.
 
     Args:
         store: The store to read the children from.
@@ -114,7 +105,7 @@ def blocked_children(
     out: list[BlockedReason | None] = []
     for kids in wanted:
         found = next(((wid, reasons[wid]) for wid in kids if reasons.get(wid) is not None), None)
-        out.append(through(found[0], found[1]) if found and found[1] else None)
+        out.append(BlockedReason.through(found[0], found[1]) if found and found[1] else None)
     return out
 
 
