@@ -38,7 +38,7 @@ from .attempts import (
     run_activity,
 )
 from .hung import HungWatch
-from .pace import BACKLOG_MS, MOST_PER_THREAD, STALLED_S, Pace
+from .pace import BACKLOG_MS, MOST_PER_THREAD, STALLED_S, Pace, task_name
 from .threads import ActivityThreads
 
 log = logging.getLogger("durable.worker")
@@ -159,10 +159,15 @@ class ActivityHost:
             self._reserved += 1
             return True
 
-    def takes(self, name: str) -> bool:
-        """Whether this worker may take one more activity task of type ``name`` now: a thread is
-        free, or the task is in the small prefetch :mod:`workers.pace` allows (an activity type
-        known to take microseconds, on threads that are turning over)."""
+    def takes(self, fields: dict[bytes, bytes]) -> bool:
+        """Whether this worker may take one more activity task (a read's ``fields``) now: a thread
+        is free, or the task is in the small prefetch :mod:`workers.pace` allows (an activity type
+        known to take microseconds, on threads that are turning over). Its type is decoded only
+        in the second case: with a thread free, the task runs whatever it is."""
+        with self._lock:
+            if self.busy + self._reserved < self.concurrency:
+                return True
+        name = task_name(fields)
         with self._lock:
             if self._room(name):
                 return True

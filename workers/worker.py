@@ -44,7 +44,6 @@ from .crash_loops import fail_if_crash_loop
 from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
-from .pace import task_name
 from .reader import TaskReader
 from .scheduler import Scheduler
 from .watchdog import (
@@ -499,7 +498,7 @@ class Worker:
             for stream, entries in reply:
                 if lane == ACTIVITIES:
                     for entry_id, fields in entries:
-                        if self.activities.takes(task_name(fields)):
+                        if self.activities.takes(fields):
                             self._dispatch(ACTIVITY, stream, entry_id, fields)
                         else:
                             excess.setdefault(stream, []).append((entry_id, fields))
