@@ -153,5 +153,8 @@ class Membership:
     def _register(self) -> None:
         threads, held, stuck = self.threads() if self.threads is not None else (0, 0, ())
         now = self.store.server_time_ms()
-        info = replace(self.info, threads=threads, held=held, stuck=stuck)
-        self.store.register_worker(replace(info, started=self._started or now, seen=now))
+        self.store.register_worker(
+            replace(
+                self.info, threads=threads, held=held, stuck=stuck, started=self._started or now, seen=now
+            )
+        )

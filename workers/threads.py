@@ -64,11 +64,6 @@ class ActivityThreads:
                 out.append((began, call[0], call[1]))
         return out
 
-    @property
-    def size(self) -> int:
-        """How many threads there are."""
-        return len(self._threads)
-
     def shutdown(self) -> None:
         """Drop the calls not started yet; the threads exit after their current call."""
         try:

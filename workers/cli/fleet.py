@@ -237,7 +237,7 @@ def workers_(state: CliState, as_json: bool) -> None:
         return
     out = console()
     if report["problem"]:
-        # First, and on stderr too: the tables below are what Redis still holds, not the truth.
+        # First: the tables below are what the registry still holds, not the truth.
         out.print(Text(report["problem"], style="bold red"))
         out.print(
             Text(
