@@ -21,6 +21,7 @@ import pytest
 from apps import deploys
 from apps.deploys import BdHandler, BdResigned, BdShip, BdShipFails, BdStrict, bd_resigned_v2
 from click.testing import CliRunner
+from clikit import cli_ok as _cli
 from procs import ROOT, TESTS, spawn_worker, stop
 from scenarios import replay_next_decision
 from waiting import wait_for
@@ -43,12 +44,6 @@ def _no_bug() -> Iterator[None]:
     deploys.BUGGY["on"] = False
     yield
     deploys.BUGGY["on"] = False
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _blocked(stub: WorkflowStub) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from apps.child_blocks import GoThenClose, GrandQ, ParentOfGhost, ParentQ
-from click.testing import CliRunner
+from clikit import cli_ok as _cli
 from procs import spawn_worker, stop
 from waiting import wait_for
 
@@ -24,7 +24,6 @@ from durable import events as ev
 from durable.codec.hooks import set_payload_hook
 from durable.dropped import PREVIEW_CHARS, dropped_view
 from durable.store.redis_store import RedisStore
-from workers.cli import cli
 from workers.server.endpoint import Call
 from workers.server.workflow_routes import list_workflows
 from workers.worker import Worker, WorkerThread
@@ -32,12 +31,6 @@ from workers.worker import Worker, WorkerThread
 NOWHERE = "no live worker serves queue 'nowhere2'"
 
 pytestmark = pytest.mark.slow
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _api_rows(store: RedisStore, **query: str) -> dict[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 from apps.hangs import AfterHang, Hang
-from click.testing import CliRunner
+from clikit import cli_ok as _cli
 from procs import spawn_worker
 from waiting import wait_for
 
@@ -25,17 +25,9 @@ from durable.store.held import starved_queues
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from durable.store.workers import WorkerInfo
-from workers.cli import cli
 from workers.hung import HungWatch
 
 pytestmark = pytest.mark.slow
-
-
-def _cli(*args: str) -> str:
-    # Wide enough that the workers table does not fold its cells.
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False, env={"COLUMNS": "400"})
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _me(report: dict) -> dict:

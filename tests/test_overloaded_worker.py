@@ -16,26 +16,19 @@ from pathlib import Path
 
 import pytest
 from apps.basic import Sequence, SlowSteps
-from click.testing import CliRunner
+from clikit import cli_ok as _cli
 from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
-from workers.cli import cli
 from workers.pace import Pace
 from workers.threads import ActivityThreads
 
 pytestmark = pytest.mark.slow
 
 THREADS, RUNS, SECONDS = 2, 4, 6.0
-
-
-def _cli(*args: str) -> str:
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def _held(store: RedisStore) -> int:
