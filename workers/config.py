@@ -101,7 +101,7 @@ class WorkerConfig:
     log_format: str = "text"
     log_level: str = "INFO"
     metrics_port: int = 0
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = "127.0.0.1"  # this host only, as the operator server's --host: no token guards it
     embedded_dir: str = ""
 
     @property

@@ -42,6 +42,7 @@ from durable.runinfo import classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import PRIVATE
 from workers import tally
+from workers.config import WorkerConfig
 from workers.queue_metrics import QueueCollector
 
 log = logging.getLogger("durable.metrics")
@@ -51,9 +52,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
-DEFAULT_HOST = "127.0.0.1"
-"""Where ``/metrics`` listens unless ``--metrics-host`` says otherwise: this host only, as the
-operator server's ``--host`` (the metrics need no token; exposing them is a choice)."""
+DEFAULT_HOST = WorkerConfig.metrics_host
+"""Where ``/metrics`` listens unless ``--metrics-host`` says otherwise (:class:`WorkerConfig`)."""
 CLOSES_GROUP = "metrics"
 """The consumer group (and consumer) the metrics processes read the closes streams in."""
 FLUSH_S = 0.5

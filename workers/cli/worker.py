@@ -160,7 +160,7 @@ _worker_options: list[Callable[[Any], Any]] = [
     ),
     click.option(
         "--metrics-host",
-        default="127.0.0.1",
+        default=WorkerConfig.metrics_host,
         show_default=True,
         metavar="HOST",
         help="Address the --metrics-port listens on: this host only by default; 0.0.0.0 (every "
