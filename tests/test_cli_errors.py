@@ -292,3 +292,19 @@ def test_a_worker_whose_app_is_not_found_starts_no_server(project: Path) -> None
         "error: cannot import app module 'no_such_app': No module named 'no_such_app' in "
     ), line
     assert not (project / ".durable").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("start", "Order", "1", '{"sku": "x",}'),
+        ("start", "Order", "--signal", "go", "--signal-arg", "[1,"),
+        ("signal", "o-1", "go", "[1,"),
+    ],
+)
+def test_an_argument_that_is_not_json_starts_no_server(project: Path, command: tuple[str, ...]) -> None:
+    """A typo in a JSON argument is refused before an embedded Redis is started for the command
+    (``start`` started one first, and left it running)."""
+    line = one_error_line(run_cli(project, *command))
+    assert "is not valid JSON" in line, line
+    assert not (project / ".durable").exists()

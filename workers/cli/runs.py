@@ -98,6 +98,8 @@ def start(
         load_apps(apps)
     if signal_args and not signal_name:
         raise click.UsageError("--signal-arg needs --signal NAME")
+    # Arguments are checked before the store is touched: a typo starts no embedded Redis.
+    values, signal_values = parse_args(args), parse_args(signal_args)
     stub = WorkflowStub.make(
         workflow_type,
         id=workflow_id,
@@ -113,10 +115,10 @@ def start(
     )
     if signal_name:
         before = stub.run_id
-        stub.signal_with_start(signal_name, *parse_args(signal_args), start_args=parse_args(args))
+        stub.signal_with_start(signal_name, *signal_values, start_args=values)
         started = "existing" if stub.run_id == before else "started"
     else:
-        stub.start(*parse_args(args))
+        stub.start(*values)
     if warning:
         click.echo(warning, err=True)
     click.echo(f"workflow_id: {stub.id}")
@@ -134,7 +136,8 @@ def start(
 @pass_state
 def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) -> None:
     """Send signal NAME with ARGS (JSON values) to workflow ID's current run."""
-    _stub(state, workflow_id).signal(name, *parse_args(args))
+    values = parse_args(args)
+    _stub(state, workflow_id).signal(name, *values)
     click.echo(f"signal {name!r} sent to {workflow_id}")
 
 
@@ -235,8 +238,8 @@ def update(
     """
     if apps:
         load_apps(apps)
-    stub = _stub(state, workflow_id)
     values = parse_args(args)
+    stub = _stub(state, workflow_id)
     uid = update_id or f"cli-{new_run_id().lower()}"
     again = _again(workflow_id, name, args, uid)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -289,7 +292,8 @@ def query(state: CliState, workflow_id: str, name: str, args: tuple[str, ...], a
         # Checked here, not by click (exit 2 and a usage block): one error line, exit 1.
         raise CliError("query needs --app MODULE: the run's state is replayed here with the workflow's code")
     load_apps(apps)
-    click.echo(to_json(_stub(state, workflow_id).query(name, *parse_args(args))))
+    values = parse_args(args)
+    click.echo(to_json(_stub(state, workflow_id).query(name, *values)))
 
 
 @click.command()
