@@ -55,6 +55,10 @@ __all__ = [
 MAX_BACKFILL = 10_000
 """Most scheduled times one backfill may start (split a longer range)."""
 
+OVERDUE_AFTER_S = 5.0
+"""How late a schedule's next time may be before ``describe`` calls it overdue (a worker's
+scheduler claims due times on each of its passes, well within this)."""
+
 SETTLE_WAIT_S = 5.0
 """How long trigger/backfill wait for a worker's scheduler that holds the schedule's lock to
 let go, so they can say what happened to their times (started, buffered or skipped)."""
@@ -88,6 +92,9 @@ class ScheduleDescription:
             started).
         fired: Scheduled times claimed so far (what ``max_runs`` counts).
         started: Runs started (scheduled, triggered, backfilled).
+        overdue: Why an active schedule's next time passed more than :data:`OVERDUE_AFTER_S`
+            ago without firing (no live worker runs a scheduler, or they do and see why in
+            their logs); ``""`` when it is on time.
     """
 
     id: str
@@ -105,6 +112,7 @@ class ScheduleDescription:
     extra: dict[str, Any] = field(default_factory=dict)
     state: str = "active"
     claimed: list[dict[str, str]] = field(default_factory=list)
+    overdue: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly fields (what ``durable schedule describe --json`` prints)."""
@@ -123,6 +131,7 @@ class ScheduleDescription:
             "started": self.started,
             "created": self.created,
             "updated": self.updated,
+            "overdue": self.overdue,
         }
 
 
@@ -267,6 +276,7 @@ class ScheduleHandle:
                 upcoming = upcoming[: max(0, spec.max_runs - int(record.get("fired") or 0))]
         ids = [wid for wid, _ in state.runs]
         statuses = self._store.instance_statuses(ids) if runs else ["?"] * len(ids)
+        run_state = _run_state(spec, record, spec.paused)
         running = [
             {"workflow_id": wid, "scheduled_at": iso(ms), "status": status}
             for (wid, ms), status in zip(state.runs, statuses, strict=True)
@@ -277,7 +287,7 @@ class ScheduleHandle:
             id=self._id,
             spec=spec,
             paused=spec.paused,
-            state=_run_state(spec, record, spec.paused),
+            state=run_state,
             note=spec.note,
             next_times=[t for t in (iso(ms) for ms in upcoming) if t],
             recent_actions=[{**a, "at": iso(a.get("ts"))} for a in state.actions],
@@ -291,6 +301,28 @@ class ScheduleHandle:
             started=int(record.get("started") or 0),
             created=int(record["created"]) if record.get("created") else None,
             updated=int(record["updated"]) if record.get("updated") else None,
+            overdue=self._overdue(spec, upcoming[0]) if run_state == "active" and upcoming else "",
+        )
+
+    def _overdue(self, spec: Schedule, due_ms: int) -> str:
+        """Why the time ``due_ms`` has not fired although it is past, or ``""`` (on time).
+
+        Schedules fire only where a worker runs: without one, nothing says so but this."""
+        late_s = (self._store.server_time_ms() - due_ms) / 1000
+        if late_s <= OVERDUE_AFTER_S:
+            return ""
+        due = f"{iso(due_ms)} was due {late_s:.0f} s ago"
+        live = len(self._store.live_workers())
+        if not live:
+            window = float(spec.catchup_window)  # type: ignore[arg-type]
+            return (
+                f"{due} and has not fired: no live worker runs, and each worker's scheduler fires the "
+                f"schedules (any queue); start one (`durable worker --app YOUR_APP`). Times more than "
+                f"{window:g} s old by then (the catchup window) are recorded as missed, not started"
+            )
+        return (
+            f"{due} and has not fired although {live} worker(s) are live, whose schedulers fire due "
+            "times on every pass: see their logs (`durable workers` lists them)"
         )
 
     # ------------------------------------------------------------- actions

@@ -22,12 +22,15 @@ from durable import (
     ScheduleNotFound,
     Workflow,
     WorkflowStub,
+    schedules,
     timer,
 )
 from durable.schedule_pass import SchedulePass
 from durable.schedule_spec import iso, scheduled_workflow_id
 from durable.store.redis_store import RedisStore
 from durable.store.schedules import claim_member
+from durable.testing import TestEnvironment
+from tests.clikit import cli_ok
 from tests.waiting import wait_for
 from workers.cli import cli
 
@@ -338,6 +341,27 @@ def test_catch_up_window(store: RedisStore) -> None:
     assert "missed" in actions
     assert 3 <= desc.started <= 4  # the last 3 s (+ the boundary), not 10
     assert _ms(desc.next_times[0]) > now
+
+
+def test_a_time_that_did_not_fire_says_why(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No worker runs: the schedule's times passed, and list/describe said only ``active``
+    with a next time in the past, ``started 0``."""
+    monkeypatch.setattr(schedules, "OVERDUE_AFTER_S", 1.0)
+    handle = ScheduleHandle.create("od", Schedule(workflow="SchedTick", every=1), store=store)
+    assert handle.describe().overdue == ""  # its first time is ahead
+    desc = wait_for(lambda: (d := handle.describe()).overdue and d, timeout=10)
+    assert "s ago and has not fired: no live worker runs" in desc.overdue, desc.overdue
+    assert "`durable worker --app YOUR_APP`" in desc.overdue
+    assert "more than 60 s old by then (the catchup window) are recorded as missed" in desc.overdue
+    assert desc.to_dict()["overdue"] == desc.overdue
+    assert "overdue: " + desc.next_times[0] in cli_ok("schedule", "describe", "od")
+    assert "  overdue: " + desc.next_times[0] in cli_ok("schedule", "list")
+    handle.pause()
+    assert handle.describe().overdue == ""  # paused: its times are not due
+    handle.unpause()
+    with TestEnvironment(store=store):  # a live worker's scheduler fires the schedule
+        wait_for(lambda: handle.describe().started >= 1, timeout=10)
+        assert handle.describe().overdue == ""
 
 
 def test_a_time_waiting_out_its_jitter_is_shown(store: RedisStore) -> None:

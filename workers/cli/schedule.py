@@ -111,6 +111,8 @@ def _lines(desc: ScheduleDescription) -> list[str]:
         + f"; fired {desc.fired}, started {desc.started}",
         "next: " + (", ".join(desc.next_times) if desc.next_times else "-"),
     ]
+    if desc.overdue:
+        lines.append(f"overdue: {desc.overdue}")
     if desc.buffered:
         lines.append("buffered: " + ", ".join(desc.buffered))
     for claimed in desc.claimed:  # a time waiting out its jitter
@@ -227,6 +229,8 @@ def list_(state: CliState, as_json: bool) -> None:
         when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {d.spec.every:g}s"
         nxt = d.next_times[0] if d.next_times else "-"
         click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
+        if d.overdue:
+            click.echo(f"  overdue: {d.overdue}")
 
 
 @schedule.command("describe")
