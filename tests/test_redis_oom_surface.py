@@ -1,9 +1,10 @@
 """Redis at ``maxmemory`` (noeviction): the operator surface says so, and workers keep their work.
 
 Each test fills a private Redis (``fresh_redis``) until it answers ``OOM`` to writes, then
-checks what ``durable workers``, ``durable describe`` and the server's ``/healthz`` say (real
-processes), and that a live worker whose lease and heartbeat writes were refused does not take
-its own running attempt for abandoned. Every process a test starts is stopped by pid.
+checks what ``durable workers``, ``describe`` and ``list``, the server's ``/healthz``, runs list
+and runs page say (real processes), and that a live worker whose lease and heartbeat writes
+were refused does not take its own running attempt for abandoned. Every process a test
+starts is stopped by pid.
 """
 
 from __future__ import annotations
@@ -181,20 +182,50 @@ def test_workers_and_describe_say_redis_is_out_of_memory_and_the_worker_keeps_it
     assert effects.read_text().splitlines() == ["start s0 1"]
 
 
-def test_healthz_answers_503_while_redis_refuses_writes(
+def test_healthz_list_and_runs_page_say_redis_is_out_of_memory(
     fresh_redis: EmbeddedRedis, full_client: redis.Redis, tmp_path: Path
 ) -> None:
-    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    """``/healthz`` answers 503, and the runs lists say why no run moves: ``durable list`` under
+    its table (``--json`` on stderr, its stdout still the array), the API's page in ``problem``
+    (as ``/api/v1/workers`` does), the UI's runs page in its banner."""
+    url = fresh_redis.url
+    store = RedisStore(url)
+    # No worker: the run stays open, shown blocked for "no live worker" (the registry's view).
+    WorkflowStub.make(SlowSteps, id="oom-listed", store=store).start("unused", 1, 0.1)
+    server = ServerProc(url, tmp_path / "server.log")
     try:
         with server.client() as http:
             assert http.get("/healthz").status_code == 200
+            assert http.get("/api/v1/workflows").json()["problem"] is None
+            assert OOM_REASON not in durable_cli(url, "list").stdout
             fill_until_oom(full_client)
             answer = http.get("/healthz")
             assert answer.status_code == 503, answer.text
             error = answer.json()["error"]
             assert error["code"] == "redis_out_of_memory"
             assert error["message"].startswith(OOM_REASON) and "maxmemory" in error["message"]
+
+            page = http.get("/api/v1/workflows")
+            assert page.status_code == 200, page.text
+            assert [r["workflow_id"] for r in page.json()["workflows"]] == ["oom-listed"]
+            assert page.json()["problem"].startswith(OOM_REASON), page.json()
+            assert "of maxmemory" in page.json()["problem"] and "durable purge" in page.json()["problem"]
+            blocked = http.get("/api/v1/workflows", params={"status": "blocked"}).json()
+            assert blocked["problem"].startswith(OOM_REASON), blocked
+            html = http.get("/").text
+            assert 'id="problem"' in html and "blocked-banner" in html
+
+            listed = durable_cli(url, "list")
+            assert listed.returncode == 0, listed.stderr
+            assert "oom-listed" in listed.stdout and OOM_REASON in listed.stdout, listed.stdout
+            assert "durable purge" in listed.stdout and "heartbeats cannot be written" in listed.stdout
+            as_json = durable_cli(url, "list", "--json")
+            assert [r["workflow_id"] for r in json.loads(as_json.stdout)] == ["oom-listed"]
+            assert as_json.stderr.startswith("warning: " + OOM_REASON), as_json.stderr
+
             free(full_client)
             assert http.get("/healthz").json() == {"status": "ok"}
+            assert http.get("/api/v1/workflows").json()["problem"] is None
     finally:
         server.stop()
+        store.close()

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import click
+from rich.text import Text
 
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
+from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
 from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
 from workers.cli.core import CliError, CliState, load_apps, pass_state
@@ -152,13 +154,30 @@ def list_(
     runs = with_unserved(
         store, runs, status_ == "blocked", workflow_type, limit, before_ms, before_run_id=before_run_id
     )
+    # Why no run can move whatever its row says: Redis refusing writes at maxmemory (one INFO
+    # memory, a read that works under OOM; refused by an ACL, nothing is said).
+    problem = store.memory_state().reason
     if as_json:
+        if problem:
+            click.echo(f"warning: {problem}", err=True)  # stdout stays the array
         click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
         return
-    console().print(runs_table(runs, url))
+    out = console()
+    out.print(runs_table(runs, url))
+    if problem:
+        # Under the table: the last thing on the screen, however many rows scrolled by.
+        out.print(Text(problem, style="bold red"))
+        if any(r.get("blocked_kind") == NO_LIVE_WORKER for r in runs):
+            out.print(Text(_HEARTBEATS_NOTE, style="red"))
     if runs and len(runs) >= limit:
         # The last row's (ms, run id), not its ms alone: runs of the same ms are not skipped.
         click.echo(f"more: --before {runs[-1]['created']}:{runs[-1]['run_id']}")
+
+
+_HEARTBEATS_NOTE = (
+    "workers' registry heartbeats cannot be written meanwhile: a run shown blocked for no live "
+    "worker may well have one"
+)
 
 
 def _before(value: str | None) -> tuple[int, str | None] | None:

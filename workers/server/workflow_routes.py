@@ -54,6 +54,16 @@ _RUN_PARAM = Param(
 
 
 def list_workflows(call: Call) -> dict[str, Any]:
+    """A page of the runs list, with ``problem``: why no run can move whatever its row says
+    (:attr:`~durable.store.memory.MemoryState.reason`: Redis refuses writes at ``maxmemory``,
+    as ``/api/v1/workers`` says it), else ``None``. One ``INFO memory`` (a read: it works under
+    OOM; refused by an ACL, it says nothing)."""
+    page = _workflows_page(call)
+    page["problem"] = call.store.memory_state().reason
+    return page
+
+
+def _workflows_page(call: Call) -> dict[str, Any]:
     status = call.arg("status")
     if status is not None and status not in _STATUSES:
         raise ApiError("invalid_argument", f"unknown status {status!r}; one of {', '.join(_STATUSES)}")

@@ -76,6 +76,14 @@
     return rows;
   }
 
+  // Why no run can move whatever its row says (Redis refusing writes at maxmemory): the
+  // server's own sentence, with what to do.
+  function showProblem(problem) {
+    const box = document.getElementById("problem");
+    box.hidden = !problem;
+    box.textContent = problem || "";
+  }
+
   async function loadPage() {
     const page = cursors.length - 1;
     const params = { ...filters(), before: cursors[page] };
@@ -87,6 +95,7 @@
       throw err;
     }
     next = data.next;
+    showProblem(data.problem);
     const rows = data.workflows.flatMap(row);
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "no runs match"))]));
     document.getElementById("newer").disabled = page === 0;
