@@ -280,6 +280,9 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     page = ui.page()
     page.goto(ui.open.url + "/workers")
     page.wait_for_selector("#workers tbody td:has-text('Everything')")
+    cells = page.locator("#workers tbody tr").first.locator("td").all_inner_texts()
+    assert cells[6].isdigit() and int(cells[6]) > 0, cells  # its activity threads, none held
+    assert page.locator("#problem").is_hidden()  # Redis takes writes: no banner
     # An activity of this test's own waits on 'billing', which no worker serves: listed, in red.
     _start(ui, "PaysOnBilling", 7)
     page.reload()

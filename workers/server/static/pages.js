@@ -13,8 +13,20 @@
     return el("span", { class: "small" }, (items || []).join(", "));
   }
 
+  // A worker's activity threads; those held by abandoned attempts (Python cannot stop a
+  // thread) in orange, with what holds them, as `durable workers` says it.
+  function threads(w) {
+    if (!w.threads) return "";
+    if (!w.threads_held) return `${w.threads}`;
+    return el("span", { class: "warn", title: (w.stuck || []).join("\n") }, w.threads_note || `${w.threads_held}/${w.threads} held`,
+      ...(w.stuck || []).slice(0, 3).map((s) => el("div", { class: "muted small" }, s)));
+  }
+
   async function workers() {
     const data = await api("GET", "/api/v1/workers");
+    const problem = document.getElementById("problem");  // Redis refusing writes: nothing moves
+    problem.hidden = !data.problem;
+    problem.textContent = data.problem || "";
     const qbody = document.querySelector("#queues tbody");
     const backlog = data.backlog || {};
     const qrows = Object.entries(data.queues).map(([name, q]) => {
@@ -33,8 +45,8 @@
       el("td", { class: "small" }, w.name), el("td", {}, `${w.host} / ${w.pid}`),
       el("td", {}, w.build_id || "unversioned", w.compatible.length ? el("div", { class: "muted small" }, "also: " + w.compatible.join(", ")) : ""),
       el("td", {}, list(w.queues)), el("td", {}, list(w.workflows)), el("td", {}, list(w.activities.filter((a) => !a.startsWith("durable.")))),
-      el("td", { class: "small" }, time(w.started)), el("td", {}, `${w.heartbeat_age_s} s ago`)));
-    if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 8, "no live worker");
+      el("td", {}, threads(w)), el("td", { class: "small" }, time(w.started)), el("td", {}, `${w.heartbeat_age_s} s ago`)));
+    if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 9, "no live worker");
   }
 
   function when(spec) {
