@@ -1,8 +1,10 @@
 """A worker's place in the fleet: its registry entry, and whether it starts new runs.
 
 The worker writes its registry entry (:class:`~durable.store.workers.WorkerInfo`:
-build, queues, the types it can run, last heartbeat) when it starts and on every
-heartbeat of its scheduler thread, and deletes it when it stops.
+build, queues, the types it can run, last heartbeat) when it starts, on every
+heartbeat of its scheduler thread and, after a Redis outage, as soon as Redis answers
+(the entry may have lapsed meanwhile, or been lost in a restart), and deletes it when
+it stops.
 
 Which workers start a queue's new runs (its unpinned workflow tasks):
 

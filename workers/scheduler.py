@@ -53,7 +53,8 @@ class Scheduler:
             is taken as abandoned (its worker died). Live workers refresh theirs.
         max_sleep: Longest sleep between scans, in seconds.
         heartbeat: Called every :data:`~durable.store.workers.HEARTBEAT_S` (the worker's
-            registry entry and current-build failover).
+            registry entry and current-build failover), and at every pass while an outage
+            lasts (see :meth:`tick`).
         sticky_timeout_ms: A workflow task left unread this long in a worker's private
             (sticky) stream goes to its run's shared queue (0: only once that worker's
             lease lapses, after ``claim_idle_ms``).
@@ -129,6 +130,11 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def rejoin(self) -> None:
+        """Redis answers the worker's loop again after an outage: pass now rather than at the
+        end of this scheduler's own backoff (the pass renews the registry entry, see :meth:`tick`)."""
+        self._wake.set()
+
     def notify(self, due_ms: int) -> None:
         """A timer due at ``due_ms`` was added: wake up early if it is sooner than planned."""
         if due_ms / 1000 < self._next_due:
@@ -182,7 +188,10 @@ class Scheduler:
             if not self.paused() and not self.oom.active:
                 self._reclaim()
             self._check_workers()
-        if now - self._last_beat >= HEARTBEAT_S:
+        # While an outage lasts, as the loop or this scheduler sees it, every pass that gets through
+        # renews the entry: Redis may be back without it (it lapsed, or a restart lost it), and until
+        # then the views take this live worker for gone (no_live_worker).
+        if now - self._last_beat >= HEARTBEAT_S or self.paused() or self._outage.active:
             self._last_beat = now
             try:
                 self.heartbeat()

@@ -324,7 +324,8 @@ class Worker:
                     else:
                         raise
                 else:
-                    self._outage.recovered()
+                    if self._outage.recovered():
+                        self.scheduler.rejoin()  # its registry entry may have lapsed meanwhile
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it

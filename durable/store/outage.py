@@ -117,21 +117,28 @@ class Incident:
             )
         return delay
 
-    def recovered(self) -> None:
-        """Note a success: ends the incident (once settled), logging its duration."""
+    def recovered(self) -> bool:
+        """Note a success: ends the incident (once settled), logging its duration.
+
+        Returns whether it is the first success since a failure: Redis answers again, settled
+        or not, and what lapsed or was lost meanwhile (a worker's registry entry) can be
+        written again now.
+        """
         if self._started is None:
-            return
+            return False
         now = time.monotonic()
         with self._lock:
             started = self._started
             if started is None:
-                return
-            if self._ok_since is None:
-                self._ok_since = now
+                return False
+            ok_since = self._ok_since
+            back = ok_since is None
+            if ok_since is None:
+                ok_since = self._ok_since = now
             if now - self._last_failure < self.settle:
-                return
+                return back
             self._started = None
-            duration, tries, kinds = self._ok_since - started, self._tries, ", ".join(self._kinds)
+            duration, tries, kinds = ok_since - started, self._tries, ", ".join(self._kinds)
             self.backoff.reset()
         self.log.info(
             "redis available again: the %s carries on after %.1f s of outage (%s; %d failed tries)",
@@ -140,6 +147,7 @@ class Incident:
             kinds,
             tries,
         )
+        return back
 
 
 def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threading.Event | None = None) -> T:

@@ -1,0 +1,57 @@
+"""A worker's registry entry that lapsed while Redis was away is written again as soon as Redis
+answers, not at the worker's next heartbeat: meanwhile its runs read as ``no_live_worker``.
+
+Redis restarts without the entry (deleted just before, as a lapse during a long outage would
+leave it), right after a heartbeat: the next one is two seconds or more away.
+"""
+
+from __future__ import annotations
+
+import time
+
+from apps.basic import Waiter
+from procs import spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.embedded import EmbeddedRedis
+from durable.store.redis_store import RedisStore
+from durable.store.workers import HEARTBEAT_S
+
+QUEUE = "registry-after-outage"
+
+BACK_WITHIN_S = 1.0
+"""Well below a heartbeat: what an operator may see is a blip, not a wrong reason."""
+
+
+def _seen(store: RedisStore, name: str) -> int:
+    return next((w.seen for w in store.live_workers() if w.name == name), 0)
+
+
+def test_a_worker_is_live_again_as_soon_as_redis_is_back(fresh_redis: EmbeddedRedis) -> None:
+    store = RedisStore(fresh_redis.url)
+    proc = spawn_worker(fresh_redis.url, extra=("--build-id", "v1", "--queue", QUEUE))
+    try:
+        stub = WorkflowStub.make(Waiter, queue=QUEUE, store=store).start(0.01)
+        wait_for(lambda: stub.snapshot()["build_id"] == "v1" and stub.status() == "suspended", timeout=30)
+        (name,) = [w.name for w in store.live_workers()]
+        last = _seen(store, name)
+        wait_for(lambda: _seen(store, name) != last, timeout=2 * HEARTBEAT_S + 2, interval=0.01)
+        store.redis.delete(store.keys.worker(name))
+        blocked = stub.blocked()
+        assert blocked is not None and blocked.kind == "no_live_worker"
+        store.close()
+        fresh_redis.stop()  # SHUTDOWN writes the AOF out: the entry stays gone
+        time.sleep(0.3)
+        fresh_redis.ensure()
+        back = time.monotonic()
+        store = RedisStore(fresh_redis.url)
+        reloaded = WorkflowStub.load(stub.id, store=store)
+        wait_for(lambda: reloaded.blocked() is None, timeout=5, interval=0.01)
+        took = time.monotonic() - back
+        assert took < BACK_WITHIN_S, f"the worker was taken for gone {took:.1f} s after Redis was back"
+        assert [w.name for w in store.live_workers()] == [name]
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+        store.close()
