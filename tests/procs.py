@@ -52,3 +52,30 @@ def workers(redis_url: str, n: int = 1, **kwargs) -> Iterator[list[subprocess.Po
     finally:
         for proc in procs:
             stop(proc)
+
+
+def durable_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``durable ARGS`` as a real process (it ends by itself; a hang fails the test)."""
+    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", COLUMNS="400")
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def spawn_logged_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``durable worker`` with its log in ``log`` (a file: a pipe left unread would block it)."""
+    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.basic", *extra],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

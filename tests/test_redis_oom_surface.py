@@ -10,9 +10,6 @@ starts is stopped by pid.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from apps.basic import SlowSteps
-from procs import ROOT, TESTS, stop
+from procs import durable_cli, spawn_logged_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
@@ -83,33 +80,6 @@ def full_client(fresh_redis: EmbeddedRedis) -> Iterator[redis.Redis]:
     finally:
         free(client)
         client.close()
-
-
-def durable_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``durable ARGS`` as a real process (it ends by itself; a hang fails the test)."""
-    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", COLUMNS="400")
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def spawn_logged_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """``durable worker`` with its log in ``log`` (a file: a pipe left unread would block it)."""
-    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.basic", *extra],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 def test_memory_state_says_when_writes_are_refused(

@@ -42,9 +42,21 @@ CommandRefused = rexc.ResponseError
 
 #: Error replies meaning "not now": Redis refused the command without running any of it
 #: (a script busy past ``lua-time-limit``, a dataset loading, ``maxmemory`` reached under
-#: ``noeviction``, a transaction discarded for one of those, a replica cut off from its
-#: master, a cluster reconfiguring). Retrying later is safe.
-REFUSED_FOR_NOW = ("BUSY", "LOADING", "OOM", "EXECABORT", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+#: ``noeviction``, writes stopped because it cannot persist (MISCONF: a full disk), a write
+#: sent to a replica (READONLY: during a failover), a transaction discarded for one of those,
+#: a replica cut off from its master, a cluster reconfiguring). Retrying later is safe: a
+#: script is refused at its first write, before it changed anything.
+REFUSED_FOR_NOW = (
+    "BUSY",
+    "LOADING",
+    "OOM",
+    "MISCONF",
+    "READONLY",
+    "EXECABORT",
+    "MASTERDOWN",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+)
 
 # Where such a reply's code can stand in an error's text: first (redis-py leaves codes it has
 # no class for in the message), after a pipeline's "caused error: " prefix, or inside a Lua
@@ -55,6 +67,7 @@ _REFUSED_CODE = re.compile(r"(?:^|caused error: |: -)(" + "|".join(REFUSED_FOR_N
 _REFUSED_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
     (rexc.BusyLoadingError, "LOADING"),
     (rexc.OutOfMemoryError, "OOM"),
+    (rexc.ReadOnlyError, "READONLY"),
     (rexc.ExecAbortError, "EXECABORT"),
     (rexc.MasterDownError, "MASTERDOWN"),
     (rexc.TryAgainError, "TRYAGAIN"),

@@ -1,12 +1,14 @@
-"""Redis at ``maxmemory``: how full it is, whether it refuses writes, and saying so once.
+"""Redis refusing writes: at ``maxmemory``, or unable to persist; how full it is, and saying so once.
 
 With ``maxmemory`` reached under the ``noeviction`` policy, Redis still answers reads but
 refuses every write that may allocate (``OOM command not allowed when used memory >
-'maxmemory'``): no run can make progress, and the workers' registry heartbeats cannot be
-written, so they look gone. The operator surface must say that rather than "no live
-worker": :meth:`MemoryStore.memory_state` reads ``INFO memory`` (a read, which works under
-OOM) and, near the limit, confirms with a tiny write probe. A worker reports the episode
-once (:class:`OomEpisode`), naming the remedies, and keeps working.
+'maxmemory'``). When it cannot write to disk -- an RDB snapshot or an AOF write failed: a
+full disk, a data directory it cannot write -- it refuses every write (``MISCONF``) until it
+can again. Either way no run can make progress, and the workers' registry heartbeats cannot
+be written, so they look gone. The operator surface must say that rather than "no live
+worker": :meth:`MemoryStore.memory_state` reads ``INFO memory`` and ``INFO persistence``
+(reads, which work meanwhile) and, when they suggest it, confirms with a tiny write probe. A
+worker reports the episode once (:class:`OomEpisode`), naming the remedies, and keeps working.
 """
 
 from __future__ import annotations
@@ -14,23 +16,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.exceptions as rexc
 
 from .base import StoreBase
 
-__all__ = ["REDIS_OOM", "MemoryState", "MemoryStore", "OomEpisode", "is_oom", "oom_reason"]
+__all__ = [
+    "REDIS_CANNOT_PERSIST",
+    "REDIS_OOM",
+    "MemoryState",
+    "MemoryStore",
+    "OomEpisode",
+    "disk_reason",
+    "is_oom",
+    "oom_reason",
+    "write_refusal",
+]
 
 REDIS_OOM = "redis_out_of_memory"
 """The blocked kind of an open run while Redis refuses writes for ``maxmemory``."""
+
+REDIS_CANNOT_PERSIST = "redis_cannot_persist"
+"""The blocked kind of an open run while Redis refuses writes because it cannot write to disk."""
 
 REMEDY = (
     "raise maxmemory (CONFIG SET maxmemory / redis.conf), purge old closed runs "
     "(`durable purge`), and check the runs' retention"
 )
 """What an operator can do about it (said in logs and by ``describe``/``workers``/``/healthz``)."""
+
+DISK_REMEDY = (
+    "free disk space or fix Redis's data directory (the Redis log says what failed); Redis "
+    "accepts writes again by itself once it can write (an RDB snapshot: its next successful BGSAVE)"
+)
+"""What an operator can do about Redis refusing writes because it cannot persist."""
 
 PROBE_FROM = 0.9
 """From this fraction of ``maxmemory`` used, a write probe confirms whether writes are refused
@@ -48,12 +69,22 @@ PROBE_TTL_MS = 1000
 def is_oom(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a write for ``maxmemory`` (``OutOfMemoryError``, or a
     reply error whose code is ``OOM``: a pipeline's or a Lua script's carries it in its text)."""
+    return write_refusal(exc) == "oom"
+
+
+def write_refusal(exc: BaseException) -> str | None:
+    """Why Redis refused a write, if ``exc`` says it did for the whole server: ``"oom"``
+    (``maxmemory``), ``"disk"`` (``MISCONF``: it cannot persist), else ``None``."""
     if isinstance(exc, rexc.OutOfMemoryError):
-        return True
+        return "oom"
     if not isinstance(exc, rexc.ResponseError):
-        return False
+        return None
     message = str(exc)
-    return message.startswith("OOM") or "-OOM " in message or "caused error: OOM" in message
+    for code, kind in (("OOM", "oom"), ("MISCONF", "disk")):
+        # First (a plain reply), in a Lua script's error, or after a pipeline's prefix.
+        if message.startswith(code) or f"-{code} " in message or f"caused error: {code}" in message:
+            return kind
+    return None
 
 
 def _size(n: int) -> str:
@@ -74,6 +105,15 @@ def oom_reason(used: int, maxmemory: int) -> str:
     )
 
 
+def disk_reason(failed: str) -> str:
+    """The operator's sentence for Redis refusing writes because it cannot persist (it starts
+    with ``Redis cannot write to disk``); ``failed``: what INFO says failed."""
+    return (
+        f"Redis cannot write to disk ({failed}): it refuses every write (MISCONF), so no run can "
+        f"make progress; {DISK_REMEDY}"
+    )
+
+
 @dataclass(frozen=True)
 class MemoryState:
     """How full Redis is (on a cluster: its fullest primary).
@@ -87,6 +127,9 @@ class MemoryState:
             what it counts is within :data:`HEADROOM` of ``maxmemory``, or a write probe
             answered OOM.
         node: Which server it is (``""`` on one Redis).
+        disk: What failed when Redis refuses writes because it cannot persist (``the last RDB
+            snapshot failed``...; confirmed by a write probe answered MISCONF, except on a
+            cluster), else ``""``.
     """
 
     used: int
@@ -94,22 +137,34 @@ class MemoryState:
     policy: str = ""
     refused: bool = False
     node: str = ""
+    disk: str = ""
+
+    @property
+    def kind(self) -> str | None:
+        """:data:`REDIS_CANNOT_PERSIST` or :data:`REDIS_OOM` while writes are refused, else ``None``."""
+        return REDIS_CANNOT_PERSIST if self.disk else REDIS_OOM if self.refused else None
 
     @property
     def reason(self) -> str | None:
-        """The operator's sentence while writes are refused (:func:`oom_reason`), else ``None``."""
-        if not self.refused:
+        """The operator's sentence while writes are refused (:func:`disk_reason`,
+        :func:`oom_reason`), else ``None``."""
+        if self.disk:
+            reason = disk_reason(self.disk)
+        elif self.refused:
+            reason = oom_reason(self.used, self.maxmemory)
+        else:
             return None
-        reason = oom_reason(self.used, self.maxmemory)
         return f"{reason} (node {self.node})" if self.node else reason
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON: ``used``, ``maxmemory``, ``policy``, ``refused``, ``reason``."""
+        """As JSON: ``used``, ``maxmemory``, ``policy``, ``refused``, ``disk``, ``kind``, ``reason``."""
         return {
             "used": self.used,
             "maxmemory": self.maxmemory,
             "policy": self.policy,
             "refused": self.refused,
+            "disk": self.disk,
+            "kind": self.kind,
             "reason": self.reason,
         }
 
@@ -118,63 +173,83 @@ class MemoryStore(StoreBase):
     """Reading how full Redis is (:meth:`memory_state`)."""
 
     def memory_state(self, *, probe: bool = True) -> MemoryState:
-        """``INFO memory`` of the server (the fullest primary on a cluster), and whether it
-        refuses writes now.
+        """``INFO memory`` and ``INFO persistence`` of the server (the fullest primary on a
+        cluster, or one that cannot persist), and whether it refuses writes now.
 
         Args:
-            probe: Near the limit (:data:`PROBE_FROM`), also try a tiny write (a key with a
-                1 s time to live, deleted at once): under an eviction policy that finds no key
-                to evict, it is refused too (not on a cluster).
+            probe: When INFO suggests writes may be refused -- near the limit
+                (:data:`PROBE_FROM`), or a failed RDB snapshot or AOF write, which refuse
+                writes only with ``stop-writes-on-bgsave-error`` and save points, or with AOF
+                on -- confirm with a tiny write (a key with a 1 s time to live, deleted at
+                once; not on a cluster).
         """
         try:
-            infos = self._memory_infos()
+            infos = self._server_infos()
         except rexc.NoPermissionError:
             # An ACL user without INFO (`-@dangerous`, docs/security.md): the limit is unknown,
             # so nothing is said about it (the views fall back to what the registry shows).
             return MemoryState(0, 0)
-        states = [self._node_memory(name, info) for name, info in infos]
-        state = max(states, key=lambda s: (s.refused, s.used / s.maxmemory if s.maxmemory else 0.0))
-        if state.refused or not state.maxmemory or state.used < state.maxmemory * PROBE_FROM:
+        states = [self._node_state(name, memory, persistence) for name, memory, persistence in infos]
+        state = max(
+            states, key=lambda s: (bool(s.disk), s.refused, s.used / s.maxmemory if s.maxmemory else 0.0)
+        )
+        near = bool(state.maxmemory) and state.used >= state.maxmemory * PROBE_FROM
+        if not probe or self.cluster or not (state.disk or (near and not state.refused)):
             return state
-        if probe and not self.cluster:
-            return MemoryState(state.used, state.maxmemory, state.policy, self._write_refused(), state.node)
-        return state
+        refusal = self._write_refusal()
+        return replace(
+            state, refused=state.refused or refusal == "oom", disk=state.disk if refusal == "disk" else ""
+        )
 
-    def _memory_infos(self) -> list[tuple[str, dict[str, Any]]]:
+    def _server_infos(self) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """Per server (each primary on a cluster): its name, ``INFO memory``, ``INFO persistence``."""
         if not self.cluster:
-            return [("", dict(self.redis.info("memory")))]
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.info("memory").info("persistence")
+                memory, persistence = pipe.execute()
+            return [("", dict(memory), dict(persistence))]
         rc: Any = self.redis
-        return [
-            (str(node.name), dict(rc.get_redis_connection(node).info("memory")))
-            for node in rc.get_primaries()
-        ]
+        nodes = [(str(node.name), rc.get_redis_connection(node)) for node in rc.get_primaries()]
+        return [(name, dict(r.info("memory")), dict(r.info("persistence"))) for name, r in nodes]
 
     @staticmethod
-    def _node_memory(name: str, info: dict[str, Any]) -> MemoryState:
+    def _node_state(name: str, info: dict[str, Any], persistence: dict[str, Any]) -> MemoryState:
         used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         # Redis leaves these buffers out when it compares with maxmemory.
         counted = used - int(info.get("mem_not_counted_for_evict", 0))
         policy = str(info.get("maxmemory_policy", ""))
         headroom = min(HEADROOM, maxmemory // 100)
         refused = bool(maxmemory) and counted >= maxmemory - headroom and policy == "noeviction"
-        return MemoryState(used, maxmemory, policy, refused, name)
+        failed = [
+            what
+            for field, what in (
+                ("rdb_last_bgsave_status", "its last RDB snapshot failed"),
+                ("aof_last_write_status", "its last AOF write failed"),
+            )
+            if str(persistence.get(field, "ok")) == "err"
+        ]
+        return MemoryState(used, maxmemory, policy, refused, name, " and ".join(failed))
 
-    def _write_refused(self) -> bool:
+    def _write_refusal(self) -> str | None:
+        """Whether a tiny write is refused now, and why: :func:`write_refusal`'s ``"oom"`` or
+        ``"disk"``, else ``None``."""
         key = f"{self.keys.prefix}:memory-probe"
         try:
             self.redis.set(key, b"1", px=PROBE_TTL_MS)
         except rexc.ResponseError as exc:
-            if is_oom(exc):
-                return True
+            refusal = write_refusal(exc)
+            if refusal is not None:
+                return refusal
             raise
         self.redis.delete(key)
-        return False
+        return None
 
 
 class OomEpisode:
-    """A worker's view of Redis refusing its writes for ``maxmemory`` (thread-safe).
+    """A worker's view of Redis refusing its writes, for ``maxmemory`` or because it cannot
+    persist (thread-safe).
 
-    :meth:`failed` on every error (an OOM one starts the episode, logged once as an ERROR
+    :meth:`failed` on every error (such a refusal starts the episode, logged once as an ERROR
     naming the remedies); :meth:`wrote` after a write that succeeded ends it (an INFO line
     with its duration). While :attr:`active`, the worker takes nothing as abandoned: its own
     lease and heartbeat writes were refused, not its work stopped.
@@ -197,8 +272,10 @@ class OomEpisode:
         return self._started is not None
 
     def failed(self, exc: BaseException, doing: str = "a write") -> bool:
-        """Note an error of ``doing``; returns whether it was an OOM refusal (logged once per episode)."""
-        if not is_oom(exc):
+        """Note an error of ``doing``; returns whether it was Redis refusing writes (logged once
+        per episode)."""
+        refusal = write_refusal(exc)
+        if refusal is None:
             return False
         with self._lock:
             first = self._started is None
@@ -207,15 +284,26 @@ class OomEpisode:
                 self._refusals = 0
             self._refusals += 1
         if first:
+            if refusal == "oom":
+                why = (
+                    "Redis is out of memory: it refused %s of %s (%s). Redis has reached its maxmemory "
+                    "and refuses writes (noeviction): no run can make progress until memory is freed; %s."
+                )
+                remedy = REMEDY
+            else:
+                why = (
+                    "Redis cannot write to disk: it refused %s of %s (%s). Redis refuses every write "
+                    "while it cannot persist (MISCONF: a failed RDB snapshot or AOF write): no run can "
+                    "make progress until it can; %s."
+                )
+                remedy = DISK_REMEDY
             self.log.error(
-                "Redis is out of memory: it refused %s of %s (%s). Redis has reached its maxmemory "
-                "and refuses writes (noeviction): no run can make progress until memory is freed; "
-                "%s. This worker keeps running and retries; its registry heartbeat cannot be "
+                why + " This worker keeps running and retries; its registry heartbeat cannot be "
                 "written meanwhile, so `durable workers` may not list it.",
                 doing,
                 self.what,
                 (str(exc).splitlines() or [""])[0][:200],
-                REMEDY,
+                remedy,
             )
         return True
 

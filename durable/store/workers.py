@@ -22,6 +22,7 @@ from typing import Any
 
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
+from .connect import CommandRefused
 from .keys import is_private
 from .memory import REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
@@ -249,7 +250,10 @@ class WorkerRegistry(MemoryStore):
             else:
                 live.append(info)
         if gone:
-            self.redis.srem(index, *gone)
+            try:
+                self.redis.srem(index, *gone)
+            except CommandRefused:
+                pass  # Redis refuses writes for now (MISCONF, a replica): the next read tidies up
         return live
 
     def live_builds(self, queue: str) -> set[str]:
@@ -271,8 +275,10 @@ class WorkerRegistry(MemoryStore):
         self, record: Mapping[str, Any], live: Sequence[WorkerInfo] | None = None
     ) -> BlockedReason | None:
         """Why an open run cannot move: the reason its record holds (nondeterminism, unknown
-        type, ...), else that Redis refuses writes at ``maxmemory`` (kind
-        :data:`~durable.store.memory.REDIS_OOM`: no run moves then, and the workers look gone),
+        type, ...), else that Redis refuses writes at ``maxmemory`` or because it cannot persist
+        (kinds :data:`~durable.store.memory.REDIS_OOM`,
+        :data:`~durable.store.memory.REDIS_CANNOT_PERSIST`: no run moves then, and the workers
+        look gone),
         else that no live worker serves its pinned build or, unpinned, its queue; ``None``: it
         can move. ``live``: the live workers, if the caller has read them already."""
         reason = blocked_reason(record)
@@ -280,12 +286,14 @@ class WorkerRegistry(MemoryStore):
             return reason  # no registry read for a closed run
         live = self.live_workers() if live is None else live
         unserved = no_worker_reason(record, live)
-        # At maxmemory nothing moves, and the workers' heartbeats are refused too: they look
-        # gone, but Redis is why. One INFO (a read: it works under OOM).
-        refused = self.memory_state().reason
-        if refused:
+        # At maxmemory, or unable to persist, Redis refuses writes: nothing moves, and the workers'
+        # heartbeats are refused too: they look gone, but Redis is why. Reads work meanwhile.
+        memory = self.memory_state()
+        if memory.reason:
             also = f" (workers' heartbeats cannot be written either, so the registry says: {unserved})"
-            return BlockedReason(kind=REDIS_OOM, message=refused + (also if unserved else ""))
+            return BlockedReason(
+                kind=memory.kind or REDIS_OOM, message=memory.reason + (also if unserved else "")
+            )
         if unserved:
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
         return self._child_blocked(record, live)

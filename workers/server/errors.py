@@ -25,7 +25,7 @@ from durable.errors import (
     WorkflowNotFound,
 )
 from durable.schedules import ScheduleExists, ScheduleNotFound
-from durable.store.memory import REMEDY, is_oom
+from durable.store.memory import DISK_REMEDY, REMEDY, write_refusal
 from workers.config import mask_secrets
 
 __all__ = ["CODES", "ApiError", "from_exception"]
@@ -54,6 +54,10 @@ CODES: dict[str, tuple[int, str]] = {
     "not_implemented": (501, "this engine version does not have the feature"),
     "redis_unavailable": (503, "the server cannot reach Redis"),
     "redis_out_of_memory": (503, "Redis refuses writes: it reached maxmemory (the message says what to do)"),
+    "redis_cannot_persist": (
+        503,
+        "Redis refuses writes: it cannot write to disk (the message says what to do)",
+    ),
 }
 """Every error code the API answers with: its HTTP status and what it means (also in the
 OpenAPI document and docs/server.md)."""
@@ -97,8 +101,13 @@ def from_exception(exc: BaseException) -> ApiError:
             return ApiError(code, _first_line(exc))
     if isinstance(exc, DurableError):
         return ApiError("rejected", _first_line(exc))
-    if is_oom(exc):
+    refusal = write_refusal(exc)
+    if refusal is not None:
         log.warning("redis refuses writes: %s", _first_line(exc))
+        if refusal == "disk":
+            return ApiError(
+                "redis_cannot_persist", f"Redis cannot write to disk: writes are refused; {DISK_REMEDY}"
+            )
         return ApiError("redis_out_of_memory", f"Redis is out of memory: writes are refused; {REMEDY}")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         log.warning("redis unavailable: %s", mask_secrets(_first_line(exc)))

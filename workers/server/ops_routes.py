@@ -16,11 +16,12 @@ __all__ = ["ENDPOINTS", "hook_payload"]
 
 def healthz(call: Call) -> dict[str, Any]:
     """``{"status": "ok"}``; 503 ``redis_unavailable`` when Redis is unreachable, 503
-    ``redis_out_of_memory`` (with the reason) when it refuses writes at ``maxmemory``: it
-    still answers reads then, but no run can make progress."""
-    reason = call.store.memory_state().reason  # unreachable: the API's 503 redis_unavailable
-    if reason:
-        raise ApiError("redis_out_of_memory", reason)
+    ``redis_out_of_memory`` or ``redis_cannot_persist`` (with the reason) when it refuses writes
+    at ``maxmemory`` or because it cannot write to disk: it still answers reads then, but no
+    run can make progress."""
+    memory = call.store.memory_state()  # unreachable: the API's 503 redis_unavailable
+    if memory.reason:
+        raise ApiError(memory.kind or "redis_out_of_memory", memory.reason)
     return {"status": "ok"}
 
 
