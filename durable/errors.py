@@ -149,8 +149,8 @@ class SessionLost(DurableError):
 
 class ActivityWorkerLost(DurableError):
     """The worker process running an activity attempt died each time it ran it (``os._exit``,
-    a segfault, the OOM killer): its task was delivered more than 3 times without the attempt's
-    outcome recorded.
+    a segfault, the OOM killer): the attempt began 3 times (from its queue, or first under the
+    lease of an ``--eager`` worker or of a local activity) without its outcome recorded.
 
     The attempt is failed with this error instead of being run again blindly (each run would
     kill one more worker). The activity's ``RetryPolicy`` applies as to any failure: a further
@@ -159,7 +159,8 @@ class ActivityWorkerLost(DurableError):
     ``non_retryable_errors`` to stop at the first such attempt.
 
     Attributes:
-        deliveries: How many times the attempt's task was delivered to a worker.
+        deliveries: How many times the attempt was handed to a worker (its task delivered, or
+            leased), the last of which failed it.
         worker: The worker that began the attempt last (``""`` when unknown).
     """
 

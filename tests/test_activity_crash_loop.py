@@ -16,11 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-from apps.crashing import CrashingRun, QuickRun
+from apps.crashing import CrashingRun, LeasedCrashingRun, QuickRun
 from procs import ROOT, TESTS, spawn_worker, stop
 
 from durable import ActivityFailed, ActivityWorkerLost, WorkflowFailed, WorkflowStub
-from workers.crash_loops import MAX_ACTIVITY_DELIVERIES
+from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+from workers.crash_loops import MAX_ACTIVITY_DELIVERIES, fail_if_crash_loop
+from workers.worker_deaths import lapsed_lease
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
@@ -30,8 +33,9 @@ EXTRA = ("--claim-idle", "1")
 class Restarter:
     """One ``durable worker`` at a time: a dead one is replaced; every one is stopped by the end."""
 
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, extra: tuple[str, ...] = EXTRA) -> None:
         self.redis_url = redis_url
+        self.extra = extra
         self.procs: list[subprocess.Popen] = []
         self.deaths = 0
 
@@ -41,7 +45,7 @@ class Restarter:
             return
         if self.procs:
             self.deaths += 1
-        self.procs.append(spawn_worker(self.redis_url, app="apps.crashing", extra=EXTRA))
+        self.procs.append(spawn_worker(self.redis_url, app="apps.crashing", extra=self.extra))
 
     def until(self, done: object, timeout: float) -> None:
         """Keep a worker running until ``done()`` is true."""
@@ -123,3 +127,69 @@ def test_an_activity_killing_its_workers_fails_after_the_bound_and_others_go_on(
     assert info["status"] == "failed"
     text = json.dumps(info)
     assert "ActivityWorkerLost" in text and "died 3 times" in text, text[:3000]
+
+
+def test_a_leased_attempt_killing_its_workers_fails_after_the_same_bound(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """``--eager`` and local activities run their attempt under the deciding worker's lease. Before,
+    the first death ended that attempt (its lease lapsed: ``ActivityTimeout`` ``lease``, one attempt
+    of the policy spent per death, ``ActivityWorkerLost`` never said). Now the lapsed lease runs the
+    same attempt again from its queue, and it fails with ``ActivityWorkerLost`` after the same bound."""
+    eager_log, local_log = tmp_path / "eager.log", tmp_path / "local.log"
+    workers = Restarter(redis_url, (*EXTRA, "--eager"))
+    try:
+        eager = WorkflowStub.make(LeasedCrashingRun).start(str(eager_log))
+        local = WorkflowStub.make(LeasedCrashingRun).start(str(local_log), True)
+        workers.until(lambda: _closed(eager) and _closed(local), timeout=40)
+        causes = []
+        for stub in (eager, local):
+            with pytest.raises(WorkflowFailed) as failed:
+                stub.result(timeout=5)
+            causes.append(failed.value.cause)
+    finally:
+        err = workers.stop_all()
+    for cause in causes:
+        assert isinstance(cause, ActivityFailed), cause
+        assert isinstance(cause.cause, ActivityWorkerLost), cause.cause
+        assert f"attempt 1 died {MAX_ACTIVITY_DELIVERIES} times" in str(cause.cause)
+    # Each began as often as the bound allows (once leased, then from its queue), no more.
+    assert eager_log.read_text().splitlines() == ["attempt 1"] * MAX_ACTIVITY_DELIVERIES
+    assert local_log.read_text().splitlines() == ["attempt 1"] * MAX_ACTIVITY_DELIVERIES
+    assert "(its lease lapsed); it runs again, as the same attempt, from its queue" in err, err[-3000:]
+
+
+def test_only_the_deliveries_that_began_the_attempt_count(store: RedisStore) -> None:
+    """A task reclaimed from dying workers that never began it there (it waited for a thread while
+    another attempt killed the process) is not failed; its begins are what count."""
+    k, r = store.keys, store.redis
+    task = ActivityTask("r-waits", "w", 0, "1", "Quick", b"", 1, k.activity_tasks(0, "crash-begins"))
+    r.hset(k.run(0, task.run_id), "status", "running")
+    store.ensure_groups([task.stream])
+    entry_id = r.xadd(task.stream, {"run": task.run_id, "act": "1", "body": task.encode()}).decode()
+    r.xreadgroup("workers", "w1", {task.stream: ">"})
+    for dead in ("w2", "w3", "w4"):  # three reclaims: four deliveries
+        r.xclaim(task.stream, "workers", dead, 0, [entry_id])
+    assert store.delivery_count(task.stream, entry_id) == MAX_ACTIVITY_DELIVERIES + 1
+    fields = {b"body": task.encode()}
+    acts = k.activities(0, task.run_id)
+    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": "1|w1|1"})
+    assert not fail_if_crash_loop(store, task.stream, entry_id, fields, consumer="w5")  # began once
+    r.hset(acts, "1:worker", "1|w4|3")  # it began on each of three workers that died
+    assert fail_if_crash_loop(store, task.stream, entry_id, fields, consumer="w5")
+
+
+def test_a_lapsed_lease_runs_the_attempt_again_once(store: RedisStore) -> None:
+    """Every scheduler sees a lapsed lease: only the first puts the attempt in its queue again;
+    an attempt begun as often as the bound allows fails instead."""
+    k, r = store.keys, store.redis
+    task = ActivityTask("r-lapsed", "w", 0, "1", "Quick", b"", 1, k.activity_tasks(0, "crash-leases"))
+    r.hset(k.run(0, task.run_id), "status", "running")
+    acts = k.activities(0, task.run_id)
+    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": "1|w1|1"})
+    assert lapsed_lease(store, task) is None and lapsed_lease(store, task) is None
+    assert [f[b"body"] for _, f in r.xrange(task.stream)] == [task.encode()]  # once, the same attempt
+    r.hset(acts, "1:worker", f"1|w3|{MAX_ACTIVITY_DELIVERIES}")
+    lost = lapsed_lease(store, task)
+    assert isinstance(lost, ActivityWorkerLost) and lost.worker == "w3"
+    assert f"died {MAX_ACTIVITY_DELIVERIES} times" in str(lost)

@@ -15,7 +15,7 @@ import signal
 import time
 
 import pytest
-from apps.hangs import AfterHang, Hang
+from apps.hangs import AfterHang, Hang, QuietHang
 from clikit import cli_ok as _cli
 from procs import spawn_worker
 from waiting import wait_for
@@ -82,6 +82,31 @@ def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, sto
     assert log.count("of run ") >= 2 and "can run no activity: all its 2 activity threads" in log, log
 
 
+def test_a_thread_held_past_a_heartbeat_timeout_is_counted(redis_url: str, store: RedisStore) -> None:
+    """An attempt ended only by its heartbeat timeout (no hard deadline), its run still open (its
+    next attempt waits for a thread), holds its thread: counted and said as the other cases."""
+    worker = spawn_worker(
+        redis_url, app="apps.hangs", extra=("--concurrency", "1", "--queue", "default", "--queue", "quiet")
+    )
+    try:
+        wait_for(store.live_workers, timeout=20)
+        stub = WorkflowStub.make(QuietHang, store=store).start("q")
+        wait_for(lambda: _me(json.loads(_cli("workers", "--json")))["threads_held"] == 1, timeout=10)
+        me = _me(json.loads(_cli("workers", "--json")))
+        assert me["starved"] is True and me["threads_note"].startswith("1/1 threads held")
+        (stuck,) = me["stuck"]
+        assert stuck.startswith("hang (1, attempt 1) of workflow ") and "heartbeat 1 s timeout" in stuck
+        assert stuck.endswith("attempt 2 is current") and stub.status() == "running"
+    finally:
+        worker.send_signal(signal.SIGKILL)  # its thread hangs: no graceful stop to wait for
+        worker.wait(10)
+        log = worker.stderr.read().decode() if worker.stderr else ""
+        if worker.stderr:
+            worker.stderr.close()
+    assert "its attempt is over (no heartbeat within its heartbeat 1 s timeout" in log, log
+    assert "can run no activity: all its 1 activity threads" in log, log
+
+
 def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:
     """Without a timeout, an attempt is abandoned once its run closed (or is gone)."""
     now = time.time()
@@ -94,8 +119,33 @@ def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:
     assert (threads, held) == (2, 2)
     assert stuck[0].endswith("its run is terminated") and stuck[1].endswith("its run is gone")
     store.redis.hset(store.keys.run(0, "r-closed"), "status", "running")
+    store.redis.hset(store.keys.activities(0, "r-closed"), "1#", 1)  # attempt 1 is current
     fresh = HungWatch(store, lambda: [(now - 30, task)], 2, "w1")
     assert fresh.check()[1] == 0  # an open run's long attempt without a timeout is no hang
+
+
+def test_an_attempt_the_scheduler_ended_is_abandoned(store: RedisStore) -> None:
+    """An attempt the store no longer has as current (its heartbeat timeout passed, the scheduler
+    retried or failed it; or it was cancelled) is abandoned, though no hard deadline passed."""
+    now = time.time()
+    fields = {"partition": 0, "activity_id": "1", "name": "quiet", "args": b"", "stream": "s"}
+    beats = ActivityTask(run_id="r-hb", workflow_id="w", attempt=1, timeouts={"heartbeat": 1}, **fields)
+    store.redis.hset(store.keys.run(0, "r-hb"), "status", "running")
+    acts = store.keys.activities(0, "r-hb")
+    store.redis.hset(acts, "1#", 1)
+    assert HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()[1] == 0  # still current
+    store.redis.hset(acts, "1#", 2)  # the scheduler expired it (heartbeat) and scheduled attempt 2
+    threads, held, stuck = HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()
+    assert (threads, held) == (1, 1)
+    assert stuck[0].startswith("quiet (1, attempt 1) of workflow w run r-hb, since ")
+    assert stuck[0].endswith(
+        "its attempt is over (no heartbeat within its heartbeat 1 s timeout, or cancelled): attempt 2 is current"
+    )
+    store.redis.delete(acts)  # failed for good (or cancelled): the activity is no longer pending
+    stuck = HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()[2]
+    assert stuck[0].endswith("the activity is no longer pending")
+    # A short call is not read at all (a thread busy for under a heartbeat is no hang yet).
+    assert HungWatch(store, lambda: [(now - 1, beats)], 1, "w1").check()[1] == 0
 
 
 def test_starved_queues_needs_every_live_worker_of_the_queue_starved() -> None:

@@ -2,9 +2,10 @@
 
 Python cannot stop a thread: an activity whose code never returns keeps its activity thread for
 as long as the process lives, even once its attempt was abandoned -- its start-to-close or
-schedule-to-close deadline passed (the scheduler failed or retried it already), or its run closed
-(terminated, cancelled, failed...). Its thread does no useful work any more, yet the worker counts
-it busy and takes no task for it. When every thread is held so, the worker runs no activity at
+schedule-to-close deadline passed (the scheduler failed or retried it already), its attempt is
+over by the store's record (its heartbeat timeout passed without a heartbeat and the scheduler
+ended it, or the activity was cancelled), or its run closed (terminated, cancelled, failed...).
+Its thread does no useful work any more, yet the worker counts it busy and takes no task for it. When every thread is held so, the worker runs no activity at
 all while it still looks healthy.
 
 :class:`HungWatch` looks at the threads on every registry heartbeat: it logs a WARNING once per
@@ -34,8 +35,9 @@ log = logging.getLogger("durable.worker")
 __all__ = ["CLOSED_CHECK_S", "STUCK_LISTED", "HeldThread", "HungWatch"]
 
 CLOSED_CHECK_S = 10.0
-"""How often a long-running attempt's run is read to know whether it closed (one read per
-attempt: a worker of hundreds of long activities does not read them all every heartbeat)."""
+"""How often a long-running attempt's run and activity are read to know whether the run closed
+or the attempt is over (per attempt: a worker of hundreds of long activities does not read them
+all every heartbeat)."""
 
 STUCK_LISTED = 20
 """How many held threads the registry entry describes (``held`` counts them all)."""
@@ -50,16 +52,21 @@ class HeldThread:
         started: When the thread began it (this host's clock, s).
         deadline: When its start-to-close or schedule-to-close timeout ends it (``None``: none).
         run_closed: Its run's status when that run is closed or gone (``""``: open, or not read).
+        over: Why the attempt is over when the store says it is no longer the activity's current
+            one (the scheduler ended it: a heartbeat timeout; or the activity was cancelled;
+            ``""``: current, or not read).
     """
 
     task: ActivityTask
     started: float
     deadline: float | None
     run_closed: str = ""
+    over: str = ""
 
     def abandoned(self, now: float) -> bool:
-        """Whether the attempt's result can no longer count: its deadline passed, or its run closed."""
-        return bool(self.run_closed) or (self.deadline is not None and now > self.deadline)
+        """Whether the attempt's result can no longer count: its deadline passed, its run closed,
+        or its attempt is over."""
+        return bool(self.run_closed or self.over) or (self.deadline is not None and now > self.deadline)
 
     def describe(self, now: float) -> str:
         """A short description (the registry's ``stuck``; it starts with the activity's name)."""
@@ -68,13 +75,28 @@ class HeldThread:
         head = f"{t.name} ({t.activity_id}, attempt {t.attempt}) of workflow {t.workflow_id} run {t.run_id}"
         if self.deadline is not None and now > self.deadline:
             return f"{head}, since {since} UTC: {now - self.deadline:.0f} s past its {_timeout(t)} timeout"
-        return f"{head}, since {since} UTC: its run is {self.run_closed}"
+        if self.run_closed:
+            return f"{head}, since {since} UTC: its run is {self.run_closed}"
+        return f"{head}, since {since} UTC: {self.over}"
 
 
 def _timeout(task: ActivityTask) -> str:
     """The hard timeouts of ``task`` in words (``start_to_close 2 s``)."""
     kinds = [(k, task.timeout(k)) for k in ("start_to_close", "schedule_to_close")]
     return " / ".join(f"{k} {v:g} s" for k, v in kinds if v)
+
+
+def _over(task: ActivityTask, current: int | None) -> str:
+    """Why an attempt that is no longer current is over, in words (``current``: the activity's
+    current attempt, ``None`` when it is no longer pending)."""
+    heartbeat = task.timeout("heartbeat")
+    why = (
+        f"no heartbeat within its heartbeat {heartbeat:g} s timeout, or cancelled"
+        if heartbeat
+        else "cancelled or superseded"
+    )
+    now_is = "the activity is no longer pending" if current is None else f"attempt {current} is current"
+    return f"its attempt is over ({why}): {now_is}"
 
 
 class HungWatch:
@@ -99,19 +121,21 @@ class HungWatch:
         self.threads = threads
         self.worker = worker
         self._warned: set[tuple[str, str, int]] = set()  # abandoned attempts said already
-        self._closed: dict[tuple[str, str, int], tuple[float, str]] = {}  # last read: (when, status)
+        # Last read of a long attempt: (when, its run's status if closed, why the attempt is over).
+        self._closed: dict[tuple[str, str, int], tuple[float, str, str]] = {}
         self._starved = False  # the ERROR was said (said again once a thread freed up and was held again)
 
     def held(self, now: float | None = None) -> list[HeldThread]:
-        """The attempts running on the threads now, each with whether its run is closed."""
+        """The attempts running on the threads now, each with whether its run is closed or the
+        attempt is over."""
         now = time.time() if now is None else now
         out = []
         for started, task in self.running():
             deadline = attempt_deadline(task, started, heartbeat=False)
-            closed = ""
+            closed = over = ""
             if (deadline is None or now <= deadline) and now - started > HEARTBEAT_S:
-                closed = self._run_closed(task, now)  # only long calls: a short one is read for nothing
-            out.append(HeldThread(task, started, deadline, closed))
+                closed, over = self._fate(task, now)  # only long calls: a short one is read for nothing
+            out.append(HeldThread(task, started, deadline, closed, over))
         live = {_key(h.task) for h in out}
         self._closed = {k: v for k, v in self._closed.items() if k in live}
         return out
@@ -151,7 +175,7 @@ class HungWatch:
             fate = "the scheduler failed or retried the attempt already"
         else:
             what = f"has run for {now - h.started:.0f} s"
-            fate = f"its run is {h.run_closed}"
+            fate = f"its run is {h.run_closed}" if h.run_closed else h.over
         log.warning(
             "activity %s (%s) of run %s %s and still holds an activity thread (Python cannot stop a "
             "thread): %s, so its result will not count, and the thread stays held until the activity's "
@@ -164,21 +188,28 @@ class HungWatch:
             fate,
         )
 
-    def _run_closed(self, task: ActivityTask, now: float) -> str:
-        """The run's status if it is closed (``gone``: its record is not there any more), else ``""``;
-        read at most every :data:`CLOSED_CHECK_S` per attempt."""
+    def _fate(self, task: ActivityTask, now: float) -> tuple[str, str]:
+        """``(run, over)``: the run's status if it is closed (``gone``: its record is not there any
+        more), and why the attempt is over when it is no longer the activity's current one (the
+        scheduler ended it, or it was cancelled); ``""`` each when not so. Read at most every
+        :data:`CLOSED_CHECK_S` per attempt."""
         key = _key(task)
         read = self._closed.get(key)
         if read is not None and now - read[0] < CLOSED_CHECK_S:
-            return read[1]
+            return read[1], read[2]
         try:
             status = self.store.run_status(task.partition, task.run_id) or "gone"
+            closed = status if status == "gone" or status in CLOSED_STATUSES else ""
+            over = ""
+            if not closed:
+                begun = self.store.attempt_begins(task.partition, task.run_id, task.activity_id)
+                current = None if begun is None else begun.attempt
+                over = _over(task, current) if current != task.attempt else ""
         except Exception as exc:  # noqa: BLE001 - the heartbeat must go on; read again next time
-            log.debug("could not read the status of run %s: %s", task.run_id, exc)
-            return read[1] if read else ""
-        closed = status if status == "gone" or status in CLOSED_STATUSES else ""
-        self._closed[key] = (now, closed)
-        return closed
+            log.debug("could not read the state of run %s: %s", task.run_id, exc)
+            return (read[1], read[2]) if read else ("", "")
+        self._closed[key] = (now, closed, over)
+        return closed, over
 
 
 def _key(task: ActivityTask) -> tuple[str, str, int]:

@@ -87,6 +87,31 @@ class AttemptBegun:
     backlog: int | None = None
 
 
+class Begins(NamedTuple):
+    """How often an activity's current attempt has begun (:meth:`ActivityStore.attempt_begins`).
+
+    Attributes:
+        attempt: The current attempt's number.
+        begins: How many times it began (a reclaimed or re-run attempt begins again; 0: never).
+            Each begin whose outcome never came ended with its worker process.
+        worker: The worker that began it last (``""``: never begun).
+        started_ms: When it began last (ms; 0: never).
+    """
+
+    attempt: int
+    begins: int = 0
+    worker: str = ""
+    started_ms: int = 0
+
+
+def _begun_by(value: bytes | None) -> tuple[int | None, str, int]:
+    """``<aid>:worker`` parsed: (the attempt last begun, by which worker, how many times that
+    attempt began); ``"<attempt>|<worker>"`` (an older release's) counts one begin."""
+    began, _, rest = text(value or b"").partition("|")
+    worker, _, begins = rest.partition("|")
+    return (int(began) if began.isdigit() else None), worker, int(begins) if begins.isdigit() else 1
+
+
 class ActivityStore(StoreBase):
     """Activity attempts: record their outcomes, heartbeats and deadlines; fire due timers."""
 
@@ -235,12 +260,33 @@ class ActivityStore(StoreBase):
             if current is None:
                 continue  # no longer pending
             attempt = int(current)
-            began, _, worker = text(begun_by or b"").partition("|")
-            if began == str(attempt):
+            began, worker, _ = _begun_by(begun_by)
+            if began == attempt:
                 out[aid] = AttemptBegun(attempt, int(started or 0), worker)
             else:  # the last attempt begun is an older one: this one waits for a worker
                 out[aid] = AttemptBegun(attempt)
         return out
+
+    def attempt_begins(self, p: int, run_id: str, activity_id: str) -> Begins | None:
+        """How often the current attempt of a pending activity has begun, and who began it last
+        (``None``: the activity is not pending)."""
+        fields = (attempt_field(activity_id), started_field(activity_id), worker_field(activity_id))
+        current, started, begun_by = self.redis.hmget(self.keys.activities(p, run_id), fields)
+        if current is None:
+            return None
+        attempt = int(current)
+        began, worker, begins = _begun_by(begun_by)
+        if began != attempt:
+            return Begins(attempt)
+        return Begins(attempt, begins, worker, int(started or 0))
+
+    def rerun_leased(self, task: ActivityTask) -> bool:
+        """Put the current attempt of a leased activity whose lease lapsed (its worker died) in
+        its queue's stream, as the same attempt (``lua/rerun_attempt.lua``), once; False when
+        another scheduler did, or the attempt is no longer current, or its run closed."""
+        k, p, rid = self.keys, task.partition, task.run_id
+        keys = [k.run(p, rid), k.activities(p, rid), k.sessions(p)]
+        return int(self._run_script("rerun_attempt", keys, [rid, task.activity_id, task.attempt])) == 1
 
     def pending_attempts(
         self, p: int, run_id: str, steps: Sequence[Mapping[str, Any]]

@@ -23,7 +23,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:ox                   stream  outbox: cross-partition messages (children)
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
                            <aid>:hb heartbeat details, <aid>:started attempt start (ms),
-                           <aid>:worker "<attempt>|<worker>" that began it
+                           <aid>:worker "<attempt>|<worker>|<begins>": who began it last, how often,
+                           <aid>:rerun the attempt a lapsed lease put in its queue again
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry,
                                    "d|run|run" / "d|run|execution" workflow timeout, "w|run|ms" and
                                    "u|run|id|ms" tasks handed back by a worker that lacks their type

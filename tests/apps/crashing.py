@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from durable import Activity, RetryPolicy, Workflow, activity
+from durable import Activity, RetryPolicy, Workflow, activity, local_activity
 
 
 def _note(path: str, line: str) -> None:
@@ -59,6 +59,14 @@ class CrashingRun(Workflow):
 
     def handle(self, log: str, once: bool = False) -> str:
         return activity(KillsItsWorkerOnce if once else KillsItsWorker, log)
+
+
+class LeasedCrashingRun(Workflow):
+    """Runs ``KillsItsWorker`` as a local activity (``local``), or as an activity that an ``--eager``
+    worker leases: either way its attempt runs first under its deciding worker's lease."""
+
+    def handle(self, log: str, local: bool = False) -> str:
+        return (local_activity if local else activity)(KillsItsWorker, log)
 
 
 class QuickRun(Workflow):

@@ -1,6 +1,7 @@
 """Activities that never return (a thread Python cannot stop): worker processes import this
 module as ``apps.hangs``. ``Hang`` runs on queue ``starve`` with a 1 s start-to-close timeout
-and a single attempt, so its run fails while the activity keeps its worker's thread."""
+and a single attempt, so its run fails while the activity keeps its worker's thread;
+``QuietHang`` on queue ``quiet`` has only a 1 s heartbeat timeout, and its run stays open."""
 
 from __future__ import annotations
 
@@ -37,3 +38,12 @@ class AfterHang(Workflow):
 
     def handle(self, tag: str) -> str:
         return activity(quick, tag, queue="starve")
+
+
+class QuietHang(Workflow):
+    """Runs ``hang`` with only a heartbeat timeout (no hard deadline) and 2 attempts: the scheduler
+    ends attempt 1 after about 1 s without a heartbeat and queues attempt 2; the run stays open,
+    and attempt 1 keeps its thread."""
+
+    def handle(self, tag: str) -> str:
+        return activity(hang, tag, queue="quiet", heartbeat_timeout=1, retry=RetryPolicy(max_attempts=2))

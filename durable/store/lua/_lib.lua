@@ -92,9 +92,11 @@ local function wake(run_key, run_id)
 end
 
 -- Forget an activity that is no longer pending: all of its fields in the run's activities hash
--- (body, current attempt, task stream, heartbeat details, start, who began it).
+-- (body, current attempt, task stream, heartbeat details, start, who began it, the attempt whose
+-- lapsed lease put it in its queue again).
 local function forget_activity(acts, aid)
-  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started', aid .. ':worker')
+  redis.call('HDEL', acts, aid, aid .. '#', aid .. '@', aid .. ':hb', aid .. ':started', aid .. ':worker',
+    aid .. ':rerun')
 end
 
 local function ack(stream, entry_id)

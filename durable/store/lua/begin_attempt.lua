@@ -4,6 +4,9 @@
 -- attempt's task entry is acked and deleted: the task is void, nothing runs.
 -- A begun attempt is marked started (with its deadline, if any), and gets the activity's
 -- last heartbeat details, whichever attempt recorded them and however it was re-delivered.
+-- `<aid>:worker` says who began it last and how often the attempt has begun
+-- ("<attempt>|<worker>|<begins>"): each begin whose outcome never came ended with its worker
+-- (workers/crash_loops.py counts those deaths; a task only read or claimed did not begin).
 -- KEYS: run, activities, running, the attempt's task stream
 -- ARGV: run id, activity id, attempt, task entry id ('' = none: a leased attempt),
 --       deadline ms (0 = none), started ms, worker (who runs it: `durable describe` tells
@@ -14,7 +17,7 @@ local rid, aid, attempt, entry_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local deadline = tonumber(ARGV[5])
 
 local why = nil
-local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb')
+local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb', aid .. ':worker')
 if not is_open(redis.call('HGET', run, 'status')) then
   why = 'the run is closed'
 elseif not current[1] then
@@ -26,6 +29,11 @@ if why then
   ack(stream, entry_id)
   return {'SKIP', why}
 end
-redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7])
+-- The same attempt begun before (a reclaim, a leased attempt run again): one more begin.
+local begins = 1
+local last_attempt, last_begins = string.match(current[3] or '', '^(%d+)|[^|]*|(%d+)$')
+if not last_attempt then last_attempt = string.match(current[3] or '', '^(%d+)|') end
+if tonumber(last_attempt) == attempt then begins = (tonumber(last_begins) or 1) + 1 end
+redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7] .. '|' .. begins)
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
 return {'OK', current[2] or '', now_ms()}

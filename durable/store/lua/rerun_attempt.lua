@@ -1,0 +1,23 @@
+-- Run a leased attempt (eager mode, a local activity) again, as the same attempt, from its
+-- activity queue: its lease lapsed, so the worker running it died (workers/worker_deaths.py).
+-- Like the reclaim of a queued task, this costs the activity no attempt of its retry policy; the
+-- begins counted in `<aid>:worker` (begin_attempt.lua) bound how often that may happen.
+-- Safe to run from many schedulers at once (all of them see the lapsed deadline): only the
+-- first adds the task, and marks the attempt in `<aid>:rerun`.
+-- KEYS: run, activities, sessions
+-- ARGV: run id, activity id, attempt
+-- Returns 1 when the task was added to its queue, else 0 (another scheduler did, the attempt is
+-- no longer current, or the run is closed)
+local run, acts, sessions = KEYS[1], KEYS[2], KEYS[3]
+local rid, aid, attempt = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local current = redis.call('HMGET', acts, aid, aid .. '#', aid .. '@', aid .. ':rerun')
+if not current[1] or tonumber(current[2]) ~= attempt or not current[3] then return 0 end
+if tonumber(current[4]) == attempt then return 0 end
+if not is_open(redis.call('HGET', run, 'status')) then return 0 end
+redis.call('HSET', acts, aid .. ':rerun', attempt)
+redis.call('XADD', current[3], '*', 'run', rid, 'act', aid, 'body', current[1])
+-- As for a retry: a task in a private stream keeps its host a session host (unstick.lua).
+local private = string.match(current[3], ':aq:(@.+)$')
+if private then redis.call('SADD', sessions, private) end
+return 1
