@@ -5,8 +5,8 @@ as long as the process lives, even once its attempt was abandoned -- its start-t
 schedule-to-close deadline passed (the scheduler failed or retried it already), its attempt is
 over by the store's record (its heartbeat timeout passed without a heartbeat and the scheduler
 ended it, or the activity was cancelled), or its run closed (terminated, cancelled, failed...).
-Its thread does no useful work any more, yet the worker counts it busy and takes no task for it. When every thread is held so, the worker runs no activity at
-all while it still looks healthy.
+Its thread does no useful work any more, yet the worker counts it busy and takes no task for it.
+When every thread is held so, the worker runs no activity at all while it still looks healthy.
 
 :class:`HungWatch` looks at the threads on every registry heartbeat: it logs a WARNING once per
 abandoned attempt, an ERROR once when all the threads are held by such attempts, and gives the
