@@ -74,6 +74,7 @@ def _fragments() -> dict[str, str]:
         "heartbeat field": K.heartbeat_field(x)[len(x) :],
         "started field": K.started_field(x)[len(x) :],
         "worker field": K.worker_field(x)[len(x) :],
+        "rerun field": K.rerun_field(x)[len(x) :],
         "member separator": K.attempt_member(x, x, 2).split(x)[1],
         "leased attempt member tail": K.attempt_member(x, x, 1)[len(x + "|" + x) :],
         "retry member head": K.retry_member(x, x).split(x)[0],
@@ -133,6 +134,9 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
         ],
         "^(.+)|(%d+)$": [(K.handed_back_member("r1", 7, "a.1").split("|", 2)[2], ["a.1", "7"])],
         "^([^|]+)|": [(K.hook_target("r1", "h|2"), ["r1"])],
+        # begin_attempt.lua: the begins of the attempt last begun; an older release wrote no count.
+        "^(%d+)|[^|]*|(%d+)$": [(K.begun_by(2, "w-1", 3), ["2", "3"]), ("2|w-1", [])],
+        "^(%d+)|": [(K.begun_by(2, "w-1", 3), ["2"]), ("2|w-1", ["2"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
     }
     assert _patterns() == set(cases), "a script matches with a pattern this test does not check"

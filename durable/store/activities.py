@@ -26,6 +26,7 @@ from .keys import (
     attempt_member,
     heartbeat_field,
     parse_attempt_member,
+    parse_begun_by,
     started_field,
     worker_field,
 )
@@ -102,14 +103,6 @@ class Begins(NamedTuple):
     begins: int = 0
     worker: str = ""
     started_ms: int = 0
-
-
-def _begun_by(value: bytes | None) -> tuple[int | None, str, int]:
-    """``<aid>:worker`` parsed: (the attempt last begun, by which worker, how many times that
-    attempt began); ``"<attempt>|<worker>"`` (an older release's) counts one begin."""
-    began, _, rest = text(value or b"").partition("|")
-    worker, _, begins = rest.partition("|")
-    return (int(began) if began.isdigit() else None), worker, int(begins) if begins.isdigit() else 1
 
 
 class ActivityStore(StoreBase):
@@ -260,7 +253,7 @@ class ActivityStore(StoreBase):
             if current is None:
                 continue  # no longer pending
             attempt = int(current)
-            began, worker, _ = _begun_by(begun_by)
+            began, worker, _ = parse_begun_by(text(begun_by or b""))
             if began == attempt:
                 out[aid] = AttemptBegun(attempt, int(started or 0), worker)
             else:  # the last attempt begun is an older one: this one waits for a worker
@@ -275,7 +268,7 @@ class ActivityStore(StoreBase):
         if current is None:
             return None
         attempt = int(current)
-        began, worker, begins = _begun_by(begun_by)
+        began, worker, begins = parse_begun_by(text(begun_by or b""))
         if began != attempt:
             return Begins(attempt)
         return Begins(attempt, begins, worker, int(started or 0))

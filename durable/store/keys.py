@@ -96,6 +96,7 @@ STREAM_SUFFIX = "@"
 HEARTBEAT_SUFFIX = ":hb"
 STARTED_SUFFIX = ":started"
 WORKER_SUFFIX = ":worker"
+RERUN_SUFFIX = ":rerun"
 
 
 def timer_member(run_id: str, timer_id: str) -> str:
@@ -169,8 +170,27 @@ def started_field(activity_id: str) -> str:
 
 
 def worker_field(activity_id: str) -> str:
-    """Activity-hash field: ``"<attempt>|<worker>"``, the last attempt begun and its worker."""
+    """Activity-hash field: :func:`begun_by`, the last attempt begun, its worker, how often it began."""
     return activity_id + WORKER_SUFFIX
+
+
+def rerun_field(activity_id: str) -> str:
+    """Activity-hash field: the leased attempt a lapsed lease put in its queue again (once)."""
+    return activity_id + RERUN_SUFFIX
+
+
+def begun_by(attempt: int, worker: str, begins: int) -> str:
+    """The :func:`worker_field` value ``"<attempt>|<worker>|<begins>"`` (``begin_attempt.lua``
+    and ``commit.lua`` write it)."""
+    return f"{attempt}|{worker}|{begins}"
+
+
+def parse_begun_by(value: str) -> tuple[int | None, str, int]:
+    """A :func:`begun_by` value as ``(attempt, worker, begins)``; an older release's
+    ``"<attempt>|<worker>"`` counts one begin, and an empty one no attempt."""
+    began, _, rest = value.partition("|")
+    worker, _, begins = rest.partition("|")
+    return (int(began) if began.isdigit() else None), worker, int(begins) if begins.isdigit() else 1
 
 
 def keyword_posting(attribute: str, value: str) -> str:

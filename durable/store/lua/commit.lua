@@ -78,7 +78,7 @@ for _, a in ipairs(plan.activities or NONE) do
   -- The activity's fields (and, begun here, its start and who began it) in one write.
   local fields = {a[2], a[3], a[2] .. '#', 1, a[2] .. '@', a[1]}
   if begun > 0 then
-    fields[7], fields[8], fields[9], fields[10] = a[2] .. ':started', a[4], a[2] .. ':worker', '1|' .. plan.claimer .. '|1'
+    fields[7], fields[8], fields[9], fields[10] = a[2] .. ':started', a[4], a[2] .. ':worker', 1 .. '|' .. plan.claimer .. '|' .. 1
   end
   redis.call('HSET', acts, unpack(fields))
 end
