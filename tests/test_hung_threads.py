@@ -86,7 +86,9 @@ def test_a_thread_held_past_a_heartbeat_timeout_is_counted(redis_url: str, store
     """An attempt ended only by its heartbeat timeout (no hard deadline), its run still open (its
     next attempt waits for a thread), holds its thread: counted and said as the other cases."""
     worker = spawn_worker(
-        redis_url, app="apps.hangs", extra=("--concurrency", "1", "--queue", "default", "--queue", "quiet")
+        redis_url,
+        app="apps.hangs",
+        extra=("--concurrency", "1", "--queue", "default", "--queue", "quiet", "--grace", "30"),
     )
     try:
         wait_for(store.live_workers, timeout=20)
@@ -97,14 +99,21 @@ def test_a_thread_held_past_a_heartbeat_timeout_is_counted(redis_url: str, store
         (stuck,) = me["stuck"]
         assert stuck.startswith("hang (1, attempt 1) of workflow ") and "heartbeat 1 s timeout" in stuck
         assert stuck.endswith("attempt 2 is current") and stub.status() == "running"
+        # A graceful stop does not wait out its 30 s grace for an attempt whose result cannot count.
+        began = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(20)
+        assert time.monotonic() - began < 8
     finally:
-        worker.send_signal(signal.SIGKILL)  # its thread hangs: no graceful stop to wait for
-        worker.wait(10)
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(10)
         log = worker.stderr.read().decode() if worker.stderr else ""
         if worker.stderr:
             worker.stderr.close()
     assert "its attempt is over (no heartbeat within its heartbeat 1 s timeout" in log, log
     assert "can run no activity: all its 1 activity threads" in log, log
+    assert "not waiting for the 1 activities still running: their attempts are abandoned" in log, log
 
 
 def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:

@@ -331,8 +331,19 @@ class ActivityHost:
     def finish(self, grace: float) -> None:
         """Let running attempts finish (up to ``grace`` seconds), record what is in hand, stop
         the threads."""
-        deadline = time.time() + grace
+        began = time.time()
+        deadline, look = began + grace, began + 1.0
         while self.busy and time.time() < deadline:
+            if time.time() >= look:  # about once a second: it reads the runs of long attempts
+                look = time.time() + 1.0
+                if self.hung.all_abandoned():
+                    # Past their timeout, their run closed or their attempt over: their results
+                    # would not count, and Python cannot stop their threads.
+                    log.info(
+                        "not waiting for the %d activities still running: their attempts are abandoned",
+                        self.busy,
+                    )
+                    break
             time.sleep(0.05)
         # Results handed to the main thread but not yet recorded: record them through the
         # inbox now (no more decisions are made here).
@@ -348,6 +359,6 @@ class ActivityHost:
                 "%d activities still running after %.0f s; their tasks go back to their queues (leased "
                 "ones once their lease lapses)",
                 self.busy,
-                grace,
+                time.time() - began,
             )
         self._pool.shutdown()

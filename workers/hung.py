@@ -140,6 +140,14 @@ class HungWatch:
         self._closed = {k: v for k, v in self._closed.items() if k in live}
         return out
 
+    def all_abandoned(self) -> bool:
+        """Whether attempts run on the threads and every one of them is abandoned, read afresh
+        (a stopping worker need not wait for attempts whose results cannot count)."""
+        self._closed.clear()
+        now = time.time()
+        held = self.held(now)
+        return bool(held) and all(h.abandoned(now) for h in held)
+
     def check(self) -> tuple[int, int, tuple[str, ...]]:
         """Look at the threads (every heartbeat): log what is new, and return the registry's
         ``(threads, held, stuck)``: the thread count, how many abandoned attempts hold one, and
