@@ -77,6 +77,8 @@ def test_the_commit_reads_and_begins_the_task_it_schedules_for_its_worker(store:
     assert task.stream == stream and task.began_ms > 0
     body = ActivityTask.decode(task.fields[b"body"])
     assert (body.run_id, body.name, body.attempt) == (ref.run_id, "add", 1)
+    # The task the decision built comes along: the activity thread need not decode the body.
+    assert task.task == body
     # Pending for the claimer, like a task it read: a reclaim finds it if that worker dies.
     assert _pending_for(store, stream) == {task.entry_id: "w-claim"}
     # Begun in the commit: describe names the worker running attempt 1.
@@ -103,6 +105,7 @@ def test_an_older_waiting_task_is_claimed_first_and_begun_as_usual(store: RedisS
     # FIFO: the claimer takes the task that waited longest, its attempt not begun by the
     # commit (the worker begins it as for any read task); the new task waits for any worker.
     assert [(c.entry_id, c.began_ms) for c in claimed] == [(older_id, 0)]
+    assert claimed[0].task is None  # not the task this decision built: its body is decoded
     assert _pending_for(store, stream) == {older_id: "w-claim"}
     new_id, fields = next((i.decode(), f) for i, f in store.redis.xrange(stream) if i.decode() != older_id)
     new = store.ref(newer)

@@ -246,46 +246,74 @@ class ActivityHost:
         *,
         redelivered: bool,
         begun: Begun | None = None,
+        task: ActivityTask | None = None,
     ) -> None:
         """Run an activity task read from ``stream`` on a thread (``begun``: its attempt was
-        begun already, by the commit that claimed it)."""
+        begun already, by the commit that claimed it; ``task``: its body, decoded already)."""
         with self._lock:
             self.busy += 1
             self.in_flight[(stream, entry_id)] = time.time()
-        self._pool.submit(self._activity, stream, entry_id, fields, redelivered, begun)
+        self._pool.submit(self._activity, stream, entry_id, fields, redelivered, begun, task)
 
     def run_claimed(self, claimed: ClaimedTask) -> None:
         """Run a task the decider's commit read for this worker (reserved by :meth:`claims_here`)."""
         with self._lock:
             self._reserved -= 1
         begun = Begun(True, now_ms=claimed.began_ms) if claimed.began_ms else None
-        self.submit(claimed.stream, claimed.entry_id, claimed.fields, redelivered=False, begun=begun)
+        self.submit(
+            claimed.stream,
+            claimed.entry_id,
+            claimed.fields,
+            redelivered=False,
+            begun=begun,
+            task=claimed.task,
+        )
 
     def _queued_result(self, result: AttemptResult) -> None:
         self.completed.append(completion(result))
         self.wake()
 
     def _activity(
-        self, stream: str, entry_id: str, fields: dict[bytes, bytes], redelivered: bool, begun: Begun | None
+        self,
+        stream: str,
+        entry_id: str,
+        fields: dict[bytes, bytes],
+        redelivered: bool,
+        begun: Begun | None,
+        task: ActivityTask | None = None,
     ) -> None:
         outcome = ""
+        # A task this worker's commit claimed (and began): its run is most likely in this
+        # worker's cache, so its result is committed with the run's next decision, as an
+        # eager one is (one round trip instead of a completion, then a commit).
+        on_result = self._eager_result if begun is not None else self._queued_result
         try:
-            outcome = run_activity(
-                self.store,
-                stream,
-                entry_id,
-                fields,
-                allowed=self.allowed,
-                redelivered=redelivered,
-                on_timer=self.on_timer,
-                # A task this worker's commit claimed (and began): its run is most likely in this
-                # worker's cache, so its result is committed with the run's next decision, as an
-                # eager one is (one round trip instead of a completion, then a commit).
-                on_result=self._eager_result if begun is not None else self._queued_result,
-                unserved=self.unserved,
-                begun=begun,
-                on_ran=self.pace.ran,
-            )
+            if task is not None:  # built by this worker's decision, of a type it has (claims_here)
+                outcome = execute_attempt(
+                    self.store,
+                    task,
+                    stream=stream,
+                    entry_id=entry_id,
+                    allowed=self.allowed,
+                    on_timer=self.on_timer,
+                    on_result=on_result,
+                    begun=begun,
+                    on_ran=self.pace.ran,
+                )
+            else:
+                outcome = run_activity(
+                    self.store,
+                    stream,
+                    entry_id,
+                    fields,
+                    allowed=self.allowed,
+                    redelivered=redelivered,
+                    on_timer=self.on_timer,
+                    on_result=on_result,
+                    unserved=self.unserved,
+                    begun=begun,
+                    on_ran=self.pace.ran,
+                )
             self.activities_run += 1
         except Exception as exc:  # noqa: BLE001 - see below
             if is_transient(exc) or is_redis_error(exc):  # the task stays pending: reclaimed later

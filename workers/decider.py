@@ -275,8 +275,10 @@ class Decider:
                 self.on_timer(due)
             for task in plan.leased:
                 self.on_leased(task)
-            for claimed in result.claimed:
-                self.on_claimed(claimed)
+            if result.claimed:
+                built = {task.activity_id: task for task, _ in plan.claimed}
+                for claimed in result.claimed:
+                    self.on_claimed(claimed.with_task(built))
             if len(result.claimed) < len(plan.claimed):  # a stream lost its consumer group
                 self.on_lease_dropped(len(plan.claimed) - len(result.claimed))
 
@@ -500,7 +502,7 @@ class Decider:
             claimer=self.claimer,
             claim_started=claim_started,
             leased=leased,
-            lease_due=int(time.time() * 1000) + self.clock_offset_ms + self.lease_ms,
+            lease_due=claim_started + self.clock_offset_ms + self.lease_ms,  # now (ms) + the lease
             timers=decision.timers,
             cancelled_timers=decision.cancelled_timers,
             cancelled_activities=decision.cancelled_activities,

@@ -48,9 +48,22 @@ class EncodeFail(Exception):
         self.reason = reason
 
 
+_spare = threading.local()
+
+
 def _packb(obj: Any) -> bytes:
-    """Pack with a fresh packer (safe inside the default hook, which may nest)."""
-    return msgpack.packb(obj, default=_default, strict_types=True, use_bin_type=True)
+    """Pack with a packer no outer pack is using (the default hook may nest): one of this
+    thread's spares, taken while it packs (``msgpack.packb`` would build a packer per call,
+    and a tuple in a workflow's arguments takes one per value). A failed pack resets it."""
+    spares: list[msgpack.Packer] | None = getattr(_spare, "packers", None)
+    if spares is None:
+        spares = _spare.packers = []
+    packer = spares.pop() if spares else _new_packer()
+    try:
+        packed: bytes = packer.pack(obj)
+        return packed
+    finally:
+        spares.append(packer)
 
 
 def _new_packer() -> msgpack.Packer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NoReturn
 
 import msgpack
@@ -11,6 +12,21 @@ from durable.errors import SerializationError
 
 def _no_ext(code: int, data: bytes) -> NoReturn:
     raise SerializationError(f"unexpected msgpack extension type {code} in an internal envelope")
+
+
+_local = threading.local()
+
+
+def packer(use_bin_type: bool = True) -> msgpack.Packer:
+    """This thread's reusable packer (``msgpack.packb`` builds one per call, and a worker
+    packs several envelopes per workflow step). Safe to reuse: without a ``default`` hook
+    a pack runs no Python code, so it cannot be re-entered, and a failed pack resets it."""
+    name = "bin" if use_bin_type else "raw"
+    found: msgpack.Packer | None = getattr(_local, name, None)
+    if found is None:
+        found = msgpack.Packer(use_bin_type=use_bin_type)
+        setattr(_local, name, found)
+    return found
 
 
 def pack(obj: Any) -> bytes:
@@ -27,7 +43,8 @@ def pack(obj: Any) -> bytes:
         SerializationError: ``obj`` holds anything else.
     """
     try:
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = packer().pack(obj)
+        return packed
     except (TypeError, ValueError, OverflowError) as exc:
         raise SerializationError(f"cannot pack internal envelope: {type(exc).__name__}: {exc}") from None
 

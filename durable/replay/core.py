@@ -427,6 +427,8 @@ class DriverCore(WorkflowRuntime):
                     pass
 
     def _wake_one_waiter(self) -> bool:
+        if not self._wait_until:  # the common case: no wait_until() pending (no copy to make)
+            return False
         for branch in list(self._wait_until):
             wait = branch.wait
             assert wait is not None and wait.predicate is not None

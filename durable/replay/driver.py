@@ -196,13 +196,14 @@ class Driver(Commands, Inputs):
         finally:
             set_active(previous)
 
-    def snapshot(self, status: str | None = None) -> dict[str, Any]:
+    def snapshot(self, status: str | None = None, total: tuple[int, int] | None = None) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, history size.
 
         Args:
             status: :attr:`status`, when the caller has it already.
+            total: :meth:`_history_total`, when the caller has it already.
         """
-        events, size = self._history_total()
+        events, size = total or self._history_total()
         budget = self.history_budget()
         pending = []
         for b in self._live():
@@ -254,15 +255,15 @@ class Driver(Commands, Inputs):
         self._root = None
         self._instance = None
 
-    def _warn_near_limit(self) -> None:
-        """Log once per run, when the decision about to be committed passes 80% of the budget."""
+    def _warn_near_limit(self, events: int, size: int) -> None:
+        """Log once per run, when the decision about to be committed (``events``, ``size``: the
+        history with it) passes 80% of the budget."""
         if self._budget_warned or self._read_only or self._instance is None:
             return
-        budget = self.history_budget()
+        budget = self._budget or self.history_budget()
         if near_history_limit(self._history_end, self._bytes_end, budget):
             self._budget_warned = True  # an earlier decision passed it (and warned)
             return
-        events, size = self._history_total()
         if near_history_limit(events, size, budget):
             self._budget_warned = True
             log.warning(
@@ -277,25 +278,30 @@ class Driver(Commands, Inputs):
             )
 
     def _decision(self, consumed: int) -> Decision:
-        self._warn_near_limit()
+        total = self._history_total()  # once: the budget warning and the snapshot both need it
+        self._warn_near_limit(*total)
         status = self.status
+        new = self._new
         decision = build_decision(
             expected_seq=self._seq,
             events=list(self._out),
             consumed=consumed,
             dropped=list(self._dropped),
-            new=self._new,
+            new=new,
             close_actions=self._close_actions,
             child_cancels=self._child_cancels,
-            closing=self._closing if any(e is self._closing for e in self._new) else None,
+            closing=self._closing
+            if self._closing is not None and any(e is self._closing for e in new)
+            else None,
             status=status,
-            snapshot=self.snapshot(status),
+            snapshot=self.snapshot(status, total),
         )
         decision.expired_hooks = list(self._expired_now)
         decision.carried = list(self._carried)
-        if any(isinstance(e, ev.SearchAttributesUpserted) for e in self._new):
+        kinds = {type(e) for e in new}
+        if ev.SearchAttributesUpserted in kinds:
             decision.search_attributes = dict(self._search)
-        if any(isinstance(e, ev.MemoUpserted) for e in self._new):
+        if ev.MemoUpserted in kinds:
             decision.memo = codec.dumps(self._memo, path="memo")
         return decision
 

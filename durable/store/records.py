@@ -9,6 +9,7 @@ from .. import codec
 from ..codec.sealed import open_text
 from ..errors import DurableError, EventConflict, WorkflowClosed
 from ..immutable import immutable
+from .tasks import ActivityTask
 from .wire import pairs
 
 OPEN_STATUSES = frozenset({"pending", "running", "suspended", "cancelling"})
@@ -48,17 +49,31 @@ class ClaimedTask:
         fields: The entry's fields.
         began_ms: When its attempt began (the scripts' clock); 0 when the entry is an older task
             of the stream (not the one the commit added), whose attempt is begun as usual.
+        task: The activity task as the decision that scheduled it built it, when the entry is
+            the one its commit added (``began_ms``), so the body need not be decoded again;
+            ``None``: decode ``fields``.
     """
 
     stream: str
     entry_id: str
     fields: dict[bytes, bytes]
     began_ms: int
+    task: ActivityTask | None = None
 
     @classmethod
     def read(cls, stream: Any, entry_id: Any, flat: Sequence[Any], began_ms: Any = 0) -> ClaimedTask:
         """From a script's raw reply: the entry's fields flat, as XREADGROUP gives them."""
         return cls(text(stream), text(entry_id), pairs(flat), int(began_ms))
+
+    def with_task(self, built: Mapping[str, ActivityTask]) -> ClaimedTask:
+        """This entry with the task its commit's plan built (``built``: by activity id) when it is
+        that task's entry, the one the commit added and began (``began_ms``: its body is that
+        task's encoding), so the activity thread need not decode it again; else itself."""
+        act = self.fields.get(b"act") if self.began_ms else None  # else an older entry of the stream
+        task = built.get(act.decode()) if act is not None else None
+        if task is None or task.stream != self.stream:
+            return self
+        return ClaimedTask(self.stream, self.entry_id, self.fields, self.began_ms, task)
 
 
 @immutable(slots=False)

@@ -51,6 +51,42 @@ def _partition_keys(keys: Keys, p: int) -> tuple[str, str, str, str, str, str]:
     return keys.timers(p), keys.outbox(p), keys.hooks(p), keys.dead(p), keys.running(p), keys.sessions(p)
 
 
+def _add_lists(payload: dict[str, Any], rid: str, plan: CommitPlan) -> None:
+    """The commit payload's lists, only those in use: the script reads a missing one as empty,
+    and building, packing and unpacking ten empty lists per commit costs both sides (a W2 step
+    has two in use: its claimed activity and its eager result)."""
+    if plan.dropped:
+        # A poison input's reason quotes the decoder's error about user data: sealed.
+        payload["dropped"] = [
+            [raw, seal_text(reason) if poison else reason, 1 if poison else 0]
+            for raw, reason, poison in plan.dropped
+        ]
+    if plan.activities or plan.claimed:
+        started = plan.claim_started
+        payload["activities"] = [[t.stream, t.activity_id, t.encode()] for t in plan.activities] + [
+            [t.stream, t.activity_id, t.encode(), started, due] for t, due in plan.claimed
+        ]
+    if plan.timers:
+        payload["timers"] = [[timer_member(rid, tid), due] for tid, due in plan.timers]
+    if plan.cancelled_timers:
+        payload["untimers"] = [timer_member(rid, tid) for tid in plan.cancelled_timers]
+    if plan.cancelled_activities:
+        payload["cancel_activities"] = list(plan.cancelled_activities)
+    if plan.outbox:
+        payload["outbox"] = list(plan.outbox)
+    if plan.hooks:
+        payload["hooks"] = [list(h) for h in plan.hooks]
+    if plan.expired_hooks:
+        payload["unhooks"] = list(plan.expired_hooks)
+    if plan.leased:
+        payload["leased"] = [[t.stream, t.activity_id, t.encode(), plan.lease_due] for t in plan.leased]
+    if plan.eager:
+        payload["eager"] = [
+            [r.task.activity_id, r.task.attempt, codec.pack(r.record), r.stream, r.entry_id]
+            for r in plan.eager
+        ]
+
+
 # What a closed run refusing an input calls it (event type names are for history readers).
 _INPUT_WORDS = {
     "SignalReceived": "signals",
@@ -272,26 +308,6 @@ class RunStore(SearchStore):
         """Keys and argument of the commit script for one decision (see ``lua/commit.lua``)."""
         p, rid = ref.partition, ref.run_id
         k = self.keys
-        lists = {
-            # A poison input's reason quotes the decoder's error about user data: sealed.
-            "dropped": [
-                [raw, seal_text(reason) if poison else reason, 1 if poison else 0]
-                for raw, reason, poison in plan.dropped
-            ],
-            "activities": [[t.stream, t.activity_id, t.encode()] for t in plan.activities]
-            + [[t.stream, t.activity_id, t.encode(), plan.claim_started, due] for t, due in plan.claimed],
-            "timers": [[timer_member(rid, tid), due] for tid, due in plan.timers],
-            "untimers": [timer_member(rid, tid) for tid in plan.cancelled_timers],
-            "cancel_activities": list(plan.cancelled_activities),
-            "outbox": list(plan.outbox),
-            "hooks": [list(h) for h in plan.hooks],
-            "unhooks": list(plan.expired_hooks),
-            "leased": [[t.stream, t.activity_id, t.encode(), plan.lease_due] for t in plan.leased],
-            "eager": [
-                [r.task.activity_id, r.task.attempt, codec.pack(r.record), r.stream, r.entry_id]
-                for r in plan.eager
-            ],
-        }
         payload: dict[str, Any] = {
             "rid": rid,
             "seq": plan.expected_seq,
@@ -299,10 +315,8 @@ class RunStore(SearchStore):
             "consumed": plan.consumed,
             "status": plan.status,
             "snapshot": codec.pack(plan.snapshot),
-            # Only the lists in use: the script reads a missing one as empty, and packing and
-            # unpacking ten empty lists per commit costs both sides.
-            **{name: items for name, items in lists.items() if items},
         }
+        _add_lists(payload, rid, plan)
         extra = [t.stream for t in plan.activities] + [t.stream for t, _ in plan.claimed]
         extra += [r.stream for r in plan.eager if r.entry_id]
         if plan.claimed:

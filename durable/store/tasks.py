@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
-
 from .. import codec
 from .. import events as ev
+from ..codec.plain import packer
 from ..ids import successor_run_id
 from ..immutable import immutable
 
@@ -269,7 +268,7 @@ class CommitPlan:
 def pack_plan(plan: dict[str, Any]) -> bytes:
     """The commit script's argument: Lua's cmsgpack predates msgpack's bin type, so bytes go as
     raw strings."""
-    packed: bytes = msgpack.packb(plan, use_bin_type=False)
+    packed: bytes = packer(use_bin_type=False).pack(plan)
     return packed
 
 
