@@ -29,6 +29,7 @@ from .errors import DurableError, WorkflowAlreadyStarted, WorkflowClosed, Workfl
 from .ids import successor_run_id
 from .registry import get_workflow, start_queue
 from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
+from .store.connect import is_transient
 from .store.records import OPEN_STATUSES
 from .store.redis_store import RedisStore
 from .store.schedules import ScheduleState, claim_member, parse_claim_member
@@ -88,7 +89,9 @@ class SchedulePass:
                 self.process(schedule_id, self.clock())
             except LockLost:
                 log.warning("schedule %s: another scheduler took over (lock expired)", schedule_id)
-            except Exception:  # noqa: BLE001 - one bad schedule must not stop the others
+            except Exception as exc:  # noqa: BLE001 - one bad schedule must not stop the others
+                if is_transient(exc):
+                    raise  # Redis unavailable or refusing writes: the caller says so once, not per schedule
                 log.exception("schedule %s: pass failed; retrying on the next pass", schedule_id)
         return soonest
 

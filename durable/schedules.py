@@ -93,8 +93,8 @@ class ScheduleDescription:
         fired: Scheduled times claimed so far (what ``max_runs`` counts).
         started: Runs started (scheduled, triggered, backfilled).
         overdue: Why an active schedule's next time passed more than :data:`OVERDUE_AFTER_S`
-            ago without firing (no live worker runs a scheduler, or they do and see why in
-            their logs); ``""`` when it is on time.
+            ago without firing (no live worker runs a scheduler, Redis refuses writes, or live
+            workers do and their logs say why); ``""`` when it is on time.
     """
 
     id: str
@@ -312,6 +312,9 @@ class ScheduleHandle:
         if late_s <= OVERDUE_AFTER_S:
             return ""
         due = f"{iso(due_ms)} was due {late_s:.0f} s ago"
+        refused = self._store.memory_state().reason  # Redis refusing writes: no scheduler can claim it
+        if refused:
+            return f"{due} and has not fired: {refused}"
         live = len(self._store.live_workers())
         if not live:
             window = float(spec.catchup_window)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from apps.basic import SlowSteps
 from procs import durable_cli, spawn_logged_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import Schedule, ScheduleHandle, WorkflowStub, schedules
 from durable.store.embedded import EmbeddedRedis
 from durable.store.memory import REDIS_CANNOT_PERSIST, write_refusal
 from durable.store.redis_store import RedisStore
@@ -60,8 +60,9 @@ def mend_persistence(client: redis.Redis, data_dir: Path) -> None:
 
 
 def test_a_worker_waits_while_redis_cannot_persist_and_the_views_say_why(
-    fresh_redis: EmbeddedRedis, tmp_path: Path
+    fresh_redis: EmbeddedRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(schedules, "OVERDUE_AFTER_S", 1.0)
     url = fresh_redis.url
     client = redis.Redis.from_url(url)
     store = RedisStore(url)
@@ -71,6 +72,11 @@ def test_a_worker_waits_while_redis_cannot_persist_and_the_views_say_why(
         wait_for(lambda: store.live_workers(), timeout=30)
         stub = WorkflowStub.make(SlowSteps, id="disk-run", store=store).start(str(effects), 3, 1.0)
         wait_for(lambda: effects.exists() and "start s0" in effects.read_text(), timeout=30)
+        ticks = ScheduleHandle.create(
+            "disk-ticks",
+            Schedule(workflow="SlowSteps", args=(str(tmp_path / "t"), 0, 0), every=1),
+            store=store,
+        )
         break_persistence(client, tmp_path)
         try:
             state = store.memory_state()
@@ -85,6 +91,9 @@ def test_a_worker_waits_while_redis_cannot_persist_and_the_views_say_why(
             assert info["blocked"].startswith(DISK_REASON) and "free disk space" in info["blocked"]
             report = json.loads(durable_cli(url, "workers", "--json").stdout)
             assert report["problem"].startswith(DISK_REASON), report["problem"]
+            # The schedule's times cannot be claimed either: it says why.
+            overdue = wait_for(lambda: ticks.describe().overdue, timeout=10)
+            assert "has not fired: " + DISK_REASON in overdue, overdue
 
             wait_for(lambda: "Redis cannot write to disk: it refused" in worker_log.read_text(), timeout=10)
             time.sleep(2)  # refused writes for a while: the worker waits, it does not stop
