@@ -107,7 +107,9 @@ def test_a_worker_waits_while_redis_cannot_persist_and_the_views_say_why(
         store.close()
         client.close()
     log = worker_log.read_text()
-    assert log.count("Redis cannot write to disk: it refused") == 1, log
+    # Once per episode, not per refused write (a write of the loop in flight as Redis came back
+    # can start a second, 0.2 s episode).
+    assert 1 <= log.count("Redis cannot write to disk: it refused") <= 2, log
     assert "Traceback" not in log, log
     # Each step ran once, as attempt 1: the worker did not take its own attempt for abandoned.
     assert effects.read_text().splitlines() == ["start s0 1", "start s1 1", "start s2 1"]
