@@ -21,11 +21,13 @@ from procs import spawn_worker
 from waiting import wait_for
 
 from durable import WorkflowFailed, WorkflowStub
-from durable.store.held import starved_queues
+from durable.store.held import STARVED_QUEUE, starved_queues
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from durable.store.workers import WorkerInfo
+from workers.cli.fleet import mark_unserved
 from workers.hung import HungWatch
+from workers.server.workflow_routes import _list_row
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +73,10 @@ def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, sto
         assert status.startswith(f"running (activity quick (1) queued on 'starve': {why}")
         assert "restart them" in status
         assert why in _cli("describe", quick.id)
+        # The runs lists too: it waits until the workers are restarted, as a blocked run does.
+        (row,) = [r for r in json.loads(_cli("list", "--json")) if r["workflow_id"] == quick.id]
+        assert row["blocked_kind"] == "starved_queue" and why in row["blocked"], row
+        assert quick.id in _cli("list", "--status", "blocked")
     finally:
         worker.send_signal(signal.SIGKILL)  # its threads hang: no graceful stop to wait for
         worker.wait(10)
@@ -165,3 +171,20 @@ def test_starved_queues_needs_every_live_worker_of_the_queue_starved() -> None:
     reasons = starved_queues([held, free, old])
     assert set(reasons) == {"q"}
     assert "(a: hang x2)" in reasons["q"] and "restart them" in reasons["q"]
+
+
+def test_the_runs_lists_show_a_run_waiting_on_a_starved_queue_as_blocked() -> None:
+    """`durable list` and the API's runs list said only `running` (describe and status said why)."""
+    stuck = ("hang (1, attempt 1) of workflow w run r: 3 s past its start_to_close 1 s timeout",)
+    live = [WorkerInfo(name="a", queues=("q",), threads=1, held=1, stuck=stuck)]
+    waiting = {"workflow_id": "w2", "status": "running", "queue": "q", "type": "T"}
+    waiting["snapshot"] = {"pending": [{"kind": "activity", "id": "1", "name": "quick", "queue": "q"}]}
+    timer = {**waiting, "workflow_id": "w3", "snapshot": {"pending": [{"kind": "timer", "id": "1"}]}}
+    closed = {**waiting, "workflow_id": "w4", "status": "completed"}
+    rows = [dict(waiting), timer, closed]
+    mark_unserved(rows, live)
+    assert rows[0]["blocked_kind"] == STARVED_QUEUE
+    assert rows[0]["blocked"].startswith("activity 'quick' (id 1) waits on queue 'q': its workers' threads")
+    assert "blocked" not in rows[1] and "blocked" not in rows[2]
+    row = _list_row(dict(waiting), live)  # the API's row, from the same marking
+    assert (row["blocked_kind"], row["blocked"]) == (STARVED_QUEUE, rows[0]["blocked"])

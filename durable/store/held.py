@@ -10,11 +10,17 @@ workers``), :func:`starved_queues` of the queues whose live workers are all such
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from .records import OPEN_STATUSES
 from .workers import WorkerInfo
 
-__all__ = ["starved", "starved_queues", "threads_note"]
+__all__ = ["STARVED_QUEUE", "starved", "starved_queues", "starved_reason", "threads_note"]
+
+STARVED_QUEUE = "starved_queue"
+"""The kind the runs lists give an open run whose activity waits on a queue whose live workers
+all have every thread held (:func:`starved_reason`; found on read, not recorded)."""
 
 
 def starved(worker: WorkerInfo) -> bool:
@@ -58,3 +64,18 @@ def starved_queues(live: Iterable[WorkerInfo]) -> dict[str, str]:
                 "stop; restart them (see `durable workers`)"
             )
     return out
+
+
+def starved_reason(record: Mapping[str, Any], starved_at: Mapping[str, str]) -> str | None:
+    """Why an open run does not move, for the runs lists: an activity it waits on is queued where
+    every live worker's threads are held by hung activities (``starved_at``:
+    :func:`starved_queues`), so nothing runs it until they are restarted; ``None`` otherwise (or
+    when the run is closed or blocked already). Read from the run record's snapshot of its
+    pending steps."""
+    if not starved_at or record.get("blocked") or record.get("status", "pending") not in OPEN_STATUSES:
+        return None
+    for step in (record.get("snapshot") or {}).get("pending") or ():
+        queue = step.get("queue")
+        if step.get("kind") == "activity" and queue in starved_at:
+            return f"activity {step.get('name', '')!r} (id {step.get('id')}) waits on queue {queue!r}: {starved_at[queue]}"
+    return None

@@ -19,7 +19,7 @@ from rich.text import Text
 from durable import registry
 from durable.runinfo import NO_LIVE_WORKER
 from durable.store.child_blocks import runs_blocked_by_children
-from durable.store.held import starved, threads_note
+from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo, no_worker_reason, served_queues, takes_new_runs
@@ -39,12 +39,18 @@ __all__ = [
 def mark_unserved(records: Iterable[MutableMapping[str, Any]], live: Sequence[WorkerInfo]) -> None:
     """Set ``blocked`` (and ``blocked_kind``) on each open run record no live worker can move
     (:func:`~durable.store.workers.no_worker_reason`: its pinned build, or its queue, has no
-    live worker); records blocked for another reason keep theirs."""
+    live worker), or whose activity waits on a queue whose live workers' threads are all held by
+    hung activities (:func:`~durable.store.held.starved_reason`: restart them); records blocked
+    for another reason keep theirs."""
+    starved_at = starved_queues(live)
     for record in records:
         reason = no_worker_reason(record, live)
         if reason:
             record["blocked"] = reason
             record["blocked_kind"] = NO_LIVE_WORKER
+        elif (held := starved_reason(record, starved_at)) is not None:
+            record["blocked"] = held
+            record["blocked_kind"] = STARVED_QUEUE
 
 
 def mark_blocked_children(

@@ -8,14 +8,13 @@ from typing import Any, TypeVar
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.errors import ConfigurationError, WorkflowClosed
-from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.run_list import LIST_FIELDS, parse_cursor
-from durable.store.workers import WorkerInfo, no_worker_reason
+from durable.store.workers import WorkerInfo
 from workers.cli.core import CliError
-from workers.cli.fleet import check_startable, mark_blocked_children
+from workers.cli.fleet import check_startable, mark_blocked_children, mark_unserved
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
 
@@ -97,11 +96,10 @@ _BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
 
 
 def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
-    """A runs-list row: the light fields only, a run no live worker serves shown as blocked."""
+    """A runs-list row: the light fields only, a run no live worker can move shown as blocked
+    (:func:`mark_unserved`: none serves its queue or build, or its activity's queue is starved)."""
+    mark_unserved([record], live)
     row = {k: record[k] for k in _ROW_FIELDS if k in record}
-    reason = no_worker_reason(record, live)
-    if reason and not row.get("blocked"):
-        row.update(blocked=reason, blocked_kind=NO_LIVE_WORKER)
     row["build_id"] = row.pop("build", None) or None
     return row
 

@@ -18,7 +18,8 @@
   function threads(w) {
     if (!w.threads) return "";
     if (!w.threads_held) return `${w.threads}`;
-    return el("span", { class: "warn", title: (w.stuck || []).join("\n") }, w.threads_note || `${w.threads_held}/${w.threads} held`,
+    return el("div", { title: (w.stuck || []).join("\n") },
+      el("span", { class: "warn" }, w.threads_note || `${w.threads_held}/${w.threads} held`, w.starved ? ": it runs no activity, restart it" : ""),
       ...(w.stuck || []).slice(0, 3).map((s) => el("div", { class: "muted small" }, s)));
   }
 

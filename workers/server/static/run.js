@@ -86,6 +86,8 @@
       const rest = { ...p };
       // An activity's `state` says where its attempt is in words (the fields it is made of are left out).
       for (const k of ["kind", "id", "name", "deadline", "attempt", "started", "worker", "worker_alive", "state"]) delete rest[k];
+      // Nor what is empty, or said in `state` already (why its queue does not move, say).
+      for (const [k, v] of Object.entries(rest)) if (v === null || v === "" || (typeof v === "string" && (p.state || "").includes(v))) delete rest[k];
       const details = [p.state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
       return el("tr", { class: "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
         el("td", {}, p.deadline ? `${time(p.deadline)} (in ${duration(p.deadline - Date.now())})` : ""),
