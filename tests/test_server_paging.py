@@ -20,7 +20,7 @@ import pytest
 from procs import ROOT, TESTS
 from server_procs import ServerProc
 
-from durable import WorkflowStub, registry
+from durable import WorkflowStub, codec, registry
 from durable.store.connect import flush_database
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
@@ -203,6 +203,50 @@ def test_status_blocked_includes_runs_no_live_worker_serves(api: Api) -> None:
         # Every blocked run of the namespace: the Billed runs the start test leaves are among them.
         everything = _pages(c, 3, status="blocked")
         assert want <= {rid for _, rid in everything} and len(everything) == len(set(everything))
+
+
+def test_rows_say_when_an_activity_the_run_waits_on_has_no_worker_to_run_it(api: Api) -> None:
+    """The rows were read without the run's snapshot of its pending steps, so a run whose activity
+    waited on a queue no live worker serves, or whose workers' threads are all held by hung
+    activities, listed as plain `running` (the CLI's list and describe said why)."""
+    store = api.store
+    starving = WorkerInfo(
+        "paging-starved", queues=("starving",), threads=1, held=1, stuck=("hang (1, attempt 1) ...",)
+    )
+    store.register_worker(starving, ttl_ms=600_000)
+    try:
+        waits = {}
+        for queue in ("billing", "starving"):
+            stub = WorkflowStub.make("Order", id=f"snap-{queue}", store=store).start()
+            pending = [{"kind": "activity", "id": "1", "name": "charge", "queue": queue}]
+            ref = store.ref(stub.id)
+            store.redis.hset(  # as the run's decision records it
+                store.keys.run(ref.partition, stub.run_id),
+                mapping={"status": "running", "snapshot": codec.pack({"pending": pending})},
+            )
+            waits[stub.id] = stub.run_id
+        with api.client() as c:
+            rows = {
+                r["workflow_id"]: r
+                for r in c.get("/api/v1/workflows", params={"id_prefix": "snap-"}).json()["workflows"]
+            }
+            blocked = c.get("/api/v1/workflows", params={"status": "blocked", "type": "Order"}).json()[
+                "workflows"
+            ]
+    finally:
+        store.unregister_worker(starving.name)
+    billing, starved = rows["snap-billing"], rows["snap-starving"]
+    assert billing["blocked_kind"] == "no_live_worker", billing
+    assert billing["blocked"].startswith(
+        "no live worker serves queue 'billing', where activity 'charge' (id 1) waits"
+    )
+    assert starved["blocked_kind"] == "starved_queue", starved
+    assert (
+        "waits on queue 'starving': its workers' threads are all held by hung activities"
+        in starved["blocked"]
+    )
+    assert "snapshot" not in billing  # read for the marking, not sent
+    assert set(waits.values()) <= {r["run_id"] for r in blocked}
 
 
 def test_history_after_and_limit_are_checked(api: Api) -> None:

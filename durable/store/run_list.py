@@ -44,7 +44,7 @@ class RunPage:
 
     Attributes:
         runs: The matching run records, newest first (``run_id``, ``partition``, ``created``
-            added to the :data:`LIST_FIELDS`).
+            added to the :data:`LIST_FIELDS`, and an open run's ``snapshot``).
         next: The cursor of the next page (``"<created ms>:<run id>"``), or ``None``: no
             older run is left to look at.
         scanned: Candidates read for this page.
@@ -181,16 +181,22 @@ class RunQueries(StoreBase):
         return merged[:count], horizon is not None or len(merged) > count
 
     def _light_records(self, batch: list[tuple[int, int, str]]) -> list[dict[str, Any] | None]:
+        """The :data:`LIST_FIELDS` of each run, and an open run's snapshot of its pending steps:
+        the rows say from it when an activity it waits on has no live worker to run it."""
+        fields = (*LIST_FIELDS, "snapshot")
         with self.redis.pipeline(transaction=False) as pipe:
             for _, p, rid in batch:
-                pipe.hmget(self.keys.run(p, rid), LIST_FIELDS)
+                pipe.hmget(self.keys.run(p, rid), fields)
             replies = pipe.execute()
         out: list[dict[str, Any] | None] = []
         for values in replies:
             if values[0] is None:  # purged meanwhile
                 out.append(None)
                 continue
-            out.append(decode_run({k: v for k, v in zip(LIST_FIELDS, values, strict=True) if v is not None}))
+            raw = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
+            if text(raw.get("status", b"pending")) not in OPEN_STATUSES:
+                raw.pop("snapshot", None)  # a closed run waits on nothing: not decoded
+            out.append(decode_run(raw))
         return out
 
 

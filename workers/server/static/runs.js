@@ -2,6 +2,7 @@
 "use strict";
 
 (() => {
+  const FOUND_ON_READ = new Set(["no_live_worker", "starved_queue", "redis_out_of_memory", "redis_cannot_persist"]);
   const { api, qs, el, time, duration, badge, showError } = D;
   const form = document.getElementById("filters");
   const body = document.querySelector("#runs tbody");
@@ -71,7 +72,8 @@
     if (r.blocked) {
       rows.push(el("tr", { class: "blocked-reason" },
         el("td", { colspan: 7 }, el("b", {}, (r.blocked_kind || "blocked") + ": "), r.blocked,
-          el("span", { class: "muted" }, " — open the run to repair it"))));
+          // Found on read (no worker can move it): the reason says what to start or restart.
+          FOUND_ON_READ.has(r.blocked_kind) ? "" : el("span", { class: "muted" }, " — open the run to repair it"))));
     }
     return rows;
   }
