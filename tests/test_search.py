@@ -8,8 +8,6 @@ real `durable` command for the end-to-end path.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +21,7 @@ from durable.search import encode_values, parse_where
 from durable.store.retention import purge_closed_before
 from durable.testing import replay_history
 from tests.apps.search import SearchBadUpsert, SearchLooper, SearchOrder
-from tests.procs import ROOT, TESTS, workers
+from tests.procs import durable_cli, workers
 from tests.waiting import wait_for
 from workers.cli import cli
 
@@ -220,18 +218,6 @@ def test_purge_removes_index_entries(durable_env: Any) -> None:
 # ----------------------------------------------------------------------- real processes
 
 
-def _cli(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"DURABLE_REDIS_URL": redis_url, "PYTHONPATH": f"{TESTS}:{ROOT}", "PATH": "/usr/bin:/bin"}
-    return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_cli_list_where_and_count_with_real_workers(redis_url: str, store: Any) -> None:
     with workers(redis_url, app="apps.search"):
         stubs = [
@@ -242,17 +228,17 @@ def test_cli_list_where_and_count_with_real_workers(redis_url: str, store: Any) 
         stubs[0].result(timeout=20)
     # Another process, without --app: the types come from what the workers published.
     where = "customer = 'acme' and status = 'completed' and started > '2020-01-01' and vip = true"
-    out = _cli(redis_url, "list", "--where", where, "--json")
+    out = durable_cli(redis_url, "list", "--where", where, "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert _ids(rows) == ["cli-acme"] and rows[0]["search_attributes"]["tags"] == ["acme", "paid"]
-    assert _cli(redis_url, "count", "--where", "status = 'open'").stdout.strip() == "1"
-    assert json.loads(_cli(redis_url, "count", "--json").stdout) == {"count": 2}
-    out = _cli(redis_url, "list", "--where", "amount > 1", "--status", "suspended", "--json")
+    assert durable_cli(redis_url, "count", "--where", "status = 'open'").stdout.strip() == "1"
+    assert json.loads(durable_cli(redis_url, "count", "--json").stdout) == {"count": 2}
+    out = durable_cli(redis_url, "list", "--where", "amount > 1", "--status", "suspended", "--json")
     assert _ids(json.loads(out.stdout)) == ["cli-initech"]
-    bad = _cli(redis_url, "list", "--where", "customer = 'acme' and amount > 'x'")
+    bad = durable_cli(redis_url, "list", "--where", "customer = 'acme' and amount > 'x'")
     assert bad.returncode == 1 and "position 32" in bad.stderr and "^" in bad.stderr, bad.stderr
-    bad = _cli(redis_url, "count", "--where", "customer >")
+    bad = durable_cli(redis_url, "count", "--where", "customer >")
     assert bad.returncode == 1 and "position 11" in bad.stderr
 
 
