@@ -301,7 +301,6 @@ class Worker:
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
         retry_transient(self._join, self._outage, stop=self._stop)
-        self.joined.set()
         self.scheduler.start()
         self._owns_process = threading.current_thread() is threading.main_thread()
         if self.watchdog is not None:
@@ -337,6 +336,9 @@ class Worker:
     def _join(self) -> None:
         self._ensure_groups()
         self.membership.join()
+        # Said at once: a supervisor counts this process as started from its report of the join
+        # (``on_joined``), and a kill between the two counted as a failure to start.
+        self.joined.set()
         # The lease first: the runs this worker decides from now on come back to it.
         self.scheduler.renew_lease()
 
