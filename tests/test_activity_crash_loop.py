@@ -20,6 +20,7 @@ from apps.crashing import CrashingRun, LeasedCrashingRun, QuickRun
 from procs import ROOT, TESTS, spawn_worker, stop
 
 from durable import ActivityFailed, ActivityWorkerLost, WorkflowFailed, WorkflowStub
+from durable.store.keys import begun_by
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from workers.crash_loops import MAX_ACTIVITY_DELIVERIES, fail_if_crash_loop
@@ -173,9 +174,9 @@ def test_only_the_deliveries_that_began_the_attempt_count(store: RedisStore) -> 
     assert store.delivery_count(task.stream, entry_id) == MAX_ACTIVITY_DELIVERIES + 1
     fields = {b"body": task.encode()}
     acts = k.activities(0, task.run_id)
-    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": "1|w1|1"})
+    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": begun_by(1, "w1", 1)})
     assert not fail_if_crash_loop(store, task.stream, entry_id, fields, consumer="w5")  # began once
-    r.hset(acts, "1:worker", "1|w4|3")  # it began on each of three workers that died
+    r.hset(acts, "1:worker", begun_by(1, "w4", 3))  # it began on each of three workers that died
     assert fail_if_crash_loop(store, task.stream, entry_id, fields, consumer="w5")
 
 
@@ -186,10 +187,10 @@ def test_a_lapsed_lease_runs_the_attempt_again_once(store: RedisStore) -> None:
     task = ActivityTask("r-lapsed", "w", 0, "1", "Quick", b"", 1, k.activity_tasks(0, "crash-leases"))
     r.hset(k.run(0, task.run_id), "status", "running")
     acts = k.activities(0, task.run_id)
-    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": "1|w1|1"})
+    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream, "1:worker": begun_by(1, "w1", 1)})
     assert lapsed_lease(store, task) is None and lapsed_lease(store, task) is None
     assert [f[b"body"] for _, f in r.xrange(task.stream)] == [task.encode()]  # once, the same attempt
-    r.hset(acts, "1:worker", f"1|w3|{MAX_ACTIVITY_DELIVERIES}")
+    r.hset(acts, "1:worker", begun_by(1, "w3", MAX_ACTIVITY_DELIVERIES))
     lost = lapsed_lease(store, task)
     assert isinstance(lost, ActivityWorkerLost) and lost.worker == "w3"
     assert f"died {MAX_ACTIVITY_DELIVERIES} times" in str(lost)

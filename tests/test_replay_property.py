@@ -223,9 +223,9 @@ def run_example(prog: Any, catch_cancel: bool, rng: _random.Random, cancel_rate:
     return sim
 
 
-@pytest.mark.timeout(300)  # 120 simulated runs: ~35 s on a slow 2-core machine, more under load
+@pytest.mark.timeout(300)  # 100 simulated runs: ~30 s on a slow 2-core machine, more under load
 @settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example],
 )

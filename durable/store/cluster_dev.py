@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .embedded import find_redis_server, server_settings
 
@@ -246,7 +248,11 @@ class LocalCluster:
         for port, proc in zip(self.ports, self.procs, strict=False):
             if proc.poll() is None:
                 with contextlib.suppress(redis.RedisError, OSError):
-                    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+                    # No retries: SHUTDOWN's expected disconnect would be retried, with seconds
+                    # of backoff per node against a server that is gone.
+                    client = redis.Redis(
+                        host="127.0.0.1", port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0)
+                    )
                     try:
                         client.execute_command("SHUTDOWN")
                     finally:
