@@ -37,7 +37,6 @@ from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 from . import faults, metrics
 from .async_activities import awaiting, recorded_elsewhere, timed_out_here
 from .logging import bind_run, unbind_run
-from .worker_deaths import lapsed_lease
 
 log = logging.getLogger("durable.worker")
 
@@ -422,21 +421,12 @@ def fail_attempt(
     """Record a failed attempt: schedule the retry, or fail the activity for good
     (``started_ms``: when it began, on the scripts' clock; 0 when not known). Returns ``retry``
     or ``failed``; ``discarded`` when the attempt was no longer current (its end was recorded
-    already, by the scheduler's expiry or by the worker's own timeout), or goes on (a lapsed
-    lease, ``ActivityTimeout`` of kind ``lease``: its worker died, and it runs again from its
-    queue, see :func:`workers.worker_deaths.lapsed_lease`): nothing to count."""
+    already, by the scheduler's expiry or by the worker's own timeout): nothing to count."""
     if recorded_elsewhere(exc):
         # An async attempt the scheduler expired: its record stands, a second one would only be
         # logged as discarded.
         log.info("activity %s (run %s, attempt %d) ended after it expired", *_ids(task))
         return "discarded"
-    if isinstance(exc, ActivityTimeout) and exc.kind == "lease":
-        # A leased attempt's worker died: it runs again from its queue, as a reclaimed task does
-        # (nothing to record here), unless its worker died running it too often.
-        lost = lapsed_lease(store, task)
-        if lost is None:
-            return "discarded"
-        exc = lost
     policy = RetryPolicy.from_dict(task.retry)
     delay = policy.delay(task.attempt)
     final_reason = _final_reason(task, exc, policy, delay)

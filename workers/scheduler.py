@@ -29,6 +29,7 @@ from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 from . import faults, metrics
 from .attempts import attempt_began, attempt_failed, fail_attempt, timeout_kind
 from .logging import bind_run, unbind_run
+from .worker_deaths import lapsed_lease
 
 log = logging.getLogger("durable.scheduler")
 
@@ -241,13 +242,22 @@ class Scheduler:
                 continue
             started_ms = self.store.attempt_started(p, rid, aid)
             kind = timeout_kind(task, started_ms, now_ms)
-            error = ActivityTimeout(
+            error: Exception = ActivityTimeout(
                 f"activity {task.name} ({aid}) attempt {attempt} timed out ({kind})", kind=kind
             )
+            if kind == "lease":
+                # A leased attempt's worker died (a live one renews its leases): the attempt runs
+                # again from its queue, unless its worker died running it too often.
+                lost = lapsed_lease(self.store, task)
+                if lost is None:
+                    metrics.timed_out(task.name, task.stream, kind, "discarded")
+                    continue
+                error = lost
             ids = {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}
             token = bind_run({**ids, "activity_type": task.name})
             try:
-                log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
+                if kind != "lease":
+                    log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
                 outcome = fail_attempt(
                     self.store,
                     task,
