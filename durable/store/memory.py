@@ -26,9 +26,11 @@ from .base import StoreBase
 __all__ = [
     "REDIS_CANNOT_PERSIST",
     "REDIS_OOM",
+    "REFUSALS",
     "MemoryState",
     "MemoryStore",
     "OomEpisode",
+    "Refusal",
     "disk_reason",
     "is_oom",
     "oom_reason",
@@ -64,6 +66,42 @@ key, a closed client) let a tiny write through now and then, a run's history app
 
 PROBE_TTL_MS = 1000
 """The probe key's time to live (it is deleted at once anyway)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One reason Redis refuses every write, in the words the surfaces use.
+
+    Attributes:
+        kind: The blocked kind and the API's error code (:data:`REDIS_OOM`, ...).
+        headline: What is wrong, in a few words (``Redis is out of memory``).
+        cause: Why no run moves, for the worker's log.
+        remedy: What an operator can do.
+    """
+
+    kind: str
+    headline: str
+    cause: str
+    remedy: str
+
+
+REFUSALS = {
+    "oom": Refusal(
+        REDIS_OOM,
+        "Redis is out of memory",
+        "Redis has reached its maxmemory and refuses writes (noeviction): no run can make progress "
+        "until memory is freed",
+        REMEDY,
+    ),
+    "disk": Refusal(
+        REDIS_CANNOT_PERSIST,
+        "Redis cannot write to disk",
+        "Redis refuses every write while it cannot persist (MISCONF: a failed RDB snapshot or AOF "
+        "write): no run can make progress until it can",
+        DISK_REMEDY,
+    ),
+}
+"""Per :func:`write_refusal` answer, how the surfaces say it."""
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -284,26 +322,16 @@ class OomEpisode:
                 self._refusals = 0
             self._refusals += 1
         if first:
-            if refusal == "oom":
-                why = (
-                    "Redis is out of memory: it refused %s of %s (%s). Redis has reached its maxmemory "
-                    "and refuses writes (noeviction): no run can make progress until memory is freed; %s."
-                )
-                remedy = REMEDY
-            else:
-                why = (
-                    "Redis cannot write to disk: it refused %s of %s (%s). Redis refuses every write "
-                    "while it cannot persist (MISCONF: a failed RDB snapshot or AOF write): no run can "
-                    "make progress until it can; %s."
-                )
-                remedy = DISK_REMEDY
+            said = REFUSALS[refusal]
             self.log.error(
-                why + " This worker keeps running and retries; its registry heartbeat cannot be "
-                "written meanwhile, so `durable workers` may not list it.",
+                "%s: it refused %s of %s (%s). %s; %s. This worker keeps running and retries; its "
+                "registry heartbeat cannot be written meanwhile, so `durable workers` may not list it.",
+                said.headline,
                 doing,
                 self.what,
                 (str(exc).splitlines() or [""])[0][:200],
-                remedy,
+                said.cause,
+                said.remedy,
             )
         return True
 

@@ -25,7 +25,7 @@ from durable.errors import (
     WorkflowNotFound,
 )
 from durable.schedules import ScheduleExists, ScheduleNotFound
-from durable.store.memory import DISK_REMEDY, REMEDY, write_refusal
+from durable.store.memory import REFUSALS, write_refusal
 from workers.config import mask_secrets
 
 __all__ = ["CODES", "ApiError", "from_exception"]
@@ -104,11 +104,8 @@ def from_exception(exc: BaseException) -> ApiError:
     refusal = write_refusal(exc)
     if refusal is not None:
         log.warning("redis refuses writes: %s", _first_line(exc))
-        if refusal == "disk":
-            return ApiError(
-                "redis_cannot_persist", f"Redis cannot write to disk: writes are refused; {DISK_REMEDY}"
-            )
-        return ApiError("redis_out_of_memory", f"Redis is out of memory: writes are refused; {REMEDY}")
+        said = REFUSALS[refusal]
+        return ApiError(said.kind, f"{said.headline}: writes are refused; {said.remedy}")
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         log.warning("redis unavailable: %s", mask_secrets(_first_line(exc)))
         return ApiError("redis_unavailable", "the server cannot reach Redis; try again")
