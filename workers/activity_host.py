@@ -288,32 +288,20 @@ class ActivityHost:
         # eager one is (one round trip instead of a completion, then a commit).
         on_result = self._eager_result if begun is not None else self._queued_result
         try:
-            if task is not None:  # built by this worker's decision, of a type it has (claims_here)
-                outcome = execute_attempt(
-                    self.store,
-                    task,
-                    stream=stream,
-                    entry_id=entry_id,
-                    allowed=self.allowed,
-                    on_timer=self.on_timer,
-                    on_result=on_result,
-                    begun=begun,
-                    on_ran=self.pace.ran,
-                )
-            else:
-                outcome = run_activity(
-                    self.store,
-                    stream,
-                    entry_id,
-                    fields,
-                    allowed=self.allowed,
-                    redelivered=redelivered,
-                    on_timer=self.on_timer,
-                    on_result=on_result,
-                    unserved=self.unserved,
-                    begun=begun,
-                    on_ran=self.pace.ran,
-                )
+            outcome = run_activity(
+                self.store,
+                stream,
+                entry_id,
+                fields,
+                allowed=self.allowed,
+                redelivered=redelivered,
+                on_timer=self.on_timer,
+                on_result=on_result,
+                unserved=self.unserved,
+                begun=begun,
+                on_ran=self.pace.ran,
+                task=task,
+            )
             self.activities_run += 1
         except Exception as exc:  # noqa: BLE001 - see below
             if is_transient(exc) or is_redis_error(exc):  # the task stays pending: reclaimed later

@@ -86,13 +86,15 @@ def run_activity(
     unserved: Unserved | None = None,
     begun: Begun | None = None,
     on_ran: Callable[[str, float], None] = _unmeasured,
+    task: ActivityTask | None = None,
 ) -> str:
     """Run one activity attempt from a task stream and record its outcome (see
     :func:`execute_attempt`). Returns the outcome word. A task whose type this worker
     lacks goes to ``unserved`` (back to its queue for a worker that has it) if given,
-    else it is parked."""
+    else it is parked. ``task``: the body of ``fields`` decoded already (the task this worker's
+    decision built and its commit claimed), so it is not decoded again."""
     try:
-        task = ActivityTask.decode(fields[b"body"])
+        task = task or ActivityTask.decode(fields[b"body"])
     except Exception as exc:  # noqa: BLE001
         store.park(
             p=store.keys.partition_of_key(stream),
