@@ -187,6 +187,44 @@ def _run_state(spec: Schedule, record: dict[str, Any], paused: bool) -> str:
     return "paused" if paused else "active"
 
 
+class _Lateness:
+    """Why a schedule's past time has not fired (:attr:`ScheduleDescription.overdue`), from
+    reads made once however many schedules ask (``list``): the scripts' clock, then, only for a
+    time that is late, Redis's memory state and the live workers."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._now_ms: int | None = None
+        self._cause: tuple[str | None, int] | None = None  # (Redis refusing writes, live workers)
+
+    def why(self, spec: Schedule, due_ms: int) -> str:
+        """Why the time ``due_ms`` has not fired although it is past, or ``""`` (on time).
+
+        Schedules fire only where a worker runs: without one, nothing says so but this."""
+        if self._now_ms is None:
+            self._now_ms = self._store.server_time_ms()
+        late_s = (self._now_ms - due_ms) / 1000
+        if late_s <= OVERDUE_AFTER_S:
+            return ""
+        if self._cause is None:
+            self._cause = (self._store.memory_state().reason, len(self._store.live_workers()))
+        refused, live = self._cause
+        due = f"{iso(due_ms)} was due {late_s:.0f} s ago"
+        if refused:  # Redis refusing writes: no scheduler can claim it
+            return f"{due} and has not fired: {refused}"
+        if not live:
+            window = float(spec.catchup_window)  # type: ignore[arg-type]
+            return (
+                f"{due} and has not fired: no live worker runs, and each worker's scheduler fires the "
+                f"schedules (any queue); start one (`durable worker --app YOUR_APP`). Times more than "
+                f"{window:g} s old by then (the catchup window) are recorded as missed, not started"
+            )
+        return (
+            f"{due} and has not fired although {live} worker(s) are live, whose schedulers fire due "
+            "times on every pass: see their logs (`durable workers` lists them)"
+        )
+
+
 class ScheduleHandle:
     """A handle on one schedule (its id), like ``WorkflowStub`` for a workflow.
 
@@ -240,9 +278,10 @@ class ScheduleHandle:
         """Every schedule, described, by id."""
         store = store or default_store()
         out = []
+        lateness = _Lateness(store)  # one read of the clock, Redis's memory and the workers for all
         for schedule_id in store.schedule_ids():
             try:
-                out.append(ScheduleHandle(schedule_id, store=store).describe(runs=False))
+                out.append(ScheduleHandle(schedule_id, store=store)._describe(False, lateness))
             except ScheduleNotFound:
                 continue  # deleted meanwhile
         return out
@@ -265,6 +304,9 @@ class ScheduleHandle:
         Args:
             runs: Read the status of the runs it started (``False``: list them unread).
         """
+        return self._describe(runs, _Lateness(self._store))
+
+    def _describe(self, runs: bool, lateness: _Lateness) -> ScheduleDescription:
         state = self._state()
         spec = _spec_of(state)
         record = state.record
@@ -301,31 +343,7 @@ class ScheduleHandle:
             started=int(record.get("started") or 0),
             created=int(record["created"]) if record.get("created") else None,
             updated=int(record["updated"]) if record.get("updated") else None,
-            overdue=self._overdue(spec, upcoming[0]) if run_state == "active" and upcoming else "",
-        )
-
-    def _overdue(self, spec: Schedule, due_ms: int) -> str:
-        """Why the time ``due_ms`` has not fired although it is past, or ``""`` (on time).
-
-        Schedules fire only where a worker runs: without one, nothing says so but this."""
-        late_s = (self._store.server_time_ms() - due_ms) / 1000
-        if late_s <= OVERDUE_AFTER_S:
-            return ""
-        due = f"{iso(due_ms)} was due {late_s:.0f} s ago"
-        refused = self._store.memory_state().reason  # Redis refusing writes: no scheduler can claim it
-        if refused:
-            return f"{due} and has not fired: {refused}"
-        live = len(self._store.live_workers())
-        if not live:
-            window = float(spec.catchup_window)  # type: ignore[arg-type]
-            return (
-                f"{due} and has not fired: no live worker runs, and each worker's scheduler fires the "
-                f"schedules (any queue); start one (`durable worker --app YOUR_APP`). Times more than "
-                f"{window:g} s old by then (the catchup window) are recorded as missed, not started"
-            )
-        return (
-            f"{due} and has not fired although {live} worker(s) are live, whose schedulers fire due "
-            "times on every pass: see their logs (`durable workers` lists them)"
+            overdue=lateness.why(spec, upcoming[0]) if run_state == "active" and upcoming else "",
         )
 
     # ------------------------------------------------------------- actions
