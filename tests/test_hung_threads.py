@@ -27,7 +27,7 @@ from durable.store.tasks import ActivityTask
 from durable.store.workers import WorkerInfo
 from workers.cli.fleet import mark_unserved
 from workers.hung import HungWatch
-from workers.server.workflow_routes import _list_row
+from workers.server.workflow_routes import _marked_rows
 
 pytestmark = pytest.mark.slow
 
@@ -186,5 +186,5 @@ def test_the_runs_lists_show_a_run_waiting_on_a_starved_queue_as_blocked() -> No
     assert rows[0]["blocked_kind"] == STARVED_QUEUE
     assert rows[0]["blocked"].startswith("activity 'quick' (id 1) waits on queue 'q': its workers' threads")
     assert "blocked" not in rows[1] and "blocked" not in rows[2]
-    row = _list_row(dict(waiting), live)  # the API's row, from the same marking
+    (row,) = _marked_rows([dict(waiting)], live)  # the API's row, from the same marking
     assert (row["blocked_kind"], row["blocked"]) == (STARVED_QUEUE, rows[0]["blocked"])

@@ -95,21 +95,24 @@ _UNSERVED_SCAN = 20_000
 _BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
 
 
-def _list_row(record: dict[str, Any], live: list[WorkerInfo]) -> dict[str, Any]:
-    """A runs-list row: the light fields only, a run no live worker can move shown as blocked
+def _marked_rows(records: list[dict[str, Any]], live: list[WorkerInfo]) -> list[dict[str, Any]]:
+    """Runs-list rows: the light fields only, a run no live worker can move shown as blocked
     (:func:`mark_unserved`: none serves its queue or build, or its activity's queue is starved)."""
-    mark_unserved([record], live)
-    row = {k: record[k] for k in _ROW_FIELDS if k in record}
-    row["build_id"] = row.pop("build", None) or None
-    return row
+    mark_unserved(records, live)
+    rows = []
+    for record in records:
+        row = {k: record[k] for k in _ROW_FIELDS if k in record}
+        row["build_id"] = row.pop("build", None) or None
+        rows.append(row)
+    return rows
 
 
 def _list_rows(
     store: RedisStore, records: list[dict[str, Any]], live: list[WorkerInfo]
 ) -> list[dict[str, Any]]:
-    """:func:`_list_row` of each record, an open run waiting on a blocked child shown as blocked
-    too (its reason naming the child, as ``describe`` says it: :func:`mark_blocked_children`)."""
-    rows = [_list_row(record, live) for record in records]
+    """:func:`_marked_rows`, an open run waiting on a blocked child shown as blocked too (its
+    reason naming the child, as ``describe`` says it: :func:`mark_blocked_children`)."""
+    rows = _marked_rows(records, live)
     mark_blocked_children(store, rows, live)
     return rows
 
@@ -183,7 +186,7 @@ def _search_workflows(call: Call, limit: int) -> dict[str, Any]:
     live = call.store.live_workers()
     more = len(rows) == limit
     return {
-        "workflows": [_list_row(record, live) for record in rows],
+        "workflows": _marked_rows(rows, live),
         # The last row's (ms, run id): a bare ms would skip the runs sharing its millisecond.
         "next": f"{rows[-1]['created']}:{rows[-1]['run_id']}" if more else None,
         "scanned": len(rows),
