@@ -61,7 +61,11 @@ class BlockedReason:
     """Why an open run cannot make progress until an operator acts.
 
     Attributes:
-        kind: One of :data:`BLOCKED_KINDS`.
+        kind: One of :data:`BLOCKED_KINDS` (recorded: ``durable repair`` re-queues the run
+            once the cause is fixed), or found on read, gone by itself once its cause is:
+            ``no_live_worker``, ``starved_queue`` (every live worker of a queue an activity
+            waits on has its threads held by hung activities), ``redis_out_of_memory``,
+            ``redis_cannot_persist``.
         message: The reason as recorded (names the error, the type, the build...).
         child: For a run blocked through a pending child that is blocked itself, that child's
             workflow id (the message then starts ``waits on child 'ID', which is blocked:``);

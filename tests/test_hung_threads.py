@@ -69,9 +69,14 @@ def test_threads_held_by_hung_activities_are_said_everywhere(redis_url: str, sto
         step = quick.describe().pending[0]
         assert why in step["starved"] and why in step["state"]
         assert step["state"].startswith("attempt 1: not begun: queued on 'starve', waiting for a worker")
+        # Blocked, as the runs lists say (status said only `running (... queued ...)` before).
         status = _cli("status", quick.id)
-        assert status.startswith(f"running (activity quick (1) queued on 'starve': {why}")
+        assert status.startswith(f"running (blocked: activity 'quick' (id 1) waits on queue 'starve': {why}")
         assert "restart them" in status
+        assert (quick.describe().blocked.kind, quick.describe().blocked.message) == (
+            "starved_queue",
+            status.removeprefix("running (blocked: ").strip().removesuffix(")"),
+        )
         assert why in _cli("describe", quick.id)
         # The runs lists too: it waits until the workers are restarted, as a blocked run does.
         (row,) = [r for r in json.loads(_cli("list", "--json")) if r["workflow_id"] == quick.id]

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .records import OPEN_STATUSES
-from .workers import WorkerInfo
+
+if TYPE_CHECKING:  # workers.py asks this module why a run waits (why_blocked)
+    from .workers import WorkerInfo
 
 __all__ = ["STARVED_QUEUE", "starved", "starved_queues", "starved_reason", "threads_note"]
 
 STARVED_QUEUE = "starved_queue"
-"""The kind the runs lists give an open run whose activity waits on a queue whose live workers
-all have every thread held (:func:`starved_reason`; found on read, not recorded)."""
+"""The blocked kind of an open run whose activity waits on a queue whose live workers all have
+every thread held (:func:`starved_reason`; found on read, not recorded: it moves on by itself
+once they are restarted)."""
 
 
 def starved(worker: WorkerInfo) -> bool:
@@ -67,8 +70,8 @@ def starved_queues(live: Iterable[WorkerInfo]) -> dict[str, str]:
 
 
 def starved_reason(record: Mapping[str, Any], starved_at: Mapping[str, str]) -> str | None:
-    """Why an open run does not move, for the runs lists: an activity it waits on is queued where
-    every live worker's threads are held by hung activities (``starved_at``:
+    """Why an open run does not move (``why_blocked``, the runs lists): an activity it waits on is
+    queued where every live worker's threads are held by hung activities (``starved_at``:
     :func:`starved_queues`), so nothing runs it until they are restarted; ``None`` otherwise (or
     when the run is closed or blocked already). Read from the run record's snapshot of its
     pending steps."""

@@ -23,6 +23,7 @@ from typing import Any
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
 from .connect import CommandRefused
+from .held import STARVED_QUEUE, starved_queues, starved_reason
 from .keys import is_private
 from .memory import REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
@@ -279,8 +280,9 @@ class WorkerRegistry(MemoryStore):
         (kinds :data:`~durable.store.memory.REDIS_OOM`,
         :data:`~durable.store.memory.REDIS_CANNOT_PERSIST`: no run moves then, and the workers
         look gone),
-        else that no live worker serves its pinned build or, unpinned, its queue; ``None``: it
-        can move. ``live``: the live workers, if the caller has read them already."""
+        else that no live worker serves its pinned build or, unpinned, its queue, else that an
+        activity it waits on is queued where every live worker's threads are held by hung
+        activities (:data:`~durable.store.held.STARVED_QUEUE`); ``None``: it can move. ``live``: the live workers, if the caller has read them already."""
         reason = blocked_reason(record)
         if reason is not None or record.get("status", "pending") not in OPEN_STATUSES:
             return reason  # no registry read for a closed run
@@ -296,6 +298,9 @@ class WorkerRegistry(MemoryStore):
             )
         if unserved:
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
+        starved = starved_reason(record, starved_queues(live))
+        if starved:
+            return BlockedReason(kind=STARVED_QUEUE, message=starved)
         return self._child_blocked(record, live)
 
     def _child_blocked(self, record: Mapping[str, Any], live: Sequence[WorkerInfo]) -> BlockedReason | None:

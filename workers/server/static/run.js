@@ -3,7 +3,7 @@
 "use strict";
 
 (() => {
-  const { api, el, time, duration, json, badge, showError, flash } = D;
+  const { FOUND_ON_READ, api, el, time, duration, json, badge, showError, flash } = D;
   const root = document.getElementById("run");
   const wid = root.dataset.workflowId;
   const base = "/api/v1/workflows/" + encodeURIComponent(wid);
@@ -75,7 +75,9 @@
     if (info.blocked) {
       const fix = info.blocked_kind === "no_live_worker"
         ? "Start a worker that serves it: the run moves on by itself (no repair needed)."
-        : "Fix the cause (deploy the code, start a worker of the build), then Repair re-queues the run.";
+        : FOUND_ON_READ.has(info.blocked_kind)
+          ? "Do what the reason says: the run moves on by itself once it is done (no repair needed)."
+          : "Fix the cause (deploy the code, start a worker of the build), then Repair re-queues the run.";
       blocked.replaceChildren(el("b", {}, `Blocked (${info.blocked_kind}): `), info.blocked, el("div", { class: "muted" }, fix));
     }
     document.title = `${wid} · ${info.status} · durable`;

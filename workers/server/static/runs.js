@@ -2,8 +2,7 @@
 "use strict";
 
 (() => {
-  const FOUND_ON_READ = new Set(["no_live_worker", "starved_queue", "redis_out_of_memory", "redis_cannot_persist"]);
-  const { api, qs, el, time, duration, badge, showError } = D;
+  const { FOUND_ON_READ, api, qs, el, time, duration, badge, showError } = D;
   const form = document.getElementById("filters");
   const body = document.querySelector("#runs tbody");
   const FIELDS = ["status", "type", "id_prefix", "since", "until", "where", "limit"];

@@ -4,6 +4,9 @@
 
 const D = (() => {
   const TOKEN_KEY = "durable.token";
+  // Blocked kinds found on read (not recorded): the run moves on by itself once the cause is gone,
+  // so the pages offer no repair for them.
+  const FOUND_ON_READ = new Set(["no_live_worker", "starved_queue", "redis_out_of_memory", "redis_cannot_persist"]);
 
   function token() {
     return sessionStorage.getItem(TOKEN_KEY) || "";
@@ -250,5 +253,5 @@ const D = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", setupToken);
-  return { api, qs, el, time, duration, ago, json, badge, flash, showError, confirm, live, token, bytesText, runLink, ApiError };
+  return { FOUND_ON_READ, api, qs, el, time, duration, ago, json, badge, flash, showError, confirm, live, token, bytesText, runLink, ApiError };
 })();
