@@ -67,14 +67,16 @@ def durable_cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def spawn_logged_worker(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def spawn_logged_worker(
+    url: str, log: Path, *extra: str, app: str = "apps.basic", env: dict | None = None
+) -> subprocess.Popen[bytes]:
     """``durable worker`` with its log in ``log`` (a file: a pipe left unread would block it)."""
-    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    environ = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", **(env or {}))
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.basic", *extra],
+            [sys.executable, "-m", "workers.cli", "worker", "--app", app, *extra],
             cwd=ROOT,
-            env=env,
+            env=environ,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

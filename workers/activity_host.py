@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from durable import events as ev
 from durable.activity import set_worker_identity
@@ -80,6 +81,7 @@ class ActivityHost:
         self.wake = wake
         self.on_timer = on_timer
         self.unserved: Unserved | None = None  # set once the worker's routing exists
+        self.consumer = identity[0]
         self._claimable = {*self.queues, identity[1]}  # its queues and its session queue
         self._pool = ActivityThreads(concurrency, initializer=set_worker_identity, initargs=identity)
         # Which attempts hold the threads, and those abandoned (the registry heartbeat asks it).
@@ -196,6 +198,72 @@ class ActivityHost:
         """Activities this worker holds that no thread runs yet (taken as prefetch)."""
         with self._lock:
             return max(0, self.busy + self._reserved - self.concurrency)
+
+    def shed(self) -> None:
+        """Give back the tasks waiting here behind threads stalled in long attempts, beyond what
+        the prefetch allows now (main thread, every pass; cheap unless a thread stalled).
+
+        A task taken as prefetch (an activity type that took microseconds) waits for a thread
+        here, where no other worker can take it and ``describe`` says it runs here (its claim
+        began its attempt). When the type turns slow, or a hung attempt holds the thread, it
+        would wait for as long as that takes (forever, for a thread held by a hung attempt), and
+        its timeout would run meanwhile: it goes back to its stream for any worker instead."""
+        stalled = self._pool.stalled(STALLED_S)
+        if stalled and self.waiting():
+            self._give_back(stalled)
+
+    def _give_back(self, stalled: int | None) -> None:
+        """Take the calls no thread started; keep the leased ones and, with ``stalled`` given,
+        what the pace allows beside that many stalled threads; give the other tasks back to their
+        streams (``None``: all of them: the worker stops)."""
+        calls = self._pool.take_waiting()
+        with self._lock:
+            held = self.busy + self._reserved - len(calls)
+        keep, back = [], []
+        for fn, args in calls:
+            task = self._waiting_task(fn, args)
+            if task is None or (stalled is not None and held < self.pace.limit(task.name, stalled)):
+                keep.append((fn, args))
+                held += 1
+            else:
+                back.append((args, task))
+        for fn, args in keep:
+            self._pool.submit(fn, *args)
+        if not back:
+            return
+        try:
+            moved = self.store.return_tasks(
+                self.consumer, [(args[0], args[1], task, args[4] is not None) for args, task in back]
+            )
+        except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
+            log.warning(
+                "could not give back %d activity task(s) waiting for a thread", len(back), exc_info=True
+            )
+            for args, _ in back:
+                self._pool.submit(self._activity, *args)
+            return
+        with self._lock:
+            self.busy -= len(back)
+            for args, _ in back:
+                self.in_flight.pop((args[0], args[1]), None)
+        log.info(
+            "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
+            moved,
+            ", ".join(sorted({task.name for _, task in back})),
+            "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
+        )
+
+    def _waiting_task(self, fn: Callable[..., None], args: tuple[Any, ...]) -> ActivityTask | None:
+        """The task of a call waiting for a thread, when it can go back to its stream (``None``: a
+        leased attempt, which has no entry, or a body its thread will park)."""
+        if fn != self._activity:
+            return None
+        if args[5] is not None:
+            return cast(ActivityTask, args[5])
+        try:
+            return ActivityTask.decode(args[2][b"body"])
+        except Exception:  # noqa: BLE001 - parked by the thread that runs it
+            return None
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
@@ -347,6 +415,8 @@ class ActivityHost:
     def finish(self, grace: float) -> None:
         """Let running attempts finish (up to ``grace`` seconds), record what is in hand, stop
         the threads."""
+        # Tasks no thread started go back to their streams now, for the workers that go on.
+        self._give_back(None)
         began = time.time()
         deadline, look = began + grace, began + 1.0
         while self.busy and time.time() < deadline:

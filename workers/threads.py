@@ -64,6 +64,20 @@ class ActivityThreads:
                 out.append((began, call[0], call[1]))
         return out
 
+    def take_waiting(self) -> list[tuple[Callable[..., None], tuple[Any, ...]]]:
+        """Take back, in order, the calls no thread has started yet (to give them back or submit
+        them again)."""
+        out: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                return out
+            if call is None:  # shutting down: the threads' stop marks stay
+                self._calls.put(None)
+                return out
+            out.append(call)
+
     def shutdown(self) -> None:
         """Drop the calls not started yet; the threads exit after their current call."""
         try:

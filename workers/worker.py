@@ -435,6 +435,7 @@ class Worker:
 
     def _pass(self) -> None:
         self.activities.record(self.decider.apply_eager, self._complete)
+        self.activities.shed()
         if self._handed:
             handed, self._handed = self._handed, []
             self._decide(handed)

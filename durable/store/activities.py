@@ -281,6 +281,26 @@ class ActivityStore(StoreBase):
         keys = [k.run(p, rid), k.activities(p, rid), k.sessions(p)]
         return int(self._run_script("rerun_attempt", keys, [rid, task.activity_id, task.attempt])) == 1
 
+    def return_tasks(self, worker: str, tasks: Sequence[tuple[str, str, ActivityTask, bool]]) -> int:
+        """Give back activity tasks ``worker`` holds but never started, ``(stream, entry id, task,
+        begun by its claim)`` each: to the end of their streams, for any worker, with a begin by
+        the claim undone (``lua/return_task.lua``), in one round trip. Returns how many went back
+        (the others were taken over by another worker meanwhile)."""
+        k = self.keys
+        calls = [
+            (
+                [
+                    k.run(t.partition, t.run_id),
+                    k.activities(t.partition, t.run_id),
+                    k.running(t.partition),
+                    stream,
+                ],
+                [GROUP, worker, entry_id, t.run_id, t.activity_id, t.attempt, 1 if claimed else 0],
+            )
+            for stream, entry_id, t, claimed in tasks
+        ]
+        return sum(int(n) for n in self._script_many("return_task", calls, raise_on_error=True))
+
     def pending_attempts(
         self, p: int, run_id: str, steps: Sequence[Mapping[str, Any]]
     ) -> dict[str, AttemptBegun]:

@@ -1,0 +1,84 @@
+"""Tasks a worker took as prefetch go back to their queue when the activity type turns slow.
+
+A worker takes activity tasks beyond its free threads only for types that took microseconds
+(``workers/pace.py``); its own commits claim such tasks and begin their attempts for it. When the
+type turns slow (or a hung attempt holds the thread), those tasks waited behind it: no other
+worker could take them, ``describe`` said ``running on W`` for tasks nothing ran, and their
+timeouts ran meanwhile, so a task that never ran could time out and fail its run. Now the worker
+gives them back to their stream, with the claim's begin undone, for any worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+from apps.turns_slow import Steps
+from procs import spawn_logged_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowClosed, WorkflowStub
+from durable.store.redis_store import RedisStore
+
+pytestmark = pytest.mark.slow
+
+RUNS = 24
+
+
+def _states(stubs: list[WorkflowStub]) -> list[str]:
+    out = []
+    for stub in stubs:
+        pending = stub.describe().pending
+        out.append(str(pending[0].get("state", "")) if pending else "")
+    return out
+
+
+def _last_pid(stub: WorkflowStub) -> int | None:
+    done = [e for e in stub.history() if e.type == "ActivityCompleted"]
+    return int(done[-1].data["result"]) if done else None
+
+
+def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    slow = tmp_path / "slow"
+    env = {"DURABLE_TEST_SLOW_FILE": str(slow)}
+    first = spawn_logged_worker(
+        redis_url, tmp_path / "first.log", "--concurrency", "1", app="apps.turns_slow", env=env
+    )
+    second = None
+    stubs: list[WorkflowStub] = []
+    try:
+        (me,) = wait_for(store.live_workers, timeout=20)
+        stubs = [WorkflowStub.make(Steps, store=store).start(1_000_000) for _ in range(RUNS)]
+        # Fast: one thread runs them all, its commits claiming each run's next step ahead of it.
+        wait_for(lambda: all(len(s.history()) > 12 for s in stubs), timeout=30)
+        slow.touch()
+        # Its thread is now in a 1.5 s step; the tasks that waited behind it went back to the queue.
+        mine = f"running on {me.name}"
+        wait_for(lambda: sum(mine in state for state in _states(stubs)) <= 1, timeout=10)
+        # Before, they waited there, said to run there, until their timeout failed their runs.
+        failed = [s.describe().attempts[-1] for s in stubs if s.status() != "running"]
+        assert not failed, failed[:2]
+        states = _states(stubs)
+        assert sum("not begun: queued on 'default'" in state for state in states) >= RUNS - 2, states
+        # Another worker runs them, well within their 4 s timeout (one attempt: a timeout fails the run).
+        started = time.monotonic()
+        second = spawn_logged_worker(
+            redis_url, tmp_path / "second.log", "--concurrency", str(RUNS), app="apps.turns_slow", env=env
+        )
+        pid = second.pid
+        wait_for(lambda: sum(_last_pid(s) == pid for s in stubs) >= RUNS - 2, timeout=20)
+        assert [s.status() for s in stubs] == ["running"] * RUNS, [s.describe().attempts[-1:] for s in stubs]
+        assert time.monotonic() - started < 15
+    finally:
+        for stub in stubs:
+            with contextlib.suppress(WorkflowClosed):  # a run failed: the assertion says so
+                stub.terminate("test over")
+        for proc in (first, second):
+            if proc is not None:
+                stop(proc)
+    log = (tmp_path / "first.log").read_text()
+    assert "that waited for a thread here, behind 1 thread(s) busy with long attempts" in log, log[-3000:]
