@@ -319,11 +319,12 @@ def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_ag
 
 
 def _not_begun(b: AttemptBegun, queue: str) -> str:
-    """An attempt no worker has started, in words: its task waits in its queue's backlog (workers
-    take only tasks they can start now: ``workers/pace.py``), or a retry waits for its time."""
+    """An attempt no worker has started, in words: a retry waits for its time, or its task waits
+    in its queue's backlog (workers take only tasks they can start now: ``workers/pace.py``)."""
+    if b.retry_due_ms is not None:
+        due = datetime.fromtimestamp(b.retry_due_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"attempt {b.attempt}: not begun: waiting for its retry time ({due} UTC), then queued on {queue!r}"
     backlog = "" if b.backlog is None else f" (backlog {b.backlog})"
-    if b.attempt > 1:
-        return f"attempt {b.attempt}: not begun: waiting for its retry time, or queued on {queue!r}{backlog}"
     return f"attempt {b.attempt}: not begun: queued on {queue!r}, waiting for a worker{backlog}"
 
 

@@ -65,7 +65,11 @@ def test_status_says_when_the_next_attempt_is_due(redis_url: str, store: RedisSt
         stub = WorkflowStub.make(RvWaitsForRetry).start()
         wait_for(lambda: len(stub.describe().retrying()) == 1, timeout=30)
         out = CliRunner().invoke(cli, ["status", stub.id]).output.strip()
+        # describe's pending step says which of the two it is (it said "retry time, or queued").
+        state = stub.describe().pending[0]["state"]
         stub.terminate("test over")
+    assert state.startswith("attempt 2: not begun: waiting for its retry time (20"), state
+    assert state.endswith(" UTC), then queued on 'default'"), state
     head, _, rest = out.partition("retrying: attempt 2, next attempt in ")
     assert head == "running (activity RvSlowRetry (1) ", out
     wait, _, error = rest.partition(" s, last error ")

@@ -27,6 +27,7 @@ from .keys import (
     heartbeat_field,
     parse_attempt_member,
     parse_begun_by,
+    retry_member,
     started_field,
     worker_field,
 )
@@ -80,12 +81,15 @@ class AttemptBegun:
         worker: The worker that began it ("" when it has not begun).
         backlog: When it has not begun: the activity tasks waiting in its queue's streams for a
             worker (over every partition; ``None``: not counted).
+        retry_due_ms: When it waits for its retry time: when that is (ms; its task is queued
+            then); ``None`` otherwise.
     """
 
     attempt: int
     started_ms: int = 0
     worker: str = ""
     backlog: int | None = None
+    retry_due_ms: int | None = None
 
 
 class Begins(NamedTuple):
@@ -309,12 +313,26 @@ class ActivityStore(StoreBase):
         ``durable describe`` says of an activity no worker has started."""
         queue_of = {str(s["id"]): str(s.get("queue") or "") for s in steps if s.get("kind") == "activity"}
         begun = self.attempts_begun(p, run_id, list(queue_of))
-        waiting = {queue_of[aid] for aid, b in begun.items() if not b.worker and queue_of[aid]}
+        retries = [aid for aid, b in begun.items() if not b.worker and b.attempt > 1]
+        if retries:  # a retry waits for its time (a timer) before its task is queued
+            due = self.redis.zmscore(self.keys.timers(p), [retry_member(run_id, aid) for aid in retries])
+            for aid, ms in zip(retries, due, strict=True):
+                if ms is not None:
+                    begun[aid] = replace(begun[aid], retry_due_ms=int(ms))
+        waiting = {
+            queue_of[aid]
+            for aid, b in begun.items()
+            if not b.worker and b.retry_due_ms is None and queue_of[aid]
+        }
         if not waiting:
             return begun
         backlog = self.queued_activity_tasks(sorted(waiting))
         return {
-            aid: (b if b.worker or not queue_of[aid] else replace(b, backlog=backlog[queue_of[aid]]))
+            aid: (
+                b
+                if b.worker or b.retry_due_ms is not None or not queue_of[aid]
+                else replace(b, backlog=backlog[queue_of[aid]])
+            )
             for aid, b in begun.items()
         }
 
