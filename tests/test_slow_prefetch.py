@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from apps.turns_slow import Steps
+from apps.turns_slow import TurnsSlowSteps
 from procs import spawn_logged_worker, stop
 from waiting import wait_for
 
@@ -52,7 +52,7 @@ def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
     stubs: list[WorkflowStub] = []
     try:
         (me,) = wait_for(store.live_workers, timeout=20)
-        stubs = [WorkflowStub.make(Steps, store=store).start(1_000_000) for _ in range(RUNS)]
+        stubs = [WorkflowStub.make(TurnsSlowSteps, store=store).start(1_000_000) for _ in range(RUNS)]
         # Fast: one thread runs them all, its commits claiming each run's next step ahead of it.
         wait_for(lambda: all(len(s.history()) > 12 for s in stubs), timeout=30)
         slow.touch()

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple
 
 from durable import events as ev
 from durable.activity import set_worker_identity
@@ -45,6 +45,30 @@ from .threads import ActivityThreads
 log = logging.getLogger("durable.worker")
 
 __all__ = ["BACKLOG_MS", "MOST_PER_THREAD", "ActivityHost"]  # the bounds, re-exported (tests)
+
+
+class Queued(NamedTuple):
+    """An activity task read from (or claimed in) ``stream``, on its way to a thread.
+
+    Attributes:
+        stream: Its task stream.
+        entry_id: Its entry there (pending for this worker until it is acked or given back).
+        fields: The entry's fields.
+        redelivered: Reclaimed from another worker.
+        begun: Its attempt was begun already, by the commit that claimed it for this worker.
+        task: Its body, decoded already (a claimed task), else ``None``.
+    """
+
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
+    redelivered: bool
+    begun: Begun | None
+    task: ActivityTask | None
+
+    def decoded(self) -> ActivityTask:
+        """Its task (raises on a body that does not decode: its thread parks it)."""
+        return self.task or ActivityTask.decode(self.fields[b"body"])
 
 
 class ActivityHost:
@@ -120,7 +144,7 @@ class ActivityHost:
         offset = time.time() - time.monotonic()
         for began, fn, args in self._pool.running():
             try:  # the calls :meth:`run_leased` and :meth:`submit` hand to the threads
-                task = args[0] if fn == self._leased_activity else ActivityTask.decode(args[2][b"body"])
+                task = args[0].decoded() if fn == self._activity else args[0]
             except Exception:  # noqa: BLE001 - an undecodable task is parked at once: not held
                 continue
             out.append((began + offset, task))
@@ -219,51 +243,42 @@ class ActivityHost:
         calls = self._pool.take_waiting()
         with self._lock:
             held = self.busy + self._reserved - len(calls)
-        keep, back = [], []
+        keep: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        back: list[tuple[Queued, ActivityTask]] = []
         for fn, args in calls:
-            task = self._waiting_task(fn, args)
+            task = _returnable(args[0]) if fn == self._activity else None  # leased: no entry
             if task is None or (stalled is not None and held < self.pace.limit(task.name, stalled)):
                 keep.append((fn, args))
                 held += 1
             else:
-                back.append((args, task))
+                back.append((args[0], task))
         for fn, args in keep:
             self._pool.submit(fn, *args)
-        if not back:
-            return
+        if back:
+            self._return(back, stalled)
+
+    def _return(self, back: list[tuple[Queued, ActivityTask]], stalled: int | None) -> None:
         try:
             moved = self.store.return_tasks(
-                self.consumer, [(args[0], args[1], task, args[4] is not None) for args, task in back]
+                self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in back]
             )
         except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
             log.warning(
                 "could not give back %d activity task(s) waiting for a thread", len(back), exc_info=True
             )
-            for args, _ in back:
-                self._pool.submit(self._activity, *args)
+            for q, _ in back:
+                self._pool.submit(self._activity, q)
             return
         with self._lock:
             self.busy -= len(back)
-            for args, _ in back:
-                self.in_flight.pop((args[0], args[1]), None)
+            for q, _ in back:
+                self.in_flight.pop((q.stream, q.entry_id), None)
         log.info(
             "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
             moved,
             ", ".join(sorted({task.name for _, task in back})),
             "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
         )
-
-    def _waiting_task(self, fn: Callable[..., None], args: tuple[Any, ...]) -> ActivityTask | None:
-        """The task of a call waiting for a thread, when it can go back to its stream (``None``: a
-        leased attempt, which has no entry, or a body its thread will park)."""
-        if fn != self._activity:
-            return None
-        if args[5] is not None:
-            return cast(ActivityTask, args[5])
-        try:
-            return ActivityTask.decode(args[2][b"body"])
-        except Exception:  # noqa: BLE001 - parked by the thread that runs it
-            return None
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
@@ -321,7 +336,7 @@ class ActivityHost:
         with self._lock:
             self.busy += 1
             self.in_flight[(stream, entry_id)] = time.time()
-        self._pool.submit(self._activity, stream, entry_id, fields, redelivered, begun, task)
+        self._pool.submit(self._activity, Queued(stream, entry_id, fields, redelivered, begun, task))
 
     def run_claimed(self, claimed: ClaimedTask) -> None:
         """Run a task the decider's commit read for this worker (reserved by :meth:`claims_here`)."""
@@ -341,15 +356,8 @@ class ActivityHost:
         self.completed.append(completion(result))
         self.wake()
 
-    def _activity(
-        self,
-        stream: str,
-        entry_id: str,
-        fields: dict[bytes, bytes],
-        redelivered: bool,
-        begun: Begun | None,
-        task: ActivityTask | None = None,
-    ) -> None:
+    def _activity(self, queued: Queued) -> None:
+        stream, entry_id, fields, redelivered, begun, task = queued
         outcome = ""
         # A task this worker's commit claimed (and began): its run is most likely in this
         # worker's cache, so its result is committed with the run's next decision, as an
@@ -448,3 +456,12 @@ class ActivityHost:
                 time.time() - began,
             )
         self._pool.shutdown()
+
+
+def _returnable(queued: Queued) -> ActivityTask | None:
+    """The task of a queued call waiting for a thread, to give it back (``None``: a body that does
+    not decode, which its thread parks)."""
+    try:
+        return queued.decoded()
+    except Exception:  # noqa: BLE001 - parked by the thread that runs it
+        return None

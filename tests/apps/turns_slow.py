@@ -20,7 +20,7 @@ def step(i: int) -> int:
     return os.getpid()
 
 
-class Steps(Workflow):
+class TurnsSlowSteps(Workflow):
     """``step`` after ``step``, each with a 4 s start-to-close timeout and one attempt: a task that
     waited out its timeout behind a slow thread fails the run."""
 
