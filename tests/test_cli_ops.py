@@ -21,9 +21,10 @@ import redis
 from apps.basic import Waiter
 from click.testing import CliRunner, Result
 
-from durable import WorkflowStub
+from durable import HistoryEvent, WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
+from workers.cli.render import console, history_table
 from workers.config import WorkerConfig, mask_url
 from workers.worker import Worker, WorkerThread
 
@@ -312,3 +313,13 @@ def test_repair_to_a_build_no_live_worker_runs_warns(redis_url: str, store: Redi
     assert result.stderr.startswith("warning: no live worker serves build 'v9' on queue 'default'"), (
         result.stderr
     )
+
+
+def test_tables_print_brackets_in_the_data_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
+    """rich took a signal's payload ``[true]`` for markup and `durable history` showed ``payload=``."""
+    event = HistoryEvent(
+        seq=5, type="SignalReceived", ts=0, data={"name": "approve", "payload": [True], "note": "[red]x[/red]"}
+    )
+    console().print(history_table([event], title="run [wf-1]"))
+    out = capsys.readouterr().out
+    assert "payload=[true]" in out and "note=[red]x[/red]" in out and "run [wf-1]" in out, out

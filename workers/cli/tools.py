@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 import click
+from rich.text import Text
 
 from durable import DurableError, NondeterminismError, WorkflowStub
 from durable.replay import replay_history
@@ -114,9 +115,11 @@ def demo(state: CliState, timeout: float) -> None:
     example = load_example("order")
     store = state.store
     out = console()
-    out.print(f"[bold]durable demo[/bold]: Redis at {mask_url(store.url or '')}")
+    out.print(Text.assemble(("durable demo", "bold"), f": Redis at {mask_url(store.url or '')}"))
     summary = example.demo(store, timeout=timeout)
-    out.print(f"workflow [bold]{summary['workflow_id']}[/bold], run {summary['run_id']}: completed")
+    out.print(
+        Text.assemble("workflow ", (summary["workflow_id"], "bold"), f", run {summary['run_id']}: completed")
+    )
     out.print_json(to_json(summary["result"]))
     out.print(history_table(summary["history"], title="history"))
 
