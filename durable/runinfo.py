@@ -147,7 +147,7 @@ class RunOutcome:
 
 def _decoded(payload: bytes) -> Any:
     try:
-        return codec.loads(payload)
+        return codec.view(payload)
     except DurableError as exc:
         return f"<undecodable payload: {exc}>"
 
@@ -509,14 +509,16 @@ class HistoryEvent:
 
     @classmethod
     def from_entry(cls, entry: ev.Entry) -> HistoryEvent:
-        """The public view of a stored history entry: payloads decoded, an undecodable one
-        shown as a ``<undecodable payload: ...>`` string instead of failing the whole read."""
+        """The public view of a stored history entry: payloads decoded for display
+        (:func:`durable.codec.view`: a dataclass whose class is not loaded here shows as
+        ``{"__type__": ..., <its fields>}``), an undecodable one shown as a
+        ``<undecodable payload: ...>`` string instead of failing the whole read."""
         data = entry.event.to_data()
         for name in entry.event.payloads:
             value = data.get(name)
             if value is not None:
                 try:
-                    data[name] = codec.loads(value)
+                    data[name] = codec.view(value)
                 except DurableError as exc:
                     data[name] = f"<undecodable payload: {exc}>"
         if isinstance(entry.event, ev.HookCreated):

@@ -318,7 +318,10 @@ def test_repair_to_a_build_no_live_worker_runs_warns(redis_url: str, store: Redi
 def test_tables_print_brackets_in_the_data_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:
     """rich took a signal's payload ``[true]`` for markup and `durable history` showed ``payload=``."""
     event = HistoryEvent(
-        seq=5, type="SignalReceived", ts=0, data={"name": "approve", "payload": [True], "note": "[red]x[/red]"}
+        seq=5,
+        type="SignalReceived",
+        ts=0,
+        data={"name": "approve", "payload": [True], "note": "[red]x[/red]"},
     )
     console().print(history_table([event], title="run [wf-1]"))
     out = capsys.readouterr().out

@@ -83,6 +83,7 @@ __all__ = [
     "register_type",
     "set_payload_hook",
     "unpack",
+    "view",
 ]
 
 
@@ -170,3 +171,17 @@ def loads(data: bytes) -> Any:
             :class:`~durable.errors.ApplicationError` naming the original type instead.)
     """
     return decode(canonical(data))
+
+
+def view(data: bytes) -> Any:
+    """Decode a payload for display (``durable result``/``history``/``describe``, the API, the UI).
+
+    As :func:`loads`, except that a dataclass, pydantic model or enum whose class is not loaded in
+    this process, not allowed, or no longer fits what was recorded comes out as a mapping that
+    names its type, ``{"__type__": "app.Receipt", "order": "o-1", "total": 12.5}``, instead of
+    failing the whole payload: an operator's tools do not import the application's code.
+
+    Raises:
+        SerializationError: The bytes are not a valid payload or break a limit.
+    """
+    return decode(canonical(data), view=True)

@@ -298,7 +298,18 @@ _DECODERS: dict[int, Callable[[bytes], Any]] = {
     EXT_MODEL: _dec_model,
 }
 
-_nesting = threading.local()
+_nesting = threading.local()  # .depth: nested extensions; .view: decoding for display
+
+_NAMED = (EXT_DATACLASS, EXT_MODEL, EXT_ENUM)
+
+
+def _shown(data: bytes) -> dict[str, Any]:
+    """A dataclass, pydantic model or enum that cannot be built here (its class is not loaded, not
+    allowed, or changed), for display: its type's name and its recorded fields (or value)."""
+    name, values = _unpackb(data)
+    if isinstance(values, dict) and all(isinstance(key, str) for key in values):
+        return {"__type__": name, **values}
+    return {"__type__": name, "value": values}
 
 
 def _ext_hook(code: int, data: bytes) -> Any:
@@ -313,7 +324,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
         _nesting.depth = depth + 1
     try:
         return dec(data)
-    except SerializationError:
+    except SerializationError as exc:
+        if exc.type_name and code in _NAMED and getattr(_nesting, "view", False):
+            return _shown(data)
         raise
     except Exception as exc:
         raise SerializationError(f"cannot decode extension type {code}: {type(exc).__name__}: {exc}") from exc
@@ -321,12 +334,22 @@ def _ext_hook(code: int, data: bytes) -> Any:
         _nesting.depth = depth
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes, *, view: bool = False) -> Any:
     """Decode canonical msgpack (no hook) into a payload value.
+
+    ``view``: for display (the CLI, the API): a dataclass, pydantic model or enum that cannot be
+    built here comes out as ``{"__type__": "app.Receipt", <its fields>}`` (an enum's value under
+    ``"value"``) instead of failing the whole payload.
 
     Raises:
         SerializationError: For any malformed, over-limit or disallowed input.
     """
+    if view:
+        _nesting.view = True
+        try:
+            return decode(data)
+        finally:
+            _nesting.view = False
     try:
         value = _unpackb(data)
         if len(data) > limits.MAX_DEPTH:  # each container takes a byte at least: short ones pass

@@ -9,7 +9,13 @@ import click
 
 from durable import WorkflowStub, registry
 from durable.client_updates import Delivery, reused_differently, send_update
-from durable.errors import DurableError, WorkflowBlocked, WorkflowClosed, WorkflowNotFound
+from durable.errors import (
+    DurableError,
+    SerializationError,
+    WorkflowBlocked,
+    WorkflowClosed,
+    WorkflowNotFound,
+)
 from durable.ids import new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
@@ -350,8 +356,19 @@ def status(state: CliState, workflow_id: str) -> None:
 @click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever).")
 @pass_state
 def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
-    """Wait for workflow ID to close; print its result as JSON (a failed run exits 1)."""
-    click.echo(to_json(_stub(state, workflow_id).result(timeout=timeout)))
+    """Wait for workflow ID to close; print its result as JSON (a failed run exits 1).
+
+    A dataclass, pydantic model or enum in the result whose class this process does not load
+    (the CLI imports no application code) prints as ``{"__type__": "app.Receipt", <fields>}``."""
+    stub = _stub(state, workflow_id)
+    try:
+        value = stub.result(timeout=timeout)
+    except SerializationError as exc:
+        outcome = stub.describe().outcome if exc.type_name else None
+        if outcome is None or outcome.status != "completed":
+            raise
+        value = outcome.result  # decoded for display: codec.view
+    click.echo(to_json(value))
 
 
 @click.command()
