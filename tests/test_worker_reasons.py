@@ -22,7 +22,8 @@ def test_a_type_no_worker_of_the_queue_defines_is_named_with_what_they_define() 
     reason = no_worker_reason(_record(type="Ordr"), [_ORDERS, other_queue])
     assert reason == (
         "no live worker of queue 'default' defines workflow type 'Ordr' (they define 'Order'): "
-        "start a worker whose --app defines it"
+        "start a worker whose --app defines it (a class renamed since the run started keeps its old "
+        "name with `name = 'Ordr'` on it)"
     )
     # A worker of another queue defining it does not help; one of this queue does.
     assert no_worker_reason(_record(type="Invoice"), [_ORDERS, other_queue]) is not None
@@ -46,6 +47,7 @@ def test_a_pending_activity_no_worker_of_its_queue_defines_is_named() -> None:
     assert reason is not None and reason.startswith(
         "no live worker of queue 'default' defines activity 'refund' (id 2) (they define 'charge', 'ship')"
     )
+    assert reason.endswith("keeps its old name with `@register_activity(name='refund')`)"), reason
     defined = [{"kind": "activity", "id": "2", "name": "ship", "queue": "default"}]
     assert no_worker_reason(_record(snapshot={"pending": defined}), [_ORDERS]) is None
 

@@ -156,7 +156,8 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
     if workflow_type and _none_defines(deciders, "workflows", workflow_type):
         return (
             f"no live worker of queue {queue!r} defines workflow type {workflow_type!r} (they define "
-            f"{_listed(deciders, 'workflows')}): start a worker whose --app defines it"
+            f"{_listed(deciders, 'workflows')}): start a worker whose --app defines it (a class renamed "
+            f"since the run started keeps its old name with `name = {workflow_type!r}` on it)"
         )
     # Activities run on any live worker of their queue, whatever the run's build.
     for step in (record.get("snapshot") or {}).get("pending") or ():
@@ -172,7 +173,8 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
         if name and _none_defines(runners, "activities", name):
             return (
                 f"no live worker of queue {step['queue']!r} defines {where} (they define "
-                f"{_listed(runners, 'activities')}): start a worker whose --app defines it"
+                f"{_listed(runners, 'activities')}): start a worker whose --app defines it (a function "
+                f"renamed since keeps its old name with `@register_activity(name={name!r})`)"
             )
     return None
 
