@@ -15,6 +15,8 @@ Add further fixtures below the section they belong to.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +37,25 @@ from workers.worker import Worker  # noqa: E402
 def pytest_configure(config: pytest.Config) -> None:
     """Register this checkout's ``durable.testing`` as the suite's plugin.
 
+    Under pytest-xdist (``-n 2``, pyproject.toml) each worker runs with ``COLUMNS=80``, a
+    terminal's width, while the CLI output the tests read goes to a pipe (160 columns:
+    ``workers/cli/render.py``); they are dropped so the tests see what a pipe gets.
+
+    Started as a background job of a shell without job control (``nohup ... &``, some CI
+    runners), the suite inherits SIGINT ignored, and so would every process it starts: a test's
+    Ctrl-C to a CLI process would do nothing. The suite takes SIGINT back, as a foreground shell
+    gives it, so the processes it starts get it as users' do.
+
     Users get the plugin from the installed package's ``pytest11`` entry point. The suite
     blocks that one (``-p no:durable.testing`` in pyproject.toml: it would import durable
     from where the package is installed, before ``pythonpath`` puts this checkout first) and
     registers the checkout's module under a name of its own, which the block does not cover.
     """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
     if not config.pluginmanager.is_registered(durable.testing):
         config.pluginmanager.register(durable.testing, "durable.testing.suite")
 

@@ -134,7 +134,8 @@ def test_check_source_flags_every_category(tmp_path: Path) -> None:
 
 
 def test_cli_check_reports_and_exits_1(bad_module: str) -> None:
-    result = CliRunner().invoke(cli, ["check", "--app", bad_module])
+    # Wide enough that no cell wraps, however long this run's temporary path is.
+    result = CliRunner(env={"COLUMNS": "400"}).invoke(cli, ["check", "--app", bad_module])
     assert result.exit_code == 1, result.output
     assert "lint_bad_app.py:23" in result.output
     assert "durable.now()" in result.output
