@@ -68,7 +68,7 @@ def preview(payload: bytes) -> str:
     if len(payload) > PREVIEW_MAX_BYTES:
         return f"<{len(payload)} bytes>"
     try:
-        value = codec.loads(payload)
+        value = codec.view(payload)  # a class not loaded here shows by its name and fields
     except Exception:  # an undecodable (or encrypted, keyless) payload: its size only
         return f"<undecodable payload, {len(payload)} bytes>"
     # A signal's arguments: one argument is shown as the value its handler would get.

@@ -20,6 +20,7 @@ import pytest
 from procs import durable_cli, workers
 
 from durable import SerializationError, WorkflowStub, codec
+from durable.dropped import preview
 
 
 def _payload_of_a_class_then_gone() -> bytes:
@@ -51,6 +52,12 @@ def test_view_shows_a_class_it_cannot_build_by_name_and_fields() -> None:
         ],
         "n": 2,
     }
+
+
+def test_a_dropped_inputs_preview_shows_a_class_it_cannot_build() -> None:
+    assert preview(_payload_of_a_class_then_gone()).startswith(
+        "{'parcels': [{'__type__': 'vw_gone_app.Parcel', 'weight': 2}"
+    )
 
 
 def test_view_still_refuses_what_is_not_a_payload() -> None:
