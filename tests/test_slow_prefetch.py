@@ -74,11 +74,13 @@ def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
         assert [s.status() for s in stubs] == ["running"] * RUNS, [s.describe().attempts[-1:] for s in stubs]
         assert time.monotonic() - started < 15
     finally:
-        for stub in stubs:
-            with contextlib.suppress(WorkflowClosed):  # a run failed: the assertion says so
-                stub.terminate("test over")
-        for proc in (first, second):
-            if proc is not None:
-                stop(proc)
+        try:
+            for stub in stubs:
+                with contextlib.suppress(WorkflowClosed):  # a run failed: the assertion says so
+                    stub.terminate("test over")
+        finally:
+            for proc in (first, second):
+                if proc is not None:
+                    stop(proc)
     log = (tmp_path / "first.log").read_text()
     assert "that waited for a thread here, behind 1 thread(s) busy with long attempts" in log, log[-3000:]
