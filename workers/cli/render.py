@@ -289,9 +289,10 @@ def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> 
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
-    """``durable list``: one row per run, newest first."""
+    """``durable list``: one row per run, newest first (``--json`` has ``created`` in ms; a full
+    page ends with the ``--before`` cursor of the next)."""
     table = Table(title=f"runs ({len(runs)})", title_justify="left", caption=f"redis: {redis_url}")
-    for col in ("workflow id", "run id", "type", "status", "created (UTC)", "created ms", "blocked"):
+    for col in ("workflow id", "run id", "type", "status", "created (UTC)", "blocked"):
         table.add_column(col, overflow="fold")
     for r in runs:
         table.add_row(
@@ -300,7 +301,6 @@ def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
             str(r.get("type", "")),
             str(r.get("status", "")),
             fmt_ms(r.get("created")),
-            str(r.get("created", "")),
             Text(str(blocked_reason(r) or ""), style="red"),
         )
     return table
