@@ -284,7 +284,8 @@ class WorkerRegistry(MemoryStore):
         look gone),
         else that no live worker serves its pinned build or, unpinned, its queue, else that an
         activity it waits on is queued where every live worker's threads are held by hung
-        activities (:data:`~durable.store.held.STARVED_QUEUE`); ``None``: it can move. ``live``: the live workers, if the caller has read them already."""
+        activities (:data:`~durable.store.held.STARVED_QUEUE`); ``None``: it can move.
+        ``live``: the live workers, if the caller has read them already."""
         reason = blocked_reason(record)
         if reason is not None or record.get("status", "pending") not in OPEN_STATUSES:
             return reason  # no registry read for a closed run
