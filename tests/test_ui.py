@@ -183,6 +183,19 @@ def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -
     assert "moves on by itself" in banner
     row = page.locator("#pending tbody tr.current").first.inner_text()
     assert "attempt 1: not begun: queued on 'billing', waiting for a worker" in row
+
+    # Every reason found on read goes by itself once its cause does: the page offers no repair
+    # for a starved queue either (it said "Fix the cause ..., then Repair re-queues the run").
+    def starved(route: Any) -> None:
+        body = route.fetch().json()
+        body.update(blocked_kind="starved_queue", blocked="its workers' threads are all held")
+        route.fulfill(json=body)
+
+    page.route(f"**/api/v1/workflows/{wid}", starved)
+    page.reload()
+    page.wait_for_selector("#blocked:not([hidden])", timeout=30_000)
+    banner = page.inner_text("#blocked")
+    assert "Blocked (starved_queue)" in banner and "no repair needed" in banner and "Repair" not in banner
     page.context.close()
     with ui.open.client(**CSRF) as c:
         c.post(f"/api/v1/workflows/{wid}/terminate")
