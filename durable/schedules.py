@@ -84,7 +84,8 @@ class ScheduleDescription:
             ``ended (no scheduled time before end_at)``: a done or ended schedule fires no more.
         next_times: The next 5 scheduled times (UTC ISO; none while paused or ended).
         recent_actions: Newest first: started (with ``workflow_id``, ``scheduled_at``,
-            ``late_ms``), skipped, buffered, missed, paused, unpaused, updated, ...
+            ``late_ms`` and the run's ``status`` now: a schedule whose runs fail says so),
+            skipped, buffered, missed, paused, unpaused, updated, ...
         running: The open runs it started: ``workflow_id``, ``scheduled_at``, ``status``.
         buffered: Scheduled times waiting for the overlap policy.
         claimed: Scheduled times claimed whose run starts later, each ``{"scheduled_at",
@@ -317,7 +318,10 @@ class ScheduleHandle:
             if spec.max_runs is not None:
                 upcoming = upcoming[: max(0, spec.max_runs - int(record.get("fired") or 0))]
         ids = [wid for wid, _ in state.runs]
-        statuses = self._store.instance_statuses(ids) if runs else ["?"] * len(ids)
+        started = [str(a["workflow_id"]) for a in state.actions if a.get("workflow_id")]
+        asked = list(dict.fromkeys([*ids, *started]))
+        status_of = dict(zip(asked, self._store.instance_statuses(asked), strict=True)) if runs else {}
+        statuses = [status_of.get(wid, "?") for wid in ids]
         run_state = _run_state(spec, record, spec.paused)
         running = [
             {"workflow_id": wid, "scheduled_at": iso(ms), "status": status}
@@ -332,7 +336,7 @@ class ScheduleHandle:
             state=run_state,
             note=spec.note,
             next_times=[t for t in (iso(ms) for ms in upcoming) if t],
-            recent_actions=[{**a, "at": iso(a.get("ts"))} for a in state.actions],
+            recent_actions=[_action(a, status_of) for a in state.actions],
             running=running,
             buffered=[iso(int(m.split("|", 1)[0])) or "" for m in state.buffer],
             claimed=[
@@ -509,3 +513,12 @@ class ScheduleHandle:
         """
         if not self._store.schedule_delete(self._id):
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")
+
+
+def _action(action: dict[str, Any], status_of: dict[str, str | None]) -> dict[str, Any]:
+    """A recorded action with its time in ISO and, for a run it started, that run's status now
+    (``None``: purged, or not read)."""
+    out = {**action, "at": iso(action.get("ts"))}
+    if action.get("workflow_id"):
+        out["status"] = status_of.get(str(action["workflow_id"]))
+    return out

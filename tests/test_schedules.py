@@ -42,6 +42,13 @@ class SchedTick(Workflow):
         return tag
 
 
+class SchedFails(Workflow):
+    """Fails at once."""
+
+    def handle(self) -> str:
+        raise ValueError("bad config")
+
+
 class SchedSleep(Workflow):
     """Stays open for ``seconds``."""
 
@@ -423,6 +430,18 @@ def test_a_stored_sub_second_interval_is_read_at_the_minimum(store: RedisStore) 
     handle.pause()
     handle.update(every="5m")
     assert handle.spec.every == 300.0
+
+
+def test_recent_actions_say_how_the_runs_a_schedule_started_ended(durable_env) -> None:
+    """A schedule whose runs all fail said only `started` for each of them."""
+    store = durable_env.store
+    handle = ScheduleHandle.create("f", Schedule(workflow=SchedFails, every="1h", paused=True), store=store)
+    wid = handle.trigger()
+    wait_for(lambda: WorkflowStub.load(wid, store=store).status() == "failed", timeout=10)
+    (started,) = _started(handle)
+    assert (started["workflow_id"], started["status"]) == (wid, "failed")
+    out = cli_ok("--redis", store.url, "schedule", "describe", "f")
+    assert f"workflow_id={wid}" in out and "status=failed" in out, out
 
 
 def test_trigger_returns_none_when_the_overlap_policy_skips(store: RedisStore) -> None:

@@ -85,7 +85,7 @@
         s.overdue ? el("div", { class: "warn overdue" }, "overdue: " + s.overdue) : ""),
       el("td", {}, s.paused ? badge("paused") : badge("running", null), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
         ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w))))),
-      el("td", { class: "small" }, (s.recent_actions || []).slice(0, 4).map((a) => el("div", {}, `${time(a.ts)} ${a.action}`, a.workflow_id ? el("span", {}, " ", D.runLink(a.workflow_id)) : ""))),
+      el("td", { class: "small" }, (s.recent_actions || []).slice(0, 4).map((a) => el("div", {}, `${time(a.ts)} ${a.action}`, a.workflow_id ? el("span", {}, " ", D.runLink(a.workflow_id), a.status ? ` (${a.status})` : "") : ""))),
       el("td", { class: "buttons" },
         s.paused ? el("button", { type: "button", onclick: () => scheduleAction(s.id, "unpause") }, "Unpause…")
           : el("button", { type: "button", onclick: () => scheduleAction(s.id, "pause") }, "Pause…"),
