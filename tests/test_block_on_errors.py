@@ -242,3 +242,16 @@ def test_repairing_a_run_that_is_not_blocked_says_so(worker) -> None:
     )
     stub.signal("go")
     assert stub.result(timeout=30) == 4
+
+
+def test_repairing_a_run_blocked_only_as_found_on_read_says_nothing_was_recorded(store) -> None:
+    """No worker runs: the run is blocked (no_live_worker) as status says, with nothing recorded."""
+    stub = WorkflowStub.make(BdShip, store=store).start(1)
+    assert stub.blocked() is not None and stub.blocked().kind == "no_live_worker"
+    result = CliRunner().invoke(cli, ["--redis", store.url, "repair", stub.id])
+    assert result.exit_code == 0, result.output
+    assert (
+        "note: nothing recorded blocks it (no_live_worker: no live worker serves queue 'default'"
+        in result.output
+    )
+    assert result.output.rstrip().endswith("the extra workflow task is harmless")

@@ -19,6 +19,8 @@ from durable.errors import (
 from durable.ids import new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
+from durable.store.held import STARVED_QUEUE
+from durable.store.memory import REDIS_CANNOT_PERSIST, REDIS_OOM
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
@@ -151,6 +153,11 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
 #: why no live worker can run it, if none can): a prompt outcome prints only itself, so scripts
 #: get one line, and workers still starting up (a second or so) cause no false alarm.
 QUIET_WAIT_S = 2.0
+
+
+#: Blocked kinds found on read, not recorded (``status``/``describe`` compute them): a repair has
+#: nothing to clear; the run moves on once their cause is gone.
+FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST)
 
 
 def _again(workflow_id: str, name: str, args: tuple[str, ...], update_id: str) -> str:
@@ -427,8 +434,12 @@ def repair(
         ref = store.repair(workflow_id, drop_input=drop_input)
         dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
         click.echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
-        if was is None or was.kind == NO_LIVE_WORKER:  # nothing recorded to clear: say so
-            why = "it was not blocked" if was is None else f"it waits for a live worker ({was.message})"
+        if was is None or was.kind in FOUND_ON_READ:  # nothing recorded to clear: say so
+            why = (
+                "it was not blocked"
+                if was is None
+                else f"nothing recorded blocks it ({was.kind}: {was.message})"
+            )
             click.echo(f"note: {why}; the extra workflow task is harmless", err=True)
         return
     if drop_input:
