@@ -5,7 +5,8 @@ A worker takes activity tasks beyond its free threads only for types that took m
 type turns slow (or a hung attempt holds the thread), those tasks waited behind it: no other
 worker could take them, ``describe`` said ``running on W`` for tasks nothing ran, and their
 timeouts ran meanwhile, so a task that never ran could time out and fail its run. Now the worker
-gives them back to their stream, with the claim's begin undone, for any worker.
+gives them back to their stream, with the claim's begin undone, for any worker; in eager mode
+its leased attempts go to their queue the same way.
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ def _last_pid(stub: WorkflowStub) -> int | None:
     return int(done[-1].data["result"]) if done else None
 
 
+@pytest.mark.parametrize("mode", [(), ("--eager",)], ids=["claimed", "eager"])
 def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
-    redis_url: str, store: RedisStore, tmp_path: Path
+    redis_url: str, store: RedisStore, tmp_path: Path, mode: tuple[str, ...]
 ) -> None:
+    """Claimed by the worker's commits (queued mode), or leased to it (``--eager``): either way
+    they waited behind the slow thread until their timeout failed their runs."""
     slow = tmp_path / "slow"
     env = {"DURABLE_TEST_SLOW_FILE": str(slow)}
     first = spawn_logged_worker(
-        redis_url, tmp_path / "first.log", "--concurrency", "1", app="apps.turns_slow", env=env
+        redis_url, tmp_path / "first.log", "--concurrency", "1", *mode, app="apps.turns_slow", env=env
     )
     second = None
     stubs: list[WorkflowStub] = []

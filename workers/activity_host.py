@@ -227,56 +227,70 @@ class ActivityHost:
         """Give back the tasks waiting here behind threads stalled in long attempts, beyond what
         the prefetch allows now (main thread, every pass; cheap unless a thread stalled).
 
-        A task taken as prefetch (an activity type that took microseconds) waits for a thread
-        here, where no other worker can take it and ``describe`` says it runs here (its claim
-        began its attempt). When the type turns slow, or a hung attempt holds the thread, it
-        would wait for as long as that takes (forever, for a thread held by a hung attempt), and
-        its timeout would run meanwhile: it goes back to its stream for any worker instead."""
+        A task taken as prefetch (an activity type that took microseconds: read, claimed by this
+        worker's commit, or leased in eager mode) waits for a thread here, where no other worker
+        can take it, and a claimed one is said to run here (its claim began its attempt). When
+        the type turns slow, or a hung attempt holds the thread, it would wait for as long as
+        that takes (forever, for a thread held by a hung attempt), and its timeout would run
+        meanwhile: it goes back to its queue for any worker instead."""
         stalled = self._pool.stalled(STALLED_S)
         if stalled and self.waiting():
             self._give_back(stalled)
 
     def _give_back(self, stalled: int | None) -> None:
-        """Take the calls no thread started; keep the leased ones and, with ``stalled`` given,
-        what the pace allows beside that many stalled threads; give the other tasks back to their
-        streams (``None``: all of them: the worker stops)."""
+        """Take the calls no thread started; keep, with ``stalled`` given, what the pace allows
+        beside that many stalled threads, and give the others back: queued tasks to the end of
+        their streams, leased attempts to their queues (``None``: all of them: the worker stops)."""
         calls = self._pool.take_waiting()
         with self._lock:
             held = self.busy + self._reserved - len(calls)
         keep: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
-        back: list[tuple[Queued, ActivityTask]] = []
+        back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]] = []
         for fn, args in calls:
-            task = _returnable(args[0]) if fn == self._activity else None  # leased: no entry
+            task = _returnable(args[0]) if fn == self._activity else args[0]
             if task is None or (stalled is not None and held < self.pace.limit(task.name, stalled)):
                 keep.append((fn, args))
                 held += 1
             else:
-                back.append((args[0], task))
+                back.append((fn, args, task))
         for fn, args in keep:
             self._pool.submit(fn, *args)
         if back:
             self._return(back, stalled)
 
-    def _return(self, back: list[tuple[Queued, ActivityTask]], stalled: int | None) -> None:
+    def _return(
+        self, back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]], stalled: int | None
+    ) -> None:
+        queued = [(args[0], task) for fn, args, task in back if fn == self._activity]
+        leased = [task for fn, _, task in back if fn != self._activity]
+        for task in leased:  # first: a renewal after the script would put the lease back
+            self.leases.discard(task.lease)
         try:
-            moved = self.store.return_tasks(
-                self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in back]
+            moved = (
+                self.store.return_tasks(
+                    self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in queued]
+                )
+                if queued
+                else 0
             )
+            moved += self.store.return_leases(leased) if leased else 0
         except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
             log.warning(
                 "could not give back %d activity task(s) waiting for a thread", len(back), exc_info=True
             )
-            for q, _ in back:
-                self._pool.submit(self._activity, q)
+            for fn, args, task in back:
+                if fn != self._activity and attempt_deadline(task, time.time()) is None:
+                    self.leases.add(task.lease)
+                self._pool.submit(fn, *args)
             return
         with self._lock:
             self.busy -= len(back)
-            for q, _ in back:
+            for q, _ in queued:
                 self.in_flight.pop((q.stream, q.entry_id), None)
         log.info(
             "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
             moved,
-            ", ".join(sorted({task.name for _, task in back})),
+            ", ".join(sorted({task.name for _, _, task in back})),
             "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
         )
 

@@ -305,6 +305,26 @@ class ActivityStore(StoreBase):
         ]
         return sum(int(n) for n in self._script_many("return_task", calls, raise_on_error=True))
 
+    def return_leases(self, tasks: Sequence[ActivityTask]) -> int:
+        """Give back leased attempts a worker holds but never started: each to its activity
+        queue's stream as the same attempt, its lease or deadline dropped
+        (``lua/return_lease.lua``), in one round trip. Returns how many went to their queues
+        (the others have nothing to run: no longer current, or their run closed)."""
+        k = self.keys
+        calls = [
+            (
+                [
+                    k.run(t.partition, t.run_id),
+                    k.activities(t.partition, t.run_id),
+                    k.running(t.partition),
+                    k.sessions(t.partition),
+                ],
+                [t.run_id, t.activity_id, t.attempt],
+            )
+            for t in tasks
+        ]
+        return sum(int(n) for n in self._script_many("return_lease", calls, raise_on_error=True))
+
     def pending_attempts(
         self, p: int, run_id: str, steps: Sequence[Mapping[str, Any]]
     ) -> dict[str, AttemptBegun]:
