@@ -12,16 +12,20 @@ its leased attempts go to their queue the same way.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import redis
 from apps.turns_slow import TurnsSlowSteps
 from procs import spawn_logged_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowClosed, WorkflowStub
 from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
+from workers.activity_host import ActivityHost
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +92,40 @@ def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
                     stop(proc)
     log = (tmp_path / "first.log").read_text()
     assert "that waited for a thread here, behind 1 thread(s) busy with long attempts" in log, log[-3000:]
+
+
+def test_tasks_it_cannot_give_back_wait_for_a_thread_as_before(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis unavailable while a worker gives tasks back: they stay here, run when a thread frees
+    (nothing is lost, nothing counted twice)."""
+    host = ActivityHost(
+        store,
+        concurrency=1,
+        queues=["default"],
+        allowed=lambda _: True,
+        identity=("w-test", "@w-test"),
+        eager=False,
+        wake=lambda: None,
+        on_timer=lambda _: None,
+    )
+    ran: list[str] = []
+    monkeypatch.setattr(host, "_activity", lambda queued: ran.append(queued.entry_id))
+    release = threading.Event()
+    with host._lock:
+        host.busy += 1  # the one thread's attempt, held past STALLED_S:
+    host._pool.submit(lambda: release.wait(10))
+    body = ActivityTask("r-1", "w-1", 0, "1", "quick", b"", 1, "default").encode()
+    for i in (1, 2):
+        host.submit("s", f"{i}-0", {b"body": body}, redelivered=False)
+    time.sleep(0.3)
+
+    def unavailable(*_: object) -> int:
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr(store, "return_tasks", unavailable)
+    host.shed()
+    assert (host.busy, host.waiting()) == (3, 2)
+    release.set()
+    wait_for(lambda: ran == ["1-0", "2-0"], timeout=5)
+    host._pool.shutdown()

@@ -262,37 +262,63 @@ class ActivityHost:
         self, back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]], stalled: int | None
     ) -> None:
         queued = [(args[0], task) for fn, args, task in back if fn == self._activity]
-        leased = [task for fn, _, task in back if fn != self._activity]
-        for task in leased:  # first: a renewal after the script would put the lease back
-            self.leases.discard(task.lease)
+        leased = [(fn, args, task) for fn, args, task in back if fn != self._activity]
+        moved = 0
+        if queued and self._returned(
+            [(self._activity, (q,)) for q, _ in queued],
+            lambda: self.store.return_tasks(
+                self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in queued]
+            ),
+        ):
+            moved += len(queued)
+            with self._lock:
+                for q, _ in queued:
+                    self.in_flight.pop((q.stream, q.entry_id), None)
+        if leased:
+            for _, _, task in leased:  # first: a renewal after the script would put the lease back
+                self.leases.discard(task.lease)
+
+            def renew_again() -> None:
+                for _, _, task in leased:
+                    if attempt_deadline(task, time.time()) is None:
+                        self.leases.add(task.lease)
+
+            if self._returned(
+                [(fn, args) for fn, args, _ in leased],
+                lambda: self.store.return_leases([t for _, _, t in leased]),
+                undo=renew_again,
+            ):
+                moved += len(leased)
+        if moved:
+            log.info(
+                "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
+                moved,
+                ", ".join(sorted({task.name for _, _, task in back})),
+                "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
+            )
+
+    def _returned(
+        self,
+        calls: list[tuple[Callable[..., None], tuple[Any, ...]]],
+        give: Callable[[], int],
+        undo: Callable[[], None] | None = None,
+    ) -> bool:
+        """Give ``calls`` back through ``give`` (one round trip); on an error they wait here for a
+        thread again, as they did (``undo`` first: what was taken from them before)."""
         try:
-            moved = (
-                self.store.return_tasks(
-                    self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in queued]
-                )
-                if queued
-                else 0
-            )
-            moved += self.store.return_leases(leased) if leased else 0
-        except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
+            give()
+        except Exception:  # noqa: BLE001 - see above
             log.warning(
-                "could not give back %d activity task(s) waiting for a thread", len(back), exc_info=True
+                "could not give back %d activity task(s) waiting for a thread", len(calls), exc_info=True
             )
-            for fn, args, task in back:
-                if fn != self._activity and attempt_deadline(task, time.time()) is None:
-                    self.leases.add(task.lease)
+            if undo is not None:
+                undo()
+            for fn, args in calls:
                 self._pool.submit(fn, *args)
-            return
+            return False
         with self._lock:
-            self.busy -= len(back)
-            for q, _ in queued:
-                self.in_flight.pop((q.stream, q.entry_id), None)
-        log.info(
-            "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
-            moved,
-            ", ".join(sorted({task.name for _, _, task in back})),
-            "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
-        )
+            self.busy -= len(calls)
+        return True
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
