@@ -23,6 +23,7 @@ from procs import spawn_logged_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowClosed, WorkflowStub
+from durable.store.activities import Begun
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from workers.activity_host import ActivityHost
@@ -94,12 +95,9 @@ def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
     assert "that waited for a thread here, behind 1 thread(s) busy with long attempts" in log, log[-3000:]
 
 
-def test_tasks_it_cannot_give_back_wait_for_a_thread_as_before(
-    store: RedisStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Redis unavailable while a worker gives tasks back: they stay here, run when a thread frees
-    (nothing is lost, nothing counted twice)."""
-    host = ActivityHost(
+def _one_thread_host(store: RedisStore) -> ActivityHost:
+    """A worker's activity side alone, with one thread (no worker process around it)."""
+    return ActivityHost(
         store,
         concurrency=1,
         queues=["default"],
@@ -109,6 +107,14 @@ def test_tasks_it_cannot_give_back_wait_for_a_thread_as_before(
         wake=lambda: None,
         on_timer=lambda _: None,
     )
+
+
+def test_tasks_it_cannot_give_back_wait_for_a_thread_as_before(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis unavailable while a worker gives tasks back: they stay here, run when a thread frees
+    (nothing is lost, nothing counted twice)."""
+    host = _one_thread_host(store)
     ran: list[str] = []
     monkeypatch.setattr(host, "_activity", lambda queued: ran.append(queued.entry_id))
     release = threading.Event()
@@ -129,3 +135,34 @@ def test_tasks_it_cannot_give_back_wait_for_a_thread_as_before(
     release.set()
     wait_for(lambda: ran == ["1-0", "2-0"], timeout=5)
     host._pool.shutdown()
+
+
+def test_a_stopping_worker_gives_back_the_tasks_no_thread_started(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a graceful stop the tasks waiting for a thread go back at once (before, they ran during
+    the grace, or went back still marked begun by their claim)."""
+    host = _one_thread_host(store)
+    ran: list[str] = []
+    monkeypatch.setattr(host, "_activity", lambda queued: ran.append(queued.entry_id))
+    given: list[tuple[str, str, bool]] = []
+    monkeypatch.setattr(
+        store, "return_tasks", lambda worker, tasks: given.extend((s, e, c) for s, e, _, c in tasks) or 0
+    )
+    release = threading.Event()
+
+    def attempt() -> None:  # the one thread's attempt, ending 0.3 s into the stop
+        release.wait(10)
+        with host._lock:
+            host.busy -= 1
+
+    with host._lock:
+        host.busy += 1
+    host._pool.submit(attempt)
+    body = ActivityTask("r-1", "w-1", 0, "1", "quick", b"", 1, "default").encode()
+    host.submit("s", "1-0", {b"body": body}, redelivered=False, begun=Begun(True, now_ms=1))
+    host.submit("s", "2-0", {b"body": body}, redelivered=False)
+    threading.Timer(0.3, release.set).start()
+    host.finish(grace=5)
+    assert given == [("s", "1-0", True), ("s", "2-0", False)] and ran == []
+    assert host.busy == 0
