@@ -188,6 +188,15 @@ def _run_state(spec: Schedule, record: dict[str, Any], paused: bool) -> str:
     return "paused" if paused else "active"
 
 
+def _action(action: dict[str, Any], status_of: dict[str, str | None]) -> dict[str, Any]:
+    """A recorded action with its time in ISO and, for a run it started, that run's status now
+    (``None``: purged, or not read)."""
+    out = {**action, "at": iso(action.get("ts"))}
+    if action.get("workflow_id"):
+        out["status"] = status_of.get(str(action["workflow_id"]))
+    return out
+
+
 class _Lateness:
     """Why a schedule's past time has not fired (:attr:`ScheduleDescription.overdue`), from
     reads made once however many schedules ask (``list``): the scripts' clock, then, only for a
@@ -513,12 +522,3 @@ class ScheduleHandle:
         """
         if not self._store.schedule_delete(self._id):
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")
-
-
-def _action(action: dict[str, Any], status_of: dict[str, str | None]) -> dict[str, Any]:
-    """A recorded action with its time in ISO and, for a run it started, that run's status now
-    (``None``: purged, or not read)."""
-    out = {**action, "at": iso(action.get("ts"))}
-    if action.get("workflow_id"):
-        out["status"] = status_of.get(str(action["workflow_id"]))
-    return out
