@@ -324,6 +324,8 @@ def _not_begun(b: AttemptBegun, queue: str) -> str:
     if b.retry_due_ms is not None:
         due = datetime.fromtimestamp(b.retry_due_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
         return f"attempt {b.attempt}: not begun: waiting for its retry time ({due} UTC), then queued on {queue!r}"
+    if b.leased:
+        return f"attempt {b.attempt}: not begun: leased to a worker (eager mode or a local activity), waiting for one of its threads"
     backlog = "" if b.backlog is None else f" (backlog {b.backlog})"
     return f"attempt {b.attempt}: not begun: queued on {queue!r}, waiting for a worker{backlog}"
 

@@ -17,6 +17,7 @@ from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub, codec
+from durable.runinfo import with_attempts
 from durable.store.activities import AttemptBegun
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
@@ -88,6 +89,28 @@ def _queued(store: RedisStore, attempt: int) -> tuple[ActivityTask, str, str]:
     entry_id = store.redis.xadd(stream, {"run": "r-1", "act": "a1", "body": task.encode()}).decode()
     store.redis.xreadgroup("workers", "w", {stream: ">"})
     return task, stream, entry_id
+
+
+def test_describe_says_what_an_attempt_not_begun_waits_for(store: RedisStore) -> None:
+    """Its queue, its retry time, or (leased: eager mode, a local activity) a thread of its
+    worker; a leased one said `queued on 'default', waiting for a worker (backlog 0)`."""
+    k, r = store.keys, store.redis
+    r.hset(k.activities(0, "r-2"), mapping={"q#": 1, "t#": 2, "l#": 1})
+    r.zadd(k.timers(0), {"r|r-2|t": 1_796_000_000_000})  # t's retry is due then
+    r.zadd(k.running(0), {"r-2|l|1": 1_796_000_000_000})  # l is leased until then
+    steps = [{"kind": "activity", "id": aid, "queue": "default"} for aid in ("q", "t", "l")]
+    begun = store.pending_attempts(0, "r-2", steps)
+    assert begun == {
+        "q": AttemptBegun(1, backlog=0),
+        "t": AttemptBegun(2, retry_due_ms=1_796_000_000_000),
+        "l": AttemptBegun(1, leased=True),
+    }
+    pending = with_attempts(steps, begun, {})
+    assert [s["state"] for s in pending] == [
+        "attempt 1: not begun: queued on 'default', waiting for a worker (backlog 0)",
+        "attempt 2: not begun: waiting for its retry time (2026-11-30 00:53:20 UTC), then queued on 'default'",
+        "attempt 1: not begun: leased to a worker (eager mode or a local activity), waiting for one of its threads",
+    ]
 
 
 def test_an_attempt_begins_only_while_its_run_is_open_and_it_is_current(store: RedisStore) -> None:

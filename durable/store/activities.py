@@ -83,6 +83,8 @@ class AttemptBegun:
             worker (over every partition; ``None``: not counted).
         retry_due_ms: When it waits for its retry time: when that is (ms; its task is queued
             then); ``None`` otherwise.
+        leased: It has not begun, and is leased to a worker (eager mode, a local activity):
+            it waits for one of that worker's threads, not in its queue.
     """
 
     attempt: int
@@ -90,6 +92,12 @@ class AttemptBegun:
     worker: str = ""
     backlog: int | None = None
     retry_due_ms: int | None = None
+    leased: bool = False
+
+
+def _in_queue(b: AttemptBegun) -> bool:
+    """Whether an attempt waits in its queue for any worker (not begun, not leased, no retry time)."""
+    return not b.worker and not b.leased and b.retry_due_ms is None
 
 
 class Begins(NamedTuple):
@@ -329,29 +337,33 @@ class ActivityStore(StoreBase):
         self, p: int, run_id: str, steps: Sequence[Mapping[str, Any]]
     ) -> dict[str, AttemptBegun]:
         """:meth:`attempts_begun` for a run's pending ``steps`` (its snapshot's), each attempt not
-        begun yet with the ``backlog`` of its queue (:meth:`queued_activity_tasks`): what
-        ``durable describe`` says of an activity no worker has started."""
+        begun yet with what it waits for: its retry time (``retry_due_ms``), the thread of the
+        worker it is leased to (``leased``), or else a worker, with the ``backlog`` of its queue
+        (:meth:`queued_activity_tasks`): what ``durable describe`` says of it."""
         queue_of = {str(s["id"]): str(s.get("queue") or "") for s in steps if s.get("kind") == "activity"}
         begun = self.attempts_begun(p, run_id, list(queue_of))
-        retries = [aid for aid, b in begun.items() if not b.worker and b.attempt > 1]
-        if retries:  # a retry waits for its time (a timer) before its task is queued
-            due = self.redis.zmscore(self.keys.timers(p), [retry_member(run_id, aid) for aid in retries])
-            for aid, ms in zip(retries, due, strict=True):
+        idle = [aid for aid, b in begun.items() if not b.worker]
+        if idle:
+            # A retry waits for its time (a timer) before its task is queued; a leased attempt
+            # (eager mode, a local activity) has its lease or deadline before it begins.
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zmscore(self.keys.timers(p), [retry_member(run_id, aid) for aid in idle])
+                pipe.zmscore(
+                    self.keys.running(p), [attempt_member(run_id, aid, begun[aid].attempt) for aid in idle]
+                )
+                due, held = pipe.execute()
+            for aid, ms, lease in zip(idle, due, held, strict=True):
                 if ms is not None:
                     begun[aid] = replace(begun[aid], retry_due_ms=int(ms))
-        waiting = {
-            queue_of[aid]
-            for aid, b in begun.items()
-            if not b.worker and b.retry_due_ms is None and queue_of[aid]
-        }
+                elif lease is not None:
+                    begun[aid] = replace(begun[aid], leased=True)
+        waiting = {queue_of[aid] for aid in idle if _in_queue(begun[aid]) and queue_of[aid]}
         if not waiting:
             return begun
         backlog = self.queued_activity_tasks(sorted(waiting))
         return {
             aid: (
-                b
-                if b.worker or b.retry_due_ms is not None or not queue_of[aid]
-                else replace(b, backlog=backlog[queue_of[aid]])
+                replace(b, backlog=backlog[queue_of[aid]]) if queue_of[aid] in waiting and _in_queue(b) else b
             )
             for aid, b in begun.items()
         }
