@@ -68,11 +68,12 @@ def test_tasks_waiting_behind_a_type_that_turned_slow_go_back_to_their_queue(
         # Its thread is now in a 1.5 s step; the tasks that waited behind it went back to the queue.
         mine = f"running on {me.name}"
         wait_for(lambda: sum(mine in state for state in _states(stubs)) <= 1, timeout=10)
-        # Before, they waited there, said to run there, until their timeout failed their runs.
+        # Before, they waited there (said to run there, or leased to it) until their timeout
+        # failed their runs. Now they are back in their queue.
+        queued = "not begun: queued on 'default'"
+        wait_for(lambda: sum(queued in state for state in _states(stubs)) >= RUNS - 2, timeout=10)
         failed = [s.describe().attempts[-1] for s in stubs if s.status() != "running"]
         assert not failed, failed[:2]
-        states = _states(stubs)
-        assert sum("not begun: queued on 'default'" in state for state in states) >= RUNS - 2, states
         # Another worker runs them, well within their 4 s timeout (one attempt: a timeout fails the run).
         started = time.monotonic()
         second = spawn_logged_worker(
