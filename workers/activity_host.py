@@ -262,33 +262,10 @@ class ActivityHost:
         self, back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]], stalled: int | None
     ) -> None:
         queued = [(args[0], task) for fn, args, task in back if fn == self._activity]
-        leased = [(fn, args, task) for fn, args, task in back if fn != self._activity]
-        moved = 0
-        if queued and self._returned(
-            [(self._activity, (q,)) for q, _ in queued],
-            lambda: self.store.return_tasks(
-                self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in queued]
-            ),
-        ):
-            moved += len(queued)
-            with self._lock:
-                for q, _ in queued:
-                    self.in_flight.pop((q.stream, q.entry_id), None)
-        if leased:
-            for _, _, task in leased:  # first: a renewal after the script would put the lease back
-                self.leases.discard(task.lease)
-
-            def renew_again() -> None:
-                for _, _, task in leased:
-                    if attempt_deadline(task, time.time()) is None:
-                        self.leases.add(task.lease)
-
-            if self._returned(
-                [(fn, args) for fn, args, _ in leased],
-                lambda: self.store.return_leases([t for _, _, t in leased]),
-                undo=renew_again,
-            ):
-                moved += len(leased)
+        leased = [task for fn, _, task in back if fn != self._activity]
+        moved = (self._return_queued(queued) if queued else 0) + (
+            self._return_leased(leased) if leased else 0
+        )
         if moved:
             log.info(
                 "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
@@ -297,28 +274,42 @@ class ActivityHost:
                 "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
             )
 
-    def _returned(
-        self,
-        calls: list[tuple[Callable[..., None], tuple[Any, ...]]],
-        give: Callable[[], int],
-        undo: Callable[[], None] | None = None,
-    ) -> bool:
-        """Give ``calls`` back through ``give`` (one round trip); on an error they wait here for a
-        thread again, as they did (``undo`` first: what was taken from them before)."""
+    def _return_queued(self, queued: list[tuple[Queued, ActivityTask]]) -> int:
+        """Queued tasks to the end of their streams, a claim's begin undone; how many went."""
         try:
-            give()
-        except Exception:  # noqa: BLE001 - see above
-            log.warning(
-                "could not give back %d activity task(s) waiting for a thread", len(calls), exc_info=True
+            self.store.return_tasks(
+                self.consumer, [(q.stream, q.entry_id, task, q.begun is not None) for q, task in queued]
             )
-            if undo is not None:
-                undo()
-            for fn, args in calls:
-                self._pool.submit(fn, *args)
-            return False
+        except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
+            self._keep_waiting([(self._activity, (q,)) for q, _ in queued])
+            return 0
         with self._lock:
-            self.busy -= len(calls)
-        return True
+            self.busy -= len(queued)
+            for q, _ in queued:
+                self.in_flight.pop((q.stream, q.entry_id), None)
+        return len(queued)
+
+    def _return_leased(self, leased: list[ActivityTask]) -> int:
+        """Leased attempts to their queues, their leases dropped; how many went. The leases stop
+        being renewed first: once an attempt is back in its queue, its member in the running set
+        is the next worker's to set."""
+        renewed = {task.lease for task in leased} & self.leases
+        self.leases -= renewed
+        try:
+            self.store.return_leases(leased)
+        except Exception:  # noqa: BLE001 - they wait here for a thread, as they did
+            self.leases |= renewed
+            self._keep_waiting([(self._leased_activity, (task,)) for task in leased])
+            return 0
+        with self._lock:
+            self.busy -= len(leased)
+        return len(leased)
+
+    def _keep_waiting(self, calls: list[tuple[Callable[..., None], tuple[Any, ...]]]) -> None:
+        """Calls that could not be given back (Redis failed): they wait here for a thread again."""
+        log.warning("could not give back %d activity task(s) waiting for a thread", len(calls), exc_info=True)
+        for fn, args in calls:
+            self._pool.submit(fn, *args)
 
     def lease_dropped(self, n: int) -> None:
         """``n`` activities reserved by :meth:`runs_here` were not leased after all."""
