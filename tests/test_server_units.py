@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
 
 from durable.store.redis_store import RedisStore
+from durable.store.workers import FOUND_ON_READ
 from workers.server.app import masked_path
 from workers.server.auth import AuthConfig, AuthFileError, load_auth
 from workers.server.errors import ApiError
@@ -116,3 +118,11 @@ def test_hook_payloads_and_masked_paths() -> None:
         hook_payload(b"{oops", "application/json")
     assert masked_path("/api/v1/hooks/3.abcdef") == "/api/v1/hooks/***"
     assert masked_path("/api/v1/workflows/x") == "/api/v1/workflows/x"
+
+
+def test_the_ui_knows_the_same_blocked_kinds_found_on_read_as_the_library() -> None:
+    """The pages offer no repair for these kinds; their copy of the list must not drift."""
+    source = (Path(__file__).parent.parent / "workers/server/static/ui.js").read_text()
+    listed = re.search(r"const FOUND_ON_READ = new Set\(\[([^\]]*)\]\)", source)
+    assert listed is not None
+    assert set(re.findall(r'"([a-z_]+)"', listed.group(1))) == set(FOUND_ON_READ)

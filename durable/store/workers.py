@@ -25,10 +25,11 @@ from .child_blocks import blocked_children
 from .connect import CommandRefused
 from .held import STARVED_QUEUE, starved_queues, starved_reason
 from .keys import is_private
-from .memory import REDIS_OOM, MemoryStore
+from .memory import REDIS_CANNOT_PERSIST, REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
 
 __all__ = [
+    "FOUND_ON_READ",
     "HEARTBEAT_S",
     "REGISTRY_TTL_MS",
     "WorkerInfo",
@@ -39,6 +40,11 @@ __all__ = [
     "served_queues",
     "takes_new_runs",
 ]
+
+FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST)
+"""The blocked kinds :meth:`WorkerRegistry.why_blocked` finds on read, not recorded: nothing for
+``durable repair`` to clear; the run moves on once their cause is gone (the UI's copy:
+``FOUND_ON_READ`` in ``workers/server/static/ui.js``, kept equal by a test)."""
 
 
 @dataclass(frozen=True)

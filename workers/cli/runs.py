@@ -19,10 +19,9 @@ from durable.errors import (
 from durable.ids import new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
-from durable.store.held import STARVED_QUEUE
-from durable.store.memory import REDIS_CANNOT_PERSIST, REDIS_OOM
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
+from durable.store.workers import FOUND_ON_READ
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
@@ -153,11 +152,6 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
 #: why no live worker can run it, if none can): a prompt outcome prints only itself, so scripts
 #: get one line, and workers still starting up (a second or so) cause no false alarm.
 QUIET_WAIT_S = 2.0
-
-
-#: Blocked kinds found on read, not recorded (``status``/``describe`` compute them): a repair has
-#: nothing to clear; the run moves on once their cause is gone.
-FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST)
 
 
 def _again(workflow_id: str, name: str, args: tuple[str, ...], update_id: str) -> str:
@@ -371,10 +365,11 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     try:
         value = stub.result(timeout=timeout)
     except SerializationError as exc:
-        outcome = stub.describe().outcome if exc.type_name else None
-        if outcome is None or outcome.status != "completed":
+        # The run's outcome, as the views decode it (codec.view): its record and closing event.
+        outcome = stub.snapshot().get("outcome") if exc.type_name else None
+        if not outcome or outcome["status"] != "completed":
             raise
-        value = outcome.result  # decoded for display: codec.view
+        value = outcome["result"]
     click.echo(to_json(value))
 
 
