@@ -99,6 +99,27 @@ local function forget_activity(acts, aid)
     aid .. ':rerun')
 end
 
+-- Add an activity task (field/value pairs) to its stream; returns its entry id. A task in a worker
+-- session's private stream (T:aq:@host) makes that host a session host, so its stream is not
+-- forgotten and a dead host's tasks get failed (unstick.lua).
+local function add_task(stream, sessions, ...)
+  local id = redis.call('XADD', stream, '*', ...)
+  local private = string.match(stream, ':aq:(@.+)$')
+  if private then redis.call('SADD', sessions, private) end
+  return id
+end
+
+-- Put attempt `attempt` of activity `aid` (run `rid`) in its queue's stream again, as the same
+-- attempt. Returns 1, or 0 when there is nothing to run: the attempt is no longer the current
+-- one, or the run is closed.
+local function requeue_attempt(run, acts, sessions, rid, aid, attempt)
+  local current = redis.call('HMGET', acts, aid, aid .. '#', aid .. '@')
+  if not current[1] or tonumber(current[2]) ~= attempt or not current[3] then return 0 end
+  if not is_open(redis.call('HGET', run, 'status')) then return 0 end
+  add_task(current[3], sessions, 'run', rid, 'act', aid, 'body', current[1])
+  return 1
+end
+
 local function ack(stream, entry_id)
   if entry_id ~= nil and entry_id ~= '' then
     redis.call('XACK', stream, GROUP, entry_id)

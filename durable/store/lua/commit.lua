@@ -57,10 +57,7 @@ end
 -- a[4], deadline a[5]: begin_attempt.lua's bookkeeping) and the worker skips that round trip.
 local claimed = {}
 for _, a in ipairs(plan.activities or NONE) do
-  local id = redis.call('XADD', a[1], '*', 'run', rid, 'act', a[2], 'body', a[3])
-  -- A worker session's private queue: remember it, so a dead host's tasks get failed.
-  local private = string.match(a[1], ':aq:(@.+)$')
-  if private then redis.call('SADD', sessions, private) end
+  local id = add_task(a[1], sessions, 'run', rid, 'act', a[2], 'body', a[3])
   local begun = 0
   if a[4] then
     -- pcall: a stream deleted meanwhile has no consumer group (NOGROUP), and an error here

@@ -22,9 +22,7 @@ for _, member in ipairs(due) do
     elseif kind == 'r' then
       local task = redis.call('HMGET', tag .. ':act:' .. rid, id, id .. '@')
       if task[1] then
-        redis.call('XADD', task[2], '*', 'run', rid, 'act', id, 'body', task[1])
-        local private = string.match(task[2], ':aq:(@.+)$')
-        if private then redis.call('SADD', tag .. ':sessions', private) end
+        add_task(task[2], tag .. ':sessions', 'run', rid, 'act', id, 'body', task[1])
       end
     elseif kind == 'd' then
       -- The decision that applies it closes the run as failed (WorkflowTimeout).
@@ -37,11 +35,7 @@ for _, member in ipairs(due) do
       local aid, first = string.match(id, '^(.+)|(%d+)$')
       local task = redis.call('HMGET', tag .. ':act:' .. rid, aid, aid .. '@')
       if task[1] then
-        redis.call('XADD', task[2], '*', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first)
-        -- As for a retry: a task back in a private stream keeps its host a session host, so
-        -- its stream is not forgotten (unstick.lua) before the task is run or failed.
-        local private = string.match(task[2], ':aq:(@.+)$')
-        if private then redis.call('SADD', tag .. ':sessions', private) end
+        add_task(task[2], tag .. ':sessions', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first)
       end
     end
   end

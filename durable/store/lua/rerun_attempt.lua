@@ -11,13 +11,7 @@
 local run, acts, sessions = KEYS[1], KEYS[2], KEYS[3]
 local rid, aid, attempt = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local current = redis.call('HMGET', acts, aid, aid .. '#', aid .. '@', aid .. ':rerun')
-if not current[1] or tonumber(current[2]) ~= attempt or not current[3] then return 0 end
-if tonumber(current[4]) == attempt then return 0 end
-if not is_open(redis.call('HGET', run, 'status')) then return 0 end
+if tonumber(redis.call('HGET', acts, aid .. ':rerun')) == attempt then return 0 end
+if requeue_attempt(run, acts, sessions, rid, aid, attempt) == 0 then return 0 end
 redis.call('HSET', acts, aid .. ':rerun', attempt)
-redis.call('XADD', current[3], '*', 'run', rid, 'act', aid, 'body', current[1])
--- As for a retry: a task in a private stream keeps its host a session host (unstick.lua).
-local private = string.match(current[3], ':aq:(@.+)$')
-if private then redis.call('SADD', sessions, private) end
 return 1
