@@ -160,6 +160,7 @@ def test_a_stopping_worker_gives_back_the_tasks_no_thread_started(
     with host._lock:
         host.busy += 1
     host._pool.submit(attempt)
+    wait_for(host._pool.running, timeout=5)  # on its thread, not among the calls waiting for one
     body = ActivityTask("r-1", "w-1", 0, "1", "quick", b"", 1, "default").encode()
     host.submit("s", "1-0", {b"body": body}, redelivered=False, begun=Begun(True, now_ms=1))
     host.submit("s", "2-0", {b"body": body}, redelivered=False)
