@@ -34,6 +34,7 @@ from .store.aio import wait_update as await_update_outcome
 from .store.redis_store import RedisStore
 from .store.updates import update_result
 from .store.waits import RunMoved, wait_alone
+from .waiting import not_closed
 from .workflow import Workflow
 
 R = TypeVar("R")
@@ -204,6 +205,8 @@ class AsyncWorkflowStub(Generic[R]):
                     closing = await asyncio.to_thread(wait_alone, store, ref, wall, current=current)
                 else:
                     closing = await waiter.wait(ref, deadline, current=current)
+            except TimeoutError:
+                raise TimeoutError(await asyncio.to_thread(not_closed, store, ref, timeout)) from None
             except RunMoved as moved:
                 ref = stub._at_run(moved.current or (await waiter.ref(self.id)).run_id)
                 current = False

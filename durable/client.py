@@ -46,6 +46,7 @@ from .store.search import stored_attributes, stored_memo
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
 from .store.workers import WorkerInfo
+from .waiting import not_closed
 from .workflow import Workflow
 
 _stores: dict[tuple[str, str], RedisStore] = {}
@@ -277,10 +278,8 @@ class WorkflowStub(Generic[R]):
     def run_id(self) -> str | None:
         """The current run id (``None`` before :meth:`start`)."""
         if self._run_id is None:
-            try:
+            with contextlib.suppress(WorkflowNotFound):
                 self._run_id = self._store.ref(self._id).run_id
-            except WorkflowNotFound:
-                return None
         return self._run_id
 
     def _ref(self) -> RunRef:
@@ -527,6 +526,8 @@ class WorkflowStub(Generic[R]):
         while True:
             try:
                 closing = wait_closing(self._store, ref, deadline, current=current)
+            except TimeoutError:
+                raise TimeoutError(not_closed(self._store, ref, timeout)) from None
             except RunMoved as moved:
                 ref, current = self._at_run(moved.current) if moved.current else self._ref(), False
                 continue

@@ -344,12 +344,12 @@ def _next_attempt(step: Mapping[str, Any], failed: Mapping[str, Any], now_ms: in
     wait_s = (due - now_ms) / 1000
     if wait_s <= 0:
         # Past due: the attempt waits in its queue for a worker (or for the scheduler to fire it).
-        return ", next attempt due now" if wait_s > -1 else f", next attempt due {_span(-wait_s)} ago"
+        return ", next attempt due now" if wait_s > -1 else f", next attempt due {span(-wait_s)} ago"
     at = datetime.fromtimestamp(due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f", next attempt in {_span(wait_s)}" + (f" (at {at} UTC)" if wait_s >= 60 else "")
+    return f", next attempt in {span(wait_s)}" + (f" (at {at} UTC)" if wait_s >= 60 else "")
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
     """``seconds`` in words short enough for a status line: ``0.4 s``, ``12 s``, ``5 min``, ``2.5 h``."""
     if seconds < 10:
         return f"{seconds:.1f} s"

@@ -527,6 +527,10 @@ def test_result_of_a_terminated_run(worker, redis_url: str) -> None:
 
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
     stub = WorkflowStub.make(BiWait, id="slowpoke").start()
+    wait_for(lambda: stub.status() == "suspended")
     with pytest.raises(TimeoutError) as info:
         stub.result(timeout=0.3)
-    assert str(info.value) == "workflow 'slowpoke' did not close within the timeout"
+    assert str(info.value) == (
+        "workflow 'slowpoke' did not close within 0.3 s: it is suspended, waiting for signal 'go' "
+        "(`durable describe slowpoke` says more)"
+    )

@@ -1,0 +1,68 @@
+"""What an open run waits on, in words: its timers, signals, conditions, hooks and children.
+
+``durable status`` adds it to the status word of a run that is not blocked, and a ``result()``
+that times out says it, so "it did not close" never comes without "because it waits on this".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from .runinfo import span
+from .store.redis_store import RedisStore, RunRef
+
+
+def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[str]:
+    """A line per pending step that waits on something other than an activity, with its
+    deadline and how far off it is (``now_ms``: the time to count from, UTC ms)."""
+    lines = []
+    for step in pending:
+        kind, sid, name = step.get("kind"), step.get("id"), step.get("name")
+        if kind == "timer":
+            what = f"timer {sid}"
+        elif kind == "signal":
+            what = f"signal {name!r}"
+        elif kind == "hook":
+            what = f"hook {name or sid!r}"
+        elif kind == "wait_until":
+            what = f"a wait_until condition ({sid})"
+        elif kind == "child":
+            what = str(step.get("state") or f"child {step.get('workflow_id')}")
+        else:
+            continue  # activities: describe's attempts say more; "frontier" is replay's own
+        deadline = step.get("deadline")
+        if deadline is not None:
+            verb = "fires" if kind == "timer" else "times out"
+            what += f": {verb} {_at(int(deadline), now_ms)}"
+        lines.append(what)
+    return lines
+
+
+def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
+    """Why ``result()`` on ``ref`` timed out: the run's status and either what blocks it or what
+    it waits on (one read of its record; activities: ``durable describe`` has their attempts)."""
+    within = "within the timeout" if timeout is None else f"within {timeout:g} s"
+    head = f"workflow {ref.workflow_id!r} did not close {within}"
+    try:
+        record = store.run_record(ref)
+        blocked, now_ms = store.why_blocked(record), store.server_time_ms()
+    except Exception:  # noqa: BLE001 - the timeout is the answer; this look only explains it
+        return head
+    head += f": it is {record.get('status') or 'pending'}"
+    if blocked is not None:
+        return f"{head}, blocked: {blocked.message}"
+    pending = (record.get("snapshot") or {}).get("pending") or []
+    waits = waits_in_words(pending, now_ms)
+    activities = [f"activity {s.get('name')} ({s.get('id')})" for s in pending if s.get("kind") == "activity"]
+    more = f"`durable describe {ref.workflow_id}`"
+    if not waits and not activities:
+        return f"{head} ({more} shows its steps)"
+    return f"{head}, waiting for {'; '.join(activities + waits)} ({more} says more)"
+
+
+def _at(deadline_ms: int, now_ms: int) -> str:
+    at = datetime.fromtimestamp(deadline_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    wait_s = (deadline_ms - now_ms) / 1000
+    return f"{at} UTC, in {span(wait_s)}" if wait_s >= 0 else f"{at} UTC, {span(-wait_s)} ago"

@@ -1,0 +1,99 @@
+"""A run that does not close says what it waits on: ``durable status`` and a ``result()`` that
+times out name its timer, signal, hook or child (or what blocks it), with the deadline.
+
+Real Redis (the shared test server) and a real worker in a thread of the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from apps.basic import Waiter
+from click.testing import CliRunner
+
+from durable import AsyncWorkflowStub, WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.waiting import waits_in_words
+from workers.cli import cli
+from workers.worker import Worker
+
+
+def test_each_kind_of_wait_in_words() -> None:
+    now = 1_000_000  # 1970-01-01 00:16:40 UTC
+    pending = [
+        {"kind": "timer", "id": "3", "deadline": now + 3_600_000},
+        {"kind": "signal", "id": "4", "name": "approve", "deadline": now + 90_000},
+        {"kind": "signal", "id": "5", "name": "go"},
+        {"kind": "hook", "id": "h-1", "name": "callback"},
+        {"kind": "wait_until", "id": "6", "deadline": now - 5_000},
+        {"kind": "child", "id": "7", "workflow_id": "kid-1"},
+        {"kind": "child", "id": "8", "workflow_id": "kid-2", "state": "child kid-2: running"},
+        {"kind": "activity", "id": "9", "name": "charge", "queue": "default"},
+        {"kind": "frontier", "id": ""},
+    ]
+    assert waits_in_words(pending, now) == [
+        "timer 3: fires 1970-01-01 01:16:40 UTC, in 60 min",
+        "signal 'approve': times out 1970-01-01 00:18:10 UTC, in 90 s",
+        "signal 'go'",
+        "hook 'callback'",
+        "a wait_until condition (6): times out 1970-01-01 00:16:35 UTC, 5.0 s ago",
+        "child kid-1",
+        "child kid-2: running",
+    ]
+
+
+def _suspended(stub: WorkflowStub, seq: int) -> None:
+    """Wait until the run's decisions have reached history length ``seq`` and it sleeps."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        info = stub.describe()
+        if info.status == "suspended" and (info.seq or 0) >= seq:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run did not suspend: {stub.describe().to_dict()}")
+
+
+def test_status_and_a_timed_out_result_say_what_the_run_waits_on(worker: Worker) -> None:
+    stub = WorkflowStub.make(Waiter, id="w-words").start(3600)
+    _suspended(stub, 2)
+    with pytest.raises(TimeoutError) as timed_out:
+        stub.result(timeout=0.3)
+    message = str(timed_out.value)
+    assert message.startswith(
+        "workflow 'w-words' did not close within 0.3 s: it is suspended, waiting for timer "
+    )
+    assert ": fires " in message and ", in 60 min" in message
+    assert "`durable describe w-words` says more" in message
+
+    out = CliRunner().invoke(cli, ["status", "w-words"], catch_exceptions=False).output
+    assert out.startswith("suspended (waiting for timer ") and ", in 60 min)" in out
+
+    # A zero timer is no wait: this run waits on its signal alone.
+    WorkflowStub.make(Waiter, id="w-words-2").start(0)
+    stub2 = WorkflowStub.load("w-words-2")
+    _suspended(stub2, 2)
+    out = CliRunner().invoke(cli, ["status", "w-words-2"], catch_exceptions=False).output
+    assert out == "suspended (waiting for signal 'go')\n"
+
+    async def wait_async() -> str:
+        with pytest.raises(TimeoutError) as timed_out:
+            await AsyncWorkflowStub(stub2).result(timeout=0.2)
+        return str(timed_out.value)
+
+    message = asyncio.run(wait_async())
+    assert message.startswith(
+        "workflow 'w-words-2' did not close within 0.2 s: it is suspended, waiting for signal 'go'"
+    )
+    stub2.signal("go", "now")
+    assert stub2.result(timeout=10) == "now"
+
+
+def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> None:
+    stub = WorkflowStub.make(Waiter, id="w-nobody", store=store).start(1)
+    with pytest.raises(TimeoutError) as timed_out:
+        stub.result(timeout=0.2)
+    message = str(timed_out.value)
+    assert message.startswith("workflow 'w-nobody' did not close within 0.2 s: it is pending, blocked: ")
+    assert "no live worker" in message
