@@ -1,4 +1,5 @@
-"""What an open run waits on, in words: its timers, signals, conditions, hooks and children.
+"""What an open run waits on, in words: its timers, signals, conditions, hooks and children,
+and the signals it received that nothing awaited yet.
 
 ``durable status`` adds it to the status word of a run that is not blocked, and a ``result()``
 that times out says it, so "it did not close" never comes without "because it waits on this".
@@ -40,6 +41,31 @@ def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[st
     return lines
 
 
+def in_words(
+    pending: Sequence[Mapping[str, Any]],
+    now_ms: int,
+    buffered: Mapping[str, int] | None,
+    *,
+    activities: bool = False,
+) -> str:
+    """What a run that is not blocked waits on (``""``: nothing said), and the signals it
+    received that no ``await_signal`` took yet (``buffered``: count per name): where a signal
+    sent under a misspelt name shows. ``activities``: name its pending activities first (where
+    nothing else says how their attempts are doing)."""
+    clauses = []
+    waits = waits_in_words(pending, now_ms)
+    if activities:
+        waits[:0] = [
+            f"activity {s.get('name')} ({s.get('id')})" for s in pending if s.get("kind") == "activity"
+        ]
+    if waits:
+        clauses.append(f"waiting for {'; '.join(waits)}")
+    if buffered:
+        names = ", ".join(f"signal {name!r} x{count}" for name, count in sorted(buffered.items()))
+        clauses.append(f"received, not awaited yet: {names}")
+    return "; ".join(clauses)
+
+
 def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     """Why ``result()`` on ``ref`` timed out: the run's status and either what blocks it or what
     it waits on (one read of its record; activities: ``durable describe`` has their attempts)."""
@@ -53,13 +79,11 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     head += f": it is {record.get('status') or 'pending'}"
     if blocked is not None:
         return f"{head}, blocked: {blocked.message}"
-    pending = (record.get("snapshot") or {}).get("pending") or []
-    waits = waits_in_words(pending, now_ms)
-    activities = [f"activity {s.get('name')} ({s.get('id')})" for s in pending if s.get("kind") == "activity"]
+    snapshot = record.get("snapshot") or {}
+    pending = snapshot.get("pending") or []
+    waits = in_words(pending, now_ms, snapshot.get("signals_buffered"), activities=True)
     more = f"`durable describe {ref.workflow_id}`"
-    if not waits and not activities:
-        return f"{head} ({more} shows its steps)"
-    return f"{head}, waiting for {'; '.join(activities + waits)} ({more} says more)"
+    return f"{head}, {waits} ({more} says more)" if waits else f"{head} ({more} shows its steps)"
 
 
 def _at(deadline_ms: int, now_ms: int) -> str:

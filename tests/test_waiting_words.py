@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from durable import AsyncWorkflowStub, WorkflowStub
 from durable.store.redis_store import RedisStore
-from durable.waiting import waits_in_words
+from durable.waiting import in_words, waits_in_words
 from workers.cli import cli
 from workers.worker import Worker
 
@@ -42,6 +42,16 @@ def test_each_kind_of_wait_in_words() -> None:
         "child kid-1",
         "child kid-2: running",
     ]
+
+
+def test_in_words_adds_activities_and_signals_nothing_awaited() -> None:
+    pending = [{"kind": "activity", "id": "2", "name": "charge"}, {"kind": "signal", "id": "3", "name": "go"}]
+    buffered = {"og": 2, "approve": 1}
+    assert in_words(pending, 0, buffered) == (
+        "waiting for signal 'go'; received, not awaited yet: signal 'approve' x1, signal 'og' x2"
+    )
+    assert in_words(pending, 0, None, activities=True) == "waiting for activity charge (2); signal 'go'"
+    assert in_words(pending[:1], 0, {}) == ""
 
 
 def _suspended(stub: WorkflowStub, seq: int) -> None:
@@ -76,6 +86,10 @@ def test_status_and_a_timed_out_result_say_what_the_run_waits_on(worker: Worker)
     _suspended(stub2, 2)
     out = CliRunner().invoke(cli, ["status", "w-words-2"], catch_exceptions=False).output
     assert out == "suspended (waiting for signal 'go')\n"
+    stub2.signal("og", "misspelt")  # buffered: nothing awaits it
+    _suspended(stub2, 3)
+    out = CliRunner().invoke(cli, ["status", "w-words-2"], catch_exceptions=False).output
+    assert out == "suspended (waiting for signal 'go'; received, not awaited yet: signal 'og' x1)\n"
 
     async def wait_async() -> str:
         with pytest.raises(TimeoutError) as timed_out:
@@ -84,7 +98,7 @@ def test_status_and_a_timed_out_result_say_what_the_run_waits_on(worker: Worker)
 
     message = asyncio.run(wait_async())
     assert message.startswith(
-        "workflow 'w-words-2' did not close within 0.2 s: it is suspended, waiting for signal 'go'"
+        "workflow 'w-words-2' did not close within 0.2 s: it is suspended, waiting for signal 'go'; received, not awaited yet: signal 'og' x1"
     )
     stub2.signal("go", "now")
     assert stub2.result(timeout=10) == "now"
