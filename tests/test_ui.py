@@ -204,9 +204,14 @@ def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -
 def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> None:
     wid = _start(ui, "Everything", 10)
     _waits_for_signal(ui, wid)
+    with ui.open.client(**CSRF) as c:  # a misspelt signal: received, and nothing awaits it
+        assert c.post(f"/api/v1/workflows/{wid}/signal/aprove", json={"args": ["typo"]}).status_code < 300
+        wait_for(lambda: c.get(f"/api/v1/workflows/{wid}").json()["signals_buffered"] == {"aprove": 1})
     page = ui.page()
     page.goto(f"{ui.open.url}/workflows/{wid}")
     page.wait_for_selector("#timeline svg rect.bar.current")  # the signal wait, highlighted
+    received = page.locator("#pending tbody tr.received").inner_text()
+    assert "aprove" in received and "x1, not awaited yet" in received
     lanes = page.locator("#timeline svg text.lane").all_text_contents()
     assert any(t.startswith("add #") for t in lanes) and "timer #2" in lanes and "signal approve" in lanes
     assert page.locator("#pending tbody tr.current").first.inner_text().startswith("signal")

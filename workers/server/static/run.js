@@ -95,6 +95,11 @@
         el("td", {}, p.deadline ? `${time(p.deadline)} (in ${duration(p.deadline - Date.now())})` : ""),
         el("td", { class: "small" }, details));
     });
+    // Signals received that no await_signal took yet: where one sent under a misspelt name shows.
+    for (const [name, count] of Object.entries(info.signals_buffered || {})) {
+      rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
+        el("td", {}, ""), el("td", { class: "small" }, `x${count}, not awaited yet`)));
+    }
     const body = document.querySelector("#pending tbody");
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, info.closed ? "closed: nothing pending" : "nothing pending"))]));
   }
