@@ -510,8 +510,8 @@ class WorkflowStub(Generic[R]):
         A stub addresses its workflow id: once the id was started again (a reused id), that is
         the newer run's result. ``describe(run_id)`` and ``history(run_id)`` read an earlier run.
 
-        Waits without polling: the process's waits share one blocking read
-        (``XREAD BLOCK``) on one connection, so any number of threads may wait.
+        Waits without polling: the process's waits share one blocking read (``XREAD BLOCK``) on
+        one connection, so any threads may wait, and they ride out an unreachable Redis for 60 s.
 
         Raises:
             WorkflowFailed: the run failed, was cancelled or terminated (``.status``, ``.cause``).

@@ -56,6 +56,8 @@ from .waits import (
     check_current,
     newest,
     read_pause,
+    rides_out,
+    waits_outage,
 )
 from .workers import WorkerInfo, no_live_worker_reason
 
@@ -265,6 +267,7 @@ class AsyncRunWaiter:
         self._kicked = False
         self._next_check = 0.0
         self._read_at = 0.0
+        self._outage = waits_outage()
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
@@ -279,7 +282,7 @@ class AsyncRunWaiter:
             WorkflowBlocked: the run is (or becomes) blocked.
             WorkflowNotFound: the run record is gone.
             TimeoutError: ``deadline`` passed first.
-            redis.RedisError: Redis failed while waiting.
+            redis.RedisError: Redis failed while waiting (unreachable: for over :data:`~durable.store.waits.OUTAGE_RIDE_S`).
         """
         loop = asyncio.get_running_loop()
         last, closing = await look(self.batch, self.store, ref, current=current)
@@ -384,14 +387,17 @@ class AsyncRunWaiter:
             if loop.time() >= self._next_check:
                 await self._check_blocked()
                 self._next_check = loop.time() + BLOCK_CHECK_S
+            self._outage.recovered()
             return conn
         except redis.RedisError as exc:
             self._in_read, self._reader_id = False, None
-            for key in list(self._watches):
-                self._wake(key, error=exc)
+            delay = self._outage.failed(exc)
+            if not rides_out(self._outage, exc):
+                for key in list(self._watches):
+                    self._wake(key, error=exc)
             if conn is not None:
                 await conn.disconnect()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(delay)
             return None
 
     async def _pace(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -88,6 +88,12 @@ class Incident:
         """Whether an outage is going on (a failure not yet followed by a settled success)."""
         return self._started is not None
 
+    @property
+    def lasted(self) -> float:
+        """Seconds since the outage going on started (``0.0``: none is)."""
+        started = self._started
+        return 0.0 if started is None else time.monotonic() - started
+
     def failed(self, exc: BaseException) -> float:
         """Note a transient failure; returns the seconds to wait before trying again."""
         kind = unavailable_kind(exc) or type(exc).__name__

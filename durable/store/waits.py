@@ -38,6 +38,8 @@ from .. import events as ev
 from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
+from .connect import unavailable_kind
+from .outage import Backoff, Incident
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -62,6 +64,10 @@ READ_PACE_MAX_S = 0.010
 
 BLOCK_CHECK_S = 1.0
 """How often the waiter thread reads the watched runs' blocked reasons."""
+
+OUTAGE_RIDE_S = 60.0
+"""How long the waits ride out Redis being unreachable (a restart, a failover) before their
+callers get the error: each caller's own timeout still ends its wait first."""
 
 NO_LIVE_WORKER_GRACE_S = REGISTRY_TTL_MS / 1000
 """How long a pinned run must have had no live worker of its build before ``result()`` raises
@@ -248,7 +254,7 @@ class RunWaiter:
         self._kicked = False
         self._next_check = 0.0
         self._read_at = 0.0
-        self._failures = 0
+        self._outage = waits_outage()
 
     def wait(
         self, store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False
@@ -261,7 +267,7 @@ class RunWaiter:
             WorkflowBlocked: the run is (or becomes) blocked.
             WorkflowNotFound: the run record is gone.
             TimeoutError: ``deadline`` (``time.monotonic()``) passed first.
-            redis.RedisError: Redis failed while waiting.
+            redis.RedisError: Redis failed while waiting (unreachable: for over :data:`OUTAGE_RIDE_S`).
         """
         last, closing, unserved = look(store, ref, current=current)
         if closing is not None:
@@ -365,16 +371,17 @@ class RunWaiter:
             if time.monotonic() >= self._next_check:
                 self._check_blocked(store)
                 self._next_check = time.monotonic() + BLOCK_CHECK_S
-            self._failures = 0
+            self._outage.recovered()
             return conn
         except redis.RedisError as exc:
-            # Every caller waiting now learns of it, as a caller blocking on its own would.
-            self._failures += 1
-            self._fail_all(exc)
             if conn is not None:
                 conn.close()
             self._client_id = None
-            time.sleep(min(2.0, 0.1 * 2**self._failures))
+            delay = self._outage.failed(exc)
+            if not rides_out(self._outage, exc):
+                # Every caller waiting now learns of it, as a caller blocking on its own would.
+                self._fail_all(exc)
+            time.sleep(delay)
             return None
 
     def _watched(self, keys: list[str] | None = None) -> list[tuple[str, _Watch]]:
@@ -440,6 +447,26 @@ class RunWaiter:
             self._in_read = False
             for key in list(self._watches):
                 self._wake(key, error=exc)
+
+
+def waits_outage() -> Incident:
+    """The outage log of a process's waits (backing off up to 2 s: waits resume soon after)."""
+    incident = Incident(log, "process's result() waits", settle=0.0)
+    incident.backoff = Backoff(cap=2.0)
+    return incident
+
+
+def rides_out(outage: Incident, exc: BaseException) -> bool:
+    """Whether the waits keep their callers through ``exc`` (noted in ``outage`` already):
+    Redis unreachable for less than :data:`OUTAGE_RIDE_S`. Other errors reach the callers."""
+    if unavailable_kind(exc) is None:
+        return False
+    if outage.lasted <= OUTAGE_RIDE_S:
+        return True
+    log.warning(
+        "redis unreachable for over %.0f s: the result() waits of this process raise it", OUTAGE_RIDE_S
+    )
+    return False
 
 
 def wait_closing(
