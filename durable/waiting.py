@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .runinfo import span
+from .runinfo import NO_LIVE_WORKER, span
+from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
 
 
@@ -78,7 +79,13 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
         return head
     head += f": it is {record.get('status') or 'pending'}"
     if blocked is not None:
-        return f"{head}, blocked: {blocked.message}"
+        # A worker started elsewhere may serve another Redis (another folder's embedded one).
+        where = (
+            f" [this client uses Redis {masked_url(store.url)}]"
+            if blocked.kind == NO_LIVE_WORKER and store.url
+            else ""
+        )
+        return f"{head}, blocked: {blocked.message}{where}"
     snapshot = record.get("snapshot") or {}
     pending = snapshot.get("pending") or []
     waits = in_words(pending, now_ms, snapshot.get("signals_buffered"), activities=True)

@@ -111,3 +111,5 @@ def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> 
     message = str(timed_out.value)
     assert message.startswith("workflow 'w-nobody' did not close within 0.2 s: it is pending, blocked: ")
     assert "no live worker" in message
+    # A worker started elsewhere may use another Redis: the message says which one this is.
+    assert message.endswith(f"[this client uses Redis {store.url}]")

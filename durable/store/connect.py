@@ -197,10 +197,10 @@ def connect(url: str) -> Client:
         # redis-py's and urllib's parsers say what is wrong but not with which URL, nor what
         # a good one looks like.
         raise BadRedisUrl(
-            f"bad Redis URL {_masked(url)!r}: {exc}; a Redis URL looks like {URL_FORMS}"
+            f"bad Redis URL {masked_url(url)!r}: {exc}; a Redis URL looks like {URL_FORMS}"
         ) from None
     if not nodes:
-        raise ConfigurationError(f"cluster URL {_masked(url)!r} names no host:port")
+        raise ConfigurationError(f"cluster URL {masked_url(url)!r} names no host:port")
     if len(netloc) == 2:
         user, _, password = netloc[0].partition(":")
         if password:
@@ -230,7 +230,7 @@ def _cluster_startup_error(url: str, exc: rexc.RedisClusterException) -> Excepti
         return type(cause)(f"no node of the Redis Cluster answers: {cause}")
     if isinstance(cause, rexc.RedisClusterException) and "not enabled" in str(cause):
         return ConfigurationError(
-            f"{_masked(url)} is not a Redis Cluster ({cause}): for one Redis, drop "
+            f"{masked_url(url)} is not a Redis Cluster ({cause}): for one Redis, drop "
             f"{CLUSTER_SCHEME}:// (use redis://) or ?cluster=1"
         )
     return exc
@@ -248,20 +248,20 @@ def _cluster_options(url: str) -> dict[str, Any]:
         options.pop(name, None)
     if options.pop("db", 0) != 0:
         raise ConfigurationError(
-            f"cluster URL {_masked(url)!r} names database {parts.path.strip('/')}: "
+            f"cluster URL {masked_url(url)!r} names database {parts.path.strip('/')}: "
             "a Redis Cluster has database 0 only"
         )
     unknown = sorted(set(options) - set(REDIS_ALLOWED_KEYS))
     if unknown:
         raise ConfigurationError(
-            f"cluster URL {_masked(url)!r}: the cluster client takes no option {', '.join(unknown)}; "
+            f"cluster URL {masked_url(url)!r}: the cluster client takes no option {', '.join(unknown)}; "
             "options it takes include ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_cert_reqs, "
             "ssl_check_hostname, socket_timeout, socket_connect_timeout"
         )
     return options
 
 
-def _masked(url: str) -> str:
+def masked_url(url: str) -> str:
     """``url`` without the password of its user info (for error messages)."""
     try:
         parts = urlsplit(url)
