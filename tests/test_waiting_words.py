@@ -79,6 +79,8 @@ def test_status_and_a_timed_out_result_say_what_the_run_waits_on(worker: Worker)
 
     out = CliRunner().invoke(cli, ["status", "w-words"], catch_exceptions=False).output
     assert out.startswith("suspended (waiting for timer ") and ", in 60 min)" in out
+    out = CliRunner().invoke(cli, ["describe", "w-words"], catch_exceptions=False).output
+    assert "(in 60 min)" in out  # the pending timer's deadline, and how far off it is
 
     # A zero timer is no wait: this run waits on its signal alone.
     WorkflowStub.make(Waiter, id="w-words-2").start(0)

@@ -9,6 +9,7 @@ import decimal
 import enum
 import json
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import HistoryEvent
-from durable.runinfo import blocked_reason
+from durable.runinfo import blocked_reason, span
 
 __all__ = [
     "console",
@@ -204,10 +205,19 @@ def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
             str(item.get("kind", "")),
             str(item.get("id", "")),
             str(name),
-            fmt_ms(item.get("deadline")),
+            _deadline(item.get("deadline")),
             str(item.get("state", "")),
         )
     return table
+
+
+def _deadline(ms: Any) -> str:
+    """A pending step's deadline, and how far off it is (this host's clock: for reading only)."""
+    at = fmt_ms(ms)
+    if not at or not isinstance(ms, int | float):
+        return at
+    wait_s = ms / 1000 - time.time()
+    return f"{at} (in {span(wait_s)})" if wait_s >= 0 else f"{at} ({span(-wait_s)} ago)"
 
 
 def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
