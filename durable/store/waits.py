@@ -451,7 +451,7 @@ class RunWaiter:
 
 def waits_outage() -> Incident:
     """The outage log of a process's waits (backing off up to 2 s: waits resume soon after)."""
-    incident = Incident(log, "process's result() waits", settle=0.0)
+    incident = Incident(log, "waiter of this process's result() calls", settle=0.0)
     incident.backoff = Backoff(cap=2.0)
     return incident
 
