@@ -55,6 +55,11 @@ def _in_thread(wait: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any
     return thread, out
 
 
+def _reading(store: RedisStore) -> None:
+    """Wait until a wait of this process blocks in its ``XREAD`` (it registered its run)."""
+    wait_for(lambda: any(c.get("cmd") == "xread" for c in store.redis.client_list()), timeout=20)
+
+
 def _signal_when_back(stub: WorkflowStub, value: str) -> None:
     def sent() -> bool:
         try:
@@ -76,7 +81,7 @@ def test_a_result_wait_rides_out_a_redis_restart(server: EmbeddedRedis, client: 
             thread, out = _in_thread(lambda: stub.result(timeout=60))
         else:
             thread, out = _in_thread(lambda: asyncio.run(AsyncWorkflowStub(stub).result(timeout=60)))
-        time.sleep(0.5)  # the wait is registered and reading
+        _reading(store)
         server.kill()
         time.sleep(1.5)
         assert thread.is_alive() and not out, out  # the outage did not end the wait
@@ -93,7 +98,7 @@ def test_a_result_wait_gets_the_error_once_the_outage_lasts_too_long(
     store = RedisStore(server.url)
     stub = WorkflowStub.make(Waiter, id="outage-long", store=store).start(0)  # no worker: stays open
     thread, out = _in_thread(lambda: stub.result(timeout=60))
-    time.sleep(0.5)
+    _reading(store)
     started = time.monotonic()
     server.kill()
     thread.join(30)
