@@ -96,7 +96,7 @@
         el("td", { class: "small" }, details));
     });
     // Signals received that no await_signal took yet: where one sent under a misspelt name shows.
-    for (const [name, count] of Object.entries(info.signals_buffered || {})) {
+    for (const [name, count] of Object.entries((!info.closed && info.signals_buffered) || {})) {
       rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
         el("td", {}, ""), el("td", { class: "small" }, `x${count}, not awaited yet`)));
     }
