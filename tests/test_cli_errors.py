@@ -248,7 +248,13 @@ def test_a_worker_starts_its_dead_embedded_server_again(project: Path) -> None:
         pidfile = project / ".durable" / "redis.pid"
         wait_for(pidfile.exists, timeout=30)
         assert run_cli(project, "start", "RvWait", "--id", "rv", env=env).returncode == 0
-        wait_for(lambda: run_cli(project, "status", "rv", env=env).stdout.strip() == "suspended", timeout=30)
+        wait_for(
+            lambda: (
+                run_cli(project, "status", "rv", env=env).stdout.strip()
+                == "suspended (waiting for signal 'go')"
+            ),
+            timeout=30,
+        )
         first = int(pidfile.read_text())
         kill_and_wait(first, signal.SIGKILL)
         wait_for(lambda: pidfile.exists() and int(pidfile.read_text()) != first, timeout=30)

@@ -111,7 +111,7 @@ def test_a_pinned_run_without_a_live_worker_of_its_build_is_reported(
     with worker(redis_url, "--build-id", "auto", app="edited_app", path=tmp_path):
         stub.start(1)
         wait_for(lambda: waits_for_signal(stub), timeout=30)
-        assert invoke("status", "pinned-1").stdout.strip() == "suspended"
+        assert invoke("status", "pinned-1").stdout.strip() == "suspended (waiting for signal 'go')"
     old = stub.snapshot()["build_id"]
     assert old
     # The only worker stopped: its entry left the registry at once.
