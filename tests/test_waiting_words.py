@@ -115,3 +115,6 @@ def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> 
     assert "no live worker" in message
     # A worker started elsewhere may use another Redis: the message says which one this is.
     assert message.endswith(f"[this client uses Redis {store.url}]")
+    cli_run = CliRunner().invoke(cli, ["result", "w-nobody", "--timeout", "0.2"])
+    assert cli_run.exit_code == 1
+    assert cli_run.output.count(str(store.url)) == 1, cli_run.output  # named once, not twice

@@ -193,7 +193,7 @@ def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:
 
 def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
     """Print ``error: message`` (naming the Redis ``url``, secrets masked) and exit ``code``."""
-    if url:
+    if url and mask_secrets(url) not in mask_secrets(message):  # said once is enough
         message = f"{message} (redis: {url})"
     click.echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(code)
