@@ -325,6 +325,44 @@ def test_node_restart_under_a_worker(cstore: RedisStore, cluster: LocalCluster, 
     assert len(retries) < 40, f"{len(retries)} retries in ~2 s: the worker spun"
 
 
+def test_a_result_wait_rides_out_a_node_restart(cstore: RedisStore, cluster: LocalCluster) -> None:
+    """The node holding a waited-on run's history goes away and comes back (same port, AOF): the
+    caller blocked in ``result()`` on its own connection keeps waiting and gets the outcome."""
+    p = partition_on(cstore, cluster, 1)
+    wid = next(f"ride-{i}" for i in range(10_000) if cstore.keys.partition(f"ride-{i}") == p)
+    w = Worker(cstore, concurrency=2, grace=5, claim_idle_ms=1500, block_ms=200)
+    with WorkerThread(w):
+        stub = WorkflowStub.make(Waiter, id=wid).start(0)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        out: dict[str, Any] = {}
+
+        def wait() -> None:
+            try:
+                out["value"] = stub.result(timeout=90)
+            except Exception as exc:  # noqa: BLE001 - handed to the assertions
+                out["error"] = exc
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        with redis.Redis(host="127.0.0.1", port=cluster.ports[1]) as node:
+            wait_for(lambda: any(c.get("cmd") == "xread" for c in node.client_list()), timeout=20)
+        cluster.kill_node(1)
+        time.sleep(2.0)
+        assert waiter.is_alive() and not out, out  # the lost node did not end the wait
+        cluster.restart_node(1)
+
+        def signalled() -> bool:
+            try:
+                stub.signal("go", "after the restart")
+            except redis.RedisError:
+                return False
+            return True
+
+        wait_for(signalled, timeout=30, interval=0.2)
+        waiter.join(60)
+    assert out == {"value": "after the restart"}
+
+
 # ------------------------------------------------- the raw pipelines (ClusterWire)
 
 

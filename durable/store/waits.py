@@ -202,24 +202,38 @@ def look(store: RedisStore, ref: RunRef, *, current: bool = False) -> tuple[str,
 
 def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False) -> ev.Entry:
     """Wait for ``ref`` to close, blocking a connection of this caller's own (a cluster's way).
-    ``current``: as for :func:`look` (checked once, first)."""
+    ``current``: as for :func:`look` (checked once, first). Once waiting, it rides out an
+    unreachable node for up to :data:`OUTAGE_RIDE_S`, as the shared waiter does."""
     key = store.keys.history(ref.partition, ref.run_id)
     since: float | None = None
+    waiting = False
     while True:
-        last, closing, unserved = look(store, ref, current=current)
-        current = False
-        if closing is not None:
-            return closing
-        since = _still_unserved(since, unserved is not None)
-        if unserved is not None and _unserved_too_long(since):
-            raise _unserved_error(ref, unserved)
-        block_s = BLOCK_CHECK_S
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
-            block_s = min(block_s, remaining)
-        store.redis.xread({key: last}, count=1, block=max(1, int(block_s * 1000)))
+        try:
+            last, closing, unserved = look(store, ref, current=current)
+            current = False
+            if closing is not None:
+                return closing
+            since = _still_unserved(since, unserved is not None)
+            if unserved is not None and _unserved_too_long(since):
+                raise _unserved_error(ref, unserved)
+            waiting = True
+            block_s = BLOCK_CHECK_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
+                block_s = min(block_s, remaining)
+            store.redis.xread({key: last}, count=1, block=max(1, int(block_s * 1000)))
+            _ALONE_OUTAGE.recovered()
+        except redis.RedisError as exc:
+            if not waiting:
+                raise  # a wait that never began fails at once, as the shared waiter's first look
+            delay = _ALONE_OUTAGE.failed(exc)
+            if not rides_out(_ALONE_OUTAGE, exc):
+                raise
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout") from None
+            time.sleep(delay)
 
 
 @dataclass
@@ -467,6 +481,10 @@ def rides_out(outage: Incident, exc: BaseException) -> bool:
         "redis unreachable for over %.0f s: the result() waits of this process raise it", OUTAGE_RIDE_S
     )
     return False
+
+
+_ALONE_OUTAGE = waits_outage()
+"""The outages the callers of :func:`wait_alone` ride out (one log for them all)."""
 
 
 def wait_closing(
