@@ -1,6 +1,6 @@
-"""A ``result()`` wait rides out Redis being unreachable for a while (a restart, a failover):
-the run's outcome still reaches it once Redis answers again; past ``OUTAGE_RIDE_S`` it gets
-the error instead of hanging until its timeout.
+"""A ``result()`` or ``update()`` wait rides out Redis being unreachable for a while (a restart,
+a failover): the outcome still reaches it once Redis answers again; past ``OUTAGE_RIDE_S`` it
+gets the error instead of hanging until its timeout.
 
 A real Redis (a private embedded server, ``appendfsync always``) killed with SIGKILL and
 started again on its AOF; a real worker in a thread of the test process rides the outage
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from apps.basic import Waiter
+from apps.updates import UpdCart
 from waiting import wait_for
 
 from durable import AsyncWorkflowStub, WorkflowStub
@@ -89,6 +90,27 @@ def test_a_result_wait_rides_out_a_redis_restart(server: EmbeddedRedis, client: 
         _signal_when_back(stub, "after the restart")
         thread.join(60)
     assert out == {"value": "after the restart"}
+
+
+@pytest.mark.parametrize("client", ["sync", "async"])
+def test_an_update_wait_rides_out_a_redis_restart(server: EmbeddedRedis, client: str) -> None:
+    store = RedisStore(server.url)
+    with TestEnvironment(store=store):
+        stub = WorkflowStub.make(UpdCart, id=f"outage-upd-{client}", store=store).start()
+        wait_for(lambda: stub.status() == "suspended")
+        # The handler runs an activity, then a 3 s timer: the outcome comes after the restart.
+        if client == "sync":
+            thread, out = _in_thread(lambda: stub.update("reserve", "sku-1", 3, timeout=60))
+        else:
+            update = AsyncWorkflowStub(stub).update("reserve", "sku-1", 3, timeout=60)
+            thread, out = _in_thread(lambda: asyncio.run(update))
+        _reading(store)
+        server.kill()
+        time.sleep(1.5)
+        assert thread.is_alive() and not out, out
+        server.ensure()
+        thread.join(60)
+    assert out == {"value": "reserved:sku-1"}
 
 
 def test_a_result_wait_gets_the_error_once_the_outage_lasts_too_long(

@@ -43,6 +43,7 @@ from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
 from .waits import (
     _RECORD_FIELDS,
+    ALONE_OUTAGE,
     BLOCK_CHECK_S,
     BLOCK_MS,
     IDLE_S,
@@ -497,13 +498,22 @@ async def wait_update(
             if remaining <= 0:
                 raise update_timeout(ref, update_id)
             block_s = min(block_s, remaining)
-        reply: Any = await waiter.client.xread({key: last}, count=256, block=max(1, int(block_s * 1000)))
-        rows: list[Any] = reply[0][1] if reply else []
-        last, outcome = scan_for_outcome(rows, ref, update_id, last)
-        if outcome is not None:
-            return outcome
-        if not rows:
-            await look(waiter.batch, waiter.store, ref)  # raises for a blocked or vanished run
+        try:
+            reply: Any = await waiter.client.xread({key: last}, count=256, block=max(1, int(block_s * 1000)))
+            rows: list[Any] = reply[0][1] if reply else []
+            last, outcome = scan_for_outcome(rows, ref, update_id, last)
+            if outcome is not None:
+                return outcome
+            if not rows:
+                await look(waiter.batch, waiter.store, ref)  # raises for a blocked or vanished run
+            ALONE_OUTAGE.recovered()
+        except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
+            delay = ALONE_OUTAGE.failed(exc)
+            if not rides_out(ALONE_OUTAGE, exc):
+                raise
+            if deadline is not None and loop.time() + delay >= deadline:
+                raise update_timeout(ref, update_id) from None
+            await asyncio.sleep(delay)
 
 
 _waiters: weakref.WeakKeyDictionary[

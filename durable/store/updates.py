@@ -14,13 +14,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis
+
 from .. import codec
 from .. import events as ev
 from .. import limits as run_limits
 from ..errors import DurableError, UpdateRejected, WorkflowClosed
 from .records import RunRef, text
 from .redis_store import RedisStore
-from .waits import BLOCK_CHECK_S, look
+from .waits import ALONE_OUTAGE, BLOCK_CHECK_S, look, sleep_out
 
 #: How many times a delivery follows the workflow to its next run (continue-as-new racing it).
 _FOLLOW = 5
@@ -136,13 +138,17 @@ def wait_update(
             if remaining <= 0:
                 raise update_timeout(ref, update_id)
             block_s = min(block_s, remaining)
-        reply = store.redis.xread({key: last}, count=_BATCH, block=max(1, int(block_s * 1000)))
-        rows: list[Any] = reply[0][1] if reply else []
-        last, outcome = scan_for_outcome(rows, ref, update_id, last)
-        if outcome is not None:
-            return outcome
-        if not rows:
-            look(store, ref)  # raises for a blocked or vanished run
+        try:
+            reply = store.redis.xread({key: last}, count=_BATCH, block=max(1, int(block_s * 1000)))
+            rows: list[Any] = reply[0][1] if reply else []
+            last, outcome = scan_for_outcome(rows, ref, update_id, last)
+            if outcome is not None:
+                return outcome
+            if not rows:
+                look(store, ref)  # raises for a blocked or vanished run
+            ALONE_OUTAGE.recovered()
+        except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
+            sleep_out(ALONE_OUTAGE, exc, deadline, update_timeout(ref, update_id))
 
 
 def update_result(event: Outcome, workflow_id: str, name: str) -> Any:

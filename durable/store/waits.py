@@ -224,16 +224,12 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
                     raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
                 block_s = min(block_s, remaining)
             store.redis.xread({key: last}, count=1, block=max(1, int(block_s * 1000)))
-            _ALONE_OUTAGE.recovered()
+            ALONE_OUTAGE.recovered()
         except redis.RedisError as exc:
             if not waiting:
                 raise  # a wait that never began fails at once, as the shared waiter's first look
-            delay = _ALONE_OUTAGE.failed(exc)
-            if not rides_out(_ALONE_OUTAGE, exc):
-                raise
-            if deadline is not None and time.monotonic() + delay >= deadline:
-                raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout") from None
-            time.sleep(delay)
+            timeout = TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
+            sleep_out(ALONE_OUTAGE, exc, deadline, timeout)
 
 
 @dataclass
@@ -483,8 +479,20 @@ def rides_out(outage: Incident, exc: BaseException) -> bool:
     return False
 
 
-_ALONE_OUTAGE = waits_outage()
-"""The outages the callers of :func:`wait_alone` ride out (one log for them all)."""
+def sleep_out(outage: Incident, exc: redis.RedisError, deadline: float | None, timeout: Exception) -> None:
+    """After ``exc`` failed a wait's own read: wait to try again if :func:`rides_out` says so,
+    else raise ``exc``; raise ``timeout`` when ``deadline`` (``time.monotonic()``) comes first."""
+    delay = outage.failed(exc)
+    if not rides_out(outage, exc):
+        raise exc
+    if deadline is not None and time.monotonic() + delay >= deadline:
+        raise timeout from None
+    time.sleep(delay)
+
+
+ALONE_OUTAGE = waits_outage()
+"""The outages the callers of :func:`wait_alone` and of update waits ride out (one log for them
+all: each blocks on a connection of its own)."""
 
 
 def wait_closing(
