@@ -461,7 +461,7 @@ class RunWaiter:
 
 def waits_outage() -> Incident:
     """The outage log of a process's waits (backing off up to 2 s: waits resume soon after)."""
-    incident = Incident(log, "waiter of this process's result() calls", settle=0.0)
+    incident = Incident(log, "waiter of this process's result() and update() calls", settle=0.0)
     incident.backoff = Backoff(cap=2.0)
     return incident
 
@@ -474,7 +474,8 @@ def rides_out(outage: Incident, exc: BaseException) -> bool:
     if outage.lasted <= OUTAGE_RIDE_S:
         return True
     log.warning(
-        "redis unreachable for over %.0f s: the result() waits of this process raise it", OUTAGE_RIDE_S
+        "redis unreachable for over %.0f s: the result() and update() waits of this process raise it",
+        OUTAGE_RIDE_S,
     )
     return False
 
