@@ -43,7 +43,6 @@ from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
 from .waits import (
     _RECORD_FIELDS,
-    ALONE_OUTAGE,
     BLOCK_CHECK_S,
     BLOCK_MS,
     IDLE_S,
@@ -491,6 +490,7 @@ async def wait_update(
     loop = asyncio.get_running_loop()
     key = waiter.store.keys.history(ref.partition, ref.run_id)
     last = after
+    outage = waits_outage()
     while True:
         block_s = BLOCK_CHECK_S
         if deadline is not None:
@@ -506,10 +506,10 @@ async def wait_update(
                 return outcome
             if not rows:
                 await look(waiter.batch, waiter.store, ref)  # raises for a blocked or vanished run
-            ALONE_OUTAGE.recovered()
+            outage.recovered()
         except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
-            delay = ALONE_OUTAGE.failed(exc)
-            if not rides_out(ALONE_OUTAGE, exc):
+            delay = outage.failed(exc)
+            if not rides_out(outage, exc):
                 raise
             if deadline is not None and loop.time() + delay >= deadline:
                 raise update_timeout(ref, update_id) from None

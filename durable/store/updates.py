@@ -22,7 +22,7 @@ from .. import limits as run_limits
 from ..errors import DurableError, UpdateRejected, WorkflowClosed
 from .records import RunRef, text
 from .redis_store import RedisStore
-from .waits import ALONE_OUTAGE, BLOCK_CHECK_S, look, sleep_out
+from .waits import BLOCK_CHECK_S, look, sleep_out, waits_outage
 
 #: How many times a delivery follows the workflow to its next run (continue-as-new racing it).
 _FOLLOW = 5
@@ -131,6 +131,7 @@ def wait_update(
     """
     key = store.keys.history(ref.partition, ref.run_id)
     last = after
+    outage = waits_outage()
     while True:
         block_s = BLOCK_CHECK_S
         if deadline is not None:
@@ -146,9 +147,9 @@ def wait_update(
                 return outcome
             if not rows:
                 look(store, ref)  # raises for a blocked or vanished run
-            ALONE_OUTAGE.recovered()
+            outage.recovered()
         except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
-            sleep_out(ALONE_OUTAGE, exc, deadline, update_timeout(ref, update_id))
+            sleep_out(outage, exc, deadline, update_timeout(ref, update_id))
 
 
 def update_result(event: Outcome, workflow_id: str, name: str) -> Any:

@@ -207,6 +207,7 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
     key = store.keys.history(ref.partition, ref.run_id)
     since: float | None = None
     waiting = False
+    outage = waits_outage()  # this caller's: other callers may read from nodes that answer
     while True:
         try:
             last, closing, unserved = look(store, ref, current=current)
@@ -224,12 +225,12 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
                     raise TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
                 block_s = min(block_s, remaining)
             store.redis.xread({key: last}, count=1, block=max(1, int(block_s * 1000)))
-            ALONE_OUTAGE.recovered()
+            outage.recovered()
         except redis.RedisError as exc:
             if not waiting:
                 raise  # a wait that never began fails at once, as the shared waiter's first look
             timeout = TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
-            sleep_out(ALONE_OUTAGE, exc, deadline, timeout)
+            sleep_out(outage, exc, deadline, timeout)
 
 
 @dataclass
@@ -489,11 +490,6 @@ def sleep_out(outage: Incident, exc: redis.RedisError, deadline: float | None, t
     if deadline is not None and time.monotonic() + delay >= deadline:
         raise timeout from None
     time.sleep(delay)
-
-
-ALONE_OUTAGE = waits_outage()
-"""The outages the callers of :func:`wait_alone` and of update waits ride out (one log for them
-all: each blocks on a connection of its own)."""
 
 
 def wait_closing(
