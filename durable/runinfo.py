@@ -460,6 +460,16 @@ class RunDescription(Mapping[str, Any]):
                 )
         return lines
 
+    def running(self) -> list[str]:
+        """A line per pending activity whose first attempt a worker has begun: on which worker,
+        since when, and whether that worker still looks alive (what ``durable status`` adds to
+        the status word: what the run is doing). Later attempts are :meth:`retrying`'s."""
+        return [
+            f"activity {step.get('name')} ({step.get('id')}) {step.get('state')}"
+            for step in self.pending
+            if step.get("kind") == "activity" and step.get("worker") and int(step.get("attempt") or 0) == 1
+        ]
+
     def queued(self) -> list[str]:
         """A line per pending activity whose first attempt no worker has started, with its queue's
         backlog (what ``durable status`` adds to the status word: the run waits for a worker)."""

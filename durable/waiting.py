@@ -15,6 +15,9 @@ from .runinfo import NO_LIVE_WORKER, span
 from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
 
+MOST_NAMED = 5
+"""The most waits a line names (a wide fan-out waits on many: ``describe`` lists them all)."""
+
 
 def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[str]:
     """A line per pending step that waits on something other than an activity, with its
@@ -59,6 +62,8 @@ def in_words(
         waits[:0] = [
             f"activity {s.get('name')} ({s.get('id')})" for s in pending if s.get("kind") == "activity"
         ]
+    if len(waits) > MOST_NAMED:
+        waits[MOST_NAMED:] = [f"{len(waits) - MOST_NAMED} more"]
     if waits:
         clauses.append(f"waiting for {'; '.join(waits)}")
     if buffered:

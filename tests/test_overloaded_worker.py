@@ -83,7 +83,12 @@ def test_an_overloaded_worker_leaves_what_it_cannot_start_in_the_queue_and_says_
         for stub in running:
             step = stub.describe().pending[0]
             assert step["state"].startswith("attempt 1: running on ") and step["backlog"] is None
-            assert _cli("status", stub.id).strip() == "running"
+            # What the run is doing: which activity, on which worker, since when.
+            assert (
+                _cli("status", stub.id)
+                .strip()
+                .startswith("running (activity Slow (1) attempt 1: running on ")
+            )
         assert time.monotonic() - t0 < SECONDS - 1, "the checks must see one state of the queue"
 
         # All of them still complete, in waves of THREADS.

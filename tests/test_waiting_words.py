@@ -10,10 +10,11 @@ import asyncio
 import time
 
 import pytest
-from apps.basic import Waiter
+from apps.basic import SlowSteps, Waiter
 from click.testing import CliRunner
+from waiting import wait_for
 
-from durable import AsyncWorkflowStub, WorkflowStub
+from durable import AsyncWorkflowStub, Workflow, WorkflowStub, all, timer
 from durable.store.redis_store import RedisStore
 from durable.waiting import in_words, waits_in_words
 from workers.cli import cli
@@ -104,6 +105,27 @@ def test_status_and_a_timed_out_result_say_what_the_run_waits_on(worker: Worker)
     )
     stub2.signal("go", "now")
     assert stub2.result(timeout=10) == "now"
+
+
+class WwEightTimers(Workflow):
+    """Eight timers at once: more steps than ``durable status`` names."""
+
+    def handle(self) -> None:
+        all([lambda i=i: timer(3600 + i) for i in range(8)])
+
+
+def test_status_says_which_activity_runs_and_caps_a_wide_fan_out(worker: Worker, tmp_path) -> None:
+    slow = WorkflowStub.make(SlowSteps, id="w-slow").start(str(tmp_path / "slow.log"), 1, 5.0)
+    wait_for(lambda: any(s.get("worker") for s in slow.describe().pending), timeout=20)
+    out = CliRunner().invoke(cli, ["status", "w-slow"], catch_exceptions=False).output
+    assert out.startswith("running (activity Slow (1) attempt 1: running on "), out
+    assert " since " in out and out.endswith(" UTC)\n"), out
+    slow.terminate("test over")
+
+    wide = WorkflowStub.make(WwEightTimers, id="w-wide").start()
+    _suspended(wide, 9)
+    out = CliRunner().invoke(cli, ["status", "w-wide"], catch_exceptions=False).output
+    assert out.count("timer ") == 5 and out.endswith("; 3 more)\n"), out
 
 
 def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> None:

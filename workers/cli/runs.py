@@ -22,7 +22,7 @@ from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
 from durable.store.workers import FOUND_ON_READ
-from durable.waiting import in_words
+from durable.waiting import MOST_NAMED, in_words
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
@@ -350,7 +350,9 @@ def status(state: CliState, workflow_id: str) -> None:
     else:
         # Redis's clock: the retry's due time was set on it, this host's may be off.
         now_ms = stub.store.server_time_ms()
-        why = info.retrying(now_ms) + info.queued()
+        why = info.retrying(now_ms) + info.queued() + info.running()
+        if len(why) > MOST_NAMED:  # a wide fan-out: describe lists every step
+            why[MOST_NAMED:] = [f"{len(why) - MOST_NAMED} more activities (`durable describe {workflow_id}`)"]
         waits = in_words(info.pending, now_ms, info.extra.get("signals_buffered"))
         why += [waits] if waits else []
         click.echo(f"{info.status} ({'; '.join(why)})" if why else info.status)
