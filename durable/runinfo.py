@@ -303,7 +303,7 @@ def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_ag
     if not b.worker:
         return _not_begun(b, queue)
     if alive:
-        since = datetime.fromtimestamp(b.started_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        since = utc_text(b.started_ms)
         state = f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
         if heartbeat_age_s is not None and heartbeat_age_s > 2 * HEARTBEAT_S:
             state += (
@@ -322,7 +322,7 @@ def _not_begun(b: AttemptBegun, queue: str) -> str:
     """An attempt no worker has started, in words: a retry waits for its time, or its task waits
     in its queue's backlog (workers take only tasks they can start now: ``workers/pace.py``)."""
     if b.retry_due_ms is not None:
-        due = datetime.fromtimestamp(b.retry_due_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+        due = utc_text(b.retry_due_ms)
         return f"attempt {b.attempt}: not begun: waiting for its retry time ({due} UTC), then queued on {queue!r}"
     if b.leased:
         return f"attempt {b.attempt}: not begun: leased to a worker (eager mode or a local activity), waiting for one of its threads"
@@ -345,8 +345,23 @@ def _next_attempt(step: Mapping[str, Any], failed: Mapping[str, Any], now_ms: in
     if wait_s <= 0:
         # Past due: the attempt waits in its queue for a worker (or for the scheduler to fire it).
         return ", next attempt due now" if wait_s > -1 else f", next attempt due {span(-wait_s)} ago"
-    at = datetime.fromtimestamp(due / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    at = utc_text(due)
     return f", next attempt in {span(wait_s)}" + (f" (at {at} UTC)" if wait_s >= 60 else "")
+
+
+def utc_text(ms: float) -> str:
+    """UTC milliseconds as ``2026-12-03 18:05:29`` (a time past the year 9999, as a retry or timer
+    set for ages can be: ``after 9999-12-31``)."""
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        return "after 9999-12-31"
+
+
+def from_now(at_ms: float, now_ms: float) -> str:
+    """How far ``at_ms`` is from ``now_ms`` (UTC ms), in words: ``in 5 min``, ``12 s ago``."""
+    seconds = (at_ms - now_ms) / 1000
+    return f"in {span(seconds)}" if seconds >= 0 else f"{span(-seconds)} ago"
 
 
 def span(seconds: float) -> str:

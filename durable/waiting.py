@@ -8,10 +8,9 @@ that times out says it, so "it did not close" never comes without "because it wa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from .runinfo import NO_LIVE_WORKER, span
+from .runinfo import NO_LIVE_WORKER, from_now, utc_text
 from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
 
@@ -99,6 +98,5 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
 
 
 def _at(deadline_ms: int, now_ms: int) -> str:
-    at = datetime.fromtimestamp(deadline_ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    wait_s = (deadline_ms - now_ms) / 1000
-    return f"{at} UTC, in {span(wait_s)}" if wait_s >= 0 else f"{at} UTC, {span(-wait_s)} ago"
+    at = utc_text(deadline_ms)
+    return f"{at} UTC" if at.startswith("after") else f"{at} UTC, {from_now(deadline_ms, now_ms)}"

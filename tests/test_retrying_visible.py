@@ -104,6 +104,8 @@ def _retrying_run(attempt: dict, step: dict) -> RunDescription:
         ({}, {}, 1_005_500, ", next attempt due now,"),
         ({}, {}, 1_050_000, ", next attempt due 45 s ago,"),
         ({"record": {"error": "E: x", "retry_in_s": 600}}, {}, 1_000_000, ", next attempt in 10 min (at "),
+        # A backoff set for ages (RetryPolicy allows 30 million years): no date, and no crash.
+        ({"record": {"error": "E: x", "retry_in_s": 9e14}}, {}, 1_000_000, "(at after 9999-12-31 UTC)"),
         ({}, {"worker": "vm:1"}, 1_000_000, "attempt 3, last error"),  # begun: no wait to tell
         ({"attempt": 1}, {}, 1_000_000, "attempt 3, last error"),  # not the failure before attempt 3
     ],

@@ -33,6 +33,7 @@ def test_each_kind_of_wait_in_words() -> None:
         {"kind": "child", "id": "8", "workflow_id": "kid-2", "state": "child kid-2: running"},
         {"kind": "activity", "id": "9", "name": "charge", "queue": "default"},
         {"kind": "frontier", "id": ""},
+        {"kind": "timer", "id": "10", "deadline": 10**15},  # set for ages: past any date
     ]
     assert waits_in_words(pending, now) == [
         "timer 3: fires 1970-01-01 01:16:40 UTC, in 60 min",
@@ -42,6 +43,7 @@ def test_each_kind_of_wait_in_words() -> None:
         "a wait_until condition (6): times out 1970-01-01 00:16:35 UTC, 5.0 s ago",
         "child kid-1",
         "child kid-2: running",
+        "timer 10: fires after 9999-12-31 UTC",
     ]
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import HistoryEvent
-from durable.runinfo import blocked_reason, span
+from durable.runinfo import blocked_reason, from_now
 
 __all__ = [
     "console",
@@ -214,10 +214,9 @@ def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
 def _deadline(ms: Any) -> str:
     """A pending step's deadline, and how far off it is (this host's clock: for reading only)."""
     at = fmt_ms(ms)
-    if not at or not isinstance(ms, int | float):
-        return at
-    wait_s = ms / 1000 - time.time()
-    return f"{at} (in {span(wait_s)})" if wait_s >= 0 else f"{at} ({span(-wait_s)} ago)"
+    if not at or at.startswith("after 9999") or not isinstance(ms, int | float):
+        return at  # none, or past any date (a timer set for ages)
+    return f"{at} ({from_now(ms, time.time() * 1000)})"
 
 
 def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
