@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from apps.basic import Sequence
 
 from durable import WorkflowStub
@@ -64,6 +65,23 @@ def test_a_wake_up_is_written_once_until_drained() -> None:
         assert os.read(reader._wake_r, 16) == b"!"
     finally:
         reader.close()
+
+
+def test_a_closed_reader_writes_no_wake_up_into_a_reused_descriptor() -> None:
+    """An activity thread handing a result over after its worker stopped wakes a closed reader:
+    its pipe's descriptor numbers belonged by then to whatever was opened next, and the wake-up
+    byte garbled that (a Redis connection got a command starting with "!")."""
+    reader = TaskReader(lambda _group: None, "c")  # type: ignore[arg-type, return-value]
+    reader.close()
+    r, w = os.pipe()  # the lowest free descriptors: those the reader's pipe had
+    try:
+        reader.wake()
+        os.set_blocking(r, False)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 16)  # nothing was written into the new pipe
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_completions_hand_the_woken_sticky_task_to_their_worker(store: RedisStore) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 
@@ -78,6 +79,10 @@ class TaskReader:
         # A wake-up byte is in the pipe and not drained yet: one is enough, so the threads
         # handing results over skip the write (and the reader's extra wake-up) meanwhile.
         self._woken = False
+        # Once closed, the pipe's descriptor numbers go to whatever is opened next (a Redis
+        # socket): a late wake-up written there would garble that connection's commands.
+        self._pipe_lock = threading.Lock()
+        self._closed = False
 
     @property
     def outstanding(self) -> bool:
@@ -91,10 +96,13 @@ class TaskReader:
         if self._woken:
             return
         self._woken = True
-        try:
-            os.write(self._wake_w, b"!")
-        except OSError:
-            pass  # the pipe is full of wake-ups already, or the reader is closed
+        with self._pipe_lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._wake_w, b"!")
+            except OSError:
+                pass  # the pipe is full of wake-ups already
 
     def read(
         self, lanes: Mapping[str, tuple[list[str], int]], *, block_ms: int, wait: bool = True
@@ -173,11 +181,15 @@ class TaskReader:
     def close(self) -> None:
         """Drop the connections (an outstanding read's entries stay pending for reclaim)."""
         self._reset()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with self._pipe_lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _reset(self, moved: bool = False) -> None:
         for r in self._reads.values():
