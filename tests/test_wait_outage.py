@@ -126,3 +126,23 @@ def test_a_result_wait_gets_the_error_once_the_outage_lasts_too_long(
     thread.join(30)
     assert isinstance(out.get("error"), redis.ConnectionError), out
     assert 1.0 <= time.monotonic() - started < 15  # after the ride-out, long before its timeout
+
+
+def test_closing_a_store_leaves_its_waiter_read_alone(
+    server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The waiter thread reads on a connection of its own: closing the store (its pool
+    disconnects every connection) once closed the socket under the blocked read, which then
+    failed (EBADF) and could read from whichever socket took that file descriptor next."""
+    first = RedisStore(server.url)
+    stub = WorkflowStub.make(Waiter, id="closing", store=first).start(0)
+    with pytest.raises(TimeoutError):
+        stub.result(timeout=0.3)  # the waiter thread stays, blocked in its XREAD, a while
+    with caplog.at_level("WARNING", logger="durable.client"):
+        first.close()
+        time.sleep(1.5)  # past the read's block: an error would have been met and logged
+        second = RedisStore(server.url)
+        with pytest.raises(TimeoutError):
+            WorkflowStub.load("closing", store=second).result(timeout=0.3)
+        second.close()
+    assert not [r.getMessage() for r in caplog.records], caplog.text

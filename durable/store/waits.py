@@ -347,7 +347,7 @@ class RunWaiter:
         finally:
             self._client_id = None
             if conn is not None:
-                conn.close()
+                _close(conn)
 
     def _has_work(self) -> bool:
         """Whether runs are watched (after waiting up to IDLE_S for one; if not, the thread ends)."""
@@ -373,7 +373,7 @@ class RunWaiter:
             return conn
         try:
             if conn is None:
-                conn = redis.Redis(connection_pool=store.redis.connection_pool, single_connection_client=True)
+                conn = _own_client(store)
                 self._client_id = _client_id(conn)
             replies = conn.xread(streams, count=READ_COUNT, block=BLOCK_MS)
             with self._lock:
@@ -386,7 +386,7 @@ class RunWaiter:
             return conn
         except redis.RedisError as exc:
             if conn is not None:
-                conn.close()
+                _close(conn)
             self._client_id = None
             delay = self._outage.failed(exc)
             if not rides_out(self._outage, exc):
@@ -515,6 +515,24 @@ def waiter_for(store: RedisStore) -> RunWaiter:
         if held is None or held[0] != pid:
             held = _waiters[store] = (pid, RunWaiter())
         return held[1]
+
+
+def _own_client(store: RedisStore) -> redis.Redis:
+    """A client for the waiter thread's blocking reads, on a connection pool of its own: closing
+    the store disconnects every connection of its pool, in use or not, and a socket closed under
+    a blocked read frees its file descriptor for the next socket opened, whose bytes that read
+    would then take (seen as a garbled command in a later call on another store)."""
+    pool = store.redis.connection_pool
+    own = redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=1, **pool.connection_kwargs
+    )
+    return redis.Redis(connection_pool=own, single_connection_client=True)
+
+
+def _close(conn: Any) -> None:
+    """Close a client made by :func:`_own_client`, its pool with it."""
+    conn.close()
+    conn.connection_pool.disconnect()
 
 
 def _client_id(conn: Any) -> int | None:
