@@ -142,3 +142,11 @@ def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> 
     cli_run = CliRunner().invoke(cli, ["result", "w-nobody", "--timeout", "0.2"])
     assert cli_run.exit_code == 1
     assert cli_run.output.count(str(store.url)) == 1, cli_run.output  # named once, not twice
+    # A longer wait says why after 2 s (stderr), and goes on waiting until its timeout.
+    cli_run = CliRunner().invoke(cli, ["result", "w-nobody", "--timeout", "3"])
+    lines = cli_run.output.splitlines()
+    assert cli_run.exit_code == 1 and len(lines) == 2, cli_run.output
+    assert lines[0].startswith(
+        "note: still waiting: workflow 'w-nobody' did not close within 2 s: it is pending, "
+    )
+    assert lines[1].startswith("error: workflow 'w-nobody' did not close within ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from typing import Any
 
 import click
 
@@ -134,7 +135,7 @@ def start(
     if signal_name:
         click.echo(f"signal: {signal_name} -> {started} run")
     if wait:
-        click.echo(to_json(stub.result(timeout=timeout)))
+        click.echo(to_json(_result(stub, timeout)))
 
 
 @click.command()
@@ -150,9 +151,23 @@ def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) 
 
 
 #: How long `durable update` waits quietly for the outcome before it prints the update's id (and
-#: why no live worker can run it, if none can): a prompt outcome prints only itself, so scripts
-#: get one line, and workers still starting up (a second or so) cause no false alarm.
+#: why no live worker can run it, if none can), and `durable result` before it says what the run
+#: waits on: a prompt outcome prints only itself, so scripts get one line, and workers still
+#: starting up (a second or so) cause no false alarm.
 QUIET_WAIT_S = 2.0
+
+
+def _result(stub: WorkflowStub, timeout: float | None) -> Any:
+    """``stub.result(timeout)``; a wait not over within :data:`QUIET_WAIT_S` says once (stderr)
+    what the run waits on or what blocks it, and goes on waiting."""
+    if timeout is not None and timeout <= QUIET_WAIT_S:
+        return stub.result(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        return stub.result(timeout=QUIET_WAIT_S)
+    except TimeoutError as exc:
+        click.echo(f"note: still waiting: {exc}", err=True)
+    return stub.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 def _again(workflow_id: str, name: str, args: tuple[str, ...], update_id: str) -> str:
@@ -369,7 +384,7 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     (the CLI imports no application code) prints as ``{"__type__": "app.Receipt", <fields>}``."""
     stub = _stub(state, workflow_id)
     try:
-        value = stub.result(timeout=timeout)
+        value = _result(stub, timeout)
     except SerializationError as exc:
         # The run's outcome, as the views decode it (codec.view): its record and closing event.
         outcome = stub.snapshot().get("outcome") if exc.type_name else None
