@@ -149,4 +149,4 @@ def test_a_timed_out_result_says_no_worker_serves_the_run(store: RedisStore) -> 
     assert lines[0].startswith(
         "note: still waiting: workflow 'w-nobody' did not close within 2 s: it is pending, "
     )
-    assert lines[1].startswith("error: workflow 'w-nobody' did not close within ")
+    assert lines[1].startswith("error: workflow 'w-nobody' did not close within 3 s: it is pending, ")

@@ -23,7 +23,7 @@ from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
 from durable.store.workers import FOUND_ON_READ
-from durable.waiting import MOST_NAMED, in_words
+from durable.waiting import MOST_NAMED, in_words, not_closed
 from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
@@ -167,7 +167,10 @@ def _result(stub: WorkflowStub, timeout: float | None) -> Any:
         return stub.result(timeout=QUIET_WAIT_S)
     except TimeoutError as exc:
         click.echo(f"note: still waiting: {exc}", err=True)
-    return stub.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    try:
+        return stub.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except TimeoutError:  # said again as of now, and of the whole --timeout
+        raise TimeoutError(not_closed(stub.store, stub.store.ref(stub.id), timeout)) from None
 
 
 def _again(workflow_id: str, name: str, args: tuple[str, ...], update_id: str) -> str:
