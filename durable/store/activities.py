@@ -228,15 +228,14 @@ class ActivityStore(StoreBase):
         started at ``started_ms`` by ``worker`` (which ``describe`` checks is alive), gets its
         deadline ``due_ms`` (0: none), and the activity's last heartbeat details.
         """
-        k, p, rid = self.keys, task.partition, task.run_id
         # Every activity attempt passes here: the raw pipeline (one EVALSHA, on a cluster
         # redis-py's) skips the Script object's layers (~9 % of a worker's CPU in W2).
         reply = self._script_many(
             "begin_attempt",
             [
                 (
-                    [k.run(p, rid), k.activities(p, rid), k.running(p), stream],
-                    [rid, task.activity_id, task.attempt, entry_id, due_ms, started_ms, worker],
+                    self._attempt_keys(task, stream),
+                    [task.run_id, task.activity_id, task.attempt, entry_id, due_ms, started_ms, worker],
                 )
             ],
             raise_on_error=True,
@@ -244,6 +243,12 @@ class ActivityStore(StoreBase):
         if text(reply[0]) != "OK":
             return Begun(False, text(reply[1]))
         return Begun(True, "", bytes(reply[1]) or None, int(reply[2]))
+
+    def _attempt_keys(self, task: ActivityTask, last: str) -> list[str]:
+        """The keys of the scripts that begin or give back an attempt: its run, its activities
+        hash, its partition's running set, then ``last`` (its stream, or the sessions set)."""
+        k, p = self.keys, task.partition
+        return [k.run(p, task.run_id), k.activities(p, task.run_id), k.running(p), last]
 
     def attempt_started(self, p: int, run_id: str, activity_id: str) -> int | None:
         """When the current attempt of an activity started (ms), if it registered a deadline."""
@@ -298,15 +303,9 @@ class ActivityStore(StoreBase):
         begun by its claim)`` each: to the end of their streams, for any worker, with a begin by
         the claim undone (``lua/return_task.lua``), in one round trip. Returns how many went back
         (the others were taken over by another worker meanwhile)."""
-        k = self.keys
         calls = [
             (
-                [
-                    k.run(t.partition, t.run_id),
-                    k.activities(t.partition, t.run_id),
-                    k.running(t.partition),
-                    stream,
-                ],
+                self._attempt_keys(t, stream),
                 [GROUP, worker, entry_id, t.run_id, t.activity_id, t.attempt, 1 if claimed else 0],
             )
             for stream, entry_id, t, claimed in tasks
@@ -318,17 +317,8 @@ class ActivityStore(StoreBase):
         queue's stream as the same attempt, its lease or deadline dropped
         (``lua/return_lease.lua``), in one round trip. Returns how many went to their queues
         (the others have nothing to run: no longer current, or their run closed)."""
-        k = self.keys
         calls = [
-            (
-                [
-                    k.run(t.partition, t.run_id),
-                    k.activities(t.partition, t.run_id),
-                    k.running(t.partition),
-                    k.sessions(t.partition),
-                ],
-                [t.run_id, t.activity_id, t.attempt],
-            )
+            (self._attempt_keys(t, self.keys.sessions(t.partition)), [t.run_id, t.activity_id, t.attempt])
             for t in tasks
         ]
         return sum(int(n) for n in self._script_many("return_lease", calls, raise_on_error=True))
@@ -362,9 +352,7 @@ class ActivityStore(StoreBase):
             return begun
         backlog = self.queued_activity_tasks(sorted(waiting))
         return {
-            aid: (
-                replace(b, backlog=backlog[queue_of[aid]]) if queue_of[aid] in waiting and _in_queue(b) else b
-            )
+            aid: replace(b, backlog=backlog[queue_of[aid]]) if _in_queue(b) and queue_of[aid] else b
             for aid, b in begun.items()
         }
 
