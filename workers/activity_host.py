@@ -245,24 +245,19 @@ class ActivityHost:
         with self._lock:
             held = self.busy + self._reserved - len(calls)
         keep: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
-        back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]] = []
+        queued: list[tuple[Queued, ActivityTask]] = []
+        leased: list[ActivityTask] = []
         for fn, args in calls:
             task = _returnable(args[0]) if fn == self._activity else args[0]
             if task is None or (stalled is not None and held < self.pace.limit(task.name, stalled)):
                 keep.append((fn, args))
                 held += 1
+            elif fn == self._activity:
+                queued.append((args[0], task))
             else:
-                back.append((fn, args, task))
+                leased.append(task)
         for fn, args in keep:
             self._pool.submit(fn, *args)
-        if back:
-            self._return(back, stalled)
-
-    def _return(
-        self, back: list[tuple[Callable[..., None], tuple[Any, ...], ActivityTask]], stalled: int | None
-    ) -> None:
-        queued = [(args[0], task) for fn, args, task in back if fn == self._activity]
-        leased = [task for fn, _, task in back if fn != self._activity]
         moved = (self._return_queued(queued) if queued else 0) + (
             self._return_leased(leased) if leased else 0
         )
@@ -270,7 +265,7 @@ class ActivityHost:
             log.info(
                 "gave back %d activity task(s) (%s) that waited for a thread here%s, for any worker",
                 moved,
-                ", ".join(sorted({task.name for _, _, task in back})),
+                ", ".join(sorted({t.name for _, t in queued} | {t.name for t in leased})),
                 "" if stalled is None else f", behind {stalled} thread(s) busy with long attempts",
             )
 
