@@ -69,13 +69,16 @@ class Incident:
         settle: A success only ends the incident once no failure came for this many
             seconds (a loop whose reads still work while its writes are refused would
             otherwise report an outage per write); ``0``: at the first success.
+        cap: The longest wait between two tries, in seconds.
     """
 
-    def __init__(self, log: logging.Logger, what: str, *, settle: float = 0.0) -> None:
+    def __init__(
+        self, log: logging.Logger, what: str, *, settle: float = 0.0, cap: float = MAX_DELAY_S
+    ) -> None:
         self.log = log
         self.what = what
         self.settle = settle
-        self.backoff = Backoff()
+        self.backoff = Backoff(cap=cap)
         self._lock = threading.Lock()
         self._started: float | None = None
         self._last_failure = 0.0

@@ -39,7 +39,7 @@ from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
 from .connect import unavailable_kind
-from .outage import Backoff, Incident
+from .outage import Incident
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -462,9 +462,7 @@ class RunWaiter:
 
 def waits_outage() -> Incident:
     """The outage log of a process's waits (backing off up to 2 s: waits resume soon after)."""
-    incident = Incident(log, "waiter of this process's result() and update() calls", settle=0.0)
-    incident.backoff = Backoff(cap=2.0)
-    return incident
+    return Incident(log, "waiter of this process's result() and update() calls", cap=2.0)
 
 
 def rides_out(outage: Incident, exc: BaseException) -> bool:
