@@ -77,11 +77,16 @@ def _blocked_reason(stub: WorkflowStub, timeout: float) -> str:
 
 
 @pytest.mark.slow
-def test_runaway_runs_are_blocked_and_the_others_complete(redis_url: str, tmp_path: Path) -> None:
+def test_runaway_runs_are_blocked_and_the_others_complete(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
     log = tmp_path / "worker.log"
     with _worker(redis_url, log, "--processes", "2", "--concurrency", "2"):
+        # Both processes up before the runaways: with one, the first exit would leave no live
+        # worker (rightly reported as such) until the supervisor's restart joins.
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
         saga = WorkflowStub.make(ThreeSteps).start()
-        assert saga.result(timeout=30) == ["reserve", "charge", "ship"]  # the workers are up
+        assert saga.result(timeout=30) == ["reserve", "charge", "ship"]
         started = time.monotonic()
         spin = WorkflowStub.make(Spin).start()
         sleepy = WorkflowStub.make(Sleepy).start(20.0)
