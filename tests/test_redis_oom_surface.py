@@ -146,7 +146,9 @@ def test_workers_and_describe_say_redis_is_out_of_memory_and_the_worker_keeps_it
     log = worker_log.read_text()
     assert log.count("Redis is out of memory: it refused") == 1, log
     assert "maxmemory" in log and "durable purge" in log
-    assert "stopped responding" not in log, log
+    # The activity's task was never taken for abandoned. (A workflow task whose commit the full
+    # Redis refused may be reclaimed once --claim-idle passed: it decides again, nothing runs twice.)
+    assert not [line for line in log.splitlines() if "stopped responding" in line and ":aq:" in line], log
     assert "timed out (lease)" not in log, log
     # The step ran once, as attempt 1: the worker never took its own attempt for abandoned.
     assert effects.read_text().splitlines() == ["start s0 1"]
