@@ -15,7 +15,6 @@ import ipaddress
 import select
 import socket
 import ssl
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from loopback import LoopbackServer
 
 
 @dataclass(frozen=True)
@@ -100,54 +100,16 @@ def make_certs(folder: Path) -> Certs:
     return Certs(ca, server[0], server[1], client[0], client[1])
 
 
-class TlsProxy:
+class TlsProxy(LoopbackServer):
     """TLS on ``127.0.0.1:<port>``, forwarded in plain text to ``backend`` (a unix socket path or
     a TCP port on 127.0.0.1; settable after start, before the first client connects)."""
 
     def __init__(self, context: ssl.SSLContext, backend: str | int | None = None) -> None:
+        super().__init__()
         self.context = context
         self.backend = backend
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
         self.handshakes = 0
         self.refused = 0
-
-    def __enter__(self) -> TlsProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self._spawn(self._accept)
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        with self._lock:
-            self._threads.append(thread)
-        thread.start()
-
-    def _track(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-
-    def _accept(self) -> None:
-        self._listener.settimeout(0.1)  # close() does not wake a blocked accept(): poll the stop flag
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            self._track(conn)
-            self._spawn(self._serve, conn)
 
     def _connect_backend(self) -> socket.socket:
         if isinstance(self.backend, str):
@@ -199,17 +161,3 @@ class TlsProxy:
                     (up if sock is tls else tls).sendall(data)
                 except OSError:
                     return
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._listener.close()
-        with self._lock:
-            sockets, threads = list(self._sockets), list(self._threads)
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        for thread in threads:
-            thread.join(5)
