@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Self, TypeVar, overload
 
 from . import codec
@@ -31,6 +31,7 @@ from .client_updates import send_update
 from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
+from .store.outage import ride_out_async
 from .store.redis_store import RedisStore
 from .store.updates import update_result
 from .store.waits import RunMoved, wait_alone
@@ -38,6 +39,7 @@ from .waiting import not_closed
 from .workflow import Workflow
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class AsyncWorkflowStub(Generic[R]):
@@ -177,6 +179,16 @@ class AsyncWorkflowStub(Generic[R]):
         """The current run's events, or ``run_id``'s (:meth:`WorkflowStub.history`)."""
         return await asyncio.to_thread(self._stub.history, run_id)
 
+    async def _ride(self, call: Callable[[], Awaitable[T]], deadline: float | None) -> T:
+        """``await call()`` of :meth:`result` through a short Redis outage, within ``deadline``
+        (the loop's clock), as :meth:`RedisStore.ride` does for the sync stub."""
+        store = self._stub.store
+        within = store.client_ride_s
+        if deadline is not None:
+            within = max(0.0, min(within, deadline - asyncio.get_running_loop().time()))
+        what = f"result() of workflow {self.id!r}"
+        return await ride_out_async(call, url=store.url, what=what, within=within)
+
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
 
@@ -196,15 +208,19 @@ class AsyncWorkflowStub(Generic[R]):
         # As WorkflowStub.result: the known run is checked current by the first look.
         stub = self._stub
         current = stub._run_id is not None
-        known = stub._run_id if stub._run_id is not None else (await waiter.ref(self.id)).run_id
+        known = stub._run_id
+        if known is None:
+            known = (await self._ride(lambda: waiter.ref(self.id), deadline)).run_id
         ref = stub._at_run(known)
         while True:
             try:
+                # As WorkflowStub.result: a wait that cannot begin (Redis down) is tried again.
                 if store.cluster:
                     wall = None if deadline is None else time.monotonic() + (deadline - loop.time())
-                    closing = await asyncio.to_thread(wait_alone, store, ref, wall, current=current)
+                    waited = lambda: asyncio.to_thread(wait_alone, store, ref, wall, current=current)  # noqa: B023, E731
                 else:
-                    closing = await waiter.wait(ref, deadline, current=current)
+                    waited = lambda: waiter.wait(ref, deadline, current=current)  # noqa: B023, E731
+                closing = await self._ride(waited, deadline)
             except TimeoutError:
                 raise TimeoutError(await asyncio.to_thread(not_closed, store, ref, timeout)) from None
             except RunMoved as moved:

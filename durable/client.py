@@ -5,47 +5,40 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, Self, TypeVar, overload
 
 from . import codec, interceptors
 from . import events as ev
 from .client_updates import send_update
 from .config import namespace as configured_namespace
-from .dropped import dropped_inputs
 from .errors import (
     ConfigurationError,
     DurableError,
     WorkflowClosed,
     WorkflowNotFound,
 )
-from .history_budget import history_info
 from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds
 from .registry import check_name, get_workflow, start_queue
 from .replay.driver import query_history
+from .run_views import describe_run, run_snapshot
 from .runinfo import (
     BlockedReason,
     HistoryEvent,
     RunDescription,
-    RunOutcome,
     closing_error,
-    outcome_of,
-    with_attempts,
-    with_children,
 )
 from .search import encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
-from .store.held import starved_queues
-from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
-from .store.search import stored_attributes, stored_memo
+from .store.outage import ride_out
+from .store.redis_store import RedisStore, RunRef
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
-from .store.workers import WorkerInfo
 from .waiting import not_closed
 from .workflow import Workflow
 
@@ -60,7 +53,9 @@ def default_store() -> RedisStore:
     with _stores_lock:
         store = _stores.get((url, name))
         if store is None:
-            store = _stores[url, name] = RedisStore(url, namespace=name)
+            # Opening reads the deployment's settings: it rides out a short outage as the calls do.
+            store = ride_out(lambda: RedisStore(url, namespace=name), url=url, what="opening the store")
+            _stores[url, name] = store
         return store
 
 
@@ -70,6 +65,7 @@ def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.Signa
 
 
 R = TypeVar("R")
+T = TypeVar("T")
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -85,6 +81,11 @@ class WorkflowStub(Generic[R]):
     ``WorkflowStub.make(Order)`` is typed ``WorkflowStub[T]`` where ``T`` is the return
     annotation of ``Order.handle``, so a type checker knows what ``result()`` returns; a
     stub made from a type name or loaded by id is ``WorkflowStub[Any]``.
+
+    Every call rides out a short Redis outage (a restart, a failover): it is tried again for up
+    to the store's ``client_ride_s`` (10 s; a ``result()`` or ``update()`` wait under way, 60 s),
+    then raises :class:`~durable.errors.RedisUnavailable`. A call resent because its reply was
+    lost is not done twice (a start finds its run, a signal its earlier delivery).
 
     Example:
         ```python
@@ -287,6 +288,10 @@ class WorkflowStub(Generic[R]):
         self._run_id = ref.run_id
         return ref
 
+    def _read(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``, reading this workflow, through a short Redis outage (:meth:`RedisStore.ride`)."""
+        return self._store.ride(f"{what} of workflow {self._id!r}", call)
+
     def _run_ref(self, run_id: str | None) -> RunRef:
         """The current run, or the given run of this workflow (the stub keeps the current one)."""
         return self._store.ref(self._id, run_id) if run_id else self._ref()
@@ -345,18 +350,23 @@ class WorkflowStub(Generic[R]):
             cls = None
         queue = start_queue(self._type, self._queue)
         patches = list(getattr(cls, "patches", ())) if cls is not None else []
-        run = self._store.start(
-            workflow_type=self._type,
-            workflow_id=self._id,
-            run_id=new_run_id(),
-            args=payload,
-            queue=queue,
-            patches=patches,
-            policy=self._policy,
-            signal=signal,
-            search_attributes=self._search,
-            memo=self._memo,
-            headers=request.headers,
+        run_id = new_run_id()  # one id for every try: a resend of a start that landed finds its run
+        run = self._store.ride(
+            f"start() of workflow {self._id!r}",
+            lambda: self._store.start(
+                workflow_type=self._type,
+                workflow_id=self._id,
+                run_id=run_id,
+                args=payload,
+                queue=queue,
+                patches=patches,
+                policy=self._policy,
+                signal=signal,
+                search_attributes=self._search,
+                memo=self._memo,
+                headers=request.headers,
+            ),
+            writes=self._id,
         )
         self._run_id = run.run_id
         if run.replaced:
@@ -381,8 +391,10 @@ class WorkflowStub(Generic[R]):
         interceptors.run(ClientInterceptor, "signal_workflow", request, self._send_signal)
 
     def _send_signal(self, request: SignalWorkflowInput) -> None:
-        signal = _signal(request.name, request.args, request.headers)
-        self._store.deliver(request.workflow_id, signal, limited=True)
+        signal = _signal(request.name, request.args, request.headers)  # its id makes a resend a no-op
+        what = f"signal({request.name!r}) of workflow {request.workflow_id!r}"
+        deliver = lambda: self._store.deliver(request.workflow_id, signal, limited=True)  # noqa: E731
+        self._store.ride(what, deliver, writes=request.workflow_id)
 
     def update(
         self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
@@ -429,17 +441,33 @@ class WorkflowStub(Generic[R]):
         return interceptors.run(ClientInterceptor, "query_workflow", request, self._query)
 
     def _query(self, request: QueryWorkflowInput) -> Any:
-        ref = self._ref()
-        history, secrets = self._store.history(ref), self._store.hook_secrets
-        return query_history(history, request, ref.run_id, f"{ref.partition}.", secrets)
+        def read() -> tuple[RunRef, list[ev.Entry]]:
+            ref = self._ref()
+            return ref, self._store.history(ref)
+
+        ref, history = self._read(f"query({request.name!r})", read)
+        return query_history(history, request, ref.run_id, f"{ref.partition}.", self._store.hook_secrets)
 
     def cancel(self, reason: str = "") -> None:
         """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""
-        self._store.deliver(self._id, ev.CancelRequested(reason=reason or "cancel requested"))
+        request = ev.CancelRequested(reason=reason or "cancel requested")  # a second is dropped, noted
+        self._store.ride(f"cancel() of workflow {self._id!r}", lambda: self._store.deliver(self._id, request))
 
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided."""
-        _, snapshot = self._store.terminate(self._id, reason or "terminated")
+        tries = 0
+
+        def terminate() -> dict[str, Any]:
+            nonlocal tries
+            tries += 1
+            try:
+                return self._store.terminate(self._id, reason or "terminated")[1]
+            except WorkflowClosed:
+                if tries > 1 and self.status() == "terminated":
+                    return {}  # the first try did it; its reply was lost in the outage
+                raise
+
+        snapshot = self._store.ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id)
         self._close_children(snapshot, "parent terminated")
 
     def _close_children(self, snapshot: dict[str, Any], reason: str) -> None:
@@ -455,54 +483,27 @@ class WorkflowStub(Generic[R]):
     def status(self) -> str:
         """``pending``, ``running``, ``suspended``, ``cancelling``, ``completed``, ``failed``,
         ``cancelled``, ``terminated`` or ``continued``."""
-        record = self._store.run_record(self._ref())
-        return str(record.get("status", "pending"))
+        return self._read(
+            "status()", lambda: str(self._store.run_record(self._ref()).get("status", "pending"))
+        )
 
     def blocked(self) -> BlockedReason | None:
         """Why the current run cannot make progress until an operator acts (``None``: it can,
         or it is closed). :meth:`status` still says ``pending`` or ``suspended`` for it."""
-        return self._store.why_blocked(self._store.run_record(self._ref()))
+        return self._read("blocked()", lambda: self._store.why_blocked(self._store.run_record(self._ref())))
 
     def snapshot(self) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, blocked
         reason (``blocked``: its message, ``blocked_kind``: its kind) and, once closed, its
         ``outcome`` (:meth:`RunOutcome.to_dict`: status, result or error type and message,
         close time)."""
-        ref = self._ref()
-        record = self._store.run_record(ref)
-        snap = dict(record.get("snapshot") or {})
-        blocked = self._store.why_blocked(record)
-        outcome = self._outcome(ref, record)
-        snap.update(
-            workflow_id=self._id,
-            run_id=ref.run_id,
-            type=record.get("type"),
-            status=record.get("status"),
-            seq=record.get("seq"),
-            created=record.get("created"),
-            closed=record.get("closed"),
-            blocked=blocked.message if blocked else None,
-            blocked_kind=blocked.kind if blocked else None,
-            outcome=outcome.to_dict() if outcome else None,
-            build_id=record.get("build") or None,
-            search_attributes=stored_attributes(record.get("sa")),
-            memo=stored_memo(record.get("memo")),
-        )
-        snap.setdefault("pending", [])
-        return snap
-
-    def _outcome(self, ref: RunRef, record: dict[str, Any]) -> RunOutcome | None:
-        if record.get("status") not in CLOSED_STATUSES:
-            return None
-        closing = self._store.last_entry(ref)
-        if closing is None or not isinstance(closing.event, ev.CLOSING):
-            return None
-        return outcome_of(closing, record.get("closed"))
+        return self._read("snapshot()", lambda: run_snapshot(self._store, self._id, self._ref()))
 
     def history(self, run_id: str | None = None) -> list[HistoryEvent]:
         """The current run's events in order (``seq``, ``type``, ``ts``, ``data``); or those of
         ``run_id``, an earlier run of this workflow id (a continue-as-new chain, a reused id)."""
-        return [HistoryEvent.from_entry(e) for e in self._store.history(self._run_ref(run_id))]
+        entries = self._read("history()", lambda: self._store.history(self._run_ref(run_id)))
+        return [HistoryEvent.from_entry(e) for e in entries]
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).
@@ -511,21 +512,29 @@ class WorkflowStub(Generic[R]):
         the newer run's result. ``describe(run_id)`` and ``history(run_id)`` read an earlier run.
 
         Waits without polling: the process's waits share one blocking read (``XREAD BLOCK``) on
-        one connection, so any threads may wait, and they ride out an unreachable Redis for 60 s.
+        one connection, so any threads may wait, and they ride out an unreachable Redis for 60 s
+        (a wait that cannot begin, for the store's ``client_ride_s``, within ``timeout``).
 
         Raises:
             WorkflowFailed: the run failed, was cancelled or terminated (``.status``, ``.cause``).
             WorkflowBlocked: the run is blocked, or becomes blocked while waiting (``.kind``,
                 ``.reason``); raised at once, not at the timeout.
             TimeoutError: ``timeout`` seconds passed first.
+            RedisUnavailable: Redis could not be read for longer than the ride-out.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         # The run this stub knew is checked current by the wait's first look (one round trip).
         current = self._run_id is not None
-        ref = self._at_run(self._run_id) if self._run_id is not None else self._ref()
+        ref = self._at_run(self._run_id) if self._run_id is not None else self._read("result()", self._ref)
         while True:
             try:
-                closing = wait_closing(self._store, ref, deadline, current=current)
+                # A wait that cannot begin (Redis down) is tried again, within the timeout; one that
+                # began rides an outage out itself (OUTAGE_RIDE_S).
+                closing = self._store.ride(
+                    f"result() of workflow {self._id!r}",
+                    lambda: wait_closing(self._store, ref, deadline, current=current),  # noqa: B023
+                    until=deadline,
+                )
             except TimeoutError:
                 raise TimeoutError(not_closed(self._store, ref, timeout)) from None
             except RunMoved as moved:
@@ -538,16 +547,6 @@ class WorkflowStub(Generic[R]):
                 ref = self._at_run(closing.event.new_run_id)
                 continue
             raise closing_error(closing, self._id)
-
-    def _pending_with_attempts(
-        self, ref: RunRef, pending: list[dict[str, Any]], live: list[WorkerInfo], why: BlockedReason | None
-    ) -> list[dict[str, Any]]:
-        begun = self._store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
-        now_ms = self._store.server_time_ms() if begun and live else None
-        kids = [str(s["workflow_id"]) for s in pending if s.get("kind") == "child" and s.get("workflow_id")]
-        statuses = dict(zip(kids, self._store.instance_statuses(kids), strict=True))
-        steps = with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms, starved_queues(live))
-        return with_children(steps, statuses, why)
 
     def describe(self, run_id: str | None = None) -> RunDescription:
         """Everything known about the current run (or ``run_id``, an earlier run of this id):
@@ -562,39 +561,4 @@ class WorkflowStub(Generic[R]):
         Raises:
             WorkflowNotFound: no such workflow id, or ``run_id`` is no run of it (or was purged).
         """
-        ref = self._run_ref(run_id)
-        record = self._store.run_record(ref)
-        # One registry read serves the blocked reason and the pending attempts' workers.
-        live = self._store.live_workers() if record.get("status", "pending") in OPEN_STATUSES else []
-        snap = dict(record.get("snapshot") or {})
-        snap.update(type=record.get("type"), seq=record.get("seq"))
-        history = history_info(snap, get_workflow)
-        log = self._store.log_entries(ref)
-        outcome, blocked = self._outcome(ref, record), self._store.why_blocked(record, live)
-        for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
-            snap.pop(name, None)
-        snap.update(
-            search_attributes=stored_attributes(record.get("sa")),
-            memo=stored_memo(record.get("memo")),
-            queue=record.get("queue"),
-            schedule_id=record.get("schedule_id") or None,
-        )
-        return RunDescription(
-            workflow_id=self._id,
-            run_id=ref.run_id,
-            type=record.get("type"),
-            status=str(record.get("status", "pending")),
-            blocked=blocked,
-            outcome=outcome,
-            created=record.get("created"),
-            closed=record.get("closed"),
-            seq=record.get("seq"),
-            build_id=record.get("build") or None,
-            pending=self._pending_with_attempts(
-                ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked
-            ),
-            history=history,
-            attempts=[e for e in log if e.get("kind") == "attempt"],
-            dropped=dropped_inputs(log),
-            extra=snap,
-        )
+        return self._read("describe()", lambda: describe_run(self._store, self._id, self._run_ref(run_id)))

@@ -125,10 +125,14 @@ def send_update(
 
     def deliver(request: UpdateWorkflowInput) -> Delivery:
         payload = codec.dumps(tuple(request.args), path="args", allowed_only=True)
-        refuse_if_blocked(store, request.workflow_id, request.update_id, request.name)
-        ref, after = deliver_update(
-            store, request.workflow_id, request.update_id, request.name, payload, request.headers
-        )
+
+        def once() -> tuple[RunRef, str]:  # the update id makes a resend a no-op
+            refuse_if_blocked(store, request.workflow_id, request.update_id, request.name)
+            return deliver_update(
+                store, request.workflow_id, request.update_id, request.name, payload, request.headers
+            )
+
+        ref, after = store.ride(f"update({request.name!r}) of workflow {request.workflow_id!r}", once)
         return Delivery(ref, request.update_id, after)
 
     request = UpdateWorkflowInput(workflow_id, name, tuple(args), uid)

@@ -293,6 +293,30 @@ class WorkflowBlocked(DurableError):
         self.reason = reason
 
 
+class RedisUnavailable(DurableError):
+    """A client call (``start``, ``signal``, ``query``, ``status``, ``result`` ...) could not
+    reach Redis, or Redis refused it for now (a restart loading its data, ``maxmemory``, a
+    failover), for longer than the client rides such outages out.
+
+    The client retries a call through a short outage (10 s by default; ``result()`` and
+    ``update()`` waits already under way, 60 s), and a retried ``start`` or ``signal`` whose
+    first send did land is not done twice. After that this error says which Redis, for how
+    long and why; nothing the call was to write is half-written.
+
+    Attributes:
+        url: The Redis the client talks to (password masked).
+        kind: What the last failure was: ``"connection lost"``, ``"timeout"``, ``"LOADING"``,
+            ``"OOM"``, ``"READONLY"`` ... (see ``durable.store.connect.unavailable_kind``).
+        seconds: How long the call kept trying.
+    """
+
+    def __init__(self, message: str, *, url: str = "", kind: str = "", seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.url = url
+        self.kind = kind
+        self.seconds = seconds
+
+
 class UpdateRejected(DurableError):
     """``WorkflowStub.update`` was refused before its handler ran: its validator raised,
     the workflow has no ``@update`` of that name, or its arguments could not be decoded.

@@ -101,6 +101,18 @@ def fresh_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
         server.stop()
 
 
+@pytest.fixture
+def killable_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """As ``fresh_redis``, with ``appendfsync always``: a test may SIGKILL it and start it again
+    on its AOF (``.kill()``, ``.ensure()``) without losing an acknowledged write."""
+    server = EmbeddedRedis(tmp_path / "redis", appendfsync="always")
+    server.ensure()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # ------------------------------------------------------------------ durable runtime
 
 

@@ -54,6 +54,7 @@ from .waits import (
     _unserved_too_long,
     blocked_error,
     check_current,
+    given_up,
     newest,
     read_pause,
     rides_out,
@@ -393,8 +394,9 @@ class AsyncRunWaiter:
             self._in_read, self._reader_id = False, None
             delay = self._outage.failed(exc)
             if not rides_out(self._outage, exc):
+                error = given_up(exc, self.store.url)
                 for key in list(self._watches):
-                    self._wake(key, error=exc)
+                    self._wake(key, error=error)
             if conn is not None:
                 await conn.disconnect()
             await asyncio.sleep(delay)
@@ -510,7 +512,7 @@ async def wait_update(
         except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
             delay = outage.failed(exc)
             if not rides_out(outage, exc):
-                raise
+                raise given_up(exc, waiter.store.url) from exc
             if deadline is not None and loop.time() + delay >= deadline:
                 raise update_timeout(ref, update_id) from None
             await asyncio.sleep(delay)

@@ -10,9 +10,10 @@ feature modules (runs, activities, task queues, leases) build on :class:`StoreBa
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -23,7 +24,10 @@ from .cluster_wire import ClusterWire
 from .connect import Client, connect, is_cluster_client
 from .embedded import resolve_redis_url
 from .keys import Keys
+from .outage import CLIENT_RIDE_S, ride_out
 from .wire import Wire
+
+T = TypeVar("T")
 
 log = logging.getLogger("durable.store")
 
@@ -59,8 +63,11 @@ class StoreBase:
         partitions_: int | None = None,
         client: redis.Redis | None = None,
         flush: bool = False,
+        client_ride_s: float = CLIENT_RIDE_S,
     ) -> None:
         self.url = url or (None if client is not None else resolve_redis_url())
+        #: How long the client calls made through this store ride out Redis being unavailable.
+        self.client_ride_s = client_ride_s
         self.redis: Client = client or connect(self.url)  # type: ignore[arg-type]
         #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
         self.cluster = is_cluster_client(self.redis)
@@ -98,6 +105,16 @@ class StoreBase:
 
     def close(self) -> None:
         self.redis.close()
+
+    def ride(self, what: str, call: Callable[[], T], *, writes: str = "", until: float | None = None) -> T:
+        """``call()`` (a client call's Redis work, safe to repeat) through an outage of up to
+        :attr:`client_ride_s` (and not past ``until``, a ``time.monotonic()`` deadline), then
+        :class:`~durable.errors.RedisUnavailable` naming ``what`` (see
+        :func:`~durable.store.outage.ride_out`)."""
+        within = self.client_ride_s
+        if until is not None:
+            within = max(0.0, min(within, until - time.monotonic()))
+        return ride_out(call, url=self.url, what=what, within=within, writes=writes)
 
     def flush(self) -> None:
         """Delete everything in this Redis database (tests), then record the partition count again."""

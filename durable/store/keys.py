@@ -14,6 +14,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:act:<run id>         hash    activity id -> current task body (attempt, state)
     T:log:<run id>         stream  beside the history: attempts, dropped inputs
     T:upd:<run id>         hash    update id -> ms it was delivered: one delivery per id (exactly-once)
+    T:sent:<signal id>     string  run id a client's signal went to, for SENT_TTL_MS: a retried send
+                                   (its reply lost in an outage) is not delivered twice
     T:wq:<queue>           stream  workflow tasks of runs not pinned to a build (consumer group "workers")
     T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
     T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
@@ -89,6 +91,11 @@ queue when due (its id: when the type was first seen unserved, ms; 0: it is serv
 
 HANDED_BACK_ACTIVITY = "u"
 """Kind of an activity task handed back likewise (its id: ``<activity id>|<first unserved ms>``)."""
+
+SENT_TTL_MS = 120_000
+"""How long ``T:sent:<signal id>`` lasts: well past the last retry of a client's signal
+(:data:`~durable.store.outage.CLIENT_RIDE_S` plus a socket timeout), short enough that a
+thousand signals a second keep only ~120k small keys."""
 
 # Fields of the activity hash ``T:act:<run id>`` beside ``<aid>`` (the current task body).
 ATTEMPT_SUFFIX = "#"
@@ -255,6 +262,10 @@ class Keys:
 
     def updates(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:upd:{run_id}"
+
+    def sent_signal(self, p: int, signal_id: str) -> str:
+        """Where a client's signal notes the run it went to (expires after :data:`SENT_TTL_MS`)."""
+        return f"{self.tag(p)}:sent:{signal_id}"
 
     def workflow_tasks(self, p: int, queue: str, build: str = "") -> str:
         """Workflow tasks of ``queue``: runs pinned to ``build``, or not pinned (``""``)."""

@@ -13,14 +13,16 @@ line per retry. Which errors count is :func:`~durable.store.connect.is_transient
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from .connect import unavailable_kind
+from ..errors import RedisUnavailable
+from .connect import is_redis_error, masked_url, unavailable_kind
 
 T = TypeVar("T")
 
@@ -29,6 +31,15 @@ FIRST_DELAY_S = 0.1
 
 MAX_DELAY_S = 5.0
 """The longest wait between two tries (an outage's end is noticed within about this)."""
+
+CLIENT_RIDE_S = 10.0
+"""How long a client call (``start``, ``signal``, ``query``, ``status`` ...) rides out Redis
+being unavailable before it raises :class:`~durable.errors.RedisUnavailable` (about as long as
+Temporal's clients retry an RPC): a restart or a failover takes seconds, and a web handler
+starting a run should neither fail on it nor hang for minutes. ``RedisStore(client_ride_s=)``
+sets it per store (the CLI and the HTTP server use 0: an operator wants the answer now)."""
+
+log = logging.getLogger("durable.client")
 
 
 class Backoff:
@@ -70,13 +81,21 @@ class Incident:
             seconds (a loop whose reads still work while its writes are refused would
             otherwise report an outage per write); ``0``: at the first success.
         cap: The longest wait between two tries, in seconds.
+        until: How long it retries, in words (the WARNING's end).
     """
 
     def __init__(
-        self, log: logging.Logger, what: str, *, settle: float = 0.0, cap: float = MAX_DELAY_S
+        self,
+        log: logging.Logger,
+        what: str,
+        *,
+        settle: float = 0.0,
+        cap: float = MAX_DELAY_S,
+        until: str = "until it answers, no work is lost meanwhile",
     ) -> None:
         self.log = log
         self.what = what
+        self.until = until
         self.settle = settle
         self.backoff = Backoff(cap=cap)
         self._lock = threading.Lock()
@@ -116,13 +135,13 @@ class Incident:
             delay = self.backoff.next()
         if first:
             self.log.warning(
-                "redis unavailable (%s: %s); the %s retries with backoff (%.1f s up to %.0f s) until "
-                "it answers, no work is lost meanwhile",
+                "redis unavailable (%s: %s); the %s retries with backoff (%.1f s up to %.0f s) %s",
                 kind,
                 _first_line(exc),
                 self.what,
                 self.backoff.first,
                 self.backoff.cap,
+                self.until,
             )
         return delay
 
@@ -176,6 +195,114 @@ def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threadin
                 time.sleep(delay)
             continue
         incident.recovered()
+        return result
+
+
+_client_outage: Incident | None = None
+_client_outage_lock = threading.Lock()
+
+
+def client_outage() -> Incident:
+    """The outage log of this process's client calls (one WARNING per outage, not per call)."""
+    global _client_outage  # noqa: PLW0603 - one per process, made on first use
+    with _client_outage_lock:
+        if _client_outage is None:
+            _client_outage = Incident(
+                log,
+                "client of this process",
+                cap=2.0,
+                until="for each call's ride-out (RedisStore.client_ride_s), then raises RedisUnavailable",
+            )
+        return _client_outage
+
+
+def unavailable_error(
+    exc: BaseException, url: str | None, what: str, seconds: float, *, writes: str = ""
+) -> RedisUnavailable:
+    """The :class:`~durable.errors.RedisUnavailable` ending ``what`` (``"start()"``...) after
+    ``seconds`` of ``exc``; ``writes``: the workflow id a write of the call went to, if any."""
+    kind = unavailable_kind(exc) or type(exc).__name__
+    where = masked_url(url or "redis")
+    down = kind in ("connection lost", "timeout", "cluster reconfiguring")
+    head = f"cannot reach Redis at {where}" if down else f"Redis at {where} refuses commands for now"
+    tried = f" for {seconds:.0f} s, so {what} gave up" if seconds >= 0.5 else ""
+    fix = (
+        "check that it runs and is the Redis the workers use (DURABLE_REDIS_URL, --redis)"
+        if down
+        else "see `durable workers` and Redis's log"
+    )
+    landed = (
+        f"; it may have landed before the outage: look with `durable status {writes}` before sending it again"
+        if writes
+        else ""
+    )
+    error = RedisUnavailable(
+        f"{head} ({kind}: {_first_line(exc)}){tried}: {fix}{landed}", url=where, kind=kind, seconds=seconds
+    )
+    error.__cause__ = exc  # also where it is handed to a waiting caller rather than raised here
+    return error
+
+
+class _Ride:
+    """One client call's ride through an outage: how long to wait before each try, until
+    ``within`` seconds have passed since it began (see :func:`ride_out`)."""
+
+    def __init__(self, url: str | None, what: str, within: float, writes: str) -> None:
+        self.url, self.what, self.within, self.writes = url, what, within, writes
+        self.started = time.monotonic()
+        self.outage: Incident | None = None
+
+    def wait_after(self, exc: Exception) -> float:
+        """Seconds to wait before the next try; raises ``exc`` when it is no outage, and
+        :class:`~durable.errors.RedisUnavailable` once ``within`` has passed."""
+        # Only Redis's own errors: a builtin TimeoutError is a wait's deadline, not an outage.
+        if not is_redis_error(exc) or unavailable_kind(exc) is None:
+            raise exc
+        spent = time.monotonic() - self.started
+        if spent >= self.within:  # a last try at ``within``: the end of a restart is not missed
+            raise unavailable_error(exc, self.url, self.what, spent, writes=self.writes) from exc
+        self.outage = self.outage or client_outage()
+        return min(self.outage.failed(exc), self.within - spent)
+
+    def done(self) -> None:
+        if self.outage is not None:
+            self.outage.recovered()
+
+
+def ride_out(
+    call: Callable[[], T], *, url: str | None, what: str, within: float = CLIENT_RIDE_S, writes: str = ""
+) -> T:
+    """``call()``, tried again through a Redis outage for up to ``within`` seconds, then
+    :class:`~durable.errors.RedisUnavailable` (:func:`unavailable_error`). Other errors are
+    raised as they are. ``call`` must be safe to repeat: a timed-out send may have run."""
+    ride = _Ride(url, what, within, writes)
+    while True:
+        try:
+            result = call()
+        except Exception as exc:  # noqa: BLE001 - wait_after raises what is no outage
+            time.sleep(ride.wait_after(exc))
+            continue
+        ride.done()
+        return result
+
+
+async def ride_out_async(
+    call: Callable[[], Awaitable[T]],
+    *,
+    url: str | None,
+    what: str,
+    within: float = CLIENT_RIDE_S,
+    writes: str = "",
+) -> T:
+    """:func:`ride_out` for a coroutine function (the event loop sleeps between the tries)."""
+    ride = _Ride(url, what, within, writes)
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:  # noqa: BLE001 - wait_after raises what is no outage
+            await asyncio.sleep(ride.wait_after(exc))
+            continue
+        ride.done()
         return result
 
 

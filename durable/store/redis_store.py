@@ -63,4 +63,8 @@ class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry, Schedule
             count refuses to open.
         client: Use this client instead of connecting to ``url``.
         flush: Empty the Redis database first (tests).
+        client_ride_s: How long the client calls made with this store (``WorkflowStub``'s
+            start, signal, query, status ...) ride out Redis being unavailable (a restart, a
+            failover) before they raise :class:`~durable.errors.RedisUnavailable` (default
+            :data:`~durable.store.outage.CLIENT_RIDE_S`, 10 s; ``0``: at once).
     """

@@ -30,7 +30,7 @@ from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
 from . import loads
 from .base import LOG_MAXLEN
-from .keys import Keys, activity_queue, deadline_member, is_private, timer_member
+from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
 from .records import (
     OPEN_STATUSES,
@@ -251,8 +251,7 @@ class RunStore(SearchStore):
                 or a closed one its id reuse policy does not start again.
             LimitExceeded: a signal-with-start's open run is at its signal or history limit.
         """
-        k, p = self.keys, self.keys.partition(workflow_id)
-        policy = policy or DEFAULT_POLICY
+        k, p, policy = self.keys, self.keys.partition(workflow_id), policy or DEFAULT_POLICY
         conflict = policy.conflict(signal=signal is not None)
         started_options = dict(options or {})
         if policy.has_timeouts:
@@ -293,10 +292,11 @@ class RunStore(SearchStore):
             type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
         ]
         index = pack_index(start_index(data))
-        extra = script_options(policy, conflict, run_id, started_options, signal)
+        sent = k.sent_signal(p, signal.signal_id) if signal is not None and signal.signal_id else ""
+        extra = script_options(policy, conflict, run_id, started_options, signal, sent=sent)
+        stale = conflict == "terminate_existing"
         for _ in range(5):
             # terminate_existing: the script terminates the open run only if it is still this one.
-            stale = conflict == "terminate_existing"
             found, old_keys = open_run(self.redis, k, p, workflow_id) if stale else ({}, [])
             result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found), index])
             if text(result[0]) != "MOVED":
@@ -436,7 +436,9 @@ class RunStore(SearchStore):
             p = self.ref(workflow_id, run_id).partition
             keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
         bounds = [run_limits.current().max_pending_signals, run_limits.current().max_history_events]
-        args = [run_id or "", type_name, data, *(bounds if limited else [])]
+        args = [run_id or "", type_name, data, *(bounds if limited else [0, 0])]
+        if isinstance(event, ev.SignalReceived) and event.signal_id:
+            args += [k.sent_signal(p, event.signal_id), SENT_TTL_MS]  # a resend is not delivered twice
         result = self._run_script("deliver", keys, args)
         outcome = text(result[0])
         if outcome == "LIMIT":

@@ -12,7 +12,7 @@ from ..errors import WorkflowAlreadyStarted
 from ..immutable import immutable
 from ..start_policy import StartPolicy, deadlines
 from .connect import Client
-from .keys import Keys, deadline_member
+from .keys import SENT_TTL_MS, Keys, deadline_member
 from .records import OPEN_STATUSES, RunRef, text
 from .tasks import child_result_message
 
@@ -38,9 +38,16 @@ def deadline_args(run_id: str, options: dict[str, Any]) -> list[list[Any]]:
 
 
 def script_options(
-    policy: StartPolicy, conflict: str, run_id: str, options: dict[str, Any], signal: ev.Event | None
+    policy: StartPolicy,
+    conflict: str,
+    run_id: str,
+    options: dict[str, Any],
+    signal: ev.Event | None,
+    *,
+    sent: str = "",
 ) -> dict[str, Any]:
-    """The start script's options map, but for what terminating an open run needs."""
+    """The start script's options map, but for what terminating an open run needs (``sent``:
+    the signal's ``T:sent`` key, noting where it went so that a resend is not delivered twice)."""
     out: dict[str, Any] = {
         "reuse": policy.id_reuse_policy,
         "conflict": conflict,
@@ -51,6 +58,8 @@ def script_options(
         limits = run_limits.current()
         out["signal"] = [type_name, data]
         out["limits"] = [limits.max_pending_signals, limits.max_history_events]
+        if sent:
+            out["sent"] = [sent, SENT_TTL_MS]
     return out
 
 

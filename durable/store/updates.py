@@ -149,7 +149,7 @@ def wait_update(
                 look(store, ref)  # raises for a blocked or vanished run
             outage.recovered()
         except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
-            sleep_out(outage, exc, deadline, update_timeout(ref, update_id))
+            sleep_out(outage, exc, deadline, update_timeout(ref, update_id), store.url)
 
 
 def update_result(event: Outcome, workflow_id: str, name: str) -> Any:

@@ -39,7 +39,7 @@ from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
 from .connect import unavailable_kind
-from .outage import Incident
+from .outage import Incident, unavailable_error
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -230,7 +230,7 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
             if not waiting:
                 raise  # a wait that never began fails at once, as the shared waiter's first look
             timeout = TimeoutError(f"workflow {ref.workflow_id!r} did not close within the timeout")
-            sleep_out(outage, exc, deadline, timeout)
+            sleep_out(outage, exc, deadline, timeout, store.url)
 
 
 @dataclass
@@ -391,7 +391,7 @@ class RunWaiter:
             delay = self._outage.failed(exc)
             if not rides_out(self._outage, exc):
                 # Every caller waiting now learns of it, as a caller blocking on its own would.
-                self._fail_all(exc)
+                self._fail_all(given_up(exc, store.url))
             time.sleep(delay)
             return None
 
@@ -473,18 +473,29 @@ def rides_out(outage: Incident, exc: BaseException) -> bool:
     if outage.lasted <= OUTAGE_RIDE_S:
         return True
     log.warning(
-        "redis unreachable for over %.0f s: the result() and update() waits of this process raise it",
+        "redis unreachable for over %.0f s: the result() and update() waits of this process give up",
         OUTAGE_RIDE_S,
     )
     return False
 
 
-def sleep_out(outage: Incident, exc: redis.RedisError, deadline: float | None, timeout: Exception) -> None:
+def given_up(exc: BaseException, url: str | None) -> BaseException:
+    """What the callers of waits that no longer ride ``exc`` out get: ``exc`` itself (no outage),
+    or :class:`~durable.errors.RedisUnavailable` after :data:`OUTAGE_RIDE_S` of outage."""
+    if unavailable_kind(exc) is None:
+        return exc
+    return unavailable_error(exc, url, "the result() or update() wait", OUTAGE_RIDE_S)
+
+
+def sleep_out(
+    outage: Incident, exc: redis.RedisError, deadline: float | None, timeout: Exception, url: str | None
+) -> None:
     """After ``exc`` failed a wait's own read: wait to try again if :func:`rides_out` says so,
-    else raise ``exc``; raise ``timeout`` when ``deadline`` (``time.monotonic()``) comes first."""
+    else raise :func:`given_up`; raise ``timeout`` when ``deadline`` (``time.monotonic()``)
+    comes first."""
     delay = outage.failed(exc)
     if not rides_out(outage, exc):
-        raise exc
+        raise given_up(exc, url) from exc
     if deadline is not None and time.monotonic() + delay >= deadline:
         raise timeout from None
     time.sleep(delay)

@@ -98,7 +98,8 @@ class CliState:
                 self.url = _embedded_url(start_embedded)
                 self.embedded_dir = str(EmbeddedRedis().data_dir)
             try:
-                self._store = RedisStore(self.url, namespace=self.namespace)
+                # An operator's command answers at once, not after riding out an outage.
+                self._store = RedisStore(self.url, namespace=self.namespace, client_ride_s=0)
             except BadRedisUrl as exc:
                 url, source = self._given
                 raise CliError(f"{source}: {exc}" if url == self.url else str(exc)) from None

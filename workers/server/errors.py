@@ -18,6 +18,7 @@ from durable.errors import (
     HookError,
     LimitExceeded,
     PayloadTooLarge,
+    RedisUnavailable,
     SerializationError,
     UnknownTypeError,
     WorkflowAlreadyStarted,
@@ -96,6 +97,8 @@ def from_exception(exc: BaseException) -> ApiError:
     """The :class:`ApiError` answering ``exc`` (unexpected ones are logged, traceback included)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, RedisUnavailable) and exc.__cause__ is not None:
+        exc = exc.__cause__  # what Redis said (unreachable, OOM, MISCONF) picks the answer below
     for kind, code in _MAPPED:
         if isinstance(exc, kind):
             return ApiError(code, _first_line(exc))

@@ -4,10 +4,14 @@
 -- caller) makes a signal one round trip and immune to a continue-as-new racing it.
 -- KEYS: instance[, run, inbox] (run and inbox only with an exact run id)
 -- ARGV: run id ('' = the instance's current run), event type, event data (msgpack)
---       [, most inbox items, most history events: refuse at or beyond them (0: no limit)]
+--       [, most inbox items, most history events: refuse at or beyond them (0: no limit)
+--       [, a client signal's T:sent key, its time to live (ms)]]
 -- Returns {'OK', run id} | {'CLOSED', status, run id} | {'NOTFOUND'} | {'LIMIT', limit, count, run id}
+--   (a client's signal sent again after its reply was lost: {'OK', the run it went to})
 local instance, run, inbox = KEYS[1], KEYS[2], KEYS[3]
 local rid, type_name, data = ARGV[1], ARGV[2], ARGV[3]
+local sent = sent_before(ARGV[6])
+if sent then return {'OK', sent} end
 
 if rid == '' then
   rid = redis.call('HGET', instance, 'run')
@@ -25,5 +29,6 @@ if max_inbox > 0 or max_events > 0 then
   if max_events > 0 and events >= max_events then return {'LIMIT', 'max_history_events', events, rid} end
 end
 redis.call('RPUSH', inbox, envelope(type_name, now_ms(), data))
+note_sent(ARGV[6], rid, ARGV[7])
 wake(run, rid)
 return {'OK', rid}

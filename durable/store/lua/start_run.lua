@@ -10,20 +10,25 @@
 --       expect (the open run terminate_existing may terminate), terminated (its WorkflowTerminated
 --       data), to_parent (message telling its parent, or ''), signal ({type, data}),
 --       limits ({most inbox items, most history events} of an open run taking the signal),
+--       sent ({T:sent key, ms}: the signal's note, so that a retried send is not delivered twice),
 --       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts),
 --       search index data ('' or msgpack {sa, sx, memo, sched}: see sx_start in _lib.lua)
--- Returns {'OK', run id, ts, snapshot of a terminated run or ''} (a start retried with the same run
---   id is idempotent and returns OK) | {'ALREADY', open run id} | {'EXISTING', open run id}
---   | {'REJECTED', closed run id, status} | {'MOVED', open run id} (not the one to terminate)
+-- Returns {'OK', run id, ts, snapshot of a terminated run or ''} | {'ALREADY', open run id}
+--   | {'EXISTING', open run id} | {'REJECTED', closed run id, status} | {'MOVED', open run id} (not the one to terminate)
 --   | {'LIMIT', limit, count, open run id}
+-- A start retried with the same run id returns OK again; a signal-with-start whose signal went
+-- to an open run, EXISTING with that run again (their first reply was lost in an outage).
 local instance, run, history, wq, runs, timers, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local wid, rid, wtype, queue, data, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local opt = {}
 if ARGV[8] and ARGV[8] ~= '' then opt = cmsgpack.unpack(ARGV[8]) end
 local reuse, conflict = opt.reuse or 'allow_duplicate', opt.conflict or 'fail'
 
+-- A start or signal-with-start sent again after its reply was lost in an outage: done already.
+if redis.call('EXISTS', run) == 1 then return {'OK', rid, 0, ''} end
+local sent = sent_before(opt.sent and opt.sent[1])
+if sent then return {'EXISTING', sent} end
 local current = redis.call('HMGET', instance, 'run', 'status')
-if current[1] == rid then return {'OK', rid, 0, ''} end
 local replaced = ''
 if current[1] and is_open(current[2]) then
   local cur = current[1]
@@ -38,6 +43,7 @@ if current[1] and is_open(current[2]) then
       local events = (tonumber(redis.call('HGET', cur_run, 'seq')) or 0) + pending
       if max_events > 0 and events >= max_events then return {'LIMIT', 'max_history_events', events, cur} end
       redis.call('RPUSH', cur_inbox, envelope(opt.signal[1], now_ms(), opt.signal[2]))
+      note_sent(opt.sent and opt.sent[1], cur, opt.sent and opt.sent[2])
       wake(cur_run, cur)
     end
     return {'EXISTING', cur}

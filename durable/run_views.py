@@ -1,0 +1,106 @@
+"""What the client's reads of one run build from the store: its snapshot (the projection
+``WorkflowStub.snapshot`` returns) and its :class:`~durable.runinfo.RunDescription`
+(``WorkflowStub.describe``, ``durable describe``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import events as ev
+from .dropped import dropped_inputs
+from .history_budget import history_info
+from .registry import get_workflow
+from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of, with_attempts, with_children
+from .store.held import starved_queues
+from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
+from .store.search import stored_attributes, stored_memo
+from .store.workers import WorkerInfo
+
+
+def run_snapshot(store: RedisStore, workflow_id: str, ref: RunRef) -> dict[str, Any]:
+    """The run's projection, with its blocked reason and, once closed, its outcome."""
+    record = store.run_record(ref)
+    snap = dict(record.get("snapshot") or {})
+    blocked = store.why_blocked(record)
+    outcome = run_outcome(store, ref, record)
+    snap.update(
+        workflow_id=workflow_id,
+        run_id=ref.run_id,
+        type=record.get("type"),
+        status=record.get("status"),
+        seq=record.get("seq"),
+        created=record.get("created"),
+        closed=record.get("closed"),
+        blocked=blocked.message if blocked else None,
+        blocked_kind=blocked.kind if blocked else None,
+        outcome=outcome.to_dict() if outcome else None,
+        build_id=record.get("build") or None,
+        search_attributes=stored_attributes(record.get("sa")),
+        memo=stored_memo(record.get("memo")),
+    )
+    snap.setdefault("pending", [])
+    return snap
+
+
+def run_outcome(store: RedisStore, ref: RunRef, record: dict[str, Any]) -> RunOutcome | None:
+    """How a closed run ended, from its closing entry (``None``: open, or no closing entry)."""
+    if record.get("status") not in CLOSED_STATUSES:
+        return None
+    closing = store.last_entry(ref)
+    if closing is None or not isinstance(closing.event, ev.CLOSING):
+        return None
+    return outcome_of(closing, record.get("closed"))
+
+
+def _pending_with_attempts(
+    store: RedisStore,
+    ref: RunRef,
+    pending: list[dict[str, Any]],
+    live: list[WorkerInfo],
+    why: BlockedReason | None,
+) -> list[dict[str, Any]]:
+    begun = store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
+    now_ms = store.server_time_ms() if begun and live else None
+    kids = [str(s["workflow_id"]) for s in pending if s.get("kind") == "child" and s.get("workflow_id")]
+    statuses = dict(zip(kids, store.instance_statuses(kids), strict=True))
+    steps = with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms, starved_queues(live))
+    return with_children(steps, statuses, why)
+
+
+def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescription:
+    """Everything known about one run (see :meth:`durable.WorkflowStub.describe`)."""
+    record = store.run_record(ref)
+    # One registry read serves the blocked reason and the pending attempts' workers.
+    live = store.live_workers() if record.get("status", "pending") in OPEN_STATUSES else []
+    snap = dict(record.get("snapshot") or {})
+    snap.update(type=record.get("type"), seq=record.get("seq"))
+    history = history_info(snap, get_workflow)
+    log = store.log_entries(ref)
+    outcome, blocked = run_outcome(store, ref, record), store.why_blocked(record, live)
+    for name in ("status", "type", "seq", "pending", "blocked", "blocked_kind", "outcome", "build_id"):
+        snap.pop(name, None)
+    snap.update(
+        search_attributes=stored_attributes(record.get("sa")),
+        memo=stored_memo(record.get("memo")),
+        queue=record.get("queue"),
+        schedule_id=record.get("schedule_id") or None,
+    )
+    return RunDescription(
+        workflow_id=workflow_id,
+        run_id=ref.run_id,
+        type=record.get("type"),
+        status=str(record.get("status", "pending")),
+        blocked=blocked,
+        outcome=outcome,
+        created=record.get("created"),
+        closed=record.get("closed"),
+        seq=record.get("seq"),
+        build_id=record.get("build") or None,
+        pending=_pending_with_attempts(
+            store, ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked
+        ),
+        history=history,
+        attempts=[e for e in log if e.get("kind") == "attempt"],
+        dropped=dropped_inputs(log),
+        extra=snap,
+    )
