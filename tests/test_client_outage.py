@@ -22,7 +22,7 @@ from apps.basic import Sequence, Waiter
 from lossy_proxy import LossyProxy
 from outages import in_thread
 
-from durable import AsyncWorkflowStub, RedisUnavailable, WorkflowStub
+from durable import AsyncWorkflowStub, RedisUnavailable, WorkflowStub, count_runs
 from durable.store.embedded import EmbeddedRedis
 from durable.store.outage import unavailable_error
 from durable.store.redis_store import RedisStore
@@ -42,13 +42,15 @@ def test_a_start_during_a_redis_restart_goes_through_once_redis_is_back(
         status = WorkflowStub.make(Sequence, id="read-in-outage", store=store)
         thread, out = in_thread(lambda: stub.start(4))
         reader, read = in_thread(status.status)
+        lister, listed = in_thread(lambda: count_runs("type = 'NoSuchType'", store=store))
         time.sleep(1.5)
         assert thread.is_alive() and not out, out  # it waits for Redis, it does not fail
         killable_redis.ensure()
-        thread.join(30)
-        reader.join(30)
+        for waiting in (thread, reader, lister):
+            waiting.join(30)
         assert out == {"value": stub}, out
         assert isinstance(read.get("error"), Exception) and "no workflow" in str(read["error"]), read
+        assert listed == {"value": 0}, listed
         assert stub.result(timeout=30) == 6
     said = [r.getMessage() for r in caplog.records if r.name == "durable.client"]
     # One WARNING for the outage, however many calls rode it out; one INFO line when it ended.
