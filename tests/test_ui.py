@@ -239,6 +239,23 @@ def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> Non
     page.context.close()
 
 
+def test_a_timer_set_for_ages_shows_no_impossible_date(ui: Ui) -> None:
+    """A wait past year 9999 is said as the CLI says it (the page once showed year 33715)."""
+    wid = _start(ui, "Waiter", 1e12)  # about 31,700 years
+    with ui.open.client() as c:
+        wait_for(
+            lambda: any(p["kind"] == "timer" for p in c.get(f"/api/v1/workflows/{wid}").json()["pending"]),
+            timeout=30,
+        )
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    row = page.locator("#pending tbody tr.current").first
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[0] == "timer" and cells[3] == "after 9999-12-31", cells
+    page.context.close()
+
+
 def test_failed_attempts_show_errors_and_cancel_from_the_ui(ui: Ui, tmp_path: Path) -> None:
     failing = _start(ui, "Failing", str(tmp_path / "flaky.log"), 5)
     saga = _start(ui, "Saga", str(tmp_path / "saga.log"))

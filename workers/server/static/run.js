@@ -3,13 +3,18 @@
 "use strict";
 
 (() => {
-  const { FOUND_ON_READ, api, el, time, duration, json, badge, showError, flash } = D;
+  const { FOUND_ON_READ, LAST_SHOWN_MS, api, el, time, duration, json, badge, showError, flash } = D;
   const root = document.getElementById("run");
   const wid = root.dataset.workflowId;
   const base = "/api/v1/workflows/" + encodeURIComponent(wid);
   const HISTORY_PAGE = 10000;
   const TABLE_CHUNK = 300;
   let info = null;
+
+  // When a wait ends, and how far off (not for a date past year 9999: "after 9999-12-31").
+  function deadline(ms) {
+    return ms > LAST_SHOWN_MS ? time(ms) : `${time(ms)} (in ${duration(ms - Date.now())})`;
+  }
   let events = [];
   let runId = null;
   let shownRows = 0;
@@ -92,7 +97,7 @@
       for (const [k, v] of Object.entries(rest)) if (v === null || v === "" || (typeof v === "string" && (p.state || "").includes(v))) delete rest[k];
       const details = [p.state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
       return el("tr", { class: "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
-        el("td", {}, p.deadline ? `${time(p.deadline)} (in ${duration(p.deadline - Date.now())})` : ""),
+        el("td", {}, p.deadline ? deadline(p.deadline) : ""),
         el("td", { class: "small" }, details));
     });
     // Signals received that no await_signal took yet: where one sent under a misspelt name shows.

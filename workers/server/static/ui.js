@@ -82,8 +82,12 @@ const D = (() => {
   }
 
   // Times are shown in the browser's zone, to the second (ms in titles).
+  // Past year 9999 (a timer set for ages): said as the CLI says it, not as year 33715.
+  const LAST_SHOWN_MS = Date.UTC(9999, 11, 31, 23, 59, 59);
+
   function time(ms) {
     if (ms === null || ms === undefined || ms === "") return "";
+    if (Number(ms) > LAST_SHOWN_MS) return "after 9999-12-31";
     const d = new Date(Number(ms));
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   }
@@ -253,5 +257,5 @@ const D = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", setupToken);
-  return { FOUND_ON_READ, api, qs, el, time, duration, ago, json, badge, flash, showError, confirm, live, token, bytesText, runLink, ApiError };
+  return { FOUND_ON_READ, LAST_SHOWN_MS, api, qs, el, time, duration, ago, json, badge, flash, showError, confirm, live, token, bytesText, runLink, ApiError };
 })();
