@@ -244,15 +244,19 @@ class WorkflowStub(Generic[R]):
         """Deliver ``payload`` to the hook with this token (single use).
 
         One script finds the hook's run, uses the token up and pushes the payload onto the
-        run's inbox: nothing can use the token without delivering.
+        run's inbox: nothing can use the token without delivering. The call rides out a short
+        Redis outage; resent after its reply was lost, it finds its own delivery.
 
         Raises:
             HookError: unknown, used or expired token (the message never repeats it).
             WorkflowClosed: the hook's run is closed.
         """
         store = store or default_store()
-        # One script resolves, uses up and delivers: a crash cannot burn the token alone.
-        store.resume_hook(token, codec.dumps((payload,), path="payload", allowed_only=True))
+        data = codec.dumps((payload,), path="payload", allowed_only=True)
+        # One script resolves, uses up and delivers: a crash cannot burn the token alone. The
+        # delivery id makes a resend (its reply lost in an outage) find its delivery.
+        delivery = new_run_id()
+        store.ride("resume_hook()", lambda: store.resume_hook(token, data, delivery_id=delivery))
 
     # ------------------------------------------------------------ identity
     @property

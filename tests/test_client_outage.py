@@ -13,16 +13,18 @@ done twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 import pytest
 import redis
-from apps.basic import Sequence, Waiter
+from apps.basic import Hooked, Sequence, Waiter
 from lossy_proxy import LossyProxy
 from outages import in_thread
+from waiting import wait_for
 
-from durable import AsyncWorkflowStub, RedisUnavailable, WorkflowStub, count_runs
+from durable import AsyncWorkflowStub, HookError, RedisUnavailable, WorkflowStub, count_runs
 from durable.store.embedded import EmbeddedRedis
 from durable.store.outage import unavailable_error
 from durable.store.redis_store import RedisStore
@@ -64,6 +66,8 @@ def _lossy_store(proxy: LossyProxy) -> RedisStore:
     warm = WorkflowStub.make(Waiter, id="loads-the-scripts", store=store).start(0)  # start_run
     warm.signal("warm-up")  # deliver
     warm.terminate()  # terminate
+    with contextlib.suppress(HookError):
+        WorkflowStub.resume_hook("0.unknown", store=store)  # resume_hook
     return store
 
 
@@ -109,6 +113,21 @@ def test_a_signal_with_start_whose_reply_is_lost_signals_the_open_run_once(
         assert proxy.lost == 1
         assert again.run_id == ref.run_id  # the open run took the signal, once
         assert store.redis.llen(store.keys.inbox(ref.partition, ref.run_id)) == 1
+
+
+def test_a_hook_resume_whose_reply_is_lost_is_delivered_once(killable_redis: EmbeddedRedis) -> None:
+    with LossyProxy(str(killable_redis.socket_path)) as proxy:
+        store = _lossy_store(proxy)
+        with TestEnvironment(store=store):
+            stub = WorkflowStub.make(Hooked, id="lost-hook", store=store).start()
+            token = wait_for(lambda: stub.query("hook_token"), timeout=30)
+            proxy.lose_reply_to(b"EVALSHA")
+            WorkflowStub.resume_hook(token, {"paid": True}, store=store)  # the resend finds its delivery
+            assert proxy.lost == 1
+            assert stub.result(timeout=30) == {"paid": True}
+            # The token stays single-use for any other call.
+            with pytest.raises(HookError, match="unknown or already used"):
+                WorkflowStub.resume_hook(token, {"paid": False}, store=store)
 
 
 def test_a_terminate_whose_reply_is_lost_succeeds(killable_redis: EmbeddedRedis) -> None:

@@ -14,8 +14,8 @@ Layout (``T`` = ``prefix:{p}``)::
     T:act:<run id>         hash    activity id -> current task body (attempt, state)
     T:log:<run id>         stream  beside the history: attempts, dropped inputs
     T:upd:<run id>         hash    update id -> ms it was delivered: one delivery per id (exactly-once)
-    T:sent:<signal id>     string  run id a client's signal went to, for SENT_TTL_MS: a retried send
-                                   (its reply lost in an outage) is not delivered twice
+    T:sent:<input id>      string  run id a client's signal (or hook payload) went to, for SENT_TTL_MS:
+                                   a resend (its reply lost in an outage) is not delivered twice
     T:wq:<queue>           stream  workflow tasks of runs not pinned to a build (consumer group "workers")
     T:wq:<queue>@<build>   stream  workflow tasks of runs pinned to a build id
     T:wq:@<worker>         stream  a worker's private (sticky) workflow tasks: runs it has cached
@@ -263,9 +263,10 @@ class Keys:
     def updates(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:upd:{run_id}"
 
-    def sent_signal(self, p: int, signal_id: str) -> str:
-        """Where a client's signal notes the run it went to (expires after :data:`SENT_TTL_MS`)."""
-        return f"{self.tag(p)}:sent:{signal_id}"
+    def sent_input(self, p: int, input_id: str) -> str:
+        """Where a client's input (a signal by its signal id, a hook payload by its delivery id)
+        notes the run it went to (expires after :data:`SENT_TTL_MS`)."""
+        return f"{self.tag(p)}:sent:{input_id}"
 
     def workflow_tasks(self, p: int, queue: str, build: str = "") -> str:
         """Workflow tasks of ``queue``: runs pinned to ``build``, or not pinned (``""``)."""

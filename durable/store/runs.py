@@ -292,7 +292,7 @@ class RunStore(SearchStore):
             type_retention_ms(workflow_type) or "",  # recorded in the run: see durable.retention
         ]
         index = pack_index(start_index(data))
-        sent = k.sent_signal(p, signal.signal_id) if signal is not None and signal.signal_id else ""
+        sent = k.sent_input(p, signal.signal_id) if signal is not None and signal.signal_id else ""
         extra = script_options(policy, conflict, run_id, started_options, signal, sent=sent)
         stale = conflict == "terminate_existing"
         for _ in range(5):
@@ -438,7 +438,7 @@ class RunStore(SearchStore):
         bounds = [run_limits.current().max_pending_signals, run_limits.current().max_history_events]
         args = [run_id or "", type_name, data, *(bounds if limited else [0, 0])]
         if isinstance(event, ev.SignalReceived) and event.signal_id:
-            args += [k.sent_signal(p, event.signal_id), SENT_TTL_MS]  # a resend is not delivered twice
+            args += [k.sent_input(p, event.signal_id), SENT_TTL_MS]  # a resend is not delivered twice
         result = self._run_script("deliver", keys, args)
         outcome = text(result[0])
         if outcome == "LIMIT":
@@ -508,9 +508,10 @@ class RunStore(SearchStore):
             value = self.redis.get(key)
         return (text(value).encode(),)
 
-    def resume_hook(self, token: str, data: bytes) -> RunRef:
+    def resume_hook(self, token: str, data: bytes, *, delivery_id: str = "") -> RunRef:
         """Use up a hook token and push ``HookResumed`` (payload ``data``) onto its run's inbox,
-        in one script (see ``lua/resume_hook.lua``).
+        in one script (see ``lua/resume_hook.lua``). ``delivery_id``: this call's id; the same
+        call sent again (its reply was lost) then finds its delivery instead of a used token.
 
         Raises:
             HookError: a token that is malformed, unknown, expired or already used (the
@@ -524,7 +525,8 @@ class RunStore(SearchStore):
         result = self._run_script(
             "resume_hook",
             [self.keys.hooks(p)],
-            [hooktokens.digest(token), codec.pack({"payload": data}), token],
+            [hooktokens.digest(token), codec.pack({"payload": data}), token]
+            + ([self.keys.sent_input(p, delivery_id), SENT_TTL_MS] if delivery_id else []),
         )
         outcome = text(result[0])
         if outcome == "UNKNOWN":
