@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import builtins
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from . import codec
 from .client import default_store
@@ -41,6 +42,8 @@ from .schedule_spec import (
 )
 from .store.redis_store import RedisStore
 from .store.schedules import ScheduleState, claim_member, parse_claim_member
+
+T = TypeVar("T")
 
 __all__ = [
     "BackfillResult",
@@ -266,18 +269,29 @@ class ScheduleHandle:
             raise ConfigurationError(f"ScheduleHandle.create needs a Schedule, not {spec!r}")
         handle = cls(schedule_id, store=store)
         args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
-        now = handle._store.server_time_ms()
-        reply = handle._store.schedule_save(
-            handle._id,
-            mode="create",
-            spec=spec.to_json(),
-            args=args,
-            next_ms=spec.next_after(now),
-            paused=spec.paused,
-            note=spec.note,
-            action=action("created", now, paused=spec.paused or None),
-        )
-        if reply == "EXISTS":
+        tries = 0
+
+        def save() -> str:
+            nonlocal tries
+            tries += 1
+            now = handle._store.server_time_ms()
+            reply = handle._store.schedule_save(
+                handle._id,
+                mode="create",
+                spec=spec.to_json(),
+                args=args,
+                next_ms=spec.next_after(now),
+                paused=spec.paused,
+                note=spec.note,
+                action=action("created", now, paused=spec.paused or None),
+            )
+            if reply == "EXISTS" and tries > 1:
+                state = handle._store.schedule_state(handle._id)
+                if state is not None and _spec_of(state).to_json() == spec.to_json():
+                    return "OK"  # the first try created it; its reply was lost in the outage
+            return reply
+
+        if handle._ride("create()", save) == "EXISTS":
             raise ScheduleExists(
                 f"schedule {schedule_id!r} already exists; update it (`durable schedule update`) or delete it first"
             )
@@ -287,16 +301,25 @@ class ScheduleHandle:
     def list(*, store: RedisStore | None = None) -> list[ScheduleDescription]:
         """Every schedule, described, by id."""
         store = store or default_store()
-        out = []
-        lateness = _Lateness(store)  # one read of the clock, Redis's memory and the workers for all
-        for schedule_id in store.schedule_ids():
-            try:
-                out.append(ScheduleHandle(schedule_id, store=store)._describe(False, lateness))
-            except ScheduleNotFound:
-                continue  # deleted meanwhile
-        return out
+
+        def described() -> builtins.list[ScheduleDescription]:
+            out = []
+            lateness = _Lateness(store)  # one read of the clock, Redis's memory and the workers for all
+            for schedule_id in store.schedule_ids():
+                try:
+                    out.append(ScheduleHandle(schedule_id, store=store)._describe(False, lateness))
+                except ScheduleNotFound:
+                    continue  # deleted meanwhile
+            return out
+
+        return store.ride("ScheduleHandle.list()", described)
 
     # --------------------------------------------------------------- reads
+    def _ride(self, what: str, call: Callable[[], T]) -> T:
+        """``call()`` through a short Redis outage, as the workflow stubs' calls
+        (:meth:`RedisStore.ride`); each call sent again is safe to repeat."""
+        return self._store.ride(f"{what} of schedule {self._id!r}", call)
+
     def _state(self) -> ScheduleState:
         state = self._store.schedule_state(self._id)
         if state is None:
@@ -306,7 +329,7 @@ class ScheduleHandle:
     @property
     def spec(self) -> Schedule:
         """The schedule's current spec."""
-        return _spec_of(self._state())
+        return self._ride("spec", lambda: _spec_of(self._state()))
 
     def describe(self, *, runs: bool = True) -> ScheduleDescription:
         """The spec, state, next 5 times, recent actions and the open runs it started.
@@ -314,7 +337,7 @@ class ScheduleHandle:
         Args:
             runs: Read the status of the runs it started (``False``: list them unread).
         """
-        return self._describe(runs, _Lateness(self._store))
+        return self._ride("describe()", lambda: self._describe(runs, _Lateness(self._store)))
 
     def _describe(self, runs: bool, lateness: _Lateness) -> ScheduleDescription:
         state = self._state()
@@ -395,11 +418,11 @@ class ScheduleHandle:
     def pause(self, note: str = "") -> None:
         """Stop firing until :meth:`unpause` (times passing meanwhile are not made up).
         ``note`` (why) is shown by describe until the next pause, unpause or note update."""
-        self._set_paused(True, note, "paused")
+        self._ride("pause()", lambda: self._set_paused(True, note, "paused"))
 
     def unpause(self, note: str = "") -> None:
         """Fire again from the next scheduled time after now (clears the pause note, or sets ``note``)."""
-        self._set_paused(False, note, "unpaused")
+        self._ride("unpause()", lambda: self._set_paused(False, note, "unpaused"))
 
     def update(self, **changes: Any) -> Schedule:
         """Change fields of the spec (``cron=``, ``every=``, ``args=``, ``overlap=``, ``paused=``,
@@ -409,6 +432,10 @@ class ScheduleHandle:
         Raises:
             ConfigurationError: an unknown field (the message lists the valid ones) or a bad value.
         """
+        # Sent again after its reply was lost, the spec it wrote is current: nothing more is written.
+        return self._ride("update()", lambda: self._update(changes))
+
+    def _update(self, changes: dict[str, Any]) -> Schedule:
         state = self._state()
         current = _spec_of(state)
         if "paused" in changes:
@@ -431,10 +458,11 @@ class ScheduleHandle:
             policy skipped it: nothing started and nothing will (``describe()`` shows the
             ``skipped`` action). ``overlap="allow_all"`` starts one whatever runs.
         """
-        state = self._state()
-        policy = ScheduleOverlap.parse(overlap or _spec_of(state).overlap)
-        now = self._store.server_time_ms()
-        outcome = self._fire([now], "trigger", policy, action("triggered", now, scheduled_at=iso(now)))
+        # The time is read once: a claim sent again (its reply lost) is the same claim.
+        spec, now = self._ride("trigger()", lambda: (_spec_of(self._state()), self._store.server_time_ms()))
+        policy = ScheduleOverlap.parse(overlap or spec.overlap)
+        entry = action("triggered", now, scheduled_at=iso(now))
+        outcome = self._ride("trigger()", lambda: self._fire([now], "trigger", policy, entry))
         return None if outcome["skipped"] else scheduled_workflow_id(self._id, now)
 
     def backfill(
@@ -453,8 +481,7 @@ class ScheduleHandle:
         start_ms, end_ms = parse_moment(start, "backfill start"), parse_moment(end, "backfill end")
         if end_ms < start_ms:
             raise ConfigurationError(f"backfill end ({iso(end_ms)}) is before its start ({iso(start_ms)})")
-        state = self._state()
-        spec = _spec_of(state)
+        spec = self._ride("backfill()", lambda: _spec_of(self._state()))
         policy = ScheduleOverlap.parse(overlap or spec.overlap)
         times: list[int] = []
         for ms in spec.times_after(start_ms - 1):
@@ -466,9 +493,9 @@ class ScheduleHandle:
                     "split the range"
                 )
             times.append(ms)
-        now = self._store.server_time_ms()
+        now = self._ride("backfill()", self._store.server_time_ms)
         entry = action("backfilled", now, first=iso(start_ms), last=iso(end_ms), times=len(times))
-        outcome = self._fire(times, "backfill", policy, entry)
+        outcome = self._ride("backfill()", lambda: self._fire(times, "backfill", policy, entry))
         named = {k: [iso(ms) or "" for ms in v] for k, v in outcome.items()}
         return BackfillResult([iso(ms) or "" for ms in times], named, skip_reason(policy))
 
@@ -520,5 +547,12 @@ class ScheduleHandle:
         Raises:
             ScheduleNotFound: no such schedule.
         """
-        if not self._store.schedule_delete(self._id):
+        tries = 0
+
+        def delete() -> bool:
+            nonlocal tries
+            tries += 1
+            return self._store.schedule_delete(self._id) or tries > 1  # a resend: the first did it
+
+        if not self._ride("delete()", delete):
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")

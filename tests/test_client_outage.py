@@ -24,7 +24,16 @@ from lossy_proxy import LossyProxy
 from outages import in_thread
 from waiting import wait_for
 
-from durable import AsyncWorkflowStub, HookError, RedisUnavailable, WorkflowStub, count_runs
+from durable import (
+    AsyncWorkflowStub,
+    HookError,
+    RedisUnavailable,
+    Schedule,
+    ScheduleExists,
+    ScheduleHandle,
+    WorkflowStub,
+    count_runs,
+)
 from durable.store.embedded import EmbeddedRedis
 from durable.store.outage import unavailable_error
 from durable.store.redis_store import RedisStore
@@ -68,6 +77,7 @@ def _lossy_store(proxy: LossyProxy) -> RedisStore:
     warm.terminate()  # terminate
     with contextlib.suppress(HookError):
         WorkflowStub.resume_hook("0.unknown", store=store)  # resume_hook
+    ScheduleHandle.create("loads-the-scripts", Schedule(workflow="Waiter", every="1h"), store=store).delete()
     return store
 
 
@@ -128,6 +138,34 @@ def test_a_hook_resume_whose_reply_is_lost_is_delivered_once(killable_redis: Emb
             # The token stays single-use for any other call.
             with pytest.raises(HookError, match="unknown or already used"):
                 WorkflowStub.resume_hook(token, {"paid": False}, store=store)
+
+
+def test_a_schedule_create_or_delete_whose_reply_is_lost_succeeds(killable_redis: EmbeddedRedis) -> None:
+    with LossyProxy(str(killable_redis.socket_path)) as proxy:
+        store = _lossy_store(proxy)
+        spec = Schedule(workflow="Waiter", every="1h", args=[0])
+        proxy.lose_reply_to(b"EVALSHA")
+        handle = ScheduleHandle.create("nightly", spec, store=store)  # the resend finds it: no ScheduleExists
+        assert proxy.lost == 1
+        assert handle.describe().spec == spec
+        with pytest.raises(ScheduleExists):  # another create of the id is refused as ever
+            ScheduleHandle.create("nightly", spec, store=store)
+        proxy.lose_reply_to(b"EVALSHA")
+        handle.delete()  # the resend finds it gone: no ScheduleNotFound
+        assert proxy.lost == 2
+        assert [d.id for d in ScheduleHandle.list(store=store)] == []
+
+
+def test_a_schedule_read_rides_out_a_redis_restart(killable_redis: EmbeddedRedis) -> None:
+    store = RedisStore(killable_redis.url)
+    handle = ScheduleHandle.create("hourly", Schedule(workflow="Waiter", every="1h", args=[0]), store=store)
+    killable_redis.kill()
+    thread, out = in_thread(lambda: handle.describe().state)
+    time.sleep(1.5)
+    assert thread.is_alive() and not out, out
+    killable_redis.ensure()
+    thread.join(30)
+    assert out == {"value": "active"}, out
 
 
 def test_a_terminate_whose_reply_is_lost_succeeds(killable_redis: EmbeddedRedis) -> None:
