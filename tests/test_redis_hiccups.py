@@ -125,6 +125,21 @@ def test_a_settling_incident_ends_only_after_a_quiet_spell(caplog: pytest.LogCap
     assert not incident.active and len(caplog.records) == 2
 
 
+def test_an_outage_that_settled_unsaid_is_over_for_the_next_failure(caplog: pytest.LogCaptureFixture) -> None:
+    """The calls that saw Redis answer again may all have ended before the quiet spell did: the
+    next failure, much later, is a new outage (a WARNING, its own duration), not the old one
+    still going (whose length would make the waits give up at once)."""
+    incident = Incident(logging.getLogger("durable.test"), "test loop", settle=0.2)
+    caplog.set_level(logging.INFO, logger="durable.test")
+    incident.failed(rexc.ConnectionError("Connection refused"))
+    incident.recovered()  # answered again; nobody calls again within the settle time
+    time.sleep(0.3)
+    assert incident.lasted == 0.0
+    incident.failed(rexc.ConnectionError("Connection refused"))
+    assert incident.lasted < 0.1
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+
+
 def test_retry_transient_retries_refusals_and_raises_the_rest() -> None:
     incident = Incident(logging.getLogger("durable.test"), "test")
     incident.backoff = Backoff(first=0.001, cap=0.01)

@@ -10,6 +10,7 @@ out too. Sync and async waits.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -83,6 +84,29 @@ def test_an_update_wait_rides_out_a_redis_restart(killable_redis: EmbeddedRedis,
         killable_redis.ensure()
         thread.join(60)
     assert out == {"value": "reserved:sku-1"}
+
+
+def test_many_waits_through_one_outage_log_it_once(
+    killable_redis: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Update waits read on connections of their own, yet one outage is one WARNING for the
+    process (it once logged one per waiting call)."""
+    caplog.set_level(logging.INFO, logger="durable.client")
+    store = RedisStore(killable_redis.url)
+    with TestEnvironment(store=store):
+        stubs = [WorkflowStub.make(UpdCart, id=f"outage-many-{i}", store=store).start() for i in range(3)]
+        wait_for(lambda: all(s.status() == "suspended" for s in stubs))
+        waits = [in_thread(lambda s=s: s.update("reserve", "sku-1", 3, timeout=60)) for s in stubs]
+        waits.append(in_thread(lambda: stubs[0].result(timeout=60)))  # and a result() wait
+        wait_for(lambda: sum(c.get("cmd") == "xread" for c in store.redis.client_list()) >= 2, timeout=20)
+        killable_redis.kill()
+        time.sleep(1.5)
+        killable_redis.ensure()
+        for thread, out in waits[:3]:
+            thread.join(60)
+            assert out == {"value": "reserved:sku-1"}, out
+    said = [r.getMessage() for r in caplog.records if r.name == "durable.client"]
+    assert sum(m.startswith("redis unavailable") for m in said) == 1, said
 
 
 def test_a_result_wait_gets_the_error_once_the_outage_lasts_too_long(

@@ -268,7 +268,7 @@ class AsyncRunWaiter:
         self._kicked = False
         self._next_check = 0.0
         self._read_at = 0.0
-        self._outage = waits_outage()
+        self._outage = waits_outage(store)
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
@@ -492,7 +492,7 @@ async def wait_update(
     loop = asyncio.get_running_loop()
     key = waiter.store.keys.history(ref.partition, ref.run_id)
     last = after
-    outage = waits_outage()
+    outage = waits_outage(waiter.store)
     while True:
         block_s = BLOCK_CHECK_S
         if deadline is not None:

@@ -24,7 +24,7 @@ from .cluster_wire import ClusterWire
 from .connect import Client, connect, is_cluster_client
 from .embedded import resolve_redis_url
 from .keys import Keys
-from .outage import CLIENT_RIDE_S, ride_out
+from .outage import CLIENT_RIDE_S, client_outage, ride_out
 from .wire import Wire
 
 T = TypeVar("T")
@@ -114,7 +114,9 @@ class StoreBase:
         within = self.client_ride_s
         if until is not None:
             within = max(0.0, min(within, until - time.monotonic()))
-        return ride_out(call, url=self.url, what=what, within=within, writes=writes)
+        return ride_out(
+            call, url=self.url, what=what, within=within, writes=writes, outage=client_outage(self)
+        )
 
     def flush(self) -> None:
         """Delete everything in this Redis database (tests), then record the partition count again."""

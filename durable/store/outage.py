@@ -18,6 +18,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -113,14 +114,21 @@ class Incident:
     @property
     def lasted(self) -> float:
         """Seconds since the outage going on started (``0.0``: none is)."""
-        started = self._started
-        return 0.0 if started is None else time.monotonic() - started
+        started, now = self._started, time.monotonic()
+        return 0.0 if started is None or self._settled(now) else now - started
+
+    def _settled(self, now: float) -> bool:
+        """Whether a success came and no failure for ``settle`` seconds: the outage is over,
+        whether or not a later success has said so yet (the calls that saw it may have ended)."""
+        return self._ok_since is not None and now - self._last_failure >= self.settle
 
     def failed(self, exc: BaseException) -> float:
         """Note a transient failure; returns the seconds to wait before trying again."""
         kind = unavailable_kind(exc) or type(exc).__name__
         now = time.monotonic()
         with self._lock:
+            if self._started is not None and self._settled(now):
+                self._started = None  # the last outage ended unsaid: this failure starts a new one
             first = self._started is None
             if first:
                 self._started = now
@@ -198,22 +206,31 @@ def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threadin
         return result
 
 
-_client_outage: Incident | None = None
-_client_outage_lock = threading.Lock()
+_client_outages: weakref.WeakKeyDictionary[object, Incident] = weakref.WeakKeyDictionary()
+_client_outages_lock = threading.Lock()
+_no_store = threading.Lock()  # stands for the calls made before a store exists (opening one)
 
 
-def client_outage() -> Incident:
-    """The outage log of this process's client calls (one WARNING per outage, not per call)."""
-    global _client_outage  # noqa: PLW0603 - one per process, made on first use
-    with _client_outage_lock:
-        if _client_outage is None:
-            _client_outage = Incident(
+def client_outage(store: object | None = None) -> Incident:
+    """The outage log of this process's client side on one store (its calls riding an outage
+    out, its ``result()`` and ``update()`` waits): one WARNING per outage, not one per call.
+    A success only ends it after a second without failures, so that calls and waits failing
+    and answering in turn as Redis goes down or comes back do not log the outage twice."""
+    with _client_outages_lock:
+        key = _no_store if store is None else store
+        incident = _client_outages.get(key)
+        if incident is None:
+            incident = _client_outages[key] = Incident(
                 log,
                 "client of this process",
+                settle=1.0,
                 cap=2.0,
-                until="for each call's ride-out (RedisStore.client_ride_s), then raises RedisUnavailable",
+                until=(
+                    "(its calls for up to RedisStore.client_ride_s, 10 s; its result() and update() "
+                    "waits for up to 60 s), then raises RedisUnavailable"
+                ),
             )
-        return _client_outage
+        return incident
 
 
 def unavailable_error(
@@ -247,10 +264,13 @@ class _Ride:
     """One client call's ride through an outage: how long to wait before each try, until
     ``within`` seconds have passed since it began (see :func:`ride_out`)."""
 
-    def __init__(self, url: str | None, what: str, within: float, writes: str) -> None:
+    def __init__(
+        self, url: str | None, what: str, within: float, writes: str, outage: Incident | None
+    ) -> None:
         self.url, self.what, self.within, self.writes = url, what, within, writes
         self.started = time.monotonic()
-        self.outage: Incident | None = None
+        self.log = outage
+        self.outage: Incident | None = None  # once a try failed
 
     def wait_after(self, exc: Exception) -> float:
         """Seconds to wait before the next try; raises ``exc`` when it is no outage, and
@@ -261,7 +281,7 @@ class _Ride:
         spent = time.monotonic() - self.started
         if spent >= self.within:  # a last try at ``within``: the end of a restart is not missed
             raise unavailable_error(exc, self.url, self.what, spent, writes=self.writes) from exc
-        self.outage = self.outage or client_outage()
+        self.outage = self.outage or self.log or client_outage()
         return min(self.outage.failed(exc), self.within - spent)
 
     def done(self) -> None:
@@ -270,12 +290,19 @@ class _Ride:
 
 
 def ride_out(
-    call: Callable[[], T], *, url: str | None, what: str, within: float = CLIENT_RIDE_S, writes: str = ""
+    call: Callable[[], T],
+    *,
+    url: str | None,
+    what: str,
+    within: float = CLIENT_RIDE_S,
+    writes: str = "",
+    outage: Incident | None = None,
 ) -> T:
     """``call()``, tried again through a Redis outage for up to ``within`` seconds, then
     :class:`~durable.errors.RedisUnavailable` (:func:`unavailable_error`). Other errors are
-    raised as they are. ``call`` must be safe to repeat: a timed-out send may have run."""
-    ride = _Ride(url, what, within, writes)
+    raised as they are. ``call`` must be safe to repeat: a timed-out send may have run.
+    ``outage``: where the outage is logged (default: :func:`client_outage` of no store)."""
+    ride = _Ride(url, what, within, writes, outage)
     while True:
         try:
             result = call()
@@ -293,9 +320,10 @@ async def ride_out_async(
     what: str,
     within: float = CLIENT_RIDE_S,
     writes: str = "",
+    outage: Incident | None = None,
 ) -> T:
     """:func:`ride_out` for a coroutine function (the event loop sleeps between the tries)."""
-    ride = _Ride(url, what, within, writes)
+    ride = _Ride(url, what, within, writes, outage)
     while True:
         try:
             result = await call()

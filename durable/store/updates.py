@@ -131,7 +131,7 @@ def wait_update(
     """
     key = store.keys.history(ref.partition, ref.run_id)
     last = after
-    outage = waits_outage()
+    outage = waits_outage(store)
     while True:
         block_s = BLOCK_CHECK_S
         if deadline is not None:

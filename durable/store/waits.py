@@ -39,7 +39,7 @@ from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
 from .connect import unavailable_kind
-from .outage import Incident, unavailable_error
+from .outage import Incident, client_outage, unavailable_error
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -207,7 +207,7 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
     key = store.keys.history(ref.partition, ref.run_id)
     since: float | None = None
     waiting = False
-    outage = waits_outage()  # this caller's: other callers may read from nodes that answer
+    outage = waits_outage(store)  # this caller's: other callers may read from nodes that answer
     while True:
         try:
             last, closing, unserved = look(store, ref, current=current)
@@ -253,7 +253,7 @@ class _Watch:
 class RunWaiter:
     """The process's waits on one store's runs (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: RedisStore) -> None:
         # No reference to the store: waiters live in a map weakly keyed by it. The thread
         # holds the store only while runs are watched.
         self._lock = threading.Lock()
@@ -265,7 +265,7 @@ class RunWaiter:
         self._kicked = False
         self._next_check = 0.0
         self._read_at = 0.0
-        self._outage = waits_outage()
+        self._outage = waits_outage(store)
 
     def wait(
         self, store: RedisStore, ref: RunRef, deadline: float | None, *, current: bool = False
@@ -460,9 +460,14 @@ class RunWaiter:
                 self._wake(key, error=exc)
 
 
-def waits_outage() -> Incident:
-    """The outage log of a process's waits (backing off up to 2 s: waits resume soon after)."""
-    return Incident(log, "waiter of this process's result() and update() calls", cap=2.0)
+def waits_outage(store: RedisStore) -> Incident:
+    """The outage log of this process's waits on ``store`` (backing off up to 2 s: waits resume
+    soon after): its client's (:func:`~durable.store.outage.client_outage`), so one WARNING per
+    outage however many ``result()`` and ``update()`` calls wait; on a Redis Cluster one per
+    wait, since waits there read different nodes (one may answer while another is down)."""
+    if store.cluster:
+        return Incident(log, "waiter of this result() or update() call", cap=2.0)
+    return client_outage(store)
 
 
 def rides_out(outage: Incident, exc: BaseException) -> bool:
@@ -522,7 +527,7 @@ def waiter_for(store: RedisStore) -> RunWaiter:
     with _waiters_lock:
         held = _waiters.get(store)
         if held is None or held[0] != pid:
-            held = _waiters[store] = (pid, RunWaiter())
+            held = _waiters[store] = (pid, RunWaiter(store))
         return held[1]
 
 
