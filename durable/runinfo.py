@@ -349,13 +349,25 @@ def _next_attempt(step: Mapping[str, Any], failed: Mapping[str, Any], now_ms: in
     return f", next attempt in {span(wait_s)}" + (f" (at {at} UTC)" if wait_s >= 60 else "")
 
 
+LAST_DATE_MS = 253_402_300_799_999
+"""The last UTC millisecond of the year 9999, the last a date is written for: a retry or timer
+set for ages can be due later (``after 9999-12-31``)."""
+
+
+def past_dates(ms: float) -> bool:
+    """Whether ``ms`` (UTC) comes after the last date :func:`utc_text` writes."""
+    return ms > LAST_DATE_MS
+
+
 def utc_text(ms: float) -> str:
     """UTC milliseconds as ``2026-12-03 18:05:29`` (a time past the year 9999, as a retry or timer
     set for ages can be: ``after 9999-12-31``)."""
+    if past_dates(ms):
+        return "after 9999-12-31"
     try:
         return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-    except (ValueError, OverflowError, OSError):
-        return "after 9999-12-31"
+    except (ValueError, OverflowError, OSError):  # before the year 1, NaN: no date to write
+        return f"{ms} ms"
 
 
 def from_now(at_ms: float, now_ms: float) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .runinfo import NO_LIVE_WORKER, from_now, utc_text
+from .runinfo import NO_LIVE_WORKER, from_now, past_dates, utc_text
 from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
 
@@ -99,4 +99,4 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
 
 def _at(deadline_ms: int, now_ms: int) -> str:
     at = utc_text(deadline_ms)
-    return f"{at} UTC" if at.startswith("after") else f"{at} UTC, {from_now(deadline_ms, now_ms)}"
+    return f"{at} UTC" if past_dates(deadline_ms) else f"{at} UTC, {from_now(deadline_ms, now_ms)}"

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import HistoryEvent
-from durable.runinfo import blocked_reason, from_now
+from durable.runinfo import blocked_reason, from_now, past_dates
 
 __all__ = [
     "console",
@@ -113,10 +113,12 @@ def fmt_ms(ms: Any, fmt: str = "%Y-%m-%d %H:%M:%S.%f") -> str:
     ages), the milliseconds themselves."""
     if not isinstance(ms, int | float) or ms <= 0:
         return ""
+    if past_dates(ms):
+        return f"after 9999-12-31 ({int(ms)} ms)"
     try:
         return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC).strftime(fmt)[:-3]
-    except (ValueError, OverflowError, OSError):
-        return f"after 9999-12-31 ({int(ms)} ms)"
+    except (ValueError, OverflowError, OSError):  # NaN: no date to write
+        return f"{ms} ms"
 
 
 def short(value: Any, width: int = 80) -> str:
@@ -214,7 +216,7 @@ def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
 def _deadline(ms: Any) -> str:
     """A pending step's deadline, and how far off it is (this host's clock: for reading only)."""
     at = fmt_ms(ms)
-    if not at or at.startswith("after 9999") or not isinstance(ms, int | float):
+    if not at or not isinstance(ms, int | float) or past_dates(ms):
         return at  # none, or past any date (a timer set for ages)
     return f"{at} ({from_now(ms, time.time() * 1000)})"
 
