@@ -467,7 +467,7 @@ class WorkflowStub(Generic[R]):
             try:
                 return self._store.terminate(self._id, reason or "terminated")[1]
             except WorkflowClosed:
-                if tries > 1 and self.status() == "terminated":
+                if tries > 1 and self._store.run_record(self._ref()).get("status") == "terminated":
                     return {}  # the first try did it; its reply was lost in the outage
                 raise
 

@@ -91,14 +91,15 @@ local function wake(run_key, run_id)
   return 1
 end
 
--- A client's signal: the run an earlier send of this same signal went to (its reply was lost in
--- an outage and the client sent it again), or false. `key` is its T:sent key ('' or nil: none).
+-- A client's input (a signal, a hook payload): the run an earlier send of this same input went to
+-- (its reply was lost in an outage and the client sent it again), or false. `key` is its T:sent
+-- key ('' or nil: none).
 local function sent_before(key)
   if not key or key == '' then return false end
   return redis.call('GET', key)
 end
 
--- Note that a client's signal went to run `rid`, for `ttl` ms (past the client's last retry).
+-- Note that a client's input went to run `rid`, for `ttl` ms (past the client's last retry).
 local function note_sent(key, rid, ttl)
   if key and key ~= '' then redis.call('SET', key, rid, 'PX', ttl) end
 end
