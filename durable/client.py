@@ -467,8 +467,11 @@ class WorkflowStub(Generic[R]):
             try:
                 return self._store.terminate(self._id, reason or "terminated")[1]
             except WorkflowClosed:
-                if tries > 1 and self._store.run_record(self._ref()).get("status") == "terminated":
-                    return {}  # the first try did it; its reply was lost in the outage
+                record = self._store.run_record(self._ref()) if tries > 1 else {}
+                if record.get("status") == "terminated":
+                    # The first try did it; its reply (the snapshot) was lost in the outage, and
+                    # the run record still holds that snapshot: its children are closed below.
+                    return dict(record.get("snapshot") or {})
                 raise
 
         snapshot = self._store.ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id)

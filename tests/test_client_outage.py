@@ -20,6 +20,7 @@ import time
 import pytest
 import redis
 from apps.basic import Hooked, Sequence, Waiter
+from apps.starts import Guardian
 from lossy_proxy import LossyProxy
 from outages import in_thread
 from waiting import wait_for
@@ -168,14 +169,22 @@ def test_a_schedule_read_rides_out_a_redis_restart(killable_redis: EmbeddedRedis
     assert out == {"value": "active"}, out
 
 
-def test_a_terminate_whose_reply_is_lost_succeeds(killable_redis: EmbeddedRedis) -> None:
+def test_a_terminate_whose_reply_is_lost_succeeds_and_closes_the_children(
+    killable_redis: EmbeddedRedis,
+) -> None:
     with LossyProxy(str(killable_redis.socket_path)) as proxy:
         store = _lossy_store(proxy)
-        stub = WorkflowStub.make(Waiter, id="lost-terminate", store=store).start(0)
-        proxy.lose_reply_to(b"EVALSHA")
-        stub.terminate("done with it")  # the resend finds it terminated: no WorkflowClosed
-        assert proxy.lost == 1
-        assert stub.status() == "terminated"
+        with TestEnvironment(store=store):
+            stub = WorkflowStub.make(Guardian, id="lost-terminate", store=store).start("terminate", "its-kid")
+            wait_for(lambda: store.instance_statuses(["its-kid"])[0] is not None, timeout=30)
+            kid = WorkflowStub.load("its-kid", store=store)
+            wait_for(lambda: any(p.get("kind") == "child" for p in stub.snapshot()["pending"]), timeout=30)
+            proxy.lose_reply_to(b"EVALSHA")
+            stub.terminate("done with it")  # the resend finds it terminated: no WorkflowClosed
+            assert proxy.lost == 1
+            assert stub.status() == "terminated"
+            # The lost reply carried the run's pending children; the record's snapshot stood in.
+            assert kid.status() == "terminated"
 
 
 def test_calls_give_up_after_their_ride_out_with_a_clear_error(killable_redis: EmbeddedRedis) -> None:
