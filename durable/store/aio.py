@@ -54,10 +54,9 @@ from .waits import (
     _unserved_too_long,
     blocked_error,
     check_current,
-    given_up,
+    give_up,
     newest,
     read_pause,
-    rides_out,
     waits_outage,
 )
 from .workers import WorkerInfo, no_live_worker_reason
@@ -393,8 +392,8 @@ class AsyncRunWaiter:
         except redis.RedisError as exc:
             self._in_read, self._reader_id = False, None
             delay = self._outage.failed(exc)
-            if not rides_out(self._outage, exc):
-                error = given_up(exc, self.store.url)
+            error = give_up(self._outage, exc, self.store.url)
+            if error is not None:
                 for key in list(self._watches):
                     self._wake(key, error=error)
             if conn is not None:
@@ -511,8 +510,9 @@ async def wait_update(
             outage.recovered()
         except redis.RedisError as exc:  # rides out an unreachable Redis, as result() does
             delay = outage.failed(exc)
-            if not rides_out(outage, exc):
-                raise given_up(exc, waiter.store.url) from exc
+            error = give_up(outage, exc, waiter.store.url)
+            if error is not None:
+                raise error from error.__cause__  # exc itself, or RedisUnavailable caused by it
             if deadline is not None and loop.time() + delay >= deadline:
                 raise update_timeout(ref, update_id) from None
             await asyncio.sleep(delay)

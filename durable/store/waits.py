@@ -389,9 +389,10 @@ class RunWaiter:
                 _close(conn)
             self._client_id = None
             delay = self._outage.failed(exc)
-            if not rides_out(self._outage, exc):
+            error = give_up(self._outage, exc, store.url)
+            if error is not None:
                 # Every caller waiting now learns of it, as a caller blocking on its own would.
-                self._fail_all(given_up(exc, store.url))
+                self._fail_all(error)
             time.sleep(delay)
             return None
 
@@ -470,37 +471,32 @@ def waits_outage(store: RedisStore) -> Incident:
     return client_outage(store)
 
 
-def rides_out(outage: Incident, exc: BaseException) -> bool:
-    """Whether the waits keep their callers through ``exc`` (noted in ``outage`` already):
-    Redis unreachable for less than :data:`OUTAGE_RIDE_S`. Other errors reach the callers."""
+def give_up(outage: Incident, exc: BaseException, url: str | None) -> BaseException | None:
+    """After ``exc`` (noted in ``outage`` already) failed a wait's read: ``None`` while the waits
+    keep their callers (Redis unreachable for less than :data:`OUTAGE_RIDE_S`), else what the
+    callers get: ``exc`` itself when it is no outage, or :class:`~durable.errors.RedisUnavailable`
+    (its ``__cause__`` is ``exc``)."""
     if unavailable_kind(exc) is None:
-        return False
+        return exc
     if outage.lasted <= OUTAGE_RIDE_S:
-        return True
+        return None
     log.warning(
         "redis unreachable for over %.0f s: the result() and update() waits of this process give up",
         OUTAGE_RIDE_S,
     )
-    return False
-
-
-def given_up(exc: BaseException, url: str | None) -> BaseException:
-    """What the callers of waits that no longer ride ``exc`` out get: ``exc`` itself (no outage),
-    or :class:`~durable.errors.RedisUnavailable` after :data:`OUTAGE_RIDE_S` of outage."""
-    if unavailable_kind(exc) is None:
-        return exc
     return unavailable_error(exc, url, "the result() or update() wait", OUTAGE_RIDE_S)
 
 
 def sleep_out(
     outage: Incident, exc: redis.RedisError, deadline: float | None, timeout: Exception, url: str | None
 ) -> None:
-    """After ``exc`` failed a wait's own read: wait to try again if :func:`rides_out` says so,
-    else raise :func:`given_up`; raise ``timeout`` when ``deadline`` (``time.monotonic()``)
+    """After ``exc`` failed a wait's own read: wait to try again unless :func:`give_up` says
+    not to (then raise what it says); raise ``timeout`` when ``deadline`` (``time.monotonic()``)
     comes first."""
     delay = outage.failed(exc)
-    if not rides_out(outage, exc):
-        raise given_up(exc, url) from exc
+    error = give_up(outage, exc, url)
+    if error is not None:
+        raise error
     if deadline is not None and time.monotonic() + delay >= deadline:
         raise timeout from None
     time.sleep(delay)
