@@ -459,22 +459,23 @@ class WorkflowStub(Generic[R]):
 
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided."""
-        tries = 0
 
         def terminate() -> dict[str, Any]:
-            nonlocal tries
-            tries += 1
-            try:
-                return self._store.terminate(self._id, reason or "terminated")[1]
-            except WorkflowClosed:
-                record = self._store.run_record(self._ref()) if tries > 1 else {}
-                if record.get("status") == "terminated":
-                    # The first try did it; its reply (the snapshot) was lost in the outage, and
-                    # the run record still holds that snapshot: its children are closed below.
-                    return dict(record.get("snapshot") or {})
-                raise
+            return self._store.terminate(self._id, reason or "terminated")[1]
 
-        snapshot = self._store.ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id)
+        def again() -> dict[str, Any]:
+            try:
+                return terminate()
+            except WorkflowClosed:
+                record = self._store.run_record(self._ref())
+                if record.get("status") != "terminated":
+                    raise
+                # The first try did it; its reply (the snapshot) was lost in the outage, and the
+                # run record still holds that snapshot: its children are closed below.
+                return dict(record.get("snapshot") or {})
+
+        what = f"terminate() of workflow {self._id!r}"
+        snapshot = self._store.ride(what, terminate, writes=self._id, resend=again)
         self._close_children(snapshot, "parent terminated")
 
     def _close_children(self, snapshot: dict[str, Any], reason: str) -> None:

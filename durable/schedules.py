@@ -269,11 +269,8 @@ class ScheduleHandle:
             raise ConfigurationError(f"ScheduleHandle.create needs a Schedule, not {spec!r}")
         handle = cls(schedule_id, store=store)
         args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
-        tries = 0
 
-        def save() -> str:
-            nonlocal tries
-            tries += 1
+        def save(again: bool = False) -> str:
             now = handle._store.server_time_ms()
             reply = handle._store.schedule_save(
                 handle._id,
@@ -285,13 +282,13 @@ class ScheduleHandle:
                 note=spec.note,
                 action=action("created", now, paused=spec.paused or None),
             )
-            if reply == "EXISTS" and tries > 1:
+            if reply == "EXISTS" and again:
                 state = handle._store.schedule_state(handle._id)
                 if state is not None and _spec_of(state).to_json() == spec.to_json():
                     return "OK"  # the first try created it; its reply was lost in the outage
             return reply
 
-        if handle._ride("create()", save) == "EXISTS":
+        if handle._ride("create()", save, resend=lambda: save(again=True)) == "EXISTS":
             raise ScheduleExists(
                 f"schedule {schedule_id!r} already exists; update it (`durable schedule update`) or delete it first"
             )
@@ -315,10 +312,10 @@ class ScheduleHandle:
         return store.ride("ScheduleHandle.list()", described)
 
     # --------------------------------------------------------------- reads
-    def _ride(self, what: str, call: Callable[[], T]) -> T:
+    def _ride(self, what: str, call: Callable[[], T], *, resend: Callable[[], T] | None = None) -> T:
         """``call()`` through a short Redis outage, as the workflow stubs' calls
         (:meth:`RedisStore.ride`); each call sent again is safe to repeat."""
-        return self._store.ride(f"{what} of schedule {self._id!r}", call)
+        return self._store.ride(f"{what} of schedule {self._id!r}", call, resend=resend)
 
     def _state(self) -> ScheduleState:
         state = self._store.schedule_state(self._id)
@@ -547,12 +544,7 @@ class ScheduleHandle:
         Raises:
             ScheduleNotFound: no such schedule.
         """
-        tries = 0
-
-        def delete() -> bool:
-            nonlocal tries
-            tries += 1
-            return self._store.schedule_delete(self._id) or tries > 1  # a resend: the first did it
-
-        if not self._ride("delete()", delete):
+        delete = lambda: self._store.schedule_delete(self._id)  # noqa: E731
+        # A resend that finds it gone: the first try deleted it, its reply lost in the outage.
+        if not self._ride("delete()", delete, resend=lambda: delete() or True):
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")

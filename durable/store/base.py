@@ -106,16 +106,25 @@ class StoreBase:
     def close(self) -> None:
         self.redis.close()
 
-    def ride(self, what: str, call: Callable[[], T], *, writes: str = "", until: float | None = None) -> T:
+    def ride(
+        self,
+        what: str,
+        call: Callable[[], T],
+        *,
+        writes: str = "",
+        until: float | None = None,
+        resend: Callable[[], T] | None = None,
+    ) -> T:
         """``call()`` (a client call's Redis work, safe to repeat) through an outage of up to
         :attr:`client_ride_s` (and not past ``until``, a ``time.monotonic()`` deadline), then
-        :class:`~durable.errors.RedisUnavailable` naming ``what`` (see
-        :func:`~durable.store.outage.ride_out`)."""
+        :class:`~durable.errors.RedisUnavailable` naming ``what``; ``resend`` runs for the tries
+        after a failed one (see :func:`~durable.store.outage.ride_out`)."""
         within = self.client_ride_s
         if until is not None:
             within = max(0.0, min(within, until - time.monotonic()))
+        outage = client_outage(self)
         return ride_out(
-            call, url=self.url, what=what, within=within, writes=writes, outage=client_outage(self)
+            call, url=self.url, what=what, within=within, writes=writes, outage=outage, resend=resend
         )
 
     def flush(self) -> None:

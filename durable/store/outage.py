@@ -297,17 +297,22 @@ def ride_out(
     within: float = CLIENT_RIDE_S,
     writes: str = "",
     outage: Incident | None = None,
+    resend: Callable[[], T] | None = None,
 ) -> T:
     """``call()``, tried again through a Redis outage for up to ``within`` seconds, then
     :class:`~durable.errors.RedisUnavailable` (:func:`unavailable_error`). Other errors are
     raised as they are. ``call`` must be safe to repeat: a timed-out send may have run.
-    ``outage``: where the outage is logged (default: :func:`client_outage` of no store)."""
+    ``resend``: what the tries after a failed one run instead (a write whose first try may
+    have landed takes finding its own work done for success). ``outage``: where the outage
+    is logged (default: :func:`client_outage` of no store)."""
     ride = _Ride(url, what, within, writes, outage)
+    attempt = call
     while True:
         try:
-            result = call()
+            result = attempt()
         except Exception as exc:  # noqa: BLE001 - wait_after raises what is no outage
             time.sleep(ride.wait_after(exc))
+            attempt = resend or call
             continue
         ride.done()
         return result
