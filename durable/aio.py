@@ -31,7 +31,7 @@ from .client_updates import send_update
 from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
-from .store.outage import client_outage, ride_out_async
+from .store.outage import ride_out_async
 from .store.redis_store import RedisStore
 from .store.updates import update_result
 from .store.waits import RunMoved, wait_alone
@@ -187,9 +187,7 @@ class AsyncWorkflowStub(Generic[R]):
         if deadline is not None:
             within = max(0.0, min(within, deadline - asyncio.get_running_loop().time()))
         what = f"result() of workflow {self.id!r}"
-        return await ride_out_async(
-            call, url=store.url, what=what, within=within, outage=client_outage(store)
-        )
+        return await ride_out_async(call, url=store.url, what=what, within=within, outage=store.client_outage)
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the run to close and return its result (follows continue-as-new).

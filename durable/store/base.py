@@ -24,7 +24,7 @@ from .cluster_wire import ClusterWire
 from .connect import Client, connect, is_cluster_client
 from .embedded import resolve_redis_url
 from .keys import Keys
-from .outage import CLIENT_RIDE_S, client_outage, ride_out
+from .outage import CLIENT_RIDE_S, client_incident, ride_out
 from .wire import Wire
 
 T = TypeVar("T")
@@ -68,6 +68,8 @@ class StoreBase:
         self.url = url or (None if client is not None else resolve_redis_url())
         #: How long the client calls made through this store ride out Redis being unavailable.
         self.client_ride_s = client_ride_s
+        #: The outage log of those calls and of this process's waits on this store.
+        self.client_outage = client_incident()
         self.redis: Client = client or connect(self.url)  # type: ignore[arg-type]
         #: True on a Redis Cluster: batches go per node, MULTI per partition (slot).
         self.cluster = is_cluster_client(self.redis)
@@ -122,9 +124,14 @@ class StoreBase:
         within = self.client_ride_s
         if until is not None:
             within = max(0.0, min(within, until - time.monotonic()))
-        outage = client_outage(self)
         return ride_out(
-            call, url=self.url, what=what, within=within, writes=writes, outage=outage, resend=resend
+            call,
+            url=self.url,
+            what=what,
+            within=within,
+            writes=writes,
+            outage=self.client_outage,
+            resend=resend,
         )
 
     def flush(self) -> None:

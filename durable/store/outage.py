@@ -18,7 +18,6 @@ import logging
 import random
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -206,31 +205,25 @@ def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threadin
         return result
 
 
-_client_outages: weakref.WeakKeyDictionary[object, Incident] = weakref.WeakKeyDictionary()
-_client_outages_lock = threading.Lock()
-_no_store = threading.Lock()  # stands for the calls made before a store exists (opening one)
+def client_incident() -> Incident:
+    """A client's outage log: one per store (``RedisStore.client_outage``), which its calls riding
+    an outage out and its ``result()`` and ``update()`` waits share, so an outage is one WARNING,
+    not one per call. A success only ends it after a second without failures, so that calls and
+    waits failing and answering in turn as Redis goes down or comes back do not log it twice."""
+    return Incident(
+        log,
+        "client of this process",
+        settle=1.0,
+        cap=2.0,
+        until=(
+            "(its calls for up to RedisStore.client_ride_s, 10 s; its result() and update() "
+            "waits for up to 60 s), then raises RedisUnavailable"
+        ),
+    )
 
 
-def client_outage(store: object | None = None) -> Incident:
-    """The outage log of this process's client side on one store (its calls riding an outage
-    out, its ``result()`` and ``update()`` waits): one WARNING per outage, not one per call.
-    A success only ends it after a second without failures, so that calls and waits failing
-    and answering in turn as Redis goes down or comes back do not log the outage twice."""
-    with _client_outages_lock:
-        key = _no_store if store is None else store
-        incident = _client_outages.get(key)
-        if incident is None:
-            incident = _client_outages[key] = Incident(
-                log,
-                "client of this process",
-                settle=1.0,
-                cap=2.0,
-                until=(
-                    "(its calls for up to RedisStore.client_ride_s, 10 s; its result() and update() "
-                    "waits for up to 60 s), then raises RedisUnavailable"
-                ),
-            )
-        return incident
+_opening = client_incident()
+"""The outage log of the calls made before a store exists (opening the default one)."""
 
 
 def unavailable_error(
@@ -269,8 +262,8 @@ class _Ride:
     ) -> None:
         self.url, self.what, self.within, self.writes = url, what, within, writes
         self.started = time.monotonic()
-        self.log = outage
-        self.outage: Incident | None = None  # once a try failed
+        self.outage = outage or _opening
+        self.failing = False  # a try failed: the next success is noted in the outage log
 
     def wait_after(self, exc: Exception) -> float:
         """Seconds to wait before the next try; raises ``exc`` when it is no outage, and
@@ -281,11 +274,11 @@ class _Ride:
         spent = time.monotonic() - self.started
         if spent >= self.within:  # a last try at ``within``: the end of a restart is not missed
             raise unavailable_error(exc, self.url, self.what, spent, writes=self.writes) from exc
-        self.outage = self.outage or self.log or client_outage()
+        self.failing = True
         return min(self.outage.failed(exc), self.within - spent)
 
     def done(self) -> None:
-        if self.outage is not None:
+        if self.failing:
             self.outage.recovered()
 
 
@@ -304,7 +297,7 @@ def ride_out(
     raised as they are. ``call`` must be safe to repeat: a timed-out send may have run.
     ``resend``: what the tries after a failed one run instead (a write whose first try may
     have landed takes finding its own work done for success). ``outage``: where the outage
-    is logged (default: :func:`client_outage` of no store)."""
+    is logged (default: that of the calls made before a store exists)."""
     ride = _Ride(url, what, within, writes, outage)
     attempt = call
     while True:

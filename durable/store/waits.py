@@ -39,7 +39,7 @@ from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
 from .connect import unavailable_kind
-from .outage import Incident, client_outage, unavailable_error
+from .outage import Incident, unavailable_error
 from .redis_store import RedisStore, RunRef
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
@@ -463,12 +463,12 @@ class RunWaiter:
 
 def waits_outage(store: RedisStore) -> Incident:
     """The outage log of this process's waits on ``store`` (backing off up to 2 s: waits resume
-    soon after): its client's (:func:`~durable.store.outage.client_outage`), so one WARNING per
+    soon after): its client's (``store.client_outage``), so one WARNING per
     outage however many ``result()`` and ``update()`` calls wait; on a Redis Cluster one per
     wait, since waits there read different nodes (one may answer while another is down)."""
     if store.cluster:
         return Incident(log, "waiter of this result() or update() call", cap=2.0)
-    return client_outage(store)
+    return store.client_outage
 
 
 def give_up(outage: Incident, exc: BaseException, url: str | None) -> BaseException | None:
