@@ -373,8 +373,6 @@ class WorkflowStub(Generic[R]):
             writes=self._id,
         )
         self._run_id = run.run_id
-        if run.replaced:
-            self._close_children(run.replaced, "parent replaced (id_conflict_policy terminate_existing)")
         return run.run_id
 
     def signal(self, name: str, *args: Any) -> None:
@@ -458,34 +456,22 @@ class WorkflowStub(Generic[R]):
         self._store.ride(f"cancel() of workflow {self._id!r}", lambda: self._store.deliver(self._id, request))
 
     def terminate(self, reason: str = "") -> None:
-        """Close the run now: no workflow code runs; open activities and timers are voided."""
+        """Close the run now: no workflow code runs; open activities and timers are voided, its
+        parent is told, and its children follow their ``parent_close_policy`` (the same script
+        leaves them the messages to, so a client that dies right after still closed them)."""
 
-        def terminate() -> dict[str, Any]:
-            return self._store.terminate(self._id, reason or "terminated")[1]
+        def terminate() -> None:
+            self._store.terminate(self._id, reason or "terminated")
 
-        def again() -> dict[str, Any]:
+        def again() -> None:
             try:
-                return terminate()
+                terminate()
             except WorkflowClosed:
-                record = self._store.run_record(self._ref())
-                if record.get("status") != "terminated":
+                # The first try did it, and its reply was lost in the outage.
+                if self._store.run_record(self._ref()).get("status") != "terminated":
                     raise
-                # The first try did it; its reply (the snapshot) was lost in the outage, and the
-                # run record still holds that snapshot: its children are closed below.
-                return dict(record.get("snapshot") or {})
 
-        what = f"terminate() of workflow {self._id!r}"
-        snapshot = self._store.ride(what, terminate, writes=self._id, resend=again)
-        self._close_children(snapshot, "parent terminated")
-
-    def _close_children(self, snapshot: dict[str, Any], reason: str) -> None:
-        """Apply each pending child's ``parent_close_policy`` (as when the parent closes itself)."""
-        for item in snapshot.get("pending", []):
-            policy = item.get("policy") or "terminate"
-            if item.get("kind") == "child" and item.get("workflow_id") and policy != "abandon":
-                child: WorkflowStub[Any] = WorkflowStub(self._store, "", item["workflow_id"])
-                with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
-                    child.cancel(reason) if policy == "request_cancel" else child.terminate(reason)
+        self._store.ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again)
 
     # --------------------------------------------------------------- reads
     def status(self) -> str:

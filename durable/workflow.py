@@ -299,9 +299,10 @@ def child(
         workflow_id: The child's workflow id (default: ``<parent id>/<command id>``).
         parent_close_policy: What happens to the child if this run closes first (completes,
             fails, times out, continues as new or is terminated): ``terminate`` (default),
-            ``request_cancel`` or ``abandon``. Cancelling the parent is not closing it: while
-            the parent waits on the child, a cancellation is passed on to the child (a cancel
-            request, as a cancelled scope in Temporal), whatever the policy.
+            ``request_cancel`` or ``abandon``; applied by messages the parent's closing write
+            leaves, so through crashes and to every generation. Cancelling the parent is not
+            closing it: while the parent waits on the child, a cancellation is passed on to the
+            child (a cancel request, as a cancelled scope in Temporal), whatever the policy.
 
     Raises:
         ChildWorkflowFailed: The child failed, was cancelled or terminated.

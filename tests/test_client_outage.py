@@ -183,8 +183,27 @@ def test_a_terminate_whose_reply_is_lost_succeeds_and_closes_the_children(
             stub.terminate("done with it")  # the resend finds it terminated: no WorkflowClosed
             assert proxy.lost == 1
             assert stub.status() == "terminated"
-            # The lost reply carried the run's pending children; the record's snapshot stood in.
+            # The script that terminated it left the messages closing its children.
             assert kid.status() == "terminated"
+
+
+def test_a_replacing_start_whose_reply_is_lost_closes_the_replaced_runs_children(
+    killable_redis: EmbeddedRedis,
+) -> None:
+    with LossyProxy(str(killable_redis.socket_path)) as proxy:
+        store = _lossy_store(proxy)
+        with TestEnvironment(store=store):
+            old = WorkflowStub.make(Guardian, id="lost-swap", store=store).start("terminate", "swap-kid")
+            wait_for(lambda: any(p.get("kind") == "child" for p in old.snapshot()["pending"]), timeout=30)
+            new = WorkflowStub.make(
+                Waiter, id="lost-swap", store=store, id_conflict_policy="terminate_existing"
+            )
+            proxy.lose_reply_to(b"EVALSHA")
+            new.start(60)  # the resend finds its run started
+            assert proxy.lost == 1
+            assert new.run_id != old.run_id and new.status() in ("pending", "suspended")
+            # The replaced run's children were closed by the script that replaced it.
+            wait_for(lambda: store.instance_statuses(["swap-kid"]) == ["terminated"], timeout=30)
 
 
 def test_calls_give_up_after_their_ride_out_with_a_clear_error(killable_redis: EmbeddedRedis) -> None:

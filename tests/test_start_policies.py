@@ -12,7 +12,7 @@ import sys
 import threading
 
 import pytest
-from apps.starts import Broken, Collect, Fanout, Guardian, Nap, Quick, Relay
+from apps.starts import Broken, Collect, Elder, Fanout, Guardian, Nap, Quick, Relay
 
 from durable import (
     ConfigurationError,
@@ -22,7 +22,9 @@ from durable import (
     WorkflowTimeout,
 )
 from durable.store import keys as K
+from durable.store import runs as runs_module
 from durable.store.redis_store import RedisStore
+from durable.store.starts import Closing
 from durable.testing import TestEnvironment, replay_history
 from tests.procs import ROOT, TESTS, workers
 from tests.waiting import wait_for
@@ -242,6 +244,41 @@ def test_a_child_of_a_terminated_parent_follows_its_policy(
         wait_for(lambda: child.status() == child_status)
 
 
+def _open(store: RedisStore, workflow_id: str) -> bool:
+    return store.instance_statuses([workflow_id])[0] in ("pending", "running", "suspended")
+
+
+def test_a_grandchild_of_a_timed_out_grandparent_is_closed_too(durable_env: TestEnvironment) -> None:
+    """The close policy a worker carries out (a message in the outbox) reaches every generation:
+    the terminated child's own children follow their policy, as when a client terminates it."""
+    store = durable_env.store
+    _stub(durable_env, Elder, "elder", run_timeout=2).start("elder-kid", "elder-grandkid")
+    wait_for(lambda: _open(store, "elder-grandkid"), timeout=20)
+    wait_for(lambda: WorkflowStub.load("elder", store=store).status() == "failed", timeout=20)
+    wait_for(lambda: store.instance_statuses(["elder-kid", "elder-grandkid"]) == ["terminated"] * 2)
+    reasons = {}
+    for wid in ("elder-kid", "elder-grandkid"):
+        closing = store.last_entry(store.ref(wid))
+        reasons[wid] = closing.event.reason  # type: ignore[union-attr]
+    assert reasons == {"elder-kid": "parent closed (policy terminate)", "elder-grandkid": "parent terminated"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "child_status"), [("terminate", "terminated"), ("request_cancel", "cancelled")]
+)
+def test_a_child_of_a_replaced_run_follows_its_policy(
+    durable_env: TestEnvironment, policy: str, child_status: str
+) -> None:
+    """``terminate_existing`` closes the run it replaces as ``terminate`` would, children included."""
+    store = durable_env.store
+    _stub(durable_env, Guardian, f"swap-{policy}").start(policy, f"swap-kid-{policy}")
+    wait_for(lambda: _open(store, f"swap-kid-{policy}"), timeout=20)
+    parent = WorkflowStub.load(f"swap-{policy}", store=store)
+    wait_for(lambda: any(p.get("kind") == "child" for p in parent.snapshot()["pending"]), timeout=20)
+    _stub(durable_env, Quick, f"swap-{policy}", id_conflict_policy="terminate_existing").start()
+    wait_for(lambda: store.instance_statuses([f"swap-kid-{policy}"]) == [child_status], timeout=20)
+
+
 # ------------------------------------------------------------------------- all_settled
 
 
@@ -303,3 +340,26 @@ def test_cli_signal_with_start_policies_and_run_timeout(redis_url: str) -> None:
         assert (
             waited.returncode == 1 and "WorkflowTimeout" in waited.stderr and "run timeout" in waited.stderr
         )
+
+
+def test_a_terminate_made_from_a_stale_snapshot_reads_it_again(
+    durable_env: TestEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The children a terminate closes are those of the snapshot the script finds: messages made
+    from an older one (a child started meanwhile) are refused, and the store reads it again."""
+    store = durable_env.store
+    parent = _stub(durable_env, Guardian, "stale-guard").start("terminate", "stale-ward")
+    wait_for(lambda: any(p.get("kind") == "child" for p in parent.snapshot()["pending"]), timeout=20)
+    real, reads = runs_module.closing, []
+
+    def before_the_child(*args: object) -> Closing:
+        reads.append(args)
+        fresh = real(*args)  # type: ignore[arg-type]
+        return (
+            fresh if len(reads) > 1 else Closing(fresh.to_parent, [], "sha1 of a snapshot without the child")
+        )
+
+    monkeypatch.setattr(runs_module, "closing", before_the_child)
+    parent.terminate("test")
+    assert len(reads) == 2
+    wait_for(lambda: store.instance_statuses(["stale-ward"]) == ["terminated"], timeout=20)

@@ -42,10 +42,12 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
                 log.info("parent %s closed before child result arrived; dropped", msg["wid"])
         elif kind in ("request_cancel", "terminate"):
             try:
+                # A message from a terminate script names why; a decision's close, not.
                 if kind == "terminate":
-                    store.terminate(msg["wid"], "parent closed (policy terminate)")
+                    store.terminate(msg["wid"], msg.get("reason") or "parent closed (policy terminate)")
                 else:
-                    store.deliver(msg["wid"], ev.CancelRequested(reason="parent requested cancel"))
+                    reason = msg.get("reason") or "parent requested cancel"
+                    store.deliver(msg["wid"], ev.CancelRequested(reason=reason))
             except (WorkflowClosed, WorkflowNotFound):
                 pass
         elif kind != "abandon":

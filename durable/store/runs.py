@@ -41,8 +41,8 @@ from .records import (
     text,
 )
 from .search import SearchStore, attribute_args, pack_index, start_index
-from .starts import StartedRun, deadline_args, open_run, script_now_ms, script_options, started_run
-from .tasks import CommitPlan, NextRun, child_result_message, pack_plan
+from .starts import StartedRun, closing, deadline_args, open_run, script_now_ms, script_options, started_run
+from .tasks import CommitPlan, NextRun, pack_plan
 
 
 @functools.lru_cache(maxsize=256)
@@ -458,34 +458,34 @@ class RunStore(SearchStore):
             )
         return RunRef(p, text(result[1]), workflow_id)
 
-    def terminate(self, workflow_id: str, reason: str) -> tuple[RunRef, dict[str, Any]]:
-        """Close the current run now (WorkflowTerminated); returns its last snapshot."""
+    def terminate(self, workflow_id: str, reason: str) -> RunRef:
+        """Close the current run now (WorkflowTerminated); the same script tells its parent and
+        leaves the messages closing its children by their parent close policy.
+
+        Raises:
+            WorkflowNotFound: unknown id.
+            WorkflowClosed: the run is closed already.
+        """
+        data = codec.pack(ev.WorkflowTerminated(reason=reason).to_data())
         for _ in range(5):
             ref = self.ref(workflow_id)
             k, p, rid = self.keys, ref.partition, ref.run_id
-            parent_raw = self.redis.hget(k.run(p, rid), "parent")
-            parent = codec.unpack(parent_raw) if parent_raw else None
-            to_parent = b""
-            if parent:
-                to_parent = child_result_message(
-                    parent, ev.ChildFailed(id=parent["cid"], status="terminated")
-                )
+            close = closing(self.redis, k, p, rid, "parent terminated")
+            run_keys = [
+                k.run(p, rid),
+                k.history(p, rid),
+                k.inbox(p, rid),
+                k.activities(p, rid),
+                k.log(p, rid),
+            ]
             result = self._run_script(
                 "terminate",
-                [
-                    k.instance(p, workflow_id),
-                    k.run(p, rid),
-                    k.history(p, rid),
-                    k.inbox(p, rid),
-                    k.activities(p, rid),
-                    k.log(p, rid),
-                    k.outbox(p),
-                ],
-                [rid, codec.pack(ev.WorkflowTerminated(reason=reason).to_data()), to_parent],
+                [k.instance(p, workflow_id), *run_keys, k.outbox(p)],
+                [rid, data, close.to_parent, close.snapshot_sha1, *close.to_children],
             )
             outcome = text(result[0])
             if outcome == "OK":
-                return ref, codec.unpack(result[2]) if result[2] else {}
+                return ref
             if outcome == "CLOSED":
                 raise WorkflowClosed(f"workflow {workflow_id!r} (run {rid}) is already {text(result[1])}")
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")

@@ -3,6 +3,7 @@ signal-with-start, workflow timeouts. :meth:`RunStore.start` drives it."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from .. import codec
@@ -14,7 +15,7 @@ from ..start_policy import StartPolicy, deadlines
 from .connect import Client
 from .keys import SENT_TTL_MS, Keys, deadline_member
 from .records import OPEN_STATUSES, RunRef, text
-from .tasks import child_result_message
+from .tasks import child_result_message, children_close_messages
 
 
 @immutable(slots=False)
@@ -24,11 +25,12 @@ class StartedRun(RunRef):
     Attributes:
         started: True when this start created the run; False when ``use_existing`` found the
             id's open run (and a signal-with-start delivered its signal there).
-        replaced: ``terminate_existing``: the last snapshot of the run it terminated.
+        replaced: ``terminate_existing``: the id of the run it terminated (its children were
+            closed by their parent close policy in the same script), else ``""``.
     """
 
     started: bool = True
-    replaced: dict[str, Any] | None = None
+    replaced: str = ""
 
 
 def deadline_args(run_id: str, options: dict[str, Any]) -> list[list[Any]]:
@@ -73,10 +75,7 @@ def started_run(reply: list[Any], p: int, workflow_id: str, policy: StartPolicy)
     """
     outcome = text(reply[0])
     if outcome == "OK":
-        snapshot = codec.unpack(reply[3]) if len(reply) > 3 and reply[3] else None
-        return StartedRun(
-            p, text(reply[1]), workflow_id, True, snapshot if isinstance(snapshot, dict) else None
-        )
+        return StartedRun(p, text(reply[1]), workflow_id, True, text(reply[3]) if len(reply) > 3 else "")
     if outcome == "EXISTING":
         return StartedRun(p, text(reply[1]), workflow_id, False)
     if outcome == "ALREADY":
@@ -116,23 +115,48 @@ def script_now_ms(client: Client, keys: Keys, p: int) -> int:
     return int(sec) * 1000 + int(usec) // 1000 + int(offset or 0)
 
 
-def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict[str, Any], list[str]]:
-    """What ``terminate_existing`` needs of the id's open run, if any: ``(script options: expect,
-    terminated, to_parent; its run, history, inbox, activities and log keys and the outbox)``."""
-    rid_raw, status = client.hmget(keys.instance(p, workflow_id), "run", "status")
-    if rid_raw is None or text(status) not in OPEN_STATUSES:
-        return {}, []
-    rid = text(rid_raw)
-    parent_raw = client.hget(keys.run(p, rid), "parent")
+@immutable
+class Closing:
+    """What closing a run from outside its code (terminate, ``terminate_existing``) tells its
+    parent and its children: outbox messages its closing script writes, made from the run's
+    snapshot with SHA1 ``snapshot_sha1`` (a script that finds another snapshot refuses)."""
+
+    to_parent: bytes
+    to_children: list[bytes]
+    snapshot_sha1: str
+
+
+def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Closing:
+    """The :class:`Closing` of run ``run_id`` as it stands; ``reason`` goes to its children."""
+    parent_raw, snapshot_raw = client.hmget(keys.run(p, run_id), "parent", "snapshot")
     parent = codec.unpack(parent_raw) if parent_raw else None
     to_parent = b""
     if parent:
         to_parent = child_result_message(parent, ev.ChildFailed(id=parent["cid"], status="terminated"))
+    snapshot = codec.unpack(snapshot_raw) if snapshot_raw else {}
+    return Closing(
+        to_parent,
+        children_close_messages(snapshot, reason),
+        hashlib.sha1(snapshot_raw or b"", usedforsecurity=False).hexdigest(),
+    )
+
+
+def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict[str, Any], list[str]]:
+    """What ``terminate_existing`` needs of the id's open run, if any: ``(script options: expect,
+    terminated, to_parent, to_children, snapshot_sha1; its run, history, inbox, activities and
+    log keys and the outbox)``."""
+    rid_raw, status = client.hmget(keys.instance(p, workflow_id), "run", "status")
+    if rid_raw is None or text(status) not in OPEN_STATUSES:
+        return {}, []
+    rid = text(rid_raw)
     reason = "replaced by a new run (id_conflict_policy terminate_existing)"
+    close = closing(client, keys, p, rid, "parent replaced (id_conflict_policy terminate_existing)")
     found = {
         "expect": rid,
         "terminated": codec.pack(ev.WorkflowTerminated(reason=reason).to_data()),
-        "to_parent": to_parent,
+        "to_parent": close.to_parent,
+        "to_children": close.to_children,
+        "snapshot_sha1": close.snapshot_sha1,
     }
     run_keys = [keys.run(p, rid), keys.history(p, rid), keys.inbox(p, rid), keys.activities(p, rid)]
     return found, [*run_keys, keys.log(p, rid), keys.outbox(p)]

@@ -297,6 +297,19 @@ def child_policy_message(policy: str, workflow_id: str) -> bytes:
     return codec.pack({"kind": policy, "wid": workflow_id})
 
 
+def children_close_messages(snapshot: dict[str, Any], reason: str) -> list[bytes]:
+    """Outbox messages applying each pending child's parent close policy, for a run closed from
+    outside its code (terminated, or replaced by ``terminate_existing``): the script that closes
+    the run writes them, so no crash of its caller leaves the children running. A child with
+    policy ``abandon`` gets none."""
+    out = []
+    for item in snapshot.get("pending", []):
+        policy = item.get("policy") or "terminate"
+        if item.get("kind") == "child" and item.get("workflow_id") and policy != "abandon":
+            out.append(codec.pack({"kind": policy, "wid": item["workflow_id"], "reason": reason}))
+    return out
+
+
 def child_result_message(parent: dict[str, Any], event: ev.Event) -> bytes:
     """An outbox message delivering a child's outcome to its parent run (another partition)."""
     return codec.pack(

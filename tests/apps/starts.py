@@ -74,6 +74,14 @@ class Guardian(Workflow):
         return child(Nap, 60, workflow_id=child_id, parent_close_policy=policy)
 
 
+class Elder(Workflow):
+    """Waits on a :class:`Guardian` child ``child_id`` (policy ``terminate``), which waits on
+    its own child ``grandchild_id``: three generations."""
+
+    def handle(self, child_id: str, grandchild_id: str) -> str:
+        return child(Guardian, "terminate", grandchild_id, workflow_id=child_id)
+
+
 def square(n: int) -> int:
     return n * n
 

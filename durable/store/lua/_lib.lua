@@ -283,9 +283,11 @@ end
 
 -- Close an open run as terminated: WorkflowTerminated after its last seq, inbox kept
 -- beside the history as dropped, pending activities voided, hooks deleted, the parent
--- told (`to_parent`: an outbox message, or ''). Shared by terminate.lua and the
--- terminate_existing conflict policy of start_run.lua. Returns the new seq.
-local function terminate_run(rid, instance, run, history, inbox, acts, log, outbox, data, to_parent)
+-- told (`to_parent`: an outbox message, or ''), its children closed by their parent close
+-- policy (`to_children`: outbox messages; in the same script, so that no crash of the caller
+-- leaves them running). Shared by terminate.lua and the terminate_existing conflict policy of
+-- start_run.lua. Returns the new seq.
+local function terminate_run(rid, instance, run, history, inbox, acts, log, outbox, data, to_parent, to_children)
   local ts = now_ms()
   local seq = tonumber(redis.call('HGET', run, 'seq')) + 1
   redis.call('XADD', history, '0-' .. seq, 'e', envelope('WorkflowTerminated', ts, data))
@@ -299,6 +301,7 @@ local function terminate_run(rid, instance, run, history, inbox, acts, log, outb
   index_closed(run, rid)
   close_hooks(run)
   if to_parent ~= '' then redis.call('XADD', outbox, '*', 'm', to_parent) end
+  for _, message in ipairs(to_children or {}) do redis.call('XADD', outbox, '*', 'm', message) end
   -- No decision counts this close: tell the metrics readers (only when one made the stream).
   local closes = string.match(run, '^(.-{%d+})') .. ':closes'
   if redis.call('EXISTS', closes) == 1 then

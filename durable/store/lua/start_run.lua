@@ -8,13 +8,15 @@
 --       retention ms of the type ('' = the namespace's),
 --       options (msgpack map or ''): reuse, conflict (policy names; default allow_duplicate, fail),
 --       expect (the open run terminate_existing may terminate), terminated (its WorkflowTerminated
---       data), to_parent (message telling its parent, or ''), signal ({type, data}),
+--       data), to_parent (message telling its parent, or ''), to_children (messages closing its
+--       children, made from its snapshot with SHA1 snapshot_sha1), signal ({type, data}),
 --       limits ({most inbox items, most history events} of an open run taking the signal),
 --       sent ({T:sent key, ms}: the signal's note, so that a retried send is not delivered twice),
 --       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts),
 --       search index data ('' or msgpack {sa, sx, memo, sched}: see sx_start in _lib.lua)
--- Returns {'OK', run id, ts, snapshot of a terminated run or ''} | {'ALREADY', open run id}
---   | {'EXISTING', open run id} | {'REJECTED', closed run id, status} | {'MOVED', open run id} (not the one to terminate)
+-- Returns {'OK', run id, ts, id of the run it terminated or ''} | {'ALREADY', open run id}
+--   | {'EXISTING', open run id} | {'REJECTED', closed run id, status}
+--   | {'MOVED', open run id} (not the one to terminate, or its snapshot changed: read it again)
 --   | {'LIMIT', limit, count, open run id}
 -- A start retried with the same run id returns OK again; a signal-with-start whose signal went
 -- to an open run, EXISTING with that run again (their first reply was lost in an outage).
@@ -51,9 +53,10 @@ if current[1] and is_open(current[2]) then
     if opt.expect ~= cur or not KEYS[8] then return {'MOVED', cur} end
     local fields = redis.call('HMGET', KEYS[8], 'status', 'snapshot')
     if is_open(fields[1]) then
-      replaced = fields[2] or ''
+      if redis.sha1hex(fields[2] or '') ~= opt.snapshot_sha1 then return {'MOVED', cur} end
+      replaced = cur
       terminate_run(cur, instance, KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], opt.terminated,
-        opt.to_parent or '')
+        opt.to_parent or '', opt.to_children)
     end
   else
     return {'ALREADY', cur}

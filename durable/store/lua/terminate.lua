@@ -1,13 +1,20 @@
 -- Terminate a run now: append WorkflowTerminated after the last seq, close the
--- run, void its pending activities and inputs. No workflow code runs.
+-- run, void its pending activities and inputs, tell its parent and close its children
+-- (outbox messages). No workflow code runs.
 -- KEYS: instance, run, history, inbox, activities, log, outbox
--- ARGV: run id, WorkflowTerminated data (msgpack), message telling the parent (or '')
--- Returns {'OK', seq, snapshot} | {'MOVED', current run id} | {'CLOSED', status}
+-- ARGV: run id, WorkflowTerminated data (msgpack), message telling the parent (or ''),
+--       SHA1 of the run's snapshot the messages closing its children were made from, those messages...
+-- Returns {'OK', seq} | {'MOVED', current run id} | {'STALE'} (the snapshot changed: read it
+--   again) | {'CLOSED', status}
 local instance, run = KEYS[1], KEYS[2]
 local rid, data, to_parent = ARGV[1], ARGV[2], ARGV[3]
 local current = redis.call('HGET', instance, 'run')
 if current ~= rid then return {'MOVED', current or ''} end
 local fields = redis.call('HMGET', run, 'status', 'snapshot')
 if not is_open(fields[1]) then return {'CLOSED', fields[1] or 'missing'} end
-local seq = terminate_run(rid, instance, run, KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], data, to_parent)
-return {'OK', seq, fields[2] or ''}
+if redis.sha1hex(fields[2] or '') ~= ARGV[4] then return {'STALE'} end
+local to_children = {}
+for i = 5, #ARGV do to_children[#to_children + 1] = ARGV[i] end  -- not unpack(): a fan-out may be long
+local seq = terminate_run(rid, instance, run, KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], data, to_parent,
+  to_children)
+return {'OK', seq}
