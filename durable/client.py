@@ -39,6 +39,7 @@ from .store.outage import ride_out
 from .store.redis_store import RedisStore, RunRef
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
+from .typed_args import check_call
 from .waiting import not_closed
 from .workflow import Workflow
 
@@ -112,6 +113,7 @@ class WorkflowStub(Generic[R]):
         self._policy = DEFAULT_POLICY
         self._search: dict[str, Any] = {}  # initial search attributes, encoded (make)
         self._memo: bytes | None = None  # initial memo payload (make)
+        self._code: type[Workflow] | None = None  # the class it was made from: start() checks args
 
     # ------------------------------------------------------------- creation
     @overload
@@ -217,6 +219,7 @@ class WorkflowStub(Generic[R]):
         stub = cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
         stub._policy = policy
         stub._search, stub._memo = search, memo_payload
+        stub._code = workflow if isinstance(workflow, type) else None
         return stub
 
     @classmethod
@@ -225,6 +228,7 @@ class WorkflowStub(Generic[R]):
         copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
         copy._policy = stub._policy
         copy._search, copy._memo = stub._search, stub._memo
+        copy._code = stub._code
         return copy
 
     @classmethod
@@ -313,10 +317,12 @@ class WorkflowStub(Generic[R]):
         an open run of the id becomes the stub's run and nothing is started.
 
         Raises:
-            SerializationError: an argument cannot be encoded (nothing written).
+            ConfigurationError: the stub was made from the workflow's class and its ``handle``
+                does not take ``args`` (too many, too few: the message shows its signature).
+            SerializationError: an argument cannot be encoded, or does not validate against
+                ``handle``'s pydantic annotation (the field named). Nothing is written.
             WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its
                 ``id_reuse_policy`` does not start again.
-            UnknownTypeError: the workflow type is not registered in this process.
         """
         request = StartWorkflowInput(self._type, self._id, tuple(args))
         interceptors.run(ClientInterceptor, "start_workflow", request, self._start_run)
@@ -352,6 +358,9 @@ class WorkflowStub(Generic[R]):
             cls = get_workflow(self._type)
         except DurableError:
             cls = None
+        if self._code is not None:  # made from the class: a call its handle refuses is refused now
+            what = f"start() of workflow {self._id!r}: {self._code.__name__}.handle"
+            check_call(self._code.handle, tuple(request.args), what, skip=1)
         queue = start_queue(self._type, self._queue)
         patches = list(getattr(cls, "patches", ())) if cls is not None else []
         run_id = new_run_id()  # one id for every try: a resend of a start that landed finds its run

@@ -144,6 +144,18 @@ class RunOutcome:
             out["continued_as"] = self.continued_as
         return out
 
+    def reason(self, most: int = 200) -> str:
+        """Why it ended, in one line of at most ``most`` characters: the failure
+        (``TypeError: ...``), the cancel or terminate reason, the next run; ``""`` when it
+        completed."""
+        if self.continued_as:
+            return f"as run {self.continued_as}"
+        if self.error_type is None:
+            return ""
+        message = (self.error_message or "").strip().split("\n", 1)[0]
+        said = message if self.status in ("cancelled", "terminated") else f"{self.error_type}: {message}"
+        return said if len(said) <= most else said[: most - 1] + "…"
+
 
 def _decoded(payload: bytes) -> Any:
     try:

@@ -11,6 +11,7 @@ changes: a value can only be a model if the program imported pydantic.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .codec.models import field_errors, is_model_class
-from .errors import SerializationError
+from .errors import ConfigurationError, SerializationError
 
 #: (parameter name, pydantic TypeAdapter) by position; None where no conversion applies.
 Converters = list[tuple[str, Any] | None]
@@ -133,3 +134,28 @@ def prepared(method: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callabl
         return method, args
     inner = fn.__wrapped__
     return functools.partial(inner, bound.__self__), convert(inner, args, fn.__durable_what__, skip=1)
+
+
+def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: int = 0) -> None:
+    """Refuse ``args`` that ``fn`` would refuse when called with them: a wrong count or an
+    argument its pydantic annotation does not validate. A caller that has ``fn`` (a client
+    starting a workflow whose class it imported) says so before anything is written, instead
+    of a run that fails on its first decision.
+
+    Raises:
+        ConfigurationError: ``fn`` does not take that many arguments (its signature named).
+        SerializationError: an argument does not validate (see :func:`convert`).
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check against: the call says
+        return
+    try:
+        signature.bind(*([None] * skip), *args)
+    except TypeError as exc:
+        with contextlib.suppress(Exception):  # annotations as written, unquoted, where they resolve
+            signature = inspect.signature(fn, eval_str=True)
+        params = list(signature.parameters.values())[skip:]
+        shown = signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
+        raise ConfigurationError(f"{what} takes {shown}: {exc}") from None
+    convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip)

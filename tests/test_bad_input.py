@@ -156,6 +156,25 @@ def test_make_with_a_bad_type_name(redis_url: str) -> None:
         WorkflowStub.make("bad name")
 
 
+def test_a_start_whose_arguments_handle_refuses_is_refused_with_its_signature(redis_url: str) -> None:
+    """The client has the class: a wrong count is a clear error now, not a run failed later."""
+    store = RedisStore(redis_url)
+    for stub, args in [
+        (WorkflowStub.make(BiBig, id="unfit-few", store=store), ()),
+        (WorkflowStub.make(BiBoom, id="unfit-many", store=store), (1,)),
+    ]:
+        with pytest.raises(ConfigurationError) as info:
+            stub.start(*args)
+        with pytest.raises(WorkflowNotFound):
+            WorkflowStub.load(stub.id, store=store)  # nothing was started
+        assert str(info.value) in (
+            "start() of workflow 'unfit-few': BiBig.handle takes (blob: bytes): missing a required argument: 'blob'",
+            "start() of workflow 'unfit-many': BiBoom.handle takes (): too many positional arguments",
+        )
+    with pytest.raises(ConfigurationError, match=r"BiBig\.handle takes \(blob: bytes\)"):
+        WorkflowStub.make(BiBig, id="unfit-sws", store=store).signal_with_start("go", start_args=())
+
+
 def test_activity_with_a_lambda_fails_the_run(worker, redis_url: str) -> None:
     exc = failure(WorkflowStub.make(BiLambda).start())
     assert exc.status == "failed"

@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps.basic import Waiter
+from apps.basic import Boom, Waiter
 from click.testing import CliRunner, Result
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
+from durable.testing import TestEnvironment
 from workers.cli import cli, json_default, parse_args, to_json
 from workers.cli.core import CliError
 from workers.supervisor import Supervisor
@@ -254,10 +255,21 @@ def test_option_values_no_run_could_match_are_refused(
     assert says in result.output
 
 
+def test_status_of_a_closed_run_says_how_it_ended(redis_url: str) -> None:
+    store = RedisStore(redis_url)
+    with TestEnvironment(store=store):
+        WorkflowStub.make(Boom, id="boom-1", store=store).start()
+        wait_for(lambda: store.instance_statuses(["boom-1"]) == ["failed"])
+        WorkflowStub.make(Waiter, id="called-off", store=store).start(60).cancel("customer asked")
+        wait_for(lambda: store.instance_statuses(["called-off"]) == ["cancelled"])
+    assert invoke("status", "boom-1").stdout.strip() == "failed (KeyError: 'boom')"
+    assert invoke("status", "called-off").stdout.strip() == "cancelled (customer asked)"
+
+
 def test_result_of_failed_run_exits_1(redis_url: str) -> None:
     stub = WorkflowStub.make("Whatever", id="doomed", store=RedisStore(redis_url)).start()
     assert invoke("terminate", "doomed", "--reason", "testing").exit_code == 0
-    assert invoke("status", "doomed").stdout.strip() == "terminated"
+    assert invoke("status", "doomed").stdout.strip() == "terminated (testing)"
     result = invoke("result", "doomed", "--timeout", "5")
     assert result.exit_code == 1
     line = one_error_line(result)

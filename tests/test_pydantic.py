@@ -13,7 +13,15 @@ from apps.typed import BadActivityArgs, Item, Note, Order, PriceOrder, Quote  # 
 from procs import workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from durable import SerializationError, WorkflowFailed, WorkflowStub, codec  # noqa: E402
+from durable import (
+    SerializationError,
+    UnknownTypeError,
+    WorkflowFailed,
+    WorkflowNotFound,
+    WorkflowStub,
+    codec,
+)  # noqa: E402
+from durable import client as client_module  # noqa: E402
 
 
 class Local(BaseModel):  # this test module is not on the codec's allowlist
@@ -37,7 +45,19 @@ def test_a_bad_model_payload_names_the_field() -> None:
         codec.loads(tampered)
 
 
-def test_workflows_and_activities_take_and_return_models(redis_url: str) -> None:
+def _without_the_code(name: str) -> type:
+    """``get_workflow`` of a process that does not import the app."""
+    raise UnknownTypeError(f"workflow type {name!r} is not registered")
+
+
+def _without_the_code(name: str) -> type:
+    """``get_workflow`` of a process that does not import the app."""
+    raise UnknownTypeError(f"workflow type {name!r} is not registered")
+
+
+def test_workflows_and_activities_take_and_return_models(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with workers(redis_url, app="apps.typed"):
         order = Order(id="o1", items=[Item(sku="a", qty=2), Item(sku="b", qty=1)])
         assert WorkflowStub.make(PriceOrder).start(order, Note("gift")).result(timeout=30) == Quote(
@@ -48,8 +68,18 @@ def test_workflows_and_activities_take_and_return_models(redis_url: str) -> None
         stub.signal("add", {"sku": "c", "qty": 4})
         stub.signal("done")
         assert stub.result(timeout=30) == Quote(order_id="wait-1", cents=500)
-        # Validation errors name the handler, the argument and the field.
-        bad = WorkflowStub.make(PriceOrder).start({"id": "o2", "items": [{"sku": "a", "qty": 0}]})
+        # Validation errors name the handler, the argument and the field: at the client, when
+        # it has the workflow's class (nothing is written) ...
+        bad_order = {"id": "o2", "items": [{"sku": "a", "qty": 0}]}
+        with pytest.raises(
+            SerializationError, match=r"\.handle: argument 'order' is invalid: field 'items.0.qty'"
+        ):
+            WorkflowStub.make(PriceOrder, id="refused-o2").start(bad_order)
+        with pytest.raises(WorkflowNotFound):
+            WorkflowStub.load("refused-o2")
+        # ... else (the CLI, an HTTP server without the app) in the worker: the run fails.
+        monkeypatch.setattr(client_module, "get_workflow", _without_the_code)
+        bad = WorkflowStub.make("PriceOrder").start(bad_order)
         with pytest.raises(WorkflowFailed) as failed:
             bad.result(timeout=30)
         assert isinstance(failed.value.cause, SerializationError)

@@ -158,9 +158,16 @@ def test_start_with_policies_and_signal_with_start(api: Api) -> None:
         assert resp.status_code == 201, resp.text
         assert _status(c, wid, "completed")["outcome"]["result"] == "early"  # the signal came with the start
         again = c.post(
-            "/api/v1/workflows", json={"type": "Waiter", "id": wid, "id_reuse_policy": "reject_duplicate"}
+            "/api/v1/workflows",
+            json={"type": "Waiter", "id": wid, "args": [0.01], "id_reuse_policy": "reject_duplicate"},
         )
         _error(again, 409, "already_started")
+        # The server has the app's code: a start whose arguments its handle() would refuse is
+        # refused now, naming the signature, and nothing is started.
+        unfit = _error(
+            c.post("/api/v1/workflows", json={"type": "Waiter", "id": _id("unfit")}), 422, "invalid_argument"
+        )
+        assert "Waiter.handle takes (seconds: float): missing a required argument: 'seconds'" in unfit
         bad = c.post(
             "/api/v1/workflows", json={"type": "Waiter", "id": _id("bad"), "id_reuse_policy": "never"}
         )
@@ -223,7 +230,9 @@ def test_cancel_terminate_and_conflicts(api: Api, tmp_path: Path) -> None:
         again = c.post("/api/v1/workflows", json={"type": "Waiter", "id": saga + "-x", "args": [60]})
         assert again.status_code == 201
         _error(
-            c.post("/api/v1/workflows", json={"type": "Waiter", "id": saga + "-x"}), 409, "already_started"
+            c.post("/api/v1/workflows", json={"type": "Waiter", "id": saga + "-x", "args": [1]}),
+            409,
+            "already_started",
         )
         c.post(f"/api/v1/workflows/{saga}-x/terminate")
 

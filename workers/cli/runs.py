@@ -110,7 +110,7 @@ def start(
     # Arguments are checked before the store is touched: a typo starts no embedded Redis.
     values, signal_values = parse_args(args), parse_args(signal_args)
     stub = WorkflowStub.make(
-        workflow_type,
+        registry.workflows().get(workflow_type, workflow_type) if apps else workflow_type,  # args checked
         id=workflow_id,
         queue=queue,
         store=state.store,
@@ -356,11 +356,14 @@ def terminate(state: CliState, workflow_id: str, reason: str) -> None:
 @click.argument("workflow_id", metavar="ID")
 @pass_state
 def status(state: CliState, workflow_id: str) -> None:
-    """Print the status word of workflow ID's current run (and why, when it is blocked)."""
+    """Print the status word of workflow ID's current run, and why: what an open run waits on
+    or what blocks it; how a closed one ended (its failure, the cancel or terminate reason)."""
     stub = _stub(state, workflow_id)
     word = stub.status()
     if word in CLOSED_STATUSES:
-        click.echo(word)
+        outcome = stub.describe().outcome
+        ended = outcome.reason() if outcome is not None else ""
+        click.echo(f"{word} ({ended})" if ended else word)
         return
     info = stub.describe()  # the blocked reason and the retrying activities, in one read
     if info.blocked:

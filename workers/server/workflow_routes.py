@@ -236,7 +236,7 @@ def start_workflow(call: Call) -> dict[str, Any]:
     if not workflow_type:
         raise ApiError("invalid_argument", "body field 'type' (the workflow type name) is required")
     stub = WorkflowStub.make(
-        workflow_type,
+        registry.workflows().get(workflow_type, workflow_type),  # the --app's class: args checked
         id=call.field("id", str),
         queue=call.field("queue", str),
         store=call.store,
