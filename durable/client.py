@@ -462,7 +462,9 @@ class WorkflowStub(Generic[R]):
     def cancel(self, reason: str = "") -> None:
         """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""
         request = ev.CancelRequested(reason=reason or "cancel requested")  # a second is dropped, noted
-        self._store.ride(f"cancel() of workflow {self._id!r}", lambda: self._store.deliver(self._id, request))
+        sent = new_run_id()  # one id for every try: a resend after a lost reply delivers nothing
+        deliver = lambda: self._store.deliver(self._id, request, sent_id=sent)  # noqa: E731
+        self._store.ride(f"cancel() of workflow {self._id!r}", deliver, writes=self._id)
 
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided, its

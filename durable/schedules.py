@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from . import codec
 from .client import default_store
 from .errors import ConfigurationError, DurableError
+from .ids import new_run_id
 from .schedule_pass import SchedulePass, action
 from .schedule_spec import (
     Schedule,
@@ -544,7 +545,7 @@ class ScheduleHandle:
         Raises:
             ScheduleNotFound: no such schedule.
         """
-        delete = lambda: self._store.schedule_delete(self._id)  # noqa: E731
-        # A resend that finds it gone: the first try deleted it, its reply lost in the outage.
-        if not self._ride("delete()", delete, resend=lambda: delete() or True):
+        call_id = new_run_id()  # one id for every try: a resend finds the note of its delete
+        delete = lambda: self._store.schedule_delete(self._id, call_id=call_id)  # noqa: E731
+        if not self._ride("delete()", delete):
             raise ScheduleNotFound(f"no schedule with id {self._id!r}")

@@ -32,6 +32,7 @@ from durable import (
     Schedule,
     ScheduleExists,
     ScheduleHandle,
+    ScheduleNotFound,
     WorkflowStub,
     count_runs,
 )
@@ -126,6 +127,19 @@ def test_a_signal_with_start_whose_reply_is_lost_signals_the_open_run_once(
         assert store.redis.llen(store.keys.inbox(ref.partition, ref.run_id)) == 1
 
 
+def test_a_cancel_whose_reply_is_lost_is_requested_once(killable_redis: EmbeddedRedis) -> None:
+    with LossyProxy(str(killable_redis.socket_path)) as proxy:
+        store = _lossy_store(proxy)
+        stub = WorkflowStub.make(Waiter, id="lost-cancel", store=store).start(60)
+        ref = store.ref(stub.id)
+        proxy.lose_reply_to(b"EVALSHA")
+        stub.cancel("enough")  # the resend finds the note of its delivery
+        assert proxy.lost == 1
+        assert store.redis.llen(store.keys.inbox(ref.partition, ref.run_id)) == 1
+        stub.cancel("again")  # another call is another request (dropped by the run, as ever)
+        assert store.redis.llen(store.keys.inbox(ref.partition, ref.run_id)) == 2
+
+
 def test_a_hook_resume_whose_reply_is_lost_is_delivered_once(killable_redis: EmbeddedRedis) -> None:
     with LossyProxy(str(killable_redis.socket_path)) as proxy:
         store = _lossy_store(proxy)
@@ -155,6 +169,18 @@ def test_a_schedule_create_or_delete_whose_reply_is_lost_succeeds(killable_redis
         handle.delete()  # the resend finds it gone: no ScheduleNotFound
         assert proxy.lost == 2
         assert [d.id for d in ScheduleHandle.list(store=store)] == []
+
+
+def test_a_delete_of_no_schedule_resent_after_an_outage_still_says_so(killable_redis: EmbeddedRedis) -> None:
+    """Its first try never reached Redis: the resend must not take "gone" for its own doing."""
+    store = RedisStore(killable_redis.url)
+    ScheduleHandle.create("real", Schedule(workflow="Waiter", every="1h", args=[0]), store=store)
+    killable_redis.kill()
+    thread, out = in_thread(lambda: ScheduleHandle("never-was", store=store).delete())
+    time.sleep(1.5)
+    killable_redis.ensure()
+    thread.join(30)
+    assert isinstance(out.get("error"), ScheduleNotFound), out
 
 
 def test_a_schedule_read_rides_out_a_redis_restart(killable_redis: EmbeddedRedis) -> None:

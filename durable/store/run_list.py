@@ -7,6 +7,9 @@ per chunk). A page ends after ``limit`` matching runs or after ``scan`` candidat
 (a rare filter over a large namespace), whichever comes first; either way its
 ``next`` cursor resumes where it stopped, so paging never skips nor repeats a run,
 even among runs created in the same millisecond.
+
+:meth:`RunQueries.list_runs` is the client's simpler list (``durable.list_runs``): whole records,
+newest first, paged by creation time.
 """
 
 from __future__ import annotations
@@ -197,6 +200,65 @@ class RunQueries(StoreBase):
             if text(raw.get("status", b"pending")) not in OPEN_STATUSES:
                 raw.pop("snapshot", None)  # a closed run waits on nothing: not decoded
             out.append(decode_run(raw))
+        return out
+
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow_type: str | None = None,
+        limit: int = 50,
+        before_ms: int | None = None,
+        before_run_id: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs of every partition, newest first (``created`` desc, then ``run_id`` desc among
+        runs of one millisecond), filtered by status and type.
+
+        Page with ``before_ms`` and ``before_run_id`` = the ``created`` and ``run_id`` of the
+        last row of the previous page: no run of that millisecond is skipped. ``before_ms``
+        alone lists the runs created before that time.
+        """
+        upper = "+inf"
+        ties = [0] * self.keys.partitions
+        if before_ms is not None and before_run_id:
+            # The cursor's own ms is read too (a zset cannot seek inside a score): its runs
+            # at or above the cursor are dropped below.
+            upper = str(before_ms)
+            with self.redis.pipeline(transaction=False) as pipe:
+                for p in range(self.keys.partitions):
+                    pipe.zcount(self.keys.runs(p), before_ms, before_ms)
+                ties = [int(n) for n in pipe.execute()]
+        elif before_ms is not None:
+            upper = f"({before_ms}"
+        top = (before_ms, before_run_id) if before_ms is not None and before_run_id else None
+        candidates: list[tuple[int, str, int]] = []
+        for p in range(self.keys.partitions):
+            rows = self.redis.zrevrangebyscore(
+                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4 + ties[p], withscores=True
+            )
+            keys = ((int(score), text(rid)) for rid, score in rows)
+            candidates += [(created, rid, p) for created, rid in keys if top is None or (created, rid) < top]
+        candidates.sort(reverse=True)  # (ms, run id) desc: the index's order, the cursor's too
+        out: list[dict[str, Any]] = []
+        for created, rid, p in candidates:
+            raw = self.redis.hgetall(self.keys.run(p, rid))
+            if not raw:
+                continue
+            record = decode_run(raw)
+            if (
+                status is not None
+                and record.get("status") != status
+                and not (
+                    status == "blocked" and record.get("blocked") and record.get("status") in OPEN_STATUSES
+                )
+            ):
+                continue
+            if workflow_type is not None and record.get("type") != workflow_type:
+                continue
+            record.update(run_id=rid, partition=p, created=created)
+            out.append(record)
+            if len(out) >= limit:
+                break
         return out
 
 

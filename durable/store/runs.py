@@ -33,7 +33,6 @@ from .base import LOG_MAXLEN
 from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
 from .records import (
-    OPEN_STATUSES,
     CommitResult,
     RunRef,
     commit_outcome,
@@ -414,12 +413,20 @@ class RunStore(SearchStore):
 
     # --------------------------------------------------------------- inputs
     def deliver(
-        self, workflow_id: str, event: ev.Event, *, run_id: str | None = None, limited: bool = False
+        self,
+        workflow_id: str,
+        event: ev.Event,
+        *,
+        run_id: str | None = None,
+        limited: bool = False,
+        sent_id: str = "",
     ) -> RunRef:
         """Push an input event onto a workflow's current run (or exactly ``run_id``).
 
         ``limited``: refuse it when the run's inbox holds ``max_pending_signals`` inputs or its
-        history and inbox ``max_history_events`` events (:mod:`durable.limits`).
+        history and inbox ``max_history_events`` events (:mod:`durable.limits`). ``sent_id``:
+        the client call's id (a signal's is its signal id): the same call sent again after its
+        reply was lost finds the note its delivery left and delivers nothing.
 
         Raises:
             WorkflowNotFound: unknown workflow id.
@@ -437,8 +444,9 @@ class RunStore(SearchStore):
             keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
         bounds = [run_limits.current().max_pending_signals, run_limits.current().max_history_events]
         args = [run_id or "", type_name, data, *(bounds if limited else [0, 0])]
-        if isinstance(event, ev.SignalReceived) and event.signal_id:
-            args += [k.sent_input(p, event.signal_id), SENT_TTL_MS]  # a resend is not delivered twice
+        sent_id = sent_id or (event.signal_id if isinstance(event, ev.SignalReceived) else "")
+        if sent_id:
+            args += [k.sent_input(p, sent_id), SENT_TTL_MS]  # a resend is not delivered twice
         result = self._run_script("deliver", keys, args)
         outcome = text(result[0])
         if outcome == "LIMIT":
@@ -538,63 +546,3 @@ class RunStore(SearchStore):
                 f"the hook's run {text(result[2])} is {text(result[1])}; it takes no more input"
             )
         return RunRef(p, text(result[1]), "")
-
-    # ------------------------------------------------------------------ list
-    def list_runs(
-        self,
-        *,
-        status: str | None = None,
-        workflow_type: str | None = None,
-        limit: int = 50,
-        before_ms: int | None = None,
-        before_run_id: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """Runs of every partition, newest first (``created`` desc, then ``run_id`` desc among
-        runs of one millisecond), filtered by status and type.
-
-        Page with ``before_ms`` and ``before_run_id`` = the ``created`` and ``run_id`` of the
-        last row of the previous page: no run of that millisecond is skipped. ``before_ms``
-        alone lists the runs created before that time.
-        """
-        upper = "+inf"
-        ties = [0] * self.keys.partitions
-        if before_ms is not None and before_run_id:
-            # The cursor's own ms is read too (a zset cannot seek inside a score): its runs
-            # at or above the cursor are dropped below.
-            upper = str(before_ms)
-            with self.redis.pipeline(transaction=False) as pipe:
-                for p in range(self.keys.partitions):
-                    pipe.zcount(self.keys.runs(p), before_ms, before_ms)
-                ties = [int(n) for n in pipe.execute()]
-        elif before_ms is not None:
-            upper = f"({before_ms}"
-        top = (before_ms, before_run_id) if before_ms is not None and before_run_id else None
-        candidates: list[tuple[int, str, int]] = []
-        for p in range(self.keys.partitions):
-            rows = self.redis.zrevrangebyscore(
-                self.keys.runs(p), upper, "-inf", start=0, num=limit * 4 + ties[p], withscores=True
-            )
-            keys = ((int(score), text(rid)) for rid, score in rows)
-            candidates += [(created, rid, p) for created, rid in keys if top is None or (created, rid) < top]
-        candidates.sort(reverse=True)  # (ms, run id) desc: the index's order, the cursor's too
-        out: list[dict[str, Any]] = []
-        for created, rid, p in candidates:
-            raw = self.redis.hgetall(self.keys.run(p, rid))
-            if not raw:
-                continue
-            record = decode_run(raw)
-            if (
-                status is not None
-                and record.get("status") != status
-                and not (
-                    status == "blocked" and record.get("blocked") and record.get("status") in OPEN_STATUSES
-                )
-            ):
-                continue
-            if workflow_type is not None and record.get("type") != workflow_type:
-                continue
-            record.update(run_id=rid, partition=p, created=created)
-            out.append(record)
-            if len(out) >= limit:
-                break
-        return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import StoreBase
+from .keys import SENT_TTL_MS
 from .records import text
 
 SEP = "|"
@@ -170,9 +171,19 @@ class ScheduleStore(StoreBase):
         p = self.keys.partition(schedule_id)
         self._run_script("schedule_unlock", [self.keys.schedule_keys(p, schedule_id)[5]], [token])
 
-    def schedule_delete(self, schedule_id: str) -> bool:
-        """Delete the schedule (its runs are left alone); ``False``: there was none."""
-        return self._schedule_call("schedule_delete", schedule_id, []) == "1"
+    def schedule_delete(self, schedule_id: str, *, call_id: str = "") -> bool:
+        """Delete the schedule (its runs are left alone); ``False``: there was none.
+
+        ``call_id``: the client call's id; the same call sent again after its reply was lost
+        finds the note its delete left (``True``), and a resend whose first try never ran still
+        finds no schedule (``False``)."""
+        p = self.keys.partition(schedule_id)
+        keys = self.keys.schedule_keys(p, schedule_id)
+        args: list[Any] = [schedule_id]
+        if call_id:
+            keys.append(self.keys.sent_input(p, call_id))
+            args.append(SENT_TTL_MS)
+        return text(self._run_script("schedule_delete", keys, args)) == "1"
 
     def schedule_ids(self) -> list[str]:
         """Every schedule id, sorted."""
