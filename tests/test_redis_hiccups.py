@@ -133,11 +133,29 @@ def test_an_outage_that_settled_unsaid_is_over_for_the_next_failure(caplog: pyte
     caplog.set_level(logging.INFO, logger="durable.test")
     incident.failed(rexc.ConnectionError("Connection refused"))
     incident.recovered()  # answered again; nobody calls again within the settle time
-    time.sleep(0.3)
+    time.sleep(0.4)
     assert incident.lasted == 0.0
+    # It said so itself, once settled (no later call came to say it).
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert "redis available again: the test loop carries on" in caplog.records[1].getMessage()
     incident.failed(rexc.ConnectionError("Connection refused"))
     assert incident.lasted < 0.1
-    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO", "WARNING"]
+
+
+def test_an_answer_followed_by_a_failure_within_the_settle_time_is_not_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    incident = Incident(logging.getLogger("durable.test"), "test loop", settle=0.2)
+    caplog.set_level(logging.INFO, logger="durable.test")
+    incident.failed(rexc.ConnectionError("Connection refused"))
+    incident.recovered()
+    incident.failed(rexc.ConnectionError("Connection refused"))  # voids the first answer's timer
+    time.sleep(0.4)
+    assert incident.active and [r.levelname for r in caplog.records] == ["WARNING"]
+    incident.recovered()
+    time.sleep(0.4)
+    assert not incident.active and [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
 
 
 def test_retry_transient_retries_refusals_and_raises_the_rest() -> None:

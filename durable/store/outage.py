@@ -157,24 +157,46 @@ class Incident:
 
         Returns whether it is the first success since a failure: Redis answers again, settled
         or not, and what lapsed or was lost meanwhile (a worker's registry entry) can be
-        written again now.
+        written again now. A success within ``settle`` of the last failure leaves a timer that
+        says the outage is over once it settled, should no later call come to say so.
         """
         if self._started is None:
             return False
         now = time.monotonic()
         with self._lock:
-            started = self._started
-            if started is None:
+            if self._started is None:
                 return False
-            ok_since = self._ok_since
-            back = ok_since is None
-            if ok_since is None:
-                ok_since = self._ok_since = now
-            if now - self._last_failure < self.settle:
+            back = self._ok_since is None
+            if back:
+                self._ok_since = now
+            wait = self.settle - (now - self._last_failure)
+            if wait > 0:
+                if back:  # one timer per answer after failures: a failure meanwhile voids it
+                    timer = threading.Timer(wait + 0.05, self._over_if_settled)
+                    timer.daemon = True
+                    timer.start()
                 return back
-            self._started = None
-            duration, tries, kinds = ok_since - started, self._tries, ", ".join(self._kinds)
-            self.backoff.reset()
+            ended = self._end()
+        self._say_over(*ended)
+        return back
+
+    def _over_if_settled(self) -> None:
+        """The settle timer: the outage is over if no failure came since the answer."""
+        with self._lock:
+            if self._started is None or not self._settled(time.monotonic()):
+                return
+            ended = self._end()
+        self._say_over(*ended)
+
+    def _end(self) -> tuple[float, int, str]:
+        """End the incident (the lock held): its duration, failed tries and error kinds."""
+        assert self._started is not None and self._ok_since is not None
+        ended = (self._ok_since - self._started, self._tries, ", ".join(self._kinds))
+        self._started = None
+        self.backoff.reset()
+        return ended
+
+    def _say_over(self, duration: float, tries: int, kinds: str) -> None:
         self.log.info(
             "redis available again: the %s carries on after %.1f s of outage (%s; %d failed tries)",
             self.what,
@@ -182,7 +204,6 @@ class Incident:
             kinds,
             tries,
         )
-        return back
 
 
 def retry_transient(call: Callable[[], T], incident: Incident, *, stop: threading.Event | None = None) -> T:
