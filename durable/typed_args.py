@@ -146,9 +146,8 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip
         ConfigurationError: ``fn`` does not take that many arguments (its signature named).
         SerializationError: an argument does not validate (see :func:`convert`).
     """
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature to check against: the call says
+    signature = _signature(fn)
+    if signature is None:  # no signature to check against: the call says
         return
     try:
         signature.bind(*([None] * skip), *args)
@@ -159,3 +158,12 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip
         shown = signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
         raise ConfigurationError(f"{what} takes {shown}: {exc}") from None
     convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip)
+
+
+@functools.cache
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, worked out once (a start checks its arguments against it)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
