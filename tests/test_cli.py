@@ -262,8 +262,15 @@ def test_status_of_a_closed_run_says_how_it_ended(redis_url: str) -> None:
         wait_for(lambda: store.instance_statuses(["boom-1"]) == ["failed"])
         WorkflowStub.make(Waiter, id="called-off", store=store).start(60).cancel("customer asked")
         wait_for(lambda: store.instance_statuses(["called-off"]) == ["cancelled"])
+        napping = WorkflowStub.make(Waiter, id="cut-short", store=store).start(3600)
+        wait_for(lambda: napping.snapshot()["pending"])
+        napping.terminate("ops")
     assert invoke("status", "boom-1").stdout.strip() == "failed (KeyError: 'boom')"
     assert invoke("status", "called-off").stdout.strip() == "cancelled (customer asked)"
+    assert invoke("status", "cut-short").stdout.strip() == "terminated (ops)"
+    # What it waited on as it closed is labelled so, and no deadline of it is counted down.
+    described = invoke("describe", "cut-short").stdout
+    assert "pending when it closed (nothing waits now)" in described and "(in " not in described
 
 
 def test_result_of_failed_run_exits_1(redis_url: str) -> None:

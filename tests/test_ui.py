@@ -201,6 +201,21 @@ def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -
         c.post(f"/api/v1/workflows/{wid}/terminate")
 
 
+def test_a_closed_runs_last_waits_are_not_shown_as_coming(ui: Ui) -> None:
+    wid = _start(ui, "Waiter", 3600)  # a timer due in an hour
+    with ui.open.client(**CSRF) as c:
+        wait_for(lambda: c.get(f"/api/v1/workflows/{wid}").json()["pending"], timeout=30)
+        assert c.post(f"/api/v1/workflows/{wid}/terminate").status_code == 200
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    page.wait_for_selector("#run-status .badge.terminated")
+    assert page.inner_text("#pending-title") == "Pending when it closed (nothing waits now)"
+    row = page.locator("#pending tbody tr").first
+    assert row.inner_text().startswith("timer") and "(in " not in row.inner_text()
+    assert page.locator("#pending tbody tr.current").count() == 0
+    page.context.close()
+
+
 def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> None:
     wid = _start(ui, "Everything", 10)
     _waits_for_signal(ui, wid)

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from durable import HistoryEvent
 from durable.runinfo import blocked_reason, from_now, past_dates
+from durable.store.records import CLOSED_STATUSES
 
 __all__ = [
     "console",
@@ -197,8 +198,11 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
     return head
 
 
-def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="pending steps", title_justify="left")
+def _pending_table(pending: Sequence[Mapping[str, Any]], *, closed: bool = False) -> Table:
+    """A run's pending steps; a closed run's are what it waited on as it closed (no deadline
+    of theirs is still coming)."""
+    title = "pending when it closed (nothing waits now)" if closed else "pending steps"
+    table = Table(title=title, title_justify="left")
     for col in ("kind", "id", "name", "deadline", "state"):
         table.add_column(col, overflow="fold")
     for item in pending:
@@ -207,7 +211,7 @@ def _pending_table(pending: Sequence[Mapping[str, Any]]) -> Table:
             str(item.get("kind", "")),
             str(item.get("id", "")),
             str(name),
-            _deadline(item.get("deadline")),
+            fmt_ms(item.get("deadline")) if closed else _deadline(item.get("deadline")),
             str(item.get("state", "")),
         )
     return table
@@ -274,7 +278,7 @@ def describe_tables(info: Mapping[str, Any], redis_url: str) -> list[Table]:
     """``durable describe``: the run's head, then pending steps, attempts and dropped inputs."""
     tables = [_describe_head(info, redis_url)]
     if info.get("pending"):
-        tables.append(_pending_table(info["pending"]))
+        tables.append(_pending_table(info["pending"], closed=info.get("status") in CLOSED_STATUSES))
     if info.get("attempts"):
         tables.append(_attempts_table(info["attempts"]))
     if info.get("dropped"):

@@ -96,8 +96,9 @@
       // Nor what is empty, or said in `state` already (why its queue does not move, say).
       for (const [k, v] of Object.entries(rest)) if (v === null || v === "" || (typeof v === "string" && (p.state || "").includes(v))) delete rest[k];
       const details = [p.state, Object.keys(rest).length ? JSON.stringify(rest) : ""].filter(Boolean).join(" ");
-      return el("tr", { class: "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
-        el("td", {}, p.deadline ? deadline(p.deadline) : ""),
+      // A closed run's rows are what it waited on as it closed: no deadline of theirs is coming.
+      return el("tr", { class: info.closed ? "" : "current" }, el("td", {}, p.kind), el("td", {}, p.id || ""), el("td", {}, p.name || ""),
+        el("td", {}, p.deadline ? (info.closed ? time(p.deadline) : deadline(p.deadline)) : ""),
         el("td", { class: "small" }, details));
     });
     // Signals received that no await_signal took yet: where one sent under a misspelt name shows.
@@ -105,6 +106,7 @@
       rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
         el("td", {}, ""), el("td", { class: "small" }, `x${count}, not awaited yet`)));
     }
+    document.querySelector("#pending-title").textContent = info.closed && rows.length ? "Pending when it closed (nothing waits now)" : "Pending";
     const body = document.querySelector("#pending tbody");
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, info.closed ? "closed: nothing pending" : "nothing pending"))]));
   }
