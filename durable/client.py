@@ -468,21 +468,31 @@ class WorkflowStub(Generic[R]):
 
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided, its
-        parent is told, and its children follow their ``parent_close_policy`` (the same script
-        leaves them the messages to, so a client that dies right after still closed them)."""
+        parent is told, and its children follow their ``parent_close_policy``: the same script
+        leaves the messages a worker carries out (so a client that dies right after still closed
+        them), and this call terminates the ``terminate`` ones itself too, at once (as when no
+        worker runs)."""
 
-        def terminate() -> None:
-            self._store.terminate(self._id, reason or "terminated")
+        def terminate() -> list[str]:
+            close = self._store.terminate(self._id, reason or "terminated")[1]
+            return [wid for policy, wid in close.children if policy == "terminate"]
 
-        def again() -> None:
+        def again() -> list[str]:
             try:
-                terminate()
+                return terminate()
             except WorkflowClosed:
-                # The first try did it, and its reply was lost in the outage.
+                # The first try did it, and its reply was lost in the outage: its messages close
+                # the children.
                 if self._store.run_record(self._ref()).get("status") != "terminated":
                     raise
+                return []
 
-        self._store.ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again)
+        kids = self._store.ride(
+            f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again
+        )
+        for wid in kids:  # the messages find them closed: a no-op
+            with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
+                WorkflowStub(self._store, "", wid).terminate("parent terminated")
 
     # --------------------------------------------------------------- reads
     def status(self) -> str:

@@ -356,10 +356,26 @@ def test_a_terminate_made_from_a_stale_snapshot_reads_it_again(
         reads.append(args)
         fresh = real(*args)  # type: ignore[arg-type]
         return (
-            fresh if len(reads) > 1 else Closing(fresh.to_parent, [], "sha1 of a snapshot without the child")
+            fresh
+            if len(reads) > 1
+            else Closing(fresh.to_parent, [], fresh.reason, "sha1 of a stale snapshot")
         )
 
     monkeypatch.setattr(runs_module, "closing", before_the_child)
     parent.terminate("test")
-    assert len(reads) == 2
+    assert [args[3] for args in reads].count(parent.run_id) == 2  # (then the child's, closing it)
     wait_for(lambda: store.instance_statuses(["stale-ward"]) == ["terminated"], timeout=20)
+
+
+def test_a_terminate_with_no_worker_running_closes_the_children_at_once(durable_store: RedisStore) -> None:
+    """The messages wait for a worker; the terminating client does not: ``terminate`` children
+    are closed by the call itself (``request_cancel`` ones are asked by the messages only)."""
+    with TestEnvironment(store=durable_store):
+        parent = WorkflowStub.make(Guardian, id="lone-guard", store=durable_store).start(
+            "terminate", "lone-ward"
+        )
+        wait_for(lambda: any(p.get("kind") == "child" for p in parent.snapshot()["pending"]), timeout=20)
+    parent.terminate("no worker about")  # the environment's worker has stopped
+    assert durable_store.instance_statuses(["lone-guard", "lone-ward"]) == ["terminated", "terminated"]
+    closing = durable_store.last_entry(durable_store.ref("lone-ward"))
+    assert closing is not None and closing.event.reason == "parent terminated"  # type: ignore[attr-defined]

@@ -40,7 +40,16 @@ from .records import (
     text,
 )
 from .search import SearchStore, attribute_args, pack_index, start_index
-from .starts import StartedRun, closing, deadline_args, open_run, script_now_ms, script_options, started_run
+from .starts import (
+    Closing,
+    StartedRun,
+    closing,
+    deadline_args,
+    open_run,
+    script_now_ms,
+    script_options,
+    started_run,
+)
 from .tasks import CommitPlan, NextRun, pack_plan
 
 
@@ -466,9 +475,10 @@ class RunStore(SearchStore):
             )
         return RunRef(p, text(result[1]), workflow_id)
 
-    def terminate(self, workflow_id: str, reason: str) -> RunRef:
+    def terminate(self, workflow_id: str, reason: str) -> tuple[RunRef, Closing]:
         """Close the current run now (WorkflowTerminated); the same script tells its parent and
-        leaves the messages closing its children by their parent close policy.
+        leaves the messages closing its children by their parent close policy (the
+        :class:`Closing` returned names them).
 
         Raises:
             WorkflowNotFound: unknown id.
@@ -493,7 +503,7 @@ class RunStore(SearchStore):
             )
             outcome = text(result[0])
             if outcome == "OK":
-                return ref
+                return ref, close
             if outcome == "CLOSED":
                 raise WorkflowClosed(f"workflow {workflow_id!r} (run {rid}) is already {text(result[1])}")
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")

@@ -15,7 +15,7 @@ from ..start_policy import StartPolicy, deadlines
 from .connect import Client
 from .keys import SENT_TTL_MS, Keys, deadline_member
 from .records import OPEN_STATUSES, RunRef, text
-from .tasks import child_result_message, children_close_messages
+from .tasks import child_policy_message, child_result_message, children_to_close
 
 
 @immutable(slots=False)
@@ -119,11 +119,24 @@ def script_now_ms(client: Client, keys: Keys, p: int) -> int:
 class Closing:
     """What closing a run from outside its code (terminate, ``terminate_existing``) tells its
     parent and its children: outbox messages its closing script writes, made from the run's
-    snapshot with SHA1 ``snapshot_sha1`` (a script that finds another snapshot refuses)."""
+    snapshot with SHA1 ``snapshot_sha1`` (a script that finds another snapshot refuses).
+
+    Attributes:
+        to_parent: The message telling its parent (``b""``: it has none).
+        children: ``(policy, workflow id)`` of the children their close policy acts on.
+        reason: Why, as the children are told.
+        snapshot_sha1: SHA1 of the snapshot they were read from.
+    """
 
     to_parent: bytes
-    to_children: list[bytes]
+    children: list[tuple[str, str]]
+    reason: str
     snapshot_sha1: str
+
+    @property
+    def to_children(self) -> list[bytes]:
+        """The outbox messages applying each child's policy."""
+        return [child_policy_message(policy, wid, self.reason) for policy, wid in self.children]
 
 
 def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Closing:
@@ -134,11 +147,8 @@ def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Clo
     if parent:
         to_parent = child_result_message(parent, ev.ChildFailed(id=parent["cid"], status="terminated"))
     snapshot = codec.unpack(snapshot_raw) if snapshot_raw else {}
-    return Closing(
-        to_parent,
-        children_close_messages(snapshot, reason),
-        hashlib.sha1(snapshot_raw or b"", usedforsecurity=False).hexdigest(),
-    )
+    sha1 = hashlib.sha1(snapshot_raw or b"", usedforsecurity=False).hexdigest()
+    return Closing(to_parent, children_to_close(snapshot), reason, sha1)
 
 
 def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict[str, Any], list[str]]:

@@ -291,22 +291,25 @@ def child_start_message(workflow_id: str, run_id: str, child: ev.ChildStarted) -
     )
 
 
-def child_policy_message(policy: str, workflow_id: str) -> bytes:
+def child_policy_message(policy: str, workflow_id: str, reason: str = "") -> bytes:
     """An outbox message applying a parent's close policy (``request_cancel``, ``terminate``,
-    ``abandon``) to its child ``workflow_id``."""
-    return codec.pack({"kind": policy, "wid": workflow_id})
+    ``abandon``) to its child ``workflow_id`` (``reason``: why, when not the parent's own close)."""
+    return codec.pack(
+        {"kind": policy, "wid": workflow_id, "reason": reason}
+        if reason
+        else {"kind": policy, "wid": workflow_id}
+    )
 
 
-def children_close_messages(snapshot: dict[str, Any], reason: str) -> list[bytes]:
-    """Outbox messages applying each pending child's parent close policy, for a run closed from
-    outside its code (terminated, or replaced by ``terminate_existing``): the script that closes
-    the run writes them, so no crash of its caller leaves the children running. A child with
-    policy ``abandon`` gets none."""
+def children_to_close(snapshot: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(policy, workflow id)`` of each pending child of a run's ``snapshot`` its parent close
+    policy acts on when the run is closed from outside its code (terminated, or replaced by
+    ``terminate_existing``); a child with policy ``abandon`` is left alone."""
     out = []
     for item in snapshot.get("pending", []):
         policy = item.get("policy") or "terminate"
         if item.get("kind") == "child" and item.get("workflow_id") and policy != "abandon":
-            out.append(codec.pack({"kind": policy, "wid": item["workflow_id"], "reason": reason}))
+            out.append((policy, str(item["workflow_id"])))
     return out
 
 
