@@ -19,11 +19,13 @@ Runs on a fresh embedded Redis in a temporary dir::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,9 @@ SearchAttribute("vip", "bool")
 REGIONS = ("eu", "us", "apac", "latam", "mea")
 
 
-def insert(store: RedisStore, runs: int, batch: int) -> float:
-    """Start and terminate ``runs`` runs; returns the seconds it took."""
+def insert(store: RedisStore, runs: int, batch: int, inserted: list[dict[str, Any]]) -> float:
+    """Start and terminate ``runs`` runs (their attributes appended to ``inserted``); returns
+    the seconds it took."""
     k, rng, t0 = store.keys, random.Random(7), time.perf_counter()
     args = codec.dumps((), path="args")
     stopped = codec.pack(ev.WorkflowTerminated(reason="bench").to_data())
@@ -55,14 +58,14 @@ def insert(store: RedisStore, runs: int, batch: int) -> float:
         for i in range(first, min(first + batch, runs)):
             wid, rid = f"order-{i}", new_run_id()
             p = k.partition(wid)
-            values = encode_values(
-                {
-                    "customer": f"c{rng.randrange(1000)}",
-                    "region": rng.choice(REGIONS),
-                    "amount": round(rng.uniform(1, 1000), 2),
-                    "vip": rng.random() < 0.1,
-                }
-            )
+            attrs = {
+                "customer": f"c{rng.randrange(1000)}",
+                "region": rng.choice(REGIONS),
+                "amount": round(rng.uniform(1, 1000), 2),
+                "vip": rng.random() < 0.1,
+            }
+            inserted.append(attrs)
+            values = encode_values(attrs)
             data = ev.WorkflowStarted(
                 workflow_type="Order", workflow_id=wid, run_id=rid, args=args, search_attributes=values
             ).to_data()
@@ -75,22 +78,54 @@ def insert(store: RedisStore, runs: int, batch: int) -> float:
                         k.workflow_tasks(p, "bench"),
                         k.runs(p),
                     ],
-                    [wid, rid, "Order", "default", codec.pack(data), b"", "", pack_index(start_index(data))],
+                    # ARGV: ..., parent, retention, start options (none), search index (start_run.lua)
+                    [
+                        wid,
+                        rid,
+                        "Order",
+                        "default",
+                        codec.pack(data),
+                        b"",
+                        "",
+                        b"",
+                        pack_index(start_index(data)),
+                    ],
                 )
             )
-            run_keys = [
-                k.run(p, rid),
-                k.history(p, rid),
-                k.inbox(p, rid),
-                k.activities(p, rid),
-                k.log(p, rid),
-            ]
-            stops.append(([k.instance(p, wid), *run_keys, k.outbox(p)], [rid, stopped, b""]))
+            # A run no decision has touched has no snapshot: the terminate script checks its SHA1.
+            args_ = [rid, stopped, b"", NO_SNAPSHOT_SHA1]
+            stops.append(([k.instance(p, wid), *k.terminated_keys(p, rid), k.outbox(p)], args_))
         store._script_many("start_run", starts, raise_on_error=True)
         store._script_many("terminate", stops, raise_on_error=True)
     for p in range(k.partitions):  # the unread workflow tasks are not what is measured
         store.redis.delete(k.workflow_tasks(p, "bench"))
     return time.perf_counter() - t0
+
+
+NO_SNAPSHOT_SHA1 = hashlib.sha1(b"", usedforsecurity=False).hexdigest()
+
+#: Each query's matches among the inserted runs' attributes (every run is closed, terminated and
+#: started within the hour), in the order of ``main``'s queries.
+EXPECTED: list[Callable[[dict[str, Any]], bool]] = [
+    lambda a: a["customer"] == "c42",
+    lambda a: a["customer"] == "c42",
+    lambda a: a["region"] == "eu" and a["vip"],
+    lambda a: a["customer"] in ("c1", "c2", "c3") and a["amount"] > 500,
+    lambda a: a["amount"] > 990,
+    lambda a: True,
+]
+
+
+def check_counts(store: RedisStore, queries: dict[str, str], inserted: list[dict[str, Any]]) -> None:
+    """Refuse to time searches that do not find what was inserted: a change of the start or
+    terminate scripts' arguments once left this bench timing empty results."""
+    for (name, query), matches in zip(queries.items(), EXPECTED, strict=True):
+        want, got = sum(1 for a in inserted if matches(a)), durable.count_runs(query, store=store)
+        if got != want:
+            raise SystemExit(
+                f"search_bench: {name!r} counts {got} runs, but {want} were inserted that match: the "
+                "bench no longer drives start_run.lua / terminate.lua as they are; fix insert()"
+            )
 
 
 def timed(fn: Any, repeat: int) -> dict[str, Any]:
@@ -142,7 +177,8 @@ def main() -> None:
         url = server.ensure()
         try:
             store = RedisStore(url, flush=True)
-            took = insert(store, opts.runs, opts.batch)
+            inserted: list[dict[str, Any]] = []
+            took = insert(store, opts.runs, opts.batch, inserted)
             t0 = store.server_time_ms() - 3_600_000
             queries = {
                 "customer = 'c42' (keyword, ~100 matches)": "customer = 'c42'",
@@ -152,6 +188,7 @@ def main() -> None:
                 "amount > 990 (numeric range)": "amount > 990",
                 "status = 'closed' (all runs)": "status = 'closed'",
             }
+            check_counts(store, queries, inserted)
             lists = {
                 name: timed(lambda w=w: durable.list_runs(w, limit=50, store=store), opts.repeat)
                 for name, w in queries.items()

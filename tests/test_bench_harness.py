@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,3 +120,19 @@ def test_w2_cpu_bound_explains_the_ceiling_ratio() -> None:
     assert not [
         line for line in report.ratios({"durable": {"W2": {"steps_per_s": 1.0}}}, ["W2"]) if "bound" in line
     ]
+
+
+def test_search_bench_times_searches_that_find_what_it_inserted() -> None:
+    """It drives the start and terminate scripts itself: when their arguments change, it must
+    fail (check_counts), not time empty results as it once did."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "search_bench.py"), "--runs", "300", "--batch", "100", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = json.loads(out.stdout)["count"]
+    assert counts["status = 'closed' (all runs)"]["rows"] == 300
+    assert counts["amount > 990 (numeric range)"]["rows"] > 0

@@ -260,6 +260,17 @@ class Keys:
     def log(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:log:{run_id}"
 
+    def terminated_keys(self, p: int, run_id: str) -> list[str]:
+        """The keys of run ``run_id`` its termination writes (``terminate_run`` in ``_lib.lua``),
+        in the scripts' order: run, history, inbox, activities, log."""
+        return [
+            self.run(p, run_id),
+            self.history(p, run_id),
+            self.inbox(p, run_id),
+            self.activities(p, run_id),
+            self.log(p, run_id),
+        ]
+
     def updates(self, p: int, run_id: str) -> str:
         return f"{self.tag(p)}:upd:{run_id}"
 

@@ -489,13 +489,7 @@ class RunStore(SearchStore):
             ref = self.ref(workflow_id)
             k, p, rid = self.keys, ref.partition, ref.run_id
             close = closing(self.redis, k, p, rid, "parent terminated")
-            run_keys = [
-                k.run(p, rid),
-                k.history(p, rid),
-                k.inbox(p, rid),
-                k.activities(p, rid),
-                k.log(p, rid),
-            ]
+            run_keys = k.terminated_keys(p, rid)
             result = self._run_script(
                 "terminate",
                 [k.instance(p, workflow_id), *run_keys, k.outbox(p)],

@@ -168,5 +168,4 @@ def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict
         "to_children": close.to_children,
         "snapshot_sha1": close.snapshot_sha1,
     }
-    run_keys = [keys.run(p, rid), keys.history(p, rid), keys.inbox(p, rid), keys.activities(p, rid)]
-    return found, [*run_keys, keys.log(p, rid), keys.outbox(p)]
+    return found, [*keys.terminated_keys(p, rid), keys.outbox(p)]
