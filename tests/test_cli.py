@@ -537,6 +537,8 @@ def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path
             proc.wait(15)
     text = log.read_text()
     assert "--app empty_app defines no workflow and no activity: this worker runs nothing" in text, text
+    # Named, so that commands run from another folder can be pointed at the same Redis.
+    assert f"redis: {redis_url}; build id:" in text, text
 
 
 def test_cancel_of_a_blocked_run_says_it_waits_and_names_terminate(redis_url: str) -> None:

@@ -277,6 +277,8 @@ def test_a_worker_starts_its_dead_embedded_server_again(project: Path) -> None:
             _, err = worker.communicate()
     assert "the embedded Redis had died; started it again on its data (AOF)" in err, err
     assert err.count("started it again") == 1, err
+    sock = project / ".durable" / "redis.sock"
+    assert f"redis: unix://{sock} (embedded); build id:" in err, err
 
 
 def test_a_folder_without_data_gets_no_server(project: Path) -> None:
@@ -286,6 +288,7 @@ def test_a_folder_without_data_gets_no_server(project: Path) -> None:
     (project / ".durable" / "redis.pid").write_text("999999\n")
     line = one_error_line(run_cli(project, "list"))
     assert "no Redis here" in line
+    assert "a worker logs the URL of its Redis when it starts" in line
     assert not (project / ".durable" / "redis.sock").exists()
     (project / ".durable" / "redis.pid").unlink()  # not a server's: nothing to stop
 

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers import metrics
@@ -94,7 +95,9 @@ def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], 
         types_complete=True,  # load_apps registered the modules' functions too
     )
     log.info(
-        "build id: %s; decision timeout: %s",
+        "redis: %s; build id: %s; decision timeout: %s",
+        # Named so that commands run from another folder can be pointed at the same Redis.
+        masked_url(config.redis_url) + (" (embedded)" if config.embedded_dir else ""),
         build_id or "(unversioned)",
         f"{config.decision_timeout:g} s" if config.decision_timeout > 0 else "off",
     )

@@ -145,7 +145,7 @@ def _embedded_url(start: bool) -> str:
     raise NoRedisHere(
         f"no Redis here: no --redis URL, no $DURABLE_REDIS_URL and no embedded server running in "
         f"{server.data_dir}; point at yours with --redis URL or `export DURABLE_REDIS_URL=...`, "
-        "or run the command from the project folder"
+        "or run the command from the project folder (a worker logs the URL of its Redis when it starts)"
     )
 
 
