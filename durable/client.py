@@ -37,6 +37,7 @@ from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
 from .store.outage import ride_out
 from .store.redis_store import RedisStore, RunRef
+from .store.starts import Closing
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
 from .typed_args import check_call
@@ -58,6 +59,17 @@ def default_store() -> RedisStore:
             store = ride_out(lambda: RedisStore(url, namespace=name), url=url, what="opening the store")
             _stores[url, name] = store
         return store
+
+
+def _terminate_children(store: RedisStore, close: Closing | None) -> None:
+    """Terminate the ``terminate``-policy children of a run closed from outside its code, at
+    once: its closing script's messages would, but only once a worker reads them (they then find
+    the children closed: a no-op)."""
+    if close is None:
+        return
+    for wid in close.to_terminate:
+        with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
+            WorkflowStub(store, "", wid).terminate(close.reason)
 
 
 def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.SignalReceived:
@@ -382,6 +394,9 @@ class WorkflowStub(Generic[R]):
             writes=self._id,
         )
         self._run_id = run.run_id
+        # terminate_existing: the replaced run's 'terminate' children are closed now, not when a
+        # worker reads the script's messages (as terminate() does).
+        _terminate_children(self._store, run.closing)
         return run.run_id
 
     def signal(self, name: str, *args: Any) -> None:
@@ -473,11 +488,10 @@ class WorkflowStub(Generic[R]):
         them), and this call terminates the ``terminate`` ones itself too, at once (as when no
         worker runs)."""
 
-        def terminate() -> list[str]:
-            close = self._store.terminate(self._id, reason or "terminated")[1]
-            return [wid for policy, wid in close.children if policy == "terminate"]
+        def terminate() -> Closing | None:
+            return self._store.terminate(self._id, reason or "terminated")[1]
 
-        def again() -> list[str]:
+        def again() -> Closing | None:
             try:
                 return terminate()
             except WorkflowClosed:
@@ -485,14 +499,12 @@ class WorkflowStub(Generic[R]):
                 # the children.
                 if self._store.run_record(self._ref()).get("status") != "terminated":
                     raise
-                return []
+                return None
 
-        kids = self._store.ride(
+        close = self._store.ride(
             f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again
         )
-        for wid in kids:  # the messages find them closed: a no-op
-            with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
-                WorkflowStub(self._store, "", wid).terminate("parent terminated")
+        _terminate_children(self._store, close)
 
     # --------------------------------------------------------------- reads
     def status(self) -> str:

@@ -379,3 +379,22 @@ def test_a_terminate_with_no_worker_running_closes_the_children_at_once(durable_
     assert durable_store.instance_statuses(["lone-guard", "lone-ward"]) == ["terminated", "terminated"]
     closing = durable_store.last_entry(durable_store.ref("lone-ward"))
     assert closing is not None and closing.event.reason == "parent terminated"  # type: ignore[attr-defined]
+
+
+def test_a_replacing_start_with_no_worker_running_closes_the_children_at_once(
+    durable_store: RedisStore,
+) -> None:
+    """As ``terminate``: a ``terminate_existing`` start closes the replaced run's ``terminate``
+    children itself, not only by the messages a worker would carry out."""
+    with TestEnvironment(store=durable_store):
+        parent = WorkflowStub.make(Guardian, id="lone-swap", store=durable_store).start(
+            "terminate", "lone-swap-ward"
+        )
+        wait_for(lambda: any(p.get("kind") == "child" for p in parent.snapshot()["pending"]), timeout=20)
+    WorkflowStub.make(
+        Quick, id="lone-swap", store=durable_store, id_conflict_policy="terminate_existing"
+    ).start()
+    assert durable_store.instance_statuses(["lone-swap-ward"]) == ["terminated"]
+    closing = durable_store.last_entry(durable_store.ref("lone-swap-ward"))
+    assert closing is not None
+    assert closing.event.reason == "parent replaced (id_conflict_policy terminate_existing)"  # type: ignore[attr-defined]

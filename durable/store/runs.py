@@ -305,10 +305,10 @@ class RunStore(SearchStore):
         stale = conflict == "terminate_existing"
         for _ in range(5):
             # terminate_existing: the script terminates the open run only if it is still this one.
-            found, old_keys = open_run(self.redis, k, p, workflow_id) if stale else ({}, [])
+            found, old_keys, close = open_run(self.redis, k, p, workflow_id) if stale else ({}, [], None)
             result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found), index])
             if text(result[0]) != "MOVED":
-                return started_run(result, p, workflow_id, policy)
+                return started_run(result, p, workflow_id, policy, close)
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ------------------------------------------------------------ decisions

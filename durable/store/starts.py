@@ -27,10 +27,13 @@ class StartedRun(RunRef):
             id's open run (and a signal-with-start delivered its signal there).
         replaced: ``terminate_existing``: the id of the run it terminated (its children were
             closed by their parent close policy in the same script), else ``""``.
+        closing: What closing the replaced run told its parent and children (``None``: no run
+            was replaced, or a resend found the start done).
     """
 
     started: bool = True
     replaced: str = ""
+    closing: Closing | None = None
 
 
 def deadline_args(run_id: str, options: dict[str, Any]) -> list[list[Any]]:
@@ -65,8 +68,11 @@ def script_options(
     return out
 
 
-def started_run(reply: list[Any], p: int, workflow_id: str, policy: StartPolicy) -> StartedRun:
-    """What the start script's reply means (``MOVED`` is the caller's to retry).
+def started_run(
+    reply: list[Any], p: int, workflow_id: str, policy: StartPolicy, close: Closing | None = None
+) -> StartedRun:
+    """What the start script's reply means (``MOVED`` is the caller's to retry); ``close``: the
+    :class:`Closing` of the open run ``terminate_existing`` expected to replace.
 
     Raises:
         WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its id
@@ -75,7 +81,8 @@ def started_run(reply: list[Any], p: int, workflow_id: str, policy: StartPolicy)
     """
     outcome = text(reply[0])
     if outcome == "OK":
-        return StartedRun(p, text(reply[1]), workflow_id, True, text(reply[3]) if len(reply) > 3 else "")
+        replaced = text(reply[3]) if len(reply) > 3 else ""
+        return StartedRun(p, text(reply[1]), workflow_id, True, replaced, close if replaced else None)
     if outcome == "EXISTING":
         return StartedRun(p, text(reply[1]), workflow_id, False)
     if outcome == "ALREADY":
@@ -138,6 +145,11 @@ class Closing:
         """The outbox messages applying each child's policy."""
         return [child_policy_message(policy, wid, self.reason) for policy, wid in self.children]
 
+    @property
+    def to_terminate(self) -> list[str]:
+        """The workflow ids of the children whose policy is ``terminate``."""
+        return [wid for policy, wid in self.children if policy == "terminate"]
+
 
 def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Closing:
     """The :class:`Closing` of run ``run_id`` as it stands; ``reason`` goes to its children."""
@@ -151,13 +163,15 @@ def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Clo
     return Closing(to_parent, children_to_close(snapshot), reason, sha1)
 
 
-def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict[str, Any], list[str]]:
+def open_run(
+    client: Client, keys: Keys, p: int, workflow_id: str
+) -> tuple[dict[str, Any], list[str], Closing | None]:
     """What ``terminate_existing`` needs of the id's open run, if any: ``(script options: expect,
     terminated, to_parent, to_children, snapshot_sha1; its run, history, inbox, activities and
-    log keys and the outbox)``."""
+    log keys and the outbox; its Closing)``."""
     rid_raw, status = client.hmget(keys.instance(p, workflow_id), "run", "status")
     if rid_raw is None or text(status) not in OPEN_STATUSES:
-        return {}, []
+        return {}, [], None
     rid = text(rid_raw)
     reason = "replaced by a new run (id_conflict_policy terminate_existing)"
     close = closing(client, keys, p, rid, "parent replaced (id_conflict_policy terminate_existing)")
@@ -168,4 +182,4 @@ def open_run(client: Client, keys: Keys, p: int, workflow_id: str) -> tuple[dict
         "to_children": close.to_children,
         "snapshot_sha1": close.snapshot_sha1,
     }
-    return found, [*keys.terminated_keys(p, rid), keys.outbox(p)]
+    return found, [*keys.terminated_keys(p, rid), keys.outbox(p)], close
