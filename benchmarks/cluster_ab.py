@@ -29,7 +29,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from peers.common import Options, cpu_seconds, stop_process_group  # noqa: E402
+from peers.common import Options, cpu_seconds, exit_on_sigterm, stop_process_group  # noqa: E402
 from workloads_durable import ROOT, Engine, _env  # noqa: E402
 
 # Where the client layers live: redis-py, hiredis, durable's own raw pipelines, and the
@@ -153,4 +153,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()

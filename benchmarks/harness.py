@@ -55,7 +55,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
 import report  # noqa: E402
-from peers.common import NotMeasured, Options, latency_summary  # noqa: E402
+from peers.common import NotMeasured, Options, exit_on_sigterm, latency_summary  # noqa: E402
 
 MODULES = {
     "durable": "workloads_durable",
@@ -503,4 +503,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

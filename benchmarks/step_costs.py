@@ -24,7 +24,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from peers.common import STEPS, Options  # noqa: E402
+from peers.common import STEPS, Options, exit_on_sigterm  # noqa: E402
 from workloads_durable import Engine  # noqa: E402
 
 
@@ -78,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     main()

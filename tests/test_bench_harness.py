@@ -1,4 +1,4 @@
-"""The benchmark harness's own logic, cheaply: no worker processes.
+"""The benchmark harness's own logic, cheaply (one slow test starts an engine, to stop it).
 
 * ``limit.py`` drives the real Lua scripts with plans it builds itself: when the commit
   script's plan grows a field, the ceiling fails (it did once, unnoticed); a few passes
@@ -9,10 +9,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+from waiting import wait_for
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
@@ -136,3 +143,48 @@ def test_search_bench_times_searches_that_find_what_it_inserted() -> None:
     counts = json.loads(out.stdout)["count"]
     assert counts["status = 'closed' (all runs)"]["rows"] == 300
     assert counts["amount > 990 (numeric range)"]["rows"] > 0
+
+
+def _engine_pids(marker: str) -> set[int]:
+    """Live processes whose command line names ``marker`` (zombies are gone)."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (cmdline.parent / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue  # gone meanwhile
+        if marker in text and state not in ("Z", "X"):
+            found.add(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_benchmark_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+    """Its engine (an embedded Redis and a worker supervisor, each in a session of its own) is
+    stopped on SIGTERM as on Ctrl-C; Python's default SIGTERM ended the script and left them
+    running."""
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / "step_costs.py"), "--processes", "1", "--turns", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),  # the engine's folder, named in its command lines
+        start_new_session=True,
+    )
+    engine: set[int] = set()
+    try:
+        # The embedded Redis and the worker supervisor, both started in the benchmark's folder.
+        engine = wait_for(
+            lambda: (lambda pids: pids if len(pids) >= 2 else None)(_engine_pids(str(tmp_path))), 60
+        )
+        time.sleep(1)  # into the turns
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) != 0
+        wait_for(lambda: not _engine_pids(str(tmp_path)), timeout=30)
+    finally:
+        for pid in _engine_pids(str(tmp_path)) | (engine if proc.poll() is None else set()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
