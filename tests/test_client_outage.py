@@ -300,12 +300,18 @@ def test_a_result_wait_on_a_down_redis_gives_up_within_its_timeout(killable_redi
 
 
 def test_a_refusal_for_now_is_said_as_such() -> None:
-    """Redis answering but refusing (OOM at maxmemory, LOADING, READONLY...) is not "cannot reach"."""
+    """Redis answering but refusing (OOM at maxmemory, LOADING, READONLY...) is not "cannot reach";
+    out of memory or unable to persist, it says which, and what an operator can do."""
     refused = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
     error = unavailable_error(refused, "redis://app:secret@db:6379/0", "start() of workflow 'w'", 10.0)
     assert str(error) == (
-        "Redis at redis://app:***@db:6379/0 refuses commands for now (OOM: command not allowed when used "
-        "memory > 'maxmemory'.) for 10 s, so start() of workflow 'w' gave up: see `durable workers` and "
-        "Redis's log"
+        "Redis is out of memory at redis://app:***@db:6379/0: it refuses writes (OOM: command not "
+        "allowed when used memory > 'maxmemory'.) for 10 s, so start() of workflow 'w' gave up: raise "
+        "maxmemory (CONFIG SET maxmemory / redis.conf), purge old closed runs (`durable purge`), and "
+        "check the runs' retention"
     )
     assert error.kind == "OOM" and error.url == "redis://app:***@db:6379/0" and error.__cause__ is refused
+    loading = redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory")
+    error = unavailable_error(loading, "redis://db:6379/0", "start() of workflow 'w'", 10.0)
+    assert str(error).startswith("Redis at redis://db:6379/0 refuses commands for now (")
+    assert str(error).endswith("gave up: see `durable workers` and Redis's log")

@@ -22,6 +22,7 @@ from server_procs import ServerProc
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.errors import RedisUnavailable
 from durable.store.embedded import EmbeddedRedis
 from durable.store.memory import is_oom
 from durable.store.redis_store import RedisStore
@@ -97,6 +98,27 @@ def test_memory_state_says_when_writes_are_refused(
         assert "durable purge" in full.reason
         free(full_client)
         assert store.memory_state().reason is None
+    finally:
+        store.close()
+
+
+def test_a_start_refused_for_memory_says_so_and_writes_nothing(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis
+) -> None:
+    """The client's error names the cause and the remedy (it said "refuses commands for now: see
+    `durable workers`"); the start script's first write was refused, so nothing of it is kept."""
+    store = RedisStore(fresh_redis.url, client_ride_s=0.5)
+    try:
+        with kept_full(full_client):
+            with pytest.raises(RedisUnavailable) as refused:
+                WorkflowStub.make(SlowSteps, id="oom-start", store=store).start("/nowhere", 1, 0.01)
+            assert str(refused.value).startswith(
+                f"Redis is out of memory at {fresh_redis.url}: it refuses writes"
+            )
+            assert "durable purge" in str(refused.value) and refused.value.kind == "OOM"
+            assert "may have landed" not in str(refused.value)  # a refused first write wrote nothing
+        assert store.instance_statuses(["oom-start"]) == [None]
+        assert not list(full_client.scan_iter("*oom-start*"))
     finally:
         store.close()
 

@@ -252,19 +252,26 @@ def unavailable_error(
 ) -> RedisUnavailable:
     """The :class:`~durable.errors.RedisUnavailable` ending ``what`` (``"start()"``...) after
     ``seconds`` of ``exc``; ``writes``: the workflow id a write of the call went to, if any."""
+    from .memory import REFUSALS, write_refusal  # (memory.py's store base imports this module)
+
     kind = unavailable_kind(exc) or type(exc).__name__
     where = masked_url(url or "redis")
     down = kind in ("connection lost", "timeout", "cluster reconfiguring")
+    refusal = REFUSALS.get(write_refusal(exc) or "")
     head = f"cannot reach Redis at {where}" if down else f"Redis at {where} refuses commands for now"
+    if refusal is not None:  # out of memory, or cannot persist: says so, with its remedy
+        head = f"{refusal.headline} at {where}: it refuses writes"
     tried = f" for {seconds:.0f} s, so {what} gave up" if seconds >= 0.5 else ""
     fix = (
         "check that it runs and is the Redis the workers use (DURABLE_REDIS_URL, --redis)"
         if down
+        else refusal.remedy
+        if refusal is not None
         else "see `durable workers` and Redis's log"
     )
     landed = (
         f"; it may have landed before the outage: look with `durable status {writes}` before sending it again"
-        if writes
+        if writes and refusal is None  # a refused write (its first) wrote nothing
         else ""
     )
     error = RedisUnavailable(
