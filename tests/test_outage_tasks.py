@@ -51,6 +51,31 @@ def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) 
     assert refused
 
 
+def test_tasks_refused_at_maxmemory_are_decided_again_when_redis_answers_not_after_a_reclaim(
+    store: RedisStore,
+) -> None:
+    """The worker that read them decides them again as soon as a commit goes through: they do not
+    wait out --claim-idle (30 s by default) pending in its list while the run shows as pending
+    and nothing says why."""
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=60_000, block_ms=100)
+    refusing: list[float] = []
+    commit_many = store.commit_many
+
+    def refuse_for_a_second(decisions: Any) -> Any:
+        if not refusing:
+            refusing.append(time.monotonic() + 1.0)
+        if time.monotonic() < refusing[0]:
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    store.commit_many = refuse_for_a_second  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence).start(3)
+        assert stub.result(timeout=15) == 3
+    assert refusing
+    assert not store.dead_letters()
+
+
 @pytest.mark.slow
 def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisStore) -> None:
     # Commits refused for 5 s, ten times --claim-idle: a worker reclaiming its tasks all the while

@@ -10,6 +10,8 @@ starts is stopped by pid.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,6 +123,34 @@ def test_a_start_refused_for_memory_says_so_and_writes_nothing(
         assert not list(full_client.scan_iter("*oom-start*"))
     finally:
         store.close()
+
+
+def test_a_decision_refused_at_maxmemory_goes_through_once_memory_is_freed(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A worker reads a run's task (a read is allowed at maxmemory), its commit is refused: once
+    Redis takes writes again the worker decides the task again itself, at once. It waited for a
+    reclaim after --claim-idle (30 s by default), the run shown as pending with no reason."""
+    url = fresh_redis.url
+    store = RedisStore(url)
+    worker_log = tmp_path / "worker.log"
+    proc = spawn_logged_worker(url, worker_log, "--claim-idle", "120")
+    try:
+        wait_for(lambda: store.live_workers(), timeout=30)
+        os.kill(proc.pid, signal.SIGSTOP)  # the task waits in its queue, unread
+        try:
+            stub = WorkflowStub.make(SlowSteps, id="oom-decide", store=store).start("/nowhere", 0, 0.0)
+            with kept_full(full_client):
+                os.kill(proc.pid, signal.SIGCONT)
+                wait_for(lambda: "Redis is out of memory: it refused" in worker_log.read_text(), timeout=20)
+                assert stub.status() == "pending"
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert stub.result(timeout=20) == ["end"]
+    finally:
+        stop(proc)
+        store.close()
+    assert "reclaimed" not in worker_log.read_text()
 
 
 def test_workers_and_describe_say_redis_is_out_of_memory_and_the_worker_keeps_its_attempt(

@@ -440,29 +440,10 @@ class Worker:
             handed, self._handed = self._handed, []
             self._decide(handed)
         while self._reclaimed:
-            stream, entry_id, fields = self._reclaimed.popleft()
-            kind = self.stream_kinds.get(stream)
-            if kind == WORKFLOW and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
-                # The same decision keeps dying with its worker: block the run, keep the task.
-                p = self.store.keys.partition_of_key(stream)
-                run_id = fields.get(b"run", b"").decode()
-                self.store.park(
-                    p=p,
-                    stream=stream,
-                    entry_id=entry_id,
-                    kind="workflow",
-                    fields=fields,
-                    run_id=run_id,
-                    block=True,
-                    reason=f"the decision did not finish in {self.max_deliveries} deliveries (it crashed or hung "
-                    "its worker); fix the code, then `durable repair`",
-                )
-                continue
-            if kind == ACTIVITY and fail_if_crash_loop(
-                self.store, stream, entry_id, fields, consumer=self.consumer, on_timer=self.scheduler.notify
-            ):
-                continue  # its attempt kept killing workers: failed (the retry policy decides)
-            self._dispatch(kind, stream, entry_id, fields, redelivered=True)
+            # Taken off the line once handled: an outage meanwhile leaves it first for the next
+            # pass (it is this worker's now, and would otherwise wait for another reclaim).
+            self._redeliver(*self._reclaimed[0])
+            self._reclaimed.popleft()
         # Activity tasks only for a free thread (or the small prefetch of microsecond activities,
         # workers.pace): the rest stay in their queue's backlog, where any worker (and `durable
         # workers`) sees them. COUNT is per stream: each gets a share.
@@ -478,6 +459,29 @@ class Worker:
         finally:
             # A load is good for the pass that took it and the next (until its run's task is decided).
             self.decider.preloads.end_pass()
+
+    def _redeliver(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """Handle a task the scheduler reclaimed from a worker that stopped responding."""
+        kind = self.stream_kinds.get(stream)
+        if kind == WORKFLOW and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
+            # The same decision keeps dying with its worker: block the run, keep the task.
+            self.store.park(
+                p=self.store.keys.partition_of_key(stream),
+                stream=stream,
+                entry_id=entry_id,
+                kind="workflow",
+                fields=fields,
+                run_id=fields.get(b"run", b"").decode(),
+                block=True,
+                reason=f"the decision did not finish in {self.max_deliveries} deliveries (it crashed or hung "
+                "its worker); fix the code, then `durable repair`",
+            )
+            return
+        if kind == ACTIVITY and fail_if_crash_loop(
+            self.store, stream, entry_id, fields, consumer=self.consumer, on_timer=self.scheduler.notify
+        ):
+            return  # its attempt kept killing workers: failed (the retry policy decides)
+        self._dispatch(kind, stream, entry_id, fields, redelivered=True)
 
     def _complete(self, outcomes: list[AttemptOutcome]) -> None:
         """Record queued activities' results, loading the runs they wake for this pass's decisions.
@@ -519,8 +523,18 @@ class Worker:
 
     def _decide(self, decisions: list[Task]) -> None:
         self._batch = decisions
-        self.decider.handle_batch(decisions)
-        self._batch = []
+        try:
+            self.decider.handle_batch(decisions)
+        except Exception as exc:
+            if is_transient(exc):
+                # Redis dropped or refused the commits (an outage, maxmemory): the tasks stay
+                # pending for this worker, which decides them again as soon as Redis answers,
+                # rather than leave them to a reclaim after --claim-idle with their runs shown
+                # as pending and nothing saying why. (Those that did commit decide nothing new.)
+                self._handed = decisions + self._handed
+            raise
+        finally:
+            self._batch = []
         self.decisions += len(decisions)
 
     def _dispatch(
