@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 import redis
-from apps.basic import Sequence
+from apps.basic import Parent, Sequence
 from redis import exceptions as rexc
 
 from durable import WorkflowStub
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
+from workers import worker as worker_module
+from workers.outbox import handle_outbox
 from workers.worker import Worker, WorkerThread
 
 SCRIPT_OOM = (
@@ -73,6 +75,28 @@ def test_tasks_refused_at_maxmemory_are_decided_again_when_redis_answers_not_aft
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=15) == 3
     assert refusing
+    assert not store.dead_letters()
+
+
+def test_outbox_messages_an_outage_interrupts_are_carried_out_when_redis_answers(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The messages (child starts and results here) read with the interrupted one are not left for
+    a reclaim after --claim-idle either: the rest of the read is kept for the next pass."""
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=60_000, block_ms=100)
+    failed: list[str] = []
+
+    def lose_the_first(*args: Any) -> None:
+        if not failed:
+            failed.append(args[3])
+            raise rexc.ConnectionError("Connection closed by server.")
+        handle_outbox(*args)
+
+    monkeypatch.setattr(worker_module, "handle_outbox", lose_the_first)
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Parent).start(3)
+        assert stub.result(timeout=15) == [1, 3, 6]
+    assert failed
     assert not store.dead_letters()
 
 

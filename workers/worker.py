@@ -180,7 +180,11 @@ class Worker:
         self.membership.threads = self.activities.hung.check  # its entry says which threads hang
         self.decisions = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
-        self._handed: list[Task] = []  # workflow tasks the completions read for this worker
+        # Read for this worker and not yet done (an outage stops a pass: the rest waits for the
+        # next one, not for a reclaim after --claim-idle): workflow tasks to decide (the
+        # completions' too), outbox messages to carry out.
+        self._handed: list[Task] = []
+        self._outbox_left: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
         self._owns_process = False
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
@@ -436,9 +440,7 @@ class Worker:
     def _pass(self) -> None:
         self.activities.record(self.decider.apply_eager, self._complete)
         self.activities.shed()
-        if self._handed:
-            handed, self._handed = self._handed, []
-            self._decide(handed)
+        self._work_left()
         while self._reclaimed:
             # Taken off the line once handled: an outage meanwhile leaves it first for the next
             # pass (it is this worker's now, and would otherwise wait for another reclaim).
@@ -496,7 +498,6 @@ class Worker:
         self._handed += [Task(partition_of(t.stream), t.stream, t.entry_id, t.fields) for t in handed]
 
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
-        decisions: list[Task] = []
         # COUNT is per stream, so one read over many activity streams may bring more tasks
         # than this worker should hold (or tasks of a type it prefetches none of): the excess
         # goes back to its streams for others.
@@ -511,15 +512,23 @@ class Worker:
                         else:
                             excess.setdefault(stream, []).append((entry_id, fields))
                 elif self.stream_kinds.get(stream) == OUTBOX:
-                    for entry_id, fields in entries:
-                        self._dispatch(OUTBOX, stream, entry_id, fields)
+                    self._outbox_left.extend((stream, entry_id, fields) for entry_id, fields in entries)
                 else:
                     p = partition_of(stream)
-                    decisions += [Task(p, stream, entry_id, fields) for entry_id, fields in entries]
+                    self._handed += [Task(p, stream, entry_id, fields) for entry_id, fields in entries]
         for stream, items in excess.items():
-            self.store.requeue(stream, items)
-        if decisions:
-            self._decide(decisions)
+            self.store.requeue(stream, items)  # (an outage: they wait for a reclaim)
+        self._work_left()
+
+    def _work_left(self) -> None:
+        """Decide and carry out what this worker read; an outage stops it with the rest kept."""
+        if self._handed:
+            handed, self._handed = self._handed, []
+            self._decide(handed)
+        while self._outbox_left:
+            stream, entry_id, fields = self._outbox_left[0]
+            handle_outbox(self.store, self.store.keys.partition_of_key(stream), stream, entry_id, fields)
+            self._outbox_left.popleft()
 
     def _decide(self, decisions: list[Task]) -> None:
         self._batch = decisions
