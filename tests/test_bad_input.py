@@ -175,6 +175,18 @@ def test_a_start_whose_arguments_handle_refuses_is_refused_with_its_signature(re
         WorkflowStub.make(BiBig, id="unfit-sws", store=store).signal_with_start("go", start_args=())
 
 
+def test_a_run_started_by_name_with_arguments_handle_refuses_fails_naming_its_signature(worker) -> None:
+    """By type name the client cannot check: the run fails with a TypeError naming the method,
+    where it is defined and what it takes (Python's said ``handle() missing 1 required ...``)."""
+    exc = failure(WorkflowStub.make("BiBig").start())
+    assert isinstance(exc.cause, TypeError)
+    line = BiBig.handle.__code__.co_firstlineno
+    assert str(exc.cause) == (
+        f"BiBig.handle ({__file__}:{line}) takes (blob: bytes): missing a required argument: 'blob'; "
+        "the run was started with 0 argument(s)"
+    )
+
+
 def test_activity_with_a_lambda_fails_the_run(worker, redis_url: str) -> None:
     exc = failure(WorkflowStub.make(BiLambda).start())
     assert exc.status == "failed"

@@ -214,7 +214,11 @@ def test_code_failing_on_replay_where_history_goes_on_names_what_it_raised(worke
     stub.signal("go")
     wait_for(lambda: (b := stub.blocked()) is not None and b.kind == "nondeterminism", timeout=20)
     reason = stub.blocked().message  # type: ignore[union-attr]
-    assert "the code raised TypeError: bd_resigned_v2() missing 1 required positional argument: 'm'" in reason
+    assert "the code raised TypeError: BdResigned.handle (" in reason  # where it is defined, then
+    assert (
+        "deploys.py:78) takes (x: int, m: int): missing a required argument: 'm'; the run was started "
+        in reason
+    )
     assert "while replaying seq 1, but the history goes on" in reason, reason
     assert "durable/replay" not in reason  # no frame of durable's own
 

@@ -237,7 +237,7 @@ class Inputs(Updates):
         self._root = self._spawn(
             "",
             lambda: interceptors.run(
-                WorkflowInboundInterceptor, "handle", request, lambda i: instance.handle(*i.args)
+                WorkflowInboundInterceptor, "handle", request, lambda i: _call_handle(instance, i.args)
             ),
         )
         self._runnable.append((self._root, None, None))
@@ -526,6 +526,19 @@ class Inputs(Updates):
 
 
 _DURABLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _call_handle(instance: Any, args: tuple[Any, ...]) -> Any:
+    """``instance.handle(*args)``; arguments it cannot take (a run started by type name, or before
+    a deploy changed the signature) fail the run with a TypeError naming the method, where it is
+    defined and what it takes: Python's own names none of them, and its traceback ends here."""
+    handle = type(instance).handle
+    code = getattr(inspect.unwrap(handle), "__code__", None)  # (pydantic-typed: its wrapper's)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    mismatch = typed_args.call_mismatch(handle, args, f"{type(instance).__name__}.handle{where}", skip=1)
+    if mismatch is not None:
+        raise TypeError(f"{mismatch}; the run was started with {len(args)} argument(s)")
+    return instance.handle(*args)
 
 
 def _where(exc: BaseException) -> str:
