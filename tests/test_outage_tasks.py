@@ -4,6 +4,7 @@ finish are decided again once Redis answers, and a worker can start meanwhile.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +23,25 @@ SCRIPT_OOM = (
     "Error running script (call to f_1): @user_script:1: @user_script: 1: "
     "-OOM command not allowed when used memory > 'maxmemory'."
 )
+
+
+def refuse_commits(
+    store: RedisStore, seconds: float, starting: Callable[[Any], bool] = lambda _: True
+) -> list[float]:
+    """Make ``store`` refuse commits for ``seconds`` (as Redis at maxmemory does), from the first
+    batch ``starting`` picks; returns the list that gets the refusal's end once it began."""
+    refusing: list[float] = []
+    commit_many = store.commit_many
+
+    def refuse(decisions: Any) -> Any:
+        if not refusing and starting(decisions):
+            refusing.append(time.monotonic() + seconds)
+        if refusing and time.monotonic() < refusing[0]:
+            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
+        return commit_many(decisions)
+
+    store.commit_many = refuse  # type: ignore[method-assign]
+    return refusing
 
 
 def _unclaimed(worker: Worker) -> Worker:
@@ -60,17 +80,7 @@ def test_tasks_refused_at_maxmemory_are_decided_again_when_redis_answers_not_aft
     wait out --claim-idle (30 s by default) pending in its list while the run shows as pending
     and nothing says why."""
     worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=60_000, block_ms=100)
-    refusing: list[float] = []
-    commit_many = store.commit_many
-
-    def refuse_for_a_second(decisions: Any) -> Any:
-        if not refusing:
-            refusing.append(time.monotonic() + 1.0)
-        if time.monotonic() < refusing[0]:
-            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
-        return commit_many(decisions)
-
-    store.commit_many = refuse_for_a_second  # type: ignore[method-assign]
+    refusing = refuse_commits(store, 1.0)
     with WorkerThread(worker):
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=15) == 3
@@ -107,18 +117,11 @@ def test_an_outage_longer_than_the_crash_loop_guard_blocks_no_run(store: RedisSt
     worker = _unclaimed(
         Worker(store, concurrency=2, grace=5, claim_idle_ms=500, block_ms=100, max_deliveries=3)
     )
-    refusing: list[float] = []
-    commit_many = store.commit_many
-
-    def refuse_for_a_while(decisions: Any) -> Any:
-        sticky = any(plan.task and ":wq:@" in plan.task[0] for _, plan in decisions)
-        if sticky and not refusing:
-            refusing.append(time.monotonic() + 5.0)
-        if refusing and time.monotonic() < refusing[0]:
-            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
-        return commit_many(decisions)
-
-    store.commit_many = refuse_for_a_while  # type: ignore[method-assign]
+    refusing = refuse_commits(
+        store,
+        5.0,
+        starting=lambda decisions: any(plan.task and ":wq:@" in plan.task[0] for _, plan in decisions),
+    )
     with WorkerThread(worker):
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=30) == 3
