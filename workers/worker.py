@@ -160,8 +160,7 @@ class Worker:
         self.revive_redis: Callable[[], bool] | None = None
         self._revive_at = 0.0
         self._stop = threading.Event()
-        #: Set once the worker is in the registry and serving (WorkerThread waits for it).
-        self.joined = threading.Event()
+        self.joined = threading.Event()  # set once in the registry and serving (WorkerThread waits)
         self.membership = self._make_membership(compatible, promote)
         self.scheduler = self._make_scheduler(claim_idle_ms, sticky_timeout_ms)
         self.eager = eager
@@ -180,11 +179,8 @@ class Worker:
         self.membership.threads = self.activities.hung.check  # its entry says which threads hang
         self.decisions = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
-        # Read for this worker and not yet done (an outage stops a pass: the rest waits for the
-        # next one, not for a reclaim after --claim-idle): workflow tasks to decide (the
-        # completions' too), outbox messages to carry out.
-        self._handed: list[Task] = []
-        self._outbox_left: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
+        self._handed: list[Task] = []  # read for this worker, not yet decided (see _work_left)
+        self._outbox_left: deque[tuple[str, str, dict[bytes, bytes]]] = deque()  # nor carried out
         self._owns_process = False
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
@@ -521,7 +517,9 @@ class Worker:
         self._work_left()
 
     def _work_left(self) -> None:
-        """Decide and carry out what this worker read; an outage stops it with the rest kept."""
+        """Decide and carry out what this worker read. An outage stops it with the rest kept for
+        the next pass: those tasks are this worker's, and would otherwise wait for a reclaim
+        after --claim-idle."""
         if self._handed:
             handed, self._handed = self._handed, []
             self._decide(handed)
