@@ -14,6 +14,7 @@ from redis import exceptions as rexc
 
 from durable import WorkflowStub
 from durable.store.embedded import EmbeddedRedis
+from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 from workers import worker as worker_module
 from workers.outbox import handle_outbox
@@ -108,6 +109,32 @@ def test_outbox_messages_an_outage_interrupts_are_carried_out_when_redis_answers
         assert stub.result(timeout=15) == [1, 3, 6]
     assert failed
     assert not store.dead_letters()
+
+
+def test_tasks_delivered_to_a_read_an_outage_cut_off_are_taken_back_when_redis_answers(
+    store: RedisStore,
+) -> None:
+    """Redis delivered a task to the worker's read and the connection dropped before the reply
+    came: the task sits in the worker's pending list, unseen. Once Redis answers the worker puts
+    such tasks back in line for itself, rather than leave them to a reclaim after --claim-idle."""
+    worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=60_000, block_ms=100)
+    stub = WorkflowStub.make(Sequence, store=store).start(3)
+    stream = store.keys.workflow_tasks(store.ref(stub.id).partition, "default")
+    store.ensure_groups([stream])
+    assert store.redis.xreadgroup(GROUP, worker.consumer, {stream: ">"})  # the reply the drop lost
+    read = worker.reader.read
+    cut: list[int] = []
+
+    def cut_off(*args: Any, **kwargs: Any) -> Any:
+        if not cut:
+            cut.append(1)
+            raise rexc.ConnectionError("Connection closed by server.")
+        return read(*args, **kwargs)
+
+    worker.reader.read = cut_off  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        assert stub.result(timeout=15) == 3
+    assert cut
 
 
 @pytest.mark.slow

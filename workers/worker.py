@@ -63,8 +63,7 @@ WORKFLOW, OUTBOX, ACTIVITY = "workflow", "outbox", "activity"
 """What a task stream holds; the worker registers each stream it reads under one."""
 
 DECISIONS, ACTIVITIES = "decisions", "activities"
-"""The worker's read lanes: workflow and outbox tasks in large batches; activity tasks only
-as many as it has free threads."""
+"""The read lanes: workflow and outbox tasks in large batches; activity tasks, as many as free threads."""
 
 
 class Worker:
@@ -325,6 +324,7 @@ class Worker:
                 else:
                     if self._outage.recovered():
                         self.scheduler.rejoin()  # its registry entry may have lapsed meanwhile
+                        self._take_back_unseen()
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it
@@ -401,6 +401,20 @@ class Worker:
             self._requeue_unread()
             self._leave()
             exit_runaway(self.consumer, stuck)
+
+    def _take_back_unseen(self) -> None:
+        """After an outage: put back in line the workflow tasks and outbox messages delivered to
+        reads whose replies it cut off (unseen in this worker's pending list, they would wait for a
+        reclaim after --claim-idle; what it saw, it kept: :meth:`_work_left`). One a read still to
+        be collected got is decided twice: the second decision finds nothing new."""
+        try:
+            moved = self.store.requeue_pending(self._decision_streams() + self.outbox_streams, self.consumer)
+        except Exception as exc:
+            if is_transient(exc):
+                return  # another outage: its recovery puts them back
+            raise
+        if moved:
+            log.info("put back %d task(s) delivered to reads the Redis outage cut off", moved)
 
     def _requeue_unread(self) -> None:
         """Close the task reads, then put back at the end of their streams the tasks still
