@@ -103,4 +103,29 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         attempts=[e for e in log if e.get("kind") == "attempt"],
         dropped=dropped_inputs(log),
         extra=snap,
+        workflow_task=_task_in_words(store, ref, record, live) if blocked is None else None,
     )
+
+
+def _task_in_words(
+    store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo]
+) -> str | None:
+    """Where an open run's pending workflow task is, in words (``None``: none is pending): the
+    run moves when a worker decides it, so a run that waits on nothing else says what that
+    waits for. (A blocked run's reason says more.)"""
+    if record.get("status", "pending") not in OPEN_STATUSES:
+        return None
+    where = store.workflow_task_where(ref, record)
+    if where is None:
+        return None
+    if not where.consumer:
+        queue = where.stream.rpartition(":wq:")[2]
+        on = f"worker {queue[1:]}'s private queue" if queue.startswith("@") else f"queue {queue!r}"
+        return f"its workflow task waits on {on} for a worker (backlog {where.backlog})"
+    said = (
+        f"its workflow task was delivered to worker {where.consumer} {where.idle_ms / 1000:.0f} s ago"
+        " and is not decided yet"
+    )
+    if where.consumer not in {w.name for w in live}:
+        said += "; that worker is gone (stopped or died): another takes the task over after --claim-idle"
+    return said

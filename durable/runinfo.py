@@ -431,6 +431,9 @@ class RunDescription(Mapping[str, Any]):
             update's), ``id`` (an update's) and ``preview`` (its payload, short; sealed under a
             payload hook), see :mod:`durable.dropped`.
         extra: Other snapshot fields (``signals_buffered``, ``cancel_requested``...).
+        workflow_task: Where the open run's pending workflow task is, in words: waiting on its
+            queue (with the backlog), or delivered to a worker that has not decided it yet
+            (``None``: none is pending, or the run is blocked or closed).
     """
 
     workflow_id: str
@@ -448,6 +451,7 @@ class RunDescription(Mapping[str, Any]):
     attempts: list[dict[str, Any]] = field(default_factory=list)
     dropped: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    workflow_task: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready but for payload values): ``blocked`` is the reason's message
@@ -472,6 +476,7 @@ class RunDescription(Mapping[str, Any]):
             history=self.history,
             attempts=self.attempts,
             dropped=self.dropped,
+            workflow_task=self.workflow_task,
         )
         return out
 

@@ -32,6 +32,7 @@ from .keys import (
     worker_field,
 )
 from .loads import Loaded, RunToLoad
+from .reads import unread
 from .records import ClaimedTask, text
 from .tasks import ActivityTask, AttemptOutcome
 from .wire import transaction_result
@@ -370,15 +371,7 @@ class ActivityStore(StoreBase):
                     pipe.xinfo_groups(streams[i][1])
                 replies = pipe.execute(raise_on_error=False)
             for n, i in enumerate(indexes):
-                length, groups = replies[2 * n], replies[2 * n + 1]
-                if not isinstance(length, int):
-                    continue
-                pending = 0
-                if isinstance(groups, list):  # no group yet (no worker ever read it): all waiting
-                    pending = sum(
-                        int(g.get("pending", 0)) for g in groups if text(g.get("name", b"")) == GROUP
-                    )
-                out[streams[i][0]] += max(0, length - pending)
+                out[streams[i][0]] += unread(replies[2 * n], replies[2 * n + 1])
         return out
 
     def activity_state(

@@ -20,7 +20,7 @@ from ..codec.sealed import open_text, seal_text
 from ..errors import WorkflowClosed
 from ..runinfo import classify_block
 from .keys import GROUP, keyword_posting
-from .reads import GroupRead
+from .reads import GroupRead, unread
 from .records import RunRef, text
 from .runs import RunStore
 from .tasks import ActivityTask
@@ -41,6 +41,26 @@ class RetiredBuilds:
     """Builds kept: some stream still holds tasks of runs pinned to them."""
 
 
+@dataclass(frozen=True)
+class WorkflowTaskWhere:
+    """Where an open run's pending workflow task is (:meth:`QueueStore.workflow_task_where`).
+
+    Attributes:
+        stream: The task stream holding it (the run's queue's, or a worker's private one).
+        consumer: The worker it was delivered to, which has not acked it (``""``: no worker
+            has read it yet).
+        idle_ms: Delivered: since it was delivered (or last reclaimed).
+        deliveries: Delivered: how many times it was.
+        backlog: Not delivered: the tasks in its stream no worker has read yet, it included.
+    """
+
+    stream: str
+    consumer: str = ""
+    idle_ms: int = 0
+    deliveries: int = 0
+    backlog: int = 0
+
+
 class QueueStore(RunStore):
     """Task streams: groups, acks, requeues, dead letters, build routing; the clock offset."""
 
@@ -52,6 +72,45 @@ class QueueStore(RunStore):
         """Which read a task stream joins: on a cluster its partition (a read over several
         slots is refused), on one Redis ``None`` (one read over every stream)."""
         return self.keys.partition_of_key(stream) if self.cluster else None
+
+    def workflow_task_where(
+        self, ref: RunRef, record: Mapping[str, Any], most: int = 500
+    ) -> WorkflowTaskWhere | None:
+        """Where run ``ref``'s pending workflow task is: delivered to a worker that has not
+        decided it yet (among the first ``most`` of its stream's pending list), else waiting in
+        its stream; ``None``: its record (``record``) says it has none."""
+        if str(record.get("task") or "0") != "1":
+            return None
+        p, host = ref.partition, str(record.get("sticky") or "")
+        queue = str(record.get("wq") or self.keys.workflow_tasks(p, str(record.get("queue") or "default")))
+        private = self.keys.workflow_tasks(p, host) if host else ""
+        for stream in filter(None, (private, queue)):
+            try:
+                rows = self.redis.xpending_range(stream, GROUP, "-", "+", most)
+            except redis.ResponseError:  # no group: no worker read it yet
+                continue
+            with self.pipeline(stream, transaction=False) as pipe:
+                for row in rows:
+                    pipe.xrange(stream, row["message_id"], row["message_id"])
+                entries = pipe.execute() if rows else []
+            for row, found in zip(rows, entries, strict=True):
+                if found and text(found[0][1].get(b"run", b"")) == ref.run_id:
+                    return WorkflowTaskWhere(
+                        stream,
+                        text(row["consumer"]),
+                        int(row["time_since_delivered"]),
+                        int(row["times_delivered"]),
+                    )
+        # Not delivered: where the start or commit scripts put it (a live owner's private stream).
+        stream = private if private and self.redis.exists(self.keys.alive(p, host)) else queue
+        return WorkflowTaskWhere(stream, backlog=self._unread(stream))
+
+    def _unread(self, stream: str) -> int:
+        """The entries of ``stream`` no worker has read yet."""
+        with self.pipeline(stream, transaction=False) as pipe:
+            pipe.xlen(stream)
+            pipe.xinfo_groups(stream)
+            return unread(*pipe.execute(raise_on_error=False))
 
     def ensure_groups(self, streams: Iterable[str]) -> None:
         """Create the consumer group on each task stream (idempotent)."""

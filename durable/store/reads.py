@@ -17,6 +17,7 @@ import redis
 from redis import exceptions as rexc
 
 from .keys import GROUP
+from .records import text
 
 #: The read's connection (or its node) is gone: drop every read connection and retry.
 CONNECTION_FAILURES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -88,3 +89,14 @@ class GroupRead:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def unread(length: Any, groups: Any) -> int:
+    """A task stream's entries no worker has read yet, from its ``XLEN`` and ``XINFO GROUPS``
+    replies (errors for a stream or group that does not exist): its length less the pending
+    entries of the workers' group (acknowledged tasks are deleted)."""
+    if not isinstance(length, int):
+        return 0
+    if not isinstance(groups, list):  # no group yet (no worker ever read it): all waiting
+        return length
+    return max(0, length - sum(int(g.get("pending", 0)) for g in groups if text(g.get("name", b"")) == GROUP))

@@ -372,6 +372,7 @@ def status(state: CliState, workflow_id: str) -> None:
         # Redis's clock: the retry's due time was set on it, this host's may be off.
         now_ms = stub.store.server_time_ms()
         why = info.retrying(now_ms) + info.queued() + info.running()
+        why += [info.workflow_task] if info.workflow_task else []
         if len(why) > MOST_NAMED:  # a wide fan-out: describe lists every step
             why[MOST_NAMED:] = [f"{len(why) - MOST_NAMED} more activities (`durable describe {workflow_id}`)"]
         waits = in_words(info.pending, now_ms, info.extra.get("signals_buffered"))

@@ -1,0 +1,74 @@
+"""Where a run's pending workflow task is, said by ``durable status`` and ``describe``: a run
+moves when a worker decides that task, so "pending" alone never says why it has not moved.
+
+A worker here is registered (live in the registry) but runs no loop: its tasks stay where
+the test puts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from apps.basic import Waiter
+from click.testing import CliRunner
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.keys import GROUP
+from durable.store.redis_store import RedisStore
+from workers.cli import cli
+from workers.worker import Worker
+
+
+def _status(workflow_id: str) -> str:
+    result = CliRunner().invoke(cli, ["status", workflow_id], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+@pytest.fixture
+def idle_worker(store: RedisStore) -> Iterator[Worker]:
+    """A live worker of queue 'default' that reads nothing."""
+    worker = Worker(store, concurrency=1)
+    worker._ensure_groups()
+    worker.membership.join()
+    try:
+        yield worker
+    finally:
+        worker.membership.leave()
+
+
+def test_status_says_where_the_pending_workflow_task_is(store: RedisStore, idle_worker: Worker) -> None:
+    stub = WorkflowStub.make(Waiter, id="where-1", store=store).start(0.01)
+    assert (
+        _status("where-1") == "pending (its workflow task waits on queue 'default' for a worker (backlog 1))"
+    )
+
+    # A worker read it and has not decided it (a decision takes milliseconds: here it hangs).
+    stream = store.keys.workflow_tasks(store.ref(stub.id).partition, "default")
+    assert store.redis.xreadgroup(GROUP, idle_worker.consumer, {stream: ">"})
+    said = _status("where-1")
+    assert said.startswith(f"pending (its workflow task was delivered to worker {idle_worker.consumer} ")
+    assert said.endswith(" s ago and is not decided yet)")
+    assert stub.describe().workflow_task == said.removeprefix("pending (").removesuffix(")")
+
+
+def test_a_task_delivered_to_a_gone_worker_says_it_is_taken_over(
+    store: RedisStore, idle_worker: Worker
+) -> None:
+    stub = WorkflowStub.make(Waiter, id="where-2", store=store).start(0.01)
+    stream = store.keys.workflow_tasks(store.ref(stub.id).partition, "default")
+    assert store.redis.xreadgroup(GROUP, "vm:1:1.1", {stream: ">"})  # a worker that died holding it
+    assert _status("where-2") == (
+        "pending (its workflow task was delivered to worker vm:1:1.1 0 s ago and is not decided yet; that "
+        "worker is gone (stopped or died): another takes the task over after --claim-idle)"
+    )
+    assert stub.describe().to_dict()["workflow_task"].startswith("its workflow task was delivered")
+
+
+def test_a_run_waiting_with_no_pending_task_says_nothing_of_one(store: RedisStore, worker: Worker) -> None:
+    stub = WorkflowStub.make(Waiter, id="where-3", store=store).start(0.01)
+    wait_for(lambda: stub.status() == "suspended", timeout=20)
+    assert stub.describe().workflow_task is None
+    assert _status("where-3") == "suspended (waiting for signal 'go')"
