@@ -23,6 +23,7 @@ from waiting import wait_for
 from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.store.connect import flush_database
 from durable.store.redis_store import RedisStore
+from workers.worker import Worker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip(
@@ -199,6 +200,31 @@ def test_run_page_says_no_worker_serves_the_queue_an_activity_waits_on(ui: Ui) -
     page.context.close()
     with ui.open.client(**CSRF) as c:
         c.post(f"/api/v1/workflows/{wid}/terminate")
+
+
+def test_run_page_says_where_its_pending_workflow_task_is(ui: Ui) -> None:
+    """A live worker of the queue that reads nothing (registered here, no loop): the run's task
+    waits on its queue, and the page says so (it showed "pending" and nothing else)."""
+    idle = Worker(ui.store, queues=["ui-idle"], concurrency=1)
+    idle._ensure_groups()
+    idle.membership.join()
+    try:
+        with ui.open.client(**CSRF) as c:
+            resp = c.post(
+                "/api/v1/workflows",
+                json={"type": "Waiter", "id": _id("idle"), "args": [0.01], "queue": "ui-idle"},
+            )
+            assert resp.status_code == 201, resp.text
+        wid = resp.json()["workflow_id"]
+        page = ui.page()
+        page.goto(f"{ui.open.url}/workflows/{wid}")
+        said = page.wait_for_selector("#workflow-task").inner_text()
+        assert said == "its workflow task waits on queue 'ui-idle' for a worker (backlog 1)"
+        page.context.close()
+        with ui.open.client(**CSRF) as c:
+            c.post(f"/api/v1/workflows/{wid}/terminate")
+    finally:
+        idle.membership.leave()
 
 
 def test_a_closed_runs_last_waits_are_not_shown_as_coming(ui: Ui) -> None:

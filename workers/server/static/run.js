@@ -52,6 +52,8 @@
     if (parent && parent.wid) items.push(["Parent", D.runLink(parent.wid)]);
     if (info.schedule_id) items.push(["Schedule", info.schedule_id]);
     if (info.cancel_requested) items.push(["Cancel", "requested"]);
+    // Where its pending workflow task is: a run moves when a worker decides it.
+    if (info.workflow_task) items.push(["Workflow task", el("span", { id: "workflow-task" }, info.workflow_task)]);
     const sa = info.search_attributes || {};
     if (Object.keys(sa).length) items.push(["Attributes", Object.entries(sa).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")]);
     const memo = info.memo || {};
