@@ -103,11 +103,11 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         attempts=[e for e in log if e.get("kind") == "attempt"],
         dropped=dropped_inputs(log),
         extra=snap,
-        workflow_task=_task_in_words(store, ref, record, live) if blocked is None else None,
+        workflow_task=task_in_words(store, ref, record, live) if blocked is None else None,
     )
 
 
-def _task_in_words(
+def task_in_words(
     store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo]
 ) -> str | None:
     """Where an open run's pending workflow task is, in words (``None``: none is pending): the

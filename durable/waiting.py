@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .run_views import task_in_words
 from .runinfo import NO_LIVE_WORKER, from_now, past_dates, utc_text
 from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
@@ -93,8 +94,13 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     snapshot = record.get("snapshot") or {}
     pending = snapshot.get("pending") or []
     waits = in_words(pending, now_ms, snapshot.get("signals_buffered"), activities=True)
+    try:
+        task = task_in_words(store, ref, record, store.live_workers())
+    except Exception:  # noqa: BLE001 - as above
+        task = None
+    said = "; ".join(w for w in (task, waits) if w)
     more = f"`durable describe {ref.workflow_id}`"
-    return f"{head}, {waits} ({more} says more)" if waits else f"{head} ({more} shows its steps)"
+    return f"{head}, {said} ({more} says more)" if said else f"{head} ({more} shows its steps)"
 
 
 def _at(deadline_ms: int, now_ms: int) -> str:

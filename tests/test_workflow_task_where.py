@@ -41,8 +41,13 @@ def idle_worker(store: RedisStore) -> Iterator[Worker]:
 
 def test_status_says_where_the_pending_workflow_task_is(store: RedisStore, idle_worker: Worker) -> None:
     stub = WorkflowStub.make(Waiter, id="where-1", store=store).start(0.01)
+    waits = "its workflow task waits on queue 'default' for a worker (backlog 1)"
+    assert _status("where-1") == f"pending ({waits})"
+    with pytest.raises(TimeoutError) as timed_out:  # a result() that times out says it too
+        stub.result(timeout=0.2)
     assert (
-        _status("where-1") == "pending (its workflow task waits on queue 'default' for a worker (backlog 1))"
+        f"did not close within 0.2 s: it is pending, {waits} (`durable describe where-1` says more)"
+        in str(timed_out.value)
     )
 
     # A worker read it and has not decided it (a decision takes milliseconds: here it hangs).
@@ -69,6 +74,5 @@ def test_a_task_delivered_to_a_gone_worker_says_it_is_taken_over(
 
 def test_a_run_waiting_with_no_pending_task_says_nothing_of_one(store: RedisStore, worker: Worker) -> None:
     stub = WorkflowStub.make(Waiter, id="where-3", store=store).start(0.01)
-    wait_for(lambda: stub.status() == "suspended", timeout=20)
+    wait_for(lambda: _status("where-3") == "suspended (waiting for signal 'go')", timeout=20)
     assert stub.describe().workflow_task is None
-    assert _status("where-3") == "suspended (waiting for signal 'go')"
