@@ -118,14 +118,25 @@ def task_in_words(
     where = store.workflow_task_where(ref, record)
     if where is None:
         return None
+    live_names = {w.name for w in live}
+    if where.owner:
+        said = (
+            f"its workflow task waits on the private queue of worker {where.owner}, which decided the "
+            f"run last (backlog {where.backlog})"
+        )
+        if where.owner not in live_names:
+            said += (
+                "; that worker is gone (stopped or died): the task goes back to the run's queue "
+                "after --sticky-timeout (5 s by default)"
+            )
+        return said
     if not where.consumer:
         queue = where.stream.rpartition(":wq:")[2]
-        on = f"worker {queue[1:]}'s private queue" if queue.startswith("@") else f"queue {queue!r}"
-        return f"its workflow task waits on {on} for a worker (backlog {where.backlog})"
+        return f"its workflow task waits on queue {queue!r} for a worker (backlog {where.backlog})"
     said = (
         f"its workflow task was delivered to worker {where.consumer} {where.idle_ms / 1000:.0f} s ago"
         " and is not decided yet"
     )
-    if where.consumer not in {w.name for w in live}:
+    if where.consumer not in live_names:
         said += "; that worker is gone (stopped or died): another takes the task over after --claim-idle"
     return said

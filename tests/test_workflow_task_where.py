@@ -7,11 +7,15 @@ the test puts them.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import pytest
 from apps.basic import Waiter
 from click.testing import CliRunner
+from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -76,3 +80,36 @@ def test_a_run_waiting_with_no_pending_task_says_nothing_of_one(store: RedisStor
     stub = WorkflowStub.make(Waiter, id="where-3", store=store).start(0.01)
     wait_for(lambda: _status("where-3") == "suspended (waiting for signal 'go')", timeout=20)
     assert stub.describe().workflow_task is None
+
+
+@pytest.mark.slow
+def test_a_task_on_a_dead_workers_private_queue_says_whose_and_when_it_goes_back(
+    store: RedisStore, redis_url: str
+) -> None:
+    """The run's next task goes to the private queue of the worker that decided it last (it
+    has the run cached); that worker killed, the status names it, then says it is gone (the
+    other worker keeps the queue served: the run is not blocked)."""
+    flags = ("--sticky-timeout", "60", "--claim-idle", "60")
+    procs = [spawn_worker(redis_url, extra=flags) for _ in range(2)]
+    try:
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+        stub = WorkflowStub.make(Waiter, id="where-4", store=store).start(0.01)
+        wait_for(lambda: _status("where-4") == "suspended (waiting for signal 'go')", timeout=30)
+        host = store.run_record(store.ref("where-4"))["sticky"]
+        owner = next(w for w in store.live_workers() if "@" + w.name.replace(":", "-") == host)
+        os.kill(owner.pid, signal.SIGKILL)
+        next(p for p in procs if p.pid == owner.pid).wait(10)
+        time.sleep(0.3)  # Redis drops its connections (and their blocked reads) on reading their end
+        stub.signal("go", 1)
+        private = (
+            f"its workflow task waits on the private queue of worker {owner.name}, which decided the run last"
+        )
+        assert _status("where-4") == f"suspended ({private} (backlog 1); waiting for signal 'go')"
+        wait_for(lambda: "that worker is gone" in _status("where-4"), timeout=30)  # its registry entry lapsed
+        assert _status("where-4") == (
+            f"suspended ({private} (backlog 1); that worker is gone (stopped or died): the task goes back "
+            "to the run's queue after --sticky-timeout (5 s by default); waiting for signal 'go')"
+        )
+    finally:
+        for proc in procs:
+            stop(proc)

@@ -52,6 +52,8 @@ class WorkflowTaskWhere:
         idle_ms: Delivered: since it was delivered (or last reclaimed).
         deliveries: Delivered: how many times it was.
         backlog: Not delivered: the tasks in its stream no worker has read yet, it included.
+        owner: Not delivered, in a worker's private stream: that worker (it decided the run
+            last and holds its lease), else ``""``.
     """
 
     stream: str
@@ -59,6 +61,7 @@ class WorkflowTaskWhere:
     idle_ms: int = 0
     deliveries: int = 0
     backlog: int = 0
+    owner: str = ""
 
 
 class QueueStore(RunStore):
@@ -102,8 +105,9 @@ class QueueStore(RunStore):
                         int(row["times_delivered"]),
                     )
         # Not delivered: where the start or commit scripts put it (a live owner's private stream).
-        stream = private if private and self.redis.exists(self.keys.alive(p, host)) else queue
-        return WorkflowTaskWhere(stream, backlog=self._unread(stream))
+        owner = text(self.redis.get(self.keys.alive(p, host)) or b"") if host else ""
+        stream = private if owner else queue
+        return WorkflowTaskWhere(stream, backlog=self._unread(stream), owner=owner)
 
     def _unread(self, stream: str) -> int:
         """The entries of ``stream`` no worker has read yet."""
