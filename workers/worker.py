@@ -178,8 +178,8 @@ class Worker:
         self.membership.threads = self.activities.hung.check  # its entry says which threads hang
         self.decisions = 0
         self._batch: list[Task] = []  # the workflow tasks being decided (handed back by a runaway)
-        self._handed: list[Task] = []  # read for this worker, not yet decided (see _work_left)
-        self._outbox_left: deque[tuple[str, str, dict[bytes, bytes]]] = deque()  # nor carried out
+        self._handed: list[Task] = []  # workflow tasks the completions read for this worker
+        self._take_back = False  # an outage cut a pass short: see _take_back_unseen
         self._owns_process = False
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
@@ -324,7 +324,6 @@ class Worker:
                 else:
                     if self._outage.recovered():
                         self.scheduler.rejoin()  # its registry entry may have lapsed meanwhile
-                        self._take_back_unseen()
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it
@@ -346,6 +345,7 @@ class Worker:
         """Pause: ``exc`` says Redis is unavailable for now. Results in hand stay for the next
         pass, tasks read but not finished stay pending in Redis."""
         delay = self._outage.failed(exc)
+        self._take_back = True
         self._oom.failed(exc, "a write of the worker loop")
         if self.revive_redis is not None and time.monotonic() >= self._revive_at:
             self._revive_at = time.monotonic() + 5.0  # a server that will not start is not hammered
@@ -403,18 +403,16 @@ class Worker:
             exit_runaway(self.consumer, stuck)
 
     def _take_back_unseen(self) -> None:
-        """After an outage: put back in line the workflow tasks and outbox messages delivered to
-        reads whose replies it cut off (unseen in this worker's pending list, they would wait for a
-        reclaim after --claim-idle; what it saw, it kept: :meth:`_work_left`). One a read still to
-        be collected got is decided twice: the second decision finds nothing new."""
-        try:
-            moved = self.store.requeue_pending(self._decision_streams() + self.outbox_streams, self.consumer)
-        except Exception as exc:
-            if is_transient(exc):
-                return  # another outage: its recovery puts them back
-            raise
+        """First thing after an outage cut a pass short: put back at the ends of their streams
+        the workflow tasks and outbox messages still pending for this worker. Those are what the
+        outage interrupted: commits Redis refused or dropped, messages not carried out, tasks
+        delivered to reads whose replies were lost. They would otherwise wait for a reclaim
+        after --claim-idle, their runs shown as pending with nothing saying why. Raises while
+        Redis is still unavailable: the loop waits that out, and this runs again."""
+        moved = self.store.requeue_pending(self._decision_streams() + self.outbox_streams, self.consumer)
+        self._take_back = False
         if moved:
-            log.info("put back %d task(s) delivered to reads the Redis outage cut off", moved)
+            log.info("put back %d task(s) the Redis outage left unfinished", moved)
 
     def _requeue_unread(self) -> None:
         """Close the task reads, then put back at the end of their streams the tasks still
@@ -448,9 +446,13 @@ class Worker:
         return self.sticky_streams + self.pinned_streams + unpinned
 
     def _pass(self) -> None:
+        if self._take_back:
+            self._take_back_unseen()
         self.activities.record(self.decider.apply_eager, self._complete)
         self.activities.shed()
-        self._work_left()
+        if self._handed:
+            handed, self._handed = self._handed, []
+            self._decide(handed)
         while self._reclaimed:
             # Taken off the line once handled: an outage meanwhile leaves it first for the next
             # pass (it is this worker's now, and would otherwise wait for another reclaim).
@@ -508,6 +510,7 @@ class Worker:
         self._handed += [Task(partition_of(t.stream), t.stream, t.entry_id, t.fields) for t in handed]
 
     def _handle(self, response: list[tuple[str, Reply]]) -> None:
+        decisions: list[Task] = []
         # COUNT is per stream, so one read over many activity streams may bring more tasks
         # than this worker should hold (or tasks of a type it prefetches none of): the excess
         # goes back to its streams for others.
@@ -522,40 +525,20 @@ class Worker:
                         else:
                             excess.setdefault(stream, []).append((entry_id, fields))
                 elif self.stream_kinds.get(stream) == OUTBOX:
-                    self._outbox_left.extend((stream, entry_id, fields) for entry_id, fields in entries)
+                    for entry_id, fields in entries:
+                        self._dispatch(OUTBOX, stream, entry_id, fields)
                 else:
                     p = partition_of(stream)
-                    self._handed += [Task(p, stream, entry_id, fields) for entry_id, fields in entries]
+                    decisions += [Task(p, stream, entry_id, fields) for entry_id, fields in entries]
         for stream, items in excess.items():
             self.store.requeue(stream, items)  # (an outage: they wait for a reclaim)
-        self._work_left()
-
-    def _work_left(self) -> None:
-        """Decide and carry out what this worker read. An outage stops it with the rest kept for
-        the next pass: those tasks are this worker's, and would otherwise wait for a reclaim
-        after --claim-idle."""
-        if self._handed:
-            handed, self._handed = self._handed, []
-            self._decide(handed)
-        while self._outbox_left:
-            stream, entry_id, fields = self._outbox_left[0]
-            handle_outbox(self.store, self.store.keys.partition_of_key(stream), stream, entry_id, fields)
-            self._outbox_left.popleft()
+        if decisions:
+            self._decide(decisions)
 
     def _decide(self, decisions: list[Task]) -> None:
         self._batch = decisions
-        try:
-            self.decider.handle_batch(decisions)
-        except Exception as exc:
-            if is_transient(exc):
-                # Redis dropped or refused the commits (an outage, maxmemory): the tasks stay
-                # pending for this worker, which decides them again as soon as Redis answers,
-                # rather than leave them to a reclaim after --claim-idle with their runs shown
-                # as pending and nothing saying why. (Those that did commit decide nothing new.)
-                self._handed = decisions + self._handed
-            raise
-        finally:
-            self._batch = []
+        self.decider.handle_batch(decisions)
+        self._batch = []
         self.decisions += len(decisions)
 
     def _dispatch(
