@@ -146,16 +146,15 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip
         ConfigurationError: ``fn`` does not take that many arguments (its signature named).
         SerializationError: an argument does not validate (see :func:`convert`).
     """
-    mismatch = call_mismatch(fn, args, what, skip=skip)
+    mismatch = call_mismatch(fn, args, skip=skip)
     if mismatch is not None:
-        raise ConfigurationError(mismatch)
+        raise ConfigurationError(f"{what} {mismatch}")
     convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip)
 
 
-def call_mismatch(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: int = 0) -> str | None:
-    """Why ``fn`` would refuse ``args`` for their number or names (``"{what} takes (a: int):
-    missing a required argument: 'a'"``), or ``None``; ``skip``: leading parameters not given
-    (``self``)."""
+def call_mismatch(fn: Callable[..., Any], args: tuple[Any, ...], *, skip: int = 0) -> str | None:
+    """Why ``fn`` would refuse ``args`` for their number or names (``"takes (a: int): missing
+    a required argument: 'a'"``), or ``None``; ``skip``: leading parameters not given (``self``)."""
     signature = _signature(fn)
     if signature is None:  # no signature to check against: the call says
         return None
@@ -166,7 +165,7 @@ def call_mismatch(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, s
             signature = inspect.signature(fn, eval_str=True)
         params = list(signature.parameters.values())[skip:]
         shown = signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
-        return f"{what} takes {shown}: {exc}"
+        return f"takes {shown}: {exc}"
     return None
 
 

@@ -78,8 +78,9 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     within = "within the timeout" if timeout is None else f"within {timeout:g} s"
     head = f"workflow {ref.workflow_id!r} did not close {within}"
     try:
-        record = store.run_record(ref)
-        blocked, now_ms = store.why_blocked(record), store.server_time_ms()
+        record, live = store.run_record(ref), store.live_workers()
+        blocked, now_ms = store.why_blocked(record, live), store.server_time_ms()
+        task = None if blocked is not None else task_in_words(store, ref, record, live)
     except Exception:  # noqa: BLE001 - the timeout is the answer; this look only explains it
         return head
     head += f": it is {record.get('status') or 'pending'}"
@@ -94,10 +95,6 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     snapshot = record.get("snapshot") or {}
     pending = snapshot.get("pending") or []
     waits = in_words(pending, now_ms, snapshot.get("signals_buffered"), activities=True)
-    try:
-        task = task_in_words(store, ref, record, store.live_workers())
-    except Exception:  # noqa: BLE001 - as above
-        task = None
     said = "; ".join(w for w in (task, waits) if w)
     more = f"`durable describe {ref.workflow_id}`"
     return f"{head}, {said} ({more} says more)" if said else f"{head} ({more} shows its steps)"

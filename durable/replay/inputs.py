@@ -533,11 +533,12 @@ def _call_handle(instance: Any, args: tuple[Any, ...]) -> Any:
     a deploy changed the signature) fail the run with a TypeError naming the method, where it is
     defined and what it takes: Python's own names none of them, and its traceback ends here."""
     handle = type(instance).handle
-    code = getattr(inspect.unwrap(handle), "__code__", None)  # (pydantic-typed: its wrapper's)
-    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
-    mismatch = typed_args.call_mismatch(handle, args, f"{type(instance).__name__}.handle{where}", skip=1)
+    mismatch = typed_args.call_mismatch(handle, args, skip=1)
     if mismatch is not None:
-        raise TypeError(f"{mismatch}; the run was started with {len(args)} argument(s)")
+        code = getattr(inspect.unwrap(handle), "__code__", None)  # (pydantic-typed: its wrapper's)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        name = f"{type(instance).__name__}.handle{where}"
+        raise TypeError(f"{name} {mismatch}; the run was started with {len(args)} argument(s)")
     return instance.handle(*args)
 
 

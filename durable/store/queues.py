@@ -81,23 +81,33 @@ class QueueStore(RunStore):
     ) -> WorkflowTaskWhere | None:
         """Where run ``ref``'s pending workflow task is: delivered to a worker that has not
         decided it yet (among the first ``most`` of its stream's pending list), else waiting in
-        its stream; ``None``: its record (``record``) says it has none."""
+        its stream; ``None``: its record (``record``) says it has none. One round trip, two when
+        some task of its streams is delivered (their keys share the run's slot)."""
         if str(record.get("task") or "0") != "1":
             return None
         p, host = ref.partition, str(record.get("sticky") or "")
         queue = str(record.get("wq") or self.keys.workflow_tasks(p, str(record.get("queue") or "default")))
-        private = self.keys.workflow_tasks(p, host) if host else ""
-        for stream in filter(None, (private, queue)):
-            try:
-                rows = self.redis.xpending_range(stream, GROUP, "-", "+", most)
-            except redis.ResponseError:  # no group: no worker read it yet
-                continue
-            with self.pipeline(stream, transaction=False) as pipe:
-                for row in rows:
+        streams = [self.keys.workflow_tasks(p, host), queue] if host else [queue]
+        with self.pipeline(queue, transaction=False) as pipe:
+            for stream in streams:
+                pipe.xpending_range(stream, GROUP, "-", "+", most)
+                pipe.xlen(stream)
+                pipe.xinfo_groups(stream)
+            if host:
+                pipe.get(self.keys.alive(p, host))
+            per_stream = pipe.execute(raise_on_error=False)
+        alive = per_stream.pop() if host else None
+        looks = [(stream, *per_stream[3 * i : 3 * i + 3]) for i, stream in enumerate(streams)]
+        rows = [
+            (stream, row) for stream, pending, _, _ in looks if isinstance(pending, list) for row in pending
+        ]
+        if rows:
+            with self.pipeline(queue, transaction=False) as pipe:
+                for stream, row in rows:
                     pipe.xrange(stream, row["message_id"], row["message_id"])
-                entries = pipe.execute() if rows else []
-            for row, found in zip(rows, entries, strict=True):
-                if found and text(found[0][1].get(b"run", b"")) == ref.run_id:
+                entries = pipe.execute(raise_on_error=False)
+            for (stream, row), found in zip(rows, entries, strict=True):
+                if isinstance(found, list) and found and text(found[0][1].get(b"run", b"")) == ref.run_id:
                     return WorkflowTaskWhere(
                         stream,
                         text(row["consumer"]),
@@ -105,16 +115,9 @@ class QueueStore(RunStore):
                         int(row["times_delivered"]),
                     )
         # Not delivered: where the start or commit scripts put it (a live owner's private stream).
-        owner = text(self.redis.get(self.keys.alive(p, host)) or b"") if host else ""
-        stream = private if owner else queue
-        return WorkflowTaskWhere(stream, backlog=self._unread(stream), owner=owner)
-
-    def _unread(self, stream: str) -> int:
-        """The entries of ``stream`` no worker has read yet."""
-        with self.pipeline(stream, transaction=False) as pipe:
-            pipe.xlen(stream)
-            pipe.xinfo_groups(stream)
-            return unread(*pipe.execute(raise_on_error=False))
+        owner = text(alive) if isinstance(alive, bytes) else ""
+        stream, _, length, groups = looks[0] if owner else looks[-1]
+        return WorkflowTaskWhere(stream, backlog=unread(length, groups), owner=owner)
 
     def ensure_groups(self, streams: Iterable[str]) -> None:
         """Create the consumer group on each task stream (idempotent)."""

@@ -17,7 +17,6 @@ import redis
 from redis import exceptions as rexc
 
 from .keys import GROUP
-from .records import text
 
 #: The read's connection (or its node) is gone: drop every read connection and retry.
 CONNECTION_FAILURES: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -99,4 +98,6 @@ def unread(length: Any, groups: Any) -> int:
         return 0
     if not isinstance(groups, list):  # no group yet (no worker ever read it): all waiting
         return length
-    return max(0, length - sum(int(g.get("pending", 0)) for g in groups if text(g.get("name", b"")) == GROUP))
+    return max(
+        0, length - sum(int(g.get("pending", 0)) for g in groups if _text(g.get("name", b"")) == GROUP)
+    )
