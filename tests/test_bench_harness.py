@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,31 +162,33 @@ def _engine_pids(marker: str) -> set[int]:
 
 
 @pytest.mark.slow
-def test_a_benchmark_stopped_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+def test_a_benchmark_stopped_by_sigterm_stops_what_it_started() -> None:
     """Its engine (an embedded Redis and a worker supervisor, each in a session of its own) is
     stopped on SIGTERM as on Ctrl-C; Python's default SIGTERM ended the script and left them
     running."""
+    # Short: under a longer folder (pytest's, with xdist's popen-gwN) the embedded Redis puts its
+    # unix socket elsewhere (sun_path's 108 bytes), and its command line no longer names it.
+    folder = tempfile.mkdtemp(prefix="bench-", dir="/tmp")
     proc = subprocess.Popen(
         [sys.executable, str(BENCH / "step_costs.py"), "--processes", "1", "--turns", "1000"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=dict(os.environ, TMPDIR=str(tmp_path)),  # the engine's folder, named in its command lines
+        env=dict(os.environ, TMPDIR=folder),  # the engine's folder, named in its command lines
         start_new_session=True,
     )
     engine: set[int] = set()
     try:
         # The embedded Redis and the worker supervisor, both started in the benchmark's folder.
-        engine = wait_for(
-            lambda: (lambda pids: pids if len(pids) >= 2 else None)(_engine_pids(str(tmp_path))), 60
-        )
+        engine = wait_for(lambda: (lambda pids: pids if len(pids) >= 2 else None)(_engine_pids(folder)), 60)
         time.sleep(1)  # into the turns
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) != 0
-        wait_for(lambda: not _engine_pids(str(tmp_path)), timeout=30)
+        wait_for(lambda: not _engine_pids(folder), timeout=30)
     finally:
-        for pid in _engine_pids(str(tmp_path)) | (engine if proc.poll() is None else set()):
+        for pid in _engine_pids(folder) | (engine if proc.poll() is None else set()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
