@@ -17,11 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import apps.basic
 import pytest
 from apps.basic import AddsAtOnce, Sequence
 
 from durable import WorkflowStub, codec
 from durable import events as ev
+from durable.registry import register_module_functions
 from durable.replay import Driver
 from durable.store.activities import Begun
 from durable.store.keys import GROUP
@@ -249,6 +251,9 @@ def test_the_backlog_learns_the_time_of_the_activity_code_only(
     work around it: here a result hand-over that takes 0.3 s. Timing the whole attempt had
     microsecond activities measure milliseconds (its thread waits for the GIL while the main
     thread decides), so the backlog fell to about one per thread."""
+    # As a worker's --app does: `add` is a plain function, known by name only once registered
+    # (alone, this test ran before any workflow had called it, and the task was parked).
+    register_module_functions(apps.basic)
     encoded = codec.dumps(args if args is not None else (str(tmp_path / "slow"), 0.1, "t"))
     task = ActivityTask("r-1", "w-1", 0, "a-1", activity, encoded, 1, "default")
     ran: list[tuple[str, float]] = []
