@@ -23,20 +23,23 @@ import hashlib
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import durable
-from durable import SearchAttribute, codec
-from durable import events as ev
-from durable.ids import new_run_id
-from durable.search import encode_values
-from durable.store.embedded import EmbeddedRedis
-from durable.store.redis_store import RedisStore
-from durable.store.search import pack_index, start_index
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from a checkout, installed or not
+
+import durable  # noqa: E402
+from durable import SearchAttribute, codec  # noqa: E402
+from durable import events as ev  # noqa: E402
+from durable.ids import new_run_id  # noqa: E402
+from durable.search import encode_values  # noqa: E402
+from durable.store.embedded import EmbeddedRedis  # noqa: E402
+from durable.store.redis_store import RedisStore  # noqa: E402
+from durable.store.search import pack_index, start_index  # noqa: E402
 
 SearchAttribute("customer", "keyword")
 SearchAttribute("region", "keyword")
