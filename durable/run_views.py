@@ -127,7 +127,7 @@ def task_in_words(
         if where.owner not in live_names:
             said += (
                 "; that worker is gone (stopped or died): the task goes back to the run's queue "
-                "after --sticky-timeout (5 s by default)"
+                f"after --sticky-timeout ({_flag_value(live, 'sticky_timeout_ms', 5_000)})"
             )
         return said
     if not where.consumer:
@@ -138,5 +138,23 @@ def task_in_words(
         " and is not decided yet"
     )
     if where.consumer not in live_names:
-        said += "; that worker is gone (stopped or died): another takes the task over after --claim-idle"
+        said += (
+            "; that worker is gone (stopped or died): another takes the task over after --claim-idle "
+            f"({_flag_value(live, 'claim_idle_ms', 30_000)})"
+        )
     return said
+
+
+def _flag_value(live: list[WorkerInfo], name: str, default_ms: int) -> str:
+    """A worker flag's value (``claim_idle_ms``, ``sticky_timeout_ms``) as the live workers said
+    it in their registry entries, in words: the first of them to act takes the task on, so the
+    least of their values counts (0, a sticky sweep turned off, counts for none)."""
+    current = [w for w in live if w.claim_idle_ms]  # entries of releases that say their flags
+    if not current:
+        return f"{default_ms / 1000:g} s by default"
+    said = sorted({getattr(w, name) for w in current} - {0})
+    if not said:
+        return "off on every live worker: the task moves once that worker's lease lapses, after --claim-idle"
+    if len(said) == 1:
+        return f"{said[0] / 1000:g} s on the live workers"
+    return f"{said[0] / 1000:g}-{said[-1] / 1000:g} s on the live workers: the least counts"

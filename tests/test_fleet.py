@@ -193,7 +193,8 @@ def test_promote_moves_new_runs_to_a_live_build(redis_url: str, store: RedisStor
 
 
 def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, store: RedisStore) -> None:
-    with worker(redis_url), worker(redis_url, "--build-id", "b7", "--queue", "other", app="apps.features"):
+    pinned_flags = ("--build-id", "b7", "--queue", "other", "--sticky-timeout", "7", "--claim-idle", "40")
+    with worker(redis_url), worker(redis_url, *pinned_flags, app="apps.features"):
         wait_registered(store, 2)
         # A versioned worker registers first and claims its queue's current build just
         # after (Membership.join), so the list may briefly show no current build.
@@ -205,6 +206,9 @@ def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, sto
         assert "Waiter" in plain["workflows"] and "add" in plain["activities"]
         assert "Waiter" not in pinned["workflows"]
         assert plain["heartbeat_age_s"] < 10 and plain["pid"] > 0
+        # How soon each takes over what a gone worker left, as its flags say (defaults: 30 s, 5 s).
+        assert (plain["claim_idle_ms"], plain["sticky_timeout_ms"]) == (30_000, 5_000)
+        assert (pinned["claim_idle_ms"], pinned["sticky_timeout_ms"]) == (40_000, 7_000)
         assert report["queues"]["default"]["new_runs_to"] == ["(unversioned)"]
         assert report["queues"]["other"]["current_build"] == "b7"
         assert report["queues"]["other"]["new_runs_to"] == ["b7"]

@@ -33,8 +33,8 @@ def _status(workflow_id: str) -> str:
 
 @pytest.fixture
 def idle_worker(store: RedisStore) -> Iterator[Worker]:
-    """A live worker of queue 'default' that reads nothing."""
-    worker = Worker(store, concurrency=1)
+    """A live worker of queue 'default' that reads nothing (it says its --claim-idle: 12 s)."""
+    worker = Worker(store, concurrency=1, claim_idle_ms=12_000)
     worker._ensure_groups()
     worker.membership.join()
     try:
@@ -71,7 +71,8 @@ def test_a_task_delivered_to_a_gone_worker_says_it_is_taken_over(
     assert store.redis.xreadgroup(GROUP, "vm:1:1.1", {stream: ">"})  # a worker that died holding it
     assert _status("where-2") == (
         "pending (its workflow task was delivered to worker vm:1:1.1 0 s ago and is not decided yet; that "
-        "worker is gone (stopped or died): another takes the task over after --claim-idle)"
+        "worker is gone (stopped or died): another takes the task over after --claim-idle (12 s on the live "
+        "workers))"
     )
     assert stub.describe().to_dict()["workflow_task"].startswith("its workflow task was delivered")
 
@@ -88,7 +89,9 @@ def test_a_task_on_a_dead_workers_private_queue_says_whose_and_when_it_goes_back
 ) -> None:
     """The run's next task goes to the private queue of the worker that decided it last (it
     has the run cached); that worker killed, the status names it, then says it is gone (the
-    other worker keeps the queue served: the run is not blocked)."""
+    other worker keeps the queue served: the run is not blocked) and when the task goes back:
+    after the --sticky-timeout the live worker said in its registry entry (60 s, not the
+    default 5 s)."""
     flags = ("--sticky-timeout", "60", "--claim-idle", "60")
     procs = [spawn_worker(redis_url, extra=flags) for _ in range(2)]
     try:
@@ -108,7 +111,7 @@ def test_a_task_on_a_dead_workers_private_queue_says_whose_and_when_it_goes_back
         wait_for(lambda: "that worker is gone" in _status("where-4"), timeout=30)  # its registry entry lapsed
         assert _status("where-4") == (
             f"suspended ({private} (backlog 1); that worker is gone (stopped or died): the task goes back "
-            "to the run's queue after --sticky-timeout (5 s by default); waiting for signal 'go')"
+            "to the run's queue after --sticky-timeout (60 s on the live workers); waiting for signal 'go')"
         )
     finally:
         for proc in procs:

@@ -53,6 +53,8 @@ class Membership:
         activities: The activity types it can run.
         complete: Whether those lists name everything it can run (see ``WorkerInfo.complete``).
         promote: Make ``build`` the queues' current build when starting (``--promote``).
+        timeouts: Its ``(claim_idle_ms, sticky_timeout_ms)``, said in the entry: how soon it
+            takes over what a gone worker left (``durable status`` says so of a waiting run).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Membership:
         activities: Sequence[str],
         promote: bool,
         complete: bool = False,
+        timeouts: tuple[int, int] = (0, 0),
     ) -> None:
         self.store = store
         self.build = build
@@ -83,6 +86,8 @@ class Membership:
             activities=tuple(sorted(activities)),
             complete=complete,
             patches=declared_patches(workflows),
+            claim_idle_ms=timeouts[0],
+            sticky_timeout_ms=timeouts[1],
         )
         self._started = 0
         # Queues whose new runs this worker starts: all of them when unversioned.

@@ -160,7 +160,7 @@ class Worker:
         self._revive_at = 0.0
         self._stop = threading.Event()
         self.joined = threading.Event()  # set once in the registry and serving (WorkerThread waits)
-        self.membership = self._make_membership(compatible, promote)
+        self.membership = self._make_membership(compatible, promote, (claim_idle_ms, sticky_timeout_ms))
         self.scheduler = self._make_scheduler(claim_idle_ms, sticky_timeout_ms)
         self.eager = eager
         self.activities = ActivityHost(
@@ -205,7 +205,9 @@ class Worker:
             unknown_type_grace=grace,
         )
 
-    def _make_membership(self, compatible: Sequence[str], promote: bool) -> Membership:
+    def _make_membership(
+        self, compatible: Sequence[str], promote: bool, timeouts: tuple[int, int]
+    ) -> Membership:
         """The registry entry: this worker's build, queues and the types its app defines."""
         return Membership(
             self.store,
@@ -217,6 +219,7 @@ class Worker:
             activities=[n for n in registry.activities() if self._activity_ok(n)],
             promote=promote,
             complete=self.types_complete,
+            timeouts=timeouts,
         )
 
     def _make_scheduler(self, claim_idle_ms: int, sticky_timeout_ms: int = 5_000) -> Scheduler:

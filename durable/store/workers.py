@@ -72,6 +72,11 @@ class WorkerInfo:
         held: How many of them are held by abandoned attempts: past their start-to-close or
             schedule-to-close timeout, or of a closed run (Python cannot stop a thread).
         stuck: The first of those attempts, each in a few words starting with its activity's name.
+        claim_idle_ms: Its ``--claim-idle``: how long a task stays delivered to a worker that
+            went away before this one takes it over (0: not said, an older release).
+        sticky_timeout_ms: Its ``--sticky-timeout``: how long a workflow task waits on a gone
+            worker's private queue before this one moves it to the run's queue (0: not said,
+            or only once that worker's lease lapses).
     """
 
     name: str
@@ -89,6 +94,8 @@ class WorkerInfo:
     threads: int = 0
     held: int = 0
     stuck: tuple[str, ...] = ()
+    claim_idle_ms: int = 0
+    sticky_timeout_ms: int = 0
 
     @property
     def builds(self) -> set[str]:

@@ -164,6 +164,9 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             "stuck": list(w.stuck),
             "starved": starved(w),
             "threads_note": threads_note(w),
+            # How soon it takes over what a gone worker left (None: its release does not say).
+            "claim_idle_ms": w.claim_idle_ms or None,
+            "sticky_timeout_ms": w.sticky_timeout_ms if w.claim_idle_ms else None,
         }
         for w in live
     ]
