@@ -2,7 +2,9 @@
 
 redis-py caps a connection pool at 100 and raised ``MaxConnectionsError`` past it, and
 each ``result()`` held a connection in its blocking read. Now the pool waits for a free
-connection and every wait of the process shares one blocking read on one connection.
+connection and every wait of the process shares one blocking read on one connection. The
+store's raw wire (starts, result looks) holds no more connections than the pool's cap either:
+past it, a thread waits for one given back.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from apps.basic import Sequence, Waiter
 from procs import workers
 from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.client import default_store
+from durable.store.wire import IdleConnections
 
 THREADS = 1000
 
@@ -51,6 +55,12 @@ def _pool_size() -> int:
     return len(default_store().redis.connection_pool._connections)  # noqa: SLF001 - what the test is about
 
 
+def _wire_size() -> int:
+    """Connections the store's raw wire holds (starts and result looks go through it), all idle
+    once the threads are done: it opens no more than the pool's cap either."""
+    return len(default_store()._wire._idle._stack)  # noqa: SLF001 - what the test is about
+
+
 def _blocked_in_xread() -> int:
     """Clients the server sees blocked in XREAD (workers block in XREADGROUP instead)."""
     return sum(1 for c in default_store().redis.client_list() if c.get("cmd") == "xread")
@@ -69,6 +79,33 @@ def test_a_thousand_threads_start_and_wait(redis_url: str) -> None:
         assert results == [3] * THREADS
         assert time.monotonic() - started < 170
     assert _pool_size() <= 100
+    assert 0 < _wire_size() <= 100
+
+
+class _Conn:
+    """A stand-in connection (no socket: nothing to check when it was idle a while)."""
+
+    def _get_socket(self) -> None:
+        return None
+
+
+def test_threads_past_the_connection_limit_wait_for_one_given_back() -> None:
+    made: list[_Conn] = []
+
+    def make() -> _Conn:
+        made.append(_Conn())
+        return made[-1]
+
+    idle = IdleConnections(make, limit=2, wait_s=0.2)
+    first, _second = idle.take(), idle.take()
+    began = time.monotonic()
+    with pytest.raises(
+        redis.ConnectionError, match="no Redis connection free within 0.2 s: this process's 2"
+    ):
+        idle.take()
+    assert time.monotonic() - began >= 0.2
+    threading.Timer(0.05, idle.give, (first,)).start()  # given back while the third take waits
+    assert idle.take() is first and len(made) == 2
 
 
 @pytest.mark.slow

@@ -185,10 +185,12 @@ def test_result_of_a_closed_run_takes_one_round_trip(worker, store: RedisStore, 
 
         return spy
 
+    # Every way the store speaks to Redis: redis-py's pipelines and commands, and the raw wire.
     monkeypatch.setattr(store.redis, "pipeline", counted("pipeline", store.redis.pipeline))
     monkeypatch.setattr(store.redis, "execute_command", counted("", store.redis.execute_command))
+    monkeypatch.setattr(store._wire, "_round_trip", counted("wire", store._wire._round_trip))
     assert stub.result(timeout=10) == 1
-    assert trips == ["pipeline"]
+    assert trips == ["wire"]
 
 
 def test_hook_resumed_by_token(worker) -> None:

@@ -41,6 +41,7 @@ from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_tex
 from .connect import unavailable_kind
 from .outage import Incident, unavailable_error
 from .redis_store import RedisStore, RunRef
+from .wire import stream_rows
 from .workers import REGISTRY_TTL_MS, WorkerInfo, no_live_worker_reason
 
 log = logging.getLogger("durable.client")
@@ -180,15 +181,17 @@ def look(store: RedisStore, ref: RunRef, *, current: bool = False) -> tuple[str,
         WorkflowBlocked: the run is open and blocked.
         WorkflowNotFound: the run record is gone (expired or purged).
     """
-    with store.redis.pipeline(transaction=False) as pipe:
-        pipe.xrevrange(store.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
-        pipe.hmget(store.keys.run(ref.partition, ref.run_id), _RECORD_FIELDS)
-        if current:
-            pipe.hget(store.keys.instance(ref.partition, ref.workflow_id), "run")
-        rows, values, *now = pipe.execute()
+    k = store.keys
+    commands: list[tuple[Any, ...]] = [
+        ("XREVRANGE", k.history(ref.partition, ref.run_id), "+", "-", "COUNT", 1),
+        ("HMGET", k.run(ref.partition, ref.run_id), *_RECORD_FIELDS),
+    ]
+    if current:
+        commands.append(("HGET", k.instance(ref.partition, ref.workflow_id), "run"))
+    rows, values, *now = store.round_trip(commands)
     if current:
         check_current(ref, now[0])
-    last, closing = _last_entry(rows, ref.run_id)
+    last, closing = _last_entry(stream_rows(rows), ref.run_id)
     if closing is not None:
         return last, closing, None
     record = _record(values)

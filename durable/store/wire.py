@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,14 @@ class Wire:
     """
 
     def __init__(self, client: redis.Redis, load_scripts: Any) -> None:
-        self._idle = IdleConnections(client.connection_pool.make_connection)
+        pool = client.connection_pool
+        # As many connections as the client's pool may hold, waited for as long as it waits:
+        # a process with more threads than that shares them instead of opening one per thread.
+        self._idle = IdleConnections(
+            pool.make_connection,
+            limit=getattr(pool, "max_connections", None),
+            wait_s=getattr(pool, "timeout", None) or 60.0,
+        )
         self._load_scripts = load_scripts
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
@@ -116,10 +124,15 @@ class IdleConnections:
 
     Args:
         make: Makes a new connection (it connects on its first send).
+        limit: The most connections taken at once (``None``: no limit); one more
+            :meth:`take` waits for a :meth:`give`.
+        wait_s: How long such a take waits before ``redis.ConnectionError``.
     """
 
-    def __init__(self, make: Any) -> None:
+    def __init__(self, make: Any, *, limit: int | None = None, wait_s: float = 60.0) -> None:
         self._make = make
+        self._limit, self._wait_s = limit, wait_s
+        self._slots = threading.BoundedSemaphore(limit) if limit else None
         self._stack: list[tuple[Any, float]] = []
         self._pid = os.getpid()
 
@@ -127,17 +140,30 @@ class IdleConnections:
         """An idle connection (checked first if idle a while), or a new one."""
         if self._pid != os.getpid():
             self._stack, self._pid = [], os.getpid()
+            self._slots = threading.BoundedSemaphore(self._limit) if self._limit else None
+        if self._slots is not None and not self._slots.acquire(timeout=self._wait_s):
+            raise rexc.ConnectionError(
+                f"no Redis connection free within {self._wait_s:g} s: this process's {self._limit} "
+                "are all in use (more threads wait on Redis than its pool holds)"
+            )
         try:
-            conn, idle_since = self._stack.pop()
-        except IndexError:
-            return self._make()
-        if time.monotonic() - idle_since > CHECK_IDLE_S:
-            _check(conn)
-        return conn
+            try:
+                conn, idle_since = self._stack.pop()
+            except IndexError:
+                return self._make()
+            if time.monotonic() - idle_since > CHECK_IDLE_S:
+                _check(conn)
+            return conn
+        except BaseException:
+            if self._slots is not None:
+                self._slots.release()
+            raise
 
     def give(self, conn: Any) -> None:
         """Keep ``conn`` for the next round trip (a broken one was disconnected: it reconnects)."""
         self._stack.append((conn, time.monotonic()))
+        if self._slots is not None:
+            self._slots.release()
 
 
 def pack(commands: Sequence[Command]) -> bytes:
