@@ -85,8 +85,13 @@ def test_a_thousand_threads_start_and_wait(redis_url: str) -> None:
 class _Conn:
     """A stand-in connection (no socket: nothing to check when it was idle a while)."""
 
+    disconnected = False
+
     def _get_socket(self) -> None:
         return None
+
+    def disconnect(self) -> None:
+        self.disconnected = True
 
 
 def test_threads_past_the_connection_limit_wait_for_one_given_back() -> None:
@@ -136,3 +141,16 @@ def test_a_thousand_threads_wait_at_once(redis_url: str) -> None:
         errors = [r for r in holder[0] if isinstance(r, BaseException)]
         assert not errors, f"{len(errors)} failed, first: {errors[0]!r}"
         assert holder[0] == list(range(THREADS))
+
+
+def test_closing_the_idle_connections_disconnects_them() -> None:
+    """A store's close() closes its raw wire's idle connections too: a cluster node's pool does
+    not know them, and they would stay open until the store is garbage collected."""
+    made = [_Conn(), _Conn()]
+    idle = IdleConnections(iter(made).__next__, limit=2)
+    first, second = idle.take(), idle.take()
+    idle.give(first)
+    idle.close()
+    assert first.disconnected and not second.disconnected  # one in use keeps its round trip
+    idle.give(second)  # given back after the close: kept, it reconnects on its next send
+    assert idle.take() is second

@@ -111,6 +111,11 @@ class ClusterWire:
         self._owners: dict[int, Any] = {}
         self._idle: dict[str, IdleConnections] = {}
 
+    def close(self) -> None:
+        """Disconnect every node's idle connections (see :meth:`Wire.close <durable.store.wire.Wire.close>`)."""
+        for idle in list(self._idle.values()):
+            idle.close()
+
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands``, one write per node; their replies in order (errors as exception
         objects, as :meth:`Wire.execute <durable.store.wire.Wire.execute>` gives them).

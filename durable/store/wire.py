@@ -64,6 +64,10 @@ class Wire:
                 replies[i] = reply
         return replies
 
+    def close(self) -> None:
+        """Disconnect the idle connections (the store is closing; a later call opens new ones)."""
+        self._idle.close()
+
     def execute_then_transactions(
         self, commands: Sequence[Command], batches: Sequence[Sequence[Command]]
     ) -> tuple[list[Any], list[list[Any]]]:
@@ -119,8 +123,10 @@ class IdleConnections:
 
     A pool's checkout (a queue, a lock, a ``poll()`` per checkout, its bookkeeping) cost the
     worker more CPU per round trip than reading the replies. The connections are made by
-    the pool (``make``: its server, credentials and timeouts) but not tracked by it: a
-    connection closes when dropped (redis-py's ``__del__``), and a forked child starts with none.
+    the pool (``make``: its server, credentials and timeouts) but never checked out of it: a
+    ``BlockingConnectionPool`` lists them and disconnects them with its own, a cluster node's
+    pool does not, so :meth:`close` does (else a connection closes when dropped, by redis-py's
+    ``__del__``). A forked child starts with none.
 
     Args:
         make: Makes a new connection (it connects on its first send).
@@ -164,6 +170,16 @@ class IdleConnections:
         self._stack.append((conn, time.monotonic()))
         if self._slots is not None:
             self._slots.release()
+
+    def close(self) -> None:
+        """Disconnect the idle connections (one taken now is kept by its round trip, and then
+        given back: it reconnects if used again)."""
+        while self._stack:
+            try:
+                conn, _ = self._stack.pop()
+            except IndexError:
+                return
+            conn.disconnect()
 
 
 def pack(commands: Sequence[Command]) -> bytes:
