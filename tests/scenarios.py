@@ -11,6 +11,7 @@ from procs import spawn_worker, stop, workers
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.client import default_store
 from durable.store.redis_store import RedisStore
 
 
@@ -34,6 +35,7 @@ def sigkill_mid_activity(redis_url: str, tmp_path: Path) -> None:
         stub = WorkflowStub.make(SlowSteps).start(str(log), 3, 0.6)
         # Wait until the victim is inside the second activity, then kill it outright.
         wait_for(lambda: log.exists() and "start s1" in log.read_text(), timeout=30)
+        victim_name = next(w.name for w in default_store().live_workers() if w.pid == victim.pid)
         victim.send_signal(signal.SIGKILL)
         victim.wait(5)
     finally:
@@ -47,6 +49,14 @@ def sigkill_mid_activity(redis_url: str, tmp_path: Path) -> None:
     )
     applied = (tmp_path / "slow.log.effects" / "applied.log").read_text().split()
     assert len(applied) == len(set(applied)) == 3, "an idempotency-keyed effect was applied twice"
+    # The attempt the kill cut short is shown, naming the worker that began it, before the one
+    # that completed it (the same attempt, run again).
+    outcomes = [(a["act"], a["outcome"]) for a in stub.describe().attempts]
+    lost = [a for a in stub.describe().attempts if a["outcome"] == "lost"]
+    assert len(lost) == 1, outcomes
+    assert lost[0]["reason"].startswith(f"worker {victim_name} began it ")
+    assert "never reported its outcome (it died, hung or was taken for dead)" in lost[0]["reason"]
+    assert outcomes.index((lost[0]["act"], "lost")) < outcomes.index((lost[0]["act"], "completed"))
 
 
 def park_queued_task(store: RedisStore, stub: WorkflowStub, reason: str, **options: Any) -> None:

@@ -235,7 +235,7 @@ class ActivityStore(StoreBase):
             "begin_attempt",
             [
                 (
-                    self._attempt_keys(task, stream),
+                    [*self._attempt_keys(task, stream), self.keys.log(task.partition, task.run_id)],
                     [task.run_id, task.activity_id, task.attempt, entry_id, due_ms, started_ms, worker],
                 )
             ],

@@ -237,8 +237,8 @@ def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
         table.add_row(
             str(item.get("act", "")) + (f" ({record['name']})" if record.get("name") else ""),
             str(item.get("attempt", "")),
-            Text(outcome, style="red" if outcome in ("failed", "retry") else ""),
-            short(_attempt_error(record), 80),
+            Text(outcome, style="red" if outcome in ("failed", "retry", "lost") else ""),
+            short(_attempt_error(record) or str(item.get("reason") or ""), 80),
             f"{duration} ms" if duration is not None else "",
             fmt_ms(item.get("ts")),
         )

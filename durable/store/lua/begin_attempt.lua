@@ -7,17 +7,19 @@
 -- `<aid>:worker` says who began it last and how often the attempt has begun
 -- ("<attempt>|<worker>|<begins>"): each begin whose outcome never came ended with its worker
 -- (workers/crash_loops.py counts those deaths; a task only read or claimed did not begin).
--- KEYS: run, activities, running, the attempt's task stream
+-- A begin after one whose outcome never came is logged beside the history as a `lost` attempt
+-- record naming the worker that began it, so `durable describe` shows what happened to it.
+-- KEYS: run, activities, running, the attempt's task stream, the run's log
 -- ARGV: run id, activity id, attempt, task entry id ('' = none: a leased attempt),
 --       deadline ms (0 = none), started ms, worker (who runs it: `durable describe` tells
 --       whether it is still alive)
 -- Returns {'OK', heartbeat details or '', now ms} | {'SKIP', why}
-local run, acts, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local run, acts, running, stream, log = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local rid, aid, attempt, entry_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local deadline = tonumber(ARGV[5])
 
 local why = nil
-local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb', aid .. ':worker')
+local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb', aid .. ':worker', aid .. ':started')
 if not is_open(redis.call('HGET', run, 'status')) then
   why = 'the run is closed'
 elseif not current[1] then
@@ -33,7 +35,16 @@ end
 local begins = 1
 local last_attempt, last_begins = string.match(current[3] or '', '^(%d+)|[^|]*|(%d+)$')
 if not last_attempt then last_attempt = string.match(current[3] or '', '^(%d+)|') end
-if tonumber(last_attempt) == attempt then begins = (tonumber(last_begins) or 1) + 1 end
+if tonumber(last_attempt) == attempt then
+  begins = (tonumber(last_begins) or 1) + 1
+  local before = string.match(current[3], '^%d+|([^|]*)') or ''
+  local now = now_ms()
+  local since = tonumber(current[4] or '')
+  local ago = since and string.format(' %d s before', math.floor((now - since) / 1000)) or ''
+  log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason',
+    'worker ' .. before .. ' began it' .. ago .. ' and never reported its outcome (it died, hung or was '
+    .. 'taken for dead); ' .. ARGV[7] .. ' runs it again', 'ts', now)
+end
 redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7] .. '|' .. begins)
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
 return {'OK', current[2] or '', now_ms()}
