@@ -13,8 +13,8 @@ returned and reads, from the runs' own histories (``WorkflowStub.history()``: th
 and prints the steps/s of each part beside the ceiling measured in turns with it (same
 minutes, same ``appendfsync``), so "W2 / ceiling" can be read as the sum of its parts, and the
 client's CPU per ``start()`` and per ``result()`` (this process's, so the waiter thread's too).
-The events' timestamps are the deciding worker's clock (ms, kept in step with Redis's) and the
-split is this process's: on one machine they agree to well under a millisecond.
+The events' timestamps are the deciding worker's clock (ms) and the split is this process's:
+on one machine, the same clock.
 
     python benchmarks/w2_phases.py [--workflows 200] [--turns 5] [--processes 2] [--no-ceiling]
 """
