@@ -137,6 +137,8 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
         # begin_attempt.lua: the begins of the attempt last begun; an older release wrote no count.
         "^(%d+)|[^|]*|(%d+)$": [(K.begun_by(2, "w-1", 3), ["2", "3"]), ("2|w-1", [])],
         "^(%d+)|": [(K.begun_by(2, "w-1", 3), ["2"]), ("2|w-1", ["2"])],
+        # ... and the worker that began it (named in the `lost` attempt record).
+        "^%d+|([^|]*)": [(K.begun_by(2, "vm:1:2.1", 3), ["vm:1:2.1"]), ("2|w-1", ["w-1"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
     }
     assert _patterns() == set(cases), "a script matches with a pattern this test does not check"

@@ -41,9 +41,9 @@ if tonumber(last_attempt) == attempt then
   local now = now_ms()
   local since = tonumber(current[4] or '')
   local ago = since and string.format(' %d s before', math.floor((now - since) / 1000)) or ''
-  log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason',
-    'worker ' .. before .. ' began it' .. ago .. ' and never reported its outcome (it died, hung or was '
-    .. 'taken for dead); ' .. ARGV[7] .. ' runs it again', 'ts', now)
+  local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead); %s runs it again'
+  local reason = string.format(said, before, ago, ARGV[7])
+  log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason', reason, 'ts', now)
 end
 redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7] .. '|' .. begins)
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
