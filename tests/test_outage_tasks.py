@@ -211,3 +211,44 @@ def test_a_store_opens_while_redis_is_at_maxmemory(fresh_redis: EmbeddedRedis) -
     finally:
         client.config_set("maxmemory", 0)
         client.close()
+
+
+@pytest.mark.parametrize("went_through", [False, True], ids=["refused", "reply-lost"])
+def test_activity_tasks_an_outage_kept_from_going_back_are_handed_back_when_redis_answers(
+    store: RedisStore, went_through: bool
+) -> None:
+    """A read brought an activity task beyond the worker's room; the outage cut its hand-back
+    short, so it sat pending for this worker: it would wait for a reclaim after --claim-idle
+    (60 s here) while `durable status` said it waited on its queue. Once Redis answers, it goes
+    back to its queue, and only once (the hand-back may have gone through, its reply lost)."""
+    worker = _unclaimed(Worker(store, concurrency=2, grace=5, claim_idle_ms=60_000, block_ms=100))
+    takes = worker.activities.takes
+    refused: list[bytes] = []
+
+    def no_room_once(fields: dict[bytes, bytes]) -> bool:
+        if not refused:
+            refused.append(fields[b"body"])
+            return False  # beyond the room: handed back
+        return takes(fields)
+
+    requeue = store.requeue
+    lost: list[str] = []
+
+    def cut_off(stream: str, items: Any) -> None:
+        if not lost:
+            lost.append(stream)
+            if went_through:
+                requeue(stream, items)  # the outage lost only its reply
+            raise rexc.ConnectionError("Connection closed by server.")
+        requeue(stream, items)
+
+    worker.activities.takes = no_room_once  # type: ignore[method-assign]
+    store.requeue = cut_off  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stub = WorkflowStub.make(Sequence, store=store).start(2)
+        assert stub.result(timeout=15) == 1
+    assert refused and lost
+    stream = lost[0]
+    bodies = [fields[b"body"] for _, fields in store.redis.xrange(stream)]
+    assert bodies.count(refused[0]) <= 1  # not queued twice (acked and deleted once it ran)
+    assert not store.redis.xpending(stream, GROUP)["pending"]

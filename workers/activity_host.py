@@ -122,6 +122,8 @@ class ActivityHost:
         # Results of queued activity tasks, recorded by the main thread in batches.
         self.completed: deque[AttemptOutcome] = deque()
         self.activities_run = 0
+        # Tasks a read brought beyond this worker's room whose hand-back an outage cut short.
+        self._not_given_back: list[tuple[str, str, dict[bytes, bytes]]] = []
 
     @property
     def results_in_hand(self) -> bool:
@@ -236,6 +238,37 @@ class ActivityHost:
         stalled = self._pool.stalled(STALLED_S)
         if stalled and self.waiting():
             self._give_back(stalled)
+
+    def hand_back_excess(self, excess: dict[str, list[tuple[str, dict[bytes, bytes]]]]) -> None:
+        """Put tasks a read brought beyond this worker's room back at the ends of their streams,
+        for any worker (main thread). Those an outage kept from going back are remembered for
+        :meth:`hand_back_left`, rather than left pending here until a reclaim after --claim-idle
+        while ``durable status`` says they wait on their queue."""
+        streams = list(excess.items())
+        for i, (stream, items) in enumerate(streams):
+            try:
+                self.store.requeue(stream, items)
+            except BaseException:
+                self._not_given_back += [(s, e, f) for s, rest in streams[i:] for e, f in rest]
+                raise
+
+    def hand_back_left(self) -> None:
+        """Put back the tasks :meth:`hand_back_excess` could not (the first pass after an outage):
+        each only if it is still pending for this worker (``lua/return_task.lua``), so a hand-back
+        that went through before its reply was lost does not queue a task twice. Raises while
+        Redis is still unavailable (they stay remembered)."""
+        if not self._not_given_back:
+            return
+        tasks, undecodable = [], []
+        for stream, entry_id, fields in self._not_given_back:
+            try:
+                tasks.append((stream, entry_id, ActivityTask.decode(fields[b"body"]), False))
+            except Exception:  # noqa: BLE001 - a reclaim hands it to a worker, which parks it
+                undecodable.append(entry_id)
+        self.store.return_tasks(self.consumer, tasks)
+        self._not_given_back = []
+        if undecodable:
+            log.warning("%d task(s) with a body that does not decode wait for a reclaim", len(undecodable))
 
     def _give_back(self, stalled: int | None) -> None:
         """Take the calls no thread started; keep, with ``stalled`` given, what the pace allows
