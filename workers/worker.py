@@ -407,14 +407,14 @@ class Worker:
 
     def _take_back_unseen(self) -> None:
         """First thing after an outage cut a pass short: put back at the ends of their streams
-        the workflow tasks and outbox messages still pending for this worker (and the activity
-        tasks it was handing back, beyond its room). Those are what the
-        outage interrupted: commits Redis refused or dropped, messages not carried out, tasks
-        delivered to reads whose replies were lost. They would otherwise wait for a reclaim
+        the workflow tasks and outbox messages still pending for this worker, and the activity
+        tasks it was handing back (beyond its room). Those are what the outage interrupted:
+        commits Redis refused or dropped, messages not carried out, tasks delivered to reads
+        whose replies were lost, a hand-back cut short. They would otherwise wait for a reclaim
         after --claim-idle, their runs shown as pending with nothing saying why. Raises while
         Redis is still unavailable: the loop waits that out, and this runs again."""
         moved = self.store.requeue_pending(self._decision_streams() + self.outbox_streams, self.consumer)
-        self.activities.hand_back_left()  # activity tasks a read brought beyond its room
+        self.activities.hand_back_left()
         self._take_back = False
         if moved:
             log.info("put back %d task(s) the Redis outage left unfinished", moved)

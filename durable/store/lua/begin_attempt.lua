@@ -32,13 +32,13 @@ if why then
   return {'SKIP', why}
 end
 -- The same attempt begun before (a reclaim, a leased attempt run again): one more begin.
+local now = now_ms()
 local begins = 1
 local last_attempt, last_begins = string.match(current[3] or '', '^(%d+)|[^|]*|(%d+)$')
 if not last_attempt then last_attempt = string.match(current[3] or '', '^(%d+)|') end
 if tonumber(last_attempt) == attempt then
   begins = (tonumber(last_begins) or 1) + 1
   local before = string.match(current[3], '^%d+|([^|]*)') or ''
-  local now = now_ms()
   local since = tonumber(current[4] or '')
   local ago = since and string.format(' %d s before', math.floor((now - since) / 1000)) or ''
   local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead); %s runs it again'
@@ -47,4 +47,4 @@ if tonumber(last_attempt) == attempt then
 end
 redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7] .. '|' .. begins)
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
-return {'OK', current[2] or '', now_ms()}
+return {'OK', current[2] or '', now}
