@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from apps.basic import Boom, Waiter
@@ -25,6 +26,7 @@ from click.testing import CliRunner, Result
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
+from workers import supervisor as supervisor_module
 from workers.cli import cli, json_default, parse_args, to_json
 from workers.cli.core import CliError
 from workers.supervisor import Supervisor
@@ -492,6 +494,37 @@ def test_supervisor_restarts_dead_child_and_stops(tmp_path: Path) -> None:
     assert not thread.is_alive()
     assert codes == [0]
     assert all(s.proc is None for s in sup.slots)
+
+
+def test_a_stop_signal_during_a_restart_reaches_the_child_being_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM landed while the supervisor was starting a dead child's replacement (seen in CI:
+    `received SIGTERM: stopping` and `started worker process 0` in the same millisecond): the
+    stop's forwarding missed the new child, and the supervisor waited for it for ever."""
+    script = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\nwhile True: time.sleep(0.05)"
+    sup = Supervisor([sys.executable, "-c", script], 1, min_backoff=0.1, poll_interval=0.02)
+    popen = subprocess.Popen
+
+    def stopped_while_starting(*args: Any, **kwargs: Any) -> Any:
+        if sup.restarts:  # the replacement: the stop signal arrives as it is started
+            sup.stop()
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(supervisor_module.subprocess, "Popen", stopped_while_starting)
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(sup.run()), daemon=True)
+    thread.start()
+    try:
+        first = wait_for(lambda: sup.slots[0].proc, 10)
+        first.kill()  # dies unasked: restarted, and the stop comes during that start
+        thread.join(timeout=15)
+        assert not thread.is_alive(), "the supervisor still waits for the child it started while stopping"
+    finally:
+        for slot in sup.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.kill()
+    assert codes == [0]
 
 
 def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:

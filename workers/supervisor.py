@@ -33,6 +33,7 @@ Redis URL may hold a password). The supervisor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -174,6 +175,12 @@ class Supervisor:
         )
         slot.pump.start()
         log.info("started worker process %d (pid %d)", slot.index, slot.proc.pid)
+        if self.stopping_since is not None:
+            # A stop signal came while this child was being started (a restart): the stop's
+            # forwarding did not see it, and the supervisor would wait for it for ever.
+            for signum in sorted(self.stop_signals):
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signum)
 
     def _pump(self, said: _Said, stream: Any) -> None:
         """Forward one child's stderr to ours, keeping its ``error: ...`` line back: the
