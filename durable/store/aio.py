@@ -49,17 +49,15 @@ from .waits import (
     READ_COUNT,
     _last_entry,
     _record,
-    _still_unserved,
-    _unserved_error,
-    _unserved_too_long,
     blocked_error,
     check_current,
     give_up,
     newest,
     read_pause,
+    stalled_error,
     waits_outage,
 )
-from .workers import WorkerInfo, no_live_worker_reason
+from .workers import WorkerInfo
 
 log = logging.getLogger("durable.client")
 
@@ -440,20 +438,9 @@ class AsyncRunWaiter:
         pinned = any(r and r.get("build") for r in records)
         live: list[WorkerInfo] = await asyncio.to_thread(self.store.live_workers) if pinned else []
         for (key, watch), record in zip(watched, records, strict=True):
-            ref = watch.ref
-            if record is None:
-                message = f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists"
-                self._wake(key, error=WorkflowNotFound(message))
-                continue
-            reason = blocked_reason(record)
-            if reason is not None:
-                self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
-                continue
-            # As the threads' waiter does: a pinned build with no live worker for the grace.
-            unserved = no_live_worker_reason(record, live) if record.get("build") else None
-            watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
-            if unserved is not None and _unserved_too_long(watch.unserved_since):
-                self._wake(key, error=_unserved_error(ref, unserved))
+            error = stalled_error(watch, record, live)  # as the threads' waiter decides
+            if error is not None:
+                self._wake(key, error=error)
 
     def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
         watch = self._watches.pop(key, None)

@@ -149,6 +149,24 @@ def _unserved_too_long(since: float | None) -> bool:
     return since is not None and time.monotonic() - since >= NO_LIVE_WORKER_GRACE_S
 
 
+def stalled_error(watch: Any, record: dict[str, Any] | None, live: list[WorkerInfo]) -> BaseException | None:
+    """What a waiter of ``watch`` (its ``ref`` and ``unserved_since``, which this updates) is
+    told now, given its run's ``record`` and the live workers (read only for a pinned run):
+    the run is gone, blocked, or pinned to a build no live worker has served for
+    :data:`NO_LIVE_WORKER_GRACE_S`. ``None``: it may still close, the wait goes on."""
+    ref = watch.ref
+    if record is None:
+        return WorkflowNotFound(f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists")
+    reason = blocked_reason(record)
+    if reason is not None:
+        return blocked_error(ref.workflow_id, ref.run_id, reason)
+    unserved = no_live_worker_reason(record, live) if record.get("build") else None
+    watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
+    if unserved is not None and _unserved_too_long(watch.unserved_since):
+        return _unserved_error(ref, unserved)
+    return None
+
+
 class RunMoved(Exception):
     """The workflow id's current run is not the run looked at (another run took its place).
 
@@ -434,21 +452,9 @@ class RunWaiter:
         live: list[WorkerInfo] = store.live_workers() if any(r and r.get("build") for r in records) else []
         with self._lock:
             for (key, watch), record in zip(watched, records, strict=True):
-                ref = watch.ref
-                if record is None:
-                    error: BaseException = WorkflowNotFound(
-                        f"run {ref.run_id} of workflow {ref.workflow_id!r} no longer exists"
-                    )
+                error = stalled_error(watch, record, live)
+                if error is not None:
                     self._wake(key, error=error)
-                    continue
-                reason = blocked_reason(record)
-                if reason is not None:
-                    self._wake(key, error=blocked_error(ref.workflow_id, ref.run_id, reason))
-                    continue
-                unserved = no_live_worker_reason(record, live) if record.get("build") else None
-                watch.unserved_since = _still_unserved(watch.unserved_since, unserved is not None)
-                if unserved is not None and _unserved_too_long(watch.unserved_since):
-                    self._wake(key, error=_unserved_error(ref, unserved))
 
     def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
         """Wake every caller of ``key`` (the lock is held)."""
