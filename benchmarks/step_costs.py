@@ -2,7 +2,8 @@
 
 Runs W2 (``--workflows`` x 10-step workflows, ``--processes`` worker processes on the embedded
 Redis) ``--turns`` times after a warm-up, and prints per step, for each turn: CPU of the client,
-the workers and Redis (µs), Redis's reads of client input (round trips, pipelined ones counted
+the workers (and of that, their main threads: the loop that decides and commits; the rest is
+their activity threads and housekeeping) and Redis (µs), Redis's reads of client input (round trips, pipelined ones counted
 once) and commands (those scripts run are counted too), and for the last turn Redis's busiest
 commands (``INFO commandstats``: a script's time includes the commands it ran).
 
@@ -16,6 +17,7 @@ whose workers spend more per step than Redis is bound by the workers' CPU on a s
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +28,19 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 from peers.common import STEPS, Options, exit_on_sigterm  # noqa: E402
 from workloads_durable import Engine  # noqa: E402
+
+
+def _main_threads_s(pids: list[int]) -> float:
+    """CPU seconds so far of the main threads of ``pids`` (a thread's id is its process's)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _snapshot(redis: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -61,15 +76,16 @@ def main() -> None:
         e.w2(args.workflows)  # warm: drivers cached, scripts loaded
         redis = e.store.redis
         for turn in range(1, args.turns + 1):
-            (cmds0, stats0) = _snapshot(redis)
+            (cmds0, stats0), main0 = _snapshot(redis), _main_threads_s(e._worker_pids)
             out = e.w2(args.workflows)
-            (cmds1, stats1) = _snapshot(redis)
+            (cmds1, stats1), main1 = _snapshot(redis), _main_threads_s(e._worker_pids)
             us = {k: out[f"cpu_{k}_s"] / steps * 1e6 for k in ("client", "workers", "redis")}
+            main_us = (main1 - main0) / steps * 1e6
             reads = stats1["total_reads_processed"] - stats0["total_reads_processed"]
             commands = stats1["total_commands_processed"] - stats0["total_commands_processed"]
             print(
                 f"turn {turn}: {out['steps_per_s']:,.0f} steps/s; CPU per step: client {us['client']:.0f} µs, "
-                f"workers {us['workers']:.0f} µs, Redis {us['redis']:.0f} µs; Redis per step: "
+                f"workers {us['workers']:.0f} µs (main threads {main_us:.0f}), Redis {us['redis']:.0f} µs; Redis per step: "
                 f"{reads / steps:.2f} reads, {commands / steps:.1f} commands"
             )
             if turn == args.turns:
