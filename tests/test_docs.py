@@ -54,3 +54,54 @@ def test_relative_links_resolve() -> None:
             if target == "errors.md":  # written by another change
                 continue
             assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+
+
+def _mentions() -> dict[str, set[str]]:
+    """``durable ...`` command lines the docs, the README and the examples show: inline code
+    and the lines of fenced blocks, each with the files it is in."""
+    root = DOCS.parent
+    found: dict[str, set[str]] = {}
+    for path in [*DOCS.glob("*.md"), root / "README.md", *(root / "examples").glob("*.py")]:
+        text = path.read_text()
+        lines = re.findall(r"`(durable [^`\n]+)`", text)
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+            lines += [line.strip().removeprefix("$ ") for line in block.splitlines()]
+        for line in lines:
+            if line.startswith("durable "):
+                found.setdefault(line.split(" #")[0].strip(), set()).add(path.name)
+    return found
+
+
+def _unknown_names(line: str) -> list[str]:
+    """The commands and options of one ``durable ...`` line that the CLI does not have."""
+    import click
+
+    from workers.cli import cli
+
+    words = line.split()[1:]
+    taking_values = {o for p in cli.params if isinstance(p, click.Option) and not p.is_flag for o in p.opts}
+    while words and words[0].startswith("-"):  # the group's own options (--namespace NAME ...)
+        words = words[2:] if words[0] in taking_values else words[1:]
+    if not words or not re.fullmatch(r"[a-z][a-z/-]*", words[0]):
+        return []  # `durable ... --json`, `durable status|describe|list`: not one command line
+    if words[0] not in cli.commands:
+        # An unknown word is a command only in a short mention (`durable repin`), not in a
+        # message that starts with the name ("durable is using the default namespace ...").
+        return [words[0]] if len(words) <= 4 else []
+    chain: list[click.Command] = [cli, cli.commands[words[0]]]
+    for alternative in words[1].split("/") if len(words) > 1 else ():
+        group = chain[-1]
+        if isinstance(group, click.Group) and re.fullmatch(r"[a-z][a-z-]*", alternative):
+            if alternative not in group.commands:
+                return [f"{words[0]} {alternative}"]
+            chain.append(group.commands[alternative])
+    options = {"--help"} | {o for c in chain for p in c.params for o in (*p.opts, *p.secondary_opts)}
+    return [w for w in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", line) if w not in options]
+
+
+def test_the_cli_lines_the_docs_show_name_real_commands_and_options() -> None:
+    """A renamed command or flag leaves docs that send users to an error (`durable repin`)."""
+    stale = {
+        line: (names, sorted(files)) for line, files in _mentions().items() if (names := _unknown_names(line))
+    }
+    assert not stale, f"docs name commands or options the CLI does not have: {stale}"
