@@ -22,6 +22,12 @@ Redis URL may hold a password). The supervisor
   for ``durable worker`` to print, as one worker process would. Once any child
   has joined, deaths are restarted as above whatever their cause (a deploy
   half-way through is not a reason to stop serving);
+* on SIGHUP, replaces the children one at a time with new ones (a deploy: they import the
+  app's code as it is now on disk): each new child must join the worker registry before the
+  one it replaces is sent SIGTERM (which finishes its activities, up to ``--grace``), so the
+  queues are served throughout. A new child that dies before joining (the new code does not
+  import, say) stops the reload: the children not replaced yet keep running the code they
+  started with, and the supervisor says why (:attr:`Supervisor.reload_error`);
 * forwards each child's stderr to its own, line by line, but for the child's
   ``error: ...`` line, which it says in its own line about that child's end;
 * sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
@@ -67,6 +73,9 @@ GIVE_UP_KILL_AFTER = 10.0
 DRAIN_S = 1.0
 #: The prefix of the one line the ``durable`` command prints when it fails.
 ERROR_PREFIX = "error: "
+#: Longest wait, in a reload, for a new child to join the registry before the reload stops
+#: (an app whose import hangs must not leave the supervisor half-way for ever).
+RELOAD_JOIN_S = 120.0
 
 
 @dataclass
@@ -94,6 +103,15 @@ class _Slot:
     said: _Said = field(default_factory=_Said)
 
 
+@dataclass
+class _Reload:
+    """A SIGHUP's replacement of the children, one slot at a time."""
+
+    index: int = 0  # the slot being replaced
+    new: _Slot | None = None  # its replacement, started and not joined yet
+    replaced: int = 0
+
+
 class Supervisor:
     """Start ``processes`` copies of ``argv`` and keep them running until a signal.
 
@@ -113,6 +131,9 @@ class Supervisor:
         startup_error: Set when the supervisor gave up because no child could start: the
             last one's ``error: ...`` line (or one saying how it ended); :meth:`run` then
             returns 1.
+        reloads: Reloads (SIGHUP, :meth:`reload`) that replaced every child.
+        reload_error: Why the last reload stopped before it replaced every child (``None``:
+            it did not): the new child's ``error: ...`` line, or how it ended.
     """
 
     def __init__(
@@ -149,6 +170,11 @@ class Supervisor:
         self.startup_error: str | None = None
         self._last_failure = ""
         self._output_lock = threading.Lock()
+        self.reloads = 0
+        self.reload_error: str | None = None
+        self._reload_asked = False  # set by SIGHUP (a signal handler only sets it)
+        self._reload: _Reload | None = None
+        self._retiring: list[tuple[_Slot, subprocess.Popen[bytes]]] = []  # replaced, stopping
 
     # ------------------------------------------------------------ children
     def _spawn(self, slot: _Slot) -> None:
@@ -230,13 +256,18 @@ class Supervisor:
         if self.metrics_dir is not None:
             metrics.process_dead(proc.pid, self.metrics_dir)
 
+    def _children(self) -> list[subprocess.Popen[bytes]]:
+        """Every child still running: the slots', a reload's new one, the replaced ones."""
+        slots = [*self.slots, *([self._reload.new] if self._reload and self._reload.new else [])]
+        procs = [slot.proc for slot in slots if slot.proc is not None]
+        return [proc for proc in procs + [proc for _, proc in self._retiring] if proc.poll() is None]
+
     def _forward(self, signum: int) -> None:
-        for slot in self.slots:
-            if slot.proc is not None and slot.proc.poll() is None:
-                try:
-                    slot.proc.send_signal(signum)
-                except ProcessLookupError:
-                    pass
+        for proc in self._children():
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Stop: forward ``signum`` to the children; :meth:`run` returns once they are gone."""
@@ -254,6 +285,12 @@ class Supervisor:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, lambda _signum, _frame: self.reload())
+
+    def reload(self) -> None:
+        """Replace every child with a new one, one at a time (what SIGHUP does; see the module
+        docstring). Asked during a reload, another follows it."""
+        self._reload_asked = True
 
     # ----------------------------------------------------------------- loop
     def run(self) -> int:
@@ -300,10 +337,13 @@ class Supervisor:
                     self.restarts += 1
                     self._spawn(slot)
                     alive += 1
+            self._reap_retired()
+            if self.stopping_since is None:
+                self._step_reload(now)
             if self.stopping_since is None and self._cannot_start():
                 self._give_up()
             if self.stopping_since is not None:
-                if alive == 0:
+                if alive == 0 and not self._children():
                     return 1 if failed or self.startup_error is not None else 0
                 if self.kill_after is not None and now - self.stopping_since > self.kill_after:
                     log.warning(
@@ -311,6 +351,84 @@ class Supervisor:
                     )
                     self._forward(signal.SIGKILL)
             time.sleep(self.poll_interval)
+
+    # --------------------------------------------------------------- reload
+    def _step_reload(self, now: float) -> None:
+        """Move a reload on: start a slot's new child, or swap it in once it joined."""
+        if self._reload is None:
+            if not self._reload_asked:
+                return
+            self._reload_asked, self._reload, self.reload_error = False, _Reload(), None
+            log.info("reload: replacing %d worker processes one at a time", len(self.slots))
+        reload = self._reload
+        if reload.index == len(self.slots):
+            self.reloads += 1
+            self._reload = None
+            log.info("reload done: %d worker processes replaced", reload.replaced)
+            return
+        slot = self.slots[reload.index]
+        if reload.new is None:
+            if slot.proc is None:  # dead, its restart due: that starts the new code anyway
+                reload.index += 1
+                return
+            reload.new = _Slot(slot.index)
+            self._spawn(reload.new)
+            return
+        new = reload.new
+        assert new.proc is not None
+        self._check_joined(new)
+        if new.joined:
+            self.slots[reload.index] = new
+            reload.new, reload.index, reload.replaced = None, reload.index + 1, reload.replaced + 1
+            if slot.proc is not None:
+                log.info(
+                    "reload: worker process %d (pid %d) joined; stopping pid %d (it finishes its "
+                    "activities first)",
+                    new.index,
+                    new.proc.pid,
+                    slot.proc.pid,
+                )
+                self._retiring.append((slot, slot.proc))
+                with contextlib.suppress(ProcessLookupError):
+                    slot.proc.send_signal(signal.SIGTERM)
+            return
+        code = new.proc.poll()
+        if code is None and now - new.started < RELOAD_JOIN_S:
+            return  # still starting
+        if code is None:
+            new.proc.kill()
+            code = new.proc.wait()
+            ended = f"did not join within {RELOAD_JOIN_S:.0f} s"
+        else:
+            ended = f"exited with {code} before it joined"
+        self._reap(new, new.proc)
+        said = new.said.error or (f"its last output: {new.said.last_line}" if new.said.last_line else "")
+        self.reload_error = mask_secrets(f"the new worker process {ended}" + (f" ({said})" if said else ""))
+        self._reload = None
+        log.error(
+            "reload stopped: %s; %d of %d worker processes replaced, the others keep the code they "
+            "started with (fix the code, then send SIGHUP again)",
+            self.reload_error,
+            reload.replaced,
+            len(self.slots),
+        )
+
+    def _reap_retired(self) -> None:
+        """Done with the children a reload replaced once they have stopped."""
+        for slot, proc in list(self._retiring):
+            code = proc.poll()
+            if code is None:
+                continue
+            self._retiring.remove((slot, proc))
+            self._reap(slot, proc)
+            clean = code == 0 or code == -signal.SIGTERM
+            (log.info if clean else log.warning)(
+                "reload: the replaced worker process %d (pid %d) exited with %d%s",
+                slot.index,
+                proc.pid,
+                code,
+                _said(slot),
+            )
 
     def _schedule_restart(self, slot: _Slot, pid: int, code: int, now: float) -> None:
         """A child died unasked: when to start its slot's next one (and say why)."""

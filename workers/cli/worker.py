@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -249,7 +250,10 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     SIGTERM/SIGINT: stop claiming, let running activities finish (up to --grace), exit 0; a
     stop still unfinished 5 s later (workflow code that never returns) exits 75. A decision past
     --decision-timeout blocks its run and exits 70: run workers under a supervisor
-    (--processes N, systemd) to have them restarted.
+    (--processes N, systemd) to have them restarted. SIGHUP, with --processes N > 1: a deploy
+    without a gap; the processes are replaced one at a time by new ones (the code on disk now),
+    each new one serving before the old one stops; one that cannot start stops the reload and
+    leaves the others running.
     """
     find_apps(options["apps"])  # a typo must not start an embedded Redis first
     store = _open_store(state)
@@ -283,6 +287,9 @@ def worker_process(state: CliState) -> None:
         raise CliError(str(exc)) from None
     configure_logging(config)
     state.url = config.redis_url
+    # A terminal's hangup reaches the whole process group: what SIGHUP means (a reload, which
+    # replaces this process once its successor joined) is the supervisor's to carry out.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     run_worker(config, _open_store(state), on_joined=_join_report())
 
 
