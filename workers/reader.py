@@ -178,6 +178,12 @@ class TaskReader:
             raise ReadLost("no reply to a blocking read within its timeout")
         return ready
 
+    def unblock(self) -> None:
+        """End the outstanding reads now rather than at their timeout (the worker is stopping:
+        it takes no new tasks, and the tasks they were delivered still come in their replies)."""
+        for r in self._reads.values():
+            r.unblock()
+
     def close(self) -> None:
         """Drop the connections (an outstanding read's entries stay pending for reclaim)."""
         self._reset()

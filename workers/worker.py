@@ -327,6 +327,7 @@ class Worker:
                 else:
                     if self._outage.recovered():
                         self.scheduler.rejoin()  # its registry entry may have lapsed meanwhile
+            self.reader.unblock()  # a stopping worker takes no new task (old code, in a deploy)
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it

@@ -39,16 +39,23 @@ class GroupRead:
             the connection goes to.
     """
 
-    __slots__ = ("client", "conn", "outstanding", "deadline")
+    __slots__ = ("client", "conn", "outstanding", "deadline", "client_id", "_id_of")
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.conn: Any = client.connection_pool.make_connection()
         self.outstanding = False
         self.deadline = 0.0
+        self.client_id: int | None = None  # the connection's CLIENT ID, for :meth:`unblock`
+        self._id_of: Any = None  # the socket it is the id of (a reconnect gets a new one)
 
     def send(self, consumer: str, streams: list[str], count: int, block_ms: int) -> None:
         """Send a read of up to ``count`` new tasks per stream, blocking up to ``block_ms``."""
+        if self.conn._sock is None:
+            self.conn.connect()
+        if self._id_of is not self.conn._sock:  # once per connection: a round trip of its own
+            self.conn.send_command("CLIENT", "ID")
+            self.client_id, self._id_of = int(self.conn.read_response()), self.conn._sock
         args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
         args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
         self.conn.send_command(*args)
@@ -76,6 +83,18 @@ class GroupRead:
             (_text(stream), [(_text(entry_id), fields) for entry_id, fields in entries])
             for stream, entries in raw or ()
         ]
+
+    def unblock(self) -> None:
+        """End the outstanding read now, as if its BLOCK had timed out, with ``CLIENT UNBLOCK``
+        sent on another connection (a stopping worker takes no new task meanwhile); tasks it was
+        delivered before still come in its reply. Best effort: where Redis refuses (an ACL
+        user without CLIENT), the read ends at its timeout, as it did without this."""
+        if not self.outstanding or self.client_id is None:
+            return
+        try:
+            self.client.client_unblock(self.client_id)
+        except redis.RedisError:
+            pass
 
     def close(self) -> None:
         """Drop the connection (an outstanding read's entries stay pending for reclaim)."""

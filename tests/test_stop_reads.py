@@ -1,0 +1,54 @@
+"""A stopping worker ends its blocking task reads at once (``CLIENT UNBLOCK``), instead of
+leaving them to wait out their BLOCK: it takes no new task after its stop signal (in a deploy,
+a new run would otherwise start on the old code), and it stops sooner."""
+
+from __future__ import annotations
+
+import time
+
+from apps.basic import Sequence
+
+from durable import WorkflowStub
+from durable.store.keys import GROUP
+from durable.store.redis_store import RedisStore
+from workers.reader import TaskReader
+from workers.worker import Worker, WorkerThread
+
+
+def test_an_unblocked_read_returns_at_once_and_takes_no_task_added_after(store: RedisStore) -> None:
+    stream = store.keys.workflow_tasks(0, "stop-reads")
+    store.ensure_groups([stream])
+    reader = TaskReader(store.open_read, "c", group_of=store.read_group)
+    try:
+        assert reader.read({"lane": ([stream], 10)}, block_ms=30_000, wait=False) is None  # outstanding
+        started = time.monotonic()
+        reader.unblock()
+        reply = reader.read({}, block_ms=30_000)
+        assert time.monotonic() - started < 2, "the read waited out its BLOCK"
+        assert reply == [("lane", [])]
+        store.redis.xadd(stream, {"run": "r"})
+        time.sleep(0.1)
+        assert store.redis.xpending(stream, GROUP)["pending"] == 0  # delivered to no one
+    finally:
+        reader.close()
+
+
+def test_a_stopping_worker_ends_its_reads_and_leaves_a_new_run_to_the_next_worker(
+    store: RedisStore,
+) -> None:
+    worker = Worker(store, grace=5, block_ms=30_000)
+    thread = WorkerThread(worker)
+    thread.__enter__()
+    time.sleep(0.5)  # idle, in a read that would block for another ~29 s
+    started = time.monotonic()
+    worker.stop()
+    thread.thread.join(timeout=40)
+    took = time.monotonic() - started
+    assert not thread.thread.is_alive()
+    assert took < 5, f"the stop took {took:.1f} s: it waited for its blocking reads to time out"
+
+    stub = WorkflowStub.make(Sequence, store=store).start(3)
+    time.sleep(0.3)
+    assert stub.status() == "pending"  # no stopped worker's read took its task
+    with WorkerThread(Worker(store, grace=5, block_ms=100)):
+        assert stub.result(timeout=30) == 0 + 1 + 2
