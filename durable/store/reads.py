@@ -55,7 +55,11 @@ class GroupRead:
             self.conn.connect()
         if self._id_of is not self.conn._sock:  # once per connection: a round trip of its own
             self.conn.send_command("CLIENT", "ID")
-            self.client_id, self._id_of = int(self.conn.read_response()), self.conn._sock
+            try:
+                self.client_id = int(self.conn.read_response())
+            except rexc.ResponseError:  # an ACL without CLIENT (docs/security.md's recipe)
+                self.client_id = None
+            self._id_of = self.conn._sock
         args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
         args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
         self.conn.send_command(*args)
