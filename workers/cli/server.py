@@ -55,7 +55,7 @@ def server(
     log_level: str,
     log_format: str,
 ) -> None:
-    """Serve the HTTP API (/api/v1, /healthz) for this Redis and namespace.
+    """Serve the web UI (/) and the HTTP API (/api/v1, /healthz) for this Redis and namespace.
 
     Without tokens (--auth-file or $DURABLE_SERVER_TOKENS) it listens on loopback only.
     Needs the server extra: pip install 'durable[server]'.
