@@ -105,3 +105,21 @@ def test_the_cli_lines_the_docs_show_name_real_commands_and_options() -> None:
         line: (names, sorted(files)) for line, files in _mentions().items() if (names := _unknown_names(line))
     }
     assert not stale, f"docs name commands or options the CLI does not have: {stale}"
+
+
+def test_the_python_examples_of_the_docs_are_valid_python() -> None:
+    """The ```python blocks of the guides and the README (not api.md's signatures) parse."""
+    import ast
+    import textwrap
+
+    broken = []
+    for path in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]:
+        if path.name == "api.md":
+            continue
+        text = path.read_text()
+        for block in re.finditer(r"```python\n(.*?)```", text, re.S):
+            try:
+                ast.parse(textwrap.dedent(block.group(1)))
+            except SyntaxError as exc:
+                broken.append(f"{path.name}:{text[: block.start()].count(chr(10)) + 1}: {exc.msg}")
+    assert not broken, broken
