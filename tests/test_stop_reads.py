@@ -5,8 +5,9 @@ a new run would otherwise start on the old code), and it stops sooner."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from apps.basic import Sequence
+from apps.basic import Sequence, SlowSteps
 
 from durable import WorkflowStub
 from durable.store.keys import GROUP
@@ -52,3 +53,32 @@ def test_a_stopping_worker_ends_its_reads_and_leaves_a_new_run_to_the_next_worke
     assert stub.status() == "pending"  # no stopped worker's read took its task
     with WorkerThread(Worker(store, grace=5, block_ms=100)):
         assert stub.result(timeout=30) == 0 + 1 + 2
+
+
+def test_a_result_that_comes_while_the_worker_stops_is_recorded_at_once(
+    store: RedisStore, tmp_path: Path
+) -> None:
+    """A stopping worker lets its running activities finish (up to --grace). A short one's result
+    was recorded only once the slowest was done too: its run waited for the whole stop, shown
+    as still running on that worker."""
+    journal = str(tmp_path / "journal")
+    stopping = Worker(store, grace=30, block_ms=100, concurrency=4)
+    thread = WorkerThread(stopping)
+    thread.__enter__()
+    short = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 0.5)
+    long = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 8.0)
+    wait_for(lambda: Path(journal).exists() and Path(journal).read_text().count("start") == 2)
+    stopping.stop()  # both are running on its threads
+    with WorkerThread(Worker(store, grace=5, block_ms=100, sticky_timeout_ms=200)):
+        assert short.result(timeout=5) == ["s0", "end"]
+        assert thread.thread.is_alive(), "the stopping worker is still finishing the long one"
+        assert long.result(timeout=30) == ["s0", "end"]
+    thread.thread.join(timeout=30)
+    assert not thread.thread.is_alive()
+
+
+def wait_for(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)

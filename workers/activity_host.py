@@ -480,13 +480,17 @@ class ActivityHost:
 
     # ------------------------------------------------------------ shutdown
     def finish(self, grace: float) -> None:
-        """Let running attempts finish (up to ``grace`` seconds), record what is in hand, stop
-        the threads."""
+        """Let running attempts finish (up to ``grace`` seconds), recording each result as it
+        comes (through the inbox: no more decisions are made here), and stop the threads."""
         # Tasks no thread started go back to their streams now, for the workers that go on.
         self._give_back(None)
         began = time.time()
         deadline, look = began + grace, began + 1.0
+        unrecorded: list[AttemptOutcome] = []
         while self.busy and time.time() < deadline:
+            # Recorded now, not once the slowest attempt is done: its run would wait for the
+            # whole stop (up to the grace), shown as still running on this worker.
+            unrecorded = self._record_on_stop(unrecorded)
             if time.time() >= look:  # about once a second: it reads the runs of long attempts
                 look = time.time() + 1.0
                 if self.hung.all_abandoned():
@@ -498,15 +502,12 @@ class ActivityHost:
                     )
                     break
             time.sleep(0.05)
-        # Results handed to the main thread but not yet recorded: record them through the
-        # inbox now (no more decisions are made here).
-        pending = list(self.completed)
-        pending += [completion(r) for r in self.eager_done]
-        if pending:
-            try:
-                complete_batch(self.store, pending)
-            except Exception:  # noqa: BLE001 - their tasks or leases are retried elsewhere
-                log.exception("could not record %d finished activities on shutdown", len(pending))
+        if unrecorded := self._record_on_stop(unrecorded):
+            log.error(
+                "could not record %d finished activities on shutdown (Redis unavailable?); they run "
+                "again elsewhere (after --claim-idle, or once their lease lapses)",
+                len(unrecorded),
+            )
         if self.busy:
             log.warning(
                 "%d activities still running after %.0f s; their tasks go back to their queues (leased "
@@ -515,6 +516,23 @@ class ActivityHost:
                 time.time() - began,
             )
         self._pool.shutdown()
+
+    def _record_on_stop(self, unrecorded: list[AttemptOutcome]) -> list[AttemptOutcome]:
+        """Record the results handed over since, with ``unrecorded`` (a try that failed);
+        returns what is still unrecorded (tried again on the next call)."""
+        batch = list(unrecorded)
+        while self.completed:
+            batch.append(self.completed.popleft())
+        while self.eager_done:
+            batch.append(completion(self.eager_done.popleft()))
+        if not batch:
+            return []
+        try:
+            complete_batch(self.store, batch)
+        except Exception as exc:  # noqa: BLE001 - said once, at the end, if it keeps failing
+            log.debug("recording %d results on shutdown failed (tried again): %s", len(batch), exc)
+            return batch
+        return []
 
 
 def _returnable(queued: Queued) -> ActivityTask | None:
