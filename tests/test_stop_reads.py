@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from apps.basic import Sequence, SlowSteps
+from apps.basic import Sequence, SlowSteps, Waiter
 
 from durable import WorkflowStub
 from durable.store.keys import GROUP
@@ -55,22 +55,28 @@ def test_a_stopping_worker_ends_its_reads_and_leaves_a_new_run_to_the_next_worke
         assert stub.result(timeout=30) == 0 + 1 + 2
 
 
-def test_a_result_that_comes_while_the_worker_stops_is_recorded_at_once(
+def test_what_comes_for_a_stopping_workers_runs_goes_to_the_workers_that_go_on(
     store: RedisStore, tmp_path: Path
 ) -> None:
     """A stopping worker lets its running activities finish (up to --grace). A short one's result
     was recorded only once the slowest was done too: its run waited for the whole stop, shown
-    as still running on that worker."""
+    as still running on that worker. And the workflow tasks of its runs (that result's, a
+    signal's) went to its private stream, where nothing read them until --sticky-timeout."""
     journal = str(tmp_path / "journal")
     stopping = Worker(store, grace=30, block_ms=100, concurrency=4)
     thread = WorkerThread(stopping)
     thread.__enter__()
+    waiter = WorkflowStub.make(Waiter, store=store).start(0)
     short = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 0.5)
     long = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 8.0)
     wait_for(lambda: Path(journal).exists() and Path(journal).read_text().count("start") == 2)
-    stopping.stop()  # both are running on its threads
-    with WorkerThread(Worker(store, grace=5, block_ms=100, sticky_timeout_ms=200)):
-        assert short.result(timeout=5) == ["s0", "end"]
+    wait_for(lambda: waiter.status() == "suspended")  # decided here: sticky to this worker
+    stopping.stop()  # both activities are running on its threads
+    # The next worker, with the default --sticky-timeout (5 s).
+    with WorkerThread(Worker(store, grace=5, block_ms=100)):
+        assert short.result(timeout=3) == ["s0", "end"]
+        waiter.signal("go", "now")
+        assert waiter.result(timeout=3) == "now"
         assert thread.thread.is_alive(), "the stopping worker is still finishing the long one"
         assert long.result(timeout=30) == ["s0", "end"]
     thread.thread.join(timeout=30)

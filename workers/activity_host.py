@@ -479,9 +479,11 @@ class ActivityHost:
             log.exception("activity task %s on %s could not be parked either", entry_id, stream)
 
     # ------------------------------------------------------------ shutdown
-    def finish(self, grace: float) -> None:
+    def finish(self, grace: float, meanwhile: Callable[[], None] = lambda: None) -> None:
         """Let running attempts finish (up to ``grace`` seconds), recording each result as it
-        comes (through the inbox: no more decisions are made here), and stop the threads."""
+        comes (through the inbox: no more decisions are made here), and stop the threads.
+        ``meanwhile`` is called after each recording (the worker hands its runs' new workflow
+        tasks to other workers)."""
         # Tasks no thread started go back to their streams now, for the workers that go on.
         self._give_back(None)
         began = time.time()
@@ -491,6 +493,7 @@ class ActivityHost:
             # Recorded now, not once the slowest attempt is done: its run would wait for the
             # whole stop (up to the grace), shown as still running on this worker.
             unrecorded = self._record_on_stop(unrecorded)
+            meanwhile()
             if time.time() >= look:  # about once a second: it reads the runs of long attempts
                 look = time.time() + 1.0
                 if self.hung.all_abandoned():
@@ -502,7 +505,9 @@ class ActivityHost:
                     )
                     break
             time.sleep(0.05)
-        if unrecorded := self._record_on_stop(unrecorded):
+        unrecorded = self._record_on_stop(unrecorded)
+        meanwhile()
+        if unrecorded:
             log.error(
                 "could not record %d finished activities on shutdown (Redis unavailable?); they run "
                 "again elsewhere (after --claim-idle, or once their lease lapses)",

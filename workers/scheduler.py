@@ -231,6 +231,18 @@ class Scheduler:
             self._next_sweep = now + wait / 1000
         return self._next_sweep
 
+    def hand_back_own(self) -> None:
+        """This worker is stopping (it reads no more tasks): the workflow tasks of its runs that
+        land in its private stream meanwhile (their results recorded as its last activities
+        finish, signals) go to the runs' queues at once for the workers that go on, and the
+        runs stop being sticky to it, instead of waiting there for the sticky timeout."""
+        if not self.session_queue:
+            return
+        try:
+            self.store.sweep_sticky(0, host=self.session_queue)
+        except Exception as exc:  # noqa: BLE001 - the others' sweeps move them after the timeout
+            log.debug("could not hand back this worker's sticky tasks while stopping: %s", exc)
+
     def _expire_attempts(self, p: int, now_ms: int) -> None:
         own = set(self.leases())
         for rid, aid, attempt in self.store.expired_attempts(p, now_ms):

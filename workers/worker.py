@@ -373,7 +373,7 @@ class Worker:
     def _shutdown(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
-        self.activities.finish(self.grace)
+        self.activities.finish(self.grace, meanwhile=self.scheduler.hand_back_own)
         self._requeue_unread()
         self._leave()
         self._forget_consumer()

@@ -73,14 +73,17 @@ class LeaseStore(StoreBase):
         ]
         return int(self._run_script("unstick", keys, [host]))
 
-    def sweep_sticky(self, timeout_ms: int, limit: int = 100) -> tuple[int, int | None]:
+    def sweep_sticky(self, timeout_ms: int, limit: int = 100, *, host: str = "") -> tuple[int, int | None]:
         """Hand back to their runs' queues the workflow tasks that waited unread in any worker's
         private stream for ``timeout_ms`` (its worker died with its lease still running, or is
-        stuck): one script per partition (``lua/sweep_sticky.lua``), one round trip.
+        stuck): one script per partition (``lua/sweep_sticky.lua``), one round trip. With
+        ``host``, only that worker's stream (a stopping worker's own, with ``timeout_ms`` 0).
 
         Returns ``(tasks moved, ms until the oldest unread task left times out, or None)``.
         """
-        calls = [([self.keys.sticky_hosts(p)], [timeout_ms, limit]) for p in range(self.keys.partitions)]
+        calls = [
+            ([self.keys.sticky_hosts(p)], [timeout_ms, limit, host]) for p in range(self.keys.partitions)
+        ]
         moved, waits = 0, []
         for reply in self._script_many("sweep_sticky", calls, raise_on_error=True):
             moved += int(reply[0])

@@ -5,10 +5,13 @@
 -- them) stay: it is deciding them (its own reclaim retries one it could not finish, e.g. a
 -- commit refused at maxmemory), and unstick.lua moves them once its lease lapses.
 -- Stream entry ids are Redis-time milliseconds: an entry's id says how long it has waited.
+-- A stopping worker sweeps its own stream with timeout 0 while it finishes its activities:
+-- tasks for its runs (their results, signals) go to the runs' queues at once, and the runs stop
+-- being sticky to it, instead of waiting there for the timeout.
 -- KEYS: sticky hosts set (T:sticky)
--- ARGV: timeout ms, most tasks to move in this call
+-- ARGV: timeout ms, most tasks to move in this call, only this host ('' : every host)
 -- Returns {tasks moved, ms until the oldest unread task left times out (-1: none waits)}
-local hosts, timeout, limit = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local hosts, timeout, limit, only = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] or ''
 local tag = string.match(hosts, '^(.-{%d+})')
 local now = real_now_ms()
 local cutoff = now - timeout
@@ -29,7 +32,7 @@ end
 
 for _, host in ipairs(redis.call('SMEMBERS', hosts)) do
   local stream = tag .. ':wq:' .. host
-  if redis.call('EXISTS', stream) == 1 then
+  if (only == '' or host == only) and redis.call('EXISTS', stream) == 1 then
     local after = '(' .. last_read(stream)
     if moved < limit and cutoff >= 0 then
       for _, entry in ipairs(redis.call('XRANGE', stream, after, string.format('%d', cutoff), 'COUNT', limit - moved)) do
