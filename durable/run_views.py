@@ -63,7 +63,9 @@ def _pending_with_attempts(
     now_ms = store.server_time_ms() if begun and live else None
     kids = [str(s["workflow_id"]) for s in pending if s.get("kind") == "child" and s.get("workflow_id")]
     statuses = dict(zip(kids, store.instance_statuses(kids), strict=True))
-    steps = with_attempts(pending, begun, {w.name: w.seen for w in live}, now_ms, starved_queues(live))
+    seen = {w.name: w.seen for w in live}
+    stopping = {w.name for w in live if w.stopping}
+    steps = with_attempts(pending, begun, seen, now_ms, starved_queues(live), stopping)
     return with_children(steps, statuses, why)
 
 

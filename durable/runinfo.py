@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,6 +243,7 @@ def with_attempts(
     live: Mapping[str, int],
     now_ms: int | None = None,
     starved: Mapping[str, str] | None = None,
+    stopping: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
     ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
@@ -256,7 +257,8 @@ def with_attempts(
 
     ``starved``: per queue whose live workers have no usable activity thread (all held by hung
     activities: :func:`durable.store.held.starved_queues`), why; a step not begun on such a queue
-    gets it as ``starved``, and its ``state`` says it."""
+    gets it as ``starved``, and its ``state`` says it. ``stopping``: the live workers that are
+    stopping (an attempt running on one is finished there first)."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
@@ -272,7 +274,7 @@ def with_attempts(
                 "worker_alive": alive,
                 "heartbeat_age_s": age,
                 "backlog": b.backlog,
-                "state": _attempt_state(b, alive, step.get("queue") or "?", age),
+                "state": _attempt_state(b, alive, step.get("queue") or "?", age, b.worker in stopping),
             }
             why = (starved or {}).get(str(step.get("queue"))) if not b.worker else None
             if why:
@@ -311,12 +313,16 @@ def _child_state(child_id: str, status: str | None) -> str:
     return f"child {child_id}: {status} (its outcome reaches this run with its next decision)"
 
 
-def _attempt_state(b: AttemptBegun, alive: bool | None, queue: str, heartbeat_age_s: float | None) -> str:
+def _attempt_state(
+    b: AttemptBegun, alive: bool | None, queue: str, heartbeat_age_s: float | None, stopping: bool = False
+) -> str:
     if not b.worker:
         return _not_begun(b, queue)
     if alive:
         since = utc_text(b.started_ms)
         state = f"attempt {b.attempt}: running on {b.worker} since {since} UTC"
+        if stopping:
+            state += " (that worker is stopping: it finishes this attempt first, up to its --grace)"
         if heartbeat_age_s is not None and heartbeat_age_s > 2 * HEARTBEAT_S:
             state += (
                 f", but that worker's last heartbeat was {heartbeat_age_s:.0f} s ago (one comes every "

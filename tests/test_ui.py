@@ -23,6 +23,7 @@ from waiting import wait_for
 from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.store.connect import flush_database
 from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
 from workers.worker import Worker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -366,6 +367,15 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     rows = {r.split("\t")[0]: r for r in page.locator("#queues tbody tr").all_inner_texts()}
     assert "none serves it" in rows["billing"] and "none serves it" not in rows["default"], rows
     ui.shot(page, "workers")
+    # A worker that is stopping (its registry entry says since when) gets a badge saying so.
+    now = ui.store.server_time_ms()
+    entry = WorkerInfo(name="ui-stopping-1", queues=("ui-stopping",), started=now, seen=now, stopping=now)
+    ui.store.register_worker(entry)
+    try:
+        page.reload()
+        page.wait_for_selector("#workers tbody tr:has-text('ui-stopping-1') .badge.stopping")
+    finally:
+        ui.store.unregister_worker(entry.name)
 
     page.goto(ui.open.url + "/schedules")
     page.wait_for_selector("#schedules tr[data-id=ui-sched]")

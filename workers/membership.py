@@ -114,6 +114,13 @@ class Membership:
                     )
         self.heartbeat(register=False)
 
+    def stopping(self) -> None:
+        """Say in the registry entry that this worker is stopping (it takes no new task, and
+        finishes its running activities first): the views count it out at once. The scheduler's
+        heartbeats keep saying so until :meth:`leave`."""
+        self.info = replace(self.info, stopping=self.store.server_time_ms())
+        self._register()
+
     def leave(self) -> None:
         """Remove the registry entry at once (a graceful stop): others fail over now."""
         self.store.unregister_worker(self.info.name)

@@ -20,6 +20,7 @@ this worker lacks is left for a worker that has it (``routing.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -328,6 +329,8 @@ class Worker:
                     if self._outage.recovered():
                         self.scheduler.rejoin()  # its registry entry may have lapsed meanwhile
             self.reader.unblock()  # a stopping worker takes no new task (old code, in a deploy)
+            with contextlib.suppress(Exception):  # the views count it out; not if Redis is down
+                self.membership.stopping()
             while self.reader.outstanding:
                 # Tasks delivered to the last read are ours: finish them rather than leave
                 # them to a reclaim after --claim-idle. No read may stay outstanding, or it

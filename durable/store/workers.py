@@ -77,6 +77,9 @@ class WorkerInfo:
         sticky_timeout_ms: Its ``--sticky-timeout``: how long a workflow task waits on a gone
             worker's private queue before this one moves it to the run's queue (0: not said,
             or only once that worker's lease lapses).
+        stopping: When its stop began (Redis time, ms; 0: it is not stopping). A stopping worker
+            takes no new task; it finishes its running activities (up to its ``--grace``), then
+            leaves the registry.
     """
 
     name: str
@@ -96,6 +99,7 @@ class WorkerInfo:
     stuck: tuple[str, ...] = ()
     claim_idle_ms: int = 0
     sticky_timeout_ms: int = 0
+    stopping: int = 0
 
     @property
     def builds(self) -> set[str]:
@@ -214,9 +218,20 @@ def _listed(workers: list[WorkerInfo], kind: str) -> str:
 
 def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
     """Why no live worker can move an open run: :func:`no_live_worker_reason` for a run pinned
-    to a build, :func:`no_worker_on_queue_reason` for the others (``None``: one can)."""
+    to a build, :func:`no_worker_on_queue_reason` for the others (``None``: one can). Stopping
+    workers take no new task: they do not count, and the reason names those of the run's queues."""
     live = list(live)
-    return no_live_worker_reason(record, live) or no_worker_on_queue_reason(record, live)
+    taking = [w for w in live if not w.stopping]
+    reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(record, taking)
+    if reason is None:
+        return None
+    pending = (record.get("snapshot") or {}).get("pending") or ()
+    queues = {str(s["queue"]) for s in pending if s.get("queue")} | {str(record.get("queue") or "default")}
+    stopping = [w.name for w in live if w.stopping and queues & set(w.queues)]
+    if stopping:
+        who = f"worker {stopping[0]} is" if len(stopping) == 1 else f"workers {', '.join(stopping)} are"
+        reason += f" ({who} stopping: finishing running activities, taking no new task)"
+    return reason
 
 
 def served_queues(live: Iterable[WorkerInfo]) -> list[str]:

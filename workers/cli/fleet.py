@@ -167,6 +167,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             # How soon it takes over what a gone worker left (None: its release does not say).
             "claim_idle_ms": w.claim_idle_ms or None,
             "sticky_timeout_ms": w.sticky_timeout_ms if w.claim_idle_ms else None,
+            # Stopping: it takes no new task, finishes its running activities, then leaves.
+            "stopping_since": w.stopping or None,
         }
         for w in live
     ]
@@ -197,9 +199,16 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
             ", ".join(w["workflows"]),
             ", ".join(w["activities"]),
             _threads_cell(w),
-            f"{w['heartbeat_age_s']} s ago",
+            f"{w['heartbeat_age_s']} s ago" + _stopping_note(w),
         )
     return table
+
+
+def _stopping_note(w: dict[str, Any]) -> str:
+    if not w["stopping_since"]:
+        return ""
+    now = w["last_heartbeat"] + w["heartbeat_age_s"] * 1000
+    return f"\nstopping for {max(0, now - w['stopping_since']) / 1000:.0f} s: finishing its activities, no new task"
 
 
 def _threads_cell(w: dict[str, Any]) -> Text | str:
