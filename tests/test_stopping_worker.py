@@ -18,6 +18,7 @@ from pathlib import Path
 
 from apps.basic import Sequence, SlowSteps, Waiter
 from procs import durable_cli, spawn_worker, stop
+from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.runinfo import with_attempts
@@ -111,14 +112,6 @@ def test_a_stopping_worker_does_not_serve_its_queue_in_the_views() -> None:
     begun = {"1": AttemptBegun(attempt=1, worker="w1", started_ms=1)}
     state = with_attempts([step], begun, {"w1": 1}, stopping={"w1"})[0]["state"]
     assert state.endswith("(that worker is stopping: it finishes this attempt first, up to its --grace)")
-
-
-def wait_for(predicate, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return value
 
 
 def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore, tmp_path: Path) -> None:

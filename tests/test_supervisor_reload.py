@@ -14,20 +14,11 @@ from pathlib import Path
 
 import pytest
 from procs import ROOT, TESTS, stop
+from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.supervisor import READY_FD_ENV, Supervisor
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)
-    return value
-
 
 # A child that takes a while to start, says when it joined and when it was asked to stop (the
 # system's monotonic clock: comparable between processes), and fails to start while `broken`
