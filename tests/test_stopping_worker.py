@@ -146,3 +146,22 @@ def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore
         assert [a["outcome"] for a in running.describe().attempts] == ["completed"]
     finally:
         stop(proc)
+
+
+def test_a_hangup_stops_a_single_worker_as_sigterm_does(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """SIGHUP (a terminal closed, a service manager's reload) ended a worker process at once,
+    its running activity cut short (run again after --claim-idle). A single worker cannot reload
+    itself (`--processes N` can): it stops gracefully instead, finishing the activity first."""
+    journal = str(tmp_path / "journal")
+    proc = spawn_worker(redis_url)
+    try:
+        running = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 2.0)
+        wait_for(lambda: Path(journal).exists() and "start" in Path(journal).read_text())
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=20) == 0
+        assert [a["outcome"] for a in running.describe().attempts] == ["completed"]
+        assert b"received SIGHUP: finishing in-flight work" in proc.stderr.read()
+    finally:
+        stop(proc)

@@ -11,7 +11,7 @@ One worker process has:
 * ``concurrency`` **activity threads** (``activity_host.py`` over ``threads.py``);
 * the **scheduler** thread (``scheduler.py``), which also keeps the worker's lease alive.
 
-SIGTERM/SIGINT: stop claiming, let in-flight activities finish (up to ``grace`` seconds), exit
+SIGTERM/SIGINT (and SIGHUP unless ignored): stop claiming, let in-flight activities finish (up to ``grace`` seconds), exit
 (at the latest ``grace`` + 5 s later, whatever the workflows do). A task still unfinished stays in
 the consumer group's pending list and another worker reclaims it: nothing is lost. A decision that
 runs workflow code past ``decision_timeout`` blocks its run (``watchdog.py``). A task of a type
@@ -300,6 +300,8 @@ class Worker:
         self._stop_deadline.start()
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup, or a supervisor's child
+            signal.signal(signal.SIGHUP, handler)  # a hangup drains too, rather than kill mid-activity
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""

@@ -69,7 +69,8 @@ def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], 
     # A stop signal while the app modules are imported must not kill the process
     # half-way: remember it and stop the worker as soon as it exists.
     early: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    hangup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else ()
+    for signum in (signal.SIGTERM, signal.SIGINT, *hangup):
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
     if config.gc_threshold:

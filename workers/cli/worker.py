@@ -253,7 +253,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     (--processes N, systemd) to have them restarted. SIGHUP, with --processes N > 1: a deploy
     without a gap; the processes are replaced one at a time by new ones (the code on disk now),
     each new one serving before the old one stops; one that cannot start stops the reload and
-    leaves the others running.
+    leaves the others running. A single process stops on SIGHUP as on SIGTERM.
     """
     find_apps(options["apps"])  # a typo must not start an embedded Redis first
     store = _open_store(state)
