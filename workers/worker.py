@@ -12,10 +12,11 @@ One worker process has:
 * the **scheduler** thread (``scheduler.py``), which also keeps the worker's lease alive.
 
 SIGTERM/SIGINT (and SIGHUP unless ignored): stop claiming, let in-flight activities finish (up
-to ``grace`` seconds), exit (at the latest ``grace`` + 5 s later, whatever the workflows do). A task still unfinished stays in
-the consumer group's pending list and another worker reclaims it: nothing is lost. A decision that
-runs workflow code past ``decision_timeout`` blocks its run (``watchdog.py``). A task of a type
-this worker lacks is left for a worker that has it (``routing.py``).
+to ``grace`` seconds), exit (at the latest ``grace`` + 5 s later, whatever the workflows do). A
+task still unfinished stays in the consumer group's pending list and another worker reclaims it:
+nothing is lost. A decision that runs workflow code past ``decision_timeout`` blocks its run
+(``watchdog.py``). A task of a type this worker lacks is left for a worker that has it
+(``routing.py``).
 """
 
 from __future__ import annotations
