@@ -15,9 +15,16 @@ ROOT = TESTS.parent
 
 
 def spawn_worker(
-    redis_url: str, *, app: str = "apps.basic", extra: tuple[str, ...] = (), env: dict | None = None
+    redis_url: str,
+    *,
+    app: str = "apps.basic",
+    extra: tuple[str, ...] = (),
+    env: dict | None = None,
+    hangup: object = None,
 ) -> subprocess.Popen:
-    """Start `durable worker` as a separate process (its own session, so a kill reaches only it)."""
+    """Start `durable worker` as a separate process (its own session, so a kill reaches only it).
+    ``hangup``: its SIGHUP disposition at start (``signal.SIG_DFL``, ``signal.SIG_IGN``; ``None``:
+    inherited from the tests, which ``nohup`` sets to ignored)."""
     environ = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
     environ.update(env or {})
     return subprocess.Popen(
@@ -27,6 +34,7 @@ def spawn_worker(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=None if hangup is None else (lambda: signal.signal(signal.SIGHUP, hangup)),  # type: ignore[arg-type]
     )
 
 

@@ -153,9 +153,19 @@ def test_a_hangup_stops_a_single_worker_as_sigterm_does(
 ) -> None:
     """SIGHUP (a terminal closed, a service manager's reload) ended a worker process at once,
     its running activity cut short (run again after --claim-idle). A single worker cannot reload
-    itself (`--processes N` can): it stops gracefully instead, finishing the activity first."""
+    itself (`--processes N` can): it stops gracefully instead, finishing the activity first.
+    Started with SIGHUP ignored (`nohup`), it keeps ignoring it."""
+    ignoring = spawn_worker(redis_url, hangup=signal.SIG_IGN)
+    try:
+        wait_for(lambda: any(w.pid == ignoring.pid for w in store.live_workers()))
+        ignoring.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert ignoring.poll() is None
+    finally:
+        assert stop(ignoring) == 0
+
     journal = str(tmp_path / "journal")
-    proc = spawn_worker(redis_url)
+    proc = spawn_worker(redis_url, hangup=signal.SIG_DFL)
     try:
         running = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 2.0)
         wait_for(lambda: Path(journal).exists() and "start" in Path(journal).read_text())
