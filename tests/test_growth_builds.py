@@ -72,7 +72,15 @@ def test_a_retired_builds_streams_go_and_its_pinned_run_loses_nothing(
     v1 = spawn_worker(redis_url, extra=("--build-id", "v1"))
     try:
         stub = WorkflowStub.make(Waiter, store=store).start(0.01)
-        wait_for(lambda: stub.snapshot()["build_id"] == "v1" and stub.status() == "suspended", timeout=30)
+        # Waiting on its signal, past its timer: a timer fired once v1 is gone would put a task
+        # in v1's stream, which then rightly stays (the run waits there for a v1 worker).
+        wait_for(
+            lambda: (
+                stub.snapshot()["build_id"] == "v1"
+                and [p["kind"] for p in stub.snapshot()["pending"]] == ["signal"]
+            ),
+            timeout=30,
+        )
     finally:
         stop(v1)
     assert existing(store, build_streams(store, "v1"))
