@@ -177,6 +177,7 @@ def test_the_current_build_moves_when_its_last_worker_stops_and_it_is_logged(
             second.send_signal(15)
             log = second.communicate(timeout=20)[1].decode()
             assert "build v1 has no live worker left; new runs now go to build v2" in log
+            assert "Runs pinned to v1 wait for a worker of that build" in log
 
 
 def test_promote_moves_new_runs_to_a_live_build(redis_url: str, store: RedisStore) -> None:

@@ -143,8 +143,14 @@ class Membership:
             if self.store.claim_current_build(queue, old, self.build):
                 if old:
                     log.warning(
-                        "queue %s: build %s has no live worker left; new runs now go to build %s (this worker)",
+                        "queue %s: build %s has no live worker left; new runs now go to build %s (this "
+                        "worker). Runs pinned to %s wait for a worker of that build (`durable list --status "
+                        "blocked` lists them): start `durable worker --build-id %s` until they finish, or "
+                        "move one with `durable repair ID --build-id %s`",
                         queue,
+                        old,
+                        self.build,
+                        old,
                         old,
                         self.build,
                     )
