@@ -189,8 +189,10 @@ def test_a_stop_during_a_reload_stops_the_new_and_the_replaced_processes_too(sup
     sup, journal, _, thread, codes = supervised
     sup.reload()
     # The first old process told to stop, the second's successor still starting.
-    wait_for(lambda: sup._reload is not None and sup._reload.index == 1 and sup._reload.new is not None)
-    starting = sup._reload.new.proc
+    # (One look at the reload: the supervisor's thread moves it on meanwhile.)
+    starting = wait_for(
+        lambda: (r := sup._reload) is not None and r.index == 1 and (new := r.new) is not None and new.proc
+    )
     sup.stop()
     thread.join(15)
     assert not thread.is_alive(), "the supervisor still waits for a child of the reload"
