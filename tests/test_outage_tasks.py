@@ -234,13 +234,13 @@ def test_activity_tasks_an_outage_kept_from_going_back_are_handed_back_when_redi
     requeue = store.requeue
     lost: list[str] = []
 
-    def cut_off(stream: str, items: Any) -> None:
+    def cut_off(tasks: Any) -> None:
         if not lost:
-            lost.append(stream)
+            lost.append(next(iter(tasks)))
             if went_through:
-                requeue(stream, items)  # the outage lost only its reply
+                requeue(tasks)  # the outage lost only its reply
             raise rexc.ConnectionError("Connection closed by server.")
-        requeue(stream, items)
+        requeue(tasks)
 
     worker.activities.takes = no_room_once  # type: ignore[method-assign]
     store.requeue = cut_off  # type: ignore[method-assign]

@@ -244,13 +244,13 @@ class ActivityHost:
         for any worker (main thread). Those an outage kept from going back are remembered for
         :meth:`hand_back_left`, rather than left pending here until a reclaim after --claim-idle
         while ``durable status`` says they wait on their queue."""
-        streams = list(excess.items())
-        for i, (stream, items) in enumerate(streams):
-            try:
-                self.store.requeue(stream, items)
-            except BaseException:
-                self._not_given_back += [(s, e, f) for s, rest in streams[i:] for e, f in rest]
-                raise
+        try:
+            self.store.requeue(excess)
+        except BaseException:
+            # Some may have gone back before the reply was lost: hand_back_left moves only those
+            # still pending here.
+            self._not_given_back += [(s, e, f) for s, items in excess.items() for e, f in items]
+            raise
 
     def hand_back_left(self) -> None:
         """Put back the tasks :meth:`hand_back_excess` could not (the first pass after an outage):

@@ -296,11 +296,10 @@ def hand_back(store: RedisStore, batch: Sequence[Task], *, but: Task) -> None:
     for task in batch:
         if task.key != but.key:
             by_stream.setdefault(task.stream, []).append((task.entry_id, task.fields))
-    for stream, items in by_stream.items():
-        try:
-            store.requeue(stream, items)
-        except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
-            log.exception("could not hand %d workflow tasks of %s back", len(items), stream)
+    try:
+        store.requeue(by_stream)
+    except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
+        log.exception("could not hand %d workflow tasks back", sum(map(len, by_stream.values())))
 
 
 def exit_runaway(consumer: str, stuck: Stuck) -> None:

@@ -242,15 +242,25 @@ class QueueStore(RunStore):
             pipe.xdel(stream, entry_id)
             pipe.execute()
 
-    def requeue(self, stream: str, entries: Sequence[tuple[str, Mapping[bytes, bytes]]]) -> None:
-        """Put tasks this consumer claimed but will not run back at the end of ``stream``
-        (as new entries, for any worker), in one MULTI/EXEC."""
-        with self.pipeline(stream) as pipe:
-            for entry_id, fields in entries:
-                pipe.xadd(stream, dict(fields))
-                pipe.xack(stream, GROUP, entry_id)
-                pipe.xdel(stream, entry_id)
-            pipe.execute()
+    def requeue(self, tasks: Mapping[str, Sequence[tuple[str, Mapping[bytes, bytes]]]]) -> None:
+        """Put tasks this consumer was delivered but will not run back at the ends of their
+        streams (``{stream: [(entry id, fields)]}``), as new entries for any worker: one
+        MULTI/EXEC per stream, all in one round trip."""
+        batches = [
+            [
+                command
+                for entry_id, fields in entries
+                for command in (
+                    ("XADD", stream, "*", *(part for pair in fields.items() for part in pair)),
+                    ("XACK", stream, GROUP, entry_id),
+                    ("XDEL", stream, entry_id),
+                )
+            ]
+            for stream, entries in tasks.items()
+            if entries
+        ]
+        if batches:
+            self._wire.transactions(batches)
 
     def requeue_pending(self, streams: Iterable[str], consumer: str, most: int = 1000) -> int:
         """Put every task still pending for ``consumer`` on ``streams`` back at their ends, as
