@@ -174,7 +174,7 @@ class Supervisor:
         self.reload_error: str | None = None
         self._reload_asked = False  # set by SIGHUP (a signal handler only sets it)
         self._reload: _Reload | None = None
-        self._retiring: list[tuple[_Slot, subprocess.Popen[bytes]]] = []  # replaced, stopping
+        self._retiring: list[_Slot] = []  # replaced by a reload, stopping (each keeps its proc)
 
     # ------------------------------------------------------------ children
     def _spawn(self, slot: _Slot) -> None:
@@ -260,7 +260,8 @@ class Supervisor:
         """Every child still running: the slots', a reload's new one, the replaced ones."""
         slots = [*self.slots, *([self._reload.new] if self._reload and self._reload.new else [])]
         procs = [slot.proc for slot in slots if slot.proc is not None]
-        return [proc for proc in procs + [proc for _, proc in self._retiring] if proc.poll() is None]
+        procs += [slot.proc for slot in self._retiring if slot.proc is not None]
+        return [proc for proc in procs if proc.poll() is None]
 
     def _forward(self, signum: int) -> None:
         for proc in self._children():
@@ -388,7 +389,7 @@ class Supervisor:
                     new.proc.pid,
                     slot.proc.pid,
                 )
-                self._retiring.append((slot, slot.proc))
+                self._retiring.append(slot)
                 with contextlib.suppress(ProcessLookupError):
                     slot.proc.send_signal(signal.SIGTERM)
             return
@@ -415,11 +416,13 @@ class Supervisor:
 
     def _reap_retired(self) -> None:
         """Done with the children a reload replaced once they have stopped."""
-        for slot, proc in list(self._retiring):
+        for slot in list(self._retiring):
+            proc = slot.proc
+            assert proc is not None  # only a slot with a child is retired
             code = proc.poll()
             if code is None:
                 continue
-            self._retiring.remove((slot, proc))
+            self._retiring.remove(slot)
             self._reap(slot, proc)
             clean = code == 0 or code == -signal.SIGTERM
             (log.info if clean else log.warning)(
