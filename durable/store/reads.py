@@ -39,7 +39,7 @@ class GroupRead:
             the connection goes to.
     """
 
-    __slots__ = ("client", "conn", "outstanding", "deadline", "client_id", "_id_of")
+    __slots__ = ("client", "conn", "outstanding", "deadline", "client_id", "__weakref__")
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
@@ -47,19 +47,18 @@ class GroupRead:
         self.outstanding = False
         self.deadline = 0.0
         self.client_id: int | None = None  # the connection's CLIENT ID, for :meth:`unblock`
-        self._id_of: Any = None  # the socket it is the id of (a reconnect gets a new one)
+        self.conn.register_connect_callback(self._identify)  # (held as a weak reference)
+
+    def _identify(self, conn: Any) -> None:
+        """Learn the connection's CLIENT ID each time it (re)connects: a round trip of its own."""
+        conn.send_command("CLIENT", "ID")
+        try:
+            self.client_id = int(conn.read_response())
+        except rexc.ResponseError:  # an ACL without CLIENT (docs/security.md's recipe)
+            self.client_id = None
 
     def send(self, consumer: str, streams: list[str], count: int, block_ms: int) -> None:
         """Send a read of up to ``count`` new tasks per stream, blocking up to ``block_ms``."""
-        if self.conn._sock is None:
-            self.conn.connect()
-        if self._id_of is not self.conn._sock:  # once per connection: a round trip of its own
-            self.conn.send_command("CLIENT", "ID")
-            try:
-                self.client_id = int(self.conn.read_response())
-            except rexc.ResponseError:  # an ACL without CLIENT (docs/security.md's recipe)
-                self.client_id = None
-            self._id_of = self.conn._sock
         args: list[Any] = ["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count]
         args += ["BLOCK", block_ms, "STREAMS", *streams, *([">"] * len(streams))]
         self.conn.send_command(*args)
