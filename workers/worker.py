@@ -299,10 +299,8 @@ class Worker:
             self.stop()
 
         self._stop_deadline.start()
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup, or a supervisor's child
-            signal.signal(signal.SIGHUP, handler)  # a hangup drains too, rather than kill mid-activity
+        for signum in stop_signals():
+            signal.signal(signum, handler)
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
@@ -572,6 +570,13 @@ class Worker:
             self.activities.submit(stream, entry_id, fields, redelivered=redelivered)
         else:  # pragma: no cover - only our streams are read
             log.error("task from unknown stream %s", stream)
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM, SIGINT, and SIGHUP unless ignored (``nohup``, a supervisor's child, which the
+    supervisor reloads): a hangup drains a worker rather than kill it mid-activity."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hangup)
 
 
 class WorkerThread:

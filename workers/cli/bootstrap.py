@@ -18,7 +18,7 @@ from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
 from workers.supervisor import PARENT_ENV
-from workers.worker import Worker
+from workers.worker import Worker, stop_signals
 
 __all__ = ["configure_logging", "run_worker"]
 
@@ -69,8 +69,7 @@ def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], 
     # A stop signal while the app modules are imported must not kill the process
     # half-way: remember it and stop the worker as soon as it exists.
     early: list[int] = []
-    hangup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else ()
-    for signum in (signal.SIGTERM, signal.SIGINT, *hangup):
+    for signum in stop_signals():
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
     if config.gc_threshold:
