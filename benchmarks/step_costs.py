@@ -17,7 +17,6 @@ whose workers spend more per step than Redis is bound by the workers' CPU on a s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -26,21 +25,13 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
-from peers.common import STEPS, Options, exit_on_sigterm  # noqa: E402
+from peers.common import STEPS, Options, cpu_seconds, exit_on_sigterm  # noqa: E402
 from workloads_durable import Engine  # noqa: E402
 
 
 def _main_threads_s(pids: list[int]) -> float:
-    """CPU seconds so far of the main threads of ``pids`` (a thread's id is its process's)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    """CPU seconds so far of the main threads of ``pids``."""
+    return sum(cpu_seconds(pid, main_thread=True) for pid in pids)
 
 
 def _snapshot(redis: Any) -> tuple[dict[str, Any], dict[str, Any]]:

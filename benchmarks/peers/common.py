@@ -148,10 +148,11 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (0 when it is gone)."""
+def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU seconds of a process so far (0 when it is gone); with ``main_thread``,
+    of its main thread only (whose thread id is the process's)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
+        with open(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
