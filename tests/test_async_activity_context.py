@@ -30,6 +30,7 @@ from durable import (
     interceptors,
 )
 from durable.interceptors import ExecuteActivityInput, Interceptor, Next, StartWorkflowInput
+from workers.async_activities import STALL_S
 
 if TYPE_CHECKING:
     from durable.testing import TestEnvironment
@@ -230,6 +231,9 @@ def test_an_async_activity_blocking_the_loop_is_logged_with_its_line(redis_url: 
     proc = spawn_worker(redis_url, app="apps.async_app")
     try:
         assert WorkflowStub.make(BlocksTheLoop).start(3.5).result(timeout=60) == "done"
+        # The watchdog looks every STALL_S / 4: a stop right after the result (stops no longer
+        # wait out a blocking read) came before its look that says the loop runs again.
+        time.sleep(STALL_S / 2)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -136,7 +136,9 @@ def test_a_decision_refused_at_maxmemory_goes_through_once_memory_is_freed(
     worker_log = tmp_path / "worker.log"
     proc = spawn_logged_worker(url, worker_log, "--claim-idle", "120")
     try:
-        wait_for(lambda: store.live_workers(), timeout=30)
+        # Serving, not only registered: stopped between the two, its join's lease write was the
+        # one refused, and its loop (whose refusal this test reads) ran only after the episode.
+        wait_for(lambda: "serving queues" in worker_log.read_text(), timeout=30)
         os.kill(proc.pid, signal.SIGSTOP)  # the task waits in its queue, unread
         try:
             stub = WorkflowStub.make(SlowSteps, id="oom-decide", store=store).start("/nowhere", 0, 0.0)
