@@ -370,12 +370,26 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     # A worker that is stopping (its registry entry says since when) gets a badge saying so.
     now = ui.store.server_time_ms()
     entry = WorkerInfo(name="ui-stopping-1", queues=("ui-stopping",), started=now, seen=now, stopping=now)
+    # One draining (its build's pinned runs left, then it stops) says how many are left.
+    drainer = WorkerInfo(
+        name="ui-draining-1",
+        build="old",
+        queues=("ui-stopping",),
+        started=now,
+        seen=now,
+        draining=now,
+        pinned_left=3,
+    )
     ui.store.register_worker(entry)
+    ui.store.register_worker(drainer)
     try:
         page.reload()
         page.wait_for_selector("#workers tbody tr:has-text('ui-stopping-1') .badge.stopping")
+        badge = page.wait_for_selector("#workers tbody tr:has-text('ui-draining-1') .badge.draining")
+        assert badge.inner_text() == "draining: 3 left"
     finally:
         ui.store.unregister_worker(entry.name)
+        ui.store.unregister_worker(drainer.name)
 
     page.goto(ui.open.url + "/schedules")
     page.wait_for_selector("#schedules tr[data-id=ui-sched]")

@@ -15,7 +15,12 @@ The current build changes only when an operator says so (``durable worker
 --promote``, ``durable promote``) or when it has no live worker left: then a
 live versioned worker of the queue takes over at its next heartbeat, and logs
 it with both build ids. Starting a worker never takes new runs away from live
-workers of the current build.
+workers of the current build; stopping and draining workers do not count as live there.
+
+A worker asked to **drain** (:meth:`Membership.drain`: ``kill -USR1``, or a supervisor's
+reload that deployed a new build) starts no new run and takes over no queue: it decides the
+runs pinned to its builds, says in its entry how many are still open, and stops once none is.
+That is how the last process of an old build outlives a deploy without stranding its runs.
 """
 
 from __future__ import annotations
@@ -96,6 +101,9 @@ class Membership:
         #: ``(threads, held, stuck)`` for the entry, asked on every heartbeat (the worker sets it to
         #: :meth:`workers.hung.HungWatch.check`: activity threads held by abandoned attempts).
         self.threads: Callable[[], tuple[int, int, tuple[str, ...]]] | None = None
+        self._drain_asked = False
+        #: Called (on the scheduler thread) once a draining worker has no open pinned run left.
+        self.on_drained: Callable[[], None] | None = None
 
     def join(self) -> None:
         """Register, then (versioned) promote if asked or take over queues nobody serves."""
@@ -121,6 +129,14 @@ class Membership:
         self.info = replace(self.info, stopping=self.store.server_time_ms())
         self._register()
 
+    def drain(self) -> None:
+        """Start no new run from now on, and stop (:attr:`on_drained`) once no open run pinned
+        to this worker's builds is left on its queues; an unversioned worker pins nothing, so
+        it stops at its next heartbeat. Only sets a flag (a signal handler calls it): the
+        heartbeat counts the runs and says so in the registry entry."""
+        self._drain_asked = True
+        self.new_run_queues = []
+
     def leave(self) -> None:
         """Remove the registry entry at once (a graceful stop): others fail over now."""
         self.store.unregister_worker(self.info.name)
@@ -128,6 +144,9 @@ class Membership:
     def heartbeat(self, *, register: bool = True) -> None:
         """Renew the entry; a versioned worker takes over queues whose current build has no
         live worker (scheduler thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
+        if self._drain_asked:
+            self._drain_step()
+            return
         if register:
             self._register()
         if not self.build:
@@ -136,31 +155,73 @@ class Membership:
         stale = [(q, c) for q, c in zip(self.queues, current, strict=True) if c != self.build]
         if not stale:
             return
-        live = self.store.live_workers()
+        everyone = self.store.live_workers()
+        # Stopping and draining workers start no new run: they do not keep the queue.
+        live = [w for w in everyone if not (w.stopping or w.draining)]
         for queue, old in stale:
             if old and any(queue in w.queues and w.build == old for w in live):
                 continue  # the current build is alive: it keeps the new runs
             if self.store.claim_current_build(queue, old, self.build):
-                if old:
-                    log.warning(
-                        "queue %s: build %s has no live worker left; new runs now go to build %s (this "
-                        "worker). Runs pinned to %s wait for a worker of that build (`durable list --status "
-                        "blocked` lists them): start `durable worker --build-id %s` until they finish, or "
-                        "move one with `durable repair ID --build-id %s`",
-                        queue,
-                        old,
-                        self.build,
-                        old,
-                        old,
-                        self.build,
-                    )
-                else:
-                    log.info("queue %s: new runs go to build %s (no build was current)", queue, self.build)
+                self._say_taken_over(queue, old, everyone)
         self._polled = 0.0  # re-read the current builds at the next pass
+
+    def _say_taken_over(self, queue: str, old: str, live: list[WorkerInfo]) -> None:
+        if not old:
+            log.info("queue %s: new runs go to build %s (no build was current)", queue, self.build)
+        elif any(queue in w.queues and w.build == old and w.draining and not w.stopping for w in live):
+            log.info(
+                "queue %s: build %s's workers are draining (they finish the runs pinned to it); new "
+                "runs now go to build %s (this worker)",
+                queue,
+                old,
+                self.build,
+            )
+        else:
+            log.warning(
+                "queue %s: build %s has no live worker left; new runs now go to build %s (this "
+                "worker). Runs pinned to %s wait for a worker of that build (`durable list --status "
+                "blocked` lists them): start `durable worker --build-id %s` until they finish, or "
+                "move one with `durable repair ID --build-id %s`",
+                queue,
+                old,
+                self.build,
+                old,
+                old,
+                self.build,
+            )
+
+    def _drain_step(self) -> None:
+        """Count the open runs pinned to this worker's builds, say it in the entry, and stop
+        once there are none (:meth:`drain`)."""
+        left = self.store.count_pinned_open(self.info.builds, self.queues) if self.build else 0
+        first = not self.info.draining
+        self.info = replace(
+            self.info, draining=self.info.draining or self.store.server_time_ms(), pinned_left=left
+        )
+        self._register()
+        if first and self.build:
+            log.info(
+                "draining: starting no new run; %d open run(s) pinned to build %s on queues %s left (this "
+                "worker stops once none is; `durable list --where \"build_id = '%s' and status = 'open'\"` "
+                "lists them)",
+                left,
+                self.build,
+                ", ".join(self.queues),
+                self.build,
+            )
+        if left == 0 and self.on_drained is not None:
+            log.info(
+                "drained: no open run is pinned to build %s on its queues; stopping",
+                self.build or "(unversioned)",
+            )
+            on_drained, self.on_drained = self.on_drained, None
+            on_drained()
 
     def poll(self) -> list[str]:
         """The queues whose new runs this worker starts, re-read at most every
         :data:`CURRENT_POLL_S` (main thread: it decides which streams to read)."""
+        if self._drain_asked:  # (checked first: drain() may come between a read and its use)
+            return []
         if not self.build:
             return self.new_run_queues
         now = time.monotonic()

@@ -7,7 +7,8 @@ Redis URL may hold a password). The supervisor
 
 * forwards SIGTERM and SIGINT to every child and exits once all of them have
   stopped (exit status 0 if every child exited 0, or was ended by the forwarded
-  signal itself);
+  signal itself); SIGUSR1 the same way: each child drains (finishes the runs pinned to its
+  build, starts no new run), then stops;
 * restarts a child that dies without being asked to, after a backoff that
   doubles on each quick death of that slot (1 s up to 30 s; reset once a child
   has lived for a minute). A child that exits with
@@ -25,9 +26,11 @@ Redis URL may hold a password). The supervisor
 * on SIGHUP, replaces the children one at a time with new ones (a deploy: they import the
   app's code as it is now on disk): each new child must join the worker registry before the
   one it replaces is sent SIGTERM (which finishes its activities, up to ``--grace``), so the
-  queues are served throughout. A new child that dies before joining (the new code does not
-  import, say) stops the reload: the children not replaced yet keep running the code they
-  started with, and the supervisor says why (:attr:`Supervisor.reload_error`);
+  queues are served throughout; the last child of a build the new children do not share is
+  sent SIGUSR1 instead: it drains the runs pinned to that build, then stops by itself. A new
+  child that dies before joining (the new code does not import, say) stops the reload: the
+  children not replaced yet keep running the code they started with, and the supervisor says
+  why (:attr:`Supervisor.reload_error`);
 * forwards each child's stderr to its own, line by line, but for the child's
   ``error: ...`` line, which it says in its own line about that child's end;
 * sets ``DURABLE_SUPERVISOR_PID`` in the children's environment, so that a child
@@ -63,8 +66,8 @@ PARENT_ENV = "DURABLE_SUPERVISOR_PID"
 
 #: Names the write end of the pipe on which a child says it joined (see :data:`JOINED`).
 READY_FD_ENV = "DURABLE_SUPERVISOR_READY_FD"
-#: What a child writes on that pipe once it is in the worker registry.
-JOINED = b"joined\n"
+#: What a child writes on that pipe once it is in the worker registry, before its build id.
+JOINED = b"joined"
 #: Seconds the children get to stop once the supervisor gave up on them (none of them
 #: serves anything: a child stuck importing its app is not waited for).
 GIVE_UP_KILL_AFTER = 10.0
@@ -76,6 +79,12 @@ ERROR_PREFIX = "error: "
 #: Longest wait, in a reload, for a new child to join the registry before the reload stops
 #: (an app whose import hangs must not leave the supervisor half-way for ever).
 RELOAD_JOIN_S = 120.0
+
+
+def joined_message(build: str) -> bytes:
+    """What a child writes on its join pipe: :data:`JOINED` and its build id (``""``:
+    unversioned), one line, short enough to be written at once."""
+    return JOINED + b" " + build.replace("\n", " ").encode()[:1024] + b"\n"
 
 
 @dataclass
@@ -96,6 +105,8 @@ class _Slot:
     exit_codes: list[int] = field(default_factory=list)
     ready: int | None = None  # the read end of the current child's join pipe, until it said or died
     joined: bool = False  # the current child joined the registry
+    build: str = ""  # the build id the current child said when it joined
+    draining: bool = False  # replaced by a reload, it finishes its build's pinned runs first
     startup_failures: int = 0  # children of this slot that died before joining (none joined yet)
     pump: threading.Thread | None = None  # forwards the current child's stderr
     # Per child, not per slot: a pump still draining a pipe a dead child's grandchild holds
@@ -189,7 +200,7 @@ class Supervisor:
         finally:
             os.close(write)  # the child's copy is the only one: its death is the pipe's end
         slot.ready = read
-        slot.joined = False
+        slot.joined, slot.build, slot.draining = False, "", False
         slot.said = _Said()
         slot.started = time.monotonic()
         slot.restart_at = None
@@ -234,12 +245,13 @@ class Supervisor:
         if slot.ready is None:
             return
         try:
-            message = os.read(slot.ready, len(JOINED))
+            message = os.read(slot.ready, 2048)
         except BlockingIOError:
             return  # still starting
         os.close(slot.ready)
         slot.ready = None
-        if message:
+        if message.startswith(JOINED):
+            slot.build = message[len(JOINED) :].strip().decode(errors="replace")
             slot.joined = True
             slot.startup_failures = 0
             self.ever_joined = True
@@ -275,8 +287,9 @@ class Supervisor:
         self.stop_signals.add(int(signum))
         if self.stopping_since is None:
             self.stopping_since = time.monotonic()
+            what = "draining (each stops once drained)" if signum == signal.SIGUSR1 else "stopping"
             log.info(
-                "received %s: stopping %d worker processes", signal.Signals(signum).name, len(self.slots)
+                "received %s: %s %d worker processes", signal.Signals(signum).name, what, len(self.slots)
             )
         self._forward(signum)
 
@@ -286,6 +299,7 @@ class Supervisor:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGUSR1, handler)  # a drain: each child stops once drained
         signal.signal(signal.SIGHUP, lambda _signum, _frame: self.reload())
 
     def reload(self) -> None:
@@ -382,16 +396,7 @@ class Supervisor:
             self.slots[reload.index] = new
             reload.new, reload.index, reload.replaced = None, reload.index + 1, reload.replaced + 1
             if slot.proc is not None:
-                log.info(
-                    "reload: worker process %d (pid %d) joined; stopping pid %d (it finishes its "
-                    "activities first)",
-                    new.index,
-                    new.proc.pid,
-                    slot.proc.pid,
-                )
-                self._retiring.append(slot)
-                with contextlib.suppress(ProcessLookupError):
-                    slot.proc.send_signal(signal.SIGTERM)
+                self._retire(slot, new, later=self.slots[reload.index :])
             return
         code = new.proc.poll()
         if code is None and now - new.started < RELOAD_JOIN_S:
@@ -414,6 +419,40 @@ class Supervisor:
             len(self.slots),
         )
 
+    def _retire(self, old: _Slot, new: _Slot, later: list[_Slot]) -> None:
+        """Stop the child a reload replaced: SIGTERM (it finishes its activities first), or, the
+        last child of a build the new code does not share, SIGUSR1: it drains (finishes the
+        runs pinned to its build, starts no new one), then stops by itself."""
+        assert old.proc is not None and new.proc is not None
+        old.draining = bool(
+            old.build
+            and new.build != old.build
+            and not any(s.proc is not None and s.build == old.build for s in later)
+        )
+        if old.draining:
+            log.info(
+                "reload: worker process %d (pid %d) joined with build %s; pid %d, the last of build "
+                "%s, drains: it finishes the runs pinned to %s, starts no new run, and stops once none "
+                "is open (`durable workers` says how many are left)",
+                new.index,
+                new.proc.pid,
+                new.build,
+                old.proc.pid,
+                old.build,
+                old.build,
+            )
+        else:
+            log.info(
+                "reload: worker process %d (pid %d) joined; stopping pid %d (it finishes its "
+                "activities first)",
+                new.index,
+                new.proc.pid,
+                old.proc.pid,
+            )
+        self._retiring.append(old)
+        with contextlib.suppress(ProcessLookupError):
+            old.proc.send_signal(signal.SIGUSR1 if old.draining else signal.SIGTERM)
+
     def _reap_retired(self) -> None:
         """Done with the children a reload replaced once they have stopped."""
         for slot in list(self._retiring):
@@ -426,12 +465,20 @@ class Supervisor:
             self._reap(slot, proc)
             clean = code == 0 or code == -signal.SIGTERM
             (log.info if clean else log.warning)(
-                "reload: the replaced worker process %d (pid %d) exited with %d%s",
+                "reload: the replaced worker process %d (pid %d) %sexited with %d%s",
                 slot.index,
                 proc.pid,
+                f"of build {slot.build} " if slot.draining else "",
                 code,
                 _said(slot),
             )
+            if slot.draining and not clean:
+                log.warning(
+                    "runs pinned to build %s wait for a worker of it (`durable list --status blocked`): "
+                    "start `durable worker --build-id %s`, or move one with `durable repair ID --build-id NEW`",
+                    slot.build,
+                    slot.build,
+                )
 
     def _schedule_restart(self, slot: _Slot, pid: int, code: int, now: float) -> None:
         """A child died unasked: when to start its slot's next one (and say why)."""

@@ -16,7 +16,8 @@ to ``grace`` seconds), exit (at the latest ``grace`` + 5 s later, whatever the w
 task still unfinished stays in the consumer group's pending list and another worker reclaims it:
 nothing is lost. A decision that runs workflow code past ``decision_timeout`` blocks its run
 (``watchdog.py``). A task of a type this worker lacks is left for a worker that has it
-(``routing.py``).
+(``routing.py``). SIGUSR1 drains it: it starts no new run, finishes the runs pinned to its build,
+then stops as above (``membership.py``: how the last process of an old build outlives a deploy).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from .watchdog import (
     exit_runaway,
     hand_back,
 )
+from .worker_thread import WorkerThread  # noqa: F401 - re-exported (tests, examples)
 
 log = logging.getLogger("durable.worker")
 
@@ -211,7 +213,7 @@ class Worker:
         self, compatible: Sequence[str], promote: bool, timeouts: tuple[int, int]
     ) -> Membership:
         """The registry entry: this worker's build, queues and the types its app defines."""
-        return Membership(
+        membership = Membership(
             self.store,
             name=self.consumer,
             build=self.build_id,
@@ -223,6 +225,8 @@ class Worker:
             complete=self.types_complete,
             timeouts=timeouts,
         )
+        membership.on_drained = self._drained
+        return membership
 
     def _make_scheduler(self, claim_idle_ms: int, sticky_timeout_ms: int = 5_000) -> Scheduler:
         return Scheduler(
@@ -301,6 +305,18 @@ class Worker:
         self._stop_deadline.start()
         for signum in stop_signals():
             signal.signal(signum, handler)
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.drain())
+
+    def drain(self) -> None:
+        """Start no new run from now on; stop once no open run pinned to this worker's build is
+        left on its queues (at once when unversioned). SIGUSR1 with signal handlers installed;
+        thread- and signal-safe (the scheduler's heartbeat counts the runs left)."""
+        self.membership.drain()
+
+    def _drained(self) -> None:
+        if self._owns_process:  # bounded like a signal's stop
+            self._stop_deadline.arm(self.grace + STOP_MARGIN)
+        self.stop()
 
     def run(self) -> None:
         """Serve until :meth:`stop` (or SIGTERM/SIGINT with signal handlers installed)."""
@@ -574,27 +590,6 @@ class Worker:
 
 def stop_signals() -> tuple[signal.Signals, ...]:
     """SIGTERM, SIGINT, and SIGHUP unless ignored (``nohup``, a supervisor's child, which the
-    supervisor reloads): a hangup drains a worker rather than kill it mid-activity."""
+    supervisor reloads): a hangup stops a worker gracefully rather than kill it mid-activity."""
     hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
     return (signal.SIGTERM, signal.SIGINT, *hangup)
-
-
-class WorkerThread:
-    """A worker running in a background thread of this process (tests, ``durable dev``)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.thread = threading.Thread(target=worker.run, name="durable-worker", daemon=True)
-
-    def __enter__(self) -> Worker:
-        """Start the worker and wait until it is in the registry (before that, the views
-        report its queues' runs as having no live worker)."""
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.worker.joined.wait(0.05) and self.thread.is_alive() and time.monotonic() < deadline:
-            pass
-        return self.worker
-
-    def __exit__(self, *exc: Any) -> None:
-        self.worker.stop()
-        self.thread.join(timeout=self.worker.grace + 10)

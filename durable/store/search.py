@@ -19,7 +19,7 @@ materialise the matching runs of the partition (linear in them).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
@@ -307,6 +307,22 @@ class SearchStore(StoreBase):
         packed = msgpack.packb(plan, use_bin_type=False)
         calls = [([self.keys.runs(p)], [packed, "count", low, high, 0]) for p in range(self.keys.partitions)]
         return sum(int(n) for n in self._script_many("search", calls, raise_on_error=True))
+
+    def count_pinned_open(self, builds: Iterable[str], queues: Iterable[str]) -> int:
+        """How many open runs of ``queues`` are pinned to one of ``builds`` (a draining worker's
+        work left: see :meth:`workers.membership.Membership.drain`)."""
+        builds, queues = sorted(set(builds) - {""}), sorted(set(queues))
+        if not builds or not queues:
+            return 0
+        query = Query(
+            "and",
+            (
+                Comparison("build_id", "keyword", "in", tuple(builds)),
+                Comparison("queue", "keyword", "in", tuple(queues)),
+                Comparison("status", "keyword", "=", ("open",)),
+            ),
+        )
+        return self.count_runs(query)
 
 
 def run_summary(record: dict[str, Any], run_id: str, partition: int, created: int) -> dict[str, Any]:

@@ -80,6 +80,11 @@ class WorkerInfo:
         stopping: When its stop began (Redis time, ms; 0: it is not stopping). A stopping worker
             takes no new task; it finishes its running activities (up to its ``--grace``), then
             leaves the registry.
+        draining: When its drain began (Redis time, ms; 0: it is not draining; ``kill -USR1``, or
+            a reload that deployed a new build). A draining worker starts no new run: it decides
+            the runs pinned to its builds, and stops once none of them is open.
+        pinned_left: While draining: the open runs pinned to its builds on its queues, as
+            counted at its last heartbeat.
     """
 
     name: str
@@ -100,6 +105,8 @@ class WorkerInfo:
     claim_idle_ms: int = 0
     sticky_timeout_ms: int = 0
     stopping: int = 0
+    draining: int = 0
+    pinned_left: int = 0
 
     @property
     def builds(self) -> set[str]:
@@ -219,9 +226,10 @@ def _listed(workers: list[WorkerInfo], kind: str) -> str:
 def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
     """Why no live worker can move an open run: :func:`no_live_worker_reason` for a run pinned
     to a build, :func:`no_worker_on_queue_reason` for the others (``None``: one can). Stopping
-    workers take no new task: they do not count, and the reason names those of the run's queues."""
+    workers take no new task: they do not count, and the reason names those of the run's queues;
+    draining workers start no new run: they count only for runs pinned to their builds."""
     live = list(live)
-    taking = [w for w in live if not w.stopping]
+    taking = [w for w in live if not w.stopping and (record.get("build") or not w.draining)]
     reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(record, taking)
     if reason is None:
         return None
@@ -229,9 +237,16 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     queues = {str(s["queue"]) for s in pending if s.get("queue")} | {str(record.get("queue") or "default")}
     stopping = [w.name for w in live if w.stopping and queues & set(w.queues)]
     if stopping:
-        who = f"worker {stopping[0]} is" if len(stopping) == 1 else f"workers {', '.join(stopping)} are"
-        reason += f" ({who} stopping: finishing running activities, taking no new task)"
+        reason += f" ({_who(stopping)} stopping: finishing running activities, taking no new task)"
+    draining = [w for w in live if w.draining and not w.stopping and queues & set(w.queues)]
+    if draining and not record.get("build"):
+        builds = ", ".join(sorted({w.build for w in draining}))
+        reason += f" ({_who([w.name for w in draining])} draining: finishing the runs pinned to {builds}, starting no new run)"
     return reason
+
+
+def _who(names: list[str]) -> str:
+    return f"worker {names[0]} is" if len(names) == 1 else f"workers {', '.join(names)} are"
 
 
 def served_queues(live: Iterable[WorkerInfo]) -> list[str]:
@@ -241,8 +256,13 @@ def served_queues(live: Iterable[WorkerInfo]) -> list[str]:
 
 def takes_new_runs(queue: str, current: str, live: Iterable[WorkerInfo]) -> list[WorkerInfo]:
     """The live workers that start ``queue``'s new runs: unversioned ones, and those of the
-    queue's ``current`` build (versioned workers of other builds only decide their pinned runs)."""
-    return [w for w in live if queue in w.queues and (not w.build or w.build == current)]
+    queue's ``current`` build (versioned workers of other builds only decide their pinned runs);
+    neither those stopping nor those draining."""
+    return [
+        w
+        for w in live
+        if queue in w.queues and (not w.build or w.build == current) and not (w.stopping or w.draining)
+    ]
 
 
 class WorkerRegistry(MemoryStore):

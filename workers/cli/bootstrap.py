@@ -63,13 +63,16 @@ def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
     metrics.watch_store(store)
 
 
-def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], None] | None = None) -> None:
+def run_worker(
+    config: WorkerConfig, store: RedisStore, on_joined: Callable[[str], None] | None = None
+) -> None:
     """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop
-    signal; ``on_joined`` is called (on a thread of its own) once the worker is in the registry."""
-    # A stop signal while the app modules are imported must not kill the process
-    # half-way: remember it and stop the worker as soon as it exists.
+    signal; ``on_joined`` is called with its build id (on a thread of its own) once the worker is
+    in the registry."""
+    # A stop (or drain) signal while the app modules are imported must not kill the process
+    # half-way: remember it and stop (drain) the worker as soon as it exists.
     early: list[int] = []
-    for signum in stop_signals():
+    for signum in (*stop_signals(), signal.SIGUSR1):
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
     if config.gc_threshold:
@@ -116,12 +119,14 @@ def run_worker(config: WorkerConfig, store: RedisStore, on_joined: Callable[[], 
         worker.revive_redis = EmbeddedRedis(config.embedded_dir).revive
     if on_joined is not None:
         threading.Thread(
-            target=lambda: worker.joined.wait() and on_joined(), name="durable-joined", daemon=True
+            target=lambda: worker.joined.wait() and on_joined(build_id), name="durable-joined", daemon=True
         ).start()
     worker.install_signal_handlers()
     # Through the handler, so the stop is bounded (grace + a margin) like a signal's.
     stop = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
-    if early:
+    if signal.SIGUSR1 in early:
+        worker.drain()
+    if set(early) - {signal.SIGUSR1}:
         stop()
     _watch_parent(stop)
     worker.run()

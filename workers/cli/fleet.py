@@ -169,6 +169,9 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             "sticky_timeout_ms": w.sticky_timeout_ms if w.claim_idle_ms else None,
             # Stopping: it takes no new task, finishes its running activities, then leaves.
             "stopping_since": w.stopping or None,
+            # Draining: it starts no new run, finishes the runs pinned to its build, then stops.
+            "draining_since": w.draining or None,
+            "pinned_left": w.pinned_left if w.draining else None,
         }
         for w in live
     ]
@@ -199,7 +202,7 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
             ", ".join(w["workflows"]),
             ", ".join(w["activities"]),
             _threads_cell(w),
-            f"{w['heartbeat_age_s']} s ago" + _stopping_note(w),
+            f"{w['heartbeat_age_s']} s ago" + _stopping_note(w) + _draining_note(w),
         )
     return table
 
@@ -209,6 +212,16 @@ def _stopping_note(w: dict[str, Any]) -> str:
         return ""
     now = w["last_heartbeat"] + w["heartbeat_age_s"] * 1000
     return f"\nstopping for {max(0, now - w['stopping_since']) / 1000:.0f} s: finishing its activities, no new task"
+
+
+def _draining_note(w: dict[str, Any]) -> str:
+    if not w["draining_since"] or w["stopping_since"]:
+        return ""
+    left = w["pinned_left"]
+    return (
+        f"\ndraining: {left} open run{'s' if left != 1 else ''} pinned to its build left; "
+        "no new run, stops once none is"
+    )
 
 
 def _threads_cell(w: dict[str, Any]) -> Text | str:

@@ -20,7 +20,7 @@ from workers.cli.bootstrap import configure_logging, log, run_worker
 from workers.cli.core import CliError, CliState, find_apps, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
-from workers.supervisor import JOINED, READY_FD_ENV, worker_supervisor
+from workers.supervisor import READY_FD_ENV, joined_message, worker_supervisor
 
 __all__ = ["COMMANDS"]
 
@@ -293,8 +293,9 @@ def worker_process(state: CliState) -> None:
     run_worker(config, _open_store(state), on_joined=_join_report())
 
 
-def _join_report() -> Callable[[], None] | None:
-    """What tells the supervisor, on the pipe it named, that this worker is in the registry.
+def _join_report() -> Callable[[str], None] | None:
+    """What tells the supervisor, on the pipe it named, that this worker is in the registry, and
+    its build id (a reload drains the last process of a build it replaces).
 
     Until then its death is a failure to start, which the supervisor stops retrying when every
     process fails so; from then on ``durable status`` counts the worker.
@@ -304,9 +305,9 @@ def _join_report() -> Callable[[], None] | None:
         return None
     fd = int(raw)
 
-    def report() -> None:
+    def report(build: str) -> None:
         try:
-            os.write(fd, JOINED)
+            os.write(fd, joined_message(build))
         except OSError:
             pass  # the supervisor is gone: the parent watch stops this worker
         finally:

@@ -1,0 +1,218 @@
+"""A draining worker (``kill -USR1``, or a reload that deployed a new build) starts no new run,
+finishes the runs pinned to its build, says how many are left, and stops once none is open:
+how the last process of an old build outlives a deploy without stranding its runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from apps.basic import Waiter
+from procs import ROOT, TESTS, durable_cli, spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
+from workers.worker import Worker, WorkerThread
+
+
+def _entry(store: RedisStore, worker: Worker) -> WorkerInfo | None:
+    return next((w for w in store.live_workers() if w.name == worker.consumer), None)
+
+
+def test_a_draining_worker_finishes_its_pinned_runs_starts_no_new_one_then_stops(
+    redis_url: str, store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = Worker(store, build_id="v1", grace=5, block_ms=100)
+    thread = WorkerThread(old)
+    thread.__enter__()
+    try:
+        wait_for(lambda: store.current_build(["default"]) == ["v1"])
+        pinned = WorkflowStub.make(Waiter, store=store).start(0.01)
+        wait_for(lambda: pinned.snapshot()["build_id"] == "v1" and pinned.status() == "suspended")
+        caplog.set_level(logging.INFO, logger="durable.worker")
+        old.drain()
+        entry = wait_for(lambda: (e := _entry(store, old)) is not None and e.draining and e)
+        assert entry.pinned_left == 1
+        assert "draining: starting no new run; 1 open run(s) pinned to build v1" in caplog.text
+
+        # A new run is not its to start, and the views say why.
+        fresh = WorkflowStub.make(Waiter, store=store).start(0.01)
+        time.sleep(1.5)
+        assert fresh.status() == "pending" and fresh.snapshot()["build_id"] is None
+        out = durable_cli(redis_url, "status", fresh.id).stdout
+        assert "no live worker serves queue 'default'" in out and "is draining" in out, out
+        report = json.loads(durable_cli(redis_url, "workers", "--json").stdout)
+        (row,) = report["workers"]
+        assert row["draining_since"] and row["pinned_left"] == 1
+        assert report["queues"]["default"]["new_runs_to"] == []
+
+        # A worker of the new build takes the queue over at its next heartbeat (the draining
+        # one does not keep it) and starts the new run; the old one still decides its own.
+        with WorkerThread(Worker(store, build_id="v2", grace=5, block_ms=100)):
+            wait_for(lambda: fresh.snapshot()["build_id"] == "v2", timeout=15)
+            assert store.current_build(["default"]) == ["v2"]
+            assert thread.thread.is_alive()
+            pinned.signal("go", "old")
+            assert pinned.result(timeout=15) == "old"
+            assert pinned.snapshot()["build_id"] == "v1"
+            # No pinned run left: it stops by itself at its next heartbeat.
+            thread.thread.join(timeout=15)
+            assert not thread.thread.is_alive(), "the drained worker did not stop"
+            assert _entry(store, old) is None
+            fresh.signal("go", "new")
+            assert fresh.result(timeout=15) == "new"
+        assert "drained: no open run is pinned to build v1 on its queues; stopping" in caplog.text
+        assert (
+            "build v1's workers are draining (they finish the runs pinned to it); new runs now go to build v2"
+            in caplog.text
+        )
+        assert "has no live worker left" not in caplog.text
+    finally:
+        thread.__exit__(None, None, None)
+
+
+def test_an_unversioned_worker_pins_nothing_so_a_drain_stops_it(store: RedisStore) -> None:
+    worker = Worker(store, grace=5, block_ms=100)
+    thread = WorkerThread(worker)
+    thread.__enter__()
+    try:
+        stub = WorkflowStub.make(Waiter, store=store).start(0.01)
+        wait_for(lambda: stub.status() == "suspended")
+        worker.drain()
+        thread.thread.join(timeout=15)
+        assert not thread.thread.is_alive()
+        # Its run was never its alone: the next worker finishes it.
+        with WorkerThread(Worker(store, grace=5, block_ms=100)):
+            stub.signal("go", "ok")
+            assert stub.result(timeout=15) == "ok"
+    finally:
+        thread.__exit__(None, None, None)
+
+
+def test_sigusr1_drains_a_worker_process(redis_url: str, store: RedisStore) -> None:
+    proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    try:
+        wait_for(lambda: store.current_build(["default"]) == ["v1"], timeout=30)
+        stub = WorkflowStub.make(Waiter, store=store).start(0.01)
+        wait_for(lambda: stub.snapshot()["build_id"] == "v1" and stub.status() == "suspended", timeout=30)
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: any(w.draining and w.pinned_left == 1 for w in store.live_workers()), timeout=15)
+        out = durable_cli(redis_url, "workers").stdout
+        assert "draining: 1 open run pinned to its build left" in out, out
+        assert proc.poll() is None
+        stub.signal("go", "done")
+        assert stub.result(timeout=30) == "done"
+        assert proc.wait(timeout=20) == 0
+        assert proc.stderr is not None
+        log = proc.stderr.read().decode()
+        assert "drained: no open run is pinned to build v1" in log, log
+    finally:
+        stop(proc)
+
+
+APP = textwrap.dedent(
+    """
+    from durable import Workflow, await_signal
+
+    class Deployed(Workflow):
+        def handle(self, wait: bool) -> str:
+            if wait:
+                await_signal("go")
+            return "v1"
+    """
+)
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+@pytest.mark.slow
+def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_runs_finish(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """`durable worker --processes 2 --build-id auto`, an edit, `kill -HUP`: new runs start on
+    the new build; the run pinned to the old build finishes on the old code, on the old build's
+    last process, which then stops by itself. Before, that run waited for a worker of a build
+    no process served any more. Then `kill -USR1` of the supervisor drains it all."""
+    (tmp_path / "deploy_app.py").write_text(APP)
+    log = tmp_path / "worker.log"
+    env = dict(
+        os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join(map(str, (tmp_path, TESTS, ROOT)))
+    )
+    argv = [sys.executable, "-m", "workers.cli", "worker", "--app", "deploy_app", "--processes", "2"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*argv, "--build-id", "auto"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    try:
+        sys.path.insert(0, str(tmp_path))
+        import deploy_app
+
+        pinned = WorkflowStub.make(deploy_app.Deployed, store=store).start(True)
+        wait_for(lambda: pinned.status() == "suspended", timeout=30)
+        old_build = pinned.snapshot()["build_id"]
+        assert old_build
+        old = wait_for(lambda: (c := _children(proc.pid)) and len(c) == 2 and c)
+
+        (tmp_path / "deploy_app.py").write_text(APP.replace('"v1"', '"v2"'))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: b"reload done: 2 worker processes replaced" in log.read_bytes(), timeout=60)
+        assert b"drains: it finishes the runs pinned to" in log.read_bytes()
+        # The first old process stopped; the last one drains beside the two new ones.
+        wait_for(lambda: len(c := _children(proc.pid)) == 3 and len(c & old) == 1, timeout=30)
+        report = wait_for(
+            lambda: (
+                (r := json.loads(durable_cli(redis_url, "workers", "--json").stdout))
+                and any(w["draining_since"] for w in r["workers"])
+                and r
+            ),
+            timeout=15,
+        )
+        (draining,) = [w for w in report["workers"] if w["draining_since"]]
+        assert draining["build_id"] == old_build and draining["pinned_left"] == 1
+
+        fresh = WorkflowStub.make(deploy_app.Deployed, store=store).start(False)
+        assert fresh.result(timeout=30) == "v2"
+        assert fresh.snapshot()["build_id"] not in (None, old_build)
+        pinned.signal("go", None)
+        assert pinned.result(timeout=30) == "v1"  # the old code, on the old build's process
+        wait_for(lambda: len(c := _children(proc.pid)) == 2 and c.isdisjoint(old), timeout=30)
+        text = log.read_bytes().decode()
+        assert f"drained: no open run is pinned to build {old_build}" in text
+        assert f"of build {old_build} exited with 0" in text
+
+        # SIGUSR1 to the supervisor drains every process: it exits once none has a pinned run.
+        last = WorkflowStub.make(deploy_app.Deployed, store=store).start(True)
+        wait_for(lambda: last.status() == "suspended", timeout=30)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)  # a heartbeat (2 s) has counted the open run
+        assert proc.poll() is None and len(_children(proc.pid)) == 2
+        last.signal("go", None)
+        assert last.result(timeout=30) == "v2"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("deploy_app", None)
+        if proc.poll() is None:
+            stop(proc)
+        for pid in _children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
