@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from apps.basic import Waiter
 from procs import ROOT, TESTS, durable_cli, spawn_worker, stop
+from server_procs import ServerProc
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -117,6 +118,71 @@ def test_sigusr1_drains_a_worker_process(redis_url: str, store: RedisStore) -> N
         log = proc.stderr.read().decode()
         assert "drained: no open run is pinned to build v1" in log, log
     finally:
+        stop(proc)
+
+
+def test_durable_drain_asks_the_workers_of_a_build_from_anywhere(redis_url: str, store: RedisStore) -> None:
+    """`durable drain --build-id B` (no signal, no shell on the worker's machine): the workers of
+    B drain, the others go on; a name no live worker has is an error naming the live ones."""
+    old = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    other = None
+    try:
+        wait_for(lambda: store.current_build(["default"]) == ["v1"], timeout=30)
+        (v1,) = store.live_workers()
+        stub = WorkflowStub.make(Waiter, store=store).start(0.01)
+        wait_for(lambda: stub.snapshot()["build_id"] == "v1" and stub.status() == "suspended", timeout=30)
+        other = spawn_worker(redis_url)  # unversioned: it serves the queue's new runs too
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+
+        bad = durable_cli(redis_url, "drain", "nope")
+        assert bad.returncode == 1 and "no live worker named 'nope'" in bad.stderr and v1.name in bad.stderr
+        bad = durable_cli(redis_url, "drain", "--build-id", "v9")
+        assert bad.returncode == 1 and "no live worker of build 'v9' (live builds: v1)" in bad.stderr
+        assert durable_cli(redis_url, "drain").returncode != 0
+
+        out = durable_cli(redis_url, "drain", "--build-id", "v1")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"worker {v1.name} (build v1): asked to drain"
+        assert "warning" not in out.stderr  # the unversioned worker serves the queue
+        wait_for(lambda: any(w.draining and w.pinned_left == 1 for w in store.live_workers()), timeout=15)
+        assert old.poll() is None
+        stub.signal("go", "done")
+        assert stub.result(timeout=30) == "done"
+        assert old.wait(timeout=20) == 0
+        assert other.poll() is None
+        (plain,) = store.live_workers()
+        assert plain.build == ""
+        # The last worker of the queue: said, and it stops (unversioned: nothing is pinned to it).
+        out = durable_cli(redis_url, "drain", plain.name)
+        assert (
+            out.stdout.strip()
+            == f"worker {plain.name} (unversioned: nothing is pinned to it, it stops): asked to drain"
+        )
+        assert "warning: no other live worker serves queue default: its new runs wait for one" in out.stderr
+        assert other.wait(timeout=20) == 0
+    finally:
+        stop(old)
+        if other is not None:
+            stop(other)
+
+
+def test_the_api_drains_a_worker_by_name(redis_url: str, store: RedisStore, tmp_path: Path) -> None:
+    proc = spawn_worker(redis_url, extra=("--build-id", "v1"))
+    server = ServerProc(redis_url, tmp_path / "server.log")
+    try:
+        (worker,) = wait_for(lambda: store.live_workers(), timeout=30)
+        with server.client(**{"X-Durable-Request": "1"}) as api:
+            missing = api.post("/api/v1/workers/nope/drain")
+            assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+            assert worker.name in missing.json()["error"]["message"]
+            asked = api.post(f"/api/v1/workers/{worker.name}/drain")
+            assert asked.status_code == 200, asked.text
+            assert asked.json() == {"name": worker.name, "build_id": "v1", "drain_asked": True}
+            # Nothing is pinned to it: it stops at its next heartbeat, and leaves the list.
+            assert proc.wait(timeout=20) == 0
+            assert api.get("/api/v1/workers").json()["workers"] == []
+    finally:
+        server.stop()
         stop(proc)
 
 

@@ -387,9 +387,22 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
         page.wait_for_selector("#workers tbody tr:has-text('ui-stopping-1') .badge.stopping")
         badge = page.wait_for_selector("#workers tbody tr:has-text('ui-draining-1') .badge.draining")
         assert badge.inner_text() == "draining: 3 left"
+        # Neither has a Drain button (already stopping or draining); a serving worker has one.
+        assert page.locator("#workers tbody tr:has-text('ui-draining-1') button").count() == 0
+        serving = WorkerInfo(
+            name="ui-drainable-1", build="b1", queues=("ui-stopping",), started=now, seen=now
+        )
+        ui.store.register_worker(serving)
+        page.reload()
+        page.click("#workers tbody tr:has-text('ui-drainable-1') button:has-text('Drain')")
+        _confirm(page)
+        page.wait_for_selector("#flash .msg.ok:has-text('ui-drainable-1: asked to drain')")
+        # The ask waits in Redis for that worker's next heartbeat (this entry has no process).
+        assert ui.store.register_worker(serving) is True
     finally:
         ui.store.unregister_worker(entry.name)
         ui.store.unregister_worker(drainer.name)
+        ui.store.unregister_worker("ui-drainable-1")
 
     page.goto(ui.open.url + "/schedules")
     page.wait_for_selector("#schedules tr[data-id=ui-sched]")

@@ -17,8 +17,8 @@ live versioned worker of the queue takes over at its next heartbeat, and logs
 it with both build ids. Starting a worker never takes new runs away from live
 workers of the current build; stopping and draining workers do not count as live there.
 
-A worker asked to **drain** (:meth:`Membership.drain`: ``kill -USR1``, or a supervisor's
-reload that deployed a new build) starts no new run and takes over no queue: it decides the
+A worker asked to **drain** (:meth:`Membership.drain`: ``kill -USR1``, ``durable drain``, or
+a supervisor's reload that deployed a new build) starts no new run and takes over no queue: it decides the
 runs pinned to its builds, says in its entry how many are still open, and stops once none is.
 That is how the last process of an old build outlives a deploy without stranding its runs.
 """
@@ -144,11 +144,11 @@ class Membership:
     def heartbeat(self, *, register: bool = True) -> None:
         """Renew the entry; a versioned worker takes over queues whose current build has no
         live worker (scheduler thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
+        if register and not self._drain_asked:
+            self._register()  # (which also reads whether an operator asked for a drain)
         if self._drain_asked:
             self._drain_step()
             return
-        if register:
-            self._register()
         if not self.build:
             return
         current = self.store.current_build(self.queues)
@@ -234,8 +234,11 @@ class Membership:
     def _register(self) -> None:
         threads, held, stuck = self.threads() if self.threads is not None else (0, 0, ())
         now = self.store.server_time_ms()
-        self.store.register_worker(
+        asked = self.store.register_worker(
             replace(
                 self.info, threads=threads, held=held, stuck=stuck, started=self._started or now, seen=now
             )
         )
+        if asked and not self._drain_asked:
+            log.info("an operator asked this worker to drain (`durable drain`)")
+            self.drain()

@@ -317,6 +317,10 @@ class Keys:
         """A worker's registry entry: what it serves; it expires unless the worker renews it."""
         return f"{self.prefix}:worker:{name}"
 
+    def worker_drain(self, name: str) -> str:
+        """An operator's ask that a worker drain (``durable drain``): read with its heartbeat."""
+        return f"{self.prefix}:worker-drain:{name}"
+
     def activity_tasks(self, p: int, queue: str) -> str:
         return f"{self.tag(p)}:aq:{queue}"
 

@@ -34,6 +34,7 @@ __all__ = [
     "REGISTRY_TTL_MS",
     "WorkerInfo",
     "WorkerRegistry",
+    "drain_targets",
     "no_live_worker_reason",
     "no_worker_on_queue_reason",
     "no_worker_reason",
@@ -249,6 +250,34 @@ def _who(names: list[str]) -> str:
     return f"worker {names[0]} is" if len(names) == 1 else f"workers {', '.join(names)} are"
 
 
+def drain_targets(
+    live: Sequence[WorkerInfo], names: Iterable[str] = (), builds: Iterable[str] = ()
+) -> list[WorkerInfo]:
+    """The live workers ``durable drain`` asks: those named, and every one of ``builds``.
+
+    Raises:
+        LookupError: a name or build no live worker has (the message says which are live).
+    """
+    names, builds = list(dict.fromkeys(names)), list(dict.fromkeys(builds))
+    by_name = {w.name: w for w in live}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise LookupError(
+            f"no live worker named {', '.join(map(repr, unknown))} (live: {', '.join(by_name) or 'none'}; "
+            "`durable workers` lists them)"
+        )
+    chosen = [by_name[n] for n in names]
+    for build in builds:
+        of_build = [w for w in live if w.build == build]
+        if not of_build:
+            known = sorted({w.build for w in live if w.build})
+            raise LookupError(
+                f"no live worker of build {build!r} (live builds: {', '.join(known) or 'none'})"
+            )
+        chosen += [w for w in of_build if w not in chosen]
+    return chosen
+
+
 def served_queues(live: Iterable[WorkerInfo]) -> list[str]:
     """The shared queues ``live`` workers serve, sorted (private queues left out)."""
     return sorted({q for w in live for q in w.queues if not is_private(q)})
@@ -265,16 +294,33 @@ def takes_new_runs(queue: str, current: str, live: Iterable[WorkerInfo]) -> list
     ]
 
 
+DRAIN_ASK_TTL_MS = 6 * REGISTRY_TTL_MS
+"""How long an operator's ask to drain waits for its worker's next heartbeat (a worker stalled
+longer than its registry entry lives is gone by then)."""
+
+
 class WorkerRegistry(MemoryStore):
     """Workers' registry entries, and the compare-and-set of a queue's current build."""
 
-    def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> None:
-        """Write (or renew) ``info``; it lapses after ``ttl_ms`` unless written again."""
+    def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> bool:
+        """Write (or renew) ``info``; it lapses after ``ttl_ms`` unless written again. Returns
+        whether an operator asked this worker to drain (:meth:`ask_drain`), read in the same
+        round trip."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms)
             pipe.sadd(self.keys.worker_index(), info.name)
             if info.build:  # on every renewal: a sweep that just dropped it gets it back
                 pipe.sadd(self.keys.served_builds(), *(json.dumps([q, info.build]) for q in info.queues))
+            pipe.exists(self.keys.worker_drain(info.name))
+            return bool(pipe.execute()[-1])
+
+    def ask_drain(self, names: Iterable[str]) -> None:
+        """Ask the workers ``names`` to drain (``durable drain``): each reads it at its next
+        heartbeat (within :data:`HEARTBEAT_S`). The ask lapses with the registry's time to live
+        times a few: a worker that is gone does not leave it behind."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.set(self.keys.worker_drain(name), "1", px=DRAIN_ASK_TTL_MS)
             pipe.execute()
 
     def unregister_worker(self, name: str) -> None:

@@ -1,4 +1,5 @@
-"""Commands about the workers: ``workers`` (who is live, what they serve) and ``promote``.
+"""Commands about the workers: ``workers`` (who is live, what they serve), ``promote`` and
+``drain``.
 
 Also the CLI's view of a run no live worker can move -- pinned to a build none serves, or on a
 queue none serves (:func:`mark_unserved`): ``list`` shows it as blocked (``status`` and
@@ -22,7 +23,7 @@ from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import RedisStore
-from durable.store.workers import WorkerInfo, no_worker_reason, served_queues, takes_new_runs
+from durable.store.workers import WorkerInfo, drain_targets, no_worker_reason, served_queues, takes_new_runs
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
 from workers.config import mask_url
@@ -313,4 +314,37 @@ def promote(state: CliState, build: str, queues: tuple[str, ...]) -> None:
             )
 
 
-COMMANDS = [workers_, promote]
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--build-id", "builds", multiple=True, help="Drain every live worker of BUILD (repeatable).")
+@pass_state
+def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> None:
+    """Ask workers to drain: each starts no new run, finishes the runs pinned to its build, then
+    stops by itself (as `kill -USR1` of it does, from any machine).
+
+    NAMES are worker names as `durable workers` lists them. A worker reads the ask at its next
+    heartbeat (within 2 s); `durable workers` then shows how many pinned runs it has left. An
+    unversioned worker pins nothing: it stops gracefully at once.
+    """
+    if not names and not builds:
+        raise CliError("name the workers to drain (`durable workers` lists them), or give --build-id BUILD")
+    store = state.existing_store
+    live = store.live_workers()
+    try:
+        chosen = drain_targets(live, names, builds)
+    except LookupError as exc:
+        raise CliError(str(exc.args[0])) from None
+    store.ask_drain(w.name for w in chosen)
+    for w in chosen:
+        what = f"build {w.build}" if w.build else "unversioned: nothing is pinned to it, it stops"
+        click.echo(f"worker {w.name} ({what}): asked to drain")
+    for queue in sorted({q for w in chosen for q in w.queues}):
+        if not any(queue in w.queues and w not in chosen and not (w.stopping or w.draining) for w in live):
+            click.echo(
+                f"warning: no other live worker serves queue {queue}: its new runs wait for one "
+                f"(`durable worker --app YOUR_APP --queue {queue}`)",
+                err=True,
+            )
+
+
+COMMANDS = [workers_, promote, drain]

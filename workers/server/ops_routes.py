@@ -7,6 +7,7 @@ from typing import Any
 
 from durable import ScheduleHandle, WorkflowStub
 from durable.schedules import skip_reason
+from durable.store.workers import drain_targets
 from workers.cli.fleet import fleet_report
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
@@ -51,6 +52,16 @@ def resume_hook(call: Call) -> dict[str, Any]:
 
 def list_workers(call: Call) -> dict[str, Any]:
     return fleet_report(call.store)
+
+
+def drain_worker(call: Call) -> dict[str, Any]:
+    """As ``durable drain NAME``: the worker reads the ask at its next heartbeat."""
+    try:
+        (worker,) = drain_targets(call.store.live_workers(), [call.path["name"]])
+    except LookupError as exc:
+        raise ApiError("not_found", str(exc.args[0])) from None
+    call.store.ask_drain([worker.name])
+    return {"name": worker.name, "build_id": worker.build or None, "drain_asked": True}
 
 
 def list_schedules(call: Call) -> dict[str, Any]:
@@ -122,6 +133,14 @@ ENDPOINTS = [
         list_workers,
         "read",
         "List live workers, builds and queues (with each queue's backlog and lag)",
+    ),
+    Endpoint(
+        "POST",
+        "/api/v1/workers/{name}/drain",
+        drain_worker,
+        "operator",
+        "Ask a worker to drain: it starts no new run, finishes the runs pinned to its build, then "
+        "stops (within its next heartbeat, 2 s)",
     ),
     Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
     Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),

@@ -48,8 +48,23 @@
       el("td", {}, list(w.queues)), el("td", {}, list(w.workflows)), el("td", {}, list(w.activities.filter((a) => !a.startsWith("durable.")))),
       el("td", {}, threads(w)), el("td", { class: "small" }, time(w.started)), el("td", {}, `${w.heartbeat_age_s} s ago`,
         w.stopping_since ? el("div", {}, el("span", { class: "badge stopping", title: "it takes no new task: it finishes its running activities, then leaves" }, "stopping"))
-          : w.draining_since ? el("div", {}, el("span", { class: "badge draining", title: "it starts no new run: it finishes the runs pinned to its build, then stops" }, `draining: ${w.pinned_left} left`)) : "")));
-    if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 9, "no live worker");
+          : w.draining_since ? el("div", {}, el("span", { class: "badge draining", title: "it starts no new run: it finishes the runs pinned to its build, then stops" }, `draining: ${w.pinned_left} left`)) : ""),
+      el("td", { class: "buttons" }, w.stopping_since || w.draining_since ? ""
+        : el("button", { type: "button", onclick: () => drain(w) }, "Drain…"))));
+    if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 10, "no live worker");
+  }
+
+  // As `durable drain NAME`: the worker reads the ask at its next heartbeat (2 s).
+  async function drain(w) {
+    const pinned = w.build_id ? `the runs pinned to build ${w.build_id}, then stops` : "nothing (unversioned: nothing is pinned to it), so it stops";
+    if (!(await D.confirm(`Drain worker ${w.name}`, `It starts no new run and finishes ${pinned}.`))) return;
+    try {
+      await api("POST", `/api/v1/workers/${encodeURIComponent(w.name)}/drain`);
+      flash(`worker ${w.name}: asked to drain (it says so within its next heartbeat)`, "ok");
+      await workers();
+    } catch (err) {
+      showError(err, `drain ${w.name}`);
+    }
   }
 
   function when(spec) {
