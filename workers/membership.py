@@ -205,7 +205,8 @@ class Membership:
                 "worker stops once none is; `durable list --where \"build_id = '%s' and status = 'open'\"` "
                 "lists them)",
                 left,
-                self.build,
+                self.build
+                + (f" (or compatible {', '.join(self.info.compatible)})" if self.info.compatible else ""),
                 ", ".join(self.queues),
                 self.build,
             )
