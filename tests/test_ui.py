@@ -366,6 +366,9 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     page.wait_for_selector("#queues tbody tr.is-blocked:has-text('billing')")
     rows = {r.split("\t")[0]: r for r in page.locator("#queues tbody tr").all_inner_texts()}
     assert "none serves it" in rows["billing"] and "none serves it" not in rows["default"], rows
+    assert "no live worker takes them" in rows["billing"] and "no live worker takes" not in rows["default"], (
+        rows
+    )
     ui.shot(page, "workers")
     # A worker that is stopping (its registry entry says since when) gets a badge saying so.
     now = ui.store.server_time_ms()

@@ -36,7 +36,7 @@
       const served = q.workers.length > 0;
       return el("tr", { class: b.lag_ms > 60000 || !served ? "is-blocked" : "" }, el("td", {}, el("b", {}, name)),
         el("td", {}, q.current_build ? el("span", {}, q.current_build, q.current_build_live ? "" : el("span", { class: "bad" }, " (no live worker)")) : "unversioned"),
-        el("td", {}, list(q.new_runs_to)), el("td", {}, served ? String(q.workers.length) : el("span", { class: "bad" }, "none serves it")),
+        el("td", {}, q.new_runs_to.length ? list(q.new_runs_to) : el("span", { class: "bad" }, "no live worker takes them")), el("td", {}, served ? String(q.workers.length) : el("span", { class: "bad" }, "none serves it")),
         el("td", { class: "num" }, String(b.workflow_tasks ?? "")), el("td", { class: "num" }, String(b.activity_tasks ?? "")),
         el("td", { title: b.oldest_ms ? time(b.oldest_ms) : "" }, lag));
     });
