@@ -16,6 +16,7 @@ from waiting import wait_for
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -105,3 +106,35 @@ def test_backlog_text_of_a_scrape_names_the_unserved_queue(store: RedisStore) ->
     }
     key = ("durable_task_queue_backlog", (("kind", "workflow"), ("queue", unserved)))
     assert samples.get(key) == 1
+
+
+def test_worker_gauges_say_each_workers_state_and_what_a_drain_has_left(store: RedisStore) -> None:
+    """`durable_workers` by queue, build and state; `durable_worker_drain_pinned_runs` per draining
+    worker: an alert finds a drain that waits on a run that does not finish."""
+    now = store.server_time_ms()
+    entries = [
+        WorkerInfo(name="w-serving", build="v2", queues=("q",), started=now, seen=now),
+        WorkerInfo(name="w-plain", queues=("q", "@w-plain"), started=now, seen=now),
+        WorkerInfo(
+            name="w-draining", build="v1", queues=("q",), started=now, seen=now, draining=now, pinned_left=2
+        ),
+        WorkerInfo(name="w-stopping", build="v1", queues=("q",), started=now, seen=now, stopping=now),
+    ]
+    for entry in entries:
+        store.register_worker(entry)
+    families = {f.name: f for f in QueueCollector(store, ["q"]).collect()}
+    workers = {
+        (s.labels["queue"], s.labels["build"], s.labels["state"]): s.value
+        for s in families["durable_workers"].samples
+    }
+    assert workers == {
+        ("q", "", "serving"): 1,
+        ("q", "v2", "serving"): 1,
+        ("q", "v1", "draining"): 1,
+        ("q", "v1", "stopping"): 1,
+    }
+    left = [
+        (s.labels["worker"], s.labels["build"], s.value)
+        for s in families["durable_worker_drain_pinned_runs"].samples
+    ]
+    assert left == [("w-draining", "v1", 2)]

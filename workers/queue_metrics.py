@@ -1,5 +1,6 @@
-"""The task queue gauges of ``/metrics``: backlogs, oldest task ages and dead letters, read from
-Redis on each scrape (:class:`QueueCollector`).
+"""The task queue gauges of ``/metrics``: backlogs, oldest task ages, dead letters and the live
+workers (by state, and what a draining one has left), read from Redis on each scrape
+(:class:`QueueCollector`).
 
 A worker's port and the operator server's both register one (see
 :func:`workers.metrics.registry_for`). The queues read are those the scrape's owner serves, and
@@ -45,11 +46,11 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         self.store = store
         self.queues = list(queues) if queues is not None else None
 
-    def _queue_names(self) -> list[str]:
+    def _queue_names(self, live: Sequence[Any] | None = None) -> list[str]:
         """The given queues (else those live workers serve, and ``default``), then the known
         queues no live worker serves: those come last, so the scan limit drops them first."""
         served: set[str] = set()
-        for info in self.store.live_workers():
+        for info in self.store.live_workers() if live is None else live:
             served.update(q for q in info.queues if not q.startswith(PRIVATE))
         own = list(self.queues) if self.queues is not None else sorted(served | {"default"})
         # No worker reads these as its own: each port reports them (the same value on every
@@ -57,10 +58,10 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         unserved = sorted(set(self.store.known_queues()) - served - set(own))
         return own + unserved
 
-    def _streams(self) -> list[tuple[str, str, str]]:
+    def _streams(self, live: Sequence[Any]) -> list[tuple[str, str, str]]:
         keys = self.store.keys
         out = []
-        for queue in self._queue_names():
+        for queue in self._queue_names(live):
             for p in range(keys.partitions):
                 out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
                 out.append(("activity", queue, keys.activity_tasks(p, queue)))
@@ -79,15 +80,29 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
             labels=["queue", "kind"],
         )
         dead = GaugeMetricFamily("durable_dead_letters", "Tasks in the dead-letter streams (parked).")
+        workers = GaugeMetricFamily(
+            "durable_workers",
+            "Live workers per queue, build and state (serving; stopping: finishing its activities; "
+            "draining: finishing the runs pinned to its build, starting no new run).",
+            labels=["queue", "build", "state"],
+        )
+        left = GaugeMetricFamily(
+            "durable_worker_drain_pinned_runs",
+            "Open runs pinned to a draining worker's builds: it stops once none is (one that stays "
+            "above 0 for long waits on a run that does not finish).",
+            labels=["worker", "build"],
+        )
         try:
-            self._read(backlog, oldest, dead)
+            live = self.store.live_workers()
+            _count_workers(live, workers, left)
+            self._read(live, backlog, oldest, dead)
         except redis.RedisError as exc:
             log.warning("metrics: task queues not read from Redis: %s", exc)
             return
-        yield from (backlog, oldest, dead)
+        yield from (backlog, oldest, dead, workers, left)
 
-    def _read(self, backlog: Any, oldest: Any, dead: Any) -> None:
-        streams = self._streams()
+    def _read(self, live: Sequence[Any], backlog: Any, oldest: Any, dead: Any) -> None:
+        streams = self._streams(live)
         client = self.store.redis
         with client.pipeline(transaction=False) as pipe:
             for _, _, key in streams:
@@ -135,6 +150,20 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
                 age = max(0.0, (now_ms - ms) / 1000)
                 ages[(queue, kind)] = max(ages.get((queue, kind), 0.0), age)
         return ages
+
+
+def _count_workers(live: Sequence[Any], workers: Any, left: Any) -> None:
+    counts: dict[tuple[str, str, str], int] = {}
+    for w in live:
+        state = "stopping" if w.stopping else "draining" if w.draining else "serving"
+        for queue in w.queues:
+            if not queue.startswith(PRIVATE):
+                key = (queue, w.build, state)
+                counts[key] = counts.get(key, 0) + 1
+        if w.draining and not w.stopping:
+            left.add_metric([w.name, w.build], w.pinned_left)
+    for labels, count in sorted(counts.items()):
+        workers.add_metric(list(labels), count)
 
 
 def _group(groups: Any) -> dict[str, Any] | None:
