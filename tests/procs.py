@@ -89,3 +89,24 @@ def spawn_logged_worker(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def spawn_supervisor(url: str, app_dir: Path, log: Path, app: str, *extra: str) -> subprocess.Popen[bytes]:
+    """``durable worker --app APP --processes 2 EXTRA`` run in ``app_dir`` (the app's own folder,
+    importable, as a user runs it), its log in ``log``."""
+    environ = dict(
+        os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=os.pathsep.join(map(str, (app_dir, TESTS, ROOT)))
+    )
+    argv = [sys.executable, "-m", "workers.cli", "worker", "--app", app, "--processes", "2", *extra]
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, cwd=app_dir, env=environ, stdout=out, stderr=out, start_new_session=True
+        )
+
+
+def children(pid: int) -> set[int]:
+    """The pids of ``pid``'s child processes (none once it is gone)."""
+    try:
+        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except (OSError, ValueError):
+        return set()

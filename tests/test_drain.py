@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from apps.basic import Waiter
-from procs import ROOT, TESTS, durable_cli, spawn_worker, stop
+from procs import children, durable_cli, spawn_supervisor, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
@@ -199,13 +198,6 @@ APP = textwrap.dedent(
 )
 
 
-def _children(pid: int) -> set[int]:
-    try:
-        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except (OSError, ValueError):
-        return set()
-
-
 @pytest.mark.slow
 def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_runs_finish(
     redis_url: str, store: RedisStore, tmp_path: Path
@@ -216,19 +208,7 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
     no process served any more. Then `kill -USR1` of the supervisor drains it all."""
     (tmp_path / "deploy_app.py").write_text(APP)
     log = tmp_path / "worker.log"
-    env = dict(
-        os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join(map(str, (tmp_path, TESTS, ROOT)))
-    )
-    argv = [sys.executable, "-m", "workers.cli", "worker", "--app", "deploy_app", "--processes", "2"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*argv, "--build-id", "auto"],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    proc = spawn_supervisor(redis_url, tmp_path, log, "deploy_app", "--build-id", "auto")
     try:
         sys.path.insert(0, str(tmp_path))
         import deploy_app
@@ -237,14 +217,14 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         wait_for(lambda: pinned.status() == "suspended", timeout=30)
         old_build = pinned.snapshot()["build_id"]
         assert old_build
-        old = wait_for(lambda: (c := _children(proc.pid)) and len(c) == 2 and c)
+        old = wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and c)
 
         (tmp_path / "deploy_app.py").write_text(APP.replace('"v1"', '"v2"'))
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: b"reload done: 2 worker processes replaced" in log.read_bytes(), timeout=60)
         assert b"drains: it finishes the runs pinned to" in log.read_bytes()
         # The first old process stopped; the last one drains beside the two new ones.
-        wait_for(lambda: len(c := _children(proc.pid)) == 3 and len(c & old) == 1, timeout=30)
+        wait_for(lambda: len(c := children(proc.pid)) == 3 and len(c & old) == 1, timeout=30)
         report = wait_for(
             lambda: (
                 (r := json.loads(durable_cli(redis_url, "workers", "--json").stdout))
@@ -261,7 +241,7 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         assert fresh.snapshot()["build_id"] not in (None, old_build)
         pinned.signal("go", None)
         assert pinned.result(timeout=30) == "v1"  # the old code, on the old build's process
-        wait_for(lambda: len(c := _children(proc.pid)) == 2 and c.isdisjoint(old), timeout=30)
+        wait_for(lambda: len(c := children(proc.pid)) == 2 and c.isdisjoint(old), timeout=30)
         text = log.read_bytes().decode()
         assert f"drained: no open run is pinned to build {old_build}" in text
         assert f"of build {old_build} exited with 0" in text
@@ -271,7 +251,7 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         wait_for(lambda: last.status() == "suspended", timeout=30)
         proc.send_signal(signal.SIGUSR1)
         time.sleep(3)  # a heartbeat (2 s) has counted the open run
-        assert proc.poll() is None and len(_children(proc.pid)) == 2
+        assert proc.poll() is None and len(children(proc.pid)) == 2
         last.signal("go", None)
         assert last.result(timeout=30) == "v2"
         assert proc.wait(timeout=20) == 0
@@ -280,5 +260,5 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         sys.modules.pop("deploy_app", None)
         if proc.poll() is None:
             stop(proc)
-        for pid in _children(proc.pid):
+        for pid in children(proc.pid):
             os.kill(pid, signal.SIGKILL)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import ROOT, TESTS, stop
+from procs import children, spawn_supervisor, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -138,24 +137,13 @@ def test_sighup_deploys_new_code_without_losing_the_running_activity(
     running on an old process completes there (one attempt), and new runs get the new code."""
     (tmp_path / "versioned_app.py").write_text(APP_V1)
     log = tmp_path / "worker.log"
-    env = dict(
-        os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join(map(str, (tmp_path, TESTS, ROOT)))
-    )
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--app", "versioned_app", "--processes", "2"],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
+    proc = spawn_supervisor(redis_url, tmp_path, log, "versioned_app")
     try:
         sys.path.insert(0, str(tmp_path))
         import versioned_app
 
         assert WorkflowStub.make(versioned_app.Versioned, store=store).start(0).result(timeout=30) == "v1"
-        old = wait_for(lambda: (c := _children(proc.pid)) and len(c) == 2 and c)
+        old = wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and c)
         running = WorkflowStub.make(versioned_app.Versioned, store=store).start(3)
         wait_for(lambda: "running on" in str((running.describe().pending or [{}])[0].get("state")))
 
@@ -164,7 +152,7 @@ def test_sighup_deploys_new_code_without_losing_the_running_activity(
         wait_for(lambda: b"reload done: 2 worker processes replaced" in log.read_bytes(), timeout=60)
         assert running.result(timeout=30) == "v1"  # finished by the old process it ran on
         # The old processes leave once their activities are done (the one above ran for 3 s).
-        wait_for(lambda: len(c := _children(proc.pid)) == 2 and c.isdisjoint(old))
+        wait_for(lambda: len(c := children(proc.pid)) == 2 and c.isdisjoint(old))
         attempts = running.describe().attempts
         assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "completed")], attempts
         assert WorkflowStub.make(versioned_app.Versioned, store=store).start(0).result(timeout=30) == "v2"
@@ -174,15 +162,8 @@ def test_sighup_deploys_new_code_without_losing_the_running_activity(
         sys.modules.pop("versioned_app", None)
         if proc.poll() is None:
             stop(proc)
-        for pid in _children(proc.pid):
+        for pid in children(proc.pid):
             os.kill(pid, signal.SIGKILL)
-
-
-def _children(pid: int) -> set[int]:
-    try:
-        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except (OSError, ValueError):
-        return set()
 
 
 def test_a_stop_during_a_reload_stops_the_new_and_the_replaced_processes_too(supervised) -> None:  # type: ignore[no-untyped-def]
