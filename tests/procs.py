@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -91,17 +93,32 @@ def spawn_logged_worker(
         )
 
 
-def spawn_supervisor(url: str, app_dir: Path, log: Path, app: str, *extra: str) -> subprocess.Popen[bytes]:
+@contextmanager
+def supervised_app(
+    url: str, app_dir: Path, app: str, *extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], Any, Path]]:
     """``durable worker --app APP --processes 2 EXTRA`` run in ``app_dir`` (the app's own folder,
-    importable, as a user runs it), its log in ``log``."""
-    environ = dict(
-        os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=os.pathsep.join(map(str, (app_dir, TESTS, ROOT)))
-    )
+    as a user runs it); yields the supervisor, the app module imported here (to start its
+    workflows) and the supervisor's log. Stops the supervisor, and kills any child it left."""
+    log = app_dir / "worker.log"
+    path = os.pathsep.join(map(str, (app_dir, TESTS, ROOT)))
+    environ = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=path)
     argv = [sys.executable, "-m", "workers.cli", "worker", "--app", app, "--processes", "2", *extra]
     with log.open("wb") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             argv, cwd=app_dir, env=environ, stdout=out, stderr=out, start_new_session=True
         )
+    sys.path.insert(0, str(app_dir))
+    try:
+        yield proc, importlib.import_module(app), log
+    finally:
+        sys.path.remove(str(app_dir))
+        sys.modules.pop(app, None)
+        left = children(proc.pid)
+        stop(proc)
+        for pid in left:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def children(pid: int) -> set[int]:

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from apps.basic import Waiter
-from procs import children, durable_cli, spawn_supervisor, spawn_worker, stop
+from procs import children, durable_cli, spawn_worker, stop, supervised_app
 from server_procs import ServerProc
 from waiting import wait_for
 
@@ -207,12 +205,7 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
     last process, which then stops by itself. Before, that run waited for a worker of a build
     no process served any more. Then `kill -USR1` of the supervisor drains it all."""
     (tmp_path / "deploy_app.py").write_text(APP)
-    log = tmp_path / "worker.log"
-    proc = spawn_supervisor(redis_url, tmp_path, log, "deploy_app", "--build-id", "auto")
-    try:
-        sys.path.insert(0, str(tmp_path))
-        import deploy_app
-
+    with supervised_app(redis_url, tmp_path, "deploy_app", "--build-id", "auto") as (proc, deploy_app, log):
         pinned = WorkflowStub.make(deploy_app.Deployed, store=store).start(True)
         wait_for(lambda: pinned.status() == "suspended", timeout=30)
         old_build = pinned.snapshot()["build_id"]
@@ -255,10 +248,3 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         last.signal("go", None)
         assert last.result(timeout=30) == "v2"
         assert proc.wait(timeout=20) == 0
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("deploy_app", None)
-        if proc.poll() is None:
-            stop(proc)
-        for pid in children(proc.pid):
-            os.kill(pid, signal.SIGKILL)

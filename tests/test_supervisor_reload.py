@@ -3,7 +3,6 @@ each new one serving before the old one stops; a new one that cannot start stops
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import textwrap
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import children, spawn_supervisor, stop
+from procs import children, stop, supervised_app
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -136,12 +135,7 @@ def test_sighup_deploys_new_code_without_losing_the_running_activity(
     """The edit-deploy loop: edit the app, `kill -HUP` the supervisor; a run whose activity was
     running on an old process completes there (one attempt), and new runs get the new code."""
     (tmp_path / "versioned_app.py").write_text(APP_V1)
-    log = tmp_path / "worker.log"
-    proc = spawn_supervisor(redis_url, tmp_path, log, "versioned_app")
-    try:
-        sys.path.insert(0, str(tmp_path))
-        import versioned_app
-
+    with supervised_app(redis_url, tmp_path, "versioned_app") as (proc, versioned_app, log):
         assert WorkflowStub.make(versioned_app.Versioned, store=store).start(0).result(timeout=30) == "v1"
         old = wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and c)
         running = WorkflowStub.make(versioned_app.Versioned, store=store).start(3)
@@ -157,13 +151,6 @@ def test_sighup_deploys_new_code_without_losing_the_running_activity(
         assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "completed")], attempts
         assert WorkflowStub.make(versioned_app.Versioned, store=store).start(0).result(timeout=30) == "v2"
         assert stop(proc) == 0
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("versioned_app", None)
-        if proc.poll() is None:
-            stop(proc)
-        for pid in children(proc.pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_a_stop_during_a_reload_stops_the_new_and_the_replaced_processes_too(supervised) -> None:  # type: ignore[no-untyped-def]
