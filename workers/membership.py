@@ -135,7 +135,6 @@ class Membership:
         it stops at its next heartbeat. Only sets a flag (a signal handler calls it): the
         heartbeat counts the runs and says so in the registry entry."""
         self._drain_asked = True
-        self.new_run_queues = []
 
     def leave(self) -> None:
         """Remove the registry entry at once (a graceful stop): others fail over now."""
