@@ -20,6 +20,7 @@ from waiting import wait_for
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
+from workers.membership import Membership
 from workers.worker import Worker, WorkerThread
 
 
@@ -77,6 +78,32 @@ def test_a_draining_worker_finishes_its_pinned_runs_starts_no_new_one_then_stops
         assert "has no live worker left" not in caplog.text
     finally:
         thread.__exit__(None, None, None)
+
+
+def test_a_draining_worker_leaves_shared_activity_tasks_to_the_workers_that_go_on(store: RedisStore) -> None:
+    """Activity tasks are not pinned to a build: a draining worker of an old build would run new
+    runs' activities on its old code. It reads them only on the queues no other worker serves
+    (there, the drained runs' own would otherwise wait for ever)."""
+    now = store.server_time_ms()
+    store.register_worker(WorkerInfo(name="other-a", build="v2", queues=("a",), started=now, seen=now))
+    store.register_worker(
+        WorkerInfo(name="other-b", build="v1", queues=("b",), started=now, seen=now, draining=now)
+    )
+    membership = Membership(
+        store,
+        name="me",
+        build="v1",
+        compatible=(),
+        queues=["a", "b"],
+        workflows=[],
+        activities=[],
+        promote=False,
+    )
+    membership.join()
+    assert membership.activity_queues() == ["a", "b"]
+    membership.drain()
+    membership.heartbeat()
+    assert membership.activity_queues() == ["b"]  # b's other worker drains too
 
 
 def test_an_unversioned_worker_pins_nothing_so_a_drain_stops_it(store: RedisStore) -> None:

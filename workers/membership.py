@@ -102,6 +102,7 @@ class Membership:
         #: :meth:`workers.hung.HungWatch.check`: activity threads held by abandoned attempts).
         self.threads: Callable[[], tuple[int, int, tuple[str, ...]]] | None = None
         self._drain_asked = False
+        self._activity_queues: list[str] | None = None  # while draining: see activity_queues()
         #: Called (on the scheduler thread) once a draining worker has no open pinned run left.
         self.on_drained: Callable[[], None] | None = None
 
@@ -189,9 +190,23 @@ class Membership:
                 self.build,
             )
 
+    def activity_queues(self) -> list[str]:
+        """The queues whose shared activity tasks this worker reads (main thread): all of them,
+        but while draining only those no other worker serves. Activity tasks are not pinned to
+        a build: a new build's runs, whose tasks a draining worker of an old build would
+        otherwise take too, then run their activities on the new code; and a queue only draining
+        workers serve still has its tasks run (those of the drained runs among them)."""
+        return self.queues if self._activity_queues is None else self._activity_queues
+
     def _drain_step(self) -> None:
-        """Count the open runs pinned to this worker's builds, say it in the entry, and stop
-        once there are none (:meth:`drain`)."""
+        """Count the open runs pinned to this worker's builds, say it in the entry, leave the
+        shared activity tasks to the other workers, and stop once there are no such runs."""
+        others = [
+            w
+            for w in self.store.live_workers()
+            if w.name != self.info.name and not (w.stopping or w.draining)
+        ]
+        self._activity_queues = [q for q in self.queues if not any(q in w.queues for w in others)]
         left = self.store.count_pinned_open(self.info.builds, self.queues) if self.build else 0
         first = not self.info.draining
         self.info = replace(

@@ -260,13 +260,13 @@ class Worker:
         self._unpinned_of = {q: [keys.workflow_tasks(p, q) for p in parts] for q in self.queues}
         self.unpinned_streams = [s for q in self.queues for s in self._unpinned_of[q]]
         self.workflow_streams = self.pinned_streams + self.unpinned_streams
-        shared_activity_streams = [keys.activity_tasks(p, q) for q in self.queues for p in parts]
+        self._activities_of = {q: [keys.activity_tasks(p, q) for p in parts] for q in self.queues}
+        shared_activity_streams = [s for q in self.queues for s in self._activities_of[q]]
         # Its private (session) streams are created with the others, not when a session first
         # uses one: a read of a stream without its group fails. Its lease's end deletes them
         # (Scheduler.release, or another worker's sweep: LeaseStore.unstick).
-        self.activity_streams = shared_activity_streams + [
-            keys.activity_tasks(p, self.session_queue) for p in parts
-        ]
+        self._session_streams = [keys.activity_tasks(p, self.session_queue) for p in parts]
+        self.activity_streams = shared_activity_streams + self._session_streams
         # Workflow tasks of runs this worker decided last (their drivers are in its cache).
         self.sticky_streams = (
             [keys.workflow_tasks(p, self.session_queue) for p in parts] if cache_size > 0 else []
@@ -490,8 +490,10 @@ class Worker:
         lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
         room = self.activities.read_room()
         if room > 0:
-            per_stream = room // max(1, len(self.activity_streams))
-            lanes[ACTIVITIES] = (self.activity_streams, max(1, min(self.concurrency, per_stream)))
+            # (A draining worker leaves the shared ones to the other workers: membership.py.)
+            streams = [s for q in self.membership.activity_queues() for s in self._activities_of[q]]
+            streams += self._session_streams
+            lanes[ACTIVITIES] = (streams, max(1, min(self.concurrency, room // len(streams))))
         idle = not (self._reclaimed or self.activities.results_in_hand)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
         try:
