@@ -264,7 +264,7 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         wait_for(lambda: len(c := children(proc.pid)) == 2 and c.isdisjoint(old), timeout=30)
         text = log.read_bytes().decode()
         assert f"drained: no open run is pinned to build {old_build}" in text
-        assert f"of build {old_build} exited with 0" in text
+        assert f"of build {old_build} drained (no run pinned to that build is open) and exited" in text
 
         # SIGUSR1 to the supervisor drains every process: it exits once none has a pinned run.
         last = WorkflowStub.make(deploy_app.Deployed, store=store).start(True)
@@ -275,3 +275,25 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         last.signal("go", None)
         assert last.result(timeout=30) == "v2"
         assert proc.wait(timeout=20) == 0
+
+
+def test_a_supervised_process_that_drained_is_not_restarted(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """`durable drain` of the processes of `durable worker --processes 2`: each exits once drained
+    and its supervisor does not start it again (it would undo the drain); once both have, the
+    supervisor exits 0."""
+    (tmp_path / "plain_app.py").write_text(APP.replace("Deployed", "PlainDeployed"))
+    with supervised_app(redis_url, tmp_path, "plain_app") as (proc, _, log):
+        first, second = wait_for(lambda: len(live := store.live_workers()) == 2 and live, timeout=30)
+        assert durable_cli(redis_url, "drain", first.name).returncode == 0
+        wait_for(
+            lambda: b"drained (`durable drain`, or SIGUSR1 to it): not restarted" in log.read_bytes(),
+            timeout=15,
+        )
+        time.sleep(1.5)  # (a restart would come after 1 s)
+        assert [w.name for w in store.live_workers()] == [second.name] and len(children(proc.pid)) == 1
+        assert proc.poll() is None
+        assert durable_cli(redis_url, "drain", second.name).returncode == 0
+        assert proc.wait(timeout=20) == 0
+        assert b"every worker process drained; exiting" in log.read_bytes()

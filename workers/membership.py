@@ -103,6 +103,8 @@ class Membership:
         self.threads: Callable[[], tuple[int, int, tuple[str, ...]]] | None = None
         self._drain_asked = False
         self._activity_queues: list[str] | None = None  # while draining: see activity_queues()
+        #: Set once a drain found no open pinned run left (the worker then stops).
+        self.drained = False
         #: Called (on the scheduler thread) once a draining worker has no open pinned run left.
         self.on_drained: Callable[[], None] | None = None
 
@@ -224,13 +226,14 @@ class Membership:
                 ", ".join(self.queues),
                 self.build,
             )
-        if left == 0 and self.on_drained is not None:
+        if left == 0 and not self.drained:
+            self.drained = True
             log.info(
                 "drained: no open run is pinned to build %s on its queues; stopping",
                 self.build or "(unversioned)",
             )
-            on_drained, self.on_drained = self.on_drained, None
-            on_drained()
+            if self.on_drained is not None:
+                self.on_drained()
 
     def poll(self) -> list[str]:
         """The queues whose new runs this worker starts, re-read at most every

@@ -13,7 +13,9 @@ Redis URL may hold a password). The supervisor
   doubles on each quick death of that slot (1 s up to 30 s; reset once a child
   has lived for a minute). A child that exits with
   :data:`~workers.watchdog.RUNAWAY_EXIT` gave up a runaway decision (its run is
-  blocked, the child was healthy): it is restarted after the shortest backoff;
+  blocked, the child was healthy): it is restarted after the shortest backoff; one that
+  exits with :data:`DRAINED_EXIT` drained (``durable drain``) and is not restarted: once every
+  child has, the supervisor exits 0;
 * gives up when the children cannot start: a child says on a pipe (named by
   ``DURABLE_SUPERVISOR_READY_FD`` in its environment) once it has joined the
   worker registry. If no child ever joined and every slot's first few children
@@ -48,8 +50,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers import metrics
-from workers.config import WorkerConfig, mask_secrets
+from workers.config import mask_secrets
 from workers.watchdog import RUNAWAY_EXIT
 
 log = logging.getLogger("durable.supervisor")
@@ -68,6 +68,9 @@ PARENT_ENV = "DURABLE_SUPERVISOR_PID"
 READY_FD_ENV = "DURABLE_SUPERVISOR_READY_FD"
 #: What a child writes on that pipe once it is in the worker registry, before its build id.
 JOINED = b"joined"
+#: Exit status of a supervised worker process that drained (asked by `durable drain`, SIGUSR1):
+#: it finished what it had to and is not restarted.
+DRAINED_EXIT = 79
 #: Seconds the children get to stop once the supervisor gave up on them (none of them
 #: serves anything: a child stuck importing its app is not waited for).
 GIVE_UP_KILL_AFTER = 10.0
@@ -107,6 +110,7 @@ class _Slot:
     joined: bool = False  # the current child joined the registry
     build: str = ""  # the build id the current child said when it joined
     draining: bool = False  # replaced by a reload, it finishes its build's pinned runs first
+    drained: bool = False  # its process drained (DRAINED_EXIT): it is not restarted
     startup_failures: int = 0  # children of this slot that died before joining (none joined yet)
     pump: threading.Thread | None = None  # forwards the current child's stderr
     # Per child, not per slot: a pump still draining a pipe a dead child's grandchild holds
@@ -200,7 +204,7 @@ class Supervisor:
         finally:
             os.close(write)  # the child's copy is the only one: its death is the pipe's end
         slot.ready = read
-        slot.joined, slot.build, slot.draining = False, "", False
+        slot.joined, slot.build, slot.draining, slot.drained = False, "", False, False
         slot.said = _Said()
         slot.started = time.monotonic()
         slot.restart_at = None
@@ -338,7 +342,7 @@ class Supervisor:
                     if self.stopping_since is not None:
                         # Killed by the very signal we forwarded (e.g. before its handler was
                         # installed) still counts as a clean stop.
-                        failed = failed or (code != 0 and -code not in self.stop_signals)
+                        failed = failed or (code not in (0, DRAINED_EXIT) and -code not in self.stop_signals)
                         log.info(
                             "worker process %d (pid %d) exited with %d%s",
                             slot.index,
@@ -357,6 +361,9 @@ class Supervisor:
                 self._step_reload(now)
             if self.stopping_since is None and self._cannot_start():
                 self._give_up()
+            if self.stopping_since is None and self._all_drained():
+                log.info("every worker process drained; exiting")
+                return 0
             if self.stopping_since is not None:
                 if alive == 0 and not self._children():
                     return 1 if failed or self.startup_error is not None else 0
@@ -463,12 +470,20 @@ class Supervisor:
                 continue
             self._retiring.remove(slot)
             self._reap(slot, proc)
-            clean = code == 0 or code == -signal.SIGTERM
+            if code == DRAINED_EXIT:
+                log.info(
+                    "reload: the replaced worker process %d (pid %d) of build %s drained (no run pinned "
+                    "to that build is open) and exited",
+                    slot.index,
+                    proc.pid,
+                    slot.build,
+                )
+                continue
+            clean = code in (0, -signal.SIGTERM)
             (log.info if clean else log.warning)(
-                "reload: the replaced worker process %d (pid %d) %sexited with %d%s",
+                "reload: the replaced worker process %d (pid %d) exited with %d%s",
                 slot.index,
                 proc.pid,
-                f"of build {slot.build} " if slot.draining else "",
                 code,
                 _said(slot),
             )
@@ -483,6 +498,14 @@ class Supervisor:
     def _schedule_restart(self, slot: _Slot, pid: int, code: int, now: float) -> None:
         """A child died unasked: when to start its slot's next one (and say why)."""
         lived = now - slot.started
+        if code == DRAINED_EXIT and slot.joined:  # (before joining it cannot have drained)
+            slot.drained = True
+            log.info(
+                "worker process %d (pid %d) drained (`durable drain`, or SIGUSR1 to it): not restarted",
+                slot.index,
+                pid,
+            )
+            return
         if code == RUNAWAY_EXIT:
             slot.restart_at = now + self.min_backoff
             log.warning(
@@ -524,6 +547,10 @@ class Supervisor:
             then,
         )
 
+    def _all_drained(self) -> bool:
+        """Every slot's process drained (none is restarted) and nothing else runs."""
+        return self._reload is None and not self._children() and all(slot.drained for slot in self.slots)
+
     def _cannot_start(self) -> bool:
         """No child ever joined, and every slot's first ``start_attempts`` children died before."""
         if self.start_attempts is None or self.ever_joined:
@@ -546,39 +573,3 @@ class Supervisor:
 def _said(slot: _Slot) -> str:
     """The dead child's own ``error: ...`` line, for the supervisor's line about its end."""
     return f" ({slot.said.error})" if slot.said.error else ""
-
-
-#: The hidden ``durable`` command a supervised worker process runs.
-CHILD_COMMAND = "worker-process"
-
-
-def worker_supervisor(
-    config: WorkerConfig, processes: int, *, store: Any = None, **options: Any
-) -> Supervisor:
-    """A supervisor of ``processes`` worker processes, each configured by ``config``.
-
-    ``options`` are :class:`Supervisor`'s keyword arguments (backoff, ``kill_after``...).
-    With ``config.metrics_port`` the supervisor serves the children's metrics (and the
-    task queues of ``store``) on that port of ``config.metrics_host``.
-
-    Raises:
-        RuntimeError: ``--metrics-port`` without ``prometheus-client``.
-        OSError: the metrics port cannot be bound.
-    """
-    env = dict(os.environ)
-    env.update(config.to_env())
-    metrics_dir = None
-    if config.metrics_port:
-        if not metrics.available():
-            metrics.serve(config.metrics_port, None, ())  # raises, naming the extra to install
-        metrics_dir = tempfile.mkdtemp(prefix="durable-metrics-")
-        env[metrics.MULTIPROC_ENV] = metrics_dir
-        try:
-            metrics.serve(
-                config.metrics_port, store, config.queues, host=config.metrics_host, multiproc_dir=metrics_dir
-            )
-        except BaseException:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
-            raise
-    argv = [sys.executable, "-m", "workers.cli", CHILD_COMMAND]
-    return Supervisor(argv, processes, env=env, metrics_dir=metrics_dir, **options)

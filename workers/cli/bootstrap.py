@@ -1,13 +1,18 @@
-"""Turn a :class:`~workers.config.WorkerConfig` into a running worker in this process."""
+"""Turn a :class:`~workers.config.WorkerConfig` into a running worker in this process, or into a
+supervisor of worker processes (``--processes N``)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
@@ -17,10 +22,10 @@ from workers.app import AUTO_BUILD_ID, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
-from workers.supervisor import PARENT_ENV
+from workers.supervisor import PARENT_ENV, Supervisor
 from workers.worker import Worker, stop_signals
 
-__all__ = ["configure_logging", "run_worker"]
+__all__ = ["CHILD_COMMAND", "configure_logging", "run_worker", "worker_supervisor"]
 
 log = logging.getLogger("durable.worker")
 
@@ -65,10 +70,10 @@ def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
 
 def run_worker(
     config: WorkerConfig, store: RedisStore, on_joined: Callable[[str], None] | None = None
-) -> None:
+) -> bool:
     """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop
-    signal; ``on_joined`` is called with its build id (on a thread of its own) once the worker is
-    in the registry."""
+    signal (or its drain's end); ``on_joined`` is called with its build id (on a thread of its
+    own) once the worker is in the registry. Returns whether it stopped because it drained."""
     # A stop (or drain) signal while the app modules are imported must not kill the process
     # half-way: remember it and stop (drain) the worker as soon as it exists.
     early: list[int] = []
@@ -130,3 +135,40 @@ def run_worker(
         stop()
     _watch_parent(stop)
     worker.run()
+    return worker.membership.drained
+
+
+#: The hidden ``durable`` command a supervised worker process runs.
+CHILD_COMMAND = "worker-process"
+
+
+def worker_supervisor(
+    config: WorkerConfig, processes: int, *, store: Any = None, **options: Any
+) -> Supervisor:
+    """A supervisor of ``processes`` worker processes, each configured by ``config``.
+
+    ``options`` are :class:`Supervisor`'s keyword arguments (backoff, ``kill_after``...).
+    With ``config.metrics_port`` the supervisor serves the children's metrics (and the
+    task queues of ``store``) on that port of ``config.metrics_host``.
+
+    Raises:
+        RuntimeError: ``--metrics-port`` without ``prometheus-client``.
+        OSError: the metrics port cannot be bound.
+    """
+    env = dict(os.environ)
+    env.update(config.to_env())
+    metrics_dir = None
+    if config.metrics_port:
+        if not metrics.available():
+            metrics.serve(config.metrics_port, None, ())  # raises, naming the extra to install
+        metrics_dir = tempfile.mkdtemp(prefix="durable-metrics-")
+        env[metrics.MULTIPROC_ENV] = metrics_dir
+        try:
+            metrics.serve(
+                config.metrics_port, store, config.queues, host=config.metrics_host, multiproc_dir=metrics_dir
+            )
+        except BaseException:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            raise
+    argv = [sys.executable, "-m", "workers.cli", CHILD_COMMAND]
+    return Supervisor(argv, processes, env=env, metrics_dir=metrics_dir, **options)

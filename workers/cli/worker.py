@@ -16,11 +16,11 @@ from durable.retention import ENV
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
-from workers.cli.bootstrap import configure_logging, log, run_worker
+from workers.cli.bootstrap import configure_logging, log, run_worker, worker_supervisor
 from workers.cli.core import CliError, CliState, find_apps, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
-from workers.supervisor import READY_FD_ENV, joined_message, worker_supervisor
+from workers.supervisor import DRAINED_EXIT, READY_FD_ENV, joined_message
 
 __all__ = ["COMMANDS"]
 
@@ -290,7 +290,8 @@ def worker_process(state: CliState) -> None:
     # A terminal's hangup reaches the whole process group: what SIGHUP means (a reload, which
     # replaces this process once its successor joined) is the supervisor's to carry out.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    run_worker(config, _open_store(state), on_joined=_join_report())
+    if run_worker(config, _open_store(state), on_joined=_join_report()):
+        sys.exit(DRAINED_EXIT)  # its supervisor does not start it again
 
 
 def _join_report() -> Callable[[str], None] | None:
