@@ -316,11 +316,17 @@ def promote(state: CliState, build: str, queues: tuple[str, ...]) -> None:
 
 @click.command()
 @click.argument("names", nargs=-1)
-@click.option("--build-id", "builds", multiple=True, help="Drain every live worker of BUILD (repeatable).")
+@click.option(
+    "--build-id",
+    "builds",
+    multiple=True,
+    metavar="BUILD",
+    help="Drain every live worker of BUILD (repeatable).",
+)
 @pass_state
 def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> None:
     """Ask workers to drain: each starts no new run, finishes the runs pinned to its build, then
-    stops by itself (as `kill -USR1` of it does, from any machine).
+    stops by itself. From any machine, what `kill -USR1` of the worker does on its own.
 
     NAMES are worker names as `durable workers` lists them. A worker reads the ask at its next
     heartbeat (within 2 s); `durable workers` then shows how many pinned runs it has left. An
