@@ -166,9 +166,12 @@ def test_durable_drain_asks_the_workers_of_a_build_from_anywhere(redis_url: str,
 
         out = durable_cli(redis_url, "drain", "--build-id", "v1")
         assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == f"worker {v1.name} (build v1): asked to drain"
+        # It waits for the worker to say so (its next heartbeat), and says what it has left.
+        assert out.stdout.strip() == (
+            f"worker {v1.name}: draining (build v1): 1 open run pinned to its build left; it stops once none is"
+        )
+        assert any(w.draining and w.pinned_left == 1 for w in store.live_workers())
         assert "warning" not in out.stderr  # the unversioned worker serves the queue
-        wait_for(lambda: any(w.draining and w.pinned_left == 1 for w in store.live_workers()), timeout=15)
         assert old.poll() is None
         stub.signal("go", "done")
         assert stub.result(timeout=30) == "done"
@@ -180,7 +183,7 @@ def test_durable_drain_asks_the_workers_of_a_build_from_anywhere(redis_url: str,
         out = durable_cli(redis_url, "drain", plain.name)
         assert (
             out.stdout.strip()
-            == f"worker {plain.name} (unversioned: nothing is pinned to it, it stops): asked to drain"
+            == f"worker {plain.name}: drained (no run pinned to its build was open): stopping"
         )
         assert "warning: no other live worker serves queue default: its new runs wait for one" in out.stderr
         assert other.wait(timeout=20) == 0
@@ -188,6 +191,20 @@ def test_durable_drain_asks_the_workers_of_a_build_from_anywhere(redis_url: str,
         stop(old)
         if other is not None:
             stop(other)
+
+
+def test_durable_drain_says_when_a_worker_has_not_confirmed(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stalled (or of an older release) does not read the ask: said, not taken for done."""
+    from workers.cli import fleet  # noqa: PLC0415
+
+    now = store.server_time_ms()
+    store.register_worker(WorkerInfo(name="silent", build="v1", queues=("default",), started=now, seen=now))
+    monkeypatch.setattr(fleet, "DRAIN_CONFIRM_S", 0.3)
+    store.ask_drain(["silent"])
+    (line,) = fleet._drain_confirmations(store, ["silent"])
+    assert line.startswith("worker silent: asked to drain, but it has not said so within 0 s")
 
 
 def test_the_api_drains_a_worker_by_name(redis_url: str, store: RedisStore, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ worker registry.
 from __future__ import annotations
 
 import difflib
+import time
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from durable import registry
 from durable.runinfo import NO_LIVE_WORKER
 from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
-from durable.store.records import OPEN_STATUSES
+from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo, drain_targets, no_worker_reason, served_queues, takes_new_runs
 from workers.cli.core import CliError, CliState, pass_state
@@ -341,9 +342,6 @@ def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> N
     except LookupError as exc:
         raise CliError(str(exc.args[0])) from None
     store.ask_drain(w.name for w in chosen)
-    for w in chosen:
-        what = f"build {w.build}" if w.build else "unversioned: nothing is pinned to it, it stops"
-        click.echo(f"worker {w.name} ({what}): asked to drain")
     for queue in sorted({q for w in chosen for q in w.queues}):
         if not any(queue in w.queues and w not in chosen and not (w.stopping or w.draining) for w in live):
             click.echo(
@@ -351,6 +349,41 @@ def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> N
                 f"(`durable worker --app YOUR_APP --queue {queue}`)",
                 err=True,
             )
+    for line in _drain_confirmations(store, [w.name for w in chosen]):
+        click.echo(line)
+
+
+DRAIN_CONFIRM_S = 2 * HEARTBEAT_S + 1
+"""How long ``durable drain`` waits for each worker to say it drains (it reads the ask with its
+heartbeat)."""
+
+
+def _drain_confirmations(store: RedisStore, names: list[str]) -> list[str]:
+    """Per worker asked, what its registry entry says within :data:`DRAIN_CONFIRM_S`: draining and
+    how many pinned runs it has left, stopping or gone (nothing was pinned), or no answer yet."""
+    deadline = time.monotonic() + DRAIN_CONFIRM_S
+    while True:
+        now = {w.name: w for w in store.live_workers()}
+        answered = {n: now.get(n) for n in names if n not in now or now[n].draining or now[n].stopping}
+        if len(answered) == len(names) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    lines = []
+    for name in names:
+        w = now.get(name)
+        if name not in answered:
+            lines.append(
+                f"worker {name}: asked to drain, but it has not said so within {DRAIN_CONFIRM_S:.0f} s (it "
+                "reads the ask with its heartbeat: stalled, or an older release?); `durable workers` shows it once it does"
+            )
+        elif w is None or w.stopping or not w.pinned_left:
+            lines.append(f"worker {name}: drained (no run pinned to its build was open): stopping")
+        else:
+            left = f"{w.pinned_left} open run{'s' if w.pinned_left != 1 else ''}"
+            lines.append(
+                f"worker {name}: draining (build {w.build}): {left} pinned to its build left; it stops once none is"
+            )
+    return lines
 
 
 COMMANDS = [workers_, promote, drain]
