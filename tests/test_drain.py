@@ -18,9 +18,11 @@ from server_procs import ServerProc
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
 from workers.membership import Membership
+from workers.scheduler import Scheduler
 from workers.worker import Worker, WorkerThread
 
 
@@ -104,6 +106,31 @@ def test_a_draining_worker_leaves_shared_activity_tasks_to_the_workers_that_go_o
     membership.drain()
     membership.heartbeat()
     assert membership.activity_queues() == ["b"]  # b's other worker drains too
+    assert membership.left_alone({"a": ["sa0", "sa1"], "b": ["sb0"]}) == ["sa0", "sa1"]
+
+
+def test_what_a_draining_worker_leaves_to_others_it_does_not_reclaim_either(store: RedisStore) -> None:
+    """A task a dead worker held in such a stream is the others' to take over."""
+    stream = store.keys.activity_tasks(0, "left-to-others")
+    store.ensure_groups([stream])
+    store.redis.xadd(stream, {"body": b"x"})
+    store.redis.xreadgroup(GROUP, "dead-worker", {stream: ">"}, count=1)
+    time.sleep(0.05)
+    got: list[str] = []
+    left = {stream}
+    scheduler = Scheduler(
+        store,
+        streams=[stream],
+        consumer="me",
+        reclaimed=lambda s, _entry, _fields: got.append(s),
+        claim_idle_ms=10,
+        left_alone=lambda: left,
+    )
+    scheduler._reclaim()
+    assert got == []
+    left.clear()
+    scheduler._reclaim()
+    assert got == [stream]
 
 
 def test_an_unversioned_worker_pins_nothing_so_a_drain_stops_it(store: RedisStore) -> None:

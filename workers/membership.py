@@ -29,7 +29,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from durable.registry import declared_patches
@@ -199,6 +199,12 @@ class Membership:
         otherwise take too, then run their activities on the new code; and a queue only draining
         workers serve still has its tasks run (those of the drained runs among them)."""
         return self.queues if self._activity_queues is None else self._activity_queues
+
+    def left_alone(self, streams_of: Mapping[str, list[str]]) -> list[str]:
+        """Of ``streams_of`` (per queue, its shared activity streams), those of the queues
+        :meth:`activity_queues` leaves to the other workers: not reclaimed from either."""
+        mine = self.activity_queues()
+        return [s for q, streams in streams_of.items() if q not in mine for s in streams]
 
     def _drain_step(self) -> None:
         """Count the open runs pinned to this worker's builds, say it in the entry, leave the

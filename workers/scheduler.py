@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from durable.errors import ActivityTimeout, SessionLost
 from durable.schedule_pass import SchedulePass
@@ -59,6 +59,8 @@ class Scheduler:
         sticky_timeout_ms: A workflow task left unread this long in a worker's private
             (sticky) stream goes to its run's shared queue (0: only once that worker's
             lease lapses, after ``claim_idle_ms``).
+        left_alone: Streams not to reclaim from for now (a draining worker leaves the shared
+            activity tasks to the others: :meth:`workers.membership.Membership.activity_queues`).
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Scheduler:
         sticky_timeout_ms: int = 5_000,
         paused: Callable[[], bool] = lambda: False,
         oom: OomEpisode | None = None,
+        left_alone: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.store = store
         self.streams = streams
@@ -89,6 +92,7 @@ class Scheduler:
         self.max_sleep = max_sleep
         self.heartbeat = heartbeat
         self.paused = paused
+        self.left_alone = left_alone
         #: Writes refused at maxmemory (the worker's, shared): while on, nothing is reclaimed.
         self.oom = oom or OomEpisode(log, f"worker {consumer}")
         keys = store.keys
@@ -416,8 +420,10 @@ class Scheduler:
         self.store.complete_activity(attempt_failed(task, error, record, stream=stream, entry_id=entry_id))
 
     def _reclaim(self) -> None:
-        busy = set(self.in_flight())
+        busy, skip = set(self.in_flight()), set(self.left_alone())
         for stream in self.streams:
+            if stream in skip:
+                continue
             for entry_id, fields in self.store.reclaim(stream, self.consumer, self.claim_idle_ms):
                 if (stream, entry_id) in busy:
                     # Ours and still running: its idle time went unrefreshed (a refused or lost

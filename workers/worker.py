@@ -242,6 +242,7 @@ class Worker:
             claim_idle_ms=claim_idle_ms,
             sticky_timeout_ms=sticky_timeout_ms,
             heartbeat=self.membership.heartbeat,
+            left_alone=lambda: self.membership.left_alone(self._activities_of),
         )
 
     def _plan_streams(self, compatible: list[str], cache_size: int) -> None:
