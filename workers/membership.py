@@ -145,7 +145,8 @@ class Membership:
 
     def heartbeat(self, *, register: bool = True) -> None:
         """Renew the entry; a versioned worker takes over queues whose current build has no
-        live worker (scheduler thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
+        live worker, a draining one counts what it has left instead (:meth:`drain`) (scheduler
+        thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
         if register and not self._drain_asked:
             self._register()  # (which also reads whether an operator asked for a drain)
         if self._drain_asked:
