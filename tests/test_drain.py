@@ -325,8 +325,8 @@ def test_a_supervised_process_that_drained_is_not_restarted(
     redis_url: str, store: RedisStore, tmp_path: Path
 ) -> None:
     """`durable drain` of the processes of `durable worker --processes 2`: each exits once drained
-    and its supervisor does not start it again (it would undo the drain); once both have, the
-    supervisor exits 0."""
+    and its supervisor does not start it again (it would undo the drain), until a reload; once
+    all have, the supervisor exits 0."""
     (tmp_path / "plain_app.py").write_text(APP.replace("Deployed", "PlainDeployed"))
     with supervised_app(redis_url, tmp_path, "plain_app") as (proc, _, log):
         first, second = wait_for(lambda: len(live := store.live_workers()) == 2 and live, timeout=30)
@@ -338,6 +338,13 @@ def test_a_supervised_process_that_drained_is_not_restarted(
         time.sleep(1.5)  # (a restart would come after 1 s)
         assert [w.name for w in store.live_workers()] == [second.name] and len(children(proc.pid)) == 1
         assert proc.poll() is None
-        assert durable_cli(redis_url, "drain", second.name).returncode == 0
+        # A reload runs two processes of the code on disk again, the drained slot's too.
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: b"reload done: 2 worker processes replaced" in log.read_bytes(), timeout=60)
+        names = wait_for(
+            lambda: len(live := store.live_workers()) == 2 and [w.name for w in live], timeout=30
+        )
+        assert second.name not in names
+        assert durable_cli(redis_url, "drain", *names).returncode == 0
         assert proc.wait(timeout=20) == 0
         assert b"every worker process drained; exiting" in log.read_bytes()

@@ -14,8 +14,8 @@ Redis URL may hold a password). The supervisor
   has lived for a minute). A child that exits with
   :data:`~workers.watchdog.RUNAWAY_EXIT` gave up a runaway decision (its run is
   blocked, the child was healthy): it is restarted after the shortest backoff; one that
-  exits with :data:`DRAINED_EXIT` drained (``durable drain``) and is not restarted: once every
-  child has, the supervisor exits 0;
+  exits with :data:`DRAINED_EXIT` drained (``durable drain``) and is not restarted (a reload
+  starts its slot again): once every child has, the supervisor exits 0;
 * gives up when the children cannot start: a child says on a pipe (named by
   ``DURABLE_SUPERVISOR_READY_FD`` in its environment) once it has joined the
   worker registry. If no child ever joined and every slot's first few children
@@ -390,9 +390,10 @@ class Supervisor:
             return
         slot = self.slots[reload.index]
         if reload.new is None:
-            if slot.proc is None:  # dead, its restart due: that starts the new code anyway
+            if slot.proc is None and not slot.drained:  # dead, its restart due: that starts the new code
                 reload.index += 1
                 return
+            # (A drained slot gets a process again: a reload runs N processes of the code on disk.)
             reload.new = _Slot(slot.index)
             self._spawn(reload.new)
             return
