@@ -220,10 +220,17 @@ def _draining_note(w: dict[str, Any]) -> str:
     if not w["draining_since"] or w["stopping_since"]:
         return ""
     left = w["pinned_left"]
+    now = w["last_heartbeat"] + w["heartbeat_age_s"] * 1000
     return (
-        f"\ndraining: {left} open run{'s' if left != 1 else ''} pinned to its build left; "
-        "no new run, stops once none is"
+        f"\ndraining for {_span(now - w['draining_since'])}: {left} open run{'s' if left != 1 else ''} "
+        "pinned to its build left; no new run, stops once none is"
     )
+
+
+def _span(ms: float) -> str:
+    """A duration in the unit that reads best (a drain may last seconds or days)."""
+    s = max(0.0, ms / 1000)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
 def _threads_cell(w: dict[str, Any]) -> Text | str:
