@@ -160,7 +160,7 @@ class Membership:
             return
         everyone = self.store.live_workers()
         # Stopping and draining workers start no new run: they do not keep the queue.
-        live = [w for w in everyone if not (w.stopping or w.draining)]
+        live = [w for w in everyone if w.state == "serving"]
         for queue, old in stale:
             if old and any(queue in w.queues and w.build == old for w in live):
                 continue  # the current build is alive: it keeps the new runs
@@ -171,7 +171,7 @@ class Membership:
     def _say_taken_over(self, queue: str, old: str, live: list[WorkerInfo]) -> None:
         if not old:
             log.info("queue %s: new runs go to build %s (no build was current)", queue, self.build)
-        elif any(queue in w.queues and w.build == old and w.draining and not w.stopping for w in live):
+        elif any(queue in w.queues and w.build == old and w.state == "draining" for w in live):
             log.info(
                 "queue %s: build %s's workers are draining (they finish the runs pinned to it); new "
                 "runs now go to build %s (this worker)",
@@ -210,11 +210,7 @@ class Membership:
     def _drain_step(self) -> None:
         """Count the open runs pinned to this worker's builds, say it in the entry, leave the
         shared activity tasks to the other workers, and stop once there are no such runs."""
-        others = [
-            w
-            for w in self.store.live_workers()
-            if w.name != self.info.name and not (w.stopping or w.draining)
-        ]
+        others = [w for w in self.store.live_workers() if w.name != self.info.name and w.state == "serving"]
         self._activity_queues = [q for q in self.queues if not any(q in w.queues for w in others)]
         left = self.store.count_pinned_open(self.info.builds, self.queues) if self.build else 0
         first = not self.info.draining

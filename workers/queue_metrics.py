@@ -155,12 +155,11 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
 def _count_workers(live: Sequence[Any], workers: Any, left: Any) -> None:
     counts: dict[tuple[str, str, str], int] = {}
     for w in live:
-        state = "stopping" if w.stopping else "draining" if w.draining else "serving"
         for queue in w.queues:
             if not queue.startswith(PRIVATE):
-                key = (queue, w.build, state)
+                key = (queue, w.build, w.state)
                 counts[key] = counts.get(key, 0) + 1
-        if w.draining and not w.stopping:
+        if w.state == "draining":
             left.add_metric([w.name, w.build], w.pinned_left)
     for labels, count in sorted(counts.items()):
         workers.add_metric(list(labels), count)

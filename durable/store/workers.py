@@ -110,6 +110,12 @@ class WorkerInfo:
     pinned_left: int = 0
 
     @property
+    def state(self) -> str:
+        """``"stopping"``, ``"draining"`` or ``"serving"`` (takes new work): a stop overrides a
+        drain (a drained worker stops)."""
+        return "stopping" if self.stopping else "draining" if self.draining else "serving"
+
+    @property
     def builds(self) -> set[str]:
         """The builds whose pinned runs this worker decides (``{""}`` when unversioned)."""
         return {self.build, *self.compatible} if self.build else {""}
@@ -230,7 +236,7 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     workers take no new task: they do not count, and the reason names those of the run's queues;
     draining workers start no new run: they count only for runs pinned to their builds."""
     live = list(live)
-    taking = [w for w in live if not w.stopping and (record.get("build") or not w.draining)]
+    taking = [w for w in live if w.state == "serving" or (w.state == "draining" and record.get("build"))]
     reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(record, taking)
     if reason is None:
         return None
@@ -239,7 +245,7 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     stopping = [w.name for w in live if w.stopping and queues & set(w.queues)]
     if stopping:
         reason += f" ({_who(stopping)} stopping: finishing running activities, taking no new task)"
-    draining = [w for w in live if w.draining and not w.stopping and queues & set(w.queues)]
+    draining = [w for w in live if w.state == "draining" and queues & set(w.queues)]
     if draining and not record.get("build"):
         builds = ", ".join(sorted({w.build for w in draining}))
         reason += f" ({_who([w.name for w in draining])} draining: finishing the runs pinned to {builds}, starting no new run)"
@@ -288,9 +294,7 @@ def takes_new_runs(queue: str, current: str, live: Iterable[WorkerInfo]) -> list
     queue's ``current`` build (versioned workers of other builds only decide their pinned runs);
     neither those stopping nor those draining."""
     return [
-        w
-        for w in live
-        if queue in w.queues and (not w.build or w.build == current) and not (w.stopping or w.draining)
+        w for w in live if queue in w.queues and (not w.build or w.build == current) and w.state == "serving"
     ]
 
 

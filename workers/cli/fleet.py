@@ -204,26 +204,23 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
             ", ".join(w["workflows"]),
             ", ".join(w["activities"]),
             _threads_cell(w),
-            f"{w['heartbeat_age_s']} s ago" + _stopping_note(w) + _draining_note(w),
+            f"{w['heartbeat_age_s']} s ago" + _state_note(w),
         )
     return table
 
 
-def _stopping_note(w: dict[str, Any]) -> str:
-    if not w["stopping_since"]:
+def _state_note(w: dict[str, Any]) -> str:
+    """What a stopping or draining worker does meanwhile, and for how long (Redis time)."""
+    since = w["stopping_since"] or w["draining_since"]
+    if not since:
         return ""
-    now = w["last_heartbeat"] + w["heartbeat_age_s"] * 1000
-    return f"\nstopping for {max(0, now - w['stopping_since']) / 1000:.0f} s: finishing its activities, no new task"
-
-
-def _draining_note(w: dict[str, Any]) -> str:
-    if not w["draining_since"] or w["stopping_since"]:
-        return ""
+    took = _span(w["last_heartbeat"] + w["heartbeat_age_s"] * 1000 - since)
+    if w["stopping_since"]:
+        return f"\nstopping for {took}: finishing its activities, no new task"
     left = w["pinned_left"]
-    now = w["last_heartbeat"] + w["heartbeat_age_s"] * 1000
     return (
-        f"\ndraining for {_span(now - w['draining_since'])}: {left} open run{'s' if left != 1 else ''} "
-        "pinned to its build left; no new run, stops once none is"
+        f"\ndraining for {took}: {left} open run{'s' if left != 1 else ''} pinned to its build left; "
+        "no new run, stops once none is"
     )
 
 
@@ -350,7 +347,7 @@ def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> N
         raise CliError(str(exc.args[0])) from None
     store.ask_drain(w.name for w in chosen)
     for queue in sorted({q for w in chosen for q in w.queues}):
-        if not any(queue in w.queues and w not in chosen and not (w.stopping or w.draining) for w in live):
+        if not any(queue in w.queues and w not in chosen and w.state == "serving" for w in live):
             click.echo(
                 f"warning: no other live worker serves queue {queue}: its new runs wait for one "
                 f"(`durable worker --app YOUR_APP --queue {queue}`)",
@@ -371,7 +368,7 @@ def _drain_confirmations(store: RedisStore, names: list[str]) -> list[str]:
     deadline = time.monotonic() + DRAIN_CONFIRM_S
     while True:
         now = {w.name: w for w in store.live_workers()}
-        answered = {n: now.get(n) for n in names if n not in now or now[n].draining or now[n].stopping}
+        answered = {n: now.get(n) for n in names if n not in now or now[n].state != "serving"}
         if len(answered) == len(names) or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
