@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import registry
-from durable.runinfo import NO_LIVE_WORKER
+from durable.runinfo import NO_LIVE_WORKER, span
 from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
 from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
@@ -225,9 +225,10 @@ def _state_note(w: dict[str, Any]) -> str:
 
 
 def _span(ms: float) -> str:
-    """A duration in the unit that reads best (a drain may last seconds or days)."""
+    """A duration for the workers table: whole seconds, minutes or hours past 2 min (a drain
+    may last days: :func:`durable.runinfo.span`)."""
     s = max(0.0, ms / 1000)
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+    return f"{s:.0f} s" if s < 120 else span(s)
 
 
 def _threads_cell(w: dict[str, Any]) -> Text | str:
