@@ -214,10 +214,6 @@ class Membership:
         self._activity_queues = [q for q in self.queues if not any(q in w.queues for w in others)]
         left = self.store.count_pinned_open(self.info.builds, self.queues) if self.build else 0
         first = not self.info.draining
-        self.info = replace(
-            self.info, draining=self.info.draining or self.store.server_time_ms(), pinned_left=left
-        )
-        self._register()
         if first and self.build:
             log.info(
                 "draining: starting no new run; %d open run(s) pinned to build %s on queues %s left (this "
@@ -229,6 +225,11 @@ class Membership:
                 ", ".join(self.queues),
                 self.build,
             )
+        # Said before the entry says it: whoever sees the entry finds the line in the log.
+        self.info = replace(
+            self.info, draining=self.info.draining or self.store.server_time_ms(), pinned_left=left
+        )
+        self._register()
         if left == 0 and not self.drained:
             self.drained = True
             log.info(
