@@ -26,22 +26,44 @@ SCRIPT_OOM = (
 )
 
 
+def refuse_commits_when(store: RedisStore, refuse: Callable[[list[Any]], bool]) -> None:
+    """Make ``store`` refuse (as Redis at maxmemory does) each batch of commits ``refuse`` picks
+    (given the batch's ``(ref, plan)`` decisions): none of it is committed, each gets the error.
+    A batch is judged whole, once its last decision is added; what is not refused is committed."""
+    commits = store.commits
+
+    class Refusing:
+        def __init__(self, part: int | None = None) -> None:
+            self.decisions: list[Any] = []
+
+        def add(self, ref: Any, plan: Any) -> None:
+            store.commit_args(ref, plan)  # what cannot be packed raises here, as it would
+            self.decisions.append((ref, plan))
+
+        def outcomes(self) -> list[Any]:
+            if refuse(self.decisions):
+                return [rexc.ResponseError(SCRIPT_OOM)] * len(self.decisions)
+            real = commits(part=None)
+            for ref, plan in self.decisions:
+                real.add(ref, plan)
+            return real.outcomes()
+
+    store.commits = Refusing  # type: ignore[method-assign,assignment]
+
+
 def refuse_commits(
     store: RedisStore, seconds: float, starting: Callable[[Any], bool] = lambda _: True
 ) -> list[float]:
     """Make ``store`` refuse commits for ``seconds`` (as Redis at maxmemory does), from the first
     batch ``starting`` picks; returns the list that gets the refusal's end once it began."""
     refusing: list[float] = []
-    commit_many = store.commit_many
 
-    def refuse(decisions: Any) -> Any:
+    def refuse(decisions: Any) -> bool:
         if not refusing and starting(decisions):
             refusing.append(time.monotonic() + seconds)
-        if refusing and time.monotonic() < refusing[0]:
-            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
-        return commit_many(decisions)
+        return bool(refusing) and time.monotonic() < refusing[0]
 
-    store.commit_many = refuse  # type: ignore[method-assign]
+    refuse_commits_when(store, refuse)
     return refusing
 
 
@@ -56,18 +78,17 @@ def _unclaimed(worker: Worker) -> Worker:
 def test_a_sticky_task_refused_at_maxmemory_is_decided_again(store: RedisStore) -> None:
     worker = _unclaimed(Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100))
     refused: list[str] = []
-    commit_many = store.commit_many
 
-    def refuse_first_sticky(decisions: Any) -> Any:
+    def refuse_first_sticky(decisions: Any) -> bool:
         # Redis at maxmemory refuses the commit of the first task read from the worker's
         # private stream: the task stays pending in its own consumer's list.
         sticky = [plan.task for _, plan in decisions if plan.task and ":wq:@" in plan.task[0]]
         if sticky and not refused:
             refused.append(sticky[0][0])
-            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
-        return commit_many(decisions)
+            return True
+        return False
 
-    store.commit_many = refuse_first_sticky  # type: ignore[method-assign]
+    refuse_commits_when(store, refuse_first_sticky)
     with WorkerThread(worker):
         stub = WorkflowStub.make(Sequence).start(3)
         assert stub.result(timeout=15) == 3
@@ -162,21 +183,17 @@ def test_a_claimed_result_refused_at_maxmemory_is_recorded_once_redis_answers(st
     # task pending for the worker) and is recorded once Redis answers; the activity never reruns.
     worker = Worker(store, concurrency=2, grace=5, claim_idle_ms=5000, block_ms=100)
     refusing: list[float] = []
-    commit_many, complete_many, complete_then_load = (
-        store.commit_many,
-        store.complete_many,
-        store.complete_then_load,
-    )
+    complete_many, complete_then_load = store.complete_many, store.complete_then_load
     refused: list[str] = []
 
-    def refuse_claimed_results(decisions: Any) -> Any:
+    def refuse_claimed_results(decisions: Any) -> bool:
         carries = any(r.entry_id for _, plan in decisions for r in plan.eager)
         if carries and not refusing:
             refusing.append(time.monotonic() + 1.0)
         if carries and time.monotonic() < refusing[0]:
             refused.append("commit")
-            return [rexc.ResponseError(SCRIPT_OOM)] * len(decisions)
-        return commit_many(decisions)
+            return True
+        return False
 
     def refusing_completions(complete: Any) -> Any:
         def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -187,7 +204,7 @@ def test_a_claimed_result_refused_at_maxmemory_is_recorded_once_redis_answers(st
 
         return refuse
 
-    store.commit_many = refuse_claimed_results  # type: ignore[method-assign]
+    refuse_commits_when(store, refuse_claimed_results)
     store.complete_many = refusing_completions(complete_many)  # type: ignore[method-assign]
     store.complete_then_load = refusing_completions(complete_then_load)  # type: ignore[method-assign]
     with WorkerThread(worker):

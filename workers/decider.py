@@ -18,7 +18,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import field
 from typing import Any
 
-from durable import codec
 from durable import events as ev
 from durable.errors import (
     EventConflict,
@@ -40,14 +39,13 @@ from durable.store.tasks import (
     ActivityTask,
     AttemptResult,
     CommitPlan,
-    NextRun,
     child_policy_message,
-    child_result_message,
     child_start_message,
 )
 
 from . import faults, metrics
 from .attempts import attempt_deadline, complete_batch, completion
+from .closings import child_result, next_run_of
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
@@ -297,42 +295,28 @@ class Decider:
             by_run.setdefault(result.task.run_id, []).append(result)
         pending: list[tuple[RunRef, Driver, Decision, CommitPlan, list[AttemptResult]]] = []
         inbox: list[AttemptResult] = []  # the ordinary path, in one batch
-        for rid, items in by_run.items():
-            driver = self.cache.pop(rid)
-            if driver is None:
-                inbox += items
-                continue
-            ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
-            entries = []
-            for item in items:
-                event = ev.ActivityCompleted(
-                    id=item.task.activity_id, result=item.payload, attempt=item.task.attempt
-                )
-                entries.append(ev.Entry(seq=0, ts=ts, event=event, raw=ev.encode(event, ts)))
-            first = items[0].task
-            ref = RunRef(first.partition, rid, first.workflow_id)
-            token = bind_run(
-                {"workflow_id": ref.workflow_id, "run_id": rid, "workflow_type": driver.workflow_type}
-            )
-            try:
-                with self.deciding(Task(ref.partition, "", "", {b"run": rid.encode()})):
-                    decision = driver.decide(entries)
-            except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
-                # The ordinary path meets (and parks) the problem with a fresh replay.
-                driver.close()
-                inbox += items
-                continue
-            finally:
-                unbind_run(token)
-            record = {"parent": first.parent, "build": self.build_id}
-            plan = self.commit_plan(ref, record, driver, decision, None, eager=items)
-            pending.append((ref, driver, decision, plan, items))
-        if pending:
-            try:
-                outcomes = self.store.commit_many([(ref, plan) for ref, _, _, plan, _ in pending])
-            except BaseException:
-                self._unreserve([plan for _, _, _, plan, _ in pending])
-                raise
+        # Written to Redis a few at a time as they are decided (Redis commits the first while
+        # this thread decides the rest); every written one's outcome is read, whatever happens.
+        commits = self.store.commits()
+        try:
+            for rid, items in by_run.items():
+                driver = self.cache.pop(rid)
+                if driver is None:
+                    inbox += items
+                    continue
+                decided = self._decide_eager(rid, driver, items)
+                if decided is None:
+                    inbox += items  # the ordinary path meets (and parks) the problem
+                    continue
+                ref, decision, plan = decided
+                try:
+                    commits.add(ref, plan)
+                except BaseException:
+                    self._unreserve([plan])
+                    raise
+                pending.append((ref, driver, decision, plan, items))
+        finally:
+            outcomes = commits.outcomes() if pending else []
             for (ref, driver, decision, plan, items), outcome in zip(pending, outcomes, strict=True):
                 self._after_commit(ref, driver, decision, plan, outcome)
                 if metrics.enabled():
@@ -341,6 +325,34 @@ class Decider:
                     inbox += items
         if inbox:
             complete_batch(self.store, [completion(r) for r in inbox])
+
+    def _decide_eager(
+        self, rid: str, driver: Driver, items: list[AttemptResult]
+    ) -> tuple[RunRef, Decision, CommitPlan] | None:
+        """Run ``rid``'s cached ``driver`` on with the results in ``items``: its ref, decision
+        and commit plan, or None when the code cannot go on (the driver is closed)."""
+        ts = max(int(time.time() * 1000) + self.clock_offset_ms, driver.now_ms)
+        entries = []
+        for item in items:
+            event = ev.ActivityCompleted(
+                id=item.task.activity_id, result=item.payload, attempt=item.task.attempt
+            )
+            entries.append(ev.Entry(seq=0, ts=ts, event=event, raw=ev.encode(event, ts)))
+        first = items[0].task
+        ref = RunRef(first.partition, rid, first.workflow_id)
+        token = bind_run(
+            {"workflow_id": ref.workflow_id, "run_id": rid, "workflow_type": driver.workflow_type}
+        )
+        try:
+            with self.deciding(Task(ref.partition, "", "", {b"run": rid.encode()})):
+                decision = driver.decide(entries)
+        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
+            driver.close()
+            return None
+        finally:
+            unbind_run(token)
+        record = {"parent": first.parent, "build": self.build_id}
+        return ref, decision, self.commit_plan(ref, record, driver, decision, None, eager=items)
 
     def _prepare(
         self,
@@ -483,9 +495,9 @@ class Decider:
         if decision.closing is not None:
             close = ev.STATUS_OF_CLOSING[decision.closing.type]
             if isinstance(decision.closing, ev.WorkflowContinuedAsNew):
-                next_run = self._next_run(ref, record, driver, decision.closing)
+                next_run = next_run_of(ref, record, driver, decision.closing, self.build_id)
             elif record.get("parent"):
-                outbox.append(self._child_result(record["parent"], decision.closing))
+                outbox.append(child_result(record["parent"], decision.closing))
         pin = None
         if self.build_id and not record.get("build"):
             pin = (self.build_id, record.get("queue", driver.queue))
@@ -554,45 +566,3 @@ class Decider:
             else:
                 queued.append(activity)
         return queued, claimed, leased, int(started * 1000)
-
-    @staticmethod
-    def _child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:
-        if isinstance(closing, ev.WorkflowCompleted):
-            event: ev.Event = ev.ChildCompleted(id=parent["cid"], result=closing.result)
-        elif isinstance(closing, ev.WorkflowFailedEvent):
-            event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
-        else:
-            event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
-        return child_result_message(parent, event)
-
-    def _next_run(
-        self, ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew
-    ) -> NextRun:
-        started = driver.started
-        assert started is not None
-        # The next run keeps the build id (and the patches): same code, same routing.
-        build = record.get("build") or self.build_id
-        data = ev.WorkflowStarted(
-            workflow_type=started.workflow_type,
-            workflow_id=ref.workflow_id,
-            run_id=closing.new_run_id,
-            args=closing.args,
-            queue=started.queue,
-            parent=started.parent,
-            build_id=build,
-            patches=list(started.patches),
-            options={**started.options, "continued_from": ref.run_id},
-            search_attributes=driver.search_attributes,  # carried over, as in Temporal
-            memo=codec.dumps(driver.memo, path="memo") if driver.memo else None,
-            headers=started.headers,  # trace context, tenant...: the same for every run of the id
-        ).to_data()
-        parent = codec.pack(started.parent) if started.parent else b""
-        return NextRun(
-            closing.new_run_id,
-            ref.workflow_id,
-            started.workflow_type,
-            started.queue,
-            codec.pack(data),
-            parent,
-            build,
-        )

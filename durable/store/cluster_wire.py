@@ -37,7 +37,7 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from .wire import Command, IdleConnections, pack, read_replies, transaction_result
+from .wire import Command, Deferred, IdleConnections, pack, read_replies, transaction_result
 
 log = logging.getLogger("durable.store")
 
@@ -126,6 +126,11 @@ class ClusterWire:
         """
         units = [[c] for c in commands]
         return [replies[0] for replies in self._run(units, [slot_of(command_key(c)) for c in commands])]
+
+    def begin(self) -> Deferred:
+        """A round trip in parts, as :meth:`Wire.begin <durable.store.wire.Wire.begin>` gives one;
+        here written at once, by its ``replies()`` (one write per node)."""
+        return Deferred(self.execute)
 
     def transaction(self, commands: Sequence[Command]) -> list[Any]:
         """``commands`` inside MULTI/EXEC on the node owning their one slot; their replies.

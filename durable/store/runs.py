@@ -11,8 +11,6 @@ import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import redis
-
 from .. import codec, hooktokens
 from .. import events as ev
 from .. import limits as run_limits
@@ -30,12 +28,13 @@ from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
 from . import loads
 from .base import LOG_MAXLEN
+from .commits import PART as COMMIT_PART
+from .commits import Commits
 from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
 from .records import (
     CommitResult,
     RunRef,
-    commit_outcome,
     decode_run,
     text,
 )
@@ -406,19 +405,16 @@ class RunStore(SearchStore):
         Returns, per decision, its :class:`CommitResult` or the exception it
         met (:class:`EventConflict`, :class:`WorkflowClosed`, a Redis error).
         """
-        calls = [self.commit_args(ref, plan) for ref, plan in decisions]
-        self._note_streams(decisions)
-        upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
-        if upserted:
-            self.publish_search_types(upserted)
-        try:
-            replies = self._script_many("commit", calls, raise_on_error=False)
-        except redis.RedisError as exc:
-            replies = [exc] * len(decisions)
-        return [
-            commit_outcome(ref.run_id, plan.expected_seq, reply)
-            for (ref, plan), reply in zip(decisions, replies, strict=True)
-        ]
+        commits = self.commits(part=None)
+        for ref, plan in decisions:
+            commits.add(ref, plan)
+        return commits.outcomes()
+
+    def commits(self, part: int | None = COMMIT_PART) -> Commits:
+        """Decisions to commit in one round trip, written ``part`` at a time as they are added
+        (``None``: all at once), so Redis runs the first while the caller decides the rest (see
+        :mod:`durable.store.commits`)."""
+        return Commits(self, self._wire.begin(), part)
 
     # --------------------------------------------------------------- inputs
     def deliver(

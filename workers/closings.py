@@ -1,0 +1,57 @@
+"""What a closing decision sends on: the result a parent waits for, the run a continue-as-new starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable import codec
+from durable import events as ev
+from durable.replay import Driver
+from durable.store.redis_store import RunRef
+from durable.store.tasks import NextRun, child_result_message
+
+
+def child_result(parent: dict[str, Any], closing: ev.Event) -> bytes:
+    """The outbox message giving a child's closing (``closing``) to its ``parent`` run."""
+    if isinstance(closing, ev.WorkflowCompleted):
+        event: ev.Event = ev.ChildCompleted(id=parent["cid"], result=closing.result)
+    elif isinstance(closing, ev.WorkflowFailedEvent):
+        event = ev.ChildFailed(id=parent["cid"], error=closing.error, status="failed")
+    else:
+        event = ev.ChildFailed(id=parent["cid"], status=ev.STATUS_OF_CLOSING[closing.type])
+    return child_result_message(parent, event)
+
+
+def next_run_of(
+    ref: RunRef, record: dict[str, Any], driver: Driver, closing: ev.WorkflowContinuedAsNew, build_id: str
+) -> NextRun:
+    """The run ``closing`` continues ``ref`` as (its commit starts it), on the run's build
+    (``build_id``, this worker's, if the run was not pinned to one)."""
+    started = driver.started
+    assert started is not None
+    # The next run keeps the build id (and the patches): same code, same routing.
+    build = record.get("build") or build_id
+    data = ev.WorkflowStarted(
+        workflow_type=started.workflow_type,
+        workflow_id=ref.workflow_id,
+        run_id=closing.new_run_id,
+        args=closing.args,
+        queue=started.queue,
+        parent=started.parent,
+        build_id=build,
+        patches=list(started.patches),
+        options={**started.options, "continued_from": ref.run_id},
+        search_attributes=driver.search_attributes,  # carried over, as in Temporal
+        memo=codec.dumps(driver.memo, path="memo") if driver.memo else None,
+        headers=started.headers,  # trace context, tenant...: the same for every run of the id
+    ).to_data()
+    parent = codec.pack(started.parent) if started.parent else b""
+    return NextRun(
+        closing.new_run_id,
+        ref.workflow_id,
+        started.workflow_type,
+        started.queue,
+        codec.pack(data),
+        parent,
+        build,
+    )
