@@ -5,14 +5,18 @@ one's outcome is read, whatever happens to the batch."""
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from apps.basic import Sequence
 from redis import exceptions as rexc
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.store.commits import PART
+from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.store.wire import Wire
 from workers.worker import Worker, WorkerThread
@@ -97,3 +101,30 @@ def test_a_batch_interrupted_after_its_first_commits_were_written_loses_and_repe
     assert interrupted, "no batch of five runs or more came: the test did not test anything"
     assert worker.activities_run == 24 * 6
     assert not store.dead_letters()
+
+
+def test_commits_go_in_one_write_where_redis_syncs_each_write_to_disk(
+    tmp_path: Path, store: RedisStore
+) -> None:
+    """With ``appendfsync always`` Redis syncs its AOF before each round of replies, so each
+    write of a batch in parts would cost a disk sync: the batch goes at once. A Redis that
+    refuses CONFIG (a managed one) gets the parts."""
+    server = EmbeddedRedis(tmp_path / "redis", appendfsync="always")
+    url = server.ensure()
+    try:
+        syncing = RedisStore(url)
+        assert syncing.commits()._part is None
+        syncing.redis.acl_setuser(
+            "app", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"]
+        )
+        limited = RedisStore(
+            client=redis.Redis(unix_socket_path=str(server.socket_path), username="app", password="pw")
+        )
+        with pytest.raises(rexc.NoPermissionError):
+            limited.redis.config_get("appendfsync")
+        assert limited.commits()._part == PART
+        limited.close()
+        syncing.close()
+    finally:
+        server.stop()
+    assert store.commits()._part == PART  # the suite's server: everysec
