@@ -70,6 +70,19 @@ def test_scripts_redis_lost_are_loaded_and_their_calls_resent(redis_client: redi
     assert loads == [1]
 
 
+def test_a_failed_reload_of_lost_scripts_fails_the_round_trip_without_raising(
+    redis_client: redis.Redis,
+) -> None:
+    def load() -> None:
+        raise rexc.ConnectionError("Connection closed by server.")
+
+    redis_client.script_flush()
+    sending = Wire(redis_client, load).begin()
+    sending.send([("EVALSHA", hashlib.sha1(b"return 7").hexdigest(), 0), ("PING",)])
+    replies = sending.replies()
+    assert len(replies) == 2 and all(isinstance(r, rexc.ConnectionError) for r in replies)
+
+
 def test_a_batch_interrupted_after_its_first_commits_were_written_loses_and_repeats_nothing(
     store: RedisStore,
 ) -> None:

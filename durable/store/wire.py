@@ -173,9 +173,12 @@ class Sending:
             else:
                 self._wire._idle.give(self._conn)
                 self._conn = None
-        if self._error is not None:
-            return [self._error] * len(self._commands)
-        return self._wire._resend_refused(self._commands, replies)
+        if self._error is None:
+            try:
+                return self._wire._resend_refused(self._commands, replies)
+            except redis.RedisError as exc:  # the resend's round trip failed: as a failed batch
+                self._error = exc
+        return [self._error] * len(self._commands)
 
     def _fail(self, exc: redis.RedisError | None) -> None:
         self._error = exc or rexc.ConnectionError("the round trip was interrupted")
