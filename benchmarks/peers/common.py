@@ -51,6 +51,10 @@ def exit_on_sigterm() -> None:
     workers are stopped instead of left running (Python's default SIGTERM ends at once)."""
 
     def stop(signum: int, _frame: object) -> None:
+        # Once: a second SIGTERM (``timeout`` passes its own on to the child, so ``pkill -f``
+        # of the command line sends two) would interrupt the clean-up this one starts,
+        # leaving the engine's Redis running.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
