@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from apps.basic import Boom, Waiter
 from click.testing import CliRunner, Result
+from procs import children
 
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
@@ -81,14 +82,6 @@ def stop(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
         proc.kill()
         proc.wait()
         raise AssertionError(f"process {proc.args} did not exit within {timeout} s of SIGTERM") from None
-
-
-def children_of(pid: int) -> set[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    try:
-        return {int(x) for x in path.read_text().split()}
-    except (OSError, ValueError):
-        return set()
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
@@ -435,7 +428,7 @@ def test_worker_process_end_to_end(redis_url: str, worker_proc: subprocess.Popen
 def test_worker_processes_supervised(redis_url: str) -> None:
     proc = popen_cli("worker", "--app", "examples.order", "--processes", "2", "--log-format", "json")
     try:
-        kids = wait_for(lambda: (c := children_of(proc.pid)) and len(c) == 2 and c, timeout=10)
+        kids = wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and c, timeout=10)
         store = RedisStore(redis_url)
         from examples.order import OrderWorkflow
 
@@ -445,7 +438,7 @@ def test_worker_processes_supervised(redis_url: str) -> None:
 
         victim = min(kids)
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: (c := children_of(proc.pid)) and len(c) == 2 and victim not in c, timeout=10)
+        wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and victim not in c, timeout=10)
         assert stop(proc, timeout=15) == 0
         for pid in kids:
             assert (
@@ -455,7 +448,7 @@ def test_worker_processes_supervised(redis_url: str) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in children_of(proc.pid):
+        for pid in children(proc.pid):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -20,6 +20,7 @@ import pytest
 import redis
 from apps.basic import Waiter
 from click.testing import CliRunner, Result
+from procs import children
 
 from durable import HistoryEvent, WorkflowStub
 from durable.store.redis_store import RedisStore
@@ -133,16 +134,7 @@ def test_supervised_children_get_the_url_from_the_environment(redis_url: str) ->
     )
     kids: set[int] = set()
     try:
-
-        def children() -> set[int]:
-            try:
-                return {
-                    int(x) for x in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-                }
-            except (OSError, ValueError):
-                return set()
-
-        kids = wait_for(lambda: (c := children()) and len(c) == 2 and c, timeout=15)
+        kids = wait_for(lambda: (c := children(proc.pid)) and len(c) == 2 and c, timeout=15)
         for pid in kids:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             assert SECRET not in cmdline and redis_url not in cmdline, cmdline

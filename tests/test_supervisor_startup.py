@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import ROOT, TESTS
+from procs import ROOT, TESTS, children
 
 from durable.store.redis_store import RedisStore
 from workers.supervisor import ERROR_PREFIX, JOINED, READY_FD_ENV, Supervisor
@@ -42,13 +42,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.0
             raise AssertionError("condition not met in time")
         time.sleep(interval)
     return value
-
-
-def children_of(pid: int) -> set[int]:
-    try:
-        return {int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except (OSError, ValueError):
-        return set()
 
 
 def in_session(sid: int) -> set[int]:
@@ -249,7 +242,7 @@ def test_worker_processes_killed_after_joining_are_restarted(redis_url: str, tmp
 
     def joined(killed: set[int]) -> set[int]:
         """The supervisor's children, once two new ones are both in the registry."""
-        kids = children_of(proc.pid)
+        kids = children(proc.pid)
         registered = {w.pid for w in store.live_workers()}
         return kids if len(kids) == 2 and kids <= registered and not kids & killed else set()
 
