@@ -21,9 +21,8 @@ if TYPE_CHECKING:
 PART = 4
 """Decisions per write of :meth:`Commits.add`: a write costs a syscall in the worker and a read in
 Redis, so not every decision gets its own; 4 keeps Redis busy from early in a typical batch
-(30-40 runs). Measured on 2 cores, W2 with old and new workers in turns: 1, 2, 4 and 8 gave
-1.10, 1.08, 1.13 and 1.05 times the steps/s of one write per batch (each within the noise of the
-others); 1 cost the worker 12 % more CPU."""
+(30-40 runs). Measured on 2 cores (``benchmarks/ab_workers.py``; ``benchmarks/README.md``, "Wave 7,
+eighth session"): W2 1.13x of one write per batch; parts of 2 against 4, 0.91x (more CPU)."""
 
 
 class Commits:

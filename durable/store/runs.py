@@ -417,27 +417,21 @@ class RunStore(SearchStore):
         (``None``: all at once), so Redis runs the first while the caller decides the rest (see
         :mod:`durable.store.commits`); all at once when Redis syncs its AOF to disk before each
         reply (``appendfsync always``): there each write costs a sync (measured: W2 0.93x)."""
-        return Commits(self, self._wire.begin(), None if self._syncs_each_write() else part)
+        try:
+            one_write = self._syncs_each_write
+        except redis.RedisError:  # unavailable for now: asked again next time
+            one_write = False
+        return Commits(self, self._wire.begin(), None if one_write else part)
 
+    @functools.cached_property
     def _syncs_each_write(self) -> bool:
-        """Whether Redis runs with ``appendfsync always`` (read once; unknown, as on a managed
-        Redis that refuses CONFIG, or a cluster, counts as no: asked again next time if Redis did
-        not answer)."""
-        known: bool | None = getattr(self, "_syncs_each_write_known", None)
-        if known is None:
-            if self.cluster:
-                known = False
-            else:
-                try:
-                    policy = self.redis.config_get("appendfsync").get("appendfsync")
-                except redis.ResponseError:
-                    known = False  # CONFIG refused or renamed
-                except redis.RedisError:
-                    return False  # unavailable for now: not remembered
-                else:
-                    known = policy == "always"
-            self._syncs_each_write_known = known
-        return known
+        """Whether Redis runs with ``appendfsync always`` (read once)."""
+        if self.cluster:
+            return False  # a cluster's round trip is written at once anyway (one write per node)
+        try:
+            return bool(self.redis.config_get("appendfsync").get("appendfsync") == "always")
+        except redis.ResponseError:
+            return False  # CONFIG refused or renamed, as on a managed Redis
 
     # --------------------------------------------------------------- inputs
     def deliver(

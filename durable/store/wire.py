@@ -18,7 +18,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hiredis
@@ -193,7 +193,7 @@ class Deferred:
     """:class:`Sending`'s interface for a wire that writes a round trip at once (a cluster's,
     one write per node): the parts are kept, then executed together by :meth:`replies`."""
 
-    def __init__(self, execute: Any) -> None:
+    def __init__(self, execute: Callable[[Sequence[Command]], list[Any]]) -> None:
         self._execute = execute
         self._commands: list[Command] = []
 
@@ -204,7 +204,7 @@ class Deferred:
     def replies(self) -> list[Any]:
         """Every command's reply, in order; a Redis error as every command's reply."""
         try:
-            return list(self._execute(self._commands)) if self._commands else []
+            return self._execute(self._commands) if self._commands else []
         except redis.RedisError as exc:
             return [exc] * len(self._commands)
 
