@@ -13,6 +13,7 @@ from typing import Any
 from .client import default_store
 from .errors import ConfigurationError
 from .search import parse_where
+from .store.records import decimal
 from .store.redis_store import RedisStore
 
 __all__ = ["count_runs", "list_runs"]
@@ -78,8 +79,8 @@ def _cursor(before: int | datetime | str | Mapping[str, Any] | None) -> tuple[in
             return created, rid
     if isinstance(before, str):
         ms, _, rid = before.strip().partition(":")
-        if ms.isdigit():
-            return int(ms), rid or None
+        if (created := decimal(ms)) is not None:
+            return created, rid or None
     raise ConfigurationError(
         f"before must be the previous page's last row, its cursor '<created ms>:<run id>', "
         f"or a time (ms or a datetime); not {before!r}"

@@ -422,6 +422,10 @@ def _entries(history: Any) -> list[ev.Entry]:
             items = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"{path}: not a JSON history export ({exc})") from None
+        except RecursionError:
+            raise ConfigurationError(
+                f"{path}: not a JSON history export (nested too deeply to read)"
+            ) from None
         return ev.from_export(items, str(path))
     if isinstance(history, Sequence):
         items = list(history)

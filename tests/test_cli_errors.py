@@ -317,3 +317,35 @@ def test_an_argument_that_is_not_json_starts_no_server(project: Path, command: t
     line = one_error_line(run_cli(project, *command))
     assert "is not valid JSON" in line, line
     assert not (project / ".durable").exists()
+
+
+NESTED = "[" * 5000 + "]" * 5000  # deeper than json.loads can read: it raised RecursionError
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("start", "Order", NESTED), ("signal", "o-1", "go", NESTED), ("update", "o-1", "set", NESTED)],
+    ids=["start", "signal", "update"],
+)
+def test_an_argument_nested_too_deeply_is_one_error_line(project: Path, command: tuple[str, ...]) -> None:
+    line = one_error_line(run_cli(project, *command))
+    assert line == "error: argument 1 is JSON nested too deeply to read", line
+    assert not (project / ".durable").exists()
+
+
+@pytest.mark.parametrize("before", ["²", "²:01J", pytest.param("9" * 5000, id="5000-digits"), "-1:01J"])
+def test_a_list_cursor_int_cannot_read_is_a_usage_error(project: Path, before: str) -> None:
+    """``str.isdigit`` passed "²" (and 5,000 digits), which ``int`` then refused with a traceback."""
+    result = run_cli(project, "list", "--before", before)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "expected MS or MS:RUN_ID" in result.stderr, result.stderr
+
+
+def test_replaying_a_file_nested_too_deeply_says_so(project: Path) -> None:
+    export = project / "deep.json"
+    export.write_text(NESTED)
+    result = run_cli(project, "replay", str(export), "--app", "examples.order")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout.strip() == f"ERROR {export}: not a JSON history export (nested too deeply to read)"

@@ -228,7 +228,7 @@ def test_a_token_of_a_closed_run_is_refused_and_deleted(store: RedisStore) -> No
 
 
 def test_malformed_tokens_are_refused_without_echo(store: RedisStore) -> None:
-    for bad in ("secret-value-without-partition", "99.secret-value", "0.secret-value"):
+    for bad in ("secret-value-without-partition", "99.secret-value", "0.secret-value", "².secret-value"):
         with pytest.raises(HookError) as info:
             WorkflowStub.resume_hook(bad, store=store)
         assert "secret" not in str(info.value)

@@ -309,7 +309,7 @@ def test_paging_never_skips_runs_of_one_millisecond(durable_store: Any, limit: i
     moment = datetime.fromtimestamp((ms + 1) / 1000, tz=UTC)
     assert {r["created"] for r in durable.list_runs(before=moment, limit=1000, store=store)} == {ms - 1, ms}
     assert len(durable.list_runs(before=str(ms + 1), limit=1000, store=store)) == 54
-    for bad in ("soon", {"created": ms}, 1.5, f"x:{placed[0][1]}"):
+    for bad in ("soon", {"created": ms}, 1.5, f"x:{placed[0][1]}", "²", f"²:{placed[0][1]}", "9" * 5000):
         with pytest.raises(ConfigurationError, match="before must be"):
             durable.list_runs(before=bad, store=store)  # type: ignore[arg-type]
 

@@ -3,8 +3,10 @@ process, a real worker and the test Redis."""
 
 from __future__ import annotations
 
+import urllib.parse
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -127,3 +129,76 @@ def test_a_misspelt_body_field_is_refused_with_a_suggestion(client: httpx.Client
         client.post(f"/api/v1/workflows/{workflow_id}/cancel", json={"reson": "x"}), 422, "invalid_argument"
     )
     assert "unknown body field 'reson' (did you mean 'reason'?)" in message
+
+
+# Values that passed a ``str.isdigit`` check and then failed ``int()`` (a 500), and others that
+# parse as one thing in one place and another elsewhere.
+ODD_VALUES = [
+    "", "-", "--5", "²", "٣", "１２", "9" * 5000, "9" * 30, "-0", "1e3", " 1", "\x00", "%", "/", ":",
+    "1:", "²:x", "-1:x", "2026-13-40", "9999-12-31T23:59:59", "0001-01-01T00:00:00+14:00", "(", "'",
+    "\\", "é" * 300, "x" * 5000, "NaN", "[]", "\U0001f600", "1.x", "².x", "0.abc.def",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["since", "until"])
+@pytest.mark.parametrize("value", ["--5", "²", pytest.param("9" * 5000, id="5000-digits")])
+@pytest.mark.parametrize("where", [None, "status = 'running'"])
+def test_a_time_int_cannot_read_is_refused_naming_its_parameter(
+    client: httpx.Client, name: str, value: str, where: str | None
+) -> None:
+    params = {name: value, **({"where": where} if where else {})}
+    message = _error(client.get("/api/v1/workflows", params=params), 422, "invalid_argument")
+    assert message == f"query parameter {name!r} must be UTC ms or an ISO 8601 time", message
+
+
+@pytest.mark.parametrize("before", ["²:01J", pytest.param("9" * 5000, id="5000-digits"), "-1:01J"])
+def test_a_searched_list_refuses_a_cursor_int_cannot_read(client: httpx.Client, before: str) -> None:
+    params = {"where": "status = 'running'", "before": before}
+    message = _error(client.get("/api/v1/workflows", params=params), 422, "invalid_argument")
+    assert message.startswith("'before' must be the 'next' cursor of a page"), message
+
+
+def test_a_hook_token_with_an_odd_partition_is_an_unknown_token(client: httpx.Client) -> None:
+    for token in ("².abc", "9" * 5000 + ".abc", "-1.abc"):
+        message = _error(client.post(f"/api/v1/hooks/{token}", json={}), 409, "hook_token_unusable")
+        assert message.startswith("unknown or already used hook token"), message
+
+
+def test_a_hook_body_nested_too_deeply_is_a_bad_request(client: httpx.Client) -> None:
+    body = b"[" * 5000 + b"]" * 5000
+    resp = client.post("/api/v1/hooks/0.abc", content=body, headers={"content-type": "application/json"})
+    assert "nested too deeply" in _error(resp, 400, "bad_request")
+
+
+def test_no_odd_value_anywhere_gets_a_server_error(client: httpx.Client) -> None:
+    """Every route, with each odd value in each query parameter, path parameter and (for POSTs)
+    as the body: a 4xx with a JSON error naming the problem, never a 5xx, and the server lives."""
+    from workers.server.app import ENDPOINTS
+
+    def fill(path: str, value: str = "odd-w") -> str:
+        for name in ("{id}", "{name}", "{token}"):
+            path = path.replace(name, value)
+        return path
+
+    answered: list[tuple[int, str, str, str]] = []
+
+    def send(method: str, path: str, **kw: Any) -> None:
+        resp = client.request(method, path, **kw)
+        answered.append((resp.status_code, method, path[:80], str(kw)[:80]))
+        if resp.status_code >= 400:
+            assert resp.json()["error"]["message"], (method, path, kw, resp.text)
+
+    for e in ENDPOINTS:
+        for value in ODD_VALUES:
+            for param in e.params:
+                send(e.method, fill(e.path), params={param.name: value})
+            quoted = urllib.parse.quote(value, safe="")
+            if "{" in e.path and quoted:
+                send(e.method, fill(e.path, quoted), json={} if e.method == "POST" else None)
+            if e.method == "POST":
+                send(e.method, fill(e.path), content=value.encode("utf-8", "surrogatepass"))
+                send(e.method, fill(e.path), json={"args": value, "reason": value, "type": value})
+    errors = [a for a in answered if a[0] >= 500]
+    assert not errors, errors[:10]
+    assert len(answered) > 1000 and {a[0] for a in answered} >= {200, 404, 422}
+    assert client.get("/healthz").status_code == 200

@@ -37,6 +37,7 @@ from .loads import Loaded, Rows, RunToLoad
 from .records import (
     CommitResult,
     RunRef,
+    decimal,
     decode_run,
     text,
 )
@@ -543,10 +544,9 @@ class RunStore(SearchStore):
                 message never repeats the token).
             WorkflowClosed: the hook's run is closed (the token is deleted with it).
         """
-        p_text = token.split(".", 1)[0] if isinstance(token, str) and "." in token else ""
-        if not p_text.isdigit() or int(p_text) >= self.keys.partitions:
+        p = decimal(token.split(".", 1)[0]) if isinstance(token, str) and "." in token else None
+        if p is None or p >= self.keys.partitions:
             raise HookError("unknown or already used hook token (it is not a token this store issued)")
-        p = int(p_text)
         result = self._run_script(
             "resume_hook",
             [self.keys.hooks(p)],

@@ -211,6 +211,8 @@ def parse_args(values: Sequence[str]) -> list[Any]:
     for n, value in enumerate(values, 1):
         try:
             out.append(json.loads(value))
+        except RecursionError:
+            raise CliError(f"argument {n} is JSON nested too deeply to read") from None
         except ValueError as exc:
             if value.lstrip()[:1] in ("{", "[", '"'):
                 raise CliError(

@@ -62,4 +62,6 @@ def load_export(path: Path) -> list[ev.Entry]:
         items = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CliError(f"{path}: not a JSON history export ({exc})") from None
+    except RecursionError:
+        raise CliError(f"{path}: not a JSON history export (nested too deeply to read)") from None
     return ev.from_export(items, str(path))

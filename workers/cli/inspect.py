@@ -11,7 +11,7 @@ from rich.text import Text
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
 from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
-from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
+from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES, decimal
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
 from workers.cli.fleet import with_unserved
@@ -185,9 +185,9 @@ def _before(value: str | None) -> tuple[int, str | None] | None:
     if value is None:
         return None
     ms, _, rid = value.strip().partition(":")
-    if not ms.isdigit():
+    if (created := decimal(ms)) is None:
         raise click.BadParameter(f"{value!r}: expected MS or MS:RUN_ID (the hint under a full page)")
-    return int(ms), rid or None
+    return created, rid or None
 
 
 @click.command()

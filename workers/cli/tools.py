@@ -38,6 +38,11 @@ def replay(target: Path, apps: tuple[str, ...]) -> None:
     for path in history_files(target):
         try:
             entries = load_export(path)
+        except (DurableError, CliError) as exc:  # its message starts with the file's name
+            bad += 1
+            click.echo(f"ERROR {one_line(exc)}")
+            continue
+        try:
             replay_history(entries)
         except NondeterminismError as exc:
             bad += 1

@@ -204,6 +204,8 @@ def _load_file(auth: AuthConfig, path: Path) -> None:
         data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
     except (OSError, ValueError) as exc:  # tomllib and json errors are ValueErrors
         raise AuthFileError(f"cannot read auth file {path}: {exc}") from None
+    except RecursionError:
+        raise AuthFileError(f"cannot read auth file {path}: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("tokens", []), list):
         raise AuthFileError(f"auth file {path}: expected an object with a 'tokens' list")
     for n, entry in enumerate(data.get("tokens", []), 1):

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from durable.store.records import decimal
 from durable.store.redis_store import RedisStore
 from workers.cli.render import to_json
 from workers.server.auth import AuthConfig, check_browser_rules
@@ -71,8 +72,8 @@ class Call:
         value = self.query.get(name)
         if not value:
             return None
-        if value.lstrip("-").isdigit():
-            return int(value)
+        if (ms := decimal(value.removeprefix("-"))) is not None:
+            return -ms if value.startswith("-") else ms
         try:
             when = _dt.datetime.fromisoformat(value)
         except ValueError:
@@ -216,7 +217,7 @@ async def read_body(request: Request, cap: int) -> bytes:
     """
     too_large = ApiError("payload_too_large", f"the body is larger than this server's cap of {cap} bytes")
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > cap:
+    if declared and (decimal(declared) or 0) > cap:
         raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():

@@ -35,9 +35,11 @@ def hook_payload(raw: bytes, content_type: str) -> Any:
     if not media or media == "application/json" or media.endswith("+json"):
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
             if media:
-                raise ApiError("bad_request", "the body is not valid JSON") from None
+                raise ApiError(
+                    "bad_request", "the body is not valid JSON (or nested too deeply to read)"
+                ) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

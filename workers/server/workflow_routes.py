@@ -9,7 +9,7 @@ import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.errors import ConfigurationError, WorkflowClosed
 from durable.search import parse_where
-from durable.store.records import OPEN_STATUSES
+from durable.store.records import OPEN_STATUSES, decimal
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.run_list import LIST_FIELDS, parse_cursor
 from durable.store.workers import WorkerInfo
@@ -195,7 +195,7 @@ def _search_workflows(call: Call, limit: int) -> dict[str, Any]:
 
 def _is_cursor(value: str) -> bool:
     ms, _, _ = value.partition(":")
-    return ms.isdigit()
+    return decimal(ms) is not None
 
 
 def _quoted(value: str) -> str:
