@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from .client import default_store
 from .errors import ConfigurationError
@@ -65,17 +65,22 @@ def list_runs(
     return store.ride("list_runs()", search)  # through a short outage, as the stubs' calls
 
 
+def _is_ms(value: Any) -> TypeGuard[int]:
+    """An int a Redis score can hold (ms); beyond it the index read raised OverflowError."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**53
+
+
 def _cursor(before: int | datetime | str | Mapping[str, Any] | None) -> tuple[int | None, str | None]:
     """``(created ms, run id)`` of a ``before`` value (run id ``None``: a time)."""
     if before is None:
         return None, None
     if isinstance(before, datetime):
         return int(before.timestamp() * 1000), None
-    if isinstance(before, int) and not isinstance(before, bool):
+    if _is_ms(before):
         return before, None
     if isinstance(before, Mapping):
         created, rid = before.get("created"), before.get("run_id")
-        if isinstance(created, int) and not isinstance(created, bool) and isinstance(rid, str) and rid:
+        if _is_ms(created) and isinstance(rid, str) and rid:
             return created, rid
     if isinstance(before, str):
         ms, _, rid = before.strip().partition(":")

@@ -309,9 +309,21 @@ def test_paging_never_skips_runs_of_one_millisecond(durable_store: Any, limit: i
     moment = datetime.fromtimestamp((ms + 1) / 1000, tz=UTC)
     assert {r["created"] for r in durable.list_runs(before=moment, limit=1000, store=store)} == {ms - 1, ms}
     assert len(durable.list_runs(before=str(ms + 1), limit=1000, store=store)) == 54
-    for bad in ("soon", {"created": ms}, 1.5, f"x:{placed[0][1]}", "²", f"²:{placed[0][1]}", "9" * 5000):
+    for bad in (
+        "soon",
+        {"created": ms},
+        1.5,
+        f"x:{placed[0][1]}",
+        "²",
+        f"²:{placed[0][1]}",
+        "9" * 5000,
+        10**400,
+    ):
         with pytest.raises(ConfigurationError, match="before must be"):
             durable.list_runs(before=bad, store=store)  # type: ignore[arg-type]
+    for limit in (0, 1001, "10", None, 2.0, True):
+        with pytest.raises(ConfigurationError, match=r"limit must be an int 1\.\.1000, not "):
+            durable.list_runs(limit=limit, store=store)  # type: ignore[arg-type]
 
 
 def test_search_leaves_no_temporary_keys(durable_store: Any) -> None:

@@ -268,8 +268,8 @@ class SearchStore(StoreBase):
             ConfigurationError: ``limit`` out of 1..:data:`MAX_LIMIT`, ``before_run_id``
                 without ``before_ms``, or a query of too many index lookups.
         """
-        if not 1 <= limit <= MAX_LIMIT:
-            raise ConfigurationError(f"limit must be 1..{MAX_LIMIT}, not {limit}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            raise ConfigurationError(f"limit must be an int 1..{MAX_LIMIT}, not {limit!r}")
         if before_run_id and before_ms is None:
             raise ConfigurationError("before_run_id needs before_ms (the created ms of that run)")
         plan, window_low, window_high = _compile(query)
