@@ -28,6 +28,7 @@ from . import codec
 from . import events as ev
 from .client import WorkflowStub, _Handles
 from .client_updates import send_update
+from .options import wait_seconds
 from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
@@ -149,6 +150,7 @@ class AsyncWorkflowStub(Generic[R]):
             TimeoutError: ``timeout`` passed first (call again with the same ``update_id``).
         """
         loop = asyncio.get_running_loop()
+        timeout = wait_seconds(timeout)
         deadline = None if timeout is None else loop.time() + timeout
         store = self._stub.store
         ref, uid, after = await asyncio.to_thread(
@@ -204,6 +206,7 @@ class AsyncWorkflowStub(Generic[R]):
         store = self._stub.store
         waiter = async_waiter_for(store)
         loop = asyncio.get_running_loop()
+        timeout = wait_seconds(timeout)
         deadline = None if timeout is None else loop.time() + timeout
         # As WorkflowStub.result: the known run is checked current by the first look.
         stub = self._stub

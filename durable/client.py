@@ -21,7 +21,7 @@ from .errors import (
 from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
-from .options import Seconds
+from .options import Seconds, wait_seconds
 from .registry import check_name, get_workflow, start_queue
 from .replay.driver import query_history
 from .run_views import describe_run, run_snapshot
@@ -437,8 +437,8 @@ class WorkflowStub(Generic[R]):
 
         Args:
             name: The ``@update`` method's name.
-            timeout: Seconds to wait for the outcome (``None``: no limit). The update
-                stays delivered: call again with the same ``update_id`` to keep waiting.
+            timeout: Seconds to wait for the outcome (``None`` or ``math.inf``: no limit). The
+                update stays delivered: call again with the same ``update_id`` to keep waiting.
             update_id: The update's id (letters, digits, ``_ . : - /``; not starting with
                 a digit). Default: a new unique id.
 
@@ -449,7 +449,9 @@ class WorkflowStub(Generic[R]):
             WorkflowNotFound: unknown id.
             WorkflowClosed: the run is closed, or closed before the update had an outcome.
             TimeoutError: ``timeout`` passed first.
+            ConfigurationError: a negative or NaN ``timeout`` (nothing is sent).
         """
+        timeout = wait_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         ref, uid, after = send_update(self._store, self._type, self._id, name, args, update_id)
         self._run_id = ref.run_id
@@ -541,6 +543,7 @@ class WorkflowStub(Generic[R]):
         Waits without polling: the process's waits share one blocking read (``XREAD BLOCK``) on
         one connection, so any threads may wait, and they ride out an unreachable Redis for 60 s
         (a wait that cannot begin, for the store's ``client_ride_s``, within ``timeout``).
+        ``timeout``: seconds (``None`` or ``math.inf``: no limit).
 
         Raises:
             WorkflowFailed: the run failed, was cancelled or terminated (``.status``, ``.cause``).
@@ -548,7 +551,9 @@ class WorkflowStub(Generic[R]):
                 ``.reason``); raised at once, not at the timeout.
             TimeoutError: ``timeout`` seconds passed first.
             RedisUnavailable: Redis could not be read for longer than the ride-out.
+            ConfigurationError: a negative or NaN ``timeout``.
         """
+        timeout = wait_seconds(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         # The run this stub knew is checked current by the wait's first look (one round trip).
         current = self._run_id is not None

@@ -45,6 +45,19 @@ def to_seconds(value: Seconds | None, what: str) -> float | None:
     return seconds
 
 
+def wait_seconds(timeout: Seconds | None) -> float | None:
+    """A client wait's ``timeout`` (``result()``, ``update()``) in seconds; ``None`` and
+    ``math.inf`` wait as long as it takes (an infinite timeout reached the thread wait and
+    raised OverflowError; a NaN one timed out at once).
+
+    Raises:
+        ConfigurationError: negative, NaN, past :data:`MAX_DURATION_S` or not a duration.
+    """
+    if timeout is None or timeout == math.inf:
+        return None
+    return to_seconds(timeout, "timeout")
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How a failed activity attempt is retried.

@@ -12,7 +12,7 @@ import redis
 from apps.async_app import CancelsBeating, Doubles, Gate, TimesOut
 from procs import workers
 
-from durable import AsyncWorkflowStub, WorkflowFailed, WorkflowNotFound
+from durable import AsyncWorkflowStub, ConfigurationError, WorkflowFailed, WorkflowNotFound
 from durable.client import default_store
 from durable.store.aio import async_waiter_for
 
@@ -60,6 +60,10 @@ def test_async_client_signal_query_update_and_errors(redis_url: str) -> None:
         with pytest.raises(TimeoutError):
             await (await AsyncWorkflowStub.make(Gate, id="gate-two").start(0)).result(timeout=0.3)
         other = await AsyncWorkflowStub.load("gate-two")
+        with pytest.raises(ConfigurationError, match="timeout must be"):
+            await other.result(timeout=-1)
+        with pytest.raises(ConfigurationError, match="timeout must be"):
+            await other.update("bump", 1, timeout=float("nan"))
         await other.terminate("test over")
         with pytest.raises(WorkflowFailed, match="terminated"):
             await other.result(timeout=10)

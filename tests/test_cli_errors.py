@@ -349,3 +349,27 @@ def test_replaying_a_file_nested_too_deeply_says_so(project: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stdout.strip() == f"ERROR {export}: not a JSON history export (nested too deeply to read)"
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (("worker", "--app", "app", "--claim-idle", "nan"), "'nan' is not a number of seconds"),
+        (("worker", "--app", "app", "--sticky-timeout", "inf"), "inf is not in the range 0<=x<=1e+15"),
+        (("worker", "--app", "app", "--unknown-type-grace", "nan"), "'nan' is not a number of seconds"),
+        (("worker", "--app", "app", "--grace", "-1"), "-1.0 is not in the range 0<=x<=1e+15"),
+        (("result", "o-1", "--timeout", "inf"), "inf is not in the range 0<=x<=1e+15"),
+        (("update", "o-1", "set", "--timeout", "nan"), "'nan' is not a number of seconds"),
+    ],
+    ids=["claim-idle", "sticky-timeout", "unknown-type-grace", "grace", "result", "update"],
+)
+def test_seconds_that_are_no_duration_are_a_usage_error(
+    project: Path, command: tuple[str, ...], says: str
+) -> None:
+    """``--claim-idle nan`` or ``inf`` passed click's FloatRange and killed the worker with a
+    traceback at ``int(seconds * 1000)``; ``--timeout inf`` did so in the wait."""
+    result = run_cli(project, *command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert says in result.stderr, result.stderr
+    assert not (project / ".durable").exists()

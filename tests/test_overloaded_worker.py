@@ -20,7 +20,7 @@ from clikit import cli_ok as _cli
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import ConfigurationError, WorkflowStub
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 from workers.pace import Pace
@@ -118,3 +118,31 @@ def test_no_prefetch_for_an_unknown_type_nor_behind_stalled_threads() -> None:
         wait_for(lambda: threads.stalled(0.0) == 0, timeout=5)
     finally:
         threads.shutdown()
+
+
+def test_activity_threads_the_system_refuses_are_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--concurrency 100000`` died with "RuntimeError: can't start new thread"; the threads it
+    had started are stopped again."""
+    import threading
+
+    real_start = threading.Thread.start
+    started: list[threading.Thread] = []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.startswith("durable-activity") and len(started) == 3:
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+        started.append(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(ConfigurationError) as info:
+        ActivityThreads(10)
+    assert str(info.value) == (
+        "cannot start 10 activity threads: the system refused thread 4 (can't start new thread); "
+        "lower --concurrency"
+    )
+    for thread in started:
+        thread.join(timeout=5)
+        assert not thread.is_alive()

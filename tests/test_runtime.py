@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,12 @@ def test_result_timeout(worker) -> None:
     stub = WorkflowStub.make(Waiter).start(60)
     with pytest.raises(TimeoutError):
         stub.result(timeout=0.3)
+    for bad in (float("nan"), -1, "5"):
+        with pytest.raises(ConfigurationError, match="timeout must be"):
+            stub.result(timeout=bad)  # type: ignore[arg-type]
+
+
+def test_an_infinite_timeout_waits_as_long_as_it_takes(worker) -> None:
+    """``math.inf`` reached the thread wait and raised OverflowError."""
+    stub = WorkflowStub.make(Parent).start(2)
+    assert stub.result(timeout=math.inf) == [1, 3]

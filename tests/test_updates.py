@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from apps.updates import CALLS_FILE, UpdCart
 from click.testing import CliRunner
 from waiting import wait_for
 
-from durable import UpdateRejected, WorkflowClosed, WorkflowStub
+from durable import ConfigurationError, UpdateRejected, WorkflowClosed, WorkflowStub
 from durable import events as ev
 from durable.replay import replay_history
 from durable.store.redis_store import RedisStore
@@ -29,10 +30,13 @@ def test_update_returns_the_handler_result_and_is_in_history(worker: Any) -> Non
     stub = _started()
     assert stub.update("add", "apple") == 1
     assert stub.update("add", "pear", timeout=10) == 2
+    with pytest.raises(ConfigurationError, match="timeout must be a finite, non-negative duration"):
+        stub.update("add", "fig", timeout=float("nan"))  # refused before it is sent
+    assert stub.update("add", "plum", timeout=math.inf) == 3
     stub.signal("checkout")
-    assert stub.result(timeout=10) == {"items": ["apple", "pear"], "notes": []}
+    assert stub.result(timeout=10) == {"items": ["apple", "pear", "plum"], "notes": []}
     types = [e.type for e in stub.history()]
-    assert types.count("UpdateAccepted") == 2 and types.count("UpdateCompleted") == 2
+    assert types.count("UpdateAccepted") == 3 and types.count("UpdateCompleted") == 3
 
 
 def test_handler_with_activity_and_timer_and_a_signal_meanwhile(worker: Any, tmp_path: Path) -> None:

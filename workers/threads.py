@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from durable.errors import ConfigurationError
+
 log = logging.getLogger("durable.worker")
 
 
@@ -44,8 +46,16 @@ class ActivityThreads:
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"{name}_{i}", daemon=True) for i in range(n)
         ]
-        for thread in self._threads:
-            thread.start()
+        for started, thread in enumerate(self._threads):
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": a limit of the system's
+                for _ in range(started):
+                    self._calls.put(None)  # the threads started stop
+                raise ConfigurationError(
+                    f"cannot start {n} activity threads: the system refused thread {started + 1} "
+                    f"({exc}); lower --concurrency"
+                ) from None
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the next free thread."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import site
 import sys
@@ -19,6 +20,7 @@ import redis
 import durable
 from durable import DurableError, codec
 from durable.config import check_namespace
+from durable.options import MAX_DURATION_S
 from durable.store.connect import BadRedisUrl
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
@@ -201,6 +203,26 @@ def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
 
 
 # --------------------------------------------------------------------------- input
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds from ``min`` up to :data:`~durable.options.MAX_DURATION_S`, finite:
+    ``nan`` passes ``FloatRange`` (no comparison holds), and a worker started with
+    ``--claim-idle nan`` or ``inf`` died at ``int(seconds * 1000)`` with a traceback."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 0) -> None:  # noqa: A002 - FloatRange's own name
+        super().__init__(min, MAX_DURATION_S)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
+
+    def _describe_range(self) -> str:  # "0<=x<=1e+15", not 1000000000000000.0
+        return f"{self.min:g}<=x<={self.max:g}"
 
 
 def parse_args(values: Sequence[str]) -> list[Any]:

@@ -24,7 +24,7 @@ from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
 from durable.store.workers import FOUND_ON_READ
 from durable.waiting import MOST_NAMED, in_words, not_closed
-from workers.cli.core import CliError, CliState, load_apps, parse_args, pass_state
+from workers.cli.core import CliError, CliState, Seconds, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
 
@@ -42,7 +42,7 @@ def _stub(state: CliState, workflow_id: str) -> WorkflowStub:
 @click.option("--app", "apps", multiple=True, metavar="MODULE", help="Import the type's module first.")
 @click.option("--queue", default=None, help="Task queue (default: the class's, else 'default').")
 @click.option("--wait/--no-wait", default=False, show_default=True, help="Wait and print the result.")
-@click.option("--timeout", type=float, default=None, help="Seconds to wait with --wait.")
+@click.option("--timeout", type=Seconds(), default=None, help="Seconds to wait with --wait.")
 @click.option(
     "--signal",
     "signal_name",
@@ -237,7 +237,7 @@ def _wait_outcome(
     "whatever the arguments (default: generated; printed to stderr if the outcome takes over 2 s).",
 )
 @click.option(
-    "--timeout", type=float, default=None, help="Seconds to wait for the outcome (default: forever)."
+    "--timeout", type=Seconds(), default=None, help="Seconds to wait for the outcome (default: forever)."
 )
 @click.option(
     "--app", "apps", multiple=True, metavar="MODULE", help="Check NAME and ARGS against the workflow's class."
@@ -382,7 +382,7 @@ def status(state: CliState, workflow_id: str) -> None:
 
 @click.command()
 @click.argument("workflow_id", metavar="ID")
-@click.option("--timeout", type=float, default=None, help="Seconds to wait (default: forever).")
+@click.option("--timeout", type=Seconds(), default=None, help="Seconds to wait (default: forever).")
 @pass_state
 def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     """Wait for workflow ID to close; print its result as JSON (a failed run exits 1).

@@ -13,7 +13,16 @@ from rich.text import Text
 
 from durable import DurableError, NondeterminismError, WorkflowStub
 from durable.replay import replay_history
-from workers.cli.core import CliError, CliState, DurableGroup, load_apps, one_line, parse_args, pass_state
+from workers.cli.core import (
+    CliError,
+    CliState,
+    DurableGroup,
+    Seconds,
+    load_apps,
+    one_line,
+    parse_args,
+    pass_state,
+)
 from workers.cli.export import history_files, load_export
 from workers.cli.render import console, history_table, to_json
 from workers.config import mask_url
@@ -112,7 +121,7 @@ def load_example(name: str = "order") -> ModuleType:
 
 @click.command()
 @click.option(
-    "--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for the result."
+    "--timeout", type=Seconds(), default=60.0, show_default=True, help="Seconds to wait for the result."
 )
 @pass_state
 def demo(state: CliState, timeout: float) -> None:

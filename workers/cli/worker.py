@@ -17,7 +17,7 @@ from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker, worker_supervisor
-from workers.cli.core import CliError, CliState, find_apps, pass_state
+from workers.cli.core import CliError, CliState, Seconds, find_apps, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
 from workers.supervisor import DRAINED_EXIT, READY_FD_ENV, joined_message
@@ -69,14 +69,14 @@ _worker_options: list[Callable[[Any], Any]] = [
         "--claim-idle",
         default=30.0,
         show_default=True,
-        type=click.FloatRange(0.1),
+        type=Seconds(0.1),
         help="Seconds a task may sit with a silent worker before another worker reclaims it.",
     ),
     click.option(
         "--sticky-timeout",
         default=5.0,
         show_default=True,
-        type=click.FloatRange(0),
+        type=Seconds(),
         help="Seconds a run's next workflow task may wait unread for the worker that has the run "
         "cached before any worker takes it (0: until that worker's --claim-idle lease lapses).",
     ),
@@ -84,7 +84,7 @@ _worker_options: list[Callable[[Any], Any]] = [
         "--grace",
         default=30.0,
         show_default=True,
-        type=click.FloatRange(0),
+        type=Seconds(),
         help="Seconds a stop (SIGTERM/SIGINT) lets running activities finish; the process ends at the "
         "latest 5 s after that, whatever its workflows do.",
     ),
@@ -92,7 +92,7 @@ _worker_options: list[Callable[[Any], Any]] = [
         "--decision-timeout",
         default=2.0,
         show_default=True,
-        type=click.FloatRange(0),
+        type=Seconds(),
         metavar="SECONDS",
         help="Longest a decision may run workflow code without yielding (a busy loop, time.sleep): "
         "past it the run is blocked (`durable repair` after the fix) and the worker process exits "
@@ -102,7 +102,7 @@ _worker_options: list[Callable[[Any], Any]] = [
         "--unknown-type-grace",
         default=60.0,
         show_default=True,
-        type=click.FloatRange(0),
+        type=Seconds(),
         metavar="SECONDS",
         help="A task of a workflow or activity type this worker's --app lacks is left for a worker of "
         "the queue that has it; once no live worker has served the type this long, the task is parked "
