@@ -17,6 +17,7 @@ The events' timestamps are the deciding worker's clock (ms) and the split is thi
 on one machine, the same clock.
 
     python benchmarks/w2_phases.py [--workflows 200] [--turns 5] [--processes 2] [--no-ceiling]
+                                   [--appendfsync everysec|always]
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=2.0, help="of each ceiling turn")
     parser.add_argument("--no-ceiling", action="store_true")
+    parser.add_argument("--appendfsync", choices=["everysec", "always"], default="everysec")
     args = parser.parse_args()
     turns: list[dict[str, Any]] = []
     ceilings: list[float] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        Engine(Options(tmpdir=Path(tmp), processes=args.processes)) as engine,
+        Engine(Options(tmpdir=Path(tmp), processes=args.processes, appendfsync=args.appendfsync)) as engine,
     ):
         engine.w2(args.workflows)  # warm: drivers cached, scripts loaded
         for i in range(1, args.turns + 1):
