@@ -149,9 +149,14 @@ class RetryPolicy:
 
 
 def duration_ms(value: Seconds, what: str) -> int:
-    """A duration (seconds or timedelta) as whole milliseconds."""
+    """A duration (seconds or timedelta) as whole milliseconds.
+
+    Raises:
+        ConfigurationError: not a duration (``None`` included: ``timer(None)`` is no duration).
+    """
     seconds = to_seconds(value, what)
-    assert seconds is not None
+    if seconds is None:
+        raise ConfigurationError(f"{what} must be seconds (int/float) or a timedelta, not None")
     return int(round(seconds * 1000))
 
 

@@ -31,10 +31,14 @@ from durable import (
     WorkflowNotFound,
     WorkflowStub,
     activity,
+    all_settled,
     await_signal,
+    child,
     query,
+    side_effect,
     timer,
 )
+from durable import all as durable_all
 from durable.ids import shown_id
 from durable.limits import set_limits
 from durable.store.redis_store import RedisStore
@@ -63,6 +67,21 @@ class BiLambda(Workflow):
 class BiTimer(Workflow):
     def handle(self, duration: Any) -> str:
         timer(duration)
+        return "done"
+
+
+class BiOddCall(Workflow):
+    """Calls one workflow function with a value it cannot take (these raised bare TypeErrors or
+    an AssertionError, or started a child no worker can ever serve)."""
+
+    def handle(self, call: str, value: Any) -> str:
+        {
+            "side_effect": lambda: side_effect(value),
+            "all": lambda: durable_all(value),
+            "all_settled": lambda: all_settled(value),
+            "child": lambda: child(value, 1),
+            "timer": lambda: timer(value),
+        }[call]()
         return "done"
 
 
@@ -257,6 +276,36 @@ def test_timer_with_a_bad_duration_fails_the_run(worker, redis_url: str, duratio
 def test_timer_with_infinite_duration_gives_a_clear_error(worker, redis_url: str) -> None:
     exc = failure(WorkflowStub.make(BiTimer).start(math.inf))
     assert isinstance(exc.cause, ConfigurationError), f"{type(exc.cause).__name__}: {exc.cause}"
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "message"),
+    [
+        ("side_effect", 5, "side_effect needs a function to call, not int"),
+        ("all", None, "all() takes a list of callables, e.g. [lambda: activity(A), ...]"),
+        ("all_settled", 5, "all_settled() takes a list of callables, e.g. [lambda: activity(A), ...]"),
+        (
+            "child",
+            "",
+            "invalid child workflow name '': use 1-200 characters from letters, digits, _ . : -, "
+            "starting with a letter or _",
+        ),
+        (
+            "child",
+            "1st",
+            "invalid child workflow name '1st': use 1-200 characters from letters, digits, _ . : -, "
+            "starting with a letter or _",
+        ),
+        ("timer", None, "timer duration must be seconds (int/float) or a timedelta, not None"),
+    ],
+    ids=["side_effect-int", "all-None", "all_settled-int", "child-empty", "child-digit", "timer-None"],
+)
+def test_a_workflow_call_given_what_it_cannot_take_fails_the_run_naming_it(
+    worker, redis_url: str, call: str, value: Any, message: str
+) -> None:
+    exc = failure(WorkflowStub.make(BiOddCall).start(call, value))
+    assert isinstance(exc.cause, ConfigurationError), f"{type(exc.cause).__name__}: {exc.cause}"
+    assert str(exc.cause) == message
 
 
 def test_explicit_command_id_starting_with_a_digit(worker, redis_url: str) -> None:

@@ -13,7 +13,7 @@ from ..ids import check_command_id, check_workflow_id
 from ..interceptors import StartActivityInput, StartChildInput, StartTimerInput, WorkflowOutboundInterceptor
 from ..limits import check_name_length, check_queue_name
 from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
-from ..registry import activity_definition_for
+from ..registry import activity_definition_for, check_name
 from ..runtime import Hook
 from ..search import MAX_ATTRIBUTES, decode_values, encode_values
 from ..workflow import DEFAULT_VERSION, ContinueAsNew, Workflow, near_history_limit
@@ -154,6 +154,8 @@ class Commands(DriverCore):
         return bool(self._suspend(branch, Wait("wait_until", cid, deadline=deadline, predicate=predicate)))
 
     def call_side_effect(self, fn: Callable[[], T], *, id: str | None) -> T:  # noqa: A002
+        if not callable(fn):  # else "TypeError: 'int' object is not callable", recorded as its outcome
+            raise ConfigurationError(f"side_effect needs a function to call, not {type(fn).__name__}")
         branch = self._branch()
         cid = self._next_id(branch, id)
         recorded = self._recorded_for((ev.SideEffectRecorded.TYPE, cid))
@@ -354,8 +356,8 @@ class Commands(DriverCore):
 
 def _child_type(workflow: Any) -> tuple[str, str | None]:
     """(type name, the class's queue) of a child() target."""
-    if isinstance(workflow, str):
-        return workflow, None
+    if isinstance(workflow, str):  # a name no worker can serve started a child blocked for good
+        return check_name(workflow, "child workflow"), None
     if isinstance(workflow, type) and issubclass(workflow, Workflow):
         return workflow.name, workflow.queue
     raise ConfigurationError(f"child() needs a Workflow subclass or its name, not {workflow!r}")
