@@ -202,3 +202,33 @@ def test_no_odd_value_anywhere_gets_a_server_error(client: httpx.Client) -> None
     assert not errors, errors[:10]
     assert len(answered) > 1000 and {a[0] for a in answered} >= {200, 404, 422}
     assert client.get("/healthz").status_code == 200
+
+
+ODD_JSON: list[Any] = [
+    None, True, -1, 0, 1e308, 10**30, "", "²", "nan", "x" * 5000, [], {}, [[[]]],
+    {"a": {"b": [1]}}, {"": 1}, ["x"] * 100,
+]  # fmt: skip
+
+
+def test_no_odd_body_field_gets_a_server_error(client: httpx.Client) -> None:
+    """Each body field a route reads, given each odd JSON value (the rest of the body valid):
+    a 2xx or a 4xx naming the problem, never a 5xx."""
+    from workers.server.app import ENDPOINTS
+
+    workflow_id = f"fields-{uuid.uuid4().hex[:8]}"
+    assert _start(client, {"type": "Everything", "args": [1], "id": workflow_id}).status_code == 201
+    answered: list[tuple[int, str, str, str]] = []
+    for e in ENDPOINTS:
+        for field in e.fields or ():
+            for value in ODD_JSON:
+                path = e.path.replace("{id}", workflow_id).replace("{name}", "progress")
+                body: dict[str, Any] = {field: value}
+                if e.path == "/api/v1/workflows":
+                    body = {"type": "Everything", "args": [1], "id": f"f-{uuid.uuid4().hex[:8]}", **body}
+                resp = client.post(path, json=body)
+                answered.append((resp.status_code, path, field, repr(value)[:40]))
+                if resp.status_code >= 400:
+                    assert resp.json()["error"]["message"], (path, body, resp.text)
+    errors = [a for a in answered if a[0] >= 500]
+    assert not errors, errors[:10]
+    assert len(answered) > 200 and {a[0] for a in answered} & {200, 201} and 422 in {a[0] for a in answered}
