@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import random as _random
 import uuid as _uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
@@ -320,7 +320,8 @@ def all(branches: Sequence[Callable[[], Any]], *, id: str | None = None) -> list
     :class:`CancelledError` at their suspension points (their cleanup may make
     durable calls), and once they have all finished the first error is raised here.
     """
-    return current_runtime().call_all(_callables(branches, "all"), id=id)
+    # A lone non-iterable (None raised a bare TypeError) is refused as not a list of callables.
+    return current_runtime().call_all(list(branches) if isinstance(branches, Iterable) else [branches], id=id)
 
 
 @dataclass(frozen=True)
@@ -365,24 +366,10 @@ def all_settled(branches: Sequence[Callable[[], Any]], *, id: str | None = None)
         failed = [(i, o.error) for i, o in zip(items, outcomes) if not o.ok]
         ```
     """
-    fns = _callables(branches, "all_settled")
+    fns = list(branches) if isinstance(branches, Iterable) else [branches]  # as in all()
+    if not builtins.all(callable(fn) for fn in fns):  # this module's all() shadows the builtin
+        raise ConfigurationError("all_settled() takes a list of callables, e.g. [lambda: activity(A), ...]")
     return current_runtime().call_all([_settle(fn) for fn in fns], id=id)
-
-
-def _callables(branches: Any, what: str) -> list[Callable[[], Any]]:
-    """``branches`` as a list of callables (a number or None raised a bare TypeError).
-
-    Raises:
-        ConfigurationError: not an iterable of callables.
-    """
-    try:
-        fns = list(branches)
-    except TypeError:
-        fns = None
-    # This module's all() shadows the builtin.
-    if fns is None or not builtins.all(callable(fn) for fn in fns):
-        raise ConfigurationError(f"{what}() takes a list of callables, e.g. [lambda: activity(A), ...]")
-    return fns
 
 
 def now() -> datetime:
