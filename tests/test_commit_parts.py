@@ -141,3 +141,41 @@ def test_commits_go_in_one_write_where_redis_syncs_each_write_to_disk(
     finally:
         server.stop()
     assert store.commits()._part == PART  # the suite's server: everysec
+
+
+def test_a_batch_whose_queue_note_redis_refuses_mid_batch_loses_and_repeats_nothing(
+    store: RedisStore,
+) -> None:
+    """Redis refuses the note of a new activity queue (an SADD, as at ``maxmemory``) when the
+    second part of a batch is written, its first part already sent: the sent part's outcomes
+    are read, the unsent decisions get the refusal as their outcome and their results go through
+    the inboxes. The note raised out of ``Commits.add`` before, the batch's outcomes no longer
+    matched its decisions and the sent part's claimed activities waited for a reclaim."""
+    worker = Worker(store, concurrency=32, grace=5, claim_idle_ms=60_000, block_ms=100)
+    apply_eager, note_streams = worker.decider.apply_eager, store._note_streams
+    in_batch: list[int] = []
+    refused: list[int] = []
+
+    def counted(results: Any) -> None:
+        in_batch[:] = [0]
+        try:
+            apply_eager(results)
+        finally:
+            in_batch.clear()
+
+    def refusing(decisions: Any) -> None:
+        if in_batch:
+            in_batch[0] += 1
+            if in_batch[0] == 2 and not refused:
+                refused.append(1)
+                raise rexc.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+        note_streams(decisions)
+
+    worker.decider.apply_eager = counted  # type: ignore[method-assign]
+    store._note_streams = refusing  # type: ignore[method-assign]
+    with WorkerThread(worker):
+        stubs = [WorkflowStub.make(Sequence).start(6) for _ in range(24)]
+        assert [s.result(timeout=30) for s in stubs] == [15] * 24
+    assert refused, f"no batch of more than {PART} runs came: the test did not test anything"
+    assert worker.activities_run == 24 * 6
+    assert not store.dead_letters()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .records import CommitResult, RunRef, commit_outcome
 from .tasks import CommitPlan
 
@@ -30,8 +32,8 @@ class Commits:
 
     :meth:`add` each decision as it is made; :meth:`outcomes` writes what is left and reads
     every reply. Call :meth:`outcomes` whatever happens after the first :meth:`add`: what was
-    written may have been committed, and its outcome must be read (a Redis error becomes every
-    decision's outcome; it never raises).
+    written may have been committed, and its outcome must be read (a Redis error becomes the
+    outcome of every decision it kept from Redis; neither method raises one).
     """
 
     def __init__(self, store: RunStore, sending: Any, part: int | None = PART) -> None:
@@ -41,6 +43,7 @@ class Commits:
         self._sha = store._scripts["commit"].sha
         self._decisions: list[tuple[RunRef, CommitPlan]] = []
         self._unsent: list[tuple[RunRef, CommitPlan, tuple[list[str], list[bytes]]]] = []
+        self._refused: redis.RedisError | None = None  # what stopped the writing: none sent after
 
     def add(self, ref: RunRef, plan: CommitPlan) -> None:
         """Commit ``plan`` (its arguments are packed now: a plan that cannot be raises here,
@@ -55,19 +58,24 @@ class Commits:
         (:class:`~durable.errors.EventConflict`, :class:`~durable.errors.WorkflowClosed`, a
         Redis error)."""
         self._write()
-        replies = self._sending.replies()
+        replies = self._sending.replies()  # of the parts written, in order
+        replies += [self._refused] * (len(self._decisions) - len(replies))
         return [
             commit_outcome(ref.run_id, plan.expected_seq, reply)
             for (ref, plan), reply in zip(self._decisions, replies, strict=True)
         ]
 
     def _write(self) -> None:
-        if not self._unsent:
+        if not self._unsent or self._refused is not None:
             return
         unsent, self._unsent = self._unsent, []
         decisions: Sequence[tuple[RunRef, CommitPlan]] = [(ref, plan) for ref, plan, _ in unsent]
-        self._store._note_streams(decisions)
-        upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
-        if upserted:
-            self._store.publish_search_types(upserted)
+        try:  # the queues and attribute types are noted before the commits that use them
+            self._store._note_streams(decisions)
+            upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
+            if upserted:
+                self._store.publish_search_types(upserted)
+        except redis.RedisError as exc:  # e.g. refused at maxmemory: this part and the rest unsent
+            self._refused = exc
+            return
         self._sending.send([("EVALSHA", self._sha, len(keys), *keys, *args) for _, _, (keys, args) in unsent])
