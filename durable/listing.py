@@ -13,8 +13,8 @@ from typing import Any, TypeGuard
 from .client import default_store
 from .errors import ConfigurationError
 from .search import parse_where
-from .store.records import decimal
 from .store.redis_store import RedisStore
+from .untrusted import decimal
 
 __all__ = ["count_runs", "list_runs"]
 

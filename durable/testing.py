@@ -41,7 +41,6 @@ history says: give it a stub, the stored entries, or a ``durable history ID
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -62,6 +61,7 @@ from .replay import replay_history as _replay_entries
 from .store.connect import flush_database
 from .store.embedded import EmbeddedRedis
 from .store.redis_store import RedisStore
+from .untrusted import json_loads
 from .workflow import Workflow
 
 if TYPE_CHECKING:
@@ -419,13 +419,9 @@ def _entries(history: Any) -> list[ev.Entry]:
     if isinstance(history, str | os.PathLike):
         path = Path(history)
         try:
-            items = json.loads(path.read_text())
+            items = json_loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"{path}: not a JSON history export ({exc})") from None
-        except RecursionError:
-            raise ConfigurationError(
-                f"{path}: not a JSON history export (nested too deeply to read)"
-            ) from None
         return ev.from_export(items, str(path))
     if isinstance(history, Sequence):
         items = list(history)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -91,19 +90,6 @@ class CommitResult:
 def text(value: Any) -> str:
     """A reply (bytes) or a value as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-_DECIMAL = re.compile(r"[0-9]{1,18}")
-
-
-def decimal(value: str) -> int | None:
-    """The number an input of ASCII digits spells (at most 18 of them: ms, seqs, partitions),
-    else ``None``.
-
-    ``str.isdigit`` is no test for ``int``: it passes "²", which ``int`` refuses, and ``int``
-    refuses more than 4,300 digits; inputs checked that way raised ``ValueError`` (an HTTP 500)
-    where the caller meant to refuse them with a message."""
-    return int(value) if _DECIMAL.fullmatch(value) else None
 
 
 def decision_record(values: Sequence[Any]) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ from ..ids import check_workflow_id, shown_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
+from ..untrusted import decimal
 from . import loads
 from .base import LOG_MAXLEN
 from .commits import PART as COMMIT_PART
@@ -37,7 +38,6 @@ from .loads import Loaded, Rows, RunToLoad
 from .records import (
     CommitResult,
     RunRef,
-    decimal,
     decode_run,
     text,
 )

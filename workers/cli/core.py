@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import site
@@ -24,6 +23,7 @@ from durable.options import MAX_DURATION_S
 from durable.store.connect import BadRedisUrl
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
+from durable.untrusted import NestedTooDeeply, json_loads
 from workers.app import missing_app
 from workers.config import mask_secrets, mask_url
 from workers.worker import load_app
@@ -232,8 +232,8 @@ def parse_args(values: Sequence[str]) -> list[Any]:
     out = []
     for n, value in enumerate(values, 1):
         try:
-            out.append(json.loads(value))
-        except RecursionError:
+            out.append(json_loads(value))
+        except NestedTooDeeply:
             raise CliError(f"argument {n} is JSON nested too deeply to read") from None
         except ValueError as exc:
             if value.lstrip()[:1] in ("{", "[", '"'):

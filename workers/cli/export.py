@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from durable import events as ev
 from durable import hooktokens
 from durable.client import HistoryEvent
 from durable.store.redis_store import RedisStore
+from durable.untrusted import json_loads
 from workers.cli.core import CliError
 
 __all__ = ["export_history", "history_files", "load_export"]
@@ -59,9 +59,7 @@ def history_files(target: Path) -> list[Path]:
 def load_export(path: Path) -> list[ev.Entry]:
     """Rebuild the stored entries of an exported history file (``history --json``)."""
     try:
-        items = json.loads(path.read_text())
+        items = json_loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CliError(f"{path}: not a JSON history export ({exc})") from None
-    except RecursionError:
-        raise CliError(f"{path}: not a JSON history export (nested too deeply to read)") from None
     return ev.from_export(items, str(path))

@@ -11,7 +11,8 @@ from rich.text import Text
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
 from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
-from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES, decimal
+from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
+from durable.untrusted import decimal
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
 from workers.cli.fleet import with_unserved

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable.untrusted import json_loads
 from workers.server.errors import ApiError
 
 __all__ = [
@@ -201,11 +201,9 @@ def load_auth(path: Path | None = None, environ: Mapping[str, str] | None = None
 def _load_file(auth: AuthConfig, path: Path) -> None:
     try:
         raw = path.read_bytes()
-        data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
+        data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json_loads(raw)
     except (OSError, ValueError) as exc:  # tomllib and json errors are ValueErrors
         raise AuthFileError(f"cannot read auth file {path}: {exc}") from None
-    except RecursionError:
-        raise AuthFileError(f"cannot read auth file {path}: nested too deeply") from None
     if not isinstance(data, dict) or not isinstance(data.get("tokens", []), list):
         raise AuthFileError(f"auth file {path}: expected an object with a 'tokens' list")
     for n, entry in enumerate(data.get("tokens", []), 1):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from durable.store.records import decimal
 from durable.store.redis_store import RedisStore
+from durable.untrusted import NestedTooDeeply, decimal, json_loads
 from workers.cli.render import to_json
 from workers.server.auth import AuthConfig, check_browser_rules
 from workers.server.errors import ApiError, from_exception
@@ -241,8 +240,8 @@ def parse_json(raw: bytes, content_type: str) -> Any:
     if media and media != "application/json" and not media.endswith("+json"):
         raise ApiError("unsupported_media_type", f"the body must be application/json, not {media}")
     try:
-        return json.loads(raw)
+        return json_loads(raw)
+    except NestedTooDeeply:
+        raise ApiError("bad_request", "the body's JSON is nested too deeply to read") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("bad_request", f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError("bad_request", "the body's JSON is nested too deeply to read") from None

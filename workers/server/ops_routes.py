@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from durable import ScheduleHandle, WorkflowStub
 from durable.schedules import skip_reason
 from durable.store.workers import drain_targets
+from durable.untrusted import json_loads
 from workers.cli.fleet import fleet_report
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
@@ -34,8 +34,8 @@ def hook_payload(raw: bytes, content_type: str) -> Any:
     media = content_type.split(";")[0].strip().lower()
     if not media or media == "application/json" or media.endswith("+json"):
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
+            return json_loads(raw)
+        except ValueError:
             if media:
                 raise ApiError(
                     "bad_request", "the body is not valid JSON (or nested too deeply to read)"

@@ -9,10 +9,11 @@ import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.errors import ConfigurationError, WorkflowClosed
 from durable.search import parse_where
-from durable.store.records import OPEN_STATUSES, decimal
+from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.run_list import LIST_FIELDS, parse_cursor
 from durable.store.workers import WorkerInfo
+from durable.untrusted import decimal
 from workers.cli.core import CliError
 from workers.cli.fleet import check_startable, mark_blocked_children, mark_unserved
 from workers.server.endpoint import Call, Endpoint, Param

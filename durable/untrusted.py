@@ -1,0 +1,39 @@
+"""Reading text from outside (a URL, a CLI argument, a request body, a file): two standard calls
+that fail there in ways their callers did not expect.
+
+``str.isdigit`` passes "²", which ``int`` refuses, and ``int`` refuses more than 4,300 digits;
+``json.loads`` raises ``RecursionError``, not ``ValueError``, for arrays nested about 1,000 deep.
+Checked the usual way, such inputs were HTTP 500s and tracebacks where the caller meant to refuse
+them with a message. A leaf: it imports nothing of durable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_DECIMAL = re.compile(r"[0-9]{1,18}")
+
+
+def decimal(value: str) -> int | None:
+    """The number an input of ASCII digits spells (at most 18 of them: ms, seqs, partitions),
+    else ``None``."""
+    return int(value) if _DECIMAL.fullmatch(value) else None
+
+
+class NestedTooDeeply(ValueError):
+    """JSON nested deeper than :func:`json.loads` can read."""
+
+
+def json_loads(raw: str | bytes) -> Any:
+    """:func:`json.loads`, where JSON nested too deeply to read is a :class:`ValueError`
+    (:class:`NestedTooDeeply`) as any other bad JSON is.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), or :class:`NestedTooDeeply`.
+    """
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise NestedTooDeeply("nested too deeply to read") from None
