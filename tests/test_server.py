@@ -83,7 +83,7 @@ def _status(client: httpx.Client, workflow_id: str, want: str) -> dict:
 
 def test_health_and_openapi(api: Api) -> None:
     with api.open.client() as c:
-        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/healthz").json() == {"status": "ok", "warnings": []}
         doc = c.get("/api/v1/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     for endpoint in ENDPOINTS:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from procs import spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
@@ -440,3 +441,32 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
         c.post(f"/api/v1/workflows/{triggered}/terminate")
     ScheduleHandle("ui-sched", store=ui.store).delete()
     assert started
+
+
+def test_workers_page_warns_of_a_redis_that_can_lose_data(ui: Ui, fresh_redis: Any, tmp_path: Path) -> None:
+    """A private Redis with an evicting policy under a limit and no AOF: the workers page shows
+    both warnings in a banner (as ``durable workers`` does); the shared one shows none."""
+    client = redis.Redis.from_url(fresh_redis.url)
+    client.config_set("maxmemory", 2**30)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("appendonly", "no")
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    try:
+        page = ui.page()
+        page.goto(server.url + "/workers")
+        banner = page.wait_for_selector("#warnings:not([hidden])")
+        lines = banner.inner_text().splitlines()
+        assert [line.split(" (")[0] for line in lines] == [
+            "Warning: Redis evicts keys at its maxmemory",
+            "Warning: Redis keeps no append-only file",
+        ], lines
+        assert "maxmemory-policy noeviction" in lines[0] and "appendonly yes" in lines[1]
+        ui.shot(page, "workers-redis-warnings")
+        page.goto(ui.open.url + "/workers")
+        page.wait_for_selector("#workers tbody td:has-text('Everything')")
+        assert page.locator("#warnings").is_hidden()
+        page.context.close()
+    finally:
+        server.stop()
+        client.config_set("maxmemory", 0)
+        client.close()

@@ -109,7 +109,8 @@ class Membership:
         self.on_drained: Callable[[], None] | None = None
 
     def join(self) -> None:
-        """Register, then (versioned) promote if asked or take over queues nobody serves."""
+        """Register, then (versioned) promote if asked or take over queues nobody serves; warn of
+        the settings of Redis that can lose durable's data (nothing else would say it)."""
         self._started = self.store.server_time_ms()
         self._register()
         if self.build and self.promote:
@@ -124,6 +125,8 @@ class Membership:
                         old or "none",
                     )
         self.heartbeat(register=False)
+        for hazard in self.store.memory_state(probe=False).hazards:
+            log.warning("%s", hazard)
 
     def stopping(self) -> None:
         """Say in the registry entry that this worker is stopping (it takes no new task, and

@@ -1,4 +1,5 @@
-"""Redis refusing writes: at ``maxmemory``, or unable to persist; how full it is, and saying so once.
+"""Redis refusing writes: at ``maxmemory``, or unable to persist; how full it is, and saying so once;
+settings of Redis that can lose durable's data without a word (:func:`setup_hazards`).
 
 With ``maxmemory`` reached under the ``noeviction`` policy, Redis still answers reads but
 refuses every write that may allocate (``OOM command not allowed when used memory >
@@ -9,6 +10,13 @@ be written, so they look gone. The operator surface must say that rather than "n
 worker": :meth:`MemoryStore.memory_state` reads ``INFO memory`` and ``INFO persistence``
 (reads, which work meanwhile) and, when they suggest it, confirms with a tiny write probe. A
 worker reports the episode once (:class:`OomEpisode`), naming the remedies, and keeps working.
+
+The same two INFO sections say whether Redis is set up to keep what durable writes: a
+``maxmemory`` with an evicting policy deletes keys (histories, queued tasks, timers) when
+memory runs short, and a Redis without an append-only file loses every write since its last
+snapshot when it restarts. Neither shows as an error anywhere: runs would just vanish or go
+back in time. So they are said wherever Redis's state is (a worker's start, ``durable
+workers``, ``/healthz``, the UI's workers page), as Sidekiq says an evicting policy at its start.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ __all__ = [
     "disk_reason",
     "is_oom",
     "oom_reason",
+    "setup_hazards",
     "write_refusal",
 ]
 
@@ -168,6 +177,8 @@ class MemoryState:
         disk: What failed when Redis refuses writes because it cannot persist (``the last RDB
             snapshot failed``...; confirmed by a write probe answered MISCONF, except on a
             cluster), else ``""``.
+        hazards: :func:`setup_hazards` of every server (on a cluster, each naming its node):
+            settings that can lose durable's data, however full Redis is now.
     """
 
     used: int
@@ -176,6 +187,7 @@ class MemoryState:
     refused: bool = False
     node: str = ""
     disk: str = ""
+    hazards: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str | None:
@@ -195,7 +207,8 @@ class MemoryState:
         return f"{reason} (node {self.node})" if self.node else reason
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON: ``used``, ``maxmemory``, ``policy``, ``refused``, ``disk``, ``kind``, ``reason``."""
+        """As JSON: ``used``, ``maxmemory``, ``policy``, ``refused``, ``disk``, ``kind``, ``reason``,
+        ``hazards``."""
         return {
             "used": self.used,
             "maxmemory": self.maxmemory,
@@ -204,7 +217,35 @@ class MemoryState:
             "disk": self.disk,
             "kind": self.kind,
             "reason": self.reason,
+            "hazards": list(self.hazards),
         }
+
+
+SETTINGS_DOC = "docs/operations.md#redis-settings-durable-warns-about"
+
+
+def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[str, ...]:
+    """What in one server's ``INFO memory`` and ``INFO persistence`` can lose durable's data,
+    in the operator's words (each starts with ``Redis``): a ``maxmemory`` under a policy that
+    evicts keys, no append-only file. Empty when neither, or when INFO does not say."""
+    hazards = []
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    maxmemory = int(memory.get("maxmemory", 0))
+    if maxmemory and policy != "noeviction":
+        # volatile-* policies too: retention, leases and the worker registry have TTLs.
+        hazards.append(
+            f"Redis evicts keys at its maxmemory ({_size(maxmemory)}, maxmemory-policy {policy}): "
+            "when memory runs short it deletes durable's histories, queued tasks and timers, and "
+            "runs are lost without an error; set maxmemory-policy noeviction (CONFIG SET and "
+            f"redis.conf), then durable waits at the limit instead ({SETTINGS_DOC})"
+        )
+    if str(persistence.get("aof_enabled", "1")) == "0":
+        hazards.append(
+            "Redis keeps no append-only file (appendonly no): a restart of Redis loses every write "
+            "since its last RDB snapshot (every run, without one), and runs go back in time or "
+            f"vanish; set appendonly yes (CONFIG SET and redis.conf) ({SETTINGS_DOC})"
+        )
+    return tuple(hazards)
 
 
 class MemoryStore(StoreBase):
@@ -231,6 +272,7 @@ class MemoryStore(StoreBase):
         state = max(
             states, key=lambda s: (bool(s.disk), s.refused, s.used / s.maxmemory if s.maxmemory else 0.0)
         )
+        state = replace(state, hazards=tuple(h for s in states for h in s.hazards))
         near = bool(state.maxmemory) and state.used >= state.maxmemory * PROBE_FROM
         if not probe or self.cluster or not (state.disk or (near and not state.refused)):
             return state
@@ -266,7 +308,8 @@ class MemoryStore(StoreBase):
             )
             if str(persistence.get(field, "ok")) == "err"
         ]
-        return MemoryState(used, maxmemory, policy, refused, name, " and ".join(failed))
+        hazards = tuple(f"{h} (node {name})" if name else h for h in setup_hazards(info, persistence))
+        return MemoryState(used, maxmemory, policy, refused, name, " and ".join(failed), hazards)
 
     def _write_refusal(self) -> str | None:
         """Whether a tiny write is refused now, and why: :func:`write_refusal`'s ``"oom"`` or

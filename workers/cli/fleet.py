@@ -127,7 +127,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     by attempts past their timeout or of closed runs, described: Python cannot stop a thread),
     ``starved`` (all of them are: it runs no activity, restart it) and ``threads_note`` (in words).
     ``redis_memory`` is :meth:`~durable.store.memory.MemoryStore.memory_state`; ``problem`` its
-    reason while Redis refuses writes (``maxmemory``), else ``None``."""
+    reason while Redis refuses writes (``maxmemory``), else ``None``; ``warnings`` the settings
+    of Redis that can lose durable's data (:func:`~durable.store.memory.setup_hazards`)."""
     live = store.live_workers()
     now = store.server_time_ms()
     served = served_queues(live)
@@ -186,6 +187,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     memory = store.memory_state()
     report["redis_memory"] = memory.to_dict()
     report["problem"] = memory.reason
+    report["warnings"] = list(memory.hazards)
     return report
 
 
@@ -287,6 +289,8 @@ def workers_(state: CliState, as_json: bool) -> None:
     out.print(_workers_table(report, mask_url(state.url or "")))
     if report["queues"]:
         out.print(_queues_table(report))
+    for warning in report["warnings"]:  # last on the screen: nothing else says it
+        out.print(Text(f"warning: {warning}", style="bold yellow"))
 
 
 @click.command()

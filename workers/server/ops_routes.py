@@ -16,14 +16,15 @@ __all__ = ["ENDPOINTS", "hook_payload"]
 
 
 def healthz(call: Call) -> dict[str, Any]:
-    """``{"status": "ok"}``; 503 ``redis_unavailable`` when Redis is unreachable, 503
-    ``redis_out_of_memory`` or ``redis_cannot_persist`` (with the reason) when it refuses writes
-    at ``maxmemory`` or because it cannot write to disk: it still answers reads then, but no
-    run can make progress."""
+    """``{"status": "ok", "warnings": [...]}``; 503 ``redis_unavailable`` when Redis is
+    unreachable, 503 ``redis_out_of_memory`` or ``redis_cannot_persist`` (with the reason) when
+    it refuses writes at ``maxmemory`` or because it cannot write to disk: it still answers
+    reads then, but no run can make progress. ``warnings``: the settings of Redis that can lose
+    durable's data (an evicting ``maxmemory-policy``, no AOF); healthy meanwhile."""
     memory = call.store.memory_state()  # unreachable: the API's 503 redis_unavailable
     if memory.reason:
         raise ApiError(memory.kind or "redis_out_of_memory", memory.reason)
-    return {"status": "ok"}
+    return {"status": "ok", "warnings": list(memory.hazards)}
 
 
 def hook_payload(raw: bytes, content_type: str) -> Any:

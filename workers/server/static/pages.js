@@ -28,6 +28,10 @@
     const problem = document.getElementById("problem");  // Redis refusing writes: nothing moves
     problem.hidden = !data.problem;
     problem.textContent = data.problem || "";
+    const warnings = document.getElementById("warnings");  // Redis set up to lose durable's data
+    const said = data.warnings || [];
+    warnings.hidden = !said.length;
+    warnings.replaceChildren(...said.map((w) => el("div", {}, "Warning: " + w)));
     const qbody = document.querySelector("#queues tbody");
     const backlog = data.backlog || {};
     const qrows = Object.entries(data.queues).map(([name, q]) => {
