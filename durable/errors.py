@@ -305,8 +305,8 @@ class RedisUnavailable(DurableError):
 
     Attributes:
         url: The Redis the client talks to (password masked).
-        kind: What the last failure was: ``"connection lost"``, ``"timeout"``, ``"LOADING"``,
-            ``"OOM"``, ``"READONLY"`` ... (see ``durable.store.connect.unavailable_kind``).
+        kind: What the last failure was: ``"connection lost"``, ``"timeout"``, ``"maxclients"``,
+            ``"LOADING"``, ``"OOM"``, ``"READONLY"`` ... (see ``durable.store.connect.unavailable_kind``).
         seconds: How long the call kept trying.
     """
 

@@ -80,7 +80,8 @@ def unavailable_kind(exc: BaseException) -> str | None:
     not one (a bug, bad data, a wrong password: retrying would not help).
 
     The kinds: ``"timeout"`` (no reply within the socket timeout: Redis stalled or the
-    network dropped), ``"connection lost"``, ``"cluster reconfiguring"`` (MOVED, ASK, a slot
+    network dropped), ``"connection lost"``, ``"maxclients"`` (a new connection refused:
+    Redis has ``maxclients`` already), ``"cluster reconfiguring"`` (MOVED, ASK, a slot
     not covered) and the codes of :data:`REFUSED_FOR_NOW` (``"BUSY"``, ``"LOADING"``,
     ``"OOM"``...). Every one of them means the caller may wait and send the same command
     again: a refused command ran nothing, and each of durable's writes is safe to repeat
@@ -91,6 +92,8 @@ def unavailable_kind(exc: BaseException) -> str | None:
             return kind
     if isinstance(exc, rexc.AuthenticationError):
         return None  # a wrong password stays wrong: say so instead of retrying forever
+    if is_max_clients(exc):
+        return "maxclients"
     if isinstance(exc, rexc.TimeoutError | TimeoutError):
         return "timeout"
     if isinstance(exc, rexc.ConnectionError | ConnectionError):
@@ -101,6 +104,27 @@ def unavailable_kind(exc: BaseException) -> str | None:
         found = _REFUSED_CODE.search(str(exc))
         return found.group(1) if found else None
     return None
+
+
+MAX_CLIENTS_FIX = (
+    "raise maxclients (CONFIG SET maxclients and redis.conf), or find who holds the connections (CLIENT LIST)"
+)
+"""What to do when Redis refuses new connections for ``maxclients``."""
+
+
+def is_max_clients(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a new connection because it has ``maxclients`` already
+    (``ERR max number of clients reached``, which redis-py raises as a connection error)."""
+    return isinstance(exc, rexc.ConnectionError) and "max number of clients reached" in str(exc)
+
+
+def closed_by_redis(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection Redis closed under the client (a broken pipe, a reset):
+    it is alive. At ``maxclients`` it closes a new connection right after its error reply,
+    which the client often does not get to read."""
+    return isinstance(exc, rexc.ConnectionError) and isinstance(
+        exc.__cause__, BrokenPipeError | ConnectionResetError
+    )
 
 
 def is_transient(exc: BaseException) -> bool:

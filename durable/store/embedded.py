@@ -54,6 +54,8 @@ from redis.retry import Retry
 from durable.config import configured_redis_url, data_dir
 from durable.errors import ConfigurationError
 
+from .connect import closed_by_redis, is_max_clients
+
 __all__ = ["EmbeddedRedis", "find_redis_server", "resolve_redis_url", "default_data_dir"]
 
 #: Oldest Redis version durable supports.
@@ -333,7 +335,8 @@ class EmbeddedRedis:
 
     def _ping(self, timeout: float = 1.0) -> str:
         """``"ok"``, ``"loading"`` (up, still reading its AOF), ``"busy"`` (up, running a long
-        script) or ``"down"`` (no answer)."""
+        script), ``"full"`` (up, closing new connections: at ``maxclients``) or ``"down"`` (no
+        answer)."""
         if not self.socket_path.exists():
             return "down"
         client = self._client(timeout)
@@ -342,6 +345,8 @@ class EmbeddedRedis:
             return "ok"
         except redis.exceptions.BusyLoadingError:
             return "loading"
+        except redis.exceptions.ConnectionError as exc:
+            return "full" if is_max_clients(exc) or closed_by_redis(exc) else "down"
         except redis.exceptions.ResponseError as exc:
             return "busy" if str(exc).startswith("BUSY") else "down"
         except (redis.exceptions.RedisError, OSError):
@@ -409,14 +414,14 @@ class EmbeddedRedis:
             ConfigurationError: No binary, or the server did not come up (the
                 message quotes the end of its log).
         """
-        if self._ping() == "ok":
+        if self._ping() in ("ok", "full"):  # full: its clients' own connections say so
             return self.url
         with self._locked():
             state = self._ping()
             if state in ("loading", "busy"):
                 self._wait_ready(None)
                 return self.url
-            if state == "ok":
+            if state in ("ok", "full"):
                 return self.url
             pid = self.pid
             if pid is not None and self.socket_path.exists() and self._owns(pid):
@@ -435,7 +440,7 @@ class EmbeddedRedis:
         """
         deadline = time.monotonic() + _STALL_WAIT
         while time.monotonic() < deadline:
-            if self._ping() == "ok":
+            if self._ping() in ("ok", "full"):
                 return
             if not _pid_alive(pid):
                 self._clear_stale()

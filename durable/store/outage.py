@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..errors import RedisUnavailable
-from .connect import is_redis_error, masked_url, unavailable_kind
+from .connect import MAX_CLIENTS_FIX, is_redis_error, masked_url, unavailable_kind
 
 T = TypeVar("T")
 
@@ -267,6 +267,8 @@ def unavailable_error(
         if down
         else refusal.remedy
         if refusal is not None
+        else f"it has as many connections as its maxclients allows: {MAX_CLIENTS_FIX}"
+        if kind == "maxclients"
         else "see `durable workers` and Redis's log"
     )
     landed = (

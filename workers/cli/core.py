@@ -20,7 +20,7 @@ import durable
 from durable import DurableError, codec
 from durable.config import check_namespace
 from durable.options import MAX_DURATION_S
-from durable.store.connect import BadRedisUrl
+from durable.store.connect import MAX_CLIENTS_FIX, BadRedisUrl, closed_by_redis, is_max_clients
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
@@ -169,7 +169,15 @@ class DurableGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
         except redis.exceptions.ConnectionError as exc:
-            die(f"cannot reach Redis at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
+            fix = (
+                f"; it has as many connections as its maxclients allows: {MAX_CLIENTS_FIX}"
+                if is_max_clients(exc)
+                else f"; Redis closed the connection: if it is at its maxclients, {MAX_CLIENTS_FIX}"
+                if closed_by_redis(exc)
+                else ""
+            )
+            where = mask_url(_url_of(ctx, opened=False) or "redis")
+            die(f"cannot reach Redis at {where}: {one_line(exc).rstrip('.')}{fix}")
         except NoRedisHere as exc:
             die(str(exc))
         except redis.exceptions.RedisClusterException as exc:  # not a RedisError
