@@ -118,6 +118,30 @@ def is_max_clients(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ConnectionError) and "max number of clients reached" in str(exc)
 
 
+def login_refused(url: str | None, exc: BaseException) -> str:
+    """The operator's sentence for Redis refusing the client's login (``exc``: redis-py's
+    ``AuthenticationError``): no password where one is required, or a wrong one."""
+    said = (str(exc).splitlines() or [""])[0][:200].rstrip(".")
+    if "HELLO must be called" in said or "uthentication required" in said or said.startswith("NOAUTH"):
+        said = "it requires a password and none was given"  # redis-py's HELLO says it at length
+    return (
+        f"Redis at {masked_url(url or 'redis')} refused the login ({said}): give the user and "
+        "password in the URL, before the host (an empty user for the default one; "
+        "docs/security.md shows one), preferably in $DURABLE_REDIS_URL, the same for the "
+        "workers and the clients"
+    )
+
+
+def not_redis(url: str | None, exc: BaseException) -> str:
+    """The operator's sentence for a server whose reply is not Redis's protocol (``exc``:
+    redis-py's ``InvalidResponse``): the URL points at another service."""
+    said = (str(exc).splitlines() or [""])[0][:200].rstrip(".")
+    return (
+        f"the server at {masked_url(url or 'redis')} does not answer as Redis does ({said}): "
+        "check the URL's host and port (DURABLE_REDIS_URL, --redis)"
+    )
+
+
 def closed_by_redis(exc: BaseException) -> bool:
     """Whether ``exc`` is a connection Redis closed under the client (a broken pipe, a reset):
     it is alive. At ``maxclients`` it closes a new connection right after its error reply,

@@ -21,8 +21,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ..errors import RedisUnavailable
-from .connect import MAX_CLIENTS_FIX, is_redis_error, masked_url, unavailable_kind
+from redis import exceptions as rexc
+
+from ..errors import ConfigurationError, RedisUnavailable
+from .connect import MAX_CLIENTS_FIX, is_redis_error, login_refused, masked_url, not_redis, unavailable_kind
 
 T = TypeVar("T")
 
@@ -298,6 +300,10 @@ class _Ride:
     def wait_after(self, exc: Exception) -> float:
         """Seconds to wait before the next try; raises ``exc`` when it is no outage, and
         :class:`~durable.errors.RedisUnavailable` once ``within`` has passed."""
+        if isinstance(exc, rexc.AuthenticationError):  # stays refused: no outage to wait out
+            raise ConfigurationError(login_refused(self.url, exc)) from exc
+        if isinstance(exc, rexc.InvalidResponse):
+            raise ConfigurationError(not_redis(self.url, exc)) from exc
         # Only Redis's own errors: a builtin TimeoutError is a wait's deadline, not an outage.
         if not is_redis_error(exc) or unavailable_kind(exc) is None:
             raise exc

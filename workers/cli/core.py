@@ -20,7 +20,14 @@ import durable
 from durable import DurableError, codec
 from durable.config import check_namespace
 from durable.options import MAX_DURATION_S
-from durable.store.connect import MAX_CLIENTS_FIX, BadRedisUrl, closed_by_redis, is_max_clients
+from durable.store.connect import (
+    MAX_CLIENTS_FIX,
+    BadRedisUrl,
+    closed_by_redis,
+    is_max_clients,
+    login_refused,
+    not_redis,
+)
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
@@ -168,6 +175,10 @@ class DurableGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except redis.exceptions.AuthenticationError as exc:
+            die(login_refused(_url_of(ctx, opened=False), exc))
+        except redis.exceptions.InvalidResponse as exc:
+            die(not_redis(_url_of(ctx, opened=False), exc))
         except redis.exceptions.ConnectionError as exc:
             fix = (
                 f"; it has as many connections as its maxclients allows: {MAX_CLIENTS_FIX}"
