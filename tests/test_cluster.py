@@ -19,12 +19,13 @@ import redis
 from apps.basic import EVERYTHING_RESULT, Everything, Sequence, Waiter
 from hypothesis import given
 from hypothesis import strategies as st
-from procs import spawn_worker, stop
+from procs import durable_cli, spawn_worker, stop
 from redis.cluster import key_slot
 from scenarios import assert_history_sound, sigkill_mid_activity
 from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
+from durable.errors import ConfigurationError
 from durable.store.cluster_dev import LocalCluster
 from durable.store.cluster_wire import CrossSlotTransaction, slot_of
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
@@ -92,6 +93,26 @@ def test_cluster_urls_build_a_cluster_client(cluster: LocalCluster) -> None:
     plain = connect(cluster.node_urls[0])
     assert isinstance(plain, redis.Redis)
     plain.close()
+
+
+def test_a_plain_url_at_a_cluster_node_is_refused_naming_the_cluster_url(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every key of another node's slots was refused (MOVED): the CLI printed ``error: redis:
+    13907 127.0.0.1:28149``, and the clients and workers took it for a cluster reconfiguring
+    and waited (forever, for a worker). Opening the store says what is wrong."""
+    node = cluster.node_urls[0]
+    with pytest.raises(ConfigurationError, match=r"is a node of a Redis Cluster.*redis\+cluster://"):
+        RedisStore(node)
+    monkeypatch.setenv("DURABLE_REDIS_URL", node)
+    began = time.monotonic()
+    with pytest.raises(ConfigurationError, match="is a node of a Redis Cluster"):
+        WorkflowStub.make(Sequence).start(1)
+    assert time.monotonic() - began < 5  # not waited out as an outage
+    for args in (("list",), ("start", "Sequence", "1"), ("worker", "--app", "apps.basic")):
+        done = durable_cli(node, *args)
+        assert done.returncode == 1, done
+        assert done.stderr.startswith(f"error: Redis at {node} is a node of a Redis Cluster"), done.stderr
 
 
 # Keys built around braces: tags, empty tags, unclosed and nested braces, repeated tags.

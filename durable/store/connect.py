@@ -142,6 +142,15 @@ def not_redis(url: str | None, exc: BaseException) -> str:
     )
 
 
+def cluster_node_url(url: str | None) -> str:
+    """The operator's sentence for a plain Redis URL that names a node of a Redis Cluster."""
+    return (
+        f"Redis at {masked_url(url or 'redis')} is a node of a Redis Cluster, and the URL is not a "
+        "cluster URL: each key held by another node would be refused (MOVED); use "
+        "redis+cluster://host:port[,host:port...] or add ?cluster=1 (docs/scaling.md)"
+    )
+
+
 def closed_by_redis(exc: BaseException) -> bool:
     """Whether ``exc`` is a connection Redis closed under the client (a broken pipe, a reset):
     it is alive. At ``maxclients`` it closes a new connection right after its error reply,

@@ -24,6 +24,7 @@ from durable.store.connect import (
     MAX_CLIENTS_FIX,
     BadRedisUrl,
     closed_by_redis,
+    cluster_node_url,
     is_max_clients,
     login_refused,
     not_redis,
@@ -179,6 +180,8 @@ class DurableGroup(click.Group):
             die(login_refused(_url_of(ctx, opened=False), exc))
         except redis.exceptions.InvalidResponse as exc:
             die(not_redis(_url_of(ctx, opened=False), exc))
+        except redis.exceptions.MovedError:  # a cluster client follows MOVED itself
+            die(cluster_node_url(_url_of(ctx, opened=False)))
         except redis.exceptions.ConnectionError as exc:
             fix = (
                 f"; it has as many connections as its maxclients allows: {MAX_CLIENTS_FIX}"
