@@ -28,7 +28,7 @@ from redis import exceptions as rexc
 
 from durable import WorkflowStub
 from durable.errors import ConfigurationError
-from durable.store.connect import closed_by_redis, is_max_clients, unavailable_kind
+from durable.store.connect import closed_by_redis, is_max_clients, unavailable_kind, unsupported_server
 from durable.store.embedded import EmbeddedRedis
 from durable.store.outage import unavailable_error
 from durable.store.redis_store import RedisStore
@@ -134,3 +134,19 @@ def test_a_url_pointing_at_another_service_is_named(monkeypatch: pytest.MonkeyPa
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_a_redis_older_than_6_2_is_refused_naming_its_version(redis_url: str) -> None:
+    """Checked when a store opens (``INFO server``): before, a worker on Redis 6.0 ran until
+    its first reclaim's XAUTOCLAIM failed in a script. No older server is at hand here, so the
+    sentence is checked on INFO replies, and a real (newer) server is taken."""
+    for version in ("5.0.7", "6.0.16", "6.1"):
+        said = unsupported_server("redis://db:6379", {"redis_version": version})
+        assert said is not None and said.startswith(f"Redis at redis://db:6379 is version {version};")
+        assert "needs Redis 6.2 or newer" in said
+    for fine in ("6.2.0", "6.2", "6.2.14", "7.2.4", "8.0.0", ""):
+        assert unsupported_server("redis://db:6379", {"redis_version": fine}) is None
+    assert unsupported_server("redis://db:6379", {}) is None
+    version = redis.Redis.from_url(redis_url).info("server")["redis_version"]
+    assert unsupported_server(redis_url, {"redis_version": version}) is None
+    RedisStore(redis_url).close()  # opens: the check passes on the server the suite runs

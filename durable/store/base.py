@@ -21,7 +21,7 @@ from ..config import namespace as configured_namespace
 from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
 from .cluster_wire import ClusterWire
-from .connect import Client, cluster_node_url, connect, is_cluster_client
+from .connect import Client, cluster_node_url, connect, is_cluster_client, unsupported_server
 from .embedded import resolve_redis_url
 from .keys import Keys
 from .outage import CLIENT_RIDE_S, client_incident, ride_out
@@ -82,21 +82,26 @@ class StoreBase:
             if self.cluster
             else Wire(self.redis, self._load_all_scripts)
         )
-        self._check_not_a_cluster_node()
+        self._check_server()
         if flush:
             self.redis.flushdb()
         self._check_partitions()
 
-    def _check_not_a_cluster_node(self) -> None:
-        """Refuse a plain URL at a Redis Cluster node: the keys of other nodes' slots would be
-        refused (MOVED), which the loops take for a cluster reconfiguring, forever."""
+    def _check_server(self) -> None:
+        """Refuse a Redis older than 6.2 (a script would fail at its first XAUTOCLAIM, deep in
+        a worker) and a plain URL at a Redis Cluster node (the keys of other nodes' slots would
+        be refused, MOVED, which the loops take for a cluster reconfiguring, forever)."""
         if self.cluster:
             return
         try:
-            enabled = str(self.redis.info("cluster").get("cluster_enabled", 0)) == "1"
+            with self.redis.pipeline(transaction=False) as pipe:
+                server, cluster = pipe.info("server").info("cluster").execute()
         except redis.exceptions.NoPermissionError:
             return  # an ACL user without INFO: the first MOVED says it (the CLI names it)
-        if enabled:
+        old = unsupported_server(self.url, server)
+        if old is not None:
+            raise ConfigurationError(old)
+        if str(cluster.get("cluster_enabled", 0)) == "1":
             raise ConfigurationError(cluster_node_url(self.url))
 
     def _load_all_scripts(self) -> None:

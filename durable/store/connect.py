@@ -142,6 +142,24 @@ def not_redis(url: str | None, exc: BaseException) -> str:
     )
 
 
+MIN_SERVER_VERSION = (6, 2, 0)
+"""The oldest Redis durable runs on (it reclaims a gone worker's tasks with ``XAUTOCLAIM``, new in 6.2)."""
+
+
+def unsupported_server(url: str | None, info: dict[str, Any]) -> str | None:
+    """The operator's sentence when ``INFO server`` names a Redis older than
+    :data:`MIN_SERVER_VERSION`, else ``None`` (also when it does not say)."""
+    version = str(info.get("redis_version", ""))
+    parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
+    if not parts or tuple(parts + [0] * (3 - len(parts))) >= MIN_SERVER_VERSION:
+        return None
+    return (
+        f"Redis at {masked_url(url or 'redis')} is version {version}; durable needs Redis 6.2 or "
+        "newer (XAUTOCLAIM, which reclaims the tasks of a worker gone): upgrade it, or leave DURABLE_REDIS_URL "
+        "unset to use the embedded Redis durable starts itself"
+    )
+
+
 def cluster_node_url(url: str | None) -> str:
     """The operator's sentence for a plain Redis URL that names a node of a Redis Cluster."""
     return (

@@ -54,12 +54,12 @@ from redis.retry import Retry
 from durable.config import configured_redis_url, data_dir
 from durable.errors import ConfigurationError
 
-from .connect import closed_by_redis, is_max_clients
+from .connect import MIN_SERVER_VERSION, closed_by_redis, is_max_clients
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "resolve_redis_url", "default_data_dir"]
 
 #: Oldest Redis version durable supports.
-MIN_REDIS_VERSION = (6, 2, 0)
+MIN_REDIS_VERSION = MIN_SERVER_VERSION
 
 #: ``sockaddr_un.sun_path`` is 108 bytes on Linux (104 on macOS) including the
 #: terminating NUL; stay safely below both.
