@@ -54,12 +54,11 @@ from redis.retry import Retry
 from durable.config import configured_redis_url, data_dir
 from durable.errors import ConfigurationError
 
-from .connect import MIN_SERVER_VERSION, closed_by_redis, is_max_clients
+from .connect import MIN_SERVER_VERSION, is_max_clients
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "resolve_redis_url", "default_data_dir"]
 
-#: Oldest Redis version durable supports.
-MIN_REDIS_VERSION = MIN_SERVER_VERSION
+MIN_REDIS_VERSION = MIN_SERVER_VERSION  # (its older name)
 
 #: ``sockaddr_un.sun_path`` is 108 bytes on Linux (104 on macOS) including the
 #: terminating NUL; stay safely below both.
@@ -335,8 +334,7 @@ class EmbeddedRedis:
 
     def _ping(self, timeout: float = 1.0) -> str:
         """``"ok"``, ``"loading"`` (up, still reading its AOF), ``"busy"`` (up, running a long
-        script), ``"full"`` (up, closing new connections: at ``maxclients``) or ``"down"`` (no
-        answer)."""
+        script), ``"full"`` (up, at ``maxclients``) or ``"down"`` (no answer)."""
         if not self.socket_path.exists():
             return "down"
         client = self._client(timeout)
@@ -346,7 +344,8 @@ class EmbeddedRedis:
         except redis.exceptions.BusyLoadingError:
             return "loading"
         except redis.exceptions.ConnectionError as exc:
-            return "full" if is_max_clients(exc) or closed_by_redis(exc) else "down"
+            # Not any connection closed at once: a dying server does that too (maxclients replies).
+            return "full" if is_max_clients(exc) else "down"
         except redis.exceptions.ResponseError as exc:
             return "busy" if str(exc).startswith("BUSY") else "down"
         except (redis.exceptions.RedisError, OSError):
