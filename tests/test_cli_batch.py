@@ -1,0 +1,82 @@
+"""``durable cancel --where`` and ``durable terminate --where``: the open runs an expression
+selects, counted, confirmed (``--yes``), then each sent the call its id would get.
+
+Real ``durable`` processes and a real worker on the shared test Redis; the worker is stopped
+by pid in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from apps.basic import Sequence, Waiter
+from procs import durable_cli, spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowStub
+from durable.store.redis_store import RedisStore
+
+
+@pytest.fixture
+def store(redis_url: str):
+    s = RedisStore(redis_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_terminate_where_closes_the_open_runs_it_selects_and_no_other(
+    redis_url: str, store: RedisStore
+) -> None:
+    waiting = [WorkflowStub.make(Waiter, id=f"bulk-{i}", store=store).start(3600).id for i in range(7)]
+    other = WorkflowStub.make(Sequence, id="bulk-other", store=store).start(2).id  # no worker: stays open
+    done = WorkflowStub.make(Waiter, id="bulk-closed", store=store).start(3600)
+    done.terminate("earlier")
+
+    refused = durable_cli(redis_url, "terminate", "--where", "type = 'Waiter'")  # no terminal, no --yes
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith("error: 7 open runs match \"type = 'Waiter'\": pass --yes"), (
+        refused.stderr
+    )
+    assert {WorkflowStub.load(w, store=store).status() for w in waiting} == {"pending"}
+
+    both = durable_cli(redis_url, "terminate", "bulk-1", "--where", "type = 'Waiter'", "--yes")
+    assert both.returncode == 1 and "a workflow ID or --where EXPR" in both.stderr, both.stderr
+
+    ran = durable_cli(redis_url, "terminate", "--where", "type = 'Waiter'", "--reason", "bad deploy", "--yes")
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(ran.stdout.split()) == sorted(waiting)
+    assert ran.stderr.strip() == "terminate: 7 of 7 runs"
+    for workflow_id in waiting:
+        stub = WorkflowStub.load(workflow_id, store=store)
+        assert stub.status() == "terminated"
+        assert "bad deploy" in durable_cli(redis_url, "status", workflow_id).stdout
+    assert WorkflowStub.load(other, store=store).status() == "pending"
+    assert "earlier" in durable_cli(redis_url, "status", "bulk-closed").stdout  # a closed run untouched
+
+    again = durable_cli(redis_url, "terminate", "--where", "type = 'Waiter'", "--yes")
+    assert again.returncode == 0 and again.stdout.strip() == "no open run matches \"type = 'Waiter'\"", again
+    bad = durable_cli(redis_url, "terminate", "--where", "type = ", "--yes")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: "), bad.stderr
+
+
+def test_cancel_where_lets_each_selected_run_clean_up(redis_url: str, store: RedisStore) -> None:
+    waiting = [WorkflowStub.make(Waiter, id=f"bulk-c{i}", store=store).start(3600).id for i in range(4)]
+    kept = WorkflowStub.make(Waiter, id="bulk-kept", queue="elsewhere", store=store).start(3600).id
+    worker = spawn_worker(redis_url)
+    try:
+        wait_for(lambda: {WorkflowStub.load(w, store=store).status() for w in waiting} == {"suspended"})
+        ran = durable_cli(redis_url, "cancel", "--where", "type = 'Waiter' and queue = 'default'", "--yes")
+        assert ran.returncode == 0, ran.stderr
+        assert sorted(ran.stdout.split()) == sorted(waiting)
+        assert ran.stderr.strip() == "cancel: 4 of 4 runs"
+        wait_for(lambda: {WorkflowStub.load(w, store=store).status() for w in waiting} == {"cancelled"})
+        assert WorkflowStub.load(kept, store=store).status() == "pending"
+        # Not selected: once a worker of its queue decides it, it waits (a cancel would end it).
+        elsewhere = spawn_worker(redis_url, extra=("--queue", "elsewhere"))
+        try:
+            wait_for(lambda: WorkflowStub.load(kept, store=store).status() == "suspended")
+        finally:
+            stop(elsewhere)
+    finally:
+        stop(worker)
