@@ -443,6 +443,34 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     assert started
 
 
+def test_runs_page_terminates_the_runs_its_where_filter_selects(ui: Ui) -> None:
+    """With a Where filter the runs page offers the batch actions: counted and confirmed, then
+    every open run it selects is terminated (POST /api/v1/batch/terminate)."""
+    ids = [
+        WorkflowStub.make("Waiter", id=_id("bulk"), queue="ui-bulk", store=ui.store).start(60).id
+        for _ in range(3)
+    ]
+    kept = _start(ui, "Waiter", 60)  # queue default: not selected
+    page = ui.page()
+    page.goto(ui.open.url + "/")
+    assert page.locator("#batch").is_hidden()  # no Where filter: no batch actions
+    page.fill("#filters input[name=where]", "type = 'Waiter' and queue = 'ui-bulk'")
+    page.click("#filters button[type=submit]")
+    page.wait_for_selector("#batch:not([hidden])")
+    page.click("#batch button[data-action=terminate]")
+    page.wait_for_selector("#confirm[open]")
+    assert "3 open run(s) match" in page.inner_text("#confirm-text")
+    _confirm(page, reason="ui bulk")
+    done = page.wait_for_selector("#flash .msg.ok:has-text('Terminate matching runs')")
+    assert "3 run(s)" in done.inner_text()
+    ui.shot(page, "runs-batch-terminated")
+    page.context.close()
+    for workflow_id in ids:
+        assert WorkflowStub.load(workflow_id, store=ui.store).status() == "terminated"
+    assert WorkflowStub.load(kept, store=ui.store).status() != "terminated"
+    WorkflowStub.load(kept, store=ui.store).terminate("test done")
+
+
 def test_workers_page_warns_of_a_redis_that_can_lose_data(ui: Ui, fresh_redis: Any, tmp_path: Path) -> None:
     """A private Redis with an evicting policy under a limit and no AOF: the workers page shows
     both warnings in a banner (as ``durable workers`` does); the shared one shows none."""

@@ -1,10 +1,5 @@
-"""Cancel or terminate every open run a ``--where`` expression selects (``durable cancel
---where EXPR``, ``durable terminate --where EXPR``), as Temporal's batch operations do.
-
-The runs are counted first and the count confirmed (``--yes`` for scripts), then each is sent
-the same call as by its id, page by page (newest first): a run that closed meanwhile is
-skipped and said, one that refuses the call is said and the others go on.
-"""
+"""``durable cancel --where EXPR`` and ``durable terminate --where EXPR``: the open runs an
+expression selects (:mod:`durable.batch`), counted and confirmed first (``--yes`` for scripts)."""
 
 from __future__ import annotations
 
@@ -14,32 +9,24 @@ from collections.abc import Callable
 import click
 
 from durable import WorkflowStub
-from durable.errors import DurableError, WorkflowClosed, WorkflowNotFound
-from durable.listing import count_runs, list_runs
+from durable.batch import for_open_runs, open_runs
+from durable.listing import count_runs
 from durable.store.redis_store import RedisStore
 from workers.cli.core import CliError
 
-__all__ = ["PAGE", "open_runs", "run_batch"]
-
-PAGE = 500
-"""Runs read per page of the batch."""
-
-
-def open_runs(where: str) -> str:
-    """``where`` narrowed to open runs (a closed run takes no cancel or terminate)."""
-    return f"({where}) and status = 'open'" if where.strip() else "status = 'open'"
+__all__ = ["run_batch"]
 
 
 def run_batch(
     store: RedisStore, where: str, verb: str, act: Callable[[WorkflowStub], None], *, yes: bool
 ) -> None:
     """Apply ``act`` to every open run matching ``where``; ``verb`` names it (``terminate``).
+    Each workflow id is printed as its call is sent, refusals on stderr, then a summary.
 
     Raises:
-        CliError: More than none match, without ``--yes`` and no terminal to ask on.
+        CliError: Some match, without ``--yes`` and no terminal to ask on.
     """
-    query = open_runs(where)
-    total = count_runs(query, store=store)
+    total = count_runs(open_runs(where), store=store)
     if not total:
         click.echo(f"no open run matches {where!r}")
         return
@@ -47,29 +34,17 @@ def run_batch(
         if not sys.stdin.isatty():
             raise CliError(f"{total} open runs match {where!r}: pass --yes to {verb} them")
         click.confirm(f"{verb} {total} open runs matching {where!r}?", abort=True)
-    done, closed, refused = 0, 0, 0
-    before: dict | None = None
-    while True:
-        rows = list_runs(query, limit=PAGE, before=before, store=store)
-        for row in rows:
-            workflow_id = row["workflow_id"]
-            try:
-                act(WorkflowStub.load(workflow_id, store=store))
-            except (WorkflowClosed, WorkflowNotFound):
-                closed += 1  # closed (or purged) since it was listed
-                continue
-            except DurableError as exc:
-                refused += 1
-                click.echo(f"{workflow_id}: {exc}", err=True)
-                continue
-            done += 1
+
+    def said(workflow_id: str, outcome: str | None) -> None:
+        if outcome is None:
             click.echo(workflow_id)
-        if len(rows) < PAGE:
-            break
-        before = rows[-1]
-    said = f"{verb}: {done} of {total} runs"
-    said += f"; {closed} had closed meanwhile" if closed else ""
-    said += f"; {refused} refused (above)" if refused else ""
-    click.echo(said, err=True)
-    if refused:
+        elif outcome != "closed":
+            click.echo(f"{workflow_id}: {outcome}", err=True)
+
+    report = for_open_runs(where, act, store=store, each=said)
+    summary = f"{verb}: {len(report.done)} of {total} runs"
+    summary += f"; {len(report.closed)} had closed meanwhile" if report.closed else ""
+    summary += f"; {len(report.refused)} refused (above)" if report.refused else ""
+    click.echo(summary, err=True)
+    if report.refused:
         sys.exit(1)

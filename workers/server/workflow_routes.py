@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
+from durable.batch import for_open_runs
 from durable.errors import ConfigurationError, WorkflowClosed
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
@@ -355,6 +356,30 @@ def repair_workflow(call: Call) -> dict[str, Any]:
     }
 
 
+BATCH_ACTIONS = ("cancel", "terminate")
+MAX_BATCH = 1000
+"""Runs one batch call goes to at most (``more``: call again for the rest)."""
+
+
+def batch_workflows(call: Call) -> dict[str, Any]:
+    """As ``durable cancel|terminate --where``: every open run ``where`` selects, at most
+    ``limit`` of them (1..1000, default 1000) per call; ``more`` says some are left."""
+    action = call.path["action"]
+    if action not in BATCH_ACTIONS:
+        raise ApiError("not_found", f"no batch action {action!r}: cancel or terminate")
+    where = call.field("where", str, "")
+    if not where.strip():
+        raise ApiError(
+            "invalid_argument", "body field 'where' is required: the search expression selecting the runs"
+        )
+    most = call.field("limit", int, MAX_BATCH)
+    if isinstance(most, bool) or not 1 <= most <= MAX_BATCH:
+        raise ApiError("invalid_argument", f"body field 'limit' must be 1..{MAX_BATCH}")
+    reason = call.field("reason", str, "")
+    report = for_open_runs(where, lambda stub: getattr(stub, action)(reason), store=call.store, most=most)
+    return {"action": action, "where": where, **report.to_dict()}
+
+
 _ID = "/api/v1/workflows/{id}"
 _ARGS_BODY = '{"args": [...]}: the positional arguments as JSON values'
 _REASON_BODY = '{"reason": "..."} (optional): recorded with the run'
@@ -468,6 +493,15 @@ ENDPOINTS = [
         "Terminate the run",
         body=_REASON_BODY,
         fields=("reason",),
+    ),
+    Endpoint(
+        "POST",
+        "/api/v1/batch/{action}",
+        batch_workflows,
+        "operator",
+        "Cancel or terminate every open run a search expression selects",
+        body='{"where": "...", "reason": "..." (optional), "limit": 1000 (optional)}',
+        fields=("where", "reason", "limit"),
     ),
     Endpoint(
         "POST",

@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const { FOUND_ON_READ, api, qs, el, time, duration, badge, showError } = D;
+  const { FOUND_ON_READ, api, qs, el, time, duration, badge, flash, showError } = D;
   const form = document.getElementById("filters");
   const body = document.querySelector("#runs tbody");
   const FIELDS = ["status", "type", "id_prefix", "since", "until", "where", "limit"];
@@ -105,8 +105,46 @@
       `page ${page + 1} · ${data.workflows.length} run(s)` + (data.scanned > data.workflows.length ? ` · ${data.scanned} scanned` : "");
   }
 
+  // Cancel or terminate every open run the Where filter selects (POST /api/v1/batch/ACTION,
+  // as `durable terminate --where`): counted and confirmed first, 1,000 runs per call.
+  const batch = document.getElementById("batch");
+  function showBatch() {
+    batch.hidden = !form.elements.where.value.trim();
+  }
+
+  async function runBatch(action) {
+    const where = form.elements.where.value.trim();
+    const title = action === "cancel" ? "Cancel matching runs" : "Terminate matching runs";
+    try {
+      const counted = await api("GET", "/api/v1/workflow-counts" + qs({ where }));
+      const open = ["pending", "running", "suspended", "cancelling"].reduce((n, s) => n + (counted.counts[s] || 0), 0);
+      if (!open) {
+        flash(`no open run matches ${where}`, "info");
+        return;
+      }
+      const what = action === "cancel" ? "Each gets CancelledError where it waits, and may compensate." : "Each is closed now: no more workflow code runs.";
+      const values = await D.confirm(title, `${open} open run(s) match ${where}. ${what}`, [{ name: "reason", label: "Reason (recorded)" }]);
+      if (!values) return;
+      let done = 0, closed = 0, refused = 0, more = true;
+      while (more) {
+        const out = await api("POST", `/api/v1/batch/${action}`, { where, reason: values.reason });
+        done += out.done.length;
+        closed += out.closed.length;
+        refused += Object.keys(out.refused).length;
+        more = out.more && out.done.length > 0;
+      }
+      const tail = (closed ? `, ${closed} closed meanwhile` : "") + (refused ? `, ${refused} refused` : "");
+      flash(`${title}: ${done} run(s)${tail}`, refused ? "warn" : "ok");
+      await refresh();
+    } catch (err) {
+      showError(err, title);
+    }
+  }
+  for (const b of batch.querySelectorAll("button")) b.addEventListener("click", () => runBatch(b.dataset.action));
+
   function reset() {
     cursors = [""];
+    showBatch();
     saveToUrl();
     refresh().catch((err) => showError(err, "runs"));
   }
@@ -129,6 +167,7 @@
   });
 
   loadFromUrl();
+  showBatch();
   refresh().catch((err) => showError(err, "runs"));
   D.live(refresh, 3000);
 })();

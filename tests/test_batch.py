@@ -1,15 +1,19 @@
-"""``durable cancel --where`` and ``durable terminate --where``: the open runs an expression
-selects, counted, confirmed (``--yes``), then each sent the call its id would get.
+"""Batch operations: ``durable cancel --where`` and ``durable terminate --where`` (the open runs
+an expression selects, counted, confirmed with ``--yes``, then each sent the call its id would
+get), and ``POST /api/v1/batch/{action}`` (the UI's buttons: ``tests/test_ui.py``).
 
-Real ``durable`` processes and a real worker on the shared test Redis; the worker is stopped
-by pid in a ``finally``.
+Real ``durable`` processes, a real worker and a real server on the shared test Redis; each is
+stopped by pid in a ``finally``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from apps.basic import Sequence, Waiter
 from procs import durable_cli, spawn_worker, stop
+from server_procs import ServerProc
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -80,3 +84,37 @@ def test_cancel_where_lets_each_selected_run_clean_up(redis_url: str, store: Red
             stop(elsewhere)
     finally:
         stop(worker)
+
+
+def test_the_api_batch_goes_to_at_most_limit_runs_and_says_what_is_left(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    waiting = [WorkflowStub.make(Waiter, id=f"api-bulk-{i}", store=store).start(3600).id for i in range(5)]
+    other = WorkflowStub.make(Sequence, id="api-bulk-other", store=store).start(2).id
+    server = ServerProc(redis_url, tmp_path / "server.log")
+    try:
+        with server.client(**{"X-Durable-Request": "1"}) as http:
+            body = {"where": "type = 'Waiter'", "reason": "api batch", "limit": 3}
+            first = http.post("/api/v1/batch/terminate", json=body)
+            assert first.status_code == 200, first.text
+            assert len(first.json()["done"]) == 3 and first.json()["more"] is True
+            assert first.json()["closed"] == [] and first.json()["refused"] == {}
+            rest = http.post("/api/v1/batch/terminate", json=body).json()
+            assert len(rest["done"]) == 2 and rest["more"] is False
+            assert sorted(first.json()["done"] + rest["done"]) == sorted(waiting)
+            assert http.post("/api/v1/batch/terminate", json=body).json()["done"] == []
+
+            no_where = http.post("/api/v1/batch/cancel", json={"reason": "x"})
+            assert no_where.status_code == 422 and "'where' is required" in no_where.text, no_where.text
+            unknown = http.post("/api/v1/batch/pause", json={"where": "type = 'Waiter'"})
+            assert unknown.status_code == 404, unknown.text
+            for limit in (0, 1001, True, "3"):
+                bad = http.post("/api/v1/batch/cancel", json={"where": "type = 'Waiter'", "limit": limit})
+                assert bad.status_code == 422, (limit, bad.text)
+            syntax = http.post("/api/v1/batch/cancel", json={"where": "type = "})
+            assert syntax.status_code == 422, syntax.text
+        for workflow_id in waiting:
+            assert WorkflowStub.load(workflow_id, store=store).status() == "terminated"
+        assert WorkflowStub.load(other, store=store).status() == "pending"
+    finally:
+        server.stop()

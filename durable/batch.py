@@ -1,0 +1,97 @@
+"""One call to every open run a ``--where`` expression selects: Temporal's batch operations
+(``durable cancel --where``, ``durable terminate --where``, ``POST /api/v1/batch/...``).
+
+The runs are read page by page, newest first, and each is sent the same call as by its id:
+a run that closed (or was purged) since it was listed is skipped and counted, one that
+refuses the call is named with why, and the others go on. Only open runs are selected: a
+closed run takes no cancel or terminate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .client import WorkflowStub, default_store
+from .errors import DurableError, WorkflowClosed, WorkflowNotFound
+from .listing import list_runs
+from .store.redis_store import RedisStore
+
+__all__ = ["PAGE", "BatchReport", "for_open_runs", "open_runs"]
+
+PAGE = 500
+"""Runs read per page."""
+
+
+def open_runs(where: str) -> str:
+    """``where`` narrowed to open runs."""
+    return f"({where}) and status = 'open'" if where.strip() else "status = 'open'"
+
+
+@dataclass
+class BatchReport:
+    """What a batch did.
+
+    Attributes:
+        done: The workflow ids the call went to, in order.
+        closed: Those skipped: closed or purged since they were listed.
+        refused: Workflow id -> why the call was refused.
+        more: Whether it stopped at ``most`` with matching runs left.
+    """
+
+    done: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    more: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON."""
+        return {"done": self.done, "closed": self.closed, "refused": self.refused, "more": self.more}
+
+
+def for_open_runs(
+    where: str,
+    act: Callable[[WorkflowStub], None],
+    *,
+    store: RedisStore | None = None,
+    most: int | None = None,
+    each: Callable[[str, str | None], None] | None = None,
+) -> BatchReport:
+    """Call ``act`` with the stub of every open run ``where`` selects.
+
+    Args:
+        where: A search expression (docs/search.md); empty: every open run.
+        act: E.g. ``lambda stub: stub.terminate("bad deploy")``.
+        most: Stop after this many runs (``more`` says whether some are left).
+        each: Told each workflow id and ``None`` when done, ``"closed"`` or the refusal.
+
+    Raises:
+        SearchQueryError: ``where`` does not parse.
+    """
+    store = store or default_store()
+    report = BatchReport()
+    query = open_runs(where)
+    before: dict[str, Any] | None = None
+    while True:
+        rows = list_runs(query, limit=PAGE, before=before, store=store)
+        for row in rows:
+            if most is not None and len(report.done) + len(report.refused) >= most:
+                report.more = True
+                return report
+            workflow_id = row["workflow_id"]
+            try:
+                act(WorkflowStub.load(workflow_id, store=store))
+            except (WorkflowClosed, WorkflowNotFound):
+                report.closed.append(workflow_id)
+                outcome: str | None = "closed"
+            except DurableError as exc:
+                report.refused[workflow_id] = outcome = str(exc)
+            else:
+                report.done.append(workflow_id)
+                outcome = None
+            if each is not None:
+                each(workflow_id, outcome)
+        if len(rows) < PAGE:
+            return report
+        before = rows[-1]
