@@ -24,6 +24,7 @@ from durable.store.redis_store import RedisStore
 
 EVICTS = "Redis evicts keys at its maxmemory"
 NO_AOF = "Redis keeps no append-only file"
+NEAR = "Redis is at "
 
 
 def test_setup_hazards_name_eviction_under_a_limit_and_a_missing_aof() -> None:
@@ -38,6 +39,27 @@ def test_setup_hazards_name_eviction_under_a_limit_and_a_missing_aof() -> None:
     (said,) = setup_hazards(safe, {"aof_enabled": 0})
     assert said.startswith(NO_AOF) and "set appendonly yes" in said
     assert setup_hazards({}, {}) == ()  # INFO that does not say: nothing is guessed
+    # Near maxmemory under noeviction: said before writes stop (at the limit it is the problem).
+    limit = 1000 * 2**20
+    for used, said_near in (
+        (500, False),
+        (799, False),
+        (800, True),
+        (950, True),
+        (998, True),
+        (999, False),  # within HEADROOM (1 MiB) of the limit: refused, the views' problem
+        (1000, False),
+    ):
+        state = {"maxmemory": limit, "used_memory": used * 2**20, "maxmemory_policy": "noeviction"}
+        near = [h for h in setup_hazards(state, {"aof_enabled": 1}) if h.startswith(NEAR)]
+        assert bool(near) == said_near, (used, near)
+    (near,) = setup_hazards(
+        {"maxmemory": limit, "used_memory": 850 * 2**20, "maxmemory_policy": "noeviction"}, {"aof_enabled": 1}
+    )
+    assert (
+        near.startswith("Redis is at 85% of its maxmemory (850.0 MiB of 1000.0 MiB)")
+        and "durable purge" in near
+    )
 
 
 def test_a_redis_that_can_lose_data_is_said_by_workers_the_cli_and_the_server(
@@ -83,5 +105,23 @@ def test_a_redis_that_can_lose_data_is_said_by_workers_the_cli_and_the_server(
         server.stop()
         stop(worker)
         store.close()
+        client.config_set("maxmemory", 0)
+        client.close()
+
+
+def test_a_redis_near_its_maxmemory_is_said_before_writes_stop(fresh_redis: EmbeddedRedis) -> None:
+    url = fresh_redis.url
+    client = redis.Redis.from_url(url)
+    try:
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(used / 0.9))  # ~90 % used: writes still accepted
+        report = json.loads(durable_cli(url, "workers", "--json").stdout)
+        assert report["problem"] is None, report["problem"]
+        (near,) = report["warnings"]
+        assert near.startswith(NEAR) and "% of its maxmemory" in near and "raise maxmemory" in near
+        client.config_set("maxmemory", used * 4)
+        assert json.loads(durable_cli(url, "workers", "--json").stdout)["warnings"] == []
+    finally:
         client.config_set("maxmemory", 0)
         client.close()

@@ -224,13 +224,25 @@ class MemoryState:
 SETTINGS_DOC = "docs/operations.md#redis-settings-durable-warns-about"
 
 
+NEAR_FULL = 0.8
+"""From this fraction of ``maxmemory`` used (``noeviction``), the views warn before writes stop."""
+
+
 def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[str, ...]:
-    """What in one server's ``INFO memory`` and ``INFO persistence`` can lose durable's data,
-    in the operator's words (each starts with ``Redis``): a ``maxmemory`` under a policy that
-    evicts keys, no append-only file. Empty when neither, or when INFO does not say."""
+    """What in one server's ``INFO memory`` and ``INFO persistence`` can lose durable's data or
+    will soon stop every run, in the operator's words (each starts with ``Redis``): a
+    ``maxmemory`` under a policy that evicts keys, no append-only file, memory past
+    :data:`NEAR_FULL` of ``maxmemory``. Empty when none, or when INFO does not say."""
     hazards = []
     policy = str(memory.get("maxmemory_policy", "noeviction"))
     maxmemory = int(memory.get("maxmemory", 0))
+    counted = int(memory.get("used_memory", 0)) - int(memory.get("mem_not_counted_for_evict", 0))
+    full_at = maxmemory - min(HEADROOM, maxmemory // 100)  # past it: refused (the views' problem)
+    if maxmemory and policy == "noeviction" and maxmemory * NEAR_FULL <= counted < full_at:
+        hazards.append(
+            f"Redis is at {100 * counted // maxmemory}% of its maxmemory ({_size(counted)} of "
+            f"{_size(maxmemory)}): at the limit it refuses writes and no run moves; {REMEDY}"
+        )
     if maxmemory and policy != "noeviction":
         # volatile-* policies too: retention, leases and the worker registry have TTLs.
         hazards.append(
