@@ -118,10 +118,15 @@ def is_max_clients(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ConnectionError) and "max number of clients reached" in str(exc)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, at most 200 characters."""
+    return (str(exc).splitlines() or [""])[0][:200]
+
+
 def login_refused(url: str | None, exc: BaseException) -> str:
     """The operator's sentence for Redis refusing the client's login (``exc``: redis-py's
     ``AuthenticationError``): no password where one is required, or a wrong one."""
-    said = (str(exc).splitlines() or [""])[0][:200].rstrip(".")
+    said = first_line(exc).rstrip(".")
     if "HELLO must be called" in said or "uthentication required" in said or said.startswith("NOAUTH"):
         said = "it requires a password and none was given"  # redis-py's HELLO says it at length
     return (
@@ -135,7 +140,7 @@ def login_refused(url: str | None, exc: BaseException) -> str:
 def not_redis(url: str | None, exc: BaseException) -> str:
     """The operator's sentence for a server whose reply is not Redis's protocol (``exc``:
     redis-py's ``InvalidResponse``): the URL points at another service."""
-    said = (str(exc).splitlines() or [""])[0][:200].rstrip(".")
+    said = first_line(exc).rstrip(".")
     return (
         f"the server at {masked_url(url or 'redis')} does not answer as Redis does ({said}): "
         "check the URL's host and port (DURABLE_REDIS_URL, --redis)"

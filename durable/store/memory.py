@@ -178,7 +178,7 @@ class MemoryState:
             snapshot failed``...; confirmed by a write probe answered MISCONF, except on a
             cluster), else ``""``.
         hazards: :func:`setup_hazards` of every server (on a cluster, each naming its node):
-            settings that can lose durable's data, however full Redis is now.
+            settings that can lose durable's data, and memory nearly at ``maxmemory``.
     """
 
     used: int

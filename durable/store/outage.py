@@ -24,7 +24,15 @@ from typing import TypeVar
 from redis import exceptions as rexc
 
 from ..errors import ConfigurationError, RedisUnavailable
-from .connect import MAX_CLIENTS_FIX, is_redis_error, login_refused, masked_url, not_redis, unavailable_kind
+from .connect import (
+    MAX_CLIENTS_FIX,
+    first_line,
+    is_redis_error,
+    login_refused,
+    masked_url,
+    not_redis,
+    unavailable_kind,
+)
 
 T = TypeVar("T")
 
@@ -146,7 +154,7 @@ class Incident:
             self.log.warning(
                 "redis unavailable (%s: %s); the %s retries with backoff (%.1f s up to %.0f s) %s",
                 kind,
-                _first_line(exc),
+                first_line(exc),
                 self.what,
                 self.backoff.first,
                 self.backoff.cap,
@@ -279,7 +287,7 @@ def unavailable_error(
         else ""
     )
     error = RedisUnavailable(
-        f"{head} ({kind}: {_first_line(exc)}){tried}: {fix}{landed}", url=where, kind=kind, seconds=seconds
+        f"{head} ({kind}: {first_line(exc)}){tried}: {fix}{landed}", url=where, kind=kind, seconds=seconds
     )
     error.__cause__ = exc  # also where it is handed to a waiting caller rather than raised here
     return error
@@ -366,7 +374,3 @@ async def ride_out_async(
             continue
         ride.done()
         return result
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [""])[0][:200]

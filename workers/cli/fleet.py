@@ -128,7 +128,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     ``starved`` (all of them are: it runs no activity, restart it) and ``threads_note`` (in words).
     ``redis_memory`` is :meth:`~durable.store.memory.MemoryStore.memory_state`; ``problem`` its
     reason while Redis refuses writes (``maxmemory``), else ``None``; ``warnings`` the settings
-    of Redis that can lose durable's data (:func:`~durable.store.memory.setup_hazards`)."""
+    of Redis that can lose durable's data and a Redis nearly full
+    (:func:`~durable.store.memory.setup_hazards`)."""
     live = store.live_workers()
     now = store.server_time_ms()
     served = served_queues(live)
