@@ -96,8 +96,8 @@ class StoreBase:
         try:
             with self.redis.pipeline(transaction=False) as pipe:
                 server, cluster = pipe.info("server").info("cluster").execute()
-        except redis.exceptions.NoPermissionError:
-            return  # an ACL user without INFO: the first MOVED says it (the CLI names it)
+        except redis.exceptions.ResponseError:
+            return  # INFO refused (an ACL user without it) or renamed: the first MOVED says it
         old = unsupported_server(self.url, server)
         if old is not None:
             raise ConfigurationError(old)
