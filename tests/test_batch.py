@@ -17,6 +17,8 @@ from server_procs import ServerProc
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.batch import PAGE
+from durable.listing import count_runs
 from durable.store.redis_store import RedisStore
 
 
@@ -118,3 +120,16 @@ def test_the_api_batch_goes_to_at_most_limit_runs_and_says_what_is_left(
         assert WorkflowStub.load(other, store=store).status() == "pending"
     finally:
         server.stop()
+
+
+def test_a_batch_past_one_page_reaches_every_selected_run_once(redis_url: str, store: RedisStore) -> None:
+    """More runs than a page (PAGE = 500): the pages follow one another, none skipped or
+    taken twice, while the runs already done leave the open set the query reads."""
+    total = PAGE * 2 + 37
+    ids = [WorkflowStub.make(Waiter, id=f"page-{i:04d}", store=store).start(3600).id for i in range(total)]
+    ran = durable_cli(redis_url, "terminate", "--where", "type = 'Waiter'", "--yes")
+    assert ran.returncode == 0, ran.stderr
+    said = ran.stdout.split()
+    assert len(said) == total and sorted(said) == sorted(ids)
+    assert ran.stderr.strip() == f"terminate: {total} of {total} runs"
+    assert count_runs("status = 'terminated'", store=store) == total
