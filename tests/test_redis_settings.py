@@ -25,6 +25,7 @@ from durable.store.redis_store import RedisStore
 EVICTS = "Redis evicts keys at its maxmemory"
 NO_AOF = "Redis keeps no append-only file"
 NEAR = "Redis is at "
+NO_FSYNC = "Redis leaves its append-only file to the OS to flush"
 
 
 def test_setup_hazards_name_eviction_under_a_limit_and_a_missing_aof() -> None:
@@ -39,6 +40,11 @@ def test_setup_hazards_name_eviction_under_a_limit_and_a_missing_aof() -> None:
     (said,) = setup_hazards(safe, {"aof_enabled": 0})
     assert said.startswith(NO_AOF) and "set appendonly yes" in said
     assert setup_hazards({}, {}) == ()  # INFO that does not say: nothing is guessed
+    (said,) = setup_hazards(safe, {"aof_enabled": 1, "appendfsync": "no"})
+    assert said.startswith(NO_FSYNC) and "set appendfsync everysec or always" in said
+    for fine in ("everysec", "always"):
+        assert setup_hazards(safe, {"aof_enabled": 1, "appendfsync": fine}) == ()
+    assert [h[:30] for h in setup_hazards(safe, {"aof_enabled": 0, "appendfsync": "no"})] == [NO_AOF[:30]]
     # Near maxmemory under noeviction: said before writes stop (at the limit it is the problem).
     limit = 1000 * 2**20
     for used, said_near in (
@@ -124,4 +130,20 @@ def test_a_redis_near_its_maxmemory_is_said_before_writes_stop(fresh_redis: Embe
         assert json.loads(durable_cli(url, "workers", "--json").stdout)["warnings"] == []
     finally:
         client.config_set("maxmemory", 0)
+        client.close()
+
+
+def test_an_aof_never_fsynced_is_said(fresh_redis: EmbeddedRedis) -> None:
+    """``appendfsync`` is not in INFO: read with ``CONFIG GET`` in the same round trip (a Redis
+    that refuses CONFIG says nothing of it)."""
+    url = fresh_redis.url
+    client = redis.Redis.from_url(url)
+    try:
+        client.config_set("appendfsync", "no")
+        (said,) = json.loads(durable_cli(url, "workers", "--json").stdout)["warnings"]
+        assert said.startswith(NO_FSYNC), said
+        client.config_set("appendfsync", "everysec")
+        assert json.loads(durable_cli(url, "workers", "--json").stdout)["warnings"] == []
+    finally:
+        client.config_set("appendfsync", "everysec")
         client.close()

@@ -231,7 +231,8 @@ NEAR_FULL = 0.8
 def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[str, ...]:
     """What in one server's ``INFO memory`` and ``INFO persistence`` can lose durable's data or
     will soon stop every run, in the operator's words (each starts with ``Redis``): a
-    ``maxmemory`` under a policy that evicts keys, no append-only file, memory past
+    ``maxmemory`` under a policy that evicts keys, no append-only file or one never fsynced
+    (``appendfsync`` from ``CONFIG GET``, merged into ``persistence``), memory past
     :data:`NEAR_FULL` of ``maxmemory``. Empty when none, or when INFO does not say."""
     hazards = []
     policy = str(memory.get("maxmemory_policy", "noeviction"))
@@ -251,6 +252,12 @@ def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[
             "runs are lost without an error; set maxmemory-policy noeviction (CONFIG SET and "
             f"redis.conf), then durable waits at the limit instead ({SETTINGS_DOC})"
         )
+    if str(persistence.get("aof_enabled", "0")) == "1" and persistence.get("appendfsync") == "no":
+        hazards.append(
+            "Redis leaves its append-only file to the OS to flush (appendfsync no): a power loss "
+            "or kernel crash loses up to about 30 s of acknowledged writes, steps the world saw "
+            f"happen; set appendfsync everysec or always (CONFIG SET and redis.conf) ({SETTINGS_DOC})"
+        )
     if str(persistence.get("aof_enabled", "1")) == "0":
         hazards.append(
             "Redis keeps no append-only file (appendonly no): a restart of Redis loses every write "
@@ -258,6 +265,19 @@ def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[
             f"vanish; set appendonly yes (CONFIG SET and redis.conf) ({SETTINGS_DOC})"
         )
     return tuple(hazards)
+
+
+def _config(reply: Any) -> dict[str, Any]:
+    """A ``CONFIG GET`` reply as a dict; ``{}`` when it was refused (managed Redis, an ACL user
+    without ``CONFIG``): what it would have said is then not said."""
+    return dict(reply) if isinstance(reply, dict) else {}
+
+
+def _fsync_of(node: Any) -> dict[str, Any]:
+    try:
+        return _config(node.config_get("appendfsync"))
+    except rexc.ResponseError:
+        return {}
 
 
 class MemoryStore(StoreBase):
@@ -297,12 +317,17 @@ class MemoryStore(StoreBase):
         """Per server (each primary on a cluster): its name, ``INFO memory``, ``INFO persistence``."""
         if not self.cluster:
             with self.redis.pipeline(transaction=False) as pipe:
-                pipe.info("memory").info("persistence")
-                memory, persistence = pipe.execute()
-            return [("", dict(memory), dict(persistence))]
+                pipe.info("memory").info("persistence").config_get("appendfsync")
+                memory, persistence, fsync = pipe.execute(raise_on_error=False)
+            for reply in (memory, persistence):
+                if isinstance(reply, Exception):
+                    raise reply
+            return [("", dict(memory), {**persistence, **_config(fsync)})]
         rc: Any = self.redis
         nodes = [(str(node.name), rc.get_redis_connection(node)) for node in rc.get_primaries()]
-        return [(name, dict(r.info("memory")), dict(r.info("persistence"))) for name, r in nodes]
+        return [
+            (name, dict(r.info("memory")), {**r.info("persistence"), **_fsync_of(r)}) for name, r in nodes
+        ]
 
     @staticmethod
     def _node_state(name: str, info: dict[str, Any], persistence: dict[str, Any]) -> MemoryState:
