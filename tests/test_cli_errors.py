@@ -303,6 +303,17 @@ def test_a_worker_whose_app_is_not_found_starts_no_server(project: Path) -> None
     assert not (project / ".durable").exists()
 
 
+def test_a_worker_whose_app_raises_at_import_starts_no_server(project: Path) -> None:
+    """The module is found but fails while it is imported: said before an embedded Redis is
+    started for it (it was, and left running). A supervisor's children import it themselves."""
+    (project / "app7.py").write_text('raise RuntimeError("missing setting FOO")\n')
+    line = one_error_line(run_cli(project, "worker", "--app", "app7"))
+    assert (
+        line == "error: cannot import app module 'app7': RuntimeError: missing setting FOO (app7.py, line 1)"
+    )
+    assert not (project / ".durable").exists()
+
+
 @pytest.mark.parametrize(
     "command",
     [

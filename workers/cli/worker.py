@@ -17,7 +17,7 @@ from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker, worker_supervisor
-from workers.cli.core import CliError, CliState, Seconds, find_apps, pass_state
+from workers.cli.core import CliError, CliState, Seconds, find_apps, load_apps, pass_state
 from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
 from workers.supervisor import DRAINED_EXIT, READY_FD_ENV, joined_message
@@ -256,6 +256,8 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     leaves the others running. A single process stops on SIGHUP as on SIGTERM.
     """
     find_apps(options["apps"])  # a typo must not start an embedded Redis first
+    if processes == 1:
+        load_apps(options["apps"])  # nor an app that fails at import (its children import it)
     store = _open_store(state)
     _apply_retention(store, options)
     config = _config(state, store, options)
