@@ -292,6 +292,7 @@ def worker_process(state: CliState) -> None:
     # A terminal's hangup reaches the whole process group: what SIGHUP means (a reload, which
     # replaces this process once its successor joined) is the supervisor's to carry out.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    load_apps(config.apps)  # first, as a single worker does: its error line is the same
     if run_worker(config, _open_store(state), on_joined=_join_report()):
         sys.exit(DRAINED_EXIT)  # its supervisor does not start it again
 
