@@ -18,10 +18,13 @@ from .errors import DurableError, WorkflowClosed, WorkflowNotFound
 from .listing import list_runs
 from .store.redis_store import RedisStore
 
-__all__ = ["PAGE", "BatchReport", "for_open_runs", "open_runs"]
+__all__ = ["ACTIONS", "PAGE", "BatchReport", "for_open_runs", "open_runs"]
 
 PAGE = 500
 """Runs read per page."""
+
+ACTIONS = ("cancel", "terminate")
+"""What a batch may send: the stub method of that name, with the reason."""
 
 
 def open_runs(where: str) -> str:
@@ -52,23 +55,28 @@ class BatchReport:
 
 def for_open_runs(
     where: str,
-    act: Callable[[WorkflowStub], None],
+    action: str,
+    reason: str = "",
     *,
     store: RedisStore | None = None,
     most: int | None = None,
     each: Callable[[str, str | None], None] | None = None,
 ) -> BatchReport:
-    """Call ``act`` with the stub of every open run ``where`` selects.
+    """Send ``action`` (one of :data:`ACTIONS`) with ``reason`` to every open run ``where`` selects.
 
     Args:
         where: A search expression (docs/search.md); empty: every open run.
-        act: E.g. ``lambda stub: stub.terminate("bad deploy")``.
+        action: ``"cancel"`` or ``"terminate"``.
+        reason: Recorded with each run, as by its id.
         most: Stop after this many runs (``more`` says whether some are left).
         each: Told each workflow id and ``None`` when done, ``"closed"`` or the refusal.
 
     Raises:
         SearchQueryError: ``where`` does not parse.
+        ValueError: an ``action`` not in :data:`ACTIONS`.
     """
+    if action not in ACTIONS:
+        raise ValueError(f"no batch action {action!r}: one of {ACTIONS}")
     store = store or default_store()
     report = BatchReport()
     query = open_runs(where)
@@ -81,7 +89,7 @@ def for_open_runs(
                 return report
             workflow_id = row["workflow_id"]
             try:
-                act(WorkflowStub.load(workflow_id, store=store))
+                getattr(WorkflowStub.load(workflow_id, store=store), action)(reason)
             except (WorkflowClosed, WorkflowNotFound):
                 report.closed.append(workflow_id)
                 outcome: str | None = "closed"

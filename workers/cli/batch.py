@@ -4,24 +4,36 @@ expression selects (:mod:`durable.batch`), counted and confirmed first (``--yes`
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import click
 
-from durable import WorkflowStub
 from durable.batch import for_open_runs, open_runs
 from durable.listing import count_runs
 from durable.store.redis_store import RedisStore
 from workers.cli.core import CliError
 
-__all__ = ["run_batch"]
+__all__ = ["WHERE", "YES", "one_or_where", "run_batch"]
 
 
-def run_batch(
-    store: RedisStore, where: str, verb: str, act: Callable[[WorkflowStub], None], *, yes: bool
-) -> None:
-    """Apply ``act`` to every open run matching ``where``; ``verb`` names it (``terminate``).
-    Each workflow id is printed as its call is sent, refusals on stderr, then a summary.
+def one_or_where(action: str, workflow_id: str | None, where: str | None) -> str | None:
+    """The ``--where`` expression of a batch, or ``None`` for one run by id (exactly one given)."""
+    if (workflow_id is None) == (where is None):
+        raise CliError(f"{action} takes a workflow ID or --where EXPR (its open runs), one of them")
+    return where
+
+
+WHERE = click.option(
+    "--where",
+    default=None,
+    metavar="EXPR",
+    help="Instead of ID: every open run this expression selects (as `durable list --where`).",
+)
+YES = click.option("--yes", is_flag=True, help="With --where: no confirmation asked.")
+
+
+def run_batch(store: RedisStore, where: str, action: str, reason: str, *, yes: bool) -> None:
+    """Send ``action`` (``cancel``, ``terminate``) to every open run matching ``where``. Each
+    workflow id is printed as its call is sent, refusals on stderr, then a summary.
 
     Raises:
         CliError: Some match, without ``--yes`` and no terminal to ask on.
@@ -32,8 +44,8 @@ def run_batch(
         return
     if not yes:
         if not sys.stdin.isatty():
-            raise CliError(f"{total} open runs match {where!r}: pass --yes to {verb} them")
-        click.confirm(f"{verb} {total} open runs matching {where!r}?", abort=True)
+            raise CliError(f"{total} open runs match {where!r}: pass --yes to {action} them")
+        click.confirm(f"{action} {total} open runs matching {where!r}?", abort=True)
 
     def said(workflow_id: str, outcome: str | None) -> None:
         if outcome is None:
@@ -41,8 +53,8 @@ def run_batch(
         elif outcome != "closed":
             click.echo(f"{workflow_id}: {outcome}", err=True)
 
-    report = for_open_runs(where, act, store=store, each=said)
-    summary = f"{verb}: {len(report.done)} of {total} runs"
+    report = for_open_runs(where, action, reason, store=store, each=said)
+    summary = f"{action}: {len(report.done)} of {total} runs"
     summary += f"; {len(report.closed)} had closed meanwhile" if report.closed else ""
     summary += f"; {len(report.refused)} refused (above)" if report.refused else ""
     click.echo(summary, err=True)

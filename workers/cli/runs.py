@@ -24,7 +24,7 @@ from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
 from durable.store.workers import FOUND_ON_READ
 from durable.waiting import MOST_NAMED, in_words, not_closed
-from workers.cli.batch import run_batch
+from workers.cli.batch import WHERE, YES, one_or_where, run_batch
 from workers.cli.core import CliError, CliState, Seconds, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
@@ -323,27 +323,11 @@ def query(state: CliState, workflow_id: str, name: str, args: tuple[str, ...], a
     click.echo(to_json(_stub(state, workflow_id).query(name, *values)))
 
 
-def _one_or_where(verb: str, workflow_id: str | None, where: str | None) -> str | None:
-    """The ``--where`` expression of a batch, or ``None`` for one run by id (exactly one given)."""
-    if (workflow_id is None) == (where is None):
-        raise CliError(f"{verb} takes a workflow ID or --where EXPR (its open runs), one of them")
-    return where
-
-
-_WHERE = click.option(
-    "--where",
-    default=None,
-    metavar="EXPR",
-    help="Instead of ID: every open run this expression selects (as `durable list --where`).",
-)
-_YES = click.option("--yes", is_flag=True, help="With --where: no confirmation asked.")
-
-
 @click.command()
 @click.argument("workflow_id", metavar="[ID]", required=False)
 @click.option("--reason", default="", help="Why (recorded).")
-@_WHERE
-@_YES
+@WHERE
+@YES
 @pass_state
 def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | None, yes: bool) -> None:
     """Request cancellation: the workflow gets CancelledError where it waits and may clean up.
@@ -351,9 +335,9 @@ def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | N
     `--where EXPR`: of every open run EXPR selects (counted and confirmed first; `--yes`
     skips the question); each one's workflow id is printed as it is sent.
     """
-    batch = _one_or_where("cancel", workflow_id, where)
+    batch = one_or_where("cancel", workflow_id, where)
     if batch is not None:
-        run_batch(state.existing_store, batch, "cancel", lambda stub: stub.cancel(reason), yes=yes)
+        run_batch(state.existing_store, batch, "cancel", reason, yes=yes)
         return
     assert workflow_id is not None
     stub = _stub(state, workflow_id)
@@ -373,8 +357,8 @@ def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | N
 @click.command()
 @click.argument("workflow_id", metavar="[ID]", required=False)
 @click.option("--reason", default="", help="Why (recorded).")
-@_WHERE
-@_YES
+@WHERE
+@YES
 @pass_state
 def terminate(state: CliState, workflow_id: str | None, reason: str, where: str | None, yes: bool) -> None:
     """Close workflow ID's run now; no workflow code runs.
@@ -382,9 +366,9 @@ def terminate(state: CliState, workflow_id: str | None, reason: str, where: str 
     `--where EXPR`: every open run EXPR selects (counted and confirmed first; `--yes` skips
     the question); each one's workflow id is printed as it is closed.
     """
-    batch = _one_or_where("terminate", workflow_id, where)
+    batch = one_or_where("terminate", workflow_id, where)
     if batch is not None:
-        run_batch(state.existing_store, batch, "terminate", lambda stub: stub.terminate(reason), yes=yes)
+        run_batch(state.existing_store, batch, "terminate", reason, yes=yes)
         return
     assert workflow_id is not None
     _stub(state, workflow_id).terminate(reason)

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
-from durable.batch import for_open_runs
+from durable.batch import ACTIONS, for_open_runs
 from durable.errors import ConfigurationError, WorkflowClosed
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
@@ -356,7 +356,6 @@ def repair_workflow(call: Call) -> dict[str, Any]:
     }
 
 
-BATCH_ACTIONS = ("cancel", "terminate")
 MAX_BATCH = 1000
 """Runs one batch call goes to at most (``more``: call again for the rest)."""
 
@@ -365,7 +364,7 @@ def batch_workflows(call: Call) -> dict[str, Any]:
     """As ``durable cancel|terminate --where``: every open run ``where`` selects, at most
     ``limit`` of them (1..1000, default 1000) per call; ``more`` says some are left."""
     action = call.path["action"]
-    if action not in BATCH_ACTIONS:
+    if action not in ACTIONS:
         raise ApiError("not_found", f"no batch action {action!r}: cancel or terminate")
     where = call.field("where", str, "")
     if not where.strip():
@@ -375,8 +374,7 @@ def batch_workflows(call: Call) -> dict[str, Any]:
     most = call.field("limit", int, MAX_BATCH)
     if isinstance(most, bool) or not 1 <= most <= MAX_BATCH:
         raise ApiError("invalid_argument", f"body field 'limit' must be 1..{MAX_BATCH}")
-    reason = call.field("reason", str, "")
-    report = for_open_runs(where, lambda stub: getattr(stub, action)(reason), store=call.store, most=most)
+    report = for_open_runs(where, action, call.field("reason", str, ""), store=call.store, most=most)
     return {"action": action, "where": where, **report.to_dict()}
 
 
