@@ -127,7 +127,7 @@ def login_refused(url: str | None, exc: BaseException) -> str:
     """The operator's sentence for Redis refusing the client's login (``exc``: redis-py's
     ``AuthenticationError``): no password where one is required, or a wrong one."""
     said = first_line(exc).rstrip(".")
-    if "HELLO must be called" in said or "uthentication required" in said or said.startswith("NOAUTH"):
+    if "HELLO must be called" in said or "authentication required" in said.lower():  # NOAUTH
         said = "it requires a password and none was given"  # redis-py's HELLO says it at length
     return (
         f"Redis at {masked_url(url or 'redis')} refused the login ({said}): give the user and "

@@ -252,13 +252,14 @@ def setup_hazards(memory: dict[str, Any], persistence: dict[str, Any]) -> tuple[
             "runs are lost without an error; set maxmemory-policy noeviction (CONFIG SET and "
             f"redis.conf), then durable waits at the limit instead ({SETTINGS_DOC})"
         )
-    if str(persistence.get("aof_enabled", "0")) == "1" and persistence.get("appendfsync") == "no":
+    aof = str(persistence.get("aof_enabled", ""))  # "": INFO did not say
+    if aof == "1" and persistence.get("appendfsync") == "no":
         hazards.append(
             "Redis leaves its append-only file to the OS to flush (appendfsync no): a power loss "
             "or kernel crash loses up to about 30 s of acknowledged writes, steps the world saw "
             f"happen; set appendfsync everysec or always (CONFIG SET and redis.conf) ({SETTINGS_DOC})"
         )
-    if str(persistence.get("aof_enabled", "1")) == "0":
+    if aof == "0":
         hazards.append(
             "Redis keeps no append-only file (appendonly no): a restart of Redis loses every write "
             "since its last RDB snapshot (every run, without one), and runs go back in time or "
