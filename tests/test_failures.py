@@ -39,6 +39,38 @@ def test_start_to_close_timeout_retries_then_fails(worker, tmp_path: Path) -> No
     assert all("timed out (start_to_close)" in a["record"]["error"] for a in timeout_records)
 
 
+def test_an_expiry_two_schedulers_see_is_recorded_once(worker, tmp_path: Path, monkeypatch) -> None:
+    """Every worker's scheduler reads the expired deadlines: with two workers both failed each
+    timed-out attempt, and the second record showed as one more (discarded) timeout."""
+    other = worker._make_scheduler(claim_idle_ms=30_000)  # a second worker's, on the same Redis
+    store = worker.store
+    expired_attempts, activity_state = store.expired_attempts, store.activity_state
+    expiring: list[int] = []
+    raced: list[str] = []
+
+    def expired(p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
+        found = expired_attempts(p, now_ms, limit)
+        if found:
+            expiring.append(now_ms)
+        return found
+
+    def state(p: int, rid: str, aid: str):  # noqa: ANN202 - the store's own return type
+        found = activity_state(p, rid, aid)
+        if expiring and not raced:  # the other scheduler read the same expiry, and acts on it first
+            raced.append(aid)
+            other._expire_attempts(p, expiring[-1])
+        return found
+
+    monkeypatch.setattr(store, "expired_attempts", expired)
+    monkeypatch.setattr(store, "activity_state", state)
+    stub = WorkflowStub.make(Timeouts).start(str(tmp_path / "t.log"))
+    assert stub.result(timeout=15) == {"cause": "ActivityTimeout", "kind": "start_to_close", "attempts": 2}
+    assert raced
+    attempts = wait_for(lambda: len(stub.describe()["attempts"]) >= 4 and stub.describe()["attempts"])
+    timeouts = [a for a in attempts if "timed out" in (a["record"].get("error") or "")]
+    assert sorted((a["attempt"], a["outcome"]) for a in timeouts) == [(1, "retry"), (2, "failed")]
+
+
 def test_heartbeat_timeout_and_details_reach_next_attempt(worker, tmp_path: Path) -> None:
     log = tmp_path / "hb.log"
     stub = WorkflowStub.make(Heartbeats).start(str(log))

@@ -117,7 +117,8 @@ def test_a_stopping_worker_does_not_serve_its_queue_in_the_views() -> None:
 def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore, tmp_path: Path) -> None:
     """A real worker, SIGTERMed while it runs a 6 s activity: `durable workers` lists it as
     stopping, `describe` says the attempt finishes there first, and a new run on its queue is
-    said to have no live worker (this one takes no task), naming the stopping one."""
+    said to have no live worker (this one takes no task), naming the stopping one, and `durable
+    start` warns so too."""
     journal = str(tmp_path / "journal")
     proc = spawn_worker(redis_url)
     try:
@@ -140,6 +141,11 @@ def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore
         status = durable_cli(redis_url, "status", waiting.id).stdout
         assert "no live worker serves queue 'default'" in status, status
         assert f"(worker {workers[0]['name']} is stopping: finishing running activities" in status, status
+        started = durable_cli(redis_url, "start", "Sequence", "1")  # warned as the views say it
+        assert (
+            f"warning: no live worker on queue 'default' runs workflow type 'Sequence'; worker "
+            f"{workers[0]['name']} is stopping; the run waits" in started.stderr
+        ), started.stderr
 
         assert stop(proc, timeout=20) == 0
         # Its result was recorded before the worker left (the run's next step waits for a worker).

@@ -253,7 +253,8 @@ class Scheduler:
             task, _ = self.store.activity_state(p, rid, aid)
             if self._renew_own(p, (rid, aid, attempt), task, now_ms, own):
                 continue
-            self.store.drop_deadline(p, rid, aid, attempt)
+            if not self.store.drop_deadline(p, rid, aid, attempt):
+                continue  # another worker's scheduler took this expiry
             if task is None or task.attempt != attempt:
                 continue
             started_ms = self.store.attempt_started(p, rid, aid)

@@ -399,9 +399,11 @@ class ActivityStore(StoreBase):
         members = self.redis.zrangebyscore(self.keys.running(p), "-inf", now_ms, start=0, num=limit)
         return [parse_attempt_member(text(m)) for m in members]
 
-    def drop_deadline(self, p: int, run_id: str, activity_id: str, attempt: int) -> None:
-        """Forget an attempt's deadline (it expired and is being dealt with)."""
-        self.redis.zrem(self.keys.running(p), attempt_member(run_id, activity_id, attempt))
+    def drop_deadline(self, p: int, run_id: str, activity_id: str, attempt: int) -> bool:
+        """Forget an attempt's deadline (it expired and is being dealt with): whether this call
+        removed it. Every worker's scheduler reads the expired deadlines; the one whose removal
+        counts deals with the attempt, so a timeout is recorded once."""
+        return bool(self.redis.zrem(self.keys.running(p), attempt_member(run_id, activity_id, attempt)))
 
     def next_deadlines(self, parts: Sequence[int]) -> list[int | None]:
         """The earliest running-attempt deadline (ms) of each partition in ``parts``, if any."""

@@ -110,10 +110,16 @@ def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Seq
         near = difflib.get_close_matches(workflow_type, known, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else f" (it defines: {', '.join(known) or 'none'})"
         raise CliError(f"workflow type {workflow_type!r} is not defined in --app {', '.join(apps)}{hint}")
-    if any(workflow_type in w.workflows and queue in w.queues for w in store.live_workers()):
+    live = store.live_workers()
+    # As the views count them: a stopping or draining worker (or one of a build not current)
+    # starts no new run, so it does not count here either.
+    (current,) = store.current_build([queue])
+    if any(workflow_type in w.workflows for w in takes_new_runs(queue, current, live)):
         return None
+    others = [w for w in live if queue in w.queues and workflow_type in w.workflows]
+    why = "".join(f"; worker {w.name} is {w.state}" for w in others if w.state != "serving")
     return (
-        f"warning: no live worker on queue {queue!r} runs workflow type {workflow_type!r}; "
+        f"warning: no live worker on queue {queue!r} runs workflow type {workflow_type!r}{why}; "
         "the run waits until one starts (see `durable workers`)"
     )
 
