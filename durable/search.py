@@ -60,9 +60,14 @@ BUILTINS: dict[str, str] = {
 }
 
 OPEN_STATUSES = ("pending", "running", "suspended", "cancelling")
-CLOSED_STATUSES = ("completed", "failed", "cancelled", "terminated", "continued", "timed_out")
+CLOSED_STATUSES = ("completed", "failed", "cancelled", "terminated", "continued")
 #: ``status`` values a query may name: the status words plus the two groups.
 STATUS_WORDS = (*OPEN_STATUSES, *CLOSED_STATUSES, "open", "closed")
+#: Words users try that are not statuses, with where the state they mean is found.
+NOT_A_STATUS = {
+    "blocked": " (a blocked run is open: `durable list --status blocked` lists them, with why)",
+    "timed_out": " (a run whose execution or run timeout passed is 'failed', its cause a WorkflowTimeout)",
+}
 
 MAX_ATTRIBUTES = 64
 """Search attributes one run may hold (each costs index entries)."""
@@ -513,7 +518,8 @@ class _Parser:
         value: str = tok.value
         if name == "status" and value not in STATUS_WORDS:
             raise SearchQueryError(
-                f"--where: unknown status {value!r} at position {tok.pos}; use one of {list(STATUS_WORDS)}",
+                f"--where: unknown status {value!r} at position {tok.pos}; use one of {list(STATUS_WORDS)}"
+                + NOT_A_STATUS.get(value, ""),
                 self.where,
                 tok.pos,
             )

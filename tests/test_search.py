@@ -51,6 +51,8 @@ def _start(store: Any, wid: str, *args: Any, **kwargs: Any) -> WorkflowStub:
         ("started > 'yesterday'", 11, "ISO 8601"),
         ("nope = 1", 1, "unknown search attribute 'nope'"),
         ("status = 'runing'", 10, "unknown status 'runing'"),
+        ("status = 'timed_out'", 10, "is 'failed', its cause a WorkflowTimeout"),  # no such status
+        ("status = 'blocked'", 10, "`durable list --status blocked` lists them"),
         ("customer in 'a'", 13, "expected '(' after 'in'"),
         ("customer = 'a' customer", 16, "expected 'and', 'or' or the end"),
         ("customer ~ 'a'", 10, "unexpected '~'"),
