@@ -52,12 +52,13 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 6048
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, allow_zero: bool = False) -> float:
     """Seconds in a duration written ``30s``, ``5m``, ``1h``, ``7d``, ``2w``, ``1d12h``, ``250ms``
     or plain seconds (``90``).
 
     Raises:
-        ConfigurationError: ``text`` is not such a duration, or is not positive.
+        ConfigurationError: ``text`` is not such a duration, or is not positive (zero is
+            allowed with ``allow_zero``: "closed 0s ago" means now).
     """
     raw = text.strip().lower()
     try:
@@ -73,7 +74,7 @@ def parse_duration(text: str) -> float:
             raise ConfigurationError(
                 f"not a duration: {text!r} (write e.g. 30s, 5m, 1h, 7d, 1d12h, or seconds)"
             ) from None
-    if not math.isfinite(seconds) or seconds <= 0:
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigurationError(f"a duration must be positive, got {text!r}")
     return seconds
 

@@ -85,6 +85,9 @@ def test_cutoff_takes_a_date_or_a_duration_ago() -> None:
     assert parse_cutoff("2024-05-01") == 1714521600000
     assert parse_cutoff("2024-05-01T02:00:00+02:00") == 1714521600000
     assert parse_cutoff("1h", now=10_000.0) == (10_000 - 3600) * 1000
+    assert parse_cutoff("0s", now=10_000.0) == 10_000_000  # closed before now
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        parse_duration("0s")  # a retention of zero is refused
 
 
 def test_namespace_retention_is_stored_per_partition(store: RedisStore) -> None:

@@ -24,7 +24,7 @@ def parse_cutoff(text: str, now: float | None = None) -> int:
         CliError: neither.
     """
     try:
-        return int(((time.time() if now is None else now) - parse_duration(text)) * 1000)
+        return int(((time.time() if now is None else now) - parse_duration(text, allow_zero=True)) * 1000)
     except ConfigurationError:
         pass
     try:
