@@ -297,7 +297,7 @@ class ScheduleHandle:
 
     @staticmethod
     def list(*, store: RedisStore | None = None) -> list[ScheduleDescription]:
-        """Every schedule, described, by id."""
+        """Every schedule, described as :meth:`ScheduleHandle.describe` does, by id."""
         store = store or default_store()
 
         def described() -> builtins.list[ScheduleDescription]:
@@ -305,7 +305,7 @@ class ScheduleHandle:
             lateness = _Lateness(store)  # one read of the clock, Redis's memory and the workers for all
             for schedule_id in store.schedule_ids():
                 try:
-                    out.append(ScheduleHandle(schedule_id, store=store)._describe(False, lateness))
+                    out.append(ScheduleHandle(schedule_id, store=store)._describe(True, lateness))
                 except ScheduleNotFound:
                     continue  # deleted meanwhile
             return out

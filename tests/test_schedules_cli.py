@@ -67,6 +67,13 @@ def test_cli_create_describe_list_pause_trigger_backfill_update_delete(redis_url
     )
     assert filled["scheduled"] == ["2024-05-01T00:00:00Z", "2024-05-02T00:00:00Z", "2024-05-03T00:00:00Z"]
     assert WorkflowStub.load("nightly-2024-05-02T00:00:00Z").status() == "pending"
+    # The list says what describe says of the runs it started (it said "status": null).
+    described = json.loads(invoke("schedule", "describe", "nightly", "--json").output)
+    (listed,) = json.loads(invoke("schedule", "list", "--json").output)
+    started = [a for a in listed["recent_actions"] if a.get("workflow_id")]
+    assert started and {a["status"] for a in started} == {"pending"}
+    assert listed["recent_actions"] == described["recent_actions"]
+    assert listed["running"] == described["running"]
 
     updated = json.loads(invoke("schedule", "update", "nightly", "--every", "15m", "--json").output)
     assert updated["spec"]["every"] == 900.0 and updated["spec"]["cron"] is None
