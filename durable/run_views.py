@@ -58,6 +58,7 @@ def _pending_with_attempts(
     pending: list[dict[str, Any]],
     live: list[WorkerInfo],
     why: BlockedReason | None,
+    log: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     begun = store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
     now_ms = store.server_time_ms() if begun and live else None
@@ -66,6 +67,13 @@ def _pending_with_attempts(
     seen = {w.name: w.seen for w in live}
     stopping = {w.name for w in live if w.stopping}
     steps = with_attempts(pending, begun, seen, now_ms, starved_queues(live), stopping)
+    # A result recorded but not yet decided on (its worker stopped, say) has no attempt running:
+    # the log's last record of the activity says it completed.
+    last = {str(e.get("act")): e for e in log if e.get("kind") == "attempt"}
+    for step in steps:
+        done = last.get(str(step.get("id"))) if step.get("kind") == "activity" else None
+        if done is not None and "state" not in step and done.get("outcome") == "completed":
+            step["state"] = f"attempt {done.get('attempt')} completed; its result waits for the run's next decision"
     return with_children(steps, statuses, why)
 
 
@@ -99,7 +107,7 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         seq=record.get("seq"),
         build_id=record.get("build") or None,
         pending=_pending_with_attempts(
-            store, ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked
+            store, ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked, log
         ),
         history=history,
         attempts=[e for e in log if e.get("kind") == "attempt"],

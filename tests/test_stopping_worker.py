@@ -149,7 +149,10 @@ def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore
 
         assert stop(proc, timeout=20) == 0
         # Its result was recorded before the worker left (the run's next step waits for a worker).
-        assert [a["outcome"] for a in running.describe().attempts] == ["completed"]
+        described = running.describe()
+        assert [a["outcome"] for a in described.attempts] == ["completed"]
+        (step,) = [s for s in described.pending if s["kind"] == "activity"]  # said, not blank
+        assert step["state"] == "attempt 1 completed; its result waits for the run's next decision"
     finally:
         stop(proc)
 
