@@ -73,7 +73,9 @@ def _pending_with_attempts(
     for step in steps:
         done = last.get(str(step.get("id"))) if step.get("kind") == "activity" else None
         if done is not None and "state" not in step and done.get("outcome") == "completed":
-            step["state"] = f"attempt {done.get('attempt')} completed; its result waits for the run's next decision"
+            step["state"] = (
+                f"attempt {done.get('attempt')} completed; its result waits for the run's next decision"
+            )
     return with_children(steps, statuses, why)
 
 
