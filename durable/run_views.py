@@ -97,6 +97,8 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         queue=record.get("queue"),
         schedule_id=record.get("schedule_id") or None,
     )
+    if record.get("status", "pending") in OPEN_STATUSES:
+        _add_undecided(snap, store.undecided_inputs(ref))
     return RunDescription(
         workflow_id=workflow_id,
         run_id=ref.run_id,
@@ -116,6 +118,19 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         dropped=dropped_inputs(log),
         extra=snap,
         workflow_task=task_in_words(store, ref, record, live) if blocked is None else None,
+    )
+
+
+def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:
+    """Count in ``signals_buffered`` and ``cancel_requested`` the inputs no decision has taken
+    yet: a run never decided (no worker yet) or blocked has a snapshot that does not know them."""
+    buffered = dict(snap.get("signals_buffered") or {})
+    for event in inputs:
+        if isinstance(event, ev.SignalReceived):
+            buffered[event.name] = buffered.get(event.name, 0) + 1
+    snap["signals_buffered"] = buffered
+    snap["cancel_requested"] = bool(snap.get("cancel_requested")) or any(
+        isinstance(e, ev.CancelRequested) for e in inputs
     )
 
 

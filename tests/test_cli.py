@@ -575,5 +575,9 @@ def test_cancel_of_a_blocked_run_says_it_waits_and_names_terminate(redis_url: st
     result = CliRunner().invoke(cli, ["cancel", stub.id], catch_exceptions=False)
     assert result.exit_code == 0
     assert f"cancellation requested for {stub.id}" in result.stdout
-    assert "note: the run is blocked (no_live_worker)" in result.stderr
+    assert (
+        "note: the run is blocked (no_live_worker: no live worker serves queue 'no-worker-here'"
+        in result.stderr
+    )
     assert f"`durable terminate {stub.id}`" in result.stderr
+    assert "durable repair" not in result.stderr  # a worker moves it: nothing recorded to repair

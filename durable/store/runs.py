@@ -172,6 +172,18 @@ class RunStore(SearchStore):
             out.append(ev.decode(raw, run_id=ref.run_id, seq=seq))
         return out
 
+    def undecided_inputs(self, ref: RunRef, most: int = 1000) -> list[ev.Event]:
+        """The inputs (signals, a cancel request, ...) waiting in the run's inbox for its next
+        decision, oldest first: the first ``most``; an item that does not decode is left out
+        (the decision parks it)."""
+        out = []
+        for raw in self.redis.lrange(self.keys.inbox(ref.partition, ref.run_id), 0, most - 1):
+            try:
+                out.append(ev.decode(raw, run_id=ref.run_id).event)
+            except HistoryCorrupt:
+                continue
+        return out
+
     def load_for_decision(self, p: int, run_id: str, after_seq: int) -> Loaded:
         """One consistent read for a decision: the run record's :data:`DECISION_FIELDS` (``None``:
         no such run), the inbox items, the history after ``after_seq``."""

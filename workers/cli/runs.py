@@ -346,10 +346,12 @@ def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | N
     blocked = stub.blocked()
     if blocked is not None:
         # Cancelling runs workflow code (its cleanup): a blocked run runs none until it moves.
+        # A recorded reason is cleared by a repair; one found on read (no live worker...) by its cause.
+        then = "" if blocked.kind in FOUND_ON_READ else f", then `durable repair {workflow_id}`"
         click.echo(
-            f"note: the run is blocked ({blocked.kind}), so the cancellation takes effect only once it "
-            f"moves again (fix the cause, then `durable repair {workflow_id}`); to end it now without "
-            f"running workflow code: `durable terminate {workflow_id}`",
+            f"note: the run is blocked ({blocked.kind}: {blocked.message}), so the cancellation takes "
+            f"effect only once it moves again (fix the cause{then}); to end it now without running "
+            f"workflow code: `durable terminate {workflow_id}`",
             err=True,
         )
 
