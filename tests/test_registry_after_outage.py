@@ -55,3 +55,26 @@ def test_a_worker_is_live_again_as_soon_as_redis_is_back(fresh_redis: EmbeddedRe
     finally:
         stop(proc)
         store.close()
+
+
+def test_no_live_worker_just_after_a_restart_says_redis_restarted(fresh_redis: EmbeddedRedis) -> None:
+    """Until the live workers write their entries again (seconds after Redis is back), a run older
+    than the restart reads as served by no worker: the reason says Redis just restarted, so the
+    operator does not start a worker that is running. A run started after it: not said."""
+    store = RedisStore(fresh_redis.url)
+    before = WorkflowStub.make(Waiter, queue=QUEUE, store=store).start(0.01)
+    store.close()
+    fresh_redis.stop()
+    time.sleep(2.1)  # the restart is surely after the run (the uptime is whole seconds)
+    fresh_redis.ensure()
+    store = RedisStore(fresh_redis.url)
+    try:
+        blocked = WorkflowStub.load(before.id, store=store).blocked()
+        assert blocked is not None and blocked.kind == "no_live_worker"
+        assert blocked.message.startswith(f"no live worker serves queue '{QUEUE}'"), blocked.message
+        assert "(Redis restarted 0 s ago: a live worker writes its registry entry again" in blocked.message
+        after = WorkflowStub.make(Waiter, queue=QUEUE, store=store).start(0.01)
+        blocked_after = after.blocked()
+        assert blocked_after is not None and "Redis restarted" not in blocked_after.message
+    finally:
+        store.close()

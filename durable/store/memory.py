@@ -314,6 +314,26 @@ class MemoryStore(StoreBase):
             state, refused=state.refused or refusal == "oom", disk=state.disk if refusal == "disk" else ""
         )
 
+    def server_started(self) -> tuple[int, int] | None:
+        """When the Redis server started at the latest (epoch ms, its clock: ``uptime_in_seconds``
+        is whole seconds, so a moment before this one may be after the start) and how many
+        seconds ago: the youngest node's on a cluster; ``None``: INFO refused or unreadable."""
+        try:
+            info = self.redis.info("server")
+        except rexc.RedisError:
+            return None
+        # A cluster client answers per node ({node: info}); one Redis answers one dict.
+        nodes = [v for v in info.values() if isinstance(v, dict)] if self.cluster else [info]
+        starts = [
+            (
+                int(n["server_time_usec"]) // 1000 - int(n["uptime_in_seconds"]) * 1000,
+                int(n["uptime_in_seconds"]),
+            )
+            for n in nodes
+            if "uptime_in_seconds" in n and "server_time_usec" in n
+        ]
+        return max(starts) if starts else None
+
     def _server_infos(self) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         """Per server (each primary on a cluster): its name, ``INFO memory``, ``INFO persistence``."""
         if not self.cluster:

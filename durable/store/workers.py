@@ -398,6 +398,18 @@ class WorkerRegistry(MemoryStore):
                 kind=memory.kind or REDIS_OOM, message=memory.reason + (also if unserved else "")
             )
         if unserved:
+            # Registry entries live REGISTRY_TTL_MS: a Redis restarted after a longer outage lost
+            # them, and live workers write them again at their next pass, seconds after it is up.
+            started = self.server_started()
+            if (
+                started is not None
+                and started[1] * 1000 < 2 * REGISTRY_TTL_MS
+                and int(record.get("created") or 0) < started[0] - 1000  # older than the start, surely
+            ):
+                unserved += (
+                    f" (Redis restarted {started[1]} s ago: a live worker writes its registry entry "
+                    "again within seconds of it; if this persists, no worker is running)"
+                )
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
         starved = starved_reason(record, starved_queues(live))
         if starved:
