@@ -21,6 +21,7 @@ from waiting import wait_for
 
 from durable import WorkflowBlocked, WorkflowStub
 from durable.store.redis_store import RedisStore
+from durable.store.tasks import ActivityTask
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +117,26 @@ def test_a_type_no_live_worker_serves_is_parked_after_the_grace(
         letters = store.dead_letters()
         assert sorted(d["kind"] for d in letters) == ["activity", "workflow"]
         assert {d["run"] for d in letters} == {orphan.run_id, step.run_id}
+
+
+def test_a_closed_runs_task_no_worker_serves_is_dropped_not_parked(
+    redis_url: str, store: RedisStore, apps: Path
+) -> None:
+    """A task of a type no live worker serves, left in its queue for a run terminated meanwhile (a
+    worker that exited handed its delivered tasks back), was parked at the grace's end: a dead
+    letter telling the operator to `durable repair` a run that refuses it."""
+    step = WorkflowStub.make("Orphaned", store=store).start(1)
+    step.terminate("not needed")
+    ref = store.ref(step.id)
+    stream = store.keys.activity_tasks(ref.partition, "default")
+    task = ActivityTask(
+        run_id=ref.run_id, workflow_id=step.id, partition=ref.partition, activity_id="1",
+        name="nobody_step", args=b"", attempt=1, stream=stream,
+    )  # fmt: skip
+    since = store.server_time_ms() - 60_000  # unserved for longer than the grace
+    store.ensure_groups([stream])
+    store.redis.xadd(stream, {"body": task.encode(), "unserved": str(since)})
+    with app_worker(redis_url, apps, "alpha_app", grace=2.0):
+        wait_for(lambda: store.redis.xlen(stream) == 0, timeout=30)  # read and dropped
+    assert store.dead_letters() == []
+    assert step.status() == "terminated"

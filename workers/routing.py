@@ -31,7 +31,7 @@ from typing import Any
 
 from durable.errors import UnknownTypeError
 from durable.store.keys import handed_back_member, is_private
-from durable.store.redis_store import RedisStore
+from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.tasks import ActivityTask
 from durable.store.workers import WorkerInfo, takes_new_runs
 
@@ -99,7 +99,7 @@ class Routing:
         patches: Sequence[str] = (),
     ) -> str:
         """Route a workflow task whose type (with ``patches``, recorded by the run) this worker
-        lacks; returns ``handed back`` or ``parked``."""
+        lacks; returns ``handed back``, ``parked`` or ``void``."""
         name, queue = record.get("type", ""), record.get("queue", "default")
         served = any(_declares(w, name, patches) for w in self._servers(record))
         rid = fields.get(b"run", b"").decode()
@@ -145,7 +145,8 @@ class Routing:
         return takes_new_runs(queue, current, live)
 
     def activity(self, task: ActivityTask, stream: str, entry_id: str, fields: Mapping[bytes, bytes]) -> str:
-        """Route an activity task whose type this worker lacks; returns ``handed back`` or ``parked``."""
+        """Route an activity task whose type this worker lacks; returns ``handed back``, ``parked``
+        or ``void``."""
         p = task.partition
         queue = stream[len(self.store.keys.activity_tasks(p, "")) :]
         private = is_private(queue)  # a worker session's queue: only its host reads it
@@ -182,7 +183,8 @@ class Routing:
         member: Callable[[int], str],
         grace_ms: int | None = None,
     ) -> str:
-        """Hand the task back (``served``, or within the grace) or park it; see the module docstring."""
+        """Hand the task back (``served``, or within the grace) or park it (``void``: its run
+        closed meanwhile, the task is dropped); see the module docstring."""
         kind, queue, name = what
         grace_ms = self.grace_ms if grace_ms is None else grace_ms
         now = self.store.server_time_ms()
@@ -197,6 +199,12 @@ class Routing:
         first = first or now
         waited = now - first
         if waited >= grace_ms:
+            if run_id and self.store.run_status(p, run_id) in CLOSED_STATUSES:
+                # Terminated (or closed otherwise) meanwhile: the task is void, not a dead letter
+                # whose fix (`durable repair`) a closed run refuses.
+                self.store.ack_task(stream, entry_id)
+                log.info("dropped %s task %s of run %s: the run is closed", kind, entry_id, run_id)
+                return "void"
             reason = (
                 f"no live worker on queue {queue!r} serves {kind} type {name!r} (for {waited / 1000:.0f} s): "
                 f"start a worker whose --app defines it, then `durable repair {workflow_id}`"
