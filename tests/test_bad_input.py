@@ -41,6 +41,7 @@ from durable import (
 from durable import all as durable_all
 from durable.ids import shown_id
 from durable.limits import set_limits
+from durable.store.records import HEARTBEAT_S
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 
@@ -554,11 +555,20 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
         ("aq", {"body": b"\xc1 not msgpack"}, "undecodable activity task: "),
         ("aq", {"run": b"r", "act": b"1"}, "undecodable activity task: "),
         ("wq", {"nothing": b"here"}, "task has no run id"),
+        ("wq", {"run": b"\xff\xfe"}, "task's run id is not UTF-8 text"),  # a worker died on it, over and over
         ("wq", {"run": b"01NOSUCHRUN"}, "run 01NOSUCHRUN does not exist"),
         ("ox", {"m": b"\xc1"}, "undecodable: "),
         ("ox", {"m": b"\x81\xa4kind\xa3odd"}, "unknown message kind 'odd'"),
     ],
-    ids=["aq-garbage-body", "aq-no-body", "wq-no-run", "wq-unknown-run", "ox-garbage", "ox-unknown-kind"],
+    ids=[
+        "aq-garbage-body",
+        "aq-no-body",
+        "wq-no-run",
+        "wq-run-not-text",
+        "wq-unknown-run",
+        "ox-garbage",
+        "ox-unknown-kind",
+    ],
 )
 def test_garbage_in_task_streams_is_parked(
     worker, store: RedisStore, kind: str, fields: dict, reason: str
@@ -575,6 +585,37 @@ def test_garbage_in_task_streams_is_parked(
     stub = WorkflowStub.make(BiWait).start()
     stub.signal("go", 7)
     assert stub.result(timeout=10) == 7
+
+
+def test_garbage_in_the_deadline_and_timer_sets_is_dropped_and_the_scheduler_goes_on(
+    worker, store: RedisStore
+) -> None:
+    """A member of a partition's running-attempts set that names no attempt failed every scheduler
+    pass (a traceback a second, no timeouts, no heartbeat: the live worker looked gone); one of its
+    timers set without a '|' failed the timers script."""
+    k = store.keys
+    store.redis.zadd(k.running(0), {b"garbage": 0, b"a|b|notint": 0, b"\xff|\xfe|1": 0})
+    store.redis.zadd(k.timers(0), {b"garbage": 0, b"u|run|no-first": 0})
+    wait_for(lambda: store.redis.zcard(k.running(0)) == 0 and store.redis.zcard(k.timers(0)) == 0)
+    stub = WorkflowStub.make(BiWait).start()
+    stub.signal("go", 7)
+    assert stub.result(timeout=10) == 7
+    assert [w.name for w in store.live_workers()] == [worker.consumer]
+
+
+def test_a_failing_scheduler_pass_still_renews_the_worker_s_registry_entry(
+    worker, store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(parts: Any) -> Any:
+        raise ValueError("odd data")
+
+    (me,) = store.live_workers()
+    monkeypatch.setattr(worker.scheduler.store, "fire_timers", broken)  # fails every pass from now
+    seen = me.seen
+    renewed = wait_for(
+        lambda: [w for w in store.live_workers() if w.seen > seen], timeout=3 * HEARTBEAT_S + 2
+    )
+    assert [w.name for w in renewed] == [me.name]
 
 
 # -------------------------------------------------------- result of a closed run

@@ -66,7 +66,11 @@ class Task:
 
     def __post_init__(self) -> None:
         raw = self.fields.get(b"run")
-        object.__setattr__(self, "run_id", raw.decode() if raw is not None else "")
+        try:
+            run_id = raw.decode() if raw is not None else ""
+        except UnicodeDecodeError:  # not a run id anyone wrote: parked (handle_batch), not a crash
+            run_id = ""
+        object.__setattr__(self, "run_id", run_id)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -148,7 +152,7 @@ class Decider:
                     stream=task.stream,
                     entry_id=task.entry_id,
                     kind="workflow",
-                    reason="task has no run id",
+                    reason="task has no run id" if b"run" not in task.fields else "task's run id is not UTF-8 text",
                     fields=task.fields,
                 )
         conflicts: dict[str, int] = {}

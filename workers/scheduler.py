@@ -160,6 +160,9 @@ class Scheduler:
                 else:
                     log.exception("scheduler pass failed; retrying in 1 s")
                     sleep = 1.0
+                    # A fault of the pass's own (odd data, a bug) is no reason for this live worker
+                    # to look gone: its heartbeat is kept whatever part of the pass failed.
+                    self._beat(time.time())
             self._next_due = time.time() + sleep
             self._wake.wait(sleep)
             self._wake.clear()
@@ -193,21 +196,7 @@ class Scheduler:
             if not self.paused() and not self.oom.active:
                 self._reclaim()
             self._check_workers()
-        # While an outage lasts, as the loop or this scheduler sees it, every pass that gets through
-        # renews the entry: Redis may be back without it (it lapsed, or a restart lost it), and until
-        # then the views take this live worker for gone (no_live_worker).
-        if now - self._last_beat >= HEARTBEAT_S or self.paused() or self._outage.active:
-            self._last_beat = now
-            try:
-                self.heartbeat()
-                self.oom.wrote()  # the registry entry is a write: Redis takes them again
-            except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
-                if self.oom.failed(exc, "the registry heartbeat"):
-                    pass  # said once per episode; the worker goes on working
-                elif is_transient(exc):
-                    self._outage.failed(exc)  # one line per outage, not per heartbeat
-                else:
-                    log.warning("worker heartbeat failed: %s", exc)
+        self._beat(now)
         self.purger.tick()
         if metrics.enabled() and now >= self._next_closes:
             self._next_closes = now + CLOSES_INTERVAL_S
@@ -216,6 +205,25 @@ class Scheduler:
         if soonest is not None:
             next_due = min(next_due, soonest / 1000)
         return max(0.0, next_due - time.time())
+
+    def _beat(self, now: float) -> None:
+        """Renew this worker's registry entry when due. While an outage lasts, as the loop or this
+        scheduler sees it, every pass that gets through renews it: Redis may be back without it
+        (it lapsed, or a restart lost it), and until then the views take this live worker for
+        gone (no_live_worker)."""
+        if now - self._last_beat < HEARTBEAT_S and not self.paused() and not self._outage.active:
+            return
+        self._last_beat = now
+        try:
+            self.heartbeat()
+            self.oom.wrote()  # the registry entry is a write: Redis takes them again
+        except Exception as exc:  # noqa: BLE001 - the next heartbeat retries; the entry lives 5 of them
+            if self.oom.failed(exc, "the registry heartbeat"):
+                pass  # said once per episode; the worker goes on working
+            elif is_transient(exc):
+                self._outage.failed(exc)  # one line per outage, not per heartbeat
+            else:
+                log.warning("worker heartbeat failed: %s", exc)
 
     def _sweep_sticky(self, now: float) -> float:
         """Hand back sticky workflow tasks left unread past the sticky timeout; returns when

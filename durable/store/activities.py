@@ -8,6 +8,7 @@ of its timers set.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -36,6 +37,8 @@ from .reads import unread
 from .records import ClaimedTask, text
 from .tasks import ActivityTask, AttemptOutcome
 from .wire import transaction_result
+
+log = logging.getLogger("durable.store")
 
 
 class Begun(NamedTuple):
@@ -397,7 +400,21 @@ class ActivityStore(StoreBase):
     def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
         """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""
         members = self.redis.zrangebyscore(self.keys.running(p), "-inf", now_ms, start=0, num=limit)
-        return [parse_attempt_member(text(m)) for m in members]
+        out, foreign = [], []
+        for member in members:
+            try:
+                out.append(parse_attempt_member(member.decode()))
+            except ValueError:  # UnicodeDecodeError too: no attempt of ours; it would come back every pass
+                foreign.append(member)
+        if foreign:
+            self.redis.zrem(self.keys.running(p), *foreign)
+            log.warning(
+                "removed %d member(s) of %s that name no attempt (run|activity|attempt): %s",
+                len(foreign),
+                self.keys.running(p),
+                ", ".join(repr(m[:80]) for m in foreign[:5]),
+            )
+        return out
 
     def drop_deadline(self, p: int, run_id: str, activity_id: str, attempt: int) -> bool:
         """Forget an attempt's deadline (it expired and is being dealt with): whether this call

@@ -14,7 +14,8 @@ local due = redis.call('ZRANGEBYSCORE', timers, '-inf', ts, 'LIMIT', 0, limit)
 for _, member in ipairs(due) do
   redis.call('ZREM', timers, member)
   local kind, rid, id = string.match(member, '^(%a)|([^|]+)|(.+)$')
-  local run = tag .. ':run:' .. rid
+  -- A member that names no timer of ours (written by something else) is dropped, not fatal.
+  local run = tag .. ':run:' .. (rid or '')
   if kind and is_open(redis.call('HGET', run, 'status')) then
     if kind == 't' then
       redis.call('RPUSH', tag .. ':in:' .. rid, envelope('TimerFired', ts, cmsgpack.pack({id = id})))
@@ -33,7 +34,8 @@ for _, member in ipairs(due) do
       if wq then redis.call('XADD', wq, '*', 'run', rid, 'unserved', id) end
     elseif kind == 'u' then
       local aid, first = string.match(id, '^(.+)|(%d+)$')
-      local task = redis.call('HMGET', tag .. ':act:' .. rid, aid, aid .. '@')
+      local task = {false}
+      if aid then task = redis.call('HMGET', tag .. ':act:' .. rid, aid, aid .. '@') end
       if task[1] then
         add_task(task[2], tag .. ':sessions', 'run', rid, 'act', aid, 'body', task[1], 'unserved', first)
       end
