@@ -338,6 +338,22 @@ class UpdateRejected(DurableError):
         self.__cause__ = cause
 
 
+class QueryFailed(DurableError):
+    """A ``@query`` handler raised, or returned a value that cannot be encoded (a payload's
+    rules apply to a query's result too). The run is unaffected: a query commits nothing.
+
+    Attributes:
+        name: The query's name.
+        cause: What the handler raised (or the :class:`SerializationError` of its result).
+    """
+
+    def __init__(self, message: str, *, name: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.cause = cause
+        self.__cause__ = cause
+
+
 class ApplicationError(DurableError):
     """An exception from remote code whose class is not importable here.
 

@@ -7,6 +7,7 @@ the ones quoted there. Workflows run on the in-process ``worker`` fixture.
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from durable import (
     DurableError,
     Limits,
     PayloadTooLarge,
+    QueryFailed,
     RetryPolicy,
     SerializationError,
     Workflow,
@@ -121,6 +123,16 @@ class BiWait(Workflow):
     @query
     def state(self) -> str:
         return "waiting"
+
+    @query
+    def broken(self, kind: str) -> Any:
+        if kind == "circular":
+            loop: list[Any] = []
+            loop.append(loop)
+            return loop
+        if kind == "socket":
+            return socket.socket()
+        raise ValueError(kind)
 
     def handle(self) -> Any:
         return await_signal("go")
@@ -486,12 +498,37 @@ def test_calls_on_an_unknown_id(redis_url: str, call: Callable[[WorkflowStub], A
     assert str(info.value) == "no workflow with id 'ghost'"
 
 
+def test_a_query_that_raises_or_returns_what_cannot_be_encoded_fails_naming_it(
+    worker, redis_url: str
+) -> None:
+    """The handler's exception went up as itself, through durable's frames (a traceback in the
+    CLI, a 500 from the server); a circular value overflowed the CLI's JSON."""
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    with pytest.raises(QueryFailed) as raised:
+        stub.query("broken", "oops")
+    assert str(raised.value) == "@query 'broken' of workflow 'BiWait' raised ValueError: oops"
+    assert raised.value.name == "broken" and isinstance(raised.value.cause, ValueError)
+    for kind in ("circular", "socket"):
+        with pytest.raises(QueryFailed) as raised:
+            stub.query("broken", kind)
+        assert isinstance(raised.value.cause, SerializationError)
+        assert "the result of @query 'broken'" in str(raised.value), str(raised.value)
+    for args, says in ((['"oops"'], "raised ValueError: oops"), (['"circular"'], "cannot encode")):
+        said = CliRunner().invoke(cli, ["query", stub.id, "broken", *args, "--app", __name__])
+        assert said.exit_code == 1 and "Traceback" not in said.output, said.output
+        (line,) = said.stderr.splitlines()
+        assert line.startswith("error: ") and says in line, line
+    stub.signal("go", 1)  # the run is unaffected
+    assert stub.result(timeout=10) == 1
+
+
 def test_unknown_query_name(worker, redis_url: str) -> None:
     stub = WorkflowStub.make(BiWait).start()
     wait_for(lambda: stub.status() == "suspended")
     with pytest.raises(DurableError) as info:
         stub.query("nope")
-    assert str(info.value) == "workflow 'BiWait' has no @query 'nope'; it has ['state']"
+    assert str(info.value) == "workflow 'BiWait' has no @query 'nope'; it has ['broken', 'state']"
     assert stub.query("state") == "waiting"
 
 

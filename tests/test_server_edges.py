@@ -95,6 +95,16 @@ def test_a_query_with_arguments_its_method_does_not_take_is_refused(client: http
     assert "too many positional arguments" in message
 
 
+def test_a_query_whose_handler_raises_is_refused_naming_it(client: httpx.Client) -> None:
+    """It answered 500 "internal" (and logged a traceback as the server's own fault)."""
+    workflow_id = f"qr-{uuid.uuid4().hex[:8]}"
+    assert _start(client, {"type": "Everything", "args": [1], "id": workflow_id}).status_code == 201
+    url = f"/api/v1/workflows/{workflow_id}/query/field"
+    wait_for(lambda: client.post(url, json={"args": ["stage"]}).status_code == 200, timeout=30)
+    message = _error(client.post(url, json={"args": ["nope"]}), 422, "rejected")
+    assert message == "@query 'field' of workflow 'Everything' raised KeyError: 'nope'", message
+
+
 def test_an_id_ending_like_a_route_is_one_id_when_its_slash_is_escaped(client: httpx.Client) -> None:
     """``x/history`` sent as ``x%2Fhistory`` is that run, not the history of run ``x``."""
     base = f"r-{uuid.uuid4().hex[:8]}"

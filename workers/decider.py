@@ -152,7 +152,9 @@ class Decider:
                     stream=task.stream,
                     entry_id=task.entry_id,
                     kind="workflow",
-                    reason="task has no run id" if b"run" not in task.fields else "task's run id is not UTF-8 text",
+                    reason="task has no run id"
+                    if b"run" not in task.fields
+                    else "task's run id is not UTF-8 text",
                     fields=task.fields,
                 )
         conflicts: dict[str, int] = {}

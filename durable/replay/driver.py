@@ -10,7 +10,7 @@ import greenlet
 
 from .. import codec, interceptors
 from .. import events as ev
-from ..errors import DurableError, HistoryCorrupt
+from ..errors import DurableError, HistoryCorrupt, QueryFailed, SerializationError, message_of
 from ..interceptors import DecisionInput, HandleQueryInput, QueryWorkflowInput, WorkflowInboundInterceptor
 from ..limits import LIMIT_REASON
 from ..registry import get_workflow
@@ -184,7 +184,7 @@ class Driver(Commands, Inputs):
         request = HandleQueryInput(self.run_info(), name, tuple(args), headers or {})
         previous = set_active(self)  # a query answers from history: the workflow logger is silent
         try:
-            return self._guarded(
+            result = self._guarded(
                 f"query {name!r}",
                 lambda: interceptors.run(
                     WorkflowInboundInterceptor,
@@ -193,8 +193,20 @@ class Driver(Commands, Inputs):
                     lambda i: getattr(self._instance, method)(*i.args),
                 ),
             )
+        except Exception as exc:  # the handler's own fault: said as the query's, not as ours
+            raise QueryFailed(
+                f"@query {name!r} of workflow {self.workflow_type!r} raised {type(exc).__name__}: "
+                f"{message_of(exc)}",
+                name=name,
+                cause=exc,
+            ) from exc
         finally:
             set_active(previous)
+        try:  # as an update's result: a value the CLI, the HTTP API and other clients can carry
+            codec.dumps(result, path=f"the result of @query {name!r}")
+        except SerializationError as exc:
+            raise QueryFailed(str(exc), name=name, cause=exc) from exc
+        return result
 
     def snapshot(self, status: str | None = None, total: tuple[int, int] | None = None) -> dict[str, Any]:
         """The run's projection: status, pending steps and waits, buffered signals, history size.
