@@ -22,7 +22,7 @@ from apps.basic import Waiter
 from click.testing import CliRunner, Result
 from procs import children
 
-from durable import HistoryEvent, WorkflowStub
+from durable import HistoryEvent, WorkflowStub, count_runs
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 from workers.cli.render import console, history_table
@@ -317,6 +317,30 @@ def test_repair_to_a_build_no_live_worker_runs_warns(redis_url: str, store: Redi
     assert result.stderr.startswith("warning: no live worker serves build 'v9' on queue 'default'"), (
         result.stderr
     )
+
+
+def test_a_pinned_run_moves_back_to_unversioned_workers(redis_url: str, store: RedisStore) -> None:
+    """A developer who tried `--build-id` and went back to plain `durable worker` had no way to move
+    the runs pinned meanwhile: `--compatible-build-id` on an unversioned worker was ignored without a
+    word, and `repair --build-id ""` said "re-queued" and left the run pinned."""
+    stub = WorkflowStub.make(Waiter, id="rp-3", store=store)
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100, build_id="v1")):
+        stub.start(0.01)
+        wait_for(lambda: any(p.get("kind") == "signal" for p in stub.describe().get("pending") or []))
+    blocked = stub.blocked()
+    assert blocked is not None and "or `--unversioned`" in blocked.message, blocked
+    ignored = invoke("worker", "--app", "apps.basic", "--compatible-build-id", "v1")
+    assert ignored.exit_code == 2 and "--compatible-build-id needs --build-id" in ignored.output
+    empty = invoke("repair", "rp-3", "--build-id", "")
+    assert empty.exit_code == 2 and "or --unversioned (no build)" in empty.output
+    moved = invoke("repair", "rp-3", "--unversioned")
+    assert moved.exit_code == 0, moved.output
+    assert moved.stdout.startswith("re-queued rp-3 (run ") and "on unversioned workers" in moved.stdout
+    assert not store.run_record(store.ref("rp-3")).get("build")
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):  # unversioned
+        stub.signal("go", "back")
+        assert stub.result(timeout=20) == "back"
+    assert count_runs("build_id = 'v1'", store=store) == 0  # the search index followed
 
 
 def test_tables_print_brackets_in_the_data_as_they_are(capsys: pytest.CaptureFixture[str]) -> None:

@@ -213,7 +213,8 @@ class QueueStore(RunStore):
 
     def repin(self, workflow_id: str, build: str) -> RunRef:
         """Move a run to another build id (after checking with `durable replay` that the new
-        code replays its history): its workflow tasks go to that build's workers."""
+        code replays its history): its workflow tasks go to that build's workers (``""``: to
+        unversioned workers, the run pinned to no build)."""
         ref = self.ref(workflow_id)
         record = self.run_record(ref)
         stream = self.keys.workflow_tasks(ref.partition, record.get("queue", "default"), build)
@@ -227,10 +228,11 @@ class QueueStore(RunStore):
                 pipe.zrem(
                     self.keys.search(ref.partition, keyword_posting("build_id", record["build"])), ref.run_id
                 )
-            pipe.zadd(
-                self.keys.search(ref.partition, keyword_posting("build_id", build)),
-                {ref.run_id: record["created"]},
-            )
+            if build:
+                pipe.zadd(
+                    self.keys.search(ref.partition, keyword_posting("build_id", build)),
+                    {ref.run_id: record["created"]},
+                )
             pipe.xadd(stream, {"run": ref.run_id})
             pipe.execute()
         return ref

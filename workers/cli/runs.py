@@ -435,6 +435,11 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     "new code replays its history).",
 )
 @click.option(
+    "--unversioned",
+    is_flag=True,
+    help="Move a run pinned to a build back to unversioned workers (those without --build-id).",
+)
+@click.option(
     "--drop-input",
     is_flag=True,
     help="First move the inbox item that blocks the run (e.g. a result this worker cannot decode) "
@@ -455,6 +460,7 @@ def repair(
     state: CliState,
     workflow_id: str | None,
     build_id: str | None,
+    unversioned: bool,
     drop_input: bool,
     every_blocked: bool,
     workflow_type: str | None,
@@ -465,10 +471,14 @@ def repair(
     `durable repair --blocked [--type T] [--kind K]` re-queues every blocked run (of a type,
     blocked for a reason), e.g. all the runs a bad deploy blocked, once the fix is deployed.
     """
+    if build_id == "" or (build_id and unversioned):
+        raise click.UsageError("give --build-id BUILD (a build id) or --unversioned (no build), not both")
+    if unversioned:
+        build_id = ""  # moved to the unpinned streams, which unversioned workers read
     if every_blocked:
-        if workflow_id or build_id or drop_input:
+        if workflow_id or build_id is not None or drop_input:
             raise click.UsageError(
-                "--blocked repairs every blocked run: give no ID, --build-id or --drop-input"
+                "--blocked repairs every blocked run: give no ID, --build-id, --unversioned or --drop-input"
             )
         _repair_blocked(state.existing_store, workflow_type, kind)
         return
@@ -477,7 +487,7 @@ def repair(
     if workflow_type or kind:
         raise click.UsageError("--type and --kind go with --blocked")
     store = state.existing_store
-    if not build_id:
+    if build_id is None:
         was = _stub(state, workflow_id).blocked()
         ref = store.repair(workflow_id, drop_input=drop_input)
         dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
@@ -491,7 +501,8 @@ def repair(
             click.echo(f"note: {why}; the extra workflow task is harmless", err=True)
         return
     if drop_input:
-        raise click.UsageError("--drop-input and --build-id go in two separate repairs")
+        raise click.UsageError("--drop-input and --build-id (or --unversioned) go in two separate repairs")
+    where = f"build {build_id}" if build_id else "unversioned workers"
     stub = _stub(state, workflow_id)
     if stub.status() in CLOSED_STATUSES:
         store.repair(workflow_id)  # raises the "is <status>; nothing to repair" error
@@ -501,11 +512,9 @@ def repair(
     except WorkflowClosed:
         # Moving the run already queued a task for the new build: its workers may have
         # finished the run before the repair step. That is the repair succeeding.
-        click.echo(
-            f"moved {workflow_id} (run {ref.run_id}) to build {build_id}; it has since {stub.status()}"
-        )
+        click.echo(f"moved {workflow_id} (run {ref.run_id}) to {where}; it has since {stub.status()}")
         return
-    click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on build {build_id}")
+    click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on {where}")
     unserved = store.unserved_reason(store.run_record(ref))
     if unserved:  # moved where nothing runs it yet: say so now, not only in describe
         click.echo(f"warning: {unserved}", err=True)

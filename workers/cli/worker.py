@@ -207,6 +207,17 @@ def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
             raise CliError(f"--retention: {exc}") from None
 
 
+def _check_builds(options: dict[str, Any]) -> None:
+    """Refuse --compatible-build-id on an unversioned worker: it reads no build's runs, so the
+    option did nothing, and the runs it was meant for stayed waiting."""
+    if options["compatible"] and (not options["build_id"] or options["unversioned"]):
+        raise click.UsageError(
+            "--compatible-build-id needs --build-id: only a versioned worker decides runs pinned to a "
+            "build; start `durable worker --build-id NEW --compatible-build-id OLD`, or move a run to "
+            "unversioned workers with `durable repair ID --unversioned`"
+        )
+
+
 def _config(state: CliState, store: RedisStore, options: dict[str, Any]) -> WorkerConfig:
     """The one :class:`WorkerConfig` of this command line (``store``'s URL, resolved)."""
     return WorkerConfig(
@@ -255,6 +266,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     each new one serving before the old one stops; one that cannot start stops the reload and
     leaves the others running. A single process stops on SIGHUP as on SIGTERM.
     """
+    _check_builds(options)
     find_apps(options["apps"])  # a typo must not start an embedded Redis first
     if processes == 1:
         load_apps(options["apps"])  # nor an app that fails at import (its children import it)
@@ -330,6 +342,7 @@ def _join_report() -> Callable[[str], None] | None:
 def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     """Local development: the embedded Redis (unless --redis/DURABLE_REDIS_URL), one worker, and
     the HTTP API and web UI on 127.0.0.1 (no tokens; needs the server extra)."""
+    _check_builds(options)
     store = _open_store(state)
     _apply_retention(store, options)
     config = _config(state, store, options)
