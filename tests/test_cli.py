@@ -338,6 +338,9 @@ def test_demo_history_export_and_replay(redis_url: str, tmp_path: Path) -> None:
     assert diverged.returncode == 1, diverged.stdout + diverged.stderr
     assert diverged.stdout.startswith("DIVERGED ")
     assert "reserve_stock" in diverged.stdout or "reserve_everything" in diverged.stdout
+    # A check before a deploy: no run is blocked by it (it said "The run is blocked").
+    assert "Deployed, this code would block the run" in diverged.stdout, diverged.stdout
+    assert "The run is blocked" not in diverged.stdout
 
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps([{k: v for k, v in item.items() if k != "raw"} for item in items]))

@@ -29,6 +29,7 @@ from waiting import wait_for
 from durable import WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
+from workers.membership import Membership
 
 pytestmark = pytest.mark.slow
 
@@ -282,3 +283,21 @@ def test_start_warns_when_no_live_worker_runs_the_type(redis_url: str, store: Re
         wait_registered(store, 1)
         quiet = invoke("start", "Waiter", "0.01")
         assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_a_build_taking_over_a_queue_it_declares_compatible_does_not_ask_for_a_worker_of_it(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It warned that runs pinned to the old build wait for a worker of that build, and to start
+    one: this worker decides them itself (--compatible-build-id)."""
+    store.claim_current_build("takeover", "", "old")  # the old build, no live worker left
+    rescue = Membership(
+        store, name="rescue-1", build="rescue", compatible=("old",), queues=("takeover",),
+        workflows=(), activities=(), promote=False,
+    )  # fmt: skip
+    with caplog.at_level("INFO", logger="durable.worker"):
+        rescue.heartbeat()
+    assert store.current_build(["takeover"]) == ["rescue"]
+    assert "which also decides the runs pinned to old (--compatible-build-id)" in caplog.text
+    assert "wait for a worker of that build" not in caplog.text
+    rescue.leave()

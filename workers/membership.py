@@ -174,6 +174,14 @@ class Membership:
     def _say_taken_over(self, queue: str, old: str, live: list[WorkerInfo]) -> None:
         if not old:
             log.info("queue %s: new runs go to build %s (no build was current)", queue, self.build)
+        elif old in self.info.compatible:
+            log.info(
+                "queue %s: new runs now go to build %s (this worker), which also decides the runs "
+                "pinned to %s (--compatible-build-id)",
+                queue,
+                self.build,
+                old,
+            )
         elif any(queue in w.queues and w.build == old and w.state == "draining" for w in live):
             log.info(
                 "queue %s: build %s's workers are draining (they finish the runs pinned to it); new "

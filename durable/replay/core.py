@@ -29,6 +29,10 @@ class DriverCore(WorkflowRuntime):
     the lifecycle (:mod:`.driver`).
     """
 
+    #: A check of recorded history against this code (``durable replay``, ``replay_history``):
+    #: no run is blocked by what it finds.
+    offline = False
+
     def __init__(
         self,
         *,
@@ -304,13 +308,21 @@ class DriverCore(WorkflowRuntime):
         detail = ""
         if recorded is not None or issued is not None:
             detail = f" (recorded: {recorded!r}; now: {issued!r})"
-        then = (
-            "This process's code does not replay the run's history (the run itself is not affected): "
-            "query it with the code its workers run"
-            if self._read_only
-            else "The run is blocked; deploy code that decides as before (use get_version/patched for "
-            "changes), then `durable repair`"
-        )
+        if self._read_only:
+            then = (
+                "This process's code does not replay the run's history (the run itself is not "
+                "affected): query it with the code its workers run"
+            )
+        elif self.offline:
+            then = (
+                "Deployed, this code would block the run: make it decide as before (use "
+                "get_version/patched for changes) before deploying it"
+            )
+        else:
+            then = (
+                "The run is blocked; deploy code that decides as before (use get_version/patched for "
+                "changes), then `durable repair`"
+            )
         err = NondeterminismError(
             f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}{detail}. {then}",
             run_id=self.run_id,

@@ -366,6 +366,7 @@ def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None 
     """
     resolve = (lambda _name: workflow) if workflow is not None else get_workflow
     driver = Driver(resolve=resolve)
+    driver.offline = True
     try:
         driver.replay(entries)
     finally:
