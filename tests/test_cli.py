@@ -139,6 +139,20 @@ def test_parse_args_refuses_what_was_meant_as_json(value: str) -> None:
         parse_args(["1", value])
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("9" * 5000, "is a number of 5000 characters, more than can be read"),
+        ("1e999999", "out of a float's range"),
+    ],
+)
+def test_parse_args_refuses_a_number_it_cannot_read(value: str, says: str) -> None:
+    """5,000 digits became a string, 1e999999 infinity: silently."""
+    with pytest.raises(CliError, match=says):
+        parse_args(["1", value])
+    assert parse_args(["-5", "Infinity", "1e3"]) == [-5, float("inf"), 1000.0]
+
+
 def test_parse_args_json_then_string() -> None:
     assert parse_args(["1", '"1"', "[1, 2]", "alice", '{"a": null}', "true"]) == [
         1,

@@ -86,6 +86,10 @@ def test_cutoff_takes_a_date_or_a_duration_ago() -> None:
     assert parse_cutoff("2024-05-01T02:00:00+02:00") == 1714521600000
     assert parse_cutoff("1h", now=10_000.0) == (10_000 - 3600) * 1000
     assert parse_cutoff("0s", now=10_000.0) == 10_000_000  # closed before now
+    # Beyond what a close time can be: every closed run, or none (not a Redis script error).
+    assert parse_cutoff("9999-12-31", now=10_000.0) == (10_000 + 86_400) * 1000
+    assert parse_cutoff("0001-01-01", now=10_000.0) == 0
+    assert parse_cutoff("100000d", now=10_000.0) == 0
     with pytest.raises(ConfigurationError, match="must be positive"):
         parse_duration("0s")  # a retention of zero is refused
 
@@ -234,6 +238,8 @@ def test_purge_before_a_past_date_keeps_recent_runs(store: RedisStore) -> None:
     assert all(keys_of(store.redis, rid) for rid in closed)
     bad = CliRunner().invoke(cli, ["purge", "--closed-before", "soon"])
     assert bad.exit_code == 1 and "not a date" in bad.output
+    every = invoke("purge", "--closed-before", "9999-12-31", "--dry-run", "--json")
+    assert every.exit_code == 0 and f'"runs": {len(closed)}' in every.output, every.output
 
 
 # ------------------------------------------------------------------------- bounded work

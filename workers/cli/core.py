@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -254,17 +255,29 @@ def parse_args(values: Sequence[str]) -> list[Any]:
     out = []
     for n, value in enumerate(values, 1):
         try:
-            out.append(json_loads(value))
+            parsed = json_loads(value)
         except NestedTooDeeply:
             raise CliError(f"argument {n} is JSON nested too deeply to read") from None
         except ValueError as exc:
+            if _NUMBER.fullmatch(value.strip()):  # past int's digit limit: not a string either
+                raise CliError(
+                    f"argument {n} is a number of {len(value.strip())} characters, more than can be "
+                    f"read; pass it as a JSON string ('\"...\"') if it is one"
+                ) from None
             if value.lstrip()[:1] in ("{", "[", '"'):
                 raise CliError(
                     f"argument {n} is not valid JSON: {exc} in {value!r}; fix it, or pass a string "
                     f"starting with {value.lstrip()[0]!r} as a JSON string ('\"...\"')"
                 ) from None
             out.append(value)
+            continue
+        if isinstance(parsed, float) and math.isinf(parsed) and "Infinity" not in value:
+            raise CliError(f"argument {n} ({value.strip()[:40]}) is out of a float's range")
+        out.append(parsed)
     return out
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
 
 
 def find_apps(modules: Sequence[str]) -> None:

@@ -23,8 +23,9 @@ def parse_cutoff(text: str, now: float | None = None) -> int:
     Raises:
         CliError: neither.
     """
+    now = time.time() if now is None else now
     try:
-        return int(((time.time() if now is None else now) - parse_duration(text, allow_zero=True)) * 1000)
+        return _within_time(int((now - parse_duration(text, allow_zero=True)) * 1000), now)
     except ConfigurationError:
         pass
     try:
@@ -36,7 +37,13 @@ def parse_cutoff(text: str, now: float | None = None) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return _within_time(int(moment.timestamp() * 1000), now)
+
+
+def _within_time(cutoff_ms: int, now: float) -> int:
+    """``cutoff_ms`` within what it can mean: no run closed before 1970 or after tomorrow (a
+    date in year 9999 purged nothing: the scripts took the figure for a stream id and failed)."""
+    return max(0, min(cutoff_ms, int((now + 86_400) * 1000)))
 
 
 def _lines(report: PurgeReport, dry_run: bool) -> list[str]:
