@@ -6,6 +6,7 @@ the ones quoted there. Workflows run on the in-process ``worker`` fixture.
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 from collections.abc import Callable
@@ -638,6 +639,45 @@ def test_garbage_in_the_deadline_and_timer_sets_is_dropped_and_the_scheduler_goe
     stub.signal("go", 7)
     assert stub.result(timeout=10) == 7
     assert [w.name for w in store.live_workers()] == [worker.consumer]
+
+
+def test_odd_values_in_run_records_build_keys_and_registry_entries_are_shown_not_fatal(
+    store: RedisStore,
+) -> None:
+    """Bytes durable did not write made the views fail: a snapshot that does not decode failed
+    `durable list` (every page with that run) and `describe`/`terminate` of it; a status or a
+    current build that is not UTF-8, and a registry entry of the wrong JSON types, printed
+    tracebacks from `durable status`, `durable start` and `durable workers`."""
+    k = store.keys
+    odd = WorkflowStub.make(BiWait, id="odd-snapshot", queue="odd-q").start()
+    other = WorkflowStub.make(BiWait, id="odd-status", queue="odd-q").start()
+    ref, other_ref = store.ref(odd.id), store.ref(other.id)
+    store.redis.hset(k.run(ref.partition, ref.run_id), "snapshot", b"\xc9\xff\xff\xff\xff\x05")
+    store.redis.hset(k.run(other_ref.partition, other_ref.run_id), "status", b"\xff\xfe")
+    store.redis.set(k.current_build("odd-q"), b"\xff")
+    store.redis.set(k.worker("odd-worker"), '{"name": 5, "queues": "notalist"}')
+    store.redis.sadd(k.worker_index(), "odd-worker")
+    runner = CliRunner()
+    for args in (
+        ["list"],
+        ["describe", odd.id],
+        ["status", other.id],
+        ["workers"],
+        ["start", "BiWait", "--queue", "odd-q"],
+    ):
+        said = runner.invoke(cli, args)
+        assert said.exception is None or isinstance(said.exception, SystemExit), (args, said.output)
+        assert "Traceback" not in said.output, (args, said.output)
+    listed = runner.invoke(cli, ["list", "--json"])
+    assert listed.exit_code == 0 and {odd.id, other.id} <= {
+        r["workflow_id"] for r in json.loads(listed.stdout)
+    }
+    described = json.loads(runner.invoke(cli, ["describe", odd.id, "--json"]).stdout)
+    assert described["unreadable"].startswith("the run record's snapshot does not decode"), described
+    assert "\\xff\\xfe" in runner.invoke(cli, ["status", other.id]).stdout  # shown as it is
+    assert store.live_workers() == []  # not an entry a worker wrote
+    odd.terminate("odd")
+    assert odd.status() == "terminated"
 
 
 def test_a_failing_scheduler_pass_still_renews_the_worker_s_registry_entry(

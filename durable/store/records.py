@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import codec
 from ..codec.sealed import open_text
-from ..errors import DurableError, EventConflict, WorkflowClosed
+from ..errors import DurableError, EventConflict, SerializationError, WorkflowClosed, message_of
 from ..immutable import immutable
 from .tasks import ActivityTask
 from .wire import pairs
@@ -89,7 +89,8 @@ class CommitResult:
 
 def text(value: Any) -> str:
     """A reply (bytes) or a value as text."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    # backslashreplace: a value durable did not write (odd bytes) is shown as it is, never a crash
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def decision_record(values: Sequence[Any]) -> dict[str, Any] | None:
@@ -97,6 +98,19 @@ def decision_record(values: Sequence[Any]) -> dict[str, Any] | None:
     if values[0] is None:
         return None
     return decode_run({name: v for name, v in zip(DECISION_FIELDS, values, strict=True) if v is not None})
+
+
+def snapshot_of(raw: bytes | None) -> dict[str, Any]:
+    """A run record's snapshot, decoded. One that does not decode (bytes durable did not write)
+    reads as ``{"unreadable": why}``: the views still show the run (and say so), and terminate
+    still closes it; a decision writes a new one."""
+    if not raw:
+        return {}
+    try:
+        value = codec.unpack(raw)
+    except (SerializationError, ValueError) as exc:
+        return {"unreadable": f"the run record's snapshot does not decode ({message_of(exc)})"}
+    return value if isinstance(value, dict) else {"unreadable": "the run record's snapshot is not a map"}
 
 
 def decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
@@ -107,7 +121,7 @@ def decode_run(raw: Mapping[Any, Any]) -> dict[str, Any]:
         if name in ("seq", "created", "updated", "closed"):
             out[name] = int(value)
         elif name == "snapshot":
-            out[name] = codec.unpack(value) if value else {}
+            out[name] = snapshot_of(value)
         elif name == "parent":
             out[name] = codec.unpack(value) if value else None
         elif name in ("result", "error", "memo"):

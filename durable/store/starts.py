@@ -14,7 +14,7 @@ from ..immutable import immutable
 from ..start_policy import StartPolicy, deadlines
 from .connect import Client
 from .keys import SENT_TTL_MS, Keys, deadline_member
-from .records import OPEN_STATUSES, RunRef, text
+from .records import OPEN_STATUSES, RunRef, snapshot_of, text
 from .tasks import child_policy_message, child_result_message, children_to_close
 
 
@@ -158,7 +158,7 @@ def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Clo
     to_parent = b""
     if parent:
         to_parent = child_result_message(parent, ev.ChildFailed(id=parent["cid"], status="terminated"))
-    snapshot = codec.unpack(snapshot_raw) if snapshot_raw else {}
+    snapshot = snapshot_of(snapshot_raw)  # unreadable: no child is known to close
     sha1 = hashlib.sha1(snapshot_raw or b"", usedforsecurity=False).hexdigest()
     return Closing(to_parent, children_to_close(snapshot), reason, sha1)
 

@@ -132,11 +132,24 @@ class WorkerInfo:
             known = {f.name for f in fields(cls)}
             data = {k: v for k, v in json.loads(raw).items() if k in known}
             for name in ("compatible", "queues", "workflows", "activities", "stuck"):
-                data[name] = tuple(data.get(name) or ())
+                items = data.get(name) or ()
+                if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+                    return None  # a string would become its letters
+                data[name] = tuple(items)
             data["patches"] = {str(k): tuple(v) for k, v in (data.get("patches") or {}).items()}
-            return cls(**data)
+            info = cls(**data)
         except (ValueError, TypeError, AttributeError):
             return None
+        plain = [info.name, info.host, info.build]
+        if not all(isinstance(v, str) for v in plain) or not all(
+            isinstance(getattr(info, f), int) for f in _COUNTS
+        ):
+            return None  # wrongly typed fields: not an entry a worker wrote
+        return info
+
+
+_COUNTS = tuple(f.name for f in fields(WorkerInfo) if f.type == "int")
+"""A :class:`WorkerInfo`'s int fields (an entry whose JSON has other types there is not one)."""
 
 
 def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
