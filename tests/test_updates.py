@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apps.updates import CALLS_FILE, UpdCart
+from apps.updates import CALLS_FILE, UpdCart, UpdReceipts
 from click.testing import CliRunner
 from waiting import wait_for
 
@@ -18,7 +18,7 @@ from durable import ConfigurationError, UpdateRejected, WorkflowClosed, Workflow
 from durable import events as ev
 from durable.replay import replay_history
 from durable.store.redis_store import RedisStore
-from tests.procs import workers
+from tests.procs import durable_cli, workers
 from workers.cli import cli
 
 
@@ -154,3 +154,16 @@ def test_cli_update_on_real_worker_processes(redis_url: str, store: RedisStore, 
         assert out.exit_code == 1 and "rejected" in out.output and "duplicate sku 'milk'" in out.output
         stub.signal("checkout")
         assert stub.result(timeout=20)["items"] == ["milk", "tea"]
+
+
+def test_cli_update_shows_a_result_whose_class_it_does_not_load(redis_url: str, store: RedisStore) -> None:
+    """The update ran, but `durable update` (no app code imported) exited 1 with "cannot decode
+    dataclass ...": a user would send it again. Now shown as `durable result` shows such values."""
+    with workers(redis_url, n=1, app="apps.updates"):
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        stub = WorkflowStub.make(UpdReceipts, id="receipts-cli").start()
+        out = durable_cli(redis_url, "update", "receipts-cli", "issue", '"tea"', "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(out.stdout) == {"__type__": "apps.updates.UpdReceipt", "sku": "tea", "total": 12.5}
+        stub.signal("done")
+        assert stub.result(timeout=20) is None

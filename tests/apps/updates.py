@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from durable import Workflow, activity, await_signal, register_activity, signal, timer, update
@@ -55,3 +56,20 @@ class UpdCart(Workflow):
     @signal
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+
+@dataclass
+class UpdReceipt:
+    sku: str
+    total: float
+
+
+class UpdReceipts(Workflow):
+    """An update whose result is a dataclass: a process without this module shows it by name."""
+
+    def handle(self) -> None:
+        await_signal("done")
+
+    @update
+    def issue(self, sku: str) -> UpdReceipt:
+        return UpdReceipt(sku, 12.5)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from durable import WorkflowStub, registry
+from durable import WorkflowStub, codec, registry
 from durable.client_updates import Delivery, reused_differently, send_update
 from durable.errors import (
     DurableError,
@@ -290,6 +290,13 @@ def update(
         raise
     try:
         value = update_result(outcome, workflow_id, name)
+    except SerializationError as exc:
+        # A class this process does not load (the CLI imports no app code): the update ran, and
+        # its result is shown as `durable result` shows such values, not as a failure.
+        completed = getattr(outcome, "result", None) if getattr(outcome, "error", None) is None else None
+        if not exc.type_name or completed is None:
+            raise
+        value = codec.view(completed)
     except DurableError:
         raise
     except Exception as exc:  # noqa: BLE001 - the handler's own error, reported as one line
