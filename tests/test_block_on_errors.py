@@ -231,6 +231,9 @@ def test_a_query_with_code_that_does_not_replay_says_the_run_is_not_affected(wor
     with pytest.raises(NondeterminismError) as info:
         stub.query("anything")
     assert "the run itself is not affected" in str(info.value) and "blocked" not in str(info.value)
+    # What the code raised is the news, as the worker and `durable replay` say it (it said the
+    # history's next command was not issued).
+    assert "the code raised TypeError" in str(info.value) and "'m'" in str(info.value), str(info.value)
     monkeypatch.undo()
     stub.signal("go")
     assert stub.result(timeout=30) == 5 and stub.blocked() is None

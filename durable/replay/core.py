@@ -86,6 +86,8 @@ class DriverCore(WorkflowRuntime):
         self._closing: ev.Event | None = None
         self._cancel_reason: str | None = None
         self._fatal: BaseException | None = None
+        # Read-only (a query): what the code raised where history holds no failure, at this seq.
+        self._raised_at: tuple[BaseException, int] | None = None
         # A limit stopped the code (its reason, the run is then terminated); in replay, the seq
         # of such a recorded termination, past which the code never ran.
         self._halt: str | None = None

@@ -91,13 +91,15 @@ class Inputs(Updates):
         event = entry.event
         if event.is_command:
             if event.key not in self._matched:
-                raise self._nondeterminism(
-                    f"history records {event.type} {event.key[1]!r} at seq {entry.seq}, but the code did not "
-                    "issue it by then",
-                    event.key[1],
-                    event.describe(),
-                    None,
-                )
+                what = f"history records {event.type} {event.key[1]!r} at seq {entry.seq}, but the code did not issue it by then"
+                if self._raised_at is not None:  # the code stopped there: what it raised is the news
+                    raised, pos = self._raised_at
+                    at = _where(raised)
+                    what = (
+                        f"the code raised {error_text(raised)}{f' ({at})' if at else ''} while replaying seq "
+                        f"{pos}, but the history goes on (code changed before this point?)"
+                    )
+                raise self._nondeterminism(what, event.key[1], event.describe(), None)
         else:
             self._cursor = entry.seq
             reason = self._deliver(event, entry.ts)
@@ -463,6 +465,8 @@ class Inputs(Updates):
         return err
 
     def _close(self, closing: ev.Event, raised: BaseException | None = None) -> None:
+        if self._read_only and raised is not None and closing.key not in self._recorded:
+            self._raised_at = (raised, self._pos)  # said if history goes on past this point
         try:
             self._issue(closing)
         except NondeterminismError as err:
