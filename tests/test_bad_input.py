@@ -42,6 +42,7 @@ from durable import (
     timer,
 )
 from durable import all as durable_all
+from durable import events as ev
 from durable.ids import shown_id
 from durable.limits import set_limits
 from durable.store.records import HEARTBEAT_S
@@ -556,6 +557,28 @@ def test_garbage_in_history_blocks_the_run(worker, store: RedisStore) -> None:
     letters = store.dead_letters()
     assert [(d["kind"], d["reason"]) for d in letters] == [("workflow", blocked)]
     assert stub.status() == "suspended"
+
+
+def test_a_recorded_payload_that_is_not_msgpack_blocks_the_run_as_corrupt_history(
+    worker, store: RedisStore
+) -> None:
+    """It blocked the run as a parked input, "cannot decode payload: FormatError: " (no more), and
+    `repair --drop-input` had no input to drop: the bytes are in the history."""
+    stub = WorkflowStub.make(BiWait).start()
+    wait_for(lambda: stub.status() == "suspended")
+    ref = store.ref(stub.id)
+    seq = store.run_record(ref)["seq"] + 1
+    raw = ev.encode(ev.SignalReceived(name="go", payload=b"\xc1\xc1"), 1)
+    store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"e": raw}, id=f"0-{seq}")
+    store.redis.hset(store.keys.run(ref.partition, ref.run_id), "seq", seq)
+    worker.decider.cache.clear()
+    stub.signal("go", 1)
+    blocked = wait_for(lambda: stub.blocked())
+    assert blocked.kind == "history_corrupt", blocked
+    assert blocked.message == (
+        f"HistoryCorrupt: run {ref.run_id} seq {seq}: a recorded payload does not decode: cannot decode "
+        "payload: FormatError: the bytes are not valid msgpack"
+    ), blocked.message
 
 
 def test_foreign_entry_in_history_blocks_the_run(worker, store: RedisStore) -> None:

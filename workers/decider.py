@@ -442,12 +442,19 @@ class Decider:
             log.warning("%s", exc, exc_info=exc.__cause__)
         # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
         culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
+        reason = error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}"
+        if isinstance(exc, SerializationError) and culprit is None and driver is not None and exc.__cause__:
+            # Bytes of a recorded event that are not msgpack: the history, not an input (no
+            # --drop-input can take it away), and where in it.
+            reason = (
+                f"HistoryCorrupt: run {rid} seq {driver.seq_at}: a recorded payload does not decode: {exc}"
+            )
         self.store.park(
             p=task.p,
             stream=task.stream,
             entry_id=task.entry_id,
             kind="workflow",
-            reason=error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}",
+            reason=reason,
             fields=task.fields,
             run_id=rid,
             block=True,

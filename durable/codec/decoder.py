@@ -359,5 +359,6 @@ def decode(data: bytes, *, view: bool = False) -> Any:
     except limits.TooDeep:
         raise SerializationError(f"cannot decode payload: {limits.depth_reason()}") from None
     except Exception as exc:
-        raise SerializationError(f"cannot decode payload: {type(exc).__name__}: {exc}") from exc
+        detail = str(exc) or "the bytes are not valid msgpack"  # msgpack's FormatError says nothing
+        raise SerializationError(f"cannot decode payload: {type(exc).__name__}: {detail}") from exc
     return value

@@ -40,6 +40,11 @@ class Driver(Commands, Inputs):
     #: The inbox item :meth:`decide` is applying; when it raises, the item that blocks the run.
     applying: ev.Entry | None = None
 
+    @property
+    def seq_at(self) -> int:
+        """The seq of the history entry being applied (the last one applied, between them)."""
+        return self._pos
+
     def replay(self, entries: Sequence[ev.Entry], *, undecided: bool = False) -> Driver:
         """Apply committed history (from the driver's current seq on).
 
