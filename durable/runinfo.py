@@ -566,7 +566,10 @@ class HistoryEvent:
     data: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as plain JSON-friendly fields (what ``durable history --json`` prints)."""
+        """The event as a plain dict of ``seq``, ``type``, ``ts`` and ``data``, its values as
+        decoded (a ``uuid4()`` side effect is a ``UUID``, arguments a tuple...): ``durable history
+        --json`` prints this made JSON-friendly (bytes as ``{"$bytes": base64}``, sets as sorted
+        lists, datetimes and UUIDs as strings), with the stored entry as ``raw``."""
         return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
 
     @classmethod
