@@ -12,6 +12,7 @@ from .errors import ConfigurationError
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _WORKFLOW_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,256}$")
 _COMMAND_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-/]{0,199}$")
+_BUILD_ID = re.compile(r"^[A-Za-z0-9_.:+\-]{1,100}$")
 
 
 def _ulid(ms: int, rand: bytes) -> str:
@@ -74,3 +75,17 @@ def check_command_id(command_id: object) -> str:
             "not starting with a digit (numeric ids are generated)"
         )
     return command_id
+
+
+def check_build_id(build_id: str, option: str = "--build-id") -> str:
+    """Validate a build id: 1-100 characters from letters, digits, ``_ . : + -`` (it is part of
+    task stream names and log lines: no spaces, braces, ``|`` or newlines).
+
+    Raises:
+        ConfigurationError: naming the option, the id and the rule.
+    """
+    if not _BUILD_ID.match(build_id):
+        raise ConfigurationError(
+            f"{option} {build_id!r}: use 1-100 characters from letters, digits, _ . : + - (e.g. v42, a git sha)"
+        )
+    return build_id

@@ -703,6 +703,16 @@ def test_odd_values_in_run_records_build_keys_and_registry_entries_are_shown_not
     assert odd.status() == "terminated"
 
 
+def test_garbage_in_the_served_builds_set_is_dropped(store: RedisStore) -> None:
+    """A member that is not a [queue, build] pair failed every retired-builds pass ("dead workers'
+    consumers not deleted yet: Expecting value", every 30 s, naming no key)."""
+    builds = store.keys.served_builds()
+    store.redis.sadd(builds, "not json", '["q"]', '["default", "v1"]')
+    report = store.drop_retired_builds([])
+    assert report.dropped == ["default@v1"]  # its streams are empty: retired
+    assert store.redis.smembers(builds) == set()
+
+
 def test_a_failing_scheduler_pass_still_renews_the_worker_s_registry_entry(
     worker, store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -329,6 +329,10 @@ def test_a_pinned_run_moves_back_to_unversioned_workers(redis_url: str, store: R
         wait_for(lambda: any(p.get("kind") == "signal" for p in stub.describe().get("pending") or []))
     blocked = stub.blocked()
     assert blocked is not None and "or `--unversioned`" in blocked.message, blocked
+    for odd in ("v 1", "v{1}", "v1\nx", "a|b"):  # part of stream names and log lines
+        refused = invoke("worker", "--app", "apps.basic", "--build-id", odd)
+        assert refused.exit_code == 2 and "use 1-100 characters from letters" in refused.output, odd
+    assert "use 1-100 characters" in invoke("repair", "rp-3", "--build-id", "v 2").output
     ignored = invoke("worker", "--app", "apps.basic", "--compatible-build-id", "v1")
     assert ignored.exit_code == 2 and "--compatible-build-id needs --build-id" in ignored.output
     empty = invoke("repair", "rp-3", "--build-id", "")

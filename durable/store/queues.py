@@ -186,7 +186,19 @@ class QueueStore(RunStore):
         but none of ``keep`` (the caller's own streams: its registry entry may have lapsed).
         A build whose streams are all gone leaves :meth:`~.keys.Keys.served_builds`; one whose
         streams hold tasks (runs waiting for a worker of that build) is kept for a later pass."""
-        pairs = [json.loads(m) for m in self.redis.smembers(self.keys.served_builds())]
+        pairs = []
+        for member in self.redis.smembers(self.keys.served_builds()):
+            try:
+                pair = json.loads(member)
+            except ValueError:
+                pair = None
+            if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
+                pairs.append(pair)
+            else:  # not written by a worker: it would fail this pass every time
+                self.redis.srem(self.keys.served_builds(), member)
+                log.warning(
+                    "removed %r from %s: not a [queue, build] pair", member[:80], self.keys.served_builds()
+                )
         served = {(q, b) for w in live for q in w.queues for b in w.builds}
         current = dict(zip((q for q, _ in pairs), self.current_build([q for q, _ in pairs]), strict=True))
         out, kept = RetiredBuilds(), set(keep)

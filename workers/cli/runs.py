@@ -11,13 +11,14 @@ import click
 from durable import WorkflowStub, codec, registry
 from durable.client_updates import Delivery, reused_differently, send_update
 from durable.errors import (
+    ConfigurationError,
     DurableError,
     SerializationError,
     WorkflowBlocked,
     WorkflowClosed,
     WorkflowNotFound,
 )
-from durable.ids import new_run_id
+from durable.ids import check_build_id, new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
@@ -480,6 +481,11 @@ def repair(
     """
     if build_id == "" or (build_id and unversioned):
         raise click.UsageError("give --build-id BUILD (a build id) or --unversioned (no build), not both")
+    if build_id:
+        try:
+            check_build_id(build_id)
+        except ConfigurationError as exc:
+            raise click.UsageError(str(exc)) from None
     if unversioned:
         build_id = ""  # moved to the unpinned streams, which unversioned workers read
     if every_blocked:

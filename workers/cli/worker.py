@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from durable.errors import ConfigurationError
+from durable.ids import check_build_id
 from durable.limits import check_queue_name
 from durable.retention import ENV
 from durable.store.outage import Incident, retry_transient
@@ -210,6 +211,14 @@ def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
 def _check_builds(options: dict[str, Any]) -> None:
     """Refuse --compatible-build-id on an unversioned worker: it reads no build's runs, so the
     option did nothing, and the runs it was meant for stayed waiting."""
+    try:
+        for build, option in [(options["build_id"], "--build-id")] + [
+            (b, "--compatible-build-id") for b in options["compatible"]
+        ]:
+            if build is not None:
+                check_build_id(build, option)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
     if options["compatible"] and (not options["build_id"] or options["unversioned"]):
         raise click.UsageError(
             "--compatible-build-id needs --build-id: only a versioned worker decides runs pinned to a "
