@@ -360,6 +360,8 @@ def test_demo_history_export_and_replay(redis_url: str, tmp_path: Path) -> None:
     broken.write_text(json.dumps([{k: v for k, v in item.items() if k != "raw"} for item in items]))
     bad = invoke("replay", str(broken), "--app", "examples.order")
     assert bad.exit_code == 1 and "raw" in bad.stdout
+    by_id = invoke("replay", "order-42", "--app", "examples.order")  # a workflow id, not a file
+    assert by_id.exit_code == 1 and "`durable history order-42 --json > order-42.json`" in by_id.output
     missing = invoke("replay", str(tmp_path / "nope.json"), "--app", "examples.order")
     assert missing.exit_code == 1 and "nope.json" in one_error_line(missing)
 

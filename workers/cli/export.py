@@ -52,7 +52,13 @@ def history_files(target: Path) -> list[Path]:
             raise CliError(f"no .json history files in {target}")
         return files
     if not target.exists():
-        raise CliError(f"no such file or directory: {target}")
+        hint = ""
+        if target.suffix != ".json" and len(target.parts) == 1:  # a workflow id, most likely
+            hint = (
+                f" (replay reads exported histories: `durable history {target} --json > {target}.json`, "
+                f"then `durable replay {target}.json --app MODULE`)"
+            )
+        raise CliError(f"no such file or directory: {target}{hint}")
     return [target]
 
 
