@@ -566,10 +566,8 @@ class HistoryEvent:
     data: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as a plain dict of ``seq``, ``type``, ``ts`` and ``data``, its values as
-        decoded (a ``uuid4()`` side effect is a ``UUID``, arguments a tuple...): ``durable history
-        --json`` prints this made JSON-friendly (bytes as ``{"$bytes": base64}``, sets as sorted
-        lists, datetimes and UUIDs as strings), with the stored entry as ``raw``."""
+        """``seq``, ``type``, ``ts`` and ``data`` as decoded (a UUID, a tuple...), not JSON-ready:
+        ``durable history --json`` prints them made so (``$bytes``, ISO times, strings)."""
         return {"seq": self.seq, "type": self.type, "ts": self.ts, "data": self.data}
 
     @classmethod
