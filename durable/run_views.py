@@ -122,13 +122,16 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
 
 
 def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:
-    """Count in ``signals_buffered`` and ``cancel_requested`` the inputs no decision has taken
-    yet: a run never decided (no worker yet) or blocked has a snapshot that does not know them."""
-    buffered = dict(snap.get("signals_buffered") or {})
+    """Say the inputs no decision has taken yet: a run never decided (no worker yet) or blocked
+    has a snapshot that does not know them. ``signals_undecided`` counts its signals by name
+    (``signals_buffered``: those the code received and awaits none for); a cancel request
+    counts in ``cancel_requested``."""
+    undecided: dict[str, int] = {}
     for event in inputs:
         if isinstance(event, ev.SignalReceived):
-            buffered[event.name] = buffered.get(event.name, 0) + 1
-    snap["signals_buffered"] = buffered
+            undecided[event.name] = undecided.get(event.name, 0) + 1
+    snap["signals_undecided"] = undecided
+    snap.setdefault("signals_buffered", {})
     snap["cancel_requested"] = bool(snap.get("cancel_requested")) or any(
         isinstance(e, ev.CancelRequested) for e in inputs
     )

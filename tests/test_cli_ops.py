@@ -246,8 +246,10 @@ def test_describe_counts_a_cancel_and_signals_no_decision_took_yet(redis_url: st
     stub.signal("go", "b")
     assert invoke("cancel", "undecided", "--reason", "not needed").exit_code == 0
     described = json.loads(invoke("describe", "undecided", "--json").stdout)
-    assert described["cancel_requested"] is True and described["signals_buffered"] == {"go": 2}
-    assert "cancel requested" in invoke("describe", "undecided").stdout
+    assert described["cancel_requested"] is True and described["signals_undecided"] == {"go": 2}
+    assert described["signals_buffered"] == {}
+    shown = invoke("describe", "undecided").stdout
+    assert "cancel requested" in shown and "signals not yet decided" in shown
 
 
 # --------------------------------------------------------------------------- app modules

@@ -244,6 +244,21 @@ def test_a_closed_runs_last_waits_are_not_shown_as_coming(ui: Ui) -> None:
     page.context.close()
 
 
+def test_run_page_shows_a_signal_no_decision_took_yet(ui: Ui) -> None:
+    """A run no worker serves (its queue has none) showed nothing of the signals sent to it."""
+    wid = _id("undecided")
+    with ui.open.client(**CSRF) as c:
+        body = {"type": "Everything", "id": wid, "args": [1], "queue": "nobody-serves"}
+        assert c.post("/api/v1/workflows", json=body).status_code == 201
+        assert c.post(f"/api/v1/workflows/{wid}/signal/approve", json={"args": ["x"]}).status_code < 300
+    page = ui.page()
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    received = page.locator("#pending tbody tr.received")
+    received.wait_for()
+    assert "approve" in received.inner_text() and "x1, not yet decided" in received.inner_text()
+    page.context.close()
+
+
 def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> None:
     wid = _start(ui, "Everything", 10)
     _waits_for_signal(ui, wid)

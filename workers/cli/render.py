@@ -188,6 +188,8 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
         head.add_row("result", short(to_json(outcome.get("result")), 200))
     if info.get("signals_buffered"):
         head.add_row("signals buffered", to_json(info["signals_buffered"]))
+    if info.get("signals_undecided"):
+        head.add_row("signals not yet decided", to_json(info["signals_undecided"]))
     if info.get("cancel_requested"):
         head.add_row("cancel requested", "yes")
     if info.get("search_attributes"):

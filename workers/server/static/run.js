@@ -108,6 +108,11 @@
       rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
         el("td", {}, ""), el("td", { class: "small" }, `x${count}, not awaited yet`)));
     }
+    // Signals in the inbox that no decision took yet (no worker has run it since).
+    for (const [name, count] of Object.entries((!info.closed && info.signals_undecided) || {})) {
+      rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
+        el("td", {}, ""), el("td", { class: "small" }, `x${count}, not yet decided`)));
+    }
     document.querySelector("#pending-title").textContent = info.closed && rows.length ? "Pending when it closed (nothing waits now)" : "Pending";
     const body = document.querySelector("#pending tbody");
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, info.closed ? "closed: nothing pending" : "nothing pending"))]));
