@@ -183,8 +183,8 @@ class Routing:
         member: Callable[[int], str],
         grace_ms: int | None = None,
     ) -> str:
-        """Hand the task back (``served``, or within the grace) or park it (``void``: its run
-        closed meanwhile, the task is dropped); see the module docstring."""
+        """Hand the task back (``served``, or within the grace) or park it, or drop it when its
+        run closed meanwhile (``void``); see the module docstring."""
         kind, queue, name = what
         grace_ms = self.grace_ms if grace_ms is None else grace_ms
         now = self.store.server_time_ms()
