@@ -10,10 +10,11 @@ first sent with other arguments) is.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from . import codec, interceptors
+from . import codec, interceptors, typed_args
 from . import events as ev
 from .errors import ConfigurationError, DurableError, UpdateRejected, WorkflowBlocked
 from .ids import check_command_id, new_run_id
@@ -62,6 +63,8 @@ def check_update_call(workflow_type: str, name: str, args: Sequence[Any]) -> Non
     handler = functools.partial(getattr(cls, entry[0]), None)
     try:
         check_arguments(handler, args, f"@update {name!r}")
+        # Model-annotated arguments validated as the handler's wrapper will (on a stand-in self).
+        typed_args.prepared(types.MethodType(getattr(cls, entry[0]), object()), tuple(args))
     except DurableError as exc:
         raise UpdateRejected(
             f"update {name!r} of workflow {workflow_type!r} was rejected: {exc}", name=name, cause=exc

@@ -6,8 +6,8 @@ The workflow takes and returns pydantic models (the request body validates into 
 the response is the ``Receipt``); its activity is an ``async def``, run on the worker's
 event loop thread. The workflow itself stays ordinary synchronous code.
 
-Needs the optional ``fastapi`` (and ``pydantic``). Run the demo (in-process worker, the
-app called through httpx's ASGI transport)::
+Needs ``pip install fastapi httpx`` (and the ``pydantic`` extra). Run the demo (in-process
+worker, the app called through httpx's ASGI transport)::
 
     python examples/fastapi_app.py
 

@@ -16,9 +16,11 @@ from pydantic import BaseModel  # noqa: E402
 from durable import (
     SerializationError,
     UnknownTypeError,
+    UpdateRejected,
     WorkflowFailed,
     WorkflowNotFound,
     WorkflowStub,
+    client_updates,  # noqa: E402
     codec,
 )  # noqa: E402
 from durable import client as client_module  # noqa: E402
@@ -90,3 +92,23 @@ def test_workflows_and_activities_take_and_return_models(
         assert message.startswith("SerializationError: activity 'price': argument 'order' is invalid: ")
         assert "field 'items.0.qty': Input should be greater than 0" in message
         assert message.endswith("(attempts 1)")  # not retried: the input will not change
+
+
+def test_an_update_argument_its_model_refuses_is_rejected_not_run(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was accepted (UpdateAccepted in the history), then its handler failed on the argument:
+    docs/updates.md says an argument the handler cannot take is rejected, and nothing starts."""
+    with workers(redis_url, app="apps.typed"):
+        stub = WorkflowStub.make(PriceOrder).start({"id": "wait-u", "items": [{"sku": "a", "qty": 1}]})
+        assert stub.update("add_now", {"sku": "b", "qty": 2}) == 1  # a dict validated into Item
+        bad = {"sku": "c", "qty": 0}
+        with pytest.raises(UpdateRejected, match=r"argument 'item' is invalid: field 'qty'"):
+            stub.update("add_now", bad)  # refused here: this process has the class
+        monkeypatch.setattr(client_updates, "get_workflow", _without_the_code)  # as the CLI is
+        with pytest.raises(UpdateRejected, match=r"argument 'item' is invalid: field 'qty'"):
+            stub.update("add_now", bad)  # refused by the worker, before any of the handler ran
+        types = [e.type for e in stub.history()]
+        assert types.count("UpdateAccepted") == 1 and types.count("UpdateRejected") == 1, types
+        stub.signal("done")
+        assert stub.result(timeout=30) == Quote(order_id="wait-u", cents=300)

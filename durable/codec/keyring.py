@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Protocol
 
-from durable.errors import SerializationError
+from durable.errors import ConfigurationError, SerializationError
 
 # Envelope: MAGIC, one byte of key id length, the key id (ASCII), the cipher's output. No
 # msgpack payload but the single byte b"D" starts with 0x44, so MAGIC cannot be mistaken
@@ -113,7 +113,12 @@ class AesGcm:
 
     def __init__(self, key: bytes) -> None:
         # Imported here: cryptography is optional and only processes that encrypt need it.
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+        try:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
+        except ImportError:
+            raise ConfigurationError(
+                "AesGcm needs the cryptography package: pip install 'durable[crypto]'"
+            ) from None
 
         self._aead = AESGCM(key)
 

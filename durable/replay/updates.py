@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import codec, interceptors
+from .. import codec, interceptors, typed_args
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError, error_text
 from ..interceptors import HandleUpdateInput, WorkflowInboundInterceptor
@@ -89,6 +89,7 @@ class Updates(DriverCore):
             # them here, where the refusal is recorded (replay reads it and never checks again,
             # so a later change of the handler's signature cannot change this run's past).
             check_arguments(getattr(instance, entry[0]), args, f"@update {request.name!r}")
+            typed_args.prepared(getattr(instance, entry[0]), tuple(args))  # a model that does not validate
         except DurableError as exc:  # undecodable (SerializationError) or not fitting
             return exc
         validator = entry[1]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
-from durable import ActivityFailed, Workflow, activity, await_signal, signal
+from durable import ActivityFailed, Workflow, activity, await_signal, signal, update
 
 
 class Item(BaseModel):
@@ -51,6 +51,12 @@ class PriceOrder(Workflow):
     @signal
     def add(self, item: Item) -> None:
         self.extra.append(item)
+
+    @update
+    def add_now(self, item: Item) -> int:
+        """As ``add``, answering how many extra items there are."""
+        self.extra.append(item)
+        return len(self.extra)
 
 
 class BadActivityArgs(Workflow):
