@@ -16,6 +16,7 @@ from typing import Any
 from .client import WorkflowStub, default_store
 from .errors import DurableError, WorkflowClosed, WorkflowNotFound
 from .listing import list_runs
+from .search import parse_where
 from .store.redis_store import RedisStore
 
 __all__ = ["ACTIONS", "PAGE", "BatchReport", "for_open_runs", "open_runs"]
@@ -27,9 +28,18 @@ ACTIONS = ("cancel", "terminate")
 """What a batch may send: the stub method of that name, with the reason."""
 
 
-def open_runs(where: str) -> str:
-    """``where`` narrowed to open runs."""
-    return f"({where}) and status = 'open'" if where.strip() else "status = 'open'"
+def open_runs(where: str, store: RedisStore | None = None) -> str:
+    """``where`` narrowed to open runs. It is parsed alone first: a syntax error names its
+    own positions, and a ``)`` of its own cannot close the parenthesis wrapped around it (and
+    undo the narrowing).
+
+    Raises:
+        SearchQueryError: ``where`` does not parse.
+    """
+    if not where.strip():
+        return "status = 'open'"
+    parse_where(where, (store or default_store()).search_types())
+    return f"({where}) and status = 'open'"
 
 
 @dataclass
@@ -41,16 +51,27 @@ class BatchReport:
         closed: Those skipped: closed or purged since they were listed.
         refused: Workflow id -> why the call was refused.
         more: Whether it stopped at ``most`` with matching runs left.
+        next: With ``more``: where the next call starts (its ``before``), the cursor
+            ``"<created ms>:<run id>"`` of the last run this one went to. A cancelled run
+            stays open until a worker applies the cancel, so a call without it would select
+            the same runs again.
     """
 
     done: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     more: bool = False
+    next: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON."""
-        return {"done": self.done, "closed": self.closed, "refused": self.refused, "more": self.more}
+        return {
+            "done": self.done,
+            "closed": self.closed,
+            "refused": self.refused,
+            "more": self.more,
+            "next": self.next,
+        }
 
 
 def for_open_runs(
@@ -61,6 +82,7 @@ def for_open_runs(
     store: RedisStore | None = None,
     most: int | None = None,
     each: Callable[[str, str | None], None] | None = None,
+    before: str | None = None,
 ) -> BatchReport:
     """Send ``action`` (one of :data:`ACTIONS`) with ``reason`` to every open run ``where`` selects.
 
@@ -70,23 +92,26 @@ def for_open_runs(
         reason: Recorded with each run, as by its id.
         most: Stop after this many runs (``more`` says whether some are left).
         each: Told each workflow id and ``None`` when done, ``"closed"`` or the refusal.
+        before: Start after this run: the previous call's :attr:`BatchReport.next`.
 
     Raises:
         SearchQueryError: ``where`` does not parse.
+        ConfigurationError: a ``before`` that is not a cursor.
         ValueError: an ``action`` not in :data:`ACTIONS`.
     """
     if action not in ACTIONS:
         raise ValueError(f"no batch action {action!r}: one of {ACTIONS}")
     store = store or default_store()
     report = BatchReport()
-    query = open_runs(where)
-    before: dict[str, Any] | None = None
+    query = open_runs(where, store)
+    cursor: str | dict[str, Any] | None = before
     while True:
-        rows = list_runs(query, limit=PAGE, before=before, store=store)
+        rows = list_runs(query, limit=PAGE, before=cursor, store=store)
         for row in rows:
             if most is not None and len(report.done) + len(report.refused) >= most:
                 report.more = True
                 return report
+            report.next = f"{row['created']}:{row['run_id']}"
             workflow_id = row["workflow_id"]
             try:
                 getattr(WorkflowStub.load(workflow_id, store=store), action)(reason)
@@ -101,5 +126,6 @@ def for_open_runs(
             if each is not None:
                 each(workflow_id, outcome)
         if len(rows) < PAGE:
+            report.next = None  # nothing left to start from
             return report
-        before = rows[-1]
+        cursor = rows[-1]

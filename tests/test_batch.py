@@ -115,9 +115,39 @@ def test_the_api_batch_goes_to_at_most_limit_runs_and_says_what_is_left(
                 assert bad.status_code == 422, (limit, bad.text)
             syntax = http.post("/api/v1/batch/cancel", json={"where": "type = "})
             assert syntax.status_code == 422, syntax.text
+            assert "position 8" in syntax.text, syntax.text  # of its own text, not of a wrapped one
+            # A ')' of its own closed the wrapping parenthesis and undid "open runs only".
+            escape = http.post("/api/v1/batch/cancel", json={"where": "type = 'Waiter') or (type = 'Nope'"})
+            assert escape.status_code == 422, escape.text
         for workflow_id in waiting:
             assert WorkflowStub.load(workflow_id, store=store).status() == "terminated"
         assert WorkflowStub.load(other, store=store).status() == "pending"
+    finally:
+        server.stop()
+
+
+def test_api_cancel_batches_go_on_from_next_instead_of_the_same_runs(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A cancelled run stays open until a worker applies the cancel: every call selected the same
+    newest runs again, and the UI's loop ("call again while more") never ended."""
+    waiting = [WorkflowStub.make(Waiter, id=f"api-next-{i}", store=store).start(3600).id for i in range(5)]
+    server = ServerProc(redis_url, tmp_path / "server.log")
+    try:
+        with server.client(**{"X-Durable-Request": "1"}) as http:
+            body: dict = {"where": "type = 'Waiter'", "limit": 2}
+            sent: list[str] = []
+            for _ in range(5):
+                out = http.post("/api/v1/batch/cancel", json=body).json()
+                sent += out["done"]
+                if not out["more"]:
+                    assert out["next"] is None
+                    break
+                body["before"] = out["next"]
+            assert sorted(sent) == sorted(waiting)  # each once, all of them
+            bad = http.post("/api/v1/batch/cancel", json={"where": "type = 'Waiter'", "before": "x"})
+            assert bad.status_code == 422, bad.text
+        assert all(WorkflowStub.load(w, store=store).describe().extra["cancel_requested"] for w in waiting)
     finally:
         server.stop()
 

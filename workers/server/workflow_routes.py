@@ -362,7 +362,9 @@ MAX_BATCH = 1000
 
 def batch_workflows(call: Call) -> dict[str, Any]:
     """As ``durable cancel|terminate --where``: every open run ``where`` selects, at most
-    ``limit`` of them (1..1000, default 1000) per call; ``more`` says some are left."""
+    ``limit`` of them (1..1000, default 1000) per call; ``more`` says some are left, and the
+    next call passes ``next`` as its ``before`` (a cancelled run stays open until a worker
+    applies the cancel: without it the same runs would be selected again)."""
     action = call.path["action"]
     if action not in ACTIONS:
         raise ApiError("not_found", f"no batch action {action!r}: cancel or terminate")
@@ -374,7 +376,12 @@ def batch_workflows(call: Call) -> dict[str, Any]:
     most = call.field("limit", int, MAX_BATCH)
     if isinstance(most, bool) or not 1 <= most <= MAX_BATCH:
         raise ApiError("invalid_argument", f"body field 'limit' must be 1..{MAX_BATCH}")
-    report = for_open_runs(where, action, call.field("reason", str, ""), store=call.store, most=most)
+    before = call.field("before", str)
+    if before is not None and not _is_cursor(before):
+        raise ApiError("invalid_argument", "body field 'before' must be the previous call's 'next'")
+    report = for_open_runs(
+        where, action, call.field("reason", str, ""), store=call.store, most=most, before=before
+    )
     return {"action": action, "where": where, **report.to_dict()}
 
 
@@ -498,8 +505,9 @@ ENDPOINTS = [
         batch_workflows,
         "operator",
         "Cancel or terminate every open run a search expression selects",
-        body='{"where": "...", "reason": "..." (optional), "limit": 1000 (optional)}',
-        fields=("where", "reason", "limit"),
+        body='{"where": "...", "reason": "...", "limit": 1000, "before": "<the last call\'s next>"} '
+        "(all but where optional)",
+        fields=("where", "reason", "limit", "before"),
     ),
     Endpoint(
         "POST",

@@ -125,14 +125,16 @@
       const what = action === "cancel" ? "Each gets CancelledError where it waits, and may compensate." : "Each is closed now: no more workflow code runs.";
       const values = await D.confirm(title, `${open} open run(s) match ${where}. ${what}`, [{ name: "reason", label: "Reason (recorded)" }]);
       if (!values) return;
-      let done = 0, closed = 0, refused = 0, more = true;
-      while (more) {
-        const out = await api("POST", `/api/v1/batch/${action}`, { where, reason: values.reason });
+      // Each call goes on after the last run of the one before (`next`): a cancelled run stays
+      // open until a worker applies it, so without it the same runs would be selected again.
+      let done = 0, closed = 0, refused = 0, before = null;
+      do {
+        const out = await api("POST", `/api/v1/batch/${action}`, { where, reason: values.reason, ...(before ? { before } : {}) });
         done += out.done.length;
         closed += out.closed.length;
         refused += Object.keys(out.refused).length;
-        more = out.more && out.done.length > 0;
-      }
+        before = out.more ? out.next : null;
+      } while (before);
       const tail = (closed ? `, ${closed} closed meanwhile` : "") + (refused ? `, ${refused} refused` : "");
       flash(`${title}: ${done} run(s)${tail}`, refused ? "warn" : "ok");
       await refresh();
