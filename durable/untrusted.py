@@ -22,18 +22,23 @@ def decimal(value: str) -> int | None:
     return int(value) if _DECIMAL.fullmatch(value) else None
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 class NestedTooDeeply(ValueError):
     """JSON nested deeper than :func:`json.loads` can read."""
 
 
-def json_loads(raw: str | bytes) -> Any:
+def json_loads(raw: str | bytes, *, standard: bool = False) -> Any:
     """:func:`json.loads`, where JSON nested too deeply to read is a :class:`ValueError`
-    (:class:`NestedTooDeeply`) as any other bad JSON is.
+    (:class:`NestedTooDeeply`) as any other bad JSON is. ``standard``: refuse ``NaN`` and
+    ``Infinity``, which Python reads but JSON does not have (and other clients cannot read back).
 
     Raises:
         ValueError: not JSON (``json.JSONDecodeError``), or :class:`NestedTooDeeply`.
     """
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_not_json) if standard else json.loads(raw)
     except RecursionError:
         raise NestedTooDeeply("nested too deeply to read") from None

@@ -3,6 +3,7 @@ process, a real worker and the test Redis."""
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from procs import spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
+from durable import WorkflowStub
 from durable.store.connect import flush_database
 from durable.store.redis_store import RedisStore
 
@@ -242,3 +244,33 @@ def test_no_odd_body_field_gets_a_server_error(client: httpx.Client) -> None:
     errors = [a for a in answered if a[0] >= 500]
     assert not errors, errors[:10]
     assert len(answered) > 200 and {a[0] for a in answered} & {200, 201} and 422 in {a[0] for a in answered}
+
+
+def _strict(text: str) -> Any:
+    """JSON as a browser reads it: no NaN or Infinity."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_infinity_are_valid_json_out_and_refused_in(
+    client: httpx.Client, durable_redis_url: str
+) -> None:
+    """A NaN argument was written out as `NaN`: the run page's JSON.parse failed and showed
+    nothing; NaN in a request body was taken (Python reads it, no other JSON parser does)."""
+    store = RedisStore(durable_redis_url)
+    try:
+        stub = WorkflowStub.make("Everything", id=f"nan-{uuid.uuid4().hex[:6]}", store=store)
+        stub.start(float("nan"))
+        history = _strict(client.get(f"/api/v1/workflows/{stub.id}/history").text)
+        started = history["events"][0]
+        assert started["data"]["args"] == [{"$float": "nan"}], started
+        _strict(client.get(f"/api/v1/workflows/{stub.id}").text)  # parses, whatever state it is in
+        stub.terminate("done")
+    finally:
+        store.close()
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        body = b'{"type": "Everything", "args": [' + constant.encode() + b"]}"
+        assert "is not a JSON number" in _error(_start(client, body), 400, "bad_request")

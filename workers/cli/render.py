@@ -8,6 +8,7 @@ import datetime as _dt
 import decimal
 import enum
 import json
+import math
 import os
 import time
 import uuid
@@ -79,11 +80,15 @@ def _json_key(key: Any) -> Any:
 
 
 def _string_keys(value: Any) -> Any:
-    """``value`` with every dict key one JSON accepts (``default`` never sees keys)."""
+    """``value`` with every dict key one JSON accepts (``default`` never sees keys), and a
+    float JSON has no number for (NaN, infinities) as ``{"$float": "nan" | "inf" | "-inf"}``:
+    ``json.dumps`` would write ``NaN``, which no JSON parser (a browser's) reads."""
     if isinstance(value, Mapping):
         return {_json_key(k): _string_keys(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_string_keys(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": str(value)}
     return value
 
 

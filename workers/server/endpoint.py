@@ -240,7 +240,7 @@ def parse_json(raw: bytes, content_type: str) -> Any:
     if media and media != "application/json" and not media.endswith("+json"):
         raise ApiError("unsupported_media_type", f"the body must be application/json, not {media}")
     try:
-        return json_loads(raw)
+        return json_loads(raw, standard=True)
     except NestedTooDeeply:
         raise ApiError("bad_request", "the body's JSON is nested too deeply to read") from None
     except (ValueError, UnicodeDecodeError) as exc:
