@@ -157,13 +157,17 @@ def limit_error(field: str, what: str, actual: int | None = None) -> LimitExceed
 
 
 def check_name_length(name: str, what: str) -> str:
-    """Refuse a signal, query or hook name longer than ``max_name_length``.
+    """Refuse a signal, query or hook name longer than ``max_name_length``, or holding a control
+    character (a newline would forge a line of every log that names it).
 
     Raises:
         LimitExceeded: The name is too long (the message shows its start, not all of it).
+        ConfigurationError: The name holds a control character.
     """
     if len(name) > current().max_name_length:
         raise limit_error("max_name_length", f"{what} name {name[:40]!r}... is too long", len(name))
+    if not name.isprintable():
+        raise ConfigurationError(f"{what} name {name[:40]!r} holds a control character: use printable text")
     return name
 
 

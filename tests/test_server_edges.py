@@ -274,3 +274,22 @@ def test_nan_and_infinity_are_valid_json_out_and_refused_in(
     for constant in ("NaN", "Infinity", "-Infinity"):
         body = b'{"type": "Everything", "args": [' + constant.encode() + b"]}"
         assert "is not a JSON number" in _error(_start(client, body), 400, "bad_request")
+
+
+def test_a_control_character_forges_no_log_line_and_no_name(durable_redis_url: str, tmp_path: Any) -> None:
+    """A path with %0A wrote a line of the client's choosing into the access log (%00 a NUL byte),
+    unauthenticated; a signal name with a newline was taken and delivered."""
+    server = ServerProc(durable_redis_url, tmp_path / "server.log")
+    try:
+        with server.client(**CSRF) as c:
+            c.get("/api/v1/x%0A2026-01-01 INFO durable.server.access: GET /api/v1/FORGED 200%00")
+            wid = f"ctl-{uuid.uuid4().hex[:6]}"
+            assert _start(c, {"type": "Everything", "args": [1], "id": wid}).status_code == 201
+            resp = c.post(f"/api/v1/workflows/{wid}/signal/go%0Anow", json={"args": []})
+            assert "holds a control character" in _error(resp, 422, "invalid_argument")
+    finally:
+        server.stop()
+    lines = server.log.read_bytes().splitlines()
+    assert not any(line.startswith(b"2026-01-01") for line in lines), lines
+    assert b"\x00" not in server.log.read_bytes()
+    assert any(b"/api/v1/x\\n2026-01-01" in line for line in lines), lines

@@ -79,10 +79,18 @@ class AccessLog:
             access_log.info(
                 "%s %s %d %.1fms",
                 scope["method"],
-                masked_path(scope["path"]),
+                printable(masked_path(scope["path"])),
                 status[0],
                 (time.perf_counter() - started) * 1000,
             )
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x00``): a request's decoded path
+    is the client's to choose, and a newline in it would forge a line of the access log."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
