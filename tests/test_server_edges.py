@@ -293,3 +293,31 @@ def test_a_control_character_forges_no_log_line_and_no_name(durable_redis_url: s
     assert not any(line.startswith(b"2026-01-01") for line in lines), lines
     assert b"\x00" not in server.log.read_bytes()
     assert any(b"/api/v1/x\\n2026-01-01" in line for line in lines), lines
+
+
+def test_repair_moves_a_pinned_run_back_to_unversioned_workers(
+    client: httpx.Client, durable_redis_url: str
+) -> None:
+    """The blocked reason says `--unversioned`, but the API (and the UI's Repair) had no way to
+    do it: an empty build_id answered "requeued" and moved nothing."""
+    wid = f"unpin-{uuid.uuid4().hex[:6]}"
+    assert _start(client, {"type": "Everything", "args": [1], "id": wid}).status_code == 201
+    store = RedisStore(durable_redis_url)
+    try:
+        wait_for(lambda: client.get(f"/api/v1/workflows/{wid}").json()["pending"], timeout=30)
+        store.repin(wid, "v-gone")  # pinned to a build no worker serves
+        assert client.get(f"/api/v1/workflows/{wid}").json()["blocked_kind"] == "no_live_worker"
+        url = f"/api/v1/workflows/{wid}/repair"
+        assert "not both" in _error(
+            client.post(url, json={"build_id": "v2", "unversioned": True}), 422, "invalid_argument"
+        )
+        assert "use 1-100 characters" in _error(
+            client.post(url, json={"build_id": "v 2"}), 422, "invalid_argument"
+        )
+        moved = client.post(url, json={"unversioned": True})
+        assert moved.status_code == 200 and moved.json()["build_id"] is None, moved.text
+        assert not store.run_record(store.ref(wid)).get("build")
+        assert client.get(f"/api/v1/workflows/{wid}").json()["blocked"] is None
+        client.post(f"/api/v1/workflows/{wid}/terminate", json={"reason": "done"})
+    finally:
+        store.close()

@@ -9,6 +9,7 @@ import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.batch import ACTIONS, for_open_runs
 from durable.errors import ConfigurationError, WorkflowClosed
+from durable.ids import check_build_id
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
@@ -328,15 +329,25 @@ def terminate_workflow(call: Call) -> dict[str, Any]:
 
 def repair_workflow(call: Call) -> dict[str, Any]:
     """Like ``durable repair``: re-queue a blocked run, optionally dropping its blocking input
-    or moving it to another build first."""
+    or moving it to another build (or, ``unversioned``, to unversioned workers) first."""
     workflow_id, store = call.path["id"], call.store
     drop = call.field("drop_input", bool, False)
     build = call.field("build_id", str, "")
-    if not build:
+    unversioned = call.field("unversioned", bool, False)
+    if build and unversioned:
+        raise ApiError("invalid_argument", "give build_id (a build) or unversioned (no build), not both")
+    if build:
+        try:
+            check_build_id(build, "build_id")
+        except ConfigurationError as exc:
+            raise ApiError("invalid_argument", str(exc)) from None
+    if not build and not unversioned:
         ref = store.repair(workflow_id, drop_input=drop)
         return {"workflow_id": workflow_id, "run_id": ref.run_id, "requeued": True, "dropped_input": drop}
     if drop:
-        raise ApiError("invalid_argument", "drop_input and build_id go in two separate repairs")
+        raise ApiError(
+            "invalid_argument", "drop_input and build_id (or unversioned) go in two separate repairs"
+        )
     stub = WorkflowStub.load(workflow_id, store=store)
     if stub.status() in CLOSED_STATUSES:
         store.repair(workflow_id)  # raises "is <status>; nothing to repair"
@@ -351,7 +362,7 @@ def repair_workflow(call: Call) -> dict[str, Any]:
         "workflow_id": workflow_id,
         "run_id": ref.run_id,
         "requeued": True,
-        "build_id": build,
+        "build_id": build or None,
         "warning": warning,
     }
 
@@ -515,8 +526,8 @@ ENDPOINTS = [
         repair_workflow,
         "operator",
         "Re-queue a blocked run",
-        body='{"drop_input": false, "build_id": "..."} (both optional)',
-        fields=("drop_input", "build_id"),
+        body='{"drop_input": false, "build_id": "...", "unversioned": false} (all optional)',
+        fields=("drop_input", "build_id", "unversioned"),
     ),
 ]
 """The workflow routes, in the order the OpenAPI document lists them."""

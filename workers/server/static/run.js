@@ -212,7 +212,7 @@
     update: { title: "Send an update", fields: [{ name: "name", label: "Update name" }, { name: "args", label: "Arguments (JSON array)", kind: "json", array: true, value: "[]" }], path: (v) => `/update/${encodeURIComponent(v.name)}`, body: (v) => ({ args: v.args }) },
     cancel: { title: "Cancel the run", text: "The workflow gets CancelledError where it waits, and may compensate.", fields: [{ name: "reason", label: "Reason (recorded)" }], path: () => "/cancel", body: (v) => ({ reason: v.reason }) },
     terminate: { title: "Terminate the run", text: "Closed now: no more workflow code runs, nothing is compensated.", fields: [{ name: "reason", label: "Reason (recorded)" }], path: () => "/terminate", body: (v) => ({ reason: v.reason }) },
-    repair: { title: "Repair the run", text: "Re-queue a blocked run (after fixing its cause).", fields: [{ name: "drop_input", label: "Drop the input that blocks it", kind: "checkbox" }, { name: "build_id", label: "Move it to build (optional)" }], path: () => "/repair", body: (v) => (v.build_id ? { build_id: v.build_id } : { drop_input: v.drop_input }) },
+    repair: { title: "Repair the run", text: "Re-queue a blocked run (after fixing its cause).", fields: [{ name: "drop_input", label: "Drop the input that blocks it", kind: "checkbox" }, { name: "build_id", label: "Move it to build (optional)" }, { name: "unversioned", label: "Move it to unversioned workers", kind: "checkbox" }], path: () => "/repair", body: (v) => ({ drop_input: v.drop_input, unversioned: v.unversioned, ...(v.build_id ? { build_id: v.build_id } : {}) }) },
   };
 
   async function act(name) {
