@@ -272,6 +272,12 @@ def test_app_given_as_a_file_name_hints_to_drop_py(tmp_path: Path) -> None:
     assert "examples.order" in line and ".py" in line
 
 
+def test_an_app_not_found_says_where_it_was_looked_for(redis_url: str) -> None:
+    """From another folder: "No module named 't2'" alone did not say it was looked for here."""
+    line = one_error_line(invoke("query", "some-id", "progress", "--app", "not_here_app"))
+    assert f"No module named 'not_here_app' in {os.getcwd()} or on the Python path" in line, line
+
+
 def test_query_without_app_is_one_error_line(redis_url: str) -> None:
     result = invoke("query", "some-id", "progress")
     assert result.exit_code == 1

@@ -315,8 +315,10 @@ def _import_problem(name: str, exc: Exception) -> str:
     if isinstance(exc, SyntaxError):
         where = f"{_shown_path(exc.filename)}, line {exc.lineno}" if exc.filename else f"line {exc.lineno}"
         return f"{exc.msg} ({where}){hint}"
-    if isinstance(exc, ImportError):  # "No module named 'x'" says it all
+    if isinstance(exc, ImportError):  # "No module named 'x'" says it all, but not where it looked
         what = str(exc)
+        if isinstance(exc, ModuleNotFoundError) and exc.name == name.split(".")[0]:
+            what += f" in {os.getcwd()} or on the Python path"
     else:
         what = f"{type(exc).__name__}: {one_line(exc)}" if str(exc).strip() else type(exc).__name__
     frame = _app_frame(exc)
