@@ -304,6 +304,19 @@ def test_auth_roles_and_csrf(api: Api) -> None:
         evil = {**CSRF, "Origin": "http://evil.example"}
         _error(browser.post("/api/v1/workflows", json={"type": "Waiter"}, headers=evil), 403, "csrf")
         _error(browser.get("/api/v1/workflows", headers={"Host": "evil.example"}), 403, "forbidden")
+        # Every route, pages and static files too (they were served to any Host).
+        for path in (
+            "/",
+            f"/workflows/{wid}",
+            "/workers",
+            "/static/ui.js",
+            "/api/v1/openapi.json",
+            "/healthz",
+        ):
+            _error(browser.get(path, headers={"Host": "evil.example"}), 403, "forbidden")
+            assert browser.get(path).status_code == 200, path
+    with secured.client(READER) as reader:  # with tokens a Host is any name the server is reached by
+        assert reader.get("/healthz", headers={"Host": "durable.internal"}).status_code == 200
 
 
 def test_workers_schedules_dead_letters(api: Api) -> None:

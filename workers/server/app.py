@@ -20,7 +20,7 @@ import durable
 from durable.store.redis_store import RedisStore
 from workers import metrics
 from workers.server import ops_routes, workflow_routes
-from workers.server.auth import AuthConfig
+from workers.server.auth import LOOPBACK_ONLY, AuthConfig, loopback_host
 from workers.server.endpoint import Call, Endpoint, error_response, view
 from workers.server.errors import ApiError, from_exception
 from workers.server.openapi import openapi_document
@@ -91,6 +91,24 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class LoopbackHosts:
+    """Without tokens, every route -- the pages and their static files, ``/healthz``,
+    ``/metrics``, the OpenAPI document, not only the API -- answers only a loopback ``Host``:
+    a page reached through DNS rebinding gets nothing from this server."""
+
+    def __init__(self, app: ASGIApp, auth: AuthConfig) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.auth.enabled:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not loopback_host(host):
+                await error_response(ApiError("forbidden", LOOPBACK_ONLY))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -169,5 +187,6 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
     app.state.store = store
     app.state.auth = auth
     app.add_middleware(EncodedSlashes)
+    app.add_middleware(LoopbackHosts, auth=auth)
     app.add_middleware(AccessLog)
     return app

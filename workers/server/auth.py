@@ -153,8 +153,8 @@ def check_browser_rules(auth: AuthConfig, method: str, headers: Mapping[str, str
             from another origin.
     """
     host = headers.get("host", "")
-    if not auth.enabled and _hostname(host) not in _LOOPBACK_HOSTS:
-        raise ApiError("forbidden", "without tokens this server answers only requests to a loopback host")
+    if not auth.enabled and not loopback_host(host):
+        raise ApiError("forbidden", LOOPBACK_ONLY)
     if method in ("GET", "HEAD", "OPTIONS"):
         return
     origin = headers.get("origin")
@@ -165,6 +165,14 @@ def check_browser_rules(auth: AuthConfig, method: str, headers: Mapping[str, str
             "csrf",
             f"a state-changing request needs 'Authorization: Bearer <token>' or an {CSRF_HEADER} header",
         )
+
+
+LOOPBACK_ONLY = "without tokens this server answers only requests to a loopback host"
+
+
+def loopback_host(host: str) -> bool:
+    """Whether a request's ``Host`` header names a loopback host (port or not)."""
+    return _hostname(host) in _LOOPBACK_HOSTS
 
 
 def _hostname(host: str) -> str:
