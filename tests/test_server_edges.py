@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from procs import spawn_worker, stop
+from procs import durable_cli, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
@@ -321,3 +321,19 @@ def test_repair_moves_a_pinned_run_back_to_unversioned_workers(
         client.post(f"/api/v1/workflows/{wid}/terminate", json={"reason": "done"})
     finally:
         store.close()
+
+
+def test_a_port_in_use_is_one_error_line(durable_redis_url: str, tmp_path: Any) -> None:
+    """It printed "durable server on http://...", then uvicorn's multi-line [Errno 98] block, and
+    exited 3."""
+    first = ServerProc(durable_redis_url, tmp_path / "first.log")
+    try:
+        second = durable_cli(durable_redis_url, "server", "--port", str(first.port))
+    finally:
+        first.stop()
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert second.stderr.splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{first.port}: Address already in use (another process "
+        f"listens there: stop it, or give --port) (redis: {durable_redis_url})"
+    ], second.stderr
+    assert "durable server on" not in second.stdout

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import threading
 from pathlib import Path
 
@@ -82,12 +84,13 @@ def server(
         )
     load_apps(apps)
     store = state.store
+    sock = _listen(host, port)  # here, for one error line (uvicorn would log a traceback-like block)
     where = f"[{host}]" if ":" in host else host
     access = (
         f"{len(auth.tokens)} token(s)" if auth.enabled else "no tokens: open to this machine only (loopback)"
     )
     click.echo(f"durable server on http://{where}:{port} (redis {mask_url(state.url or '')}; auth: {access})")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(store, auth),
         host=host,
         port=port,
@@ -96,6 +99,26 @@ def server(
         server_header=False,
         timeout_graceful_shutdown=5,
     )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, or one :class:`CliError` naming why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        taken = (
+            " (another process listens there: stop it, or give --port)"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}") from None
+    return sock
 
 
 def serve_in_background(store: RedisStore, port: int, host: str = "127.0.0.1") -> str | None:
@@ -103,6 +126,9 @@ def serve_in_background(store: RedisStore, port: int, host: str = "127.0.0.1") -
 
     Returns:
         The server's URL, or ``None`` when the server extra is not installed.
+
+    Raises:
+        CliError: it cannot listen there (the port is taken).
     """
     try:
         # Lazily: the server extra is optional; `durable dev` runs without it.
@@ -120,8 +146,12 @@ def serve_in_background(store: RedisStore, port: int, host: str = "127.0.0.1") -
         server_header=False,
         timeout_graceful_shutdown=2,
     )
+    sock = _listen(host, port)
     # Off the main thread uvicorn installs no signal handlers: the worker keeps SIGINT/SIGTERM.
-    threading.Thread(target=uvicorn.Server(config).run, name="durable-server", daemon=True).start()
+    server = uvicorn.Server(config)
+    threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="durable-server", daemon=True
+    ).start()
     return f"http://{host}:{port}"
 
 

@@ -360,11 +360,15 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     click.echo(f"durable dev: Redis at {shown}", err=True)
     click.echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
     if not no_server:
-        url = serve_in_background(store, port)
-        if url:
-            click.echo(f"  web UI and API at {url}", err=True)
+        try:
+            url = serve_in_background(store, port)
+        except CliError as exc:  # the port is taken: the worker runs all the same
+            click.echo(f"  (no web UI: {exc}; or --no-server)", err=True)
         else:
-            click.echo("  (no web UI: pip install 'durable[server]')", err=True)
+            if url:
+                click.echo(f"  web UI and API at {url}", err=True)
+            else:
+                click.echo("  (no web UI: pip install 'durable[server]')", err=True)
     run_worker(config, store)
 
 
