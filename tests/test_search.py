@@ -238,6 +238,11 @@ def test_cli_list_where_and_count_with_real_workers(redis_url: str, store: Any) 
     assert json.loads(durable_cli(redis_url, "count", "--json").stdout) == {"count": 2}
     out = durable_cli(redis_url, "list", "--where", "amount > 1", "--status", "suspended", "--json")
     assert _ids(json.loads(out.stdout)) == ["cli-initech"]
+    # Without --where, the same rows (they were the raw records: sa as a JSON string, index fields).
+    plain = {r["workflow_id"]: r for r in json.loads(durable_cli(redis_url, "list", "--json").stdout)}
+    assert plain["cli-acme"]["search_attributes"]["tags"] == ["acme", "paid"]
+    assert not {"sa", "sx", "sxs", "wq", "task", "memo"} & set(plain["cli-acme"]), plain["cli-acme"]
+    assert set(plain["cli-acme"]) == set(rows[0]), (plain["cli-acme"], rows[0])
     bad = durable_cli(redis_url, "list", "--where", "customer = 'acme' and amount > 'x'")
     assert bad.returncode == 1 and "position 32" in bad.stderr and "^" in bad.stderr, bad.stderr
     bad = durable_cli(redis_url, "count", "--where", "customer >")

@@ -14,15 +14,16 @@ newest first, paged by creation time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runinfo import blocked_reason
 from .base import StoreBase
 from .records import OPEN_STATUSES, decode_run, text
+from .search import stored_attributes
 
-__all__ = ["LIST_FIELDS", "RunPage", "RunQueries", "parse_cursor"]
+__all__ = ["LIST_FIELDS", "ROW_FIELDS", "RunPage", "RunQueries", "list_row", "parse_cursor"]
 
 LIST_FIELDS = (
     "workflow_id",
@@ -37,6 +38,20 @@ LIST_FIELDS = (
     "parent",
 )
 """The run-record fields a list row carries (the snapshot and payloads are for describe)."""
+
+ROW_FIELDS = (*LIST_FIELDS, "run_id", "partition", "created", "search_attributes")
+"""The fields of a runs-list row, as ``durable list --json`` and ``GET /api/v1/workflows`` give it."""
+
+
+def list_row(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A runs-list row of a run record (:data:`ROW_FIELDS`; ``build`` as ``build_id``; search
+    attributes decoded): none of the record's index or bookkeeping fields."""
+    row = {k: record[k] for k in ROW_FIELDS if k in record}
+    if "search_attributes" not in row:
+        row["search_attributes"] = stored_attributes(record.get("sa"))
+    row["build_id"] = row.pop("build", None) or None
+    return row
+
 
 _CHUNK = 200
 

@@ -12,6 +12,7 @@ from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
 from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
 from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
+from durable.store.run_list import list_row
 from durable.untrusted import decimal
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
@@ -29,7 +30,6 @@ from workers.config import mask_url
 __all__ = ["COMMANDS"]
 
 # Run-record fields `list --json` leaves out: payloads and the snapshot are for `describe`.
-_LIST_SKIP = ("snapshot", "result", "error", "args")
 
 T = TypeVar("T")
 
@@ -161,7 +161,7 @@ def list_(
     if as_json:
         if problem:
             click.echo(f"warning: {problem}", err=True)  # stdout stays the array
-        click.echo(to_json([{k: v for k, v in r.items() if k not in _LIST_SKIP} for r in runs], indent=1))
+        click.echo(to_json([list_row(r) for r in runs], indent=1))
         return
     out = console()
     out.print(runs_table(runs, url))

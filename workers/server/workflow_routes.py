@@ -13,7 +13,7 @@ from durable.ids import check_build_id
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
-from durable.store.run_list import LIST_FIELDS, parse_cursor
+from durable.store.run_list import list_row, parse_cursor
 from durable.store.workers import WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
@@ -92,7 +92,6 @@ def _workflows_page(call: Call) -> dict[str, Any]:
 
 
 _BEFORE_HELP = "'before' must be the 'next' cursor of a page ('<ms>:<run id>'), or UTC ms"
-_ROW_FIELDS = (*LIST_FIELDS, "run_id", "partition", "created", "search_attributes")
 _UNSERVED_CHUNK = 500
 _UNSERVED_SCAN = 20_000
 _BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
@@ -102,12 +101,7 @@ def _marked_rows(records: list[dict[str, Any]], live: list[WorkerInfo]) -> list[
     """Runs-list rows: the light fields only, a run no live worker can move shown as blocked
     (:func:`mark_unserved`: none serves its queue or build, or its activity's queue is starved)."""
     mark_unserved(records, live)
-    rows = []
-    for record in records:
-        row = {k: record[k] for k in _ROW_FIELDS if k in record}
-        row["build_id"] = row.pop("build", None) or None
-        rows.append(row)
-    return rows
+    return [list_row(record) for record in records]
 
 
 def _list_rows(
