@@ -187,6 +187,18 @@ class SchedulePass:
         return workflow_id
 
 
+MAX_BUFFERED = 1000
+"""Times a ``buffer_all`` schedule holds while its run is open (as Temporal's default): past it
+a time is skipped, recorded as ``buffer full``, instead of a backlog that grows for ever."""
+
+_BUFFER_KEEPS = {
+    ScheduleOverlap.BUFFER_ONE: 1,
+    ScheduleOverlap.BUFFER_ALL: MAX_BUFFERED,
+    ScheduleOverlap.CANCEL_OTHER: 1,
+}
+"""How many buffered times each policy holds (the others hold none)."""
+
+
 class _Settle:
     """Settles one schedule's waiting starts under its lock: buffered first, then claimed times
     whose start is due, each by its overlap policy."""
@@ -221,12 +233,29 @@ class _Settle:
 
     def run(self) -> None:
         self._prune_runs()
-        while self.buffer and not self.open:
+        policy = ScheduleOverlap.parse(self.spec.overlap)
+        self._fit_buffer(policy)
+        # Paused, buffered times wait for the unpause; a trigger or a backfill (claimed while
+        # paused, by an operator) still starts, as Temporal's do.
+        while self.buffer and not self.spec.paused and (not self.open or policy == ScheduleOverlap.ALLOW_ALL):
             member = self.buffer.pop(0)
             self._start(member, "start_buffered")
         ready = sorted((due, member) for member, due in self.state.claimed if due <= self.now)
         for due, member in ready:
             self._claimed(member, due)
+
+    def _fit_buffer(self, policy: ScheduleOverlap) -> None:
+        """Drop the buffered times the schedule's overlap policy no longer keeps (updated from
+        buffer_all to skip, say, they would go on starting one by one), each recorded."""
+        if policy == ScheduleOverlap.ALLOW_ALL:
+            return  # all of them start now
+        keep = _BUFFER_KEEPS.get(policy, 0)
+        for member in self.buffer[keep:]:
+            ms, kind, _ = parse_claim_member(member)
+            why = f"overlap is {policy} now: this buffered time is dropped"
+            entry = action("skipped", self._now(), reason=why, scheduled_at=iso(ms), kind=kind)
+            self._settle("drop_buffered", member=member, action=entry)
+        self.buffer = self.buffer[:keep]
 
     def _prune_runs(self) -> None:
         ids = [wid for wid, _ in self.state.runs]
@@ -257,8 +286,9 @@ class _Settle:
             self._start(member, "start_claimed")
             return
         entry = {"scheduled_at": iso(ms), "kind": kind, "running": list(self.open)}
-        if policy == ScheduleOverlap.SKIP or (policy == ScheduleOverlap.BUFFER_ONE and self.buffer):
-            reason = "buffer full" if self.buffer else "a run is open"
+        full = policy in _BUFFER_KEEPS and len(self.buffer) >= _BUFFER_KEEPS[policy]
+        if policy == ScheduleOverlap.SKIP or (full and policy != ScheduleOverlap.CANCEL_OTHER):
+            reason = f"buffer full ({len(self.buffer)} waiting)" if full else "a run is open"
             self._settle("skip", member=member, action=action("skipped", self._now(), reason=reason, **entry))
         elif policy in (ScheduleOverlap.BUFFER_ONE, ScheduleOverlap.BUFFER_ALL):
             self._settle("buffer", member=member, action=action("buffered", self._now(), **entry))

@@ -22,11 +22,12 @@ from durable import (
     ScheduleNotFound,
     Workflow,
     WorkflowStub,
+    schedule_pass,
     schedules,
     timer,
 )
 from durable.schedule_pass import SchedulePass
-from durable.schedule_spec import iso, scheduled_workflow_id
+from durable.schedule_spec import ScheduleOverlap, iso, scheduled_workflow_id
 from durable.store.redis_store import RedisStore
 from durable.store.schedules import claim_member
 from durable.testing import TestEnvironment
@@ -298,6 +299,42 @@ def test_overlap_policies(store: RedisStore, policy: str, started_at_once: int, 
         desc = handle.describe()
         assert desc.started == started_at_once + 1
         assert len(desc.buffered) == buffered - 1
+
+
+def test_a_buffer_is_capped_paused_and_trimmed_to_the_policy(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """buffer_all grew without bound (106 times after 12 minutes of 3 s times and 5 s runs);
+    buffered times went on starting while paused, and after an update to skip; the skip said
+    "buffer full"."""
+    monkeypatch.setitem(schedule_pass._BUFFER_KEEPS, ScheduleOverlap.BUFFER_ALL, 3)  # 1,000 in use
+    handle = ScheduleHandle.create(
+        "cap", Schedule(workflow="SchedSleep", every="1h", overlap="buffer_all"), store=store
+    )
+    base, sched = _ms("2024-05-01T00:00:00Z"), SchedulePass(store)
+    for i in range(6):  # one starts, three are buffered, two skipped
+        _claim_now(store, handle, base + i * 1000)
+        sched.process(handle.id)
+    desc = handle.describe()
+    assert desc.started == 1 and len(desc.buffered) == 3
+    skipped = [a for a in desc.recent_actions if a["action"] == "skipped"]
+    assert [a["reason"] for a in skipped] == ["buffer full (3 waiting)"] * 2
+    (first,) = [r["workflow_id"] for r in desc.running]
+
+    handle.pause("deploy")
+    WorkflowStub.load(first, store=store).terminate("test")
+    sched.process(handle.id)
+    assert handle.describe().started == 1  # paused: no buffered time starts
+    handle.update(overlap="skip")
+    handle.unpause()
+    sched.process(handle.id)
+    desc = handle.describe()
+    assert desc.buffered == [] and desc.started == 1  # skip keeps none: dropped, each said
+    dropped = [a for a in desc.recent_actions if a.get("reason", "").startswith("overlap is skip now")]
+    assert len(dropped) == 3
+    _claim_now(store, handle, base + 10_000)
+    sched.process(handle.id)
+    assert handle.describe().started == 2  # nothing open: it starts
 
 
 # --------------------------------------------------------------------------- exactly once

@@ -154,7 +154,7 @@ class ScheduleStore(StoreBase):
         action: dict[str, Any] | None = None,
     ) -> str:
         """Settle one time (``op``: start_claimed, start_buffered, skip, buffer, replace_buffer,
-        forget; see ``lua/schedule_settle.lua``); ``'OK'``, ``'GONE'``, ``'LOST'`` or ``'MISSING'``."""
+        drop_buffered, forget; see ``lua/schedule_settle.lua``); ``'OK'``, ``'GONE'``, ``'LOST'`` or ``'MISSING'``."""
         return self._schedule_call(
             "schedule_settle",
             schedule_id,

@@ -114,7 +114,8 @@ def _lines(desc: ScheduleDescription) -> list[str]:
     if desc.overdue:
         lines.append(f"overdue: {desc.overdue}")
     if desc.buffered:
-        lines.append("buffered: " + ", ".join(desc.buffered))
+        more = f" (and {len(desc.buffered) - 5} more)" if len(desc.buffered) > 5 else ""
+        lines.append(f"buffered ({len(desc.buffered)}): " + ", ".join(desc.buffered[:5]) + more)
     for claimed in desc.claimed:  # a time waiting out its jitter
         lines.append(f"claimed: {claimed['scheduled_at']}, starts at {claimed['starts_at']}")
     lines.append(

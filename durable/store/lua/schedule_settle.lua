@@ -1,7 +1,8 @@
 -- Settle one claimed or buffered time of a schedule (the overlap policy decided in Python):
 --   start_claimed / start_buffered: its run was started; remember the run as the schedule's
 --   skip: drop the claimed time;  buffer: move it to the buffer;  replace_buffer: the buffer
---   keeps only it;  forget: a run of the schedule closed (member = its workflow id)
+--   keeps only it;  drop_buffered: drop a buffered time (the policy keeps fewer now);
+--   forget: a run of the schedule closed (member = its workflow id)
 -- KEYS: record, claimed, buffer, runs, actions, lock, due index, busy index, all index
 -- ARGV: schedule id, lock token ('' = none), op, member, workflow id, scheduled ms, action
 --       (JSON or '')
@@ -17,7 +18,7 @@ if token ~= '' and redis.call('GET', lock) ~= token then return 'LOST' end
 local found = 1
 if op == 'start_claimed' or op == 'skip' or op == 'buffer' or op == 'replace_buffer' then
   found = redis.call('ZREM', claimed, member)
-elseif op == 'start_buffered' then
+elseif op == 'start_buffered' or op == 'drop_buffered' then
   found = redis.call('LREM', buffer, 1, member)
 elseif op == 'forget' then
   redis.call('ZREM', runs, wid)
