@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from . import codec
 from .client import default_store
-from .errors import ConfigurationError, DurableError
+from .errors import ConfigurationError, DurableError, WorkflowNotFound
 from .ids import new_run_id
 from .schedule_pass import SchedulePass, action
 from .schedule_spec import (
@@ -90,7 +90,9 @@ class ScheduleDescription:
         recent_actions: Newest first: started (with ``workflow_id``, ``scheduled_at``,
             ``late_ms`` and the run's ``status`` now: a schedule whose runs fail says so),
             skipped, buffered, missed, paused, unpaused, updated, ...
-        running: The open runs it started: ``workflow_id``, ``scheduled_at``, ``status``.
+        running: The open runs it started: ``workflow_id``, ``scheduled_at``, ``status`` and
+            (read for the first :data:`RUNS_EXPLAINED`) ``blocked``: why it does not move, or
+            ``None`` (every later time waits for it, or is skipped, by the overlap policy).
         buffered: Scheduled times waiting for the overlap policy.
         claimed: Scheduled times claimed whose run starts later, each ``{"scheduled_at",
             "starts_at"}``: a time waiting out the spec's ``jitter`` (or, for a moment, being
@@ -239,6 +241,10 @@ class _Lateness:
         )
 
 
+RUNS_EXPLAINED = 3
+"""A schedule's open runs whose blocked reason ``describe`` reads (each is a few reads)."""
+
+
 class ScheduleHandle:
     """A handle on one schedule (its id), like ``WorkflowStub`` for a workflow.
 
@@ -359,6 +365,9 @@ class ScheduleHandle:
             if status is not None
             and status not in ("completed", "failed", "cancelled", "terminated", "continued")
         ]
+        for run in running[:RUNS_EXPLAINED] if runs else ():
+            # The open run every later time waits on (or is skipped for): why it does not move.
+            run["blocked"] = self._blocked(str(run["workflow_id"]))
         return ScheduleDescription(
             id=self._id,
             spec=spec,
@@ -379,6 +388,13 @@ class ScheduleHandle:
             updated=int(record["updated"]) if record.get("updated") else None,
             overdue=lateness.why(spec, upcoming[0]) if run_state == "active" and upcoming else "",
         )
+
+    def _blocked(self, workflow_id: str) -> str | None:
+        try:
+            reason = self._store.why_blocked(self._store.run_record(self._store.ref(workflow_id)))
+        except WorkflowNotFound:
+            return None  # purged meanwhile
+        return reason.message if reason is not None else None
 
     # ------------------------------------------------------------- actions
     def _save(

@@ -263,3 +263,23 @@ def test_cli_pause_without_note_and_update_without_options(redis_url: str) -> No
     nothing = _fails("schedule", "update", "sC")
     assert nothing.exit_code == 2 and "nothing to change" in nothing.output
     assert json.loads(invoke("schedule", "describe", "sC", "--json").output)["recent_actions"] == before
+
+
+def test_describe_says_why_the_open_run_every_time_waits_on_is_stuck(
+    redis_url: str, store: RedisStore
+) -> None:
+    """A schedule whose one open run was blocked (a type no worker serves) looked healthy:
+    "state: active", "running: x (pending)", while every later time was skipped for it."""
+    made = invoke(
+        "schedule", "create", "stuck", "--workflow", "Typo", "--every", "1h", "--queue", "nobody-serves",
+        "--start-at", "2030-01-01T00:00:00Z", "--end-at", "2031-01-01T00:00:00Z",
+    )  # fmt: skip
+    assert made.exit_code == 0, made.output
+    assert invoke("schedule", "trigger", "stuck").exit_code == 0
+    wait_for(lambda: ScheduleHandle("stuck", store=store).describe().running)
+    text = invoke("schedule", "describe", "stuck").output
+    (running,) = [line for line in text.splitlines() if line.startswith("running: ")]
+    assert "(pending, blocked: no live worker serves queue 'nobody-serves'" in running, text
+    assert "from 2030-01-01T00:00:00Z, until 2031-01-01T00:00:00Z" in text, text
+    (run,) = json.loads(invoke("schedule", "describe", "stuck", "--json").output)["running"]
+    assert run["blocked"].startswith("no live worker serves queue 'nobody-serves'")

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from durable import Schedule, ScheduleDescription, ScheduleHandle, ScheduleOverlap, registry
-from durable.schedule_spec import MIN_INTERVAL_S
+from durable.schedule_spec import MIN_INTERVAL_S, iso, parse_moment
 from durable.schedules import skip_reason
 from durable.store.redis_store import RedisStore
 from workers.cli.core import CliState, load_apps, parse_args, pass_state
@@ -104,7 +104,9 @@ def _lines(desc: ScheduleDescription) -> list[str]:
         + (f" on queue {spec.queue}" if spec.queue else ""),
         f"when: {when}, overlap {spec.overlap}"
         + (f", jitter {spec.jitter:g}s" if spec.jitter else "")
-        + (f", max runs {spec.max_runs}" if spec.max_runs else ""),
+        + (f", max runs {spec.max_runs}" if spec.max_runs else "")
+        + (f", from {iso(parse_moment(spec.start_at, 'start_at'))}" if spec.start_at is not None else "")
+        + (f", until {iso(spec.end_ms)}" if spec.end_ms is not None else ""),
         f"state: {desc.state}"
         + (f" ({note})" if note else "")
         + (", paused" if desc.paused and desc.state != "paused" else "")
@@ -118,9 +120,13 @@ def _lines(desc: ScheduleDescription) -> list[str]:
         lines.append(f"buffered ({len(desc.buffered)}): " + ", ".join(desc.buffered[:5]) + more)
     for claimed in desc.claimed:  # a time waiting out its jitter
         lines.append(f"claimed: {claimed['scheduled_at']}, starts at {claimed['starts_at']}")
-    lines.append(
-        "running: " + (", ".join(f"{r['workflow_id']} ({r['status']})" for r in desc.running) or "-")
-    )
+    shown = [
+        f"{r['workflow_id']} ({r['status']}"
+        + (f", blocked: {r['blocked']}" if r.get("blocked") else "")
+        + ")"
+        for r in desc.running
+    ]
+    lines.append("running: " + (", ".join(shown) or "-"))
     lines.append("recent actions:")
     for item in desc.recent_actions[:10]:
         details = ", ".join(
