@@ -184,3 +184,22 @@ def test_a_killed_workers_consumers_go_from_a_queue_no_live_worker_serves(
         stop(victim)
         if survivor is not None:
             assert stop(survivor) == 0
+
+
+def test_tasks_of_closed_runs_leave_a_queue_no_live_worker_serves(redis_url: str, store: RedisStore) -> None:
+    """Runs started on a queue no worker serves, then terminated (and purged): their workflow
+    tasks stayed in its stream for ever, counted by `durable workers` and the backlog metric."""
+    stubs = [WorkflowStub.make(Sequence, queue="typo-q", store=store).start(1) for _ in range(5)]
+    stubs[0].terminate("typo")
+    stubs[1].terminate("typo")
+    streams = [store.keys.workflow_tasks(p, "typo-q") for p in range(store.keys.partitions)]
+    assert sum(store.redis.xlen(s) for s in streams) == 5
+    assert store.drop_void_tasks(streams) == 2  # the open runs' tasks stay
+    assert sum(store.redis.xlen(s) for s in streams) == 3
+    for stub in stubs[2:]:
+        stub.terminate("typo")
+    worker = spawn_worker(redis_url, extra=("--claim-idle", "1"))  # serves 'default' only
+    try:
+        wait_for(lambda: sum(store.redis.xlen(s) for s in streams) == 0, timeout=30)
+    finally:
+        stop(worker)

@@ -364,7 +364,9 @@ class Scheduler:
         pending tasks are reclaimed first (:meth:`_reclaim`), its consumer goes at a later pass.
         The streams are this worker's and those of queues no live worker serves (no one else
         would clean them); and the empty streams of retired builds go (see
-        :meth:`~durable.store.queues.QueueStore.drop_retired_builds`)."""
+        :meth:`~durable.store.queues.QueueStore.drop_retired_builds`), and from the unserved
+        queues the tasks of runs closed or purged since they were queued (no worker reads them
+        to drop them: :meth:`~durable.store.queues.QueueStore.drop_void_tasks`)."""
         now = time.monotonic()
         if now < self._next_consumers:
             return
@@ -372,9 +374,10 @@ class Scheduler:
         try:
             workers = self.store.live_workers()
             live = [w.name for w in workers] + [self.consumer]
-            streams = self.streams + self._unserved_streams(workers)
-            deleted, held = self.store.drop_dead_consumers(streams, live, self.claim_idle_ms)
+            unserved = self._unserved_streams(workers)
+            deleted, held = self.store.drop_dead_consumers(self.streams + unserved, live, self.claim_idle_ms)
             retired = self.store.drop_retired_builds(workers, keep=self.streams)
+            void = self.store.drop_void_tasks(unserved)
         except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
             log.warning("dead workers' consumers not deleted yet: %s", exc)
             return
@@ -387,6 +390,8 @@ class Scheduler:
             )
         if retired.dropped:
             log.info("deleted the empty task streams of retired builds %s", ", ".join(retired.dropped))
+        if void:
+            log.info("dropped %d task(s) of closed runs from queues no live worker serves", void)
 
     def _unserved_streams(self, workers: list[WorkerInfo]) -> list[str]:
         """The shared task streams of the queues tasks were sent to that no live worker serves."""

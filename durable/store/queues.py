@@ -249,6 +249,14 @@ class QueueStore(RunStore):
             pipe.execute()
         return ref
 
+    def drop_void_tasks(self, streams: Sequence[str], most: int = 500) -> int:
+        """Drop the tasks of closed or purged runs from the first ``most`` entries of each of
+        ``streams`` (those of queues no live worker serves, where no worker drops them as it
+        reads them: ``lua/drop_void_tasks.lua``); how many were dropped."""
+        partition_of = self.keys.partition_of_key
+        calls = [([s], [self.keys.tag(partition_of(s)), most]) for s in streams]
+        return sum(int(n) for n in self._script_many("drop_void_tasks", calls, raise_on_error=True))
+
     def ack_task(self, stream: str, entry_id: str) -> None:
         """Ack and delete one task entry (MULTI/EXEC; on a cluster, on the stream's node)."""
         with self.pipeline(stream) as pipe:
