@@ -31,7 +31,7 @@ from .runinfo import (
     RunDescription,
     closing_error,
 )
-from .search import encode_values
+from .search import declared, encode_values
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
@@ -218,7 +218,19 @@ class WorkflowStub(Generic[R]):
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
         if queue is not None:
             check_queue_name(queue)
-        search = {k: v for k, v in encode_values(search_attributes or {}).items() if v is not None}
+        store = store or default_store()
+        types = declared()
+        if (
+            search_attributes
+            and isinstance(search_attributes, dict)
+            and not set(search_attributes) <= set(types)
+        ):
+            # Declared by the workers' code, not imported here (a server or CLI without --app):
+            # they published the declarations (the index reads them too).
+            types = store.search_types()
+        search = {
+            k: v for k, v in encode_values(search_attributes or {}, types=types).items() if v is not None
+        }
         if memo is not None and not isinstance(memo, dict):
             raise ConfigurationError(f"memo must be a dict, not {type(memo).__name__}")
         memo_payload = codec.dumps(memo, path="memo") if memo else None
@@ -228,7 +240,7 @@ class WorkflowStub(Generic[R]):
             execution_timeout=execution_timeout,
             run_timeout=run_timeout,
         )
-        stub = cls(store or default_store(), type_name, workflow_id, None, queue or default_queue)
+        stub = cls(store, type_name, workflow_id, None, queue or default_queue)
         stub._policy = policy
         stub._search, stub._memo = search, memo_payload
         stub._code = workflow if isinstance(workflow, type) else None

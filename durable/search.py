@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -162,8 +163,11 @@ def declared() -> dict[str, str]:
 # ------------------------------------------------------------------------- values
 
 
-def encode_values(values: Any, what: str = "search attribute") -> dict[str, list[Any] | None]:
-    """Check ``values`` (name -> value) against the declarations and encode them.
+def encode_values(
+    values: Any, what: str = "search attribute", types: Mapping[str, str] | None = None
+) -> dict[str, list[Any] | None]:
+    """Check ``values`` (name -> value) against the declarations (``types``; default: this
+    process's) and encode them.
 
     Returns name -> ``[type, stored value]`` (datetimes as UTC ms; lists sorted, without
     duplicates), or ``None`` for a name whose value is ``None`` (it is removed).
@@ -175,7 +179,7 @@ def encode_values(values: Any, what: str = "search attribute") -> dict[str, list
         raise ConfigurationError(f"{what}s must be a dict of name -> value, not {type(values).__name__}")
     if len(values) > MAX_ATTRIBUTES:
         raise ConfigurationError(f"{len(values)} {what}s in one call; at most {MAX_ATTRIBUTES} per run")
-    types = declared()
+    types = declared() if types is None else types
     out: dict[str, list[Any] | None] = {}
     for name in sorted(values, key=str):
         if isinstance(name, str) and (name in BUILTINS or name.lower() in _KEYWORDS):

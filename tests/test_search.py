@@ -200,6 +200,20 @@ def test_bad_start_values_write_nothing(durable_env: Any) -> None:
     assert durable.count_runs(store=store) == 0
 
 
+def test_a_start_where_the_attributes_are_not_declared_uses_the_published_ones(
+    durable_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server or CLI without --app (nothing declared in its process) refused
+    search_attributes= at start ("none are declared") that its --where queries accepted."""
+    store = durable_env.store
+    store.publish_search_types()  # as the workers do
+    monkeypatch.setattr(durable.client, "declared", dict)  # this process imported no app
+    stub = WorkflowStub.make("SearchOrder", id="no-app", store=store, search_attributes={"customer": "acme"})
+    assert stub._search == {"customer": ["keyword", "acme"]}
+    with pytest.raises(ConfigurationError, match="unknown search attribute 'nope'"):
+        WorkflowStub.make("SearchOrder", store=store, search_attributes={"nope": 1})
+
+
 def test_continue_as_new_carries_attributes_and_memo(durable_env: Any) -> None:
     stub = WorkflowStub.make(SearchLooper, id="loop", store=durable_env.store).start()
     assert stub.result(timeout=10) == 17
