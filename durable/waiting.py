@@ -13,7 +13,12 @@ from typing import Any
 from .run_views import task_in_words
 from .runinfo import NO_LIVE_WORKER, from_now, past_dates, utc_text
 from .store.connect import masked_url
+from .store.records import HEARTBEAT_S
 from .store.redis_store import RedisStore, RunRef
+
+OVERDUE_MS = 2 * HEARTBEAT_S * 1000
+"""How long past its time a timer (or a wait's timeout) is said to be overdue: a live worker's
+scheduler fires it within a moment, so this long means none is running (or all are stalled)."""
 
 MOST_NAMED = 5
 """The most waits a line names (a wide fan-out waits on many: ``describe`` lists them all)."""
@@ -41,6 +46,9 @@ def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[st
         if deadline is not None:
             verb = "fires" if kind == "timer" else "times out"
             what += f": {verb} {_at(int(deadline), now_ms)}"
+            if now_ms - int(deadline) > OVERDUE_MS:
+                # A live worker's scheduler fires it within a moment of its time: none has.
+                what += " (overdue: no live worker's scheduler has fired it; `durable workers` shows their heartbeats)"
         lines.append(what)
     return lines
 

@@ -40,7 +40,9 @@ def test_each_kind_of_wait_in_words() -> None:
         "signal 'approve': times out 1970-01-01 00:18:10 UTC, in 90 s",
         "signal 'go'",
         "hook 'callback'",
-        "a wait_until condition (6): times out 1970-01-01 00:16:35 UTC, 5.0 s ago",
+        # Past its time by more than two heartbeats: a live worker's scheduler would have fired it.
+        "a wait_until condition (6): times out 1970-01-01 00:16:35 UTC, 5.0 s ago (overdue: no live "
+        "worker's scheduler has fired it; `durable workers` shows their heartbeats)",
         "child kid-1",
         "child kid-2: running",
         "timer 10: fires after 9999-12-31 UTC",
