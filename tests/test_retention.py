@@ -88,8 +88,8 @@ def test_cutoff_takes_a_date_or_a_duration_ago() -> None:
     assert parse_cutoff("0s", now=10_000.0) == 10_000_000  # closed before now
     # Beyond what a close time can be: every closed run, or none (not a Redis script error).
     assert parse_cutoff("9999-12-31", now=10_000.0) == (10_000 + 86_400) * 1000
-    assert parse_cutoff("0001-01-01", now=10_000.0) == 0
-    assert parse_cutoff("100000d", now=10_000.0) == 0
+    assert parse_cutoff("0001-01-01", now=10_000.0) == 1
+    assert parse_cutoff("100000d", now=10_000.0) == 1
     with pytest.raises(ConfigurationError, match="must be positive"):
         parse_duration("0s")  # a retention of zero is refused
 
@@ -240,6 +240,9 @@ def test_purge_before_a_past_date_keeps_recent_runs(store: RedisStore) -> None:
     assert bad.exit_code == 1 and "not a date" in bad.output
     every = invoke("purge", "--closed-before", "9999-12-31", "--dry-run", "--json")
     assert every.exit_code == 0 and f'"runs": {len(closed)}' in every.output, every.output
+    for never in ("1970-01-01", "0001-01-01"):  # a raw script error ("invalid end ID")
+        none = invoke("purge", "--closed-before", never, "--dry-run", "--json")
+        assert none.exit_code == 0 and '"runs": 0' in none.output, none.output
 
 
 # ------------------------------------------------------------------------- bounded work

@@ -41,9 +41,10 @@ def parse_cutoff(text: str, now: float | None = None) -> int:
 
 
 def _within_time(cutoff_ms: int, now: float) -> int:
-    """``cutoff_ms`` within what it can mean: no run closed before 1970 or after tomorrow (a
-    date in year 9999 purged nothing: the scripts took the figure for a stream id and failed)."""
-    return max(0, min(cutoff_ms, int((now + 86_400) * 1000)))
+    """``cutoff_ms`` within what it can mean: no run closed at or before 1970's first millisecond
+    or after tomorrow (a date in year 9999, or 1970-01-01, purged nothing: the scripts took the
+    figure for a stream id bound and failed)."""
+    return max(1, min(cutoff_ms, int((now + 86_400) * 1000)))
 
 
 def _lines(report: PurgeReport, dry_run: bool) -> list[str]:
