@@ -31,7 +31,7 @@ from . import codec
 from .client import default_store
 from .errors import ConfigurationError, DurableError, WorkflowNotFound
 from .ids import new_run_id
-from .schedule_pass import SchedulePass, action
+from .schedule_pass import MAX_BUFFERED, SchedulePass, action
 from .schedule_spec import (
     Schedule,
     ScheduleOverlap,
@@ -170,6 +170,8 @@ def skip_reason(policy: ScheduleOverlap | str) -> str:
     """Why the overlap policy ``policy`` skips a time (what ``durable schedule`` prints)."""
     if policy == ScheduleOverlap.BUFFER_ONE:
         return "a time is buffered already (overlap buffer_one)"
+    if policy == ScheduleOverlap.BUFFER_ALL:
+        return f"the buffer is full ({MAX_BUFFERED} times wait; overlap buffer_all)"
     return f"a run is open (overlap {policy})"
 
 

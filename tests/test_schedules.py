@@ -28,6 +28,7 @@ from durable import (
 )
 from durable.schedule_pass import SchedulePass
 from durable.schedule_spec import ScheduleOverlap, iso, scheduled_workflow_id
+from durable.schedules import skip_reason
 from durable.store.redis_store import RedisStore
 from durable.store.schedules import claim_member
 from durable.testing import TestEnvironment
@@ -508,6 +509,8 @@ def test_backfill_says_what_started_and_what_was_skipped(store: RedisStore) -> N
     queued = handle.backfill("2024-05-03T00:00:00Z", "2024-05-03T02:00:00Z", overlap="buffer_one")
     assert queued.started == [] and len(queued.buffered) == 1 and len(queued.skipped) == 2
     assert queued.skip_reason == "a time is buffered already (overlap buffer_one)"
+    # buffer_all skips only past its cap (it said "a run is open", and advised buffer_all).
+    assert skip_reason("buffer_all") == "the buffer is full (1000 times wait; overlap buffer_all)"
 
 
 def test_finished_schedules_say_so(store: RedisStore) -> None:

@@ -350,7 +350,8 @@ def backfill(
     span = f" ({done[0]} .. {done[-1]})" if done else ""
     click.echo(f"backfill of {schedule_id}: {len(done)} scheduled time(s){span}; " + ", ".join(counts))
     if done.skipped:
-        click.echo("use --overlap allow_all or buffer_all to start every one")
+        others = "allow_all" if "buffer_all" in (done.skip_reason or "") else "allow_all or buffer_all"
+        click.echo(f"use --overlap {others} to start every one")
 
 
 @schedule.command("delete")
