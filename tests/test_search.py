@@ -406,3 +406,19 @@ def test_a_declaration_that_disagrees_with_the_published_type_is_an_error(durabl
     )
     store.redis.hset(store.keys.search_types(), "customer", "keyword")
     assert durable.count_runs("customer = 'acme'", store=store) == 0
+
+
+def test_cli_list_status_pages_through_newer_runs_of_other_statuses(durable_store: Any) -> None:
+    """`durable list --status pending --limit 5` printed no run (and no --before hint) when more
+    than a few hundred newer runs had another status: it filtered a window of the newest records."""
+    store = durable_store
+    waiting = [
+        WorkflowStub.make("Nobody", id=f"old-{i}", queue="none-q", store=store).start().id for i in range(3)
+    ]
+    for i in range(120):
+        WorkflowStub.make("Nobody", id=f"new-{i}", queue="none-q", store=store).start().terminate("x")
+    shown = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert [r["workflow_id"] for r in json.loads(shown.output)] == waiting[::-1][:2]
+    table = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2"]).output
+    assert "more: --before " in table, table

@@ -135,10 +135,13 @@ def list_(
             console().print(dead_letters_table(letters, url))
         return
     before_ms, before_run_id = before or (None, None)
-    if where is not None:
-        load_apps(apps)
-        _searched(lambda: parse_where(where, store.search_types()))  # its errors, at its positions
-        expr = _with_filters(where, status_, workflow_type)
+    # A status is an indexed word: listed through the index, a page holds `limit` such runs
+    # however many newer runs have another (a window of the newest records came back empty).
+    if where is not None or status_ not in (None, "blocked"):
+        if where is not None:
+            load_apps(apps)
+            _searched(lambda: parse_where(where, store.search_types()))  # its errors, at its positions
+        expr = _with_filters(where or "", status_, workflow_type)
         limit = min(limit, 1000)
         cursor = (
             None if before is None else f"{before_ms}:{before_run_id}" if before_run_id else str(before_ms)
