@@ -10,6 +10,7 @@ them with a message. A leaf: it imports nothing of durable.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -26,6 +27,13 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999: no float holds it (Python reads it as infinity)
+        raise ValueError(f"{text[:40]} is out of a float's range")
+    return value
+
+
 class NestedTooDeeply(ValueError):
     """JSON nested deeper than :func:`json.loads` can read."""
 
@@ -39,6 +47,8 @@ def json_loads(raw: str | bytes, *, standard: bool = False) -> Any:
         ValueError: not JSON (``json.JSONDecodeError``), or :class:`NestedTooDeeply`.
     """
     try:
-        return json.loads(raw, parse_constant=_not_json) if standard else json.loads(raw)
+        if standard:
+            return json.loads(raw, parse_constant=_not_json, parse_float=_finite)
+        return json.loads(raw)
     except RecursionError:
         raise NestedTooDeeply("nested too deeply to read") from None

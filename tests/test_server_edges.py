@@ -274,6 +274,8 @@ def test_nan_and_infinity_are_valid_json_out_and_refused_in(
     for constant in ("NaN", "Infinity", "-Infinity"):
         body = b'{"type": "Everything", "args": [' + constant.encode() + b"]}"
         assert "is not a JSON number" in _error(_start(client, body), 400, "bad_request")
+    big = b'{"type": "Everything", "args": [1e999]}'  # Python reads it as infinity
+    assert "out of a float's range" in _error(_start(client, big), 400, "bad_request")
 
 
 def test_a_control_character_forges_no_log_line_and_no_name(durable_redis_url: str, tmp_path: Any) -> None:
