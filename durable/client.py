@@ -31,7 +31,7 @@ from .runinfo import (
     RunDescription,
     closing_error,
 )
-from .search import declared, encode_values
+from .search import start_attributes
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
 from .store.embedded import resolve_redis_url
@@ -219,18 +219,7 @@ class WorkflowStub(Generic[R]):
         if queue is not None:
             check_queue_name(queue)
         store = store or default_store()
-        types = declared()
-        if (
-            search_attributes
-            and isinstance(search_attributes, dict)
-            and not set(search_attributes) <= set(types)
-        ):
-            # Declared by the workers' code, not imported here (a server or CLI without --app):
-            # they published the declarations (the index reads them too).
-            types = store.search_types()
-        search = {
-            k: v for k, v in encode_values(search_attributes or {}, types=types).items() if v is not None
-        }
+        search = start_attributes(search_attributes, store.search_types)
         if memo is not None and not isinstance(memo, dict):
             raise ConfigurationError(f"memo must be a dict, not {type(memo).__name__}")
         memo_payload = codec.dumps(memo, path="memo") if memo else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -199,6 +199,16 @@ def encode_values(
         value = values[name]
         out[name] = None if value is None else [types[name], _encode(name, types[name], value)]
     return out
+
+
+def start_attributes(values: Any, published: Callable[[], Mapping[str, str]]) -> dict[str, list[Any]]:
+    """:func:`encode_values` of a start's ``search_attributes=`` (``None`` values left out). A
+    name this process does not declare is looked up in ``published``: the types the workers
+    published (a server or CLI without --app imports no declarations; its queries use those)."""
+    types = declared()
+    if values and isinstance(values, dict) and not set(values) <= set(types):
+        types = dict(published())
+    return {k: v for k, v in encode_values(values or {}, types=types).items() if v is not None}
 
 
 def _encode(name: str, kind: str, value: Any) -> Any:

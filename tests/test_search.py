@@ -207,7 +207,7 @@ def test_a_start_where_the_attributes_are_not_declared_uses_the_published_ones(
     search_attributes= at start ("none are declared") that its --where queries accepted."""
     store = durable_env.store
     store.publish_search_types()  # as the workers do
-    monkeypatch.setattr(durable.client, "declared", dict)  # this process imported no app
+    monkeypatch.setattr(durable.search, "declared", dict)  # this process imported no app
     stub = WorkflowStub.make("SearchOrder", id="no-app", store=store, search_attributes={"customer": "acme"})
     assert stub._search == {"customer": ["keyword", "acme"]}
     with pytest.raises(ConfigurationError, match="unknown search attribute 'nope'"):
