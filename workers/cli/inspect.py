@@ -29,8 +29,6 @@ from workers.config import mask_url
 
 __all__ = ["COMMANDS"]
 
-# Run-record fields `list --json` leaves out: payloads and the snapshot are for `describe`.
-
 T = TypeVar("T")
 
 
