@@ -21,7 +21,7 @@ from ..errors import WorkflowClosed
 from ..runinfo import classify_block
 from .keys import GROUP, keyword_posting
 from .reads import GroupRead, unread
-from .records import RunRef, text
+from .records import CLOSED_STATUSES, RunRef, text
 from .runs import RunStore
 from .tasks import ActivityTask
 
@@ -317,6 +317,25 @@ class QueueStore(RunStore):
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
             pipe.execute()
+
+    def repair_on(self, workflow_id: str, build: str) -> tuple[RunRef, bool]:
+        """Move a run to ``build``'s workers (``""``: to unversioned ones, :meth:`repin`) and
+        re-queue it, as ``durable repair --build-id`` / ``--unversioned`` do. Returns its ref
+        and whether it has closed since: the move queued a task, and the new workers may finish
+        the run before the re-queue, which is the repair succeeding.
+
+        Raises:
+            WorkflowClosed: the run was closed before (nothing to repair; it is not moved).
+        """
+        ref = self.ref(workflow_id)
+        if self.run_status(ref.partition, ref.run_id) in CLOSED_STATUSES:
+            self.repair(workflow_id)  # raises "is <status>; nothing to repair"
+        ref = self.repin(workflow_id, build)
+        try:
+            self.repair(workflow_id)
+        except WorkflowClosed:
+            return ref, True
+        return ref, False
 
     def repair(self, workflow_id: str, *, drop_input: bool = False) -> RunRef:
         """Re-queue a blocked run (after a fixed deploy).

@@ -516,16 +516,10 @@ def repair(
     if drop_input:
         raise click.UsageError("--drop-input and --build-id (or --unversioned) go in two separate repairs")
     where = f"build {build_id}" if build_id else "unversioned workers"
-    stub = _stub(state, workflow_id)
-    if stub.status() in CLOSED_STATUSES:
-        store.repair(workflow_id)  # raises the "is <status>; nothing to repair" error
-    ref = store.repin(workflow_id, build_id)
-    try:
-        store.repair(workflow_id)
-    except WorkflowClosed:
-        # Moving the run already queued a task for the new build: its workers may have
-        # finished the run before the repair step. That is the repair succeeding.
-        click.echo(f"moved {workflow_id} (run {ref.run_id}) to {where}; it has since {stub.status()}")
+    ref, closed = store.repair_on(workflow_id, build_id)
+    if closed:
+        status = _stub(state, workflow_id).status()
+        click.echo(f"moved {workflow_id} (run {ref.run_id}) to {where}; it has since {status}")
         return
     click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on {where}")
     unserved = store.unserved_reason(store.run_record(ref))

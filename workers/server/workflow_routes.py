@@ -8,11 +8,11 @@ from typing import Any, TypeVar
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.batch import ACTIONS, for_open_runs
-from durable.errors import ConfigurationError, WorkflowClosed
+from durable.errors import ConfigurationError
 from durable.ids import check_build_id
 from durable.search import parse_where
 from durable.store.records import OPEN_STATUSES
-from durable.store.redis_store import CLOSED_STATUSES, RedisStore
+from durable.store.redis_store import RedisStore
 from durable.store.run_list import list_row, parse_cursor
 from durable.store.workers import WorkerInfo
 from durable.untrusted import decimal
@@ -342,14 +342,7 @@ def repair_workflow(call: Call) -> dict[str, Any]:
         raise ApiError(
             "invalid_argument", "drop_input and build_id (or unversioned) go in two separate repairs"
         )
-    stub = WorkflowStub.load(workflow_id, store=store)
-    if stub.status() in CLOSED_STATUSES:
-        store.repair(workflow_id)  # raises "is <status>; nothing to repair"
-    ref = store.repin(workflow_id, build)
-    try:
-        store.repair(workflow_id)
-    except WorkflowClosed:
-        pass  # the move itself queued a task and the new build's workers closed the run already
+    ref, _ = store.repair_on(workflow_id, build)  # closed since: the new build's workers finished it
     # Moved where nothing runs it yet (no live worker of that build): said now, not only by describe.
     warning = store.unserved_reason(store.run_record(ref))
     return {
