@@ -130,6 +130,32 @@ def test_an_old_blocked_run_is_listed_behind_many_newer_runs(store: RedisStore) 
     assert store.list_runs_page(status="blocked").runs == []
 
 
+def test_runs_no_live_worker_serves_are_listed_behind_many_newer_runs(store: RedisStore) -> None:
+    """``list --status blocked`` pages as the API's ``status=blocked`` does: a run no live
+    worker serves (not in the blocked index: worked out on read) behind 40 newer served runs
+    is listed with ``--limit 2`` (a window of the 4 x limit newest runs missed it), and
+    following ``more: --before`` one row at a time lists every such run once."""
+    store.register_worker(WorkerInfo(name="w1", queues=("default",)))
+    unserved = []
+    for _ in range(3):
+        unserved.append(WorkflowStub.make(Waiter, queue="nowhere", store=store).start(60).id)
+        for _ in range(20):
+            WorkflowStub.make(Waiter, store=store).start(60)
+    rows = json.loads(_cli("list", "--status", "blocked", "--limit", "2", "--json"))
+    assert [r["workflow_id"] for r in rows] == unserved[::-1][:2]
+    assert all(r["blocked_kind"] == "no_live_worker" and "'nowhere'" in r["blocked"] for r in rows), rows
+    seen, args = [], ["list", "--status", "blocked", "--limit", "1"]
+    for _ in range(5):
+        out = _cli(*args)
+        seen += [wid for wid in unserved if wid in out]
+        more = [line for line in out.splitlines() if line.startswith("more: --before ")]
+        if not more:
+            break
+        args = ["list", "--status", "blocked", "--limit", "1", "--before", more[0].split()[-1]]
+    assert seen == unserved[::-1]
+    assert "cannot be combined with --where" in _cli("list", "--status", "blocked", "--where", "type = 'x'")
+
+
 def test_reasons_recorded_without_a_kind_are_classified() -> None:
     assert classify_block("NondeterminismError: step 3 ...") == "nondeterminism"
     assert classify_block("UnknownTypeError: activity 'x' ...") == "unknown_type"

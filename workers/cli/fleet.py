@@ -24,6 +24,7 @@ from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
 from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
 from durable.store.redis_store import RedisStore
+from durable.store.run_list import RunPage, parse_cursor
 from durable.store.workers import WorkerInfo, drain_targets, no_worker_reason, served_queues, takes_new_runs
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
@@ -33,8 +34,9 @@ __all__ = [
     "COMMANDS",
     "fleet_report",
     "mark_blocked_children",
+    "blocked_page",
     "mark_unserved",
-    "with_unserved",
+    "marked",
 ]
 
 
@@ -70,36 +72,71 @@ def mark_blocked_children(
             record["blocked_kind"] = reason.kind
 
 
-def with_unserved(
-    store: RedisStore,
-    runs: list[dict[str, Any]],
-    blocked_only: bool,
-    workflow_type: str | None,
-    limit: int,
-    before_ms: int | None,
-    before_run_id: str | None = None,
+def marked(
+    store: RedisStore, records: list[dict[str, Any]], live: Sequence[WorkerInfo]
 ) -> list[dict[str, Any]]:
-    """``durable list``'s rows with the runs no live worker can move, and the runs waiting on a
-    blocked child, marked blocked; for ``--status blocked``, the runs blocked on record plus
-    those two kinds among the newest open runs (``4 * limit`` of them, after the paging cursor
-    ``before_ms``/``before_run_id``, as the rows were read): a parent older than that window
-    whose child is blocked is listed on a later page, or by ``describe``."""
+    """``records`` with the runs no live worker can move (:func:`mark_unserved`) and the open
+    runs waiting on a blocked child (:func:`mark_blocked_children`) marked blocked, as every
+    runs list shows them."""
+    mark_unserved(records, live)
+    mark_blocked_children(store, records, live)
+    return records
+
+
+_UNSERVED_CHUNK = 500
+_UNSERVED_SCAN = 20_000
+_BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
+
+
+def blocked_page(store: RedisStore, *, limit: int, cursor: str | None = None, **filters: Any) -> RunPage:
+    """The runs a ``blocked`` list holds (``durable list --status blocked``, the API's
+    ``status=blocked``): the open runs blocked on record, those no live worker can move
+    (:func:`~durable.store.workers.no_worker_reason`: no live worker serves their queue or
+    build, or defines their type), and those waiting on a pending child blocked for any of
+    these reasons, newest first, marked as :func:`marked` marks them.
+
+    Two reads merged newest first: the blocked index, and the open runs of the same span
+    (checked against the live workers; at most 20,000 read per page). The page holds only what
+    both have read; ``next`` resumes where the shallower one stopped, so no run is skipped or
+    repeated however many newer runs are not blocked.
+
+    Args:
+        store: The store.
+        limit: At most this many runs.
+        cursor: The ``next`` of the previous page, or a time (runs created before it).
+        filters: ``workflow_type``, ``id_prefix``, ``since_ms``, ``until_ms`` of
+            :meth:`~durable.store.run_list.RunQueries.list_runs_page`.
+
+    Raises:
+        ValueError: a malformed cursor.
+    """
     live = store.live_workers()
-    mark_unserved(runs, live)
-    mark_blocked_children(store, runs, live)
-    if not blocked_only:
-        return runs
-    seen = {r["run_id"] for r in runs}
-    recent = store.list_runs(
-        workflow_type=workflow_type, limit=limit * 4, before_ms=before_ms, before_run_id=before_run_id
-    )
-    mark_unserved(recent, live)
-    mark_blocked_children(store, recent, live)
-    runs += [
-        r for r in recent if r.get("blocked") and r.get("status") in OPEN_STATUSES and r["run_id"] not in seen
-    ]
-    runs.sort(key=lambda r: (r.get("created", 0), r["run_id"]), reverse=True)  # the cursor's order
-    return runs[:limit]
+    recorded = store.list_runs_page(status="blocked", cursor=cursor, limit=limit, **filters)
+    found = {(r["created"], r["run_id"]): r for r in marked(store, recorded.runs, live)}
+    recorded_end, scanned = _end(recorded.next), recorded.scanned
+    while True:
+        chunk = store.list_runs_page(cursor=cursor, limit=_UNSERVED_CHUNK, scan=_UNSERVED_CHUNK, **filters)
+        scanned += chunk.scanned
+        for record in marked(store, chunk.runs, live):
+            if record.get("blocked") and record.get("status") in OPEN_STATUSES:
+                found.setdefault((record["created"], record["run_id"]), record)
+        cursor, open_end = chunk.next, _end(chunk.next)
+        if open_end <= recorded_end or scanned >= _UNSERVED_SCAN:
+            break
+        if sum(key >= open_end for key in found) >= limit:
+            break
+    frontier = max(recorded_end, open_end)  # both reads are complete down to here
+    keys = sorted((key for key in found if key >= frontier), reverse=True)
+    if len(keys) >= limit:
+        keys = keys[:limit]
+        frontier = keys[-1]
+    following = None if frontier == _BOTTOM else f"{frontier[0]}:{frontier[1]}"
+    return RunPage(runs=[found[key] for key in keys], next=following, scanned=scanned)
+
+
+def _end(cursor: str | None) -> tuple[int, str]:
+    """Down to where a page's read went: its ``next`` cursor, or the bottom (read to the end)."""
+    return parse_cursor(cursor) if cursor else _BOTTOM
 
 
 def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Sequence[str]) -> str | None:

@@ -16,7 +16,7 @@ from durable.store.run_list import list_row
 from durable.untrusted import decimal
 from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.cli.export import export_history
-from workers.cli.fleet import with_unserved
+from workers.cli.fleet import blocked_page, marked
 from workers.cli.render import (
     console,
     dead_letters_table,
@@ -135,27 +135,34 @@ def list_(
     before_ms, before_run_id = before or (None, None)
     # A status is an indexed word: listed through the index, a page holds `limit` such runs
     # however many newer runs have another (a window of the newest records came back empty).
-    if where is not None or status_ not in (None, "blocked"):
+    following: str | None = None
+    cursor = None if before is None else f"{before_ms}:{before_run_id}" if before_run_id else str(before_ms)
+    if status_ == "blocked" and where is not None:
+        raise CliError(
+            "--status blocked cannot be combined with --where (blocked is worked out on read, not "
+            "indexed): list the blocked runs, then narrow them with --type"
+        )
+    if status_ == "blocked":
+        # Blocked is not one indexed word (no live worker, a blocked child are computed on
+        # read): the API's blocked page, which reads until it has `limit` or says where to go on.
+        page = blocked_page(store, limit=limit, cursor=cursor, workflow_type=workflow_type)
+        runs, following = page.runs, page.next
+    elif where is not None or status_ is not None:
         if where is not None:
             load_apps(apps)
             _searched(lambda: parse_where(where, store.search_types()))  # its errors, at its positions
         expr = _with_filters(where or "", status_, workflow_type)
         limit = min(limit, 1000)
-        cursor = (
-            None if before is None else f"{before_ms}:{before_run_id}" if before_run_id else str(before_ms)
-        )
         runs = _searched(lambda: list_runs(expr, limit=limit, before=cursor, store=store))
     else:
         runs = store.list_runs(
-            status=status_,
-            workflow_type=workflow_type,
-            limit=limit,
-            before_ms=before_ms,
-            before_run_id=before_run_id,
+            workflow_type=workflow_type, limit=limit, before_ms=before_ms, before_run_id=before_run_id
         )
-    runs = with_unserved(
-        store, runs, status_ == "blocked", workflow_type, limit, before_ms, before_run_id=before_run_id
-    )
+    if status_ != "blocked":
+        runs = marked(store, runs, store.live_workers())
+        if runs and len(runs) >= limit:
+            # The last row's (ms, run id), not its ms alone: runs of the same ms are not skipped.
+            following = f"{runs[-1]['created']}:{runs[-1]['run_id']}"
     # Why no run can move whatever its row says: Redis refusing writes at maxmemory (one INFO
     # memory, a read that works under OOM; refused by an ACL, nothing is said).
     problem = store.memory_state().reason
@@ -171,9 +178,8 @@ def list_(
         out.print(Text(problem, style="bold red"))
         if any(r.get("blocked_kind") == NO_LIVE_WORKER for r in runs):
             out.print(Text(_HEARTBEATS_NOTE, style="red"))
-    if runs and len(runs) >= limit:
-        # The last row's (ms, run id), not its ms alone: runs of the same ms are not skipped.
-        click.echo(f"more: --before {runs[-1]['created']}:{runs[-1]['run_id']}")
+    if following:
+        click.echo(f"more: --before {following}")
 
 
 _HEARTBEATS_NOTE = (

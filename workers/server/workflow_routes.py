@@ -11,13 +11,11 @@ from durable.batch import ACTIONS, for_open_runs
 from durable.errors import ConfigurationError
 from durable.ids import check_build_id
 from durable.search import parse_where
-from durable.store.records import OPEN_STATUSES
-from durable.store.redis_store import RedisStore
-from durable.store.run_list import list_row, parse_cursor
+from durable.store.run_list import list_row
 from durable.store.workers import WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
-from workers.cli.fleet import check_startable, mark_blocked_children, mark_unserved
+from workers.cli.fleet import blocked_page, check_startable, mark_unserved, marked
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
 
@@ -87,14 +85,11 @@ def _workflows_page(call: Call) -> dict[str, Any]:
     except ValueError:
         raise ApiError("invalid_argument", _BEFORE_HELP) from None
     live = call.store.live_workers()
-    rows = _list_rows(call.store, page.runs, live)
+    rows = [list_row(r) for r in marked(call.store, page.runs, live)]
     return {"workflows": rows, "next": page.next, "scanned": page.scanned}
 
 
 _BEFORE_HELP = "'before' must be the 'next' cursor of a page ('<ms>:<run id>'), or UTC ms"
-_UNSERVED_CHUNK = 500
-_UNSERVED_SCAN = 20_000
-_BOTTOM = (-1, "")  # below every (created ms, run id): a list read to its end
 
 
 def _marked_rows(records: list[dict[str, Any]], live: list[WorkerInfo]) -> list[dict[str, Any]]:
@@ -104,62 +99,10 @@ def _marked_rows(records: list[dict[str, Any]], live: list[WorkerInfo]) -> list[
     return [list_row(record) for record in records]
 
 
-def _list_rows(
-    store: RedisStore, records: list[dict[str, Any]], live: list[WorkerInfo]
-) -> list[dict[str, Any]]:
-    """:func:`_marked_rows`, an open run waiting on a blocked child shown as blocked too (its
-    reason naming the child, as ``describe`` says it: :func:`mark_blocked_children`)."""
-    rows = _marked_rows(records, live)
-    mark_blocked_children(store, rows, live)
-    return rows
-
-
 def _blocked_page(call: Call, limit: int, filters: dict[str, Any]) -> dict[str, Any]:
-    """``status=blocked``: the open runs blocked on record, those that no live worker can
-    move (:func:`no_worker_reason`: no live worker serves their queue or build, or defines
-    their type; ``blocked_kind: no_live_worker``), and those waiting on a pending child blocked
-    for any of these reasons (``blocked`` names the child, ``blocked_kind`` is the child's), as
-    the rows show them and as ``durable list --status blocked`` lists them.
-
-    Two reads merged newest first: the blocked index, and the open runs of the same span
-    (checked against the live workers). The page holds only what both have read; ``next``
-    resumes where the shallower one stopped, so no run is skipped or repeated.
-    """
-    store, before = call.store, call.arg("before")
-    live = store.live_workers()
-    recorded = store.list_runs_page(status="blocked", cursor=before, limit=limit, **filters)
-    found = {
-        (r["created"], r["run_id"]): row
-        for r, row in zip(recorded.runs, _list_rows(store, recorded.runs, live), strict=True)
-    }
-    recorded_end, scanned = _end(recorded.next), recorded.scanned
-    cursor = before
-    while True:
-        chunk = store.list_runs_page(cursor=cursor, limit=_UNSERVED_CHUNK, scan=_UNSERVED_CHUNK, **filters)
-        scanned += chunk.scanned
-        for record, row in zip(chunk.runs, _list_rows(store, chunk.runs, live), strict=True):
-            if row.get("blocked") and row.get("status") in OPEN_STATUSES:
-                found.setdefault((record["created"], record["run_id"]), row)
-        cursor, open_end = chunk.next, _end(chunk.next)
-        if open_end <= recorded_end or scanned >= _UNSERVED_SCAN:
-            break
-        if sum(key >= open_end for key in found) >= limit:
-            break
-    frontier = max(recorded_end, open_end)  # both reads are complete down to here
-    keys = sorted((key for key in found if key >= frontier), reverse=True)
-    if len(keys) >= limit:
-        keys = keys[:limit]
-        frontier = keys[-1]
-    return {
-        "workflows": [found[key] for key in keys],
-        "next": None if frontier == _BOTTOM else f"{frontier[0]}:{frontier[1]}",
-        "scanned": scanned,
-    }
-
-
-def _end(cursor: str | None) -> tuple[int, str]:
-    """Down to where a page's read went: its ``next`` cursor, or the bottom (read to the end)."""
-    return parse_cursor(cursor) if cursor else _BOTTOM
+    """``status=blocked``: :func:`~workers.cli.fleet.blocked_page`, as list rows."""
+    page = blocked_page(call.store, limit=limit, cursor=call.arg("before"), **filters)
+    return {"workflows": [list_row(r) for r in page.runs], "next": page.next, "scanned": page.scanned}
 
 
 def _search_workflows(call: Call, limit: int) -> dict[str, Any]:
