@@ -600,3 +600,21 @@ def test_cancel_of_a_blocked_run_says_it_waits_and_names_terminate(redis_url: st
     )
     assert f"`durable terminate {stub.id}`" in result.stderr
     assert "durable repair" not in result.stderr  # a worker moves it: nothing recorded to repair
+
+
+def test_history_rows_write_timer_and_wait_times_as_dates() -> None:
+    """``durable history``'s data column wrote a timer's ``fire_at`` (and a signal wait's
+    ``deadline``) as raw epoch ms: now the UTC time and its distance from the event."""
+    from durable.runinfo import HistoryEvent
+    from workers.cli.render import summarize
+
+    ts = 1_764_979_200_000  # 2025-12-06 00:00:00 UTC
+    timer = HistoryEvent(seq=3, type="TimerStarted", ts=ts, data={"id": "2", "fire_at": ts + 90_500})
+    assert summarize(timer) == "fire_at=2025-12-06 00:01:30.500 (+90.5 s)"
+    wait = HistoryEvent(
+        seq=4,
+        type="SignalWaitStarted",
+        ts=ts,
+        data={"id": "3", "name": "approve", "deadline": ts + 3_600_000},
+    )
+    assert summarize(wait) == "name=approve, deadline=2025-12-06 01:00:00.000 (+3600 s)"

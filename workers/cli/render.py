@@ -133,6 +133,7 @@ def short(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+_EPOCH_MS = ("fire_at", "deadline")  # history data fields that hold UTC ms
 _SUMMARY_SKIP = {"id", "run_id", "workflow_id", "signal_id", "timeouts", "options", "build_id", "patches"}
 
 
@@ -141,6 +142,11 @@ def summarize(event: HistoryEvent) -> str:
     parts = []
     for key, value in event.data.items():
         if key in _SUMMARY_SKIP or value in (None, "", [], {}, False):
+            continue
+        if key in _EPOCH_MS and isinstance(value, int) and (when := fmt_ms(value)):
+            # A time, as the time column says it, and how far after the event it lies (the
+            # timer's or the wait's length as the code asked for it).
+            parts.append(f"{key}={when} (+{(value - event.ts) / 1000:g} s)")
             continue
         parts.append(f"{key}={short(value, 60)}")
     return short(", ".join(parts), 100)
