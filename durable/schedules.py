@@ -147,7 +147,9 @@ class BackfillResult(builtins.list[str]):
     a plain list of them, as before), and what the overlap policy did with each.
 
     Attributes:
-        started: Times whose run started (or had started already: the same workflow id).
+        started: Times whose run started.
+        existing: Times whose run existed already (started by an earlier backfill or trigger,
+            or by the schedule itself: the same workflow id): not started again.
         buffered: Times waiting for an open run to close; they start then.
         skipped: Times the overlap policy dropped: no run starts for them.
         pending: Times not settled yet when it returned (a scheduler that held the schedule
@@ -160,6 +162,7 @@ class BackfillResult(builtins.list[str]):
     ) -> None:
         super().__init__(times)
         self.started = outcome["started"]
+        self.existing = outcome.get("existing", [])
         self.buffered = outcome["buffered"]
         self.skipped = outcome["skipped"]
         self.pending = outcome["pending"]
@@ -509,9 +512,16 @@ class ScheduleHandle:
                     "split the range"
                 )
             times.append(ms)
+        # A time whose run exists (an earlier backfill, or the schedule's own firing: the same
+        # workflow id) is not claimed again: it would be counted as started a second time.
+        ids = [scheduled_workflow_id(self._id, ms) for ms in times]
+        statuses = self._ride("backfill()", lambda: self._store.instance_statuses(ids))
+        existing = [ms for ms, status in zip(times, statuses, strict=True) if status is not None]
+        fresh = [ms for ms, status in zip(times, statuses, strict=True) if status is None]
         now = self._ride("backfill()", self._store.server_time_ms)
-        entry = action("backfilled", now, first=iso(start_ms), last=iso(end_ms), times=len(times))
-        outcome = self._ride("backfill()", lambda: self._fire(times, "backfill", policy, entry))
+        entry = action("backfilled", now, first=iso(start_ms), last=iso(end_ms), times=len(fresh))
+        outcome = self._ride("backfill()", lambda: self._fire(fresh, "backfill", policy, entry))
+        outcome["existing"] = existing
         named = {k: [iso(ms) or "" for ms in v] for k, v in outcome.items()}
         return BackfillResult([iso(ms) or "" for ms in times], named, skip_reason(policy))
 

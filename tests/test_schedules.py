@@ -230,9 +230,10 @@ def test_backfill_starts_each_past_time_once(store: RedisStore) -> None:
     ]
     for t in times:
         assert store.ref(f"bf-{t}")
-    # Again: the same ids; nothing new starts.
-    handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T03:00:00Z")
-    assert handle.describe(runs=False).started == 8  # settled as started, but the runs are the same
+    # Again: the same ids; nothing new starts, and it says so.
+    again = handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T03:00:00Z")
+    assert again == times and again.existing == times and again.started == []
+    assert handle.describe(runs=False).started == 4
     assert len([k for k in store.redis.scan_iter(match="*:wf:bf-*")]) == 4
 
 

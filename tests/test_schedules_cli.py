@@ -209,7 +209,14 @@ def test_cli_trigger_and_backfill_say_what_the_overlap_policy_did(redis_url: str
         ).output  # fmt: skip
     )
     assert data["scheduled"] == data["started"] == ["2024-05-02T00:00:00Z", "2024-05-02T01:00:00Z"]
-    assert data["skipped"] == [] and data["skip_reason"] is None
+    assert data["skipped"] == [] and data["skip_reason"] is None and data["existing"] == []
+    again = invoke(
+        "schedule", "backfill", "sA", "--from", "2024-05-02", "--to", "2024-05-02T02:00:00Z", "--overlap", "allow_all"
+    )  # fmt: skip
+    assert again.output == (
+        "backfill of sA: 3 scheduled time(s) (2024-05-02T00:00:00Z .. 2024-05-02T02:00:00Z); "
+        "1 started, 2 had started already (their runs exist)\n"
+    )
 
 
 def test_cli_create_with_app_checks_the_workflow_type(redis_url: str) -> None:

@@ -332,6 +332,7 @@ def backfill(
                     "id": schedule_id,
                     "scheduled": list(done),
                     "started": done.started,
+                    "existing": done.existing,
                     "buffered": done.buffered,
                     "skipped": done.skipped,
                     "pending": done.pending,
@@ -341,6 +342,8 @@ def backfill(
         )
         return
     counts = [f"{len(done.started)} started"]
+    if done.existing:
+        counts.append(f"{len(done.existing)} had started already (their runs exist)")
     if done.buffered:
         counts.append(f"{len(done.buffered)} buffered (start one by one as the open run closes)")
     if done.pending:
