@@ -4,6 +4,7 @@ activities with heartbeats, cancellation and timeouts."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from procs import workers
 
 from durable import AsyncWorkflowStub, ConfigurationError, WorkflowFailed, WorkflowNotFound
 from durable.client import default_store
-from durable.store.aio import async_waiter_for
+from durable.store.aio import _waiters, async_waiter_for
 
 WAITERS = 500
 
@@ -137,3 +138,26 @@ def test_async_activities_run_heartbeat_cancel_and_time_out(redis_url: str, tmp_
     assert int(lines[-1].rsplit(" ", 1)[1]) > 25
     assert timed_out == {"cause": "ActivityTimeout", "kind": "start_to_close", "attempts": 2}
     assert _lines(slow_log).count("slow cancelled") == 2  # asyncio.timeout cancelled each attempt
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_event_loop_leaves_no_connection_open(redis_url: str) -> None:
+    """Each ``asyncio.run`` (a loop per request, per Celery task, per pytest-asyncio test)
+    kept one or more Redis connections open for ever: the loop's waiter held them, and the
+    registry of waiters kept the loop alive. Its shutdown closes them now."""
+
+    async def one(i: int) -> int:
+        stub = await AsyncWorkflowStub.make(Gate, id=f"gate-loop-{i}").start(i)
+        assert await stub.update("bump", 1, timeout=30) == 2
+        await stub.signal("go", 10)
+        return await stub.result(timeout=30)
+
+    with workers(redis_url, app="apps.async_app"):
+        client = default_store().redis
+        assert asyncio.run(one(0)) == 12  # the workers' connections are all open by now
+        before = len(client.client_list())
+        for i in range(1, 11):
+            assert asyncio.run(one(i)) == i + 12
+        gc.collect()
+        assert len(client.client_list()) <= before + 2, client.client_list()
+        assert not [loop for loop in _waiters if loop.is_closed()]

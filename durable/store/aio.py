@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,6 +172,12 @@ class _Batch:
         if conn is not None:
             await conn.disconnect()
 
+    async def aclose(self) -> None:
+        """Close the connection now (its loop is shutting down)."""
+        if self._idle is not None:
+            self._idle.cancel()
+        await self._drop_connection()
+
     def _close_idle(self) -> None:
         if self._task is None and self._conn is not None:
             self._task = asyncio.get_running_loop().create_task(self._close())
@@ -266,6 +273,15 @@ class AsyncRunWaiter:
         self._next_check = 0.0
         self._read_at = 0.0
         self._outage = waits_outage(store)
+
+    async def aclose(self) -> None:
+        """Stop the waits' tasks and close every connection of this waiter (its loop is
+        shutting down)."""
+        for task in (self._task, self._kick_task):
+            if task is not None and not task.done():
+                task.cancel()
+        await self.batch.aclose()
+        await self.client.connection_pool.disconnect()
 
     async def ref(self, workflow_id: str) -> RunRef:
         """The workflow's current run."""
@@ -505,20 +521,50 @@ async def wait_update(
             await asyncio.sleep(delay)
 
 
-_waiters: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[RedisStore, AsyncRunWaiter]
-]
-_waiters = weakref.WeakKeyDictionary()
+class _LoopWaiters:
+    """One event loop's waiters (one per store), closed when the loop shuts down.
+
+    A waiter's connections belong to its loop and a loop has no close hook, so an async
+    generator stands in for one: started on the loop, it is closed by the loop's
+    ``shutdown_asyncgens()`` (``asyncio.run`` and ``asyncio.Runner`` call it before closing the
+    loop), and its ``finally`` closes every waiter and forgets the loop. Without it each
+    ``asyncio.run`` left its connections open for the life of the process (the registry kept
+    the closed loop, and they refer to it).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.by_store: weakref.WeakKeyDictionary[RedisStore, AsyncRunWaiter] = weakref.WeakKeyDictionary()
+        self._loop = weakref.ref(loop)
+        self._guard = self._until_shutdown()  # the loop holds async generators weakly
+        advance = self._guard.__anext__()  # its first step registers it with the running loop
+        self._started = loop.create_task(_awaited(advance), name="durable-async-loop-guard")
+
+    async def _until_shutdown(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            loop = self._loop()
+            if loop is not None:
+                _waiters.pop(loop, None)
+            for waiter in list(self.by_store.values()):
+                await waiter.aclose()
+
+
+async def _awaited(step: Awaitable[Any]) -> None:
+    await step
+
+
+_waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaiters] = weakref.WeakKeyDictionary()
 
 
 def async_waiter_for(store: RedisStore) -> AsyncRunWaiter:
     """The running event loop's waiter for ``store`` (made on first use; one loop never
-    shares its futures or connections with another)."""
+    shares its futures or connections with another; closed with the loop)."""
     loop = asyncio.get_running_loop()
     per_loop = _waiters.get(loop)
     if per_loop is None:
-        per_loop = _waiters[loop] = weakref.WeakKeyDictionary()
-    waiter = per_loop.get(store)
+        per_loop = _waiters[loop] = _LoopWaiters(loop)
+    waiter = per_loop.by_store.get(store)
     if waiter is None:
-        waiter = per_loop[store] = AsyncRunWaiter(store)
+        waiter = per_loop.by_store[store] = AsyncRunWaiter(store)
     return waiter
