@@ -153,6 +153,9 @@ def render() -> str:
                     else:
                         sig = _signature(attr, value).replace("(self, ", "(").replace("(self)", "()")
                         sig = sig.replace("(cls, ", "(").replace("(cls)", "()")
+                        function = value.__func__ if isinstance(value, classmethod | staticmethod) else value
+                        if inspect.iscoroutinefunction(function):
+                            sig = f"async {sig}"  # awaited: say so, the signature does not
                         lines.append(f"- `{sig}` — {_first_line(value)}")
                 lines.append("")
         grouped[_section(name, obj)] += lines

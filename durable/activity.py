@@ -175,5 +175,5 @@ class Activity:
         """The context of the running attempt."""
         return activity_context()
 
-    def handle(self, *args: Any) -> Any:
+    def handle(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")

@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, Unpack, overload
 
 from . import codec
 from . import events as ev
-from .client import WorkflowStub, _Handles
+from .client import WorkflowStub
 from .client_updates import send_update
-from .options import wait_seconds
+from .handlers import Handles
+from .options import MakeOptions, wait_seconds
 from .runinfo import HistoryEvent, RunDescription, closing_error
 from .store.aio import async_waiter_for
 from .store.aio import wait_update as await_update_outcome
@@ -44,7 +45,7 @@ T = TypeVar("T")
 
 
 class AsyncWorkflowStub(Generic[R]):
-    """A handle on one workflow instance for asyncio code; its methods are coroutines.
+    """A handle on one workflow instance for asyncio code; its methods (``load`` too) are coroutines, except ``make``.
 
     ``AsyncWorkflowStub.make(Order)`` takes what :meth:`WorkflowStub.make` takes and is typed
     like it (``await stub.result()`` has ``Order.handle``'s return type). ``make`` is a plain
@@ -66,17 +67,22 @@ class AsyncWorkflowStub(Generic[R]):
     @overload
     @classmethod
     def make(
-        cls, workflow: type[_Handles[R]], id: str | None = None, **options: Any
-    ) -> AsyncWorkflowStub[R]: ...  # noqa: A002
+        cls, workflow: type[Handles[T]], id: str | None = None, **options: Unpack[MakeOptions]
+    ) -> AsyncWorkflowStub[T]: ...  # noqa: A002
 
     @overload
     @classmethod
-    def make(cls, workflow: str, id: str | None = None, **options: Any) -> AsyncWorkflowStub[Any]: ...  # noqa: A002
+    def make(
+        cls, workflow: str, id: str | None = None, **options: Unpack[MakeOptions]
+    ) -> AsyncWorkflowStub[Any]: ...  # noqa: A002
 
     @classmethod
     def make(
-        cls, workflow: type[Workflow] | type[_Handles[R]] | str, id: str | None = None, **options: Any
-    ) -> AsyncWorkflowStub[Any]:  # noqa: A002
+        cls,
+        workflow: type[Workflow] | type[Handles[Any]] | str,
+        id: str | None = None,  # noqa: A002
+        **options: Unpack[MakeOptions],
+    ) -> AsyncWorkflowStub[Any]:
         """A stub for a new workflow instance; ``options`` as for :meth:`WorkflowStub.make`
         (``queue``, ``store``, id policies, timeouts, search attributes, memo). Nothing is
         written until :meth:`start`.

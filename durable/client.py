@@ -6,7 +6,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 from . import codec, interceptors
 from . import events as ev
@@ -18,6 +18,7 @@ from .errors import (
     WorkflowClosed,
     WorkflowNotFound,
 )
+from .handlers import Handles
 from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
@@ -79,13 +80,6 @@ def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.Signa
 
 R = TypeVar("R")
 T = TypeVar("T")
-R_co = TypeVar("R_co", covariant=True)
-
-
-class _Handles(Protocol[R_co]):
-    """A workflow class whose ``handle`` returns ``R_co`` (what a typed stub's ``result()`` gives)."""
-
-    def handle(self, *args: Any, **kwargs: Any) -> R_co: ...
 
 
 class WorkflowStub(Generic[R]):
@@ -132,7 +126,7 @@ class WorkflowStub(Generic[R]):
     @classmethod
     def make(
         cls,
-        workflow: type[_Handles[R]],
+        workflow: type[Handles[T]],
         id: str | None = None,
         *,
         queue: str | None = None,
@@ -143,7 +137,7 @@ class WorkflowStub(Generic[R]):
         run_timeout: Seconds | str | None = None,
         search_attributes: dict[str, Any] | None = None,
         memo: dict[str, Any] | None = None,
-    ) -> WorkflowStub[R]: ...  # noqa: A002
+    ) -> WorkflowStub[T]: ...  # noqa: A002
 
     @overload
     @classmethod
@@ -165,7 +159,7 @@ class WorkflowStub(Generic[R]):
     @classmethod
     def make(
         cls,
-        workflow: type[Workflow] | type[_Handles[R]] | str,
+        workflow: type[Workflow] | type[Handles[Any]] | str,
         id: str | None = None,
         *,
         queue: str | None = None,
@@ -236,7 +230,7 @@ class WorkflowStub(Generic[R]):
         return stub
 
     @classmethod
-    def from_stub(cls, stub: WorkflowStub) -> Self:
+    def from_stub(cls, stub: WorkflowStub[Any]) -> Self:
         """A stub of this class for the same workflow, run, queue, store and start policy as ``stub``."""
         copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
         copy._policy = stub._policy
@@ -245,7 +239,7 @@ class WorkflowStub(Generic[R]):
         return copy
 
     @classmethod
-    def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub:  # noqa: A002
+    def load(cls, id: str, *, store: RedisStore | None = None) -> WorkflowStub[Any]:  # noqa: A002
         """A stub for an existing workflow id (its current run).
 
         Raises:

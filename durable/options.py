@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .errors import ConfigurationError
 from .immutable import immutable
+
+if TYPE_CHECKING:
+    from .store.redis_store import RedisStore
 
 #: A duration: seconds (int or float) or a :class:`~datetime.timedelta`.
 Seconds = float | int | timedelta
@@ -198,3 +201,16 @@ class ChildOptions:
     workflow_id: str | None = None
     queue: str | None = None
     parent_close_policy: str = "terminate"
+
+
+class MakeOptions(TypedDict, total=False):
+    """The keyword options of :meth:`WorkflowStub.make` (what ``AsyncWorkflowStub.make`` passes on)."""
+
+    queue: str | None
+    store: RedisStore | None
+    id_reuse_policy: str
+    id_conflict_policy: str | None
+    execution_timeout: Seconds | str | None
+    run_timeout: Seconds | str | None
+    search_attributes: dict[str, Any] | None
+    memo: dict[str, Any] | None

@@ -11,13 +11,14 @@ from __future__ import annotations
 import builtins
 import random as _random
 import uuid as _uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, Unpack, overload
 
 from .activity import activity_context
 from .errors import ConfigurationError, DurableError, NondeterminismError
+from .handlers import ActivityCallOptions, ChildCallOptions, Handles, query, signal, update
 from .history_budget import DEFAULT_HISTORY_BUDGET, NEAR_LIMIT, effective_history_budget, near_history_limit
 from .limits import check_name_length, check_queue_name
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
@@ -110,75 +111,8 @@ class Workflow:
             )
         register_workflow_class(cls)
 
-    def handle(self, *args: Any) -> Any:
+    def handle(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
-
-
-def signal(fn: F | None = None, *, name: str | None = None) -> Any:
-    """Mark a workflow method as the handler of a signal.
-
-    Handlers run in history order, between durable steps, and may change the
-    workflow's attributes; they may not make durable calls. A signal without a
-    handler is buffered for :func:`await_signal`. ``name`` defaults to the
-    method name.
-    """
-
-    def mark(f: F) -> F:
-        f.__durable_signal__ = name or f.__name__  # type: ignore[attr-defined]
-        return f
-
-    return mark(fn) if fn is not None else mark
-
-
-def query(fn: F | None = None, *, name: str | None = None) -> Any:
-    """Mark a workflow method as a query: answered by replaying the committed
-    history, committing nothing. ``name`` defaults to the method name."""
-
-    def mark(f: F) -> F:
-        f.__durable_query__ = name or f.__name__  # type: ignore[attr-defined]
-        return f
-
-    return mark(fn) if fn is not None else mark
-
-
-def update(fn: F | None = None, *, name: str | None = None) -> Any:
-    """Mark a workflow method as the handler of an update (``WorkflowStub.update``).
-
-    An update is a signal with an answer: its handler runs in its own branch, may
-    make durable calls (activities, timers, ...) and its return value (or error)
-    goes back to the caller. An optional validator, declared with
-    ``@<handler>.validator``, runs first with the same arguments and rejects the
-    update by raising; it must be deterministic, must not change the workflow's state
-    (replay does not run it again) and may not make durable calls.
-    ``name`` defaults to the method name.
-
-    Example:
-        ```python
-        class Cart(Workflow):
-            @update
-            def add(self, sku: str) -> int:
-                activity(Reserve, sku)
-                self.items.append(sku)
-                return len(self.items)
-
-            @add.validator
-            def _check_add(self, sku: str) -> None:
-                if not sku:
-                    raise ValueError("empty sku")
-        ```
-    """
-
-    def mark(f: F) -> F:
-        f.__durable_update__ = name or f.__name__  # type: ignore[attr-defined]
-
-        def validator(check: F) -> F:
-            f.__durable_update_validator__ = check.__name__  # type: ignore[attr-defined]
-            return check
-
-        f.validator = validator  # type: ignore[attr-defined]
-        return f
-
-    return mark(fn) if fn is not None else mark
 
 
 def _update_handlers(cls: type) -> dict[str, tuple[str, str | None]]:
@@ -194,6 +128,22 @@ def _update_handlers(cls: type) -> dict[str, tuple[str, str | None]]:
     return updates
 
 
+# Typed for type checkers: the result is what the activity's ``handle`` (or function) returns,
+# awaited for an ``async def`` one.
+@overload
+def activity(
+    target: type[Handles[Coroutine[Any, Any, T]]], *args: Any, **options: Unpack[ActivityCallOptions]
+) -> T: ...
+@overload
+def activity(target: type[Handles[T]], *args: Any, **options: Unpack[ActivityCallOptions]) -> T: ...
+@overload
+def activity(
+    target: Callable[..., Coroutine[Any, Any, T]], *args: Any, **options: Unpack[ActivityCallOptions]
+) -> T: ...
+@overload
+def activity(target: Callable[..., T], *args: Any, **options: Unpack[ActivityCallOptions]) -> T: ...
+@overload
+def activity(target: str, *args: Any, **options: Unpack[ActivityCallOptions]) -> Any: ...
 def activity(
     target: Any,
     *args: Any,
@@ -283,6 +233,10 @@ def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
     return current_runtime().call_side_effect(fn, id=id)
 
 
+@overload
+def child(workflow: type[Handles[T]], *args: Any, **options: Unpack[ChildCallOptions]) -> T: ...
+@overload
+def child(workflow: str, *args: Any, **options: Unpack[ChildCallOptions]) -> Any: ...
 def child(
     workflow: Any,
     *args: Any,
