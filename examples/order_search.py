@@ -12,7 +12,8 @@ Run it (embedded Redis, or the one in ``DURABLE_REDIS_URL``)::
 
 or with a worker (``durable worker --app examples.order_search``)::
 
-    durable start Order '"o-1"' 120.5 --id order-1
+    durable start Order '"o-1"' 120.5 '["a-1", "x-2"]' --id order-1 \\
+        --search-attribute customer=acme --app examples.order_search
     durable signal order-1 pay
     durable list --where "customer = 'acme' and amount > 100" --app examples.order_search
     durable count --where "tags = 'paid'" --app examples.order_search

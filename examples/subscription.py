@@ -32,7 +32,7 @@ def bill(customer: str, period: int) -> str:
 
 
 def send_goodbye(customer: str, periods: int) -> str:
-    return f"goodbye {customer} after {periods} periods"
+    return f"goodbye {customer} after {periods} period{'' if periods == 1 else 's'}"
 
 
 # ------------------------------------------------------------------- workflow

@@ -234,6 +234,39 @@ def test_cli_installs_the_hook_named_by_the_environment(
     assert bad.returncode == 1 and "expected module:attribute" in bad.stderr
 
 
+def test_the_cli_finds_the_hook_module_in_the_current_folder(
+    redis_url: str, no_hook: None, tmp_path: Path
+) -> None:
+    """The ``durable`` script (``-P``: as a console script, the current folder is not on
+    ``sys.path``) imports $DURABLE_PAYLOAD_HOOK's module from where ``--app`` modules are
+    found: ``examples.encryption:payload_hook`` run from a checkout failed with
+    ModuleNotFoundError. A module that is nowhere says where it was looked for."""
+    (tmp_path / "sealing.py").write_text(
+        "class Hook:\n"
+        "    def encode(self, data: bytes) -> bytes:\n        return data\n"
+        "    def decode(self, data: bytes) -> bytes:\n        return data\n"
+    )
+
+    def durable(hook: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "DURABLE_REDIS_URL": redis_url, "DURABLE_PAYLOAD_HOOK": hook}
+        env.pop("PYTHONPATH", None)
+        return subprocess.run(
+            [sys.executable, "-P", "-m", "workers.cli", "list", "--limit", "1"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = durable("sealing:Hook")
+    assert done.returncode == 0, done.stderr
+    missing = durable("not_here:Hook")
+    assert missing.returncode == 1 and "No module named 'not_here'" in missing.stderr
+    assert "add its folder to PYTHONPATH" in missing.stderr, missing.stderr
+
+
 def test_hook_from_the_environment_and_reading_without_a_hook(
     no_hook: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -187,6 +187,8 @@ def test_promote_moves_new_runs_to_a_live_build(redis_url: str, store: RedisStor
         assert store.current_build(["default"]) in (["v1"], ["v2"])  # whichever registered first
         out = invoke("promote", "v2")
         assert out.exit_code == 0 and "new runs go to build v2" in out.stdout
+        again = invoke("promote", "v2").stdout
+        assert "new runs go to build v2 (it was current already)" in again, again
         time.sleep(2.5)  # workers re-read the current build every second (and finish a 1 s read)
         stub = WorkflowStub.make(Waiter, store=store).start(0.01)
         wait_for(lambda: stub.snapshot()["build_id"] == "v2", timeout=30)

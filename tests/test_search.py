@@ -214,6 +214,37 @@ def test_a_start_where_the_attributes_are_not_declared_uses_the_published_ones(
         WorkflowStub.make("SearchOrder", store=store, search_attributes={"nope": 1})
 
 
+def test_cli_start_sets_search_attributes_and_memo(durable_env: Any) -> None:
+    """``durable start --search-attribute NAME=VALUE --memo NAME=VALUE``: a run started from the
+    CLI can be found by its attributes before any worker ran it (there was no way to give them)."""
+    store = durable_env.store
+
+    def start(*extra: str) -> Any:
+        return CliRunner().invoke(
+            # A queue durable_env's worker does not serve: its upserts would replace them.
+            cli,
+            ["start", "SearchOrder", "acme", "1", "--app", "tests.apps.search", "--queue", "cli", *extra],
+        )
+
+    done = start(
+        "--id", "cli-sa", "--search-attribute", "customer=acme", "--search-attribute", "amount=120.5"
+    )
+    assert done.exit_code == 0, done.output
+    done = start("--id", "cli-memo", "--memo", 'note={"by": "ops"}', "--search-attribute", 'tags=["a", "b"]')
+    assert done.exit_code == 0, done.output
+    assert _ids(durable.list_runs("customer = 'acme' and amount > 100", store=store)) == ["cli-sa"]
+    assert _ids(durable.list_runs("tags = 'b'", store=store)) == ["cli-memo"]
+    assert WorkflowStub.load("cli-memo", store=store).describe()["memo"] == {"note": {"by": "ops"}}
+    for extra, words in [
+        (("--search-attribute", "amount=lots"), "amount"),
+        (("--search-attribute", "nope=1"), "unknown search attribute 'nope'"),
+        (("--search-attribute", "customer"), "expected NAME=VALUE"),
+        (("--memo", "=1"), "expected NAME=VALUE"),
+    ]:
+        refused = start(*extra)
+        assert refused.exit_code != 0 and words in refused.output, (extra, refused.output)
+
+
 def test_continue_as_new_carries_attributes_and_memo(durable_env: Any) -> None:
     stub = WorkflowStub.make(SearchLooper, id="loop", store=durable_env.store).start()
     assert stub.result(timeout=10) == 17

@@ -72,7 +72,12 @@ def install_payload_hook_from_env() -> PayloadHook | None:
     try:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}") from None
+        where = (
+            " (looked for on sys.path: run from the folder that holds it, or add its folder to PYTHONPATH)"
+            if isinstance(exc, ModuleNotFoundError)
+            else ""
+        )
+        raise ConfigurationError(f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}{where}") from None
     hook = target if hasattr(target, "encode") else target() if callable(target) else target
     if not (callable(getattr(hook, "encode", None)) and callable(getattr(hook, "decode", None))):
         raise ConfigurationError(

@@ -33,7 +33,7 @@ from durable.store.connect import (
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
-from workers.app import missing_app
+from workers.app import app_path, missing_app
 from workers.config import mask_secrets, mask_url
 from workers.worker import load_app
 
@@ -394,6 +394,7 @@ def cli(ctx: click.Context, redis_option: str | None, namespace_option: str | No
             raise click.BadParameter(str(exc), param_hint="--namespace") from None
         _export_namespace(ctx, namespace_option)
     try:  # before any command reads a payload: encrypted runs decode (docs/security.md)
+        app_path()  # the hook's module is looked for where --app modules are: the current folder
         codec.install_payload_hook_from_env()
     except DurableError as exc:
         raise CliError(str(exc)) from None

@@ -359,7 +359,8 @@ def promote(state: CliState, build: str, queues: tuple[str, ...]) -> None:
     store.promote_build(queues, build)
     live = store.live_workers()
     for queue, old in zip(queues, before, strict=True):
-        click.echo(f"queue {queue}: new runs go to build {build} (was {old or 'none'})")
+        was = "it was current already" if old == build else f"was {old or 'none'}"
+        click.echo(f"queue {queue}: new runs go to build {build} ({was})")
         if not any(queue in w.queues and w.build == build for w in live):
             click.echo(
                 f"warning: no live worker of build {build} serves queue {queue}: start its workers first "

@@ -80,6 +80,14 @@ def _stub(state: CliState, workflow_id: str) -> WorkflowStub:
 @click.option(
     "--run-timeout", default=None, metavar="DURATION", help="Each run must close within it (e.g. 10m)."
 )
+@click.option(
+    "--search-attribute",
+    "search",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="An initial search attribute (declared, of its type; VALUE is JSON or a string; repeatable).",
+)
+@click.option("--memo", "memo", multiple=True, metavar="NAME=VALUE", help="A memo entry (repeatable).")
 @pass_state
 def start(
     state: CliState,
@@ -96,6 +104,8 @@ def start(
     id_conflict_policy: str | None,
     execution_timeout: str | None,
     run_timeout: str | None,
+    search: tuple[str, ...],
+    memo: tuple[str, ...],
 ) -> None:
     """Start a run of workflow TYPE with ARGS (JSON values).
 
@@ -120,6 +130,8 @@ def start(
         id_conflict_policy=id_conflict_policy,
         execution_timeout=execution_timeout,
         run_timeout=run_timeout,
+        search_attributes=_named(search, "--search-attribute") or None,
+        memo=_named(memo, "--memo") or None,
     )
     warning = check_startable(
         stub.store, workflow_type, registry.start_queue(workflow_type, stub.queue), apps
@@ -138,6 +150,17 @@ def start(
         click.echo(f"signal: {signal_name} -> {started} run")
     if wait:
         click.echo(to_json(_result(stub, timeout)))
+
+
+def _named(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
+    """``NAME=VALUE`` options as a dict, each value read as an argument is (JSON or a string)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip():
+            raise click.BadParameter(f"{pair!r}: expected NAME=VALUE, e.g. customer=acme", param_hint=option)
+        out[name.strip()] = parse_args([value])[0]
+    return out
 
 
 @click.command()
