@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from apps.basic import Waiter
+from click.testing import CliRunner
 from procs import children, durable_cli, spawn_worker, stop, supervised_app
 from server_procs import ServerProc
 from waiting import wait_for
@@ -22,6 +23,7 @@ from durable import WorkflowStub
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
+from workers.cli import cli
 from workers.membership import Membership
 from workers.scheduler import Scheduler
 from workers.worker import Worker, WorkerThread
@@ -233,6 +235,9 @@ def test_durable_drain_says_when_a_worker_has_not_confirmed(
     store.ask_drain(["silent"])
     (line,) = fleet._drain_confirmations(store, ["silent"])
     assert line.startswith("worker silent: asked to drain, but it has not said so within 0 s")
+    out = CliRunner().invoke(cli, ["drain", "silent"])  # a deploy script sees it: exit 1
+    assert out.exit_code == 1 and "it has not said so" in out.output, out.output
+    assert "error: 1 of 1 worker(s) did not confirm the drain" in out.output, out.output
 
 
 def test_the_api_drains_a_worker_by_name(redis_url: str, store: RedisStore, tmp_path: Path) -> None:

@@ -403,10 +403,19 @@ def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> N
                 f"(`durable worker --app YOUR_APP --queue {queue}`)",
                 err=True,
             )
-    for line in _drain_confirmations(store, [w.name for w in chosen]):
+    lines = _drain_confirmations(store, [w.name for w in chosen])
+    for line in lines:
         click.echo(line)
+    if silent := sum(_NOT_CONFIRMED in line for line in lines):
+        # A deploy script must not take an unanswered ask (a stalled worker, one of a release
+        # before drains) for a drain under way.
+        raise CliError(
+            f"{silent} of {len(lines)} worker(s) did not confirm the drain; the ask stays: "
+            "`durable workers` shows when they do, or stop them (SIGTERM)"
+        )
 
 
+_NOT_CONFIRMED = "it has not said so"
 DRAIN_CONFIRM_S = 2 * HEARTBEAT_S + 1
 """How long ``durable drain`` waits for each worker to say it drains (it reads the ask with its
 heartbeat)."""
@@ -427,7 +436,7 @@ def _drain_confirmations(store: RedisStore, names: list[str]) -> list[str]:
         w = now.get(name)
         if name not in answered:
             lines.append(
-                f"worker {name}: asked to drain, but it has not said so within {DRAIN_CONFIRM_S:.0f} s (it "
+                f"worker {name}: asked to drain, but {_NOT_CONFIRMED} within {DRAIN_CONFIRM_S:.0f} s (it "
                 "reads the ask with its heartbeat: stalled, or an older release?); `durable workers` shows it once it does"
             )
         elif w is None or w.stopping or not w.pinned_left:
