@@ -48,13 +48,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import events as ev
 from . import registry
 from .activity import Activity
 from .client import HistoryEvent, WorkflowStub
 from .errors import ConfigurationError
+from .handlers import Handles
 from .options import Seconds, to_seconds
 from .replay import Driver
 from .replay import replay_history as _replay_entries
@@ -76,7 +77,11 @@ TEST_REDIS_ENV = "DURABLE_TEST_REDIS_URL"
 # --------------------------------------------------------------------------- stubs
 
 
-class TestWorkflowStub(WorkflowStub):
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+class TestWorkflowStub(WorkflowStub[R]):
     """A :class:`~durable.WorkflowStub` bound to a :class:`TestEnvironment`.
 
     Its :meth:`result` lets the environment skip time while it waits (when the
@@ -87,7 +92,7 @@ class TestWorkflowStub(WorkflowStub):
 
     _env: TestEnvironment
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> R:
         with self._env._waiting():
             return super().result(timeout=timeout)
 
@@ -253,27 +258,51 @@ class TestEnvironment:
         return self._worker
 
     # ---------------------------------------------------------------- stubs
+    @overload
     def stub(
-        self, workflow: type[Workflow] | str, id: str | None = None, *, queue: str | None = None
-    ) -> TestWorkflowStub:  # noqa: A002
+        self, workflow: type[Handles[T]], id: str | None = None, *, queue: str | None = None
+    ) -> TestWorkflowStub[T]: ...  # noqa: A002
+    @overload
+    def stub(
+        self, workflow: str, id: str | None = None, *, queue: str | None = None
+    ) -> TestWorkflowStub[Any]: ...  # noqa: A002
+    def stub(
+        self,
+        workflow: type[Workflow] | type[Handles[Any]] | str,
+        id: str | None = None,
+        *,
+        queue: str | None = None,
+    ) -> TestWorkflowStub[Any]:  # noqa: A002
         """An unstarted stub bound to this environment (like ``WorkflowStub.make``)."""
         base = WorkflowStub.make(workflow, id=id, queue=queue, store=self.store)
         return self._bind(base)
 
+    @overload
     def start(
-        self, workflow: type[Workflow] | str, *args: Any, id: str | None = None, queue: str | None = None
-    ) -> TestWorkflowStub:  # noqa: A002
+        self, workflow: type[Handles[T]], *args: Any, id: str | None = None, queue: str | None = None
+    ) -> TestWorkflowStub[T]: ...  # noqa: A002
+    @overload
+    def start(
+        self, workflow: str, *args: Any, id: str | None = None, queue: str | None = None
+    ) -> TestWorkflowStub[Any]: ...  # noqa: A002
+    def start(
+        self,
+        workflow: type[Workflow] | type[Handles[Any]] | str,
+        *args: Any,
+        id: str | None = None,  # noqa: A002
+        queue: str | None = None,
+    ) -> TestWorkflowStub[Any]:
         """Start a run of ``workflow`` with ``args``; returns its stub."""
         stub = self.stub(workflow, id=id, queue=queue)
         stub.start(*args)
         return stub
 
-    def load(self, id: str) -> TestWorkflowStub:  # noqa: A002
+    def load(self, id: str) -> TestWorkflowStub[Any]:  # noqa: A002
         """A stub for an existing workflow id (e.g. a child), bound to this environment."""
         return self._bind(WorkflowStub.load(id, store=self.store))
 
-    def _bind(self, base: WorkflowStub) -> TestWorkflowStub:
-        stub = TestWorkflowStub.from_stub(base)
+    def _bind(self, base: WorkflowStub[Any]) -> TestWorkflowStub[Any]:
+        stub: TestWorkflowStub[Any] = TestWorkflowStub.from_stub(base)
         stub._env = self
         return stub
 

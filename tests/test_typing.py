@@ -3,7 +3,7 @@
 The handler decorators keep the method's signature (``@update`` adds ``.validator``),
 ``activity()`` and ``child()`` return what the target's ``handle`` (or function) returns,
 awaited for an ``async def`` one, and ``AsyncWorkflowStub.make`` checks its options as
-``WorkflowStub.make`` does. Before, the decorators were typed ``-> Any`` (``--strict`` refused
+``WorkflowStub.make`` does; ``TestEnvironment.start`` gives a typed stub too. Before, the decorators were typed ``-> Any`` (``--strict`` refused
 ``@add.validator`` as an untyped decorator), ``activity()`` returned ``Any`` and a misspelled
 option of the async ``make`` passed.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 from durable import (
     Activity, AsyncWorkflowStub, Workflow, WorkflowStub, activity, child, query, signal, update,
 )
+from durable.testing import TestEnvironment
 
 
 class Charge(Activity):
@@ -95,6 +96,10 @@ reveal_type(stub)
 reveal_type(WorkflowStub.make(Order))
 reveal_type(WorkflowStub.load("o-1"))
 AsyncWorkflowStub.make(Order, execution_timout="1h")
+
+
+def in_a_test(env: TestEnvironment) -> None:
+    reveal_type(env.start(Order, "o", 1).result())
 """
 
 
@@ -125,6 +130,7 @@ def test_handlers_activities_children_and_stubs_are_typed(tmp_path: Path) -> Non
         "durable.aio.AsyncWorkflowStub[str]",
         "durable.client.WorkflowStub[str]",
         "durable.client.WorkflowStub[Any]",
+        "str",
     ], out
     # The three misuses, each on its line (an overload miss adds a "No overload variant" line),
     # and nothing about the decorators or the validators.
