@@ -3,6 +3,11 @@
 Each only marks the method (an attribute the ``Workflow`` class reads when it is defined) and
 returns it unchanged, so a handler is called as the plain method it is. For type checkers they
 keep the method's signature; ``@update`` adds ``.validator`` (:class:`UpdateMethod`).
+
+Also the other typing pieces of the workflow-facing calls, for type checkers only:
+:class:`Handles` (a class whose ``handle`` returns ``R``: what types a stub's ``result()``,
+``activity()`` and ``child()``) and the keyword options of ``activity()`` and ``child()`` as
+TypedDicts, which their typed overloads take.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ from workers.config import mask_url
 
 __all__ = [
     "COMMANDS",
+    "blocked_page",
     "fleet_report",
     "mark_blocked_children",
-    "blocked_page",
     "mark_unserved",
     "marked",
 ]
