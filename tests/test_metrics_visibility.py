@@ -138,3 +138,12 @@ def test_worker_gauges_say_each_workers_state_and_what_a_drain_has_left(store: R
         for s in families["durable_worker_drain_pinned_runs"].samples
     ]
     assert left == [("w-draining", "v1", 2)]
+    # A queue tasks went to whose workers all stopped reads 0 serving (the documented alert's
+    # `sum by (queue) (durable_workers{state="serving"}) == 0`), not no series at all.
+    store.note_queues(["lonely"])
+    families = {f.name: f for f in QueueCollector(store, ["q"]).collect()}
+    serving: dict[str, float] = {}
+    for sample in families["durable_workers"].samples:
+        if sample.labels["state"] == "serving":
+            serving[sample.labels["queue"]] = serving.get(sample.labels["queue"], 0) + sample.value
+    assert serving == {"lonely": 0, "q": 2}

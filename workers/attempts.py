@@ -146,16 +146,7 @@ def execute_attempt(
     caller commits it itself together with the run's next decision (eager mode).
     Returns the outcome word (completed, retry, failed, void, parked).
     """
-    # Every log line of the attempt carries its ids.
-    token = bind_run(
-        {
-            "workflow_id": task.workflow_id,
-            "run_id": task.run_id,
-            "activity_id": task.activity_id,
-            "activity_type": task.name,
-            "attempt": task.attempt,
-        }
-    )
+    token = bind_run(task_ids(task))  # every log line of the attempt carries its ids
     began = time.perf_counter()
     try:
         outcome, timeout = _attempt(
@@ -163,8 +154,20 @@ def execute_attempt(
         )
     finally:
         unbind_run(token)
-    metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began, timeout)
+    if outcome != "completed":  # a result is counted once the store took it (counted()): a late one is not
+        metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began, timeout)
     return outcome
+
+
+def task_ids(task: ActivityTask) -> dict[str, Any]:
+    """The ids a log line about an activity attempt carries (``extra=``, or bound)."""
+    return {
+        "workflow_id": task.workflow_id,
+        "run_id": task.run_id,
+        "activity_id": task.activity_id,
+        "activity_type": task.name,
+        "attempt": task.attempt,
+    }
 
 
 def _attempt(
@@ -245,7 +248,8 @@ def _attempt(
         on_result(result)
     else:
         outcome = completion(result)
-        retry_transient(lambda: complete_batch(store, [outcome]), _recording)
+        if retry_transient(lambda: complete_batch(store, [outcome]), _recording):
+            return "discarded", ""  # a deadline passed first: counted as timed out, once
     return "completed", ""
 
 
@@ -307,9 +311,10 @@ def attempt_failed(
     return AttemptOutcome(task, "failed", record, stream, entry_id, event)
 
 
-def complete_batch(store: RedisStore, outcomes: list[AttemptOutcome]) -> None:
-    """Record several attempts' results in one round trip; late results are logged as discarded."""
-    _log_stale(outcomes, store.complete_many(outcomes))
+def complete_batch(store: RedisStore, outcomes: list[AttemptOutcome]) -> int:
+    """Record several attempts' results in one round trip; late results are logged as discarded
+    (how many were is returned)."""
+    return _settled(outcomes, store.complete_many(outcomes))
 
 
 def complete_and_preload(
@@ -336,7 +341,7 @@ def complete_and_preload(
     replies, loaded, handed = store.complete_then_load(
         outcomes, list(runs.values()), taker=taker, sticky=sticky
     )
-    _log_stale(outcomes, replies)
+    _settled(outcomes, replies)
     if loaded is None:
         return {}, handed
     woken = {o.task.run_id for o, (word, n) in zip(outcomes, replies, strict=True) if word == "OK" and n}
@@ -344,16 +349,31 @@ def complete_and_preload(
     return loads, handed
 
 
-def _log_stale(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> None:
+def counted(task: ActivityTask, record: dict[str, Any]) -> None:
+    """Count a completed attempt whose result the store has recorded (``record``: its log
+    record, with how long it ran)."""
+    ran_ms = record.get("duration_ms")
+    metrics.attempt(task.name, task.stream, "completed", ran_ms / 1000 if isinstance(ran_ms, int) else None)
+
+
+def _settled(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> int:
+    """Count the recorded completions; log the late ones the store discarded (how many)."""
+    stale = 0
     for outcome, (reply, _) in zip(outcomes, replies, strict=True):
-        if reply == "STALE":
+        if reply != "STALE":
+            if outcome.outcome == "completed":
+                counted(outcome.task, outcome.record)
+        else:
+            stale += 1
             task = outcome.task
             log.info(
                 "late result of activity %s (run %s, attempt %d) discarded",
                 task.activity_id,
                 task.run_id,
                 task.attempt,
+                extra=task_ids(task),
             )
+    return stale
 
 
 def attempt_deadline(task: ActivityTask, started: float, *, heartbeat: bool = True) -> float | None:

@@ -44,7 +44,7 @@ from durable.store.tasks import (
 )
 
 from . import faults, metrics
-from .attempts import attempt_deadline, complete_batch, completion
+from .attempts import attempt_deadline, complete_batch, completion, counted
 from .closings import child_result, next_run_of
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
@@ -257,22 +257,29 @@ class Decider:
     def _after_commit(
         self, ref: RunRef, driver: Driver, decision: Decision, plan: CommitPlan, result: Any
     ) -> None:
+        # Commits of a batch are settled outside any one run's log binding: the ids go on the line.
+        ids = {"workflow_id": ref.workflow_id, "run_id": ref.run_id, "workflow_type": driver.workflow_type}
         if isinstance(result, Exception):
             self._unreserve([plan])
         if isinstance(result, EventConflict):
-            log.info("conflict committing run %s; another decider won, discarding", ref.run_id)
+            log.info("conflict committing run %s; another decider won, discarding", ref.run_id, extra=ids)
             driver.close()
         elif isinstance(result, Exception):
             driver.close()
             if not isinstance(result, WorkflowClosed | StaleCompletion) and not is_transient(result):
-                log.error("commit of run %s failed: %s; the task stays pending, retried", ref.run_id, result)
+                log.error(
+                    "commit of run %s failed: %s; the task stays pending, retried",
+                    ref.run_id,
+                    result,
+                    extra=ids,
+                )
         else:
             driver.committed()
             self.cache.put(ref.run_id, driver)
             if isinstance(decision.closing, ev.WorkflowFailedEvent):  # a bug: said, and where
                 text, bug = failure_text(decision.closing)
                 (log.warning if bug else log.info)(
-                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text
+                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text, extra=ids
                 )
             # After the commit: a scheduler woken earlier would not see the timer yet.
             for _, due in decision.timers:
@@ -329,6 +336,9 @@ class Decider:
                     self._measure(driver, decision, {}, outcome, began)  # never a first decision
                 if isinstance(outcome, Exception):
                     inbox += items
+                else:
+                    for result in items:
+                        counted(result.task, result.record)
         if inbox:
             complete_batch(self.store, [completion(r) for r in inbox])
 

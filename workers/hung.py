@@ -28,7 +28,7 @@ from durable.store.records import CLOSED_STATUSES, HEARTBEAT_S
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 
-from .attempts import attempt_deadline
+from .attempts import attempt_deadline, task_ids
 
 log = logging.getLogger("durable.worker")
 
@@ -194,6 +194,7 @@ class HungWatch:
             t.run_id,
             what,
             fate,
+            extra=task_ids(t),
         )
 
     def _fate(self, task: ActivityTask, now: float) -> tuple[str, str]:

@@ -94,7 +94,7 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         )
         try:
             live = self.store.live_workers()
-            _count_workers(live, workers, left)
+            _count_workers(live, workers, left, self.store.known_queues())
             self._read(live, backlog, oldest, dead)
         except redis.RedisError as exc:
             log.warning("metrics: task queues not read from Redis: %s", exc)
@@ -152,7 +152,7 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         return ages
 
 
-def _count_workers(live: Sequence[Any], workers: Any, left: Any) -> None:
+def _count_workers(live: Sequence[Any], workers: Any, left: Any, known: Iterable[str]) -> None:
     counts: dict[tuple[str, str, str], int] = {}
     for w in live:
         for queue in w.queues:
@@ -161,6 +161,12 @@ def _count_workers(live: Sequence[Any], workers: Any, left: Any) -> None:
                 counts[key] = counts.get(key, 0) + 1
         if w.state == "draining":
             left.add_metric([w.name, w.build], w.pinned_left)
+    # A queue tasks were sent to that no worker serves now reads 0 serving, not no series at
+    # all: `sum by (queue) (durable_workers{state="serving"}) == 0` fires when its last worker stops.
+    serving = {queue for queue, _, state in counts if state == "serving"}
+    for queue in known:
+        if queue not in serving and not queue.startswith(PRIVATE):
+            counts[(queue, "", "serving")] = 0
     for labels, count in sorted(counts.items()):
         workers.add_metric(list(labels), count)
 

@@ -24,6 +24,8 @@ class RunCache:
 
     def take(self, run_id: str, seq: int) -> Driver | None:
         driver = self._drivers.pop(run_id, None)
+        # The gauge follows every change (a taken run is back only if put back: one that closed is not).
+        metrics.cache_size(len(self._drivers))
         if driver is not None and driver.seq == seq:
             self.hits += 1
             metrics.cache_lookup(True)
@@ -37,6 +39,7 @@ class RunCache:
     def put(self, run_id: str, driver: Driver) -> None:
         if self.size <= 0 or driver.closed_run:
             driver.close()
+            metrics.cache_size(len(self._drivers))
             return
         self._drivers[run_id] = driver
         while len(self._drivers) > self.size:
@@ -53,6 +56,7 @@ class RunCache:
         """Take the cached driver of ``run_id`` out, whatever its seq (eager commits: a hit when
         found; when not, the result goes through the inbox and that decision's lookup counts)."""
         driver = self._drivers.pop(run_id, None)
+        metrics.cache_size(len(self._drivers))
         if driver is not None:
             self.hits += 1
             metrics.cache_lookup(True)
@@ -62,6 +66,7 @@ class RunCache:
         for driver in self._drivers.values():
             driver.close()
         self._drivers.clear()
+        metrics.cache_size(0)
 
     def __len__(self) -> int:
         return len(self._drivers)

@@ -173,8 +173,8 @@ class Scheduler:
         next_due = now + self.max_sleep
         now_ms = self.store.server_time_ms()
         parts = range(self.store.keys.partitions)
-        for p, (fired, due) in zip(parts, self.store.fire_timers(parts), strict=True):
-            metrics.timers_fired(p, fired, due, now_ms)
+        for p, (fired, due, timers) in zip(parts, self.store.fire_timers(parts), strict=True):
+            metrics.timers_fired(p, timers, due, now_ms)
             if fired:
                 faults.point("timers.after_fire")
             self.fired += fired

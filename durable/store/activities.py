@@ -391,11 +391,14 @@ class ActivityStore(StoreBase):
         return int(rows[0]["times_delivered"]) if rows else 0
 
     # ------------------------------------------------------ timers, deadlines
-    def fire_timers(self, parts: Sequence[int], limit: int = 500) -> list[tuple[int, int]]:
+    def fire_timers(self, parts: Sequence[int], limit: int = 500) -> list[tuple[int, int, int]]:
         """Fire due timers and retries of partitions ``parts`` (one script each, one round trip):
-        ``(fired, next due ms or -1)`` per partition."""
+        ``(members taken, next due ms or -1, workflow timers and retry backoffs fired)`` per
+        partition (the first also counts hand-backs of tasks, workflow timeouts and members of
+        closed runs)."""
         calls = [([self.keys.timers(p)], [self.keys.tag(p), limit]) for p in parts]
-        return [(int(r[0]), int(r[1])) for r in self._script_many("fire_timers", calls, raise_on_error=True)]
+        replies = self._script_many("fire_timers", calls, raise_on_error=True)
+        return [(int(r[0]), int(r[1]), int(r[2])) for r in replies]
 
     def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
         """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""

@@ -4,6 +4,7 @@ workflow logger), importable by worker processes as ``apps.observe``."""
 from __future__ import annotations
 
 import logging
+import time
 
 from durable import Activity, RetryPolicy, Workflow, activity, await_signal, workflow_logger
 
@@ -31,6 +32,22 @@ class ObservedFailsOnce(Activity):
         if self.context.attempt == 1:
             raise ValueError("first attempt fails")
         return self.context.attempt
+
+
+class ObservedLate(Activity):
+    """Returns after its start-to-close timeout: the scheduler times it out first."""
+
+    retry = RetryPolicy(max_attempts=1)
+    start_to_close_timeout = 1
+
+    def handle(self) -> str:
+        time.sleep(2.5)
+        return "too late"
+
+
+class ObservedTimesOut(Workflow):
+    def handle(self) -> str:
+        return activity(ObservedLate)
 
 
 class ObservedSteps(Workflow):

@@ -6,11 +6,13 @@
 -- Safe to run from many workers at once: each member is removed before use.
 -- KEYS: timers
 -- ARGV: partition key tag, max members
--- Returns {fired count, next due ms or -1}
+-- Returns {members taken, next due ms or -1, workflow timers and retry backoffs fired} (the
+-- last leaves out hand-backs, timeouts and members of closed runs: what the metric counts)
 local timers = KEYS[1]
 local tag, limit = ARGV[1], tonumber(ARGV[2])
 local ts = now_ms()
 local due = redis.call('ZRANGEBYSCORE', timers, '-inf', ts, 'LIMIT', 0, limit)
+local fired = 0
 for _, member in ipairs(due) do
   redis.call('ZREM', timers, member)
   local kind, rid, id = string.match(member, '^(%a)|([^|]+)|(.+)$')
@@ -20,10 +22,12 @@ for _, member in ipairs(due) do
     if kind == 't' then
       redis.call('RPUSH', tag .. ':in:' .. rid, envelope('TimerFired', ts, cmsgpack.pack({id = id})))
       wake(run, rid)
+      fired = fired + 1
     elseif kind == 'r' then
       local task = redis.call('HMGET', tag .. ':act:' .. rid, id, id .. '@')
       if task[1] then
         add_task(task[2], tag .. ':sessions', 'run', rid, 'act', id, 'body', task[1])
+        fired = fired + 1
       end
     elseif kind == 'd' then
       -- The decision that applies it closes the run as failed (WorkflowTimeout).
@@ -45,4 +49,4 @@ end
 local nxt = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')
 local next_due = -1
 if nxt[2] then next_due = tonumber(nxt[2]) end
-return {#due, next_due}
+return {#due, next_due, fired}
