@@ -1,0 +1,77 @@
+"""What `/metrics` and the JSON log lines say against what happened (an observability pass):
+an attempt whose result came after its deadline was counted ``timed_out`` and ``completed``;
+the run cache gauge kept the size of its last store (runs taken out and closed stayed counted);
+a run's failure line had its ids only in the message text. A real worker process, scraped."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from apps.basic import Waiter
+from apps.observe import ObservedSteps, ObservedTimesOut
+from procs import spawn_worker
+from test_observability import _finish, _free_port, _scrape, _value
+from waiting import wait_for
+
+from durable import WorkflowFailed, WorkflowStub
+from durable.client import default_store
+from durable.store.redis_store import RedisStore
+
+pytest.importorskip("prometheus_client")
+
+
+def _attempts(port: int, activity_type: str) -> dict[str, float]:
+    return {
+        dict(labels)["outcome"]: value
+        for (name, labels), value in _scrape(port).items()
+        if name == "durable_activity_attempts_total" and dict(labels)["activity_type"] == activity_type
+    }
+
+
+@pytest.mark.slow
+def test_attempts_cache_gauge_and_failure_lines_say_what_happened(redis_url: str) -> None:
+    port = _free_port()
+    proc = spawn_worker(
+        redis_url, app="apps.observe", extra=("--metrics-port", str(port), "--log-format", "json")
+    )
+    try:
+        began = time.monotonic()
+        late = [WorkflowStub.make(ObservedTimesOut).start() for _ in range(2)]
+        for stub in late:
+            with pytest.raises(WorkflowFailed, match="timed out|ActivityTimeout"):
+                stub.result(timeout=30)
+        failed = WorkflowStub.make(ObservedSteps).start("fail")
+        with pytest.raises(WorkflowFailed):
+            failed.result(timeout=30)
+        for _ in range(5):
+            assert WorkflowStub.make(ObservedSteps).start("ok").result(timeout=30) == "two"
+        wait_for(lambda: _attempts(port, "ObservedLate").get("timed_out") == 2, timeout=20)
+        # The late results come back 2.5 s after their attempts began (1.5 s after the timeout)
+        # and are discarded: not counted. Wait until the worker's threads are all free again.
+        time.sleep(max(0.0, began + 3.0 - time.monotonic()))
+        wait_for(lambda: all(w.held == 0 for w in default_store().live_workers()), timeout=20)
+        samples = _scrape(port)
+        assert _attempts(port, "ObservedLate") == {"timed_out": 2.0}
+        assert _value(samples, "durable_sticky_cache_runs") == 0  # every run closed: none cached
+    finally:
+        err = _finish(proc)
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    (failure,) = [r for r in lines if r["message"].startswith(f"run {failed.run_id} ")]
+    assert failure.get("run_id") == failed.run_id and failure.get("workflow_id") == failed.id, failure
+    discarded = [r for r in lines if "late result of activity" in r["message"]]
+    assert len(discarded) == 2 and {r.get("run_id") for r in discarded} == {s.run_id for s in late}, discarded
+
+
+def test_timers_fired_counts_timers_and_backoffs_only(store: RedisStore) -> None:
+    """``durable_timers_fired_total`` counted every member a pass took: hand-backs of tasks of a
+    type no worker had, members of closed runs. The script now says which were timers."""
+    open_run = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: it stays open
+    p = store.ref(open_run.id).partition
+    store.redis.zadd(
+        store.keys.timers(p),
+        {f"t|{open_run.run_id}|9": 1, f"w|{open_run.run_id}|0": 1, "t|no-such-run|1": 1},
+    )
+    ((taken, next_due, timers),) = store.fire_timers([p])
+    assert (taken, next_due, timers) == (3, -1, 1)
