@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -367,3 +368,49 @@ def test_server_refuses_open_non_loopback_and_bad_tokens(durable_redis_url: str)
     role = run("--port", "1", env={"DURABLE_SERVER_TOKENS": f"admin:{OPERATOR}"})
     assert role.returncode == 1 and "unknown role 'admin'" in role.stderr
     assert OPERATOR not in role.stderr
+
+
+def test_update_waits_a_bounded_time_and_says_what_the_handler_raised(api: Api) -> None:
+    """An update call held a server thread until the run closed (40 of them hung every route,
+    healthz too), and a handler's own error was a 500: now its outcome, a 422 ``update_failed``
+    naming the error, or after ``timeout`` a 202 with the update's id; at most 16 wait at once."""
+    served, unserved = _id("counter"), _id("counter-nowhere")
+    with api.open.client(**CSRF) as c:
+        for wid, queue in ((served, None), (unserved, "nowhere")):
+            body = {"type": "Counter", "id": wid, **({"queue": queue} if queue else {})}
+            assert c.post("/api/v1/workflows", json=body).status_code == 201
+        done = c.post(f"/api/v1/workflows/{served}/update/add", json={"args": [2], "update_id": "u-1"})
+        assert done.status_code == 200 and done.json() == {"result": 2, "update_id": "u-1"}, done.text
+        message = _error(
+            c.post(f"/api/v1/workflows/{served}/update/add", json={"args": [-1]}), 422, "update_failed"
+        )
+        assert message == "update 'add' raised ValueError: a negative step (-1)"
+        pending = c.post(f"/api/v1/workflows/{unserved}/update/add", json={"args": [1], "timeout": 0.5})
+        assert pending.status_code == 202, pending.text
+        uid = pending.json()["update_id"]
+        assert (
+            pending.json()["pending"] is True
+            and "POST again with this update_id" in pending.json()["message"]
+        )
+        again = c.post(
+            f"/api/v1/workflows/{unserved}/update/add", json={"update_id": uid, "timeout": 0.2, "args": [1]}
+        )
+        assert again.status_code == 202 and again.json()["update_id"] == uid
+        _error(
+            c.post(f"/api/v1/workflows/{served}/update/add", json={"timeout": 61}), 422, "invalid_argument"
+        )
+
+    def waits() -> int:
+        with api.open.client(**CSRF) as client:
+            url = f"/api/v1/workflows/{unserved}/update/add"
+            return client.post(url, json={"args": [1], "timeout": 3}, timeout=30).status_code
+
+    with ThreadPoolExecutor(17) as pool:
+        calls = [pool.submit(waits) for _ in range(17)]
+        with api.open.client() as c:  # every other route still answers meanwhile
+            assert c.get("/healthz", timeout=5).status_code == 200
+        statuses = sorted(call.result() for call in calls)
+    assert statuses == [202] * 16 + [429], statuses
+    with api.open.client(**CSRF) as c:
+        c.post(f"/api/v1/workflows/{served}/signal/stop")
+        c.post(f"/api/v1/workflows/{unserved}/terminate")

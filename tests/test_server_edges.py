@@ -4,6 +4,8 @@ process, a real worker and the test Redis."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -339,3 +341,30 @@ def test_a_port_in_use_is_one_error_line(durable_redis_url: str, tmp_path: Any) 
         f"listens there: stop it, or give --port) (redis: {durable_redis_url})"
     ], second.stderr
     assert "durable server on" not in second.stdout
+
+
+def test_no_redirect_takes_its_host_from_the_request_and_a_dropped_body_is_no_error(
+    durable_redis_url: str, tmp_path: Any
+) -> None:
+    """``/workers/`` answered 307 to ``http://<the request's Host>/workers`` (a cache behind a
+    proxy could keep a redirect elsewhere): a JSON 404 now. A client that closed the connection
+    mid-body was logged as an unexpected error with a traceback, at will."""
+    server = ServerProc(durable_redis_url, tmp_path / "server.log")
+    try:
+        with server.client(**CSRF) as c:
+            for path in ("/workers/", "/api/v1/schedules/"):
+                resp = c.get(path, follow_redirects=False)
+                assert resp.status_code == 404 and "location" not in resp.headers, (path, resp.headers)
+                assert resp.json()["error"]["code"] == "not_found"
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(
+                b"POST /api/v1/workflows HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Durable-Request: 1\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"type"'
+            )
+        with server.client() as c:
+            wait_for(lambda: c.get("/healthz").status_code == 200, timeout=10)
+        time.sleep(0.5)
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "unexpected error" not in log and "Traceback" not in log, log

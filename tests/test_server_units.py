@@ -98,6 +98,12 @@ def test_tokens_from_json_toml_and_env(tmp_path: Path) -> None:
         ('{"tokens": {}}', "'tokens' list"),
         ('{"tokens": [{"token": "x"}]}', "needs 'token' and 'role'"),
         (json.dumps({"tokens": [{"token": "short", "role": "operator"}]}), "shorter than 16"),
+        (  # the later entry's role won: an operator's token became read-only, or the reverse
+            json.dumps(
+                {"tokens": [{"token": TOKEN_A, "role": "operator"}, {"token": TOKEN_A, "role": "read"}]}
+            ),
+            "listed twice",
+        ),
     ]:
         bad.write_text(content)
         with pytest.raises(AuthFileError, match=message) as err:
@@ -126,3 +132,14 @@ def test_the_ui_knows_the_same_blocked_kinds_found_on_read_as_the_library() -> N
     listed = re.search(r"const FOUND_ON_READ = new Set\(\[([^\]]*)\]\)", source)
     assert listed is not None
     assert set(re.findall(r'"([a-z_]+)"', listed.group(1))) == set(FOUND_ON_READ)
+
+
+def test_a_redis_password_refused_is_not_answered_try_again() -> None:
+    """A wrong Redis password answered ``redis_unavailable ... try again``: retrying cannot help."""
+    import redis
+
+    from workers.server.errors import from_exception
+
+    error = from_exception(redis.exceptions.AuthenticationError("invalid username-password pair"))
+    assert error.code == "redis_unavailable" and "check the password" in error.message
+    assert "try again" in from_exception(redis.exceptions.ConnectionError("refused")).message

@@ -28,6 +28,7 @@ from durable import (
     side_effect,
     signal,
     timer,
+    update,
     uuid4,
     wait_until,
 )
@@ -190,6 +191,24 @@ class Waiter(Workflow):
     def handle(self, seconds: float) -> str:
         timer(seconds)
         return await_signal("go")
+
+
+class Counter(Workflow):
+    """Counts by updates until signal ``stop``; a negative step raises in the handler."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def handle(self) -> int:
+        await_signal("stop")
+        return self.n
+
+    @update
+    def add(self, step: int) -> int:
+        if step < 0:
+            raise ValueError(f"a negative step ({step})")
+        self.n += step
+        return self.n
 
 
 class Looper(Workflow):

@@ -184,6 +184,9 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
         routes=routes,
         exception_handlers={HTTPException: _http_error, Exception: _http_error},
     )
+    # A redirect to the path without its "/" builds its Location from the request's Host header
+    # (a cache behind a proxy could keep one pointing elsewhere): a JSON 404 instead.
+    app.router.redirect_slashes = False
     app.state.store = store
     app.state.auth = auth
     app.add_middleware(EncodedSlashes)

@@ -92,7 +92,13 @@ class AuthConfig:
                 f"{'an' if canonical == 'operator' else 'a'} {canonical} token is shorter than {MIN_TOKEN_LENGTH} characters; "
                 "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
-        self.tokens[_digest(token.strip())] = (canonical, name or canonical)
+        digest = _digest(token.strip())
+        if digest in self.tokens:  # the later role silently won: a read token could be an operator's
+            raise AuthFileError(
+                f"token {name or canonical!r} is listed twice (as {self.tokens[digest][1]!r} too): "
+                "give each token one entry, with its one role"
+            )
+        self.tokens[digest] = (canonical, name or canonical)
 
     def role_of(self, headers: Mapping[str, str]) -> tuple[str, str]:
         """``(role, name)`` of the request's bearer token (``operator`` when auth is off).

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from durable.store.redis_store import RedisStore
@@ -219,11 +219,14 @@ async def read_body(request: Request, cap: int) -> bytes:
     if declared and (decimal(declared) or 0) > cap:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client's doing, not the server's: no error line with a traceback
+        raise ApiError("bad_request", "the client closed the connection before its body was read") from None
     return b"".join(chunks)
 
 

@@ -51,8 +51,9 @@ CODES: dict[str, tuple[int, str]] = {
     "limit_exceeded": (422, "a durable limit refused the request (see docs/errors.md)"),
     "unknown_type": (422, "the workflow type is not known to this server (start it with --app MODULE)"),
     "rejected": (422, "the engine refused the request; the message says why"),
+    "update_failed": (422, "the update's handler raised: the message has its error type and text"),
+    "busy": (429, "the server holds as many waiting calls (updates) as it allows; try again shortly"),
     "internal": (500, "an unexpected server error (logged by the server)"),
-    "not_implemented": (501, "this engine version does not have the feature"),
     "redis_unavailable": (503, "the server cannot reach Redis"),
     "redis_out_of_memory": (503, "Redis refuses writes: it reached maxmemory (the message says what to do)"),
     "redis_cannot_persist": (
@@ -109,6 +110,12 @@ def from_exception(exc: BaseException) -> ApiError:
         log.warning("redis refuses writes: %s", _first_line(exc))
         said = REFUSALS[refusal]
         return ApiError(said.kind, f"{said.headline}: writes are refused; {said.remedy}")
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        log.warning("redis refuses the server's credentials: %s", mask_secrets(_first_line(exc)))
+        return ApiError(
+            "redis_unavailable",
+            "Redis refuses the server's credentials: check the password (or ACL user) of its Redis URL",
+        )
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         log.warning("redis unavailable: %s", mask_secrets(_first_line(exc)))
         return ApiError("redis_unavailable", "the server cannot reach Redis; try again")

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import redis
 
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.batch import ACTIONS, for_open_runs
-from durable.errors import ConfigurationError
-from durable.ids import check_build_id
+from durable.errors import ConfigurationError, DurableError
+from durable.ids import check_build_id, new_run_id
 from durable.search import parse_where
 from durable.store.run_list import list_row
 from durable.store.workers import WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
 from workers.cli.fleet import blocked_page, check_startable, mark_unserved, marked
-from workers.server.endpoint import Call, Endpoint, Param
+from workers.server.endpoint import Call, Endpoint, Param, json_response
 from workers.server.errors import ApiError
 
 __all__ = ["ENDPOINTS", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE", "MAX_SEQ"]
@@ -246,12 +249,39 @@ def query_workflow(call: Call) -> dict[str, Any]:
     return {"result": _stub(call).query(call.path["name"], *call.args())}
 
 
-def update_workflow(call: Call) -> dict[str, Any]:
+UPDATE_WAIT_S = 10.0
+"""How long the update route waits for the outcome unless the body says (``timeout``)."""
+MAX_UPDATE_WAIT_S = 60.0
+MAX_WAITING_UPDATES = 16
+"""Update calls waiting at once: the server's threads are shared with every other route (40),
+so waits on runs no worker moves must not take them all (healthz included)."""
+_waiting = threading.BoundedSemaphore(MAX_WAITING_UPDATES)
+
+
+def update_workflow(call: Call) -> Any:
+    """Deliver an update and wait for its outcome, at most ``timeout`` seconds: past it, ``202``
+    with the update's id (POST again with it to go on waiting: it runs once)."""
     stub = _stub(call)
-    update = getattr(stub, "update", None)
-    if update is None:
-        raise ApiError("not_implemented", "updates are not available in this version of durable")
-    return {"result": update(call.path["name"], *call.args())}
+    timeout = call.field("timeout", (int, float), UPDATE_WAIT_S)
+    if isinstance(timeout, bool) or not 0 <= timeout <= MAX_UPDATE_WAIT_S:
+        raise ApiError("invalid_argument", f"timeout must be 0..{MAX_UPDATE_WAIT_S:g} seconds")
+    update_id = call.field("update_id", str, "") or f"u-{new_run_id().lower()}"  # as the client makes them
+    if not _waiting.acquire(blocking=False):
+        raise ApiError("busy", f"{MAX_WAITING_UPDATES} update calls are waiting already; try again shortly")
+    try:
+        result = stub.update(call.path["name"], *call.args(), timeout=timeout, update_id=update_id)
+    except TimeoutError as exc:
+        message = f"{exc}; POST again with this update_id to go on waiting (it runs once)"
+        return json_response({"update_id": update_id, "pending": True, "message": message}, 202)
+    except (DurableError, redis.RedisError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - what the update's handler raised, as it raised it
+        raise ApiError(
+            "update_failed", f"update {call.path['name']!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        _waiting.release()
+    return {"result": result, "update_id": update_id}
 
 
 def cancel_workflow(call: Call) -> dict[str, Any]:
@@ -419,8 +449,9 @@ ENDPOINTS = [
         update_workflow,
         "operator",
         "Send an update",
-        body=_ARGS_BODY,
-        fields=("args",),
+        body='{"args": [...], "timeout": seconds to wait (default 10, at most 60), "update_id": "..."}: '
+        "202 with the update_id when the outcome is not there in time (POST again with it)",
+        fields=("args", "timeout", "update_id"),
     ),
     Endpoint(
         "POST",
