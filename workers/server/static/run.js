@@ -227,6 +227,7 @@
     try {
       const out = await api("POST", base + a.path(values), a.body(values));
       if ("result" in out) flash(`${name} ${values.name}: ${JSON.stringify(out.result)}`, "ok");
+      else if (out.pending) flash(`${name} ${values.name} (${out.update_id}) has no outcome yet: ${out.message}`, "error");
       else flash(`${a.title}: done`, "ok");
       await refresh();
     } catch (err) {
