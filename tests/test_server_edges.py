@@ -368,3 +368,19 @@ def test_no_redirect_takes_its_host_from_the_request_and_a_dropped_body_is_no_er
         server.stop()
     log = server.log.read_text()
     assert "unexpected error" not in log and "Traceback" not in log, log
+
+
+def test_integers_are_ascii_digits_and_batch_errors_speak_of_where(client: httpx.Client) -> None:
+    """``?after=1_0``, ``+5`` and a fullwidth digit were read as numbers (int()); a batch's bad
+    expression said ``--where``, the CLI's word."""
+    wid = f"ints-{uuid.uuid4().hex[:6]}"
+    assert _start(client, {"type": "Waiter", "args": [60], "id": wid}).status_code == 201
+    for after in ("1_0", "+5", "\uff11"):
+        message = _error(
+            client.get(f"/api/v1/workflows/{wid}/history", params={"after": after}), 422, "invalid_argument"
+        )
+        assert "'after' must be an integer" in message, (after, message)
+    assert client.get(f"/api/v1/workflows/{wid}/history", params={"after": "0"}).status_code == 200
+    message = _error(client.post("/api/v1/batch/cancel", json={"where": "type = "}), 422, "invalid_argument")
+    assert "--where" not in message and message.startswith("where syntax error"), message
+    client.post(f"/api/v1/workflows/{wid}/terminate")

@@ -60,10 +60,11 @@ class Call:
         if value is None or value == "":
             return default
         if kind is int:
-            try:
-                return int(value)
-            except ValueError:
+            # ASCII digits only, with an optional "-": int() also took "1_0", "+5" and other scripts' digits.
+            number = decimal(value.removeprefix("-"))
+            if number is None:
                 raise ApiError("invalid_argument", f"query parameter {name!r} must be an integer") from None
+            return -number if value.startswith("-") else number
         return value
 
     def time_arg(self, name: str) -> int | None:

@@ -350,8 +350,9 @@ def batch_workflows(call: Call) -> dict[str, Any]:
     before = call.field("before", str)
     if before is not None and not _is_cursor(before):
         raise ApiError("invalid_argument", "body field 'before' must be the previous call's 'next'")
-    report = for_open_runs(
-        where, action, call.field("reason", str, ""), store=call.store, most=most, before=before
+    reason = call.field("reason", str, "")
+    report = _searched(
+        lambda: for_open_runs(where, action, reason, store=call.store, most=most, before=before)
     )
     return {"action": action, "where": where, **report.to_dict()}
 
