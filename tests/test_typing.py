@@ -21,6 +21,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def _mypy(folder: Path, snippet: str, *options: str) -> str:
+    """What mypy says of ``snippet`` (as ``snippet.py``), durable read from this checkout."""
+    (folder / "snippet.py").write_text(snippet)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", *options, "--follow-imports=silent"]
+        + ["--cache-dir", str(folder / "cache"), "snippet.py"],
+        cwd=folder,
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    return done.stdout
+
+
 SNIPPET = """
 from __future__ import annotations
 
@@ -105,18 +122,7 @@ def in_a_test(env: TestEnvironment) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is in the dev extra")
 def test_handlers_activities_children_and_stubs_are_typed(tmp_path: Path) -> None:
-    (tmp_path / "snippet.py").write_text(SNIPPET)
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent"]
-        + ["--cache-dir", str(tmp_path / "cache"), "snippet.py"],
-        cwd=tmp_path,
-        env={**os.environ, "MYPYPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    out = done.stdout
+    out = _mypy(tmp_path, SNIPPET, "--strict")
     revealed = re.findall(r'Revealed type is "([^"]+)"', out)
     assert [t.removeprefix("builtins.") for t in revealed] == [
         "int",
@@ -142,3 +148,32 @@ def test_handlers_activities_children_and_stubs_are_typed(tmp_path: Path) -> Non
         "self.add(3)",
     ], out
     assert 'Argument 1 has incompatible type "int"; expected "str"' in out
+
+
+STUB_SNIPPET = """
+from durable import Workflow, WorkflowStub
+
+
+class Order(Workflow):
+    def handle(self, order_id: str, cents: int) -> dict[str, int]:
+        return {order_id: cents}
+
+
+stub = WorkflowStub.make(Order, id="o-1")
+reveal_type(stub.start("o-1", 5).result(timeout=1))
+reveal_type(WorkflowStub.make("Order").result())
+reveal_type(WorkflowStub.load("o-1").result())
+wrong: str = stub.result()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is in the dev extra")
+def test_make_gives_a_stub_typed_by_the_workflows_handle(tmp_path: Path) -> None:
+    out = _mypy(tmp_path, STUB_SNIPPET)
+    assert re.search(r'Revealed type is "(builtins\.)?dict\[(builtins\.)?str, (builtins\.)?int\]"', out), out
+    assert out.count('Revealed type is "Any"') == 2, out
+    assert (
+        'Incompatible types in assignment (expression has type "dict[str, int]", variable has type "str")'
+        in out
+    )
+    assert "Found 1 error" in out, out
