@@ -257,12 +257,14 @@ class Decider:
     def _after_commit(
         self, ref: RunRef, driver: Driver, decision: Decision, plan: CommitPlan, result: Any
     ) -> None:
-        # Commits of a batch are settled outside any one run's log binding: the ids go on the line.
-        ids = {"workflow_id": ref.workflow_id, "run_id": ref.run_id, "workflow_type": driver.workflow_type}
         if isinstance(result, Exception):
             self._unreserve([plan])
         if isinstance(result, EventConflict):
-            log.info("conflict committing run %s; another decider won, discarding", ref.run_id, extra=ids)
+            log.info(
+                "conflict committing run %s; another decider won, discarding",
+                ref.run_id,
+                extra=_ids(ref, driver),
+            )
             driver.close()
         elif isinstance(result, Exception):
             driver.close()
@@ -271,7 +273,7 @@ class Decider:
                     "commit of run %s failed: %s; the task stays pending, retried",
                     ref.run_id,
                     result,
-                    extra=ids,
+                    extra=_ids(ref, driver),
                 )
         else:
             driver.committed()
@@ -279,7 +281,7 @@ class Decider:
             if isinstance(decision.closing, ev.WorkflowFailedEvent):  # a bug: said, and where
                 text, bug = failure_text(decision.closing)
                 (log.warning if bug else log.info)(
-                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text, extra=ids
+                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text, extra=_ids(ref, driver)
                 )
             # After the commit: a scheduler woken earlier would not see the timer yet.
             for _, due in decision.timers:
@@ -589,3 +591,8 @@ class Decider:
             else:
                 queued.append(activity)
         return queued, claimed, leased, int(started * 1000)
+
+
+def _ids(ref: RunRef, driver: Driver) -> dict[str, str]:
+    """The run's ids for a log line written outside its binding (commits are settled per batch)."""
+    return {"workflow_id": ref.workflow_id, "run_id": ref.run_id, "workflow_type": driver.workflow_type}
