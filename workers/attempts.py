@@ -197,11 +197,7 @@ def _attempt(
         begun = store.begin_attempt(task, stream, entry_id, due_ms, int(started * 1000), worker_identity()[0])
     if not begun.ok:
         log.info(
-            "activity %s (run %s, attempt %d) not started: %s; its task is dropped",
-            task.activity_id,
-            task.run_id,
-            task.attempt,
-            begun.reason,
+            "activity %s (run %s, attempt %d) not started: %s; its task is dropped", *_ids(task), begun.reason
         )
         return "void", ""
     if task.attempt == 1:
@@ -367,11 +363,7 @@ def _settled(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> 
             stale += 1
             task = outcome.task
             log.info(
-                "late result of activity %s (run %s, attempt %d) discarded",
-                task.activity_id,
-                task.run_id,
-                task.attempt,
-                extra=task_ids(task),
+                "late result of activity %s (run %s, attempt %d) discarded", *_ids(task), extra=task_ids(task)
             )
     return stale
 
