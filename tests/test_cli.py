@@ -618,3 +618,12 @@ def test_history_rows_write_timer_and_wait_times_as_dates() -> None:
         data={"id": "3", "name": "approve", "deadline": ts + 3_600_000},
     )
     assert summarize(wait) == "name=approve, deadline=2025-12-06 01:00:00.000 (+3600 s)"
+
+
+def test_a_dict_shaped_like_a_marker_does_not_read_as_what_the_marker_stands_for() -> None:
+    """A signal argument ``{"$bytes": "AAEC"}`` was printed exactly as the bytes 00 01 02 are."""
+    assert json.loads(to_json(b"\x00\x01\x02")) == {"$bytes": "AAEC"}
+    assert json.loads(to_json({"$bytes": "AAEC"})) == {"$dict": {"$bytes": "AAEC"}}
+    assert json.loads(to_json([{"$float": "nan", "x": 1}])) == [{"$dict": {"$float": "nan", "x": 1}}]
+    assert json.loads(to_json({"a": float("nan")})) == {"a": {"$float": "nan"}}  # markers still made
+    assert json.loads(to_json({"$other": 1})) == {"$other": 1}

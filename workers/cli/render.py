@@ -79,12 +79,19 @@ def _json_key(key: Any) -> Any:
     return str(key)
 
 
+_MARKERS = frozenset({"$bytes", "$float", "$error", "$dict"})
+
+
 def _string_keys(value: Any) -> Any:
     """``value`` with every dict key one JSON accepts (``default`` never sees keys), and a
     float JSON has no number for (NaN, infinities) as ``{"$float": "nan" | "inf" | "-inf"}``:
-    ``json.dumps`` would write ``NaN``, which no JSON parser (a browser's) reads."""
+    ``json.dumps`` would write ``NaN``, which no JSON parser (a browser's) reads; and a dict
+    with a marker's key as ``{"$dict": {...}}``."""
     if isinstance(value, Mapping):
-        return {_json_key(k): _string_keys(v) for k, v in value.items()}
+        out = {_json_key(k): _string_keys(v) for k, v in value.items()}
+        # A dict of the payload's own with a marker's key (``{"$bytes": "AAEC"}`` sent as a
+        # signal) read back exactly like the bytes the marker stands for: it is wrapped.
+        return out if _MARKERS.isdisjoint(out) else {"$dict": out}
     if isinstance(value, list | tuple):
         return [_string_keys(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
