@@ -384,3 +384,10 @@ def test_integers_are_ascii_digits_and_batch_errors_speak_of_where(client: httpx
     message = _error(client.post("/api/v1/batch/cancel", json={"where": "type = "}), 422, "invalid_argument")
     assert "--where" not in message and message.startswith("where syntax error"), message
     client.post(f"/api/v1/workflows/{wid}/terminate")
+
+
+def test_a_signal_with_start_takes_no_field_it_would_ignore(client: httpx.Client) -> None:
+    """Unknown top-level fields were refused, a misspelt one inside ``signal`` ignored."""
+    body = {"type": "Waiter", "args": [60], "signal": {"name": "go", "args": [1], "arg": 2}}
+    message = _error(_start(client, body), 422, "invalid_argument")
+    assert """'signal' must be {"name": str, "args": [...]}""" in message

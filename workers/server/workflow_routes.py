@@ -202,7 +202,7 @@ def start_workflow(call: Call) -> dict[str, Any]:
         stub.start(*args)
     else:  # signal-with-start: {"name": ..., "args": [...]}
         name, signal_args = signal.get("name"), signal.get("args", [])
-        if not isinstance(name, str) or not isinstance(signal_args, list):
+        if not isinstance(name, str) or not isinstance(signal_args, list) or set(signal) - {"name", "args"}:
             raise ApiError("invalid_argument", 'body field \'signal\' must be {"name": str, "args": [...]}')
         stub.signal_with_start(name, *signal_args, start_args=args)
     return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": warning}
