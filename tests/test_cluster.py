@@ -27,7 +27,7 @@ from waiting import wait_for
 from durable import Workflow, WorkflowStub, child
 from durable.errors import ConfigurationError
 from durable.store.cluster_dev import LocalCluster
-from durable.store.cluster_wire import CrossSlotTransaction, slot_of
+from durable.store.cluster_wire import ClusterWire, CrossSlotTransaction, slot_of
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
 from durable.store.tasks import ActivityTask, AttemptOutcome
 from workers.worker import Worker, WorkerThread
@@ -500,3 +500,34 @@ def test_a_transaction_across_slots_is_refused_with_its_keys(cstore: RedisStore)
         CrossSlotTransaction, match=r"one hash slot.*durable:\{0\}:run:x.*durable:\{1\}:run:y"
     ):
         cstore._wire.transaction([("HGET", a, "status"), ("HGET", b, "status")])  # noqa: SLF001
+
+
+def test_slot_map_rereads_do_not_use_up_the_node_pools(cstore: RedisStore) -> None:
+    """Each slot-map reread forgets the wire's idle connections and makes new ones; made with
+    the node pool's ``make_connection``, each was counted and never given back: after enough
+    rereads (a long master stall makes one per failed call) every call failed with "Too many
+    connections" for good (a worker alive but dead after a 13-minute stall)."""
+    parts = range(cstore.keys.partitions)
+    cstore.fire_timers(parts)
+    for node in cstore.redis.get_nodes():
+        node.redis_connection.connection_pool.max_connections = 3
+    wire = cstore._wire
+    assert isinstance(wire, ClusterWire)
+    for _ in range(6):
+        wire._refresh("the test")
+        assert len(cstore.fire_timers(parts)) == cstore.keys.partitions
+
+
+def test_queue_metrics_are_read_on_a_cluster(cstore: RedisStore) -> None:
+    """The scrape's pipeline held TIME, which a cluster pipeline refuses: every /metrics of a
+    cluster worker (and of the server) answered 500."""
+    pytest.importorskip("prometheus_client")
+    from workers.queue_metrics import QueueCollector
+
+    WorkflowStub.make(Waiter, store=cstore, queue="lonely").start(60)
+    families = {f.name: f for f in QueueCollector(cstore, None).collect()}
+    backlog = {
+        (s.labels["queue"], s.labels["kind"]): s.value for s in families["durable_task_queue_backlog"].samples
+    }
+    assert backlog[("lonely", "workflow")] == 1
+    assert "durable_dead_letters" in families

@@ -96,7 +96,8 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
             live = self.store.live_workers()
             _count_workers(live, workers, left, self.store.known_queues())
             self._read(live, backlog, oldest, dead)
-        except redis.RedisError as exc:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+            # The process's own metrics are still served; only these gauges are left out.
             log.warning("metrics: task queues not read from Redis: %s", exc)
             return
         yield from (backlog, oldest, dead, workers, left)
@@ -110,11 +111,10 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
                 pipe.xinfo_groups(key)
             for p in range(self.store.keys.partitions):
                 pipe.xlen(self.store.keys.dead(p))
-            pipe.time()
             replies = pipe.execute(raise_on_error=False)
-        now_s, now_us = replies[-1]
-        now_ms = int(now_s) * 1000 + int(now_us) // 1000
-        dead.add_metric([], sum(r for r in replies[2 * len(streams) : -1] if isinstance(r, int)))
+        # Not in the pipeline: a cluster's pipeline refuses TIME (no key: no node to send it to).
+        now_ms = self.store.server_time_ms()
+        dead.add_metric([], sum(r for r in replies[2 * len(streams) :] if isinstance(r, int)))
         totals: dict[tuple[str, str], int] = {}
         waiting: list[tuple[str, str, str, str]] = []
         for i, (kind, queue, key) in enumerate(streams):

@@ -37,6 +37,7 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from .connect import own_connection
 from .wire import Command, Deferred, IdleConnections, pack, read_replies, transaction_result
 
 log = logging.getLogger("durable.store")
@@ -236,8 +237,8 @@ class ClusterWire:
         if idle is None:
             if node.redis_connection is None:  # a node first heard of in a redirection
                 self._nodes.create_redis_connections([node])
-            make = node.redis_connection.connection_pool.make_connection
-            idle = self._idle.setdefault(node.name, IdleConnections(make))
+            pool = node.redis_connection.connection_pool
+            idle = self._idle.setdefault(node.name, IdleConnections(lambda: own_connection(pool)))
         return idle
 
     def _node_at(self, redirect: rexc.AskError) -> Any:
@@ -256,7 +257,9 @@ class ClusterWire:
         log.info("reading the cluster slot map again: %s", why)
         # Round trips still under way give their connections back to the dropped stacks,
         # which are then forgotten: every later round trip connects along the new map.
-        self._owners, self._idle = {}, {}
+        forgotten, self._owners, self._idle = self._idle, {}, {}
+        for idle in forgotten.values():
+            idle.close()  # their sockets, now (else when the garbage collector gets to them)
         try:
             self._nodes.initialize()
         except Exception as exc:  # noqa: BLE001 - the refused commands stay refused; callers retry

@@ -246,6 +246,17 @@ POOL_WAIT_S = 60
 """How long a caller waits for a free connection before ``ConnectionError``."""
 
 
+def own_connection(pool: Any) -> Any:
+    """A new connection to ``pool``'s server, with its options, that the pool does not count.
+
+    The wire's, the readers' and the cluster's connections are made and dropped by their owners,
+    never given back to the pool; made with the pool's ``make_connection`` each one was counted
+    (a plain pool refuses past ``max_connections``: after enough reconnects, as a long outage
+    makes, "Too many connections" for ever) or kept in its list (a blocking pool: a leak).
+    """
+    return pool.connection_class(**pool.connection_kwargs)
+
+
 def connect(url: str) -> Client:
     """A client for ``url``: ``redis.Redis`` for one server, ``redis.cluster.RedisCluster`` for a
     cluster URL (see :func:`is_cluster_url`), its startup nodes taken from the URL's host list.

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from redis import exceptions as rexc
 
+from .connect import own_connection
 from .keys import GROUP
 
 #: The read's connection (or its node) is gone: drop every read connection and retry.
@@ -43,7 +44,7 @@ class GroupRead:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self.conn: Any = client.connection_pool.make_connection()
+        self.conn: Any = own_connection(client.connection_pool)
         self.outstanding = False
         self.deadline = 0.0
         self.client_id: int | None = None  # the connection's CLIENT ID, for :meth:`unblock`

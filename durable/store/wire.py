@@ -25,6 +25,8 @@ import hiredis
 import redis
 from redis import exceptions as rexc
 
+from .connect import own_connection
+
 Command = Sequence[Any]
 
 
@@ -43,7 +45,7 @@ class Wire:
         # As many connections as the client's pool may hold, waited for as long as it waits:
         # a process with more threads than that shares them instead of opening one per thread.
         self._idle = IdleConnections(
-            pool.make_connection,
+            lambda: own_connection(pool),
             limit=getattr(pool, "max_connections", None),
             wait_s=getattr(pool, "timeout", None) or 60.0,
         )
