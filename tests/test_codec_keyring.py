@@ -265,6 +265,10 @@ def test_the_cli_finds_the_hook_module_in_the_current_folder(
     missing = durable("not_here:Hook")
     assert missing.returncode == 1 and "No module named 'not_here'" in missing.stderr
     assert "add its folder to PYTHONPATH" in missing.stderr, missing.stderr
+    (tmp_path / "needs.py").write_text("import not_installed_anywhere\n")
+    broken = durable("needs:Hook")  # found; what it imports is missing: no hint about its folder
+    assert "No module named 'not_installed_anywhere'" in broken.stderr
+    assert "PYTHONPATH" not in broken.stderr, broken.stderr
 
 
 def test_hook_from_the_environment_and_reading_without_a_hook(

@@ -74,7 +74,8 @@ def install_payload_hook_from_env() -> PayloadHook | None:
     except (ImportError, AttributeError) as exc:
         where = (
             " (looked for on sys.path: run from the folder that holds it, or add its folder to PYTHONPATH)"
-            if isinstance(exc, ModuleNotFoundError)
+            # The hook's module itself (or its package), not a module it imports that is missing.
+            if isinstance(exc, ModuleNotFoundError) and f"{module_name}.".startswith(f"{exc.name}.")
             else ""
         )
         raise ConfigurationError(f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}{where}") from None
