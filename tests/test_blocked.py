@@ -246,3 +246,13 @@ def test_a_decision_that_raises_outside_workflow_code_parks_the_run_not_the_work
     wait_for(lambda: broken.status() == "suspended" and broken.blocked() is None)
     broken.signal("go", "fixed")
     assert broken.result(timeout=10) == "fixed"
+
+
+def test_list_json_says_where_the_next_page_begins(store: RedisStore) -> None:
+    """``durable list --json`` printed no paging cursor: a script could not follow ``--before``."""
+    for _ in range(3):
+        WorkflowStub.make(Waiter, store=store).start(60)
+    result = CliRunner().invoke(cli, ["list", "--json", "--limit", "2"])
+    rows = json.loads(result.stdout)
+    assert len(rows) == 2
+    assert f"more: --before {rows[-1]['created']}:{rows[-1]['run_id']}" in result.stderr

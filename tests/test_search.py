@@ -235,6 +235,9 @@ def test_cli_start_sets_search_attributes_and_memo(durable_env: Any) -> None:
     assert _ids(durable.list_runs("customer = 'acme' and amount > 100", store=store)) == ["cli-sa"]
     assert _ids(durable.list_runs("tags = 'b'", store=store)) == ["cli-memo"]
     assert WorkflowStub.load("cli-memo", store=store).describe()["memo"] == {"note": {"by": "ops"}}
+    # A keyword typed as digits stays the string it was typed as (JSON read it as a number).
+    assert start("--id", "cli-zip", "--search-attribute", "customer=02134").exit_code == 0
+    assert _ids(durable.list_runs("customer = '02134'", store=store)) == ["cli-zip"]
     for extra, words in [
         (("--search-attribute", "amount=lots"), "amount"),
         (("--search-attribute", "nope=1"), "unknown search attribute 'nope'"),

@@ -170,6 +170,8 @@ def list_(
         if problem:
             click.echo(f"warning: {problem}", err=True)  # stdout stays the array
         click.echo(to_json([list_row(r) for r in runs], indent=1))
+        if following:  # on stderr, as the warning: stdout stays the array
+            click.echo(f"more: --before {following}", err=True)
         return
     out = console()
     out.print(runs_table(runs, url))

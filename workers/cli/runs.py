@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Collection
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ from durable.errors import (
 )
 from durable.ids import check_build_id, new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
+from durable.search import declared
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
@@ -130,7 +132,8 @@ def start(
         id_conflict_policy=id_conflict_policy,
         execution_timeout=execution_timeout,
         run_timeout=run_timeout,
-        search_attributes=_named(search, "--search-attribute") or None,
+        search_attributes=_named(search, "--search-attribute", _texts(state.store) if search else set())
+        or None,
         memo=_named(memo, "--memo") or None,
     )
     warning = check_startable(
@@ -152,15 +155,30 @@ def start(
         click.echo(to_json(_result(stub, timeout)))
 
 
-def _named(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
-    """``NAME=VALUE`` options as a dict, each value read as an argument is (JSON or a string)."""
+def _named(pairs: tuple[str, ...], option: str, texts: Collection[str] = ()) -> dict[str, Any]:
+    """``NAME=VALUE`` options as a dict, each value read as an argument is (JSON or a string);
+    for a name in ``texts`` (a keyword or text attribute) a value JSON reads as something else
+    (``zip=02134``, ``sku=1e3``) is kept as the string it was typed as."""
     out: dict[str, Any] = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
         if not eq or not name.strip():
             raise click.BadParameter(f"{pair!r}: expected NAME=VALUE, e.g. customer=acme", param_hint=option)
-        out[name.strip()] = parse_args([value])[0]
+        if name.strip() in texts:
+            try:
+                parsed = parse_args([value])[0]
+            except CliError:  # "02134": not JSON, and meant as the string it is
+                parsed = value
+            out[name.strip()] = parsed if isinstance(parsed, str) else value
+        else:
+            out[name.strip()] = parse_args([value])[0]
     return out
+
+
+def _texts(store: RedisStore) -> set[str]:
+    """The search attributes whose values are strings (declared here, else published)."""
+    types = declared() or store.search_types()
+    return {name for name, kind in types.items() if kind in ("keyword", "text")}
 
 
 @click.command()
