@@ -141,7 +141,9 @@ def test_runs_no_live_worker_serves_are_listed_behind_many_newer_runs(store: Red
         unserved.append(WorkflowStub.make(Waiter, queue="nowhere", store=store).start(60).id)
         for _ in range(20):
             WorkflowStub.make(Waiter, store=store).start(60)
-    rows = json.loads(_cli("list", "--status", "blocked", "--limit", "2", "--json"))
+    rows = json.loads(
+        CliRunner().invoke(cli, ["list", "--status", "blocked", "--limit", "2", "--json"]).stdout
+    )
     assert [r["workflow_id"] for r in rows] == unserved[::-1][:2]
     assert all(r["blocked_kind"] == "no_live_worker" and "'nowhere'" in r["blocked"] for r in rows), rows
     seen, args = [], ["list", "--status", "blocked", "--limit", "1"]

@@ -414,7 +414,7 @@ def test_cli_list_pages_with_the_hint(durable_store: Any) -> None:
             shown = CliRunner().invoke(
                 cli, [*base, "--limit", "7", "--json", *before], catch_exceptions=False
             )
-            rows = json.loads(shown.output)
+            rows = json.loads(shown.stdout)
             seen += [r["run_id"] for r in rows]
             table = CliRunner().invoke(cli, [*base, "--limit", "7", *before], catch_exceptions=False).output
             hints = [line for line in table.splitlines() if line.startswith("more: --before ")]
@@ -453,6 +453,6 @@ def test_cli_list_status_pages_through_newer_runs_of_other_statuses(durable_stor
         WorkflowStub.make("Nobody", id=f"new-{i}", queue="none-q", store=store).start().terminate("x")
     shown = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2", "--json"])
     assert shown.exit_code == 0, shown.output
-    assert [r["workflow_id"] for r in json.loads(shown.output)] == waiting[::-1][:2]
+    assert [r["workflow_id"] for r in json.loads(shown.stdout)] == waiting[::-1][:2]
     table = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2"]).output
     assert "more: --before " in table, table
