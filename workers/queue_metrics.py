@@ -46,22 +46,25 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         self.store = store
         self.queues = list(queues) if queues is not None else None
 
-    def _queue_names(self, live: Sequence[Any] | None = None) -> list[str]:
-        """The given queues (else those live workers serve, and ``default``), then the known
-        queues no live worker serves: those come last, so the scan limit drops them first."""
+    def _queue_names(
+        self, live: Sequence[Any] | None = None, known: Sequence[str] | None = None
+    ) -> list[str]:
+        """The given queues (else those live workers serve, and ``default``), then the ``known``
+        queues no live worker serves: those come last, so the scan limit drops them first
+        (``None``: read from the store)."""
         served: set[str] = set()
         for info in self.store.live_workers() if live is None else live:
             served.update(q for q in info.queues if not q.startswith(PRIVATE))
         own = list(self.queues) if self.queues is not None else sorted(served | {"default"})
         # No worker reads these as its own: each port reports them (the same value on every
         # target), or an alert on the backlog would never see a queue whose workers all stopped.
-        unserved = sorted(set(self.store.known_queues()) - served - set(own))
+        unserved = sorted(set(self.store.known_queues() if known is None else known) - served - set(own))
         return own + unserved
 
-    def _streams(self, live: Sequence[Any]) -> list[tuple[str, str, str]]:
+    def _streams(self, live: Sequence[Any], known: Sequence[str]) -> list[tuple[str, str, str]]:
         keys = self.store.keys
         out = []
-        for queue in self._queue_names(live):
+        for queue in self._queue_names(live, known):
             for p in range(keys.partitions):
                 out.append(("workflow", queue, keys.workflow_tasks(p, queue)))
                 out.append(("activity", queue, keys.activity_tasks(p, queue)))
@@ -93,17 +96,16 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
             labels=["worker", "build"],
         )
         try:
-            live = self.store.live_workers()
-            _count_workers(live, workers, left, self.store.known_queues())
-            self._read(live, backlog, oldest, dead)
+            live, known = self.store.live_workers(), self.store.known_queues()  # one read each per scrape
+            _count_workers(live, workers, left, known)
+            self._read(self._streams(live, known), backlog, oldest, dead)
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             # The process's own metrics are still served; only these gauges are left out.
             log.warning("metrics: task queues not read from Redis: %s", exc)
             return
         yield from (backlog, oldest, dead, workers, left)
 
-    def _read(self, live: Sequence[Any], backlog: Any, oldest: Any, dead: Any) -> None:
-        streams = self._streams(live)
+    def _read(self, streams: Sequence[tuple[str, str, str]], backlog: Any, oldest: Any, dead: Any) -> None:
         client = self.store.redis
         with client.pipeline(transaction=False) as pipe:
             for _, _, key in streams:
