@@ -162,16 +162,17 @@ def _named(pairs: tuple[str, ...], option: str, texts: Collection[str] = ()) -> 
     out: dict[str, Any] = {}
     for pair in pairs:
         name, eq, value = pair.partition("=")
-        if not eq or not name.strip():
+        name = name.strip()
+        if not eq or not name:
             raise click.BadParameter(f"{pair!r}: expected NAME=VALUE, e.g. customer=acme", param_hint=option)
-        if name.strip() in texts:
-            try:
-                parsed = parse_args([value])[0]
-            except CliError:  # "02134": not JSON, and meant as the string it is
-                parsed = value
-            out[name.strip()] = parsed if isinstance(parsed, str) else value
-        else:
-            out[name.strip()] = parse_args([value])[0]
+        if name not in texts:
+            out[name] = parse_args([value])[0]
+            continue
+        try:
+            parsed = parse_args([value])[0]
+        except CliError:  # "02134": not JSON, and meant as the string it is
+            parsed = value
+        out[name] = parsed if isinstance(parsed, str) else value
     return out
 
 
