@@ -312,6 +312,11 @@ def test_a_reload_to_a_new_build_keeps_the_old_builds_last_process_until_its_run
         pinned.signal("go", None)
         assert pinned.result(timeout=30) == "v1"  # the old code, on the old build's process
         wait_for(lambda: len(c := children(proc.pid)) == 2 and c.isdisjoint(old), timeout=30)
+        # The process is gone before the supervisor has reaped it and said so (a loaded CI run).
+        wait_for(
+            lambda: b"drained (no run pinned to that build is open) and exited" in log.read_bytes(),
+            timeout=10,
+        )
         text = log.read_bytes().decode()
         assert f"drained: no open run is pinned to build {old_build}" in text
         assert f"of build {old_build} drained (no run pinned to that build is open) and exited" in text

@@ -7,6 +7,7 @@ leave it), right after a heartbeat: the next one is two seconds or more away.
 
 from __future__ import annotations
 
+import re
 import time
 
 from apps.basic import Waiter
@@ -72,7 +73,10 @@ def test_no_live_worker_just_after_a_restart_says_redis_restarted(fresh_redis: E
         blocked = WorkflowStub.load(before.id, store=store).blocked()
         assert blocked is not None and blocked.kind == "no_live_worker"
         assert blocked.message.startswith(f"no live worker serves queue '{QUEUE}'"), blocked.message
-        assert "(Redis restarted 0 s ago: a live worker writes its registry entry again" in blocked.message
+        # Whole seconds of uptime: 0 s, or 1 s on a loaded machine (a CI run read 1).
+        assert re.search(
+            r"\(Redis restarted [01] s ago: a live worker writes its registry entry again", blocked.message
+        )
         after = WorkflowStub.make(Waiter, queue=QUEUE, store=store).start(0.01)
         blocked_after = after.blocked()
         assert blocked_after is not None and "Redis restarted" not in blocked_after.message
