@@ -1,7 +1,8 @@
 """What `/metrics` and the JSON log lines say against what happened (an observability pass):
 an attempt whose result came after its deadline was counted ``timed_out`` and ``completed``;
 the run cache gauge kept the size of its last store (runs taken out and closed stayed counted);
-a run's failure line had its ids only in the message text. A real worker process, scraped."""
+a run's failure line had its ids only in the message text; a terminated run's driver stayed
+cached until the LRU reached it. A real worker process, scraped."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from waiting import wait_for
 from durable import WorkflowFailed, WorkflowStub
 from durable.client import default_store
 from durable.store.redis_store import RedisStore
+from workers.run_cache import CLOSED_CHECK_S
 
 pytest.importorskip("prometheus_client")
 
@@ -28,6 +30,30 @@ def _attempts(port: int, activity_type: str) -> dict[str, float]:
         for (name, labels), value in _scrape(port).items()
         if name == "durable_activity_attempts_total" and dict(labels)["activity_type"] == activity_type
     }
+
+
+@pytest.mark.slow
+def test_a_terminated_runs_driver_leaves_the_cache(redis_url: str) -> None:
+    """Terminating a run writes its closing without a decision: no task of it comes back to
+    the worker that holds its suspended greenlet, which must still let it go."""
+    port = _free_port()
+    proc = spawn_worker(redis_url, app="apps.basic", extra=("--metrics-port", str(port)))
+    try:
+        kept, ended = (WorkflowStub.make(Waiter).start(0.05) for _ in range(2))
+
+        def cached() -> float:
+            try:
+                return _value(_scrape(port), "durable_sticky_cache_runs")
+            except OSError:  # its metrics server is not up yet
+                return -1
+
+        wait_for(lambda: cached() == 2, timeout=20)  # both wait for "go" (the timer fired)
+        ended.terminate("test")
+        wait_for(lambda: cached() == 1, timeout=CLOSED_CHECK_S + 10)
+        kept.signal("go", "yes")
+        assert kept.result(timeout=20) == "yes"  # the other one's driver was not touched
+    finally:
+        _finish(proc)
 
 
 @pytest.mark.slow

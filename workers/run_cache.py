@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 from durable.replay import Driver
 
 from . import metrics
+
+CLOSED_CHECK_S = 10.0
+"""How often the cache asks Redis which of its runs were closed behind its back."""
+
+IsOpen = Callable[[Sequence[tuple[str, str]]], list[bool]]
+"""Reads whether each (workflow id, run id) is an open run (one round trip)."""
 
 
 class RunCache:
@@ -21,6 +29,7 @@ class RunCache:
         self._drivers: OrderedDict[str, Driver] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self._next_check = time.monotonic() + CLOSED_CHECK_S
 
     def take(self, run_id: str, seq: int) -> Driver | None:
         driver = self._drivers.pop(run_id, None)
@@ -61,6 +70,26 @@ class RunCache:
             self.hits += 1
             metrics.cache_lookup(True)
         return driver
+
+    def drop_closed(self, is_open: IsOpen) -> int:
+        """Every :data:`CLOSED_CHECK_S`, close the drivers of runs closed without a decision of
+        this worker (terminated, purged): no task of theirs comes back, so they would hold their
+        greenlets until the LRU reached them. Returns how many were dropped."""
+        now = time.monotonic()
+        if now < self._next_check or not self._drivers:
+            return 0
+        self._next_check = now + CLOSED_CHECK_S
+        cached = list(self._drivers.items())
+        still = is_open([(d.workflow_id, run_id) for run_id, d in cached])
+        dropped = 0
+        for (run_id, driver), open_ in zip(cached, still, strict=True):
+            if not open_ and self._drivers.get(run_id) is driver:
+                del self._drivers[run_id]
+                driver.close()
+                dropped += 1
+        if dropped:
+            metrics.cache_size(len(self._drivers))
+        return dropped
 
     def clear(self) -> None:
         for driver in self._drivers.values():

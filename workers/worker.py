@@ -477,6 +477,7 @@ class Worker:
             self._take_back_unseen()
         self.activities.record(self.decider.apply_eager, self._complete)
         self.activities.shed()
+        self.decider.cache.drop_closed(self.store.runs_open)
         if self._handed:
             handed, self._handed = self._handed, []
             self._decide(handed)

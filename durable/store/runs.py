@@ -35,12 +35,7 @@ from .commits import PART as COMMIT_PART
 from .commits import Commits
 from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
-from .records import (
-    CommitResult,
-    RunRef,
-    decode_run,
-    text,
-)
+from .records import OPEN_STATUSES, CommitResult, RunRef, decode_run, text
 from .search import SearchStore, attribute_args, pack_index, start_index
 from .starts import (
     Closing,
@@ -141,6 +136,16 @@ class RunStore(SearchStore):
         """The status word of run ``run_id`` of partition ``p`` (``None``: no such run, e.g. purged)."""
         raw = self.redis.hget(self.keys.run(p, run_id), "status")
         return None if raw is None else text(raw)
+
+    def runs_open(self, runs: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether each (workflow id, run id) of ``runs`` is an open run (one round trip; a
+        purged run is not)."""
+        k = self.keys
+        with self.redis.pipeline(transaction=False) as pipe:
+            for workflow_id, run_id in runs:
+                pipe.hget(k.run(k.partition(workflow_id), run_id), "status")
+            statuses = pipe.execute()
+        return [s is not None and text(s) in OPEN_STATUSES for s in statuses]
 
     def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
         """The run's committed events after ``after_seq``, decoded, in seq order."""
