@@ -244,7 +244,9 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         _error(c.get("/api/v1/workflows/no-such-run/history"), 404, "not_found")
         _error(c.post("/api/v1/workflows/no-such-run/signal/go", json={"args": []}), 404, "not_found")
         _error(c.get("/api/v1/nothing-here"), 404, "not_found")
-        _error(c.delete("/api/v1/workflows"), 405, "method_not_allowed")
+        wrong_method = c.delete("/api/v1/workflows")
+        assert "this route takes GET, HEAD, POST" in _error(wrong_method, 405, "method_not_allowed")
+        assert wrong_method.headers["allow"] == "GET, HEAD, POST"  # RFC 9110: a 405 names them
         json_headers = {"content-type": "application/json"}
         _error(c.post("/api/v1/workflows", content=b"{not json", headers=json_headers), 400, "bad_request")
         _error(
@@ -413,4 +415,27 @@ def test_update_waits_a_bounded_time_and_says_what_the_handler_raised(api: Api) 
     assert statuses == [202] * 16 + [429], statuses
     with api.open.client(**CSRF) as c:
         c.post(f"/api/v1/workflows/{served}/signal/stop")
+        c.post(f"/api/v1/workflows/{unserved}/terminate")
+
+
+def test_update_calls_whose_clients_hung_up_give_their_slots_back(api: Api) -> None:
+    """16 update calls whose clients went away held every waiting slot until their own
+    ``timeout``: each update call meanwhile was ``busy``."""
+    unserved = _id("counter-hangup")
+    url = f"/api/v1/workflows/{unserved}/update/add"
+    with api.open.client(**CSRF) as c:
+        body = {"type": "Counter", "id": unserved, "queue": "nowhere"}
+        assert c.post("/api/v1/workflows", json=body).status_code == 201
+
+    def hangs_up() -> None:
+        with api.open.client(**CSRF) as client, pytest.raises(httpx.ReadTimeout):
+            client.post(url, json={"args": [1], "timeout": 60}, timeout=1.0)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda _: hangs_up(), range(16)))
+    with api.open.client(**CSRF) as c:
+        # Within a slice (1 s) and the watch's poll, not after the 60 s they asked for.
+        wait_for(
+            lambda: c.post(url, json={"args": [1], "timeout": 0}).status_code == 202, timeout=10, interval=0.2
+        )
         c.post(f"/api/v1/workflows/{unserved}/terminate")

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durable
@@ -113,10 +113,25 @@ class LoopbackHosts:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, HTTPException) and exc.status_code == 405:
-        return error_response(ApiError("method_not_allowed", f"{request.method} is not allowed here"))
+        allow = _allowed_methods(request)
+        message = f"{request.method} is not allowed here" + (f"; this route takes {allow}" if allow else "")
+        return error_response(
+            ApiError("method_not_allowed", message, headers={"Allow": allow} if allow else None)
+        )
     if isinstance(exc, HTTPException) and exc.status_code == 404:
         return error_response(ApiError("not_found", f"no route {masked_path(request.url.path)}"))
     return error_response(from_exception(exc))
+
+
+def _allowed_methods(request: Request) -> str:
+    """The methods the path takes (RFC 9110's ``Allow``): Starlette names only those of the
+    first route matching the path, and ``GET`` and ``POST`` of a path are two routes here."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 def _path_ids(path: str) -> str:

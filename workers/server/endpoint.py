@@ -7,8 +7,10 @@ then runs the handler in Starlette's thread pool and answers its value as JSON.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import difflib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,8 @@ class Call:
     raw: bytes
     headers: Mapping[str, str]
     role: str
+    gone: threading.Event = field(default_factory=threading.Event)
+    """Set once the client has hung up (watched only while a route that waits runs: :attr:`Endpoint.waits`)."""
 
     def arg(self, name: str, kind: type = str, default: Any = None) -> Any:
         """Query parameter ``name`` as ``kind`` (``str`` or ``int``), or ``default``.
@@ -133,6 +137,8 @@ class Endpoint:
     fields: tuple[str, ...] | None = None
     """The body fields the route reads (``None``: no check); any other one is refused, so that
     a misspelt field is an error instead of an option silently left at its default."""
+    waits: bool = False
+    """The handler may wait a while (an update): :attr:`Call.gone` says when its client left."""
 
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -150,7 +156,12 @@ def view(endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int)
     async def serve(request: Request) -> Response:
         try:
             call = await _prepare(request, endpoint, store, auth, max_body)
-            result = await run_in_threadpool(endpoint.handler, call)
+            watch = asyncio.create_task(_watch_client(request, call.gone)) if endpoint.waits else None
+            try:
+                result = await run_in_threadpool(endpoint.handler, call)
+            finally:
+                if watch is not None:
+                    watch.cancel()
         except Exception as exc:  # noqa: BLE001 - every failure becomes the API's JSON error
             return error_response(from_exception(exc))
         if isinstance(result, Response):
@@ -159,6 +170,13 @@ def view(endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int)
 
     serve.__name__ = endpoint.handler.__name__
     return serve
+
+
+async def _watch_client(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client hangs up (polled: the ASGI server says so only when asked)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(0.25)
+    gone.set()
 
 
 async def _prepare(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,10 +12,12 @@ import redis
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.batch import ACTIONS, for_open_runs
+from durable.client_updates import send_update
 from durable.errors import ConfigurationError, DurableError
 from durable.ids import check_build_id, new_run_id
 from durable.search import parse_where
 from durable.store.run_list import list_row
+from durable.store.updates import update_result, wait_update
 from durable.store.workers import WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
@@ -252,6 +255,8 @@ def query_workflow(call: Call) -> dict[str, Any]:
 UPDATE_WAIT_S = 10.0
 """How long the update route waits for the outcome unless the body says (``timeout``)."""
 MAX_UPDATE_WAIT_S = 60.0
+UPDATE_SLICE_S = 1.0
+"""How often a waiting update call looks whether its client is still there."""
 MAX_WAITING_UPDATES = 16
 """Update calls waiting at once: the server's threads are shared with every other route (40),
 so waits on runs no worker moves must not take them all (healthz included)."""
@@ -269,7 +274,7 @@ def update_workflow(call: Call) -> Any:
     if not _waiting.acquire(blocking=False):
         raise ApiError("busy", f"{MAX_WAITING_UPDATES} update calls are waiting already; try again shortly")
     try:
-        result = stub.update(call.path["name"], *call.args(), timeout=timeout, update_id=update_id)
+        result = _update_while_heard(call, stub, timeout, update_id)
     except TimeoutError as exc:
         message = f"{exc}; POST again with this update_id to go on waiting (it runs once)"
         return json_response({"update_id": update_id, "pending": True, "message": message}, 202)
@@ -282,6 +287,22 @@ def update_workflow(call: Call) -> Any:
     finally:
         _waiting.release()
     return {"result": result, "update_id": update_id}
+
+
+def _update_while_heard(call: Call, stub: WorkflowStub, timeout: float, update_id: str) -> Any:
+    """Deliver the update once and wait for its outcome, in slices of :data:`UPDATE_SLICE_S`:
+    a call whose client hung up gives its thread and its slot back within a slice, not at its
+    ``timeout`` (``TimeoutError`` then, answered to no one; the update stays delivered)."""
+    store, name, args = call.store, call.path["name"], call.args()
+    ref, uid, after = send_update(store, stub.workflow_type, stub.id, name, args, update_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        slice_end = min(deadline, time.monotonic() + UPDATE_SLICE_S)
+        try:
+            return update_result(wait_update(store, ref, uid, after, slice_end), stub.id, name)
+        except TimeoutError:
+            if slice_end >= deadline or call.gone.is_set():
+                raise
 
 
 def cancel_workflow(call: Call) -> dict[str, Any]:
@@ -453,6 +474,7 @@ ENDPOINTS = [
         body='{"args": [...], "timeout": seconds to wait (default 10, at most 60), "update_id": "..."}: '
         "202 with the update_id when the outcome is not there in time (POST again with it)",
         fields=("args", "timeout", "update_id"),
+        waits=True,
     ),
     Endpoint(
         "POST",
