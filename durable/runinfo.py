@@ -34,6 +34,10 @@ BLOCKED_KINDS = (
 NO_LIVE_WORKER = "no_live_worker"
 """The kind of a run pinned to a build that no live worker serves (found on read, not recorded)."""
 
+DATA_LOST = "data_lost"
+"""The kind of a run waiting on a child whose partition's data Redis lost (found on read; see
+:mod:`durable.store.origins`): it cannot finish."""
+
 # Reasons written before runs recorded a kind (and writers that give none) name the
 # error type first ("NondeterminismError: ...") or say what happened in words.
 _PREFIX_KINDS = (
@@ -65,7 +69,8 @@ class BlockedReason:
             once the cause is fixed), or found on read, gone by itself once its cause is:
             ``no_live_worker``, ``starved_queue`` (every live worker of a queue an activity
             waits on has its threads held by hung activities), ``redis_out_of_memory``,
-            ``redis_cannot_persist``.
+            ``redis_cannot_persist``, ``data_lost`` (a child it waits on is gone with its
+            partition's data: the run cannot finish).
         message: The reason as recorded (names the error, the type, the build...).
         child: For a run blocked through a pending child that is blocked itself, that child's
             workflow id (the message then starts ``waits on child 'ID', which is blocked:``);
@@ -84,13 +89,24 @@ class BlockedReason:
         """A parent's reason: it waits on the child ``child_id``, blocked for ``reason``."""
         return cls(kind=reason.kind, message=f"{_THROUGH.format(child_id)}{reason.message}", child=child_id)
 
+    @classmethod
+    def child_gone(cls, child_id: str, why: str) -> BlockedReason:
+        """A parent's reason: the child ``child_id`` it waits on does not exist (``why``: its
+        partition's data was lost), so it never finishes."""
+        message = f"{_GONE.format(child_id)}{why}: this run cannot finish; terminate it and start it again"
+        return cls(kind=DATA_LOST, message=message, child=child_id)
+
     @property
     def child_message(self) -> str:
-        """For a reason :meth:`through` a child, the child's own message (else :attr:`message`)."""
-        return self.message.removeprefix(_THROUGH.format(self.child)) if self.child else self.message
+        """For a reason :meth:`through` a child, the child's own message (else :attr:`message`);
+        for :meth:`child_gone`, what follows "does not exist"."""
+        if not self.child:
+            return self.message
+        return self.message.removeprefix(_THROUGH.format(self.child)).removeprefix(_GONE.format(self.child))
 
 
 _THROUGH = "waits on child {!r}, which is blocked: "
+_GONE = "waits on child {!r}, which does not exist"
 
 
 def blocked_reason(record: Mapping[str, Any]) -> BlockedReason | None:
@@ -297,7 +313,9 @@ def with_children(
         if child_id:
             status = statuses.get(str(child_id))
             state = _child_state(str(child_id), status)
-            if blocked is not None and blocked.child == str(child_id):
+            if blocked is not None and blocked.child == str(child_id) and blocked.kind == DATA_LOST:
+                state = f"child {child_id}: no run of it exists{blocked.child_message}"
+            elif blocked is not None and blocked.child == str(child_id):
                 state += ", blocked: " + blocked.child_message
             step = {**step, "child_status": status, "state": state}
         out.append(step)

@@ -107,12 +107,14 @@ class Membership:
         self.drained = False
         #: Called (on the scheduler thread) once a draining worker has no open pinned run left.
         self.on_drained: Callable[[], None] | None = None
+        self._origins: dict[int, str] = {}  # the partitions' origin markers seen last
 
     def join(self) -> None:
         """Register, then (versioned) promote if asked or take over queues nobody serves; warn of
         the settings of Redis that can lose durable's data (nothing else would say it)."""
         self._started = self.store.server_time_ms()
         self._register()
+        self._check_origins()
         if self.build and self.promote:
             before = self.store.current_build(self.queues)
             self.store.promote_build(self.queues, self.build)
@@ -152,6 +154,7 @@ class Membership:
         thread, every :data:`~durable.store.workers.HEARTBEAT_S`)."""
         if register and not self._drain_asked:
             self._register()  # (which also reads whether an operator asked for a drain)
+        self._check_origins()
         if self._drain_asked:
             self._drain_step()
             return
@@ -170,6 +173,19 @@ class Membership:
             if self.store.claim_current_build(queue, old, self.build):
                 self._say_taken_over(queue, old, everyone)
         self._polled = 0.0  # re-read the current builds at the next pass
+
+    def _check_origins(self) -> None:
+        """Compare the partitions' origin markers with those seen last: one gone means Redis
+        lost that partition's data (:mod:`durable.store.origins`), which nothing else says."""
+        self._origins, lost = self.store.check_origins(self._origins, self.info.name)
+        if lost:
+            log.error(
+                "Redis lost durable's data of partition(s) %s: the origin marker this worker saw is "
+                "gone (Redis restarted without persistence, was flushed, or a replica without the "
+                "data took over); runs, timers, schedules and tasks written there before now are gone "
+                "for good. Keep Redis's data: appendonly yes (docs/operations.md)",
+                ", ".join(map(str, lost)),
+            )
 
     def _say_taken_over(self, queue: str, old: str, live: list[WorkerInfo]) -> None:
         if not old:

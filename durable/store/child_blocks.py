@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
+from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .base import StoreBase
+from .origins import data_losses, loss_note
 from .records import OPEN_STATUSES, decode_run, text
 
 __all__ = [
@@ -94,9 +95,12 @@ def blocked_children(
     ids = list(dict.fromkeys(wid for kids in wanted for wid in kids))[:budget]
     if not ids or depth < 1:
         return [None] * len(records)
-    # A child not started yet (its start is on its way from another partition) is left out.
-    children = {wid: rec for wid, rec in zip(ids, _child_records(store, ids), strict=True) if rec is not None}
+    records_of = dict(zip(ids, _child_records(store, ids), strict=True))
+    # A child not started yet (its start is on its way from another partition) is left out,
+    # unless its partition's data was lost: then it never will be.
+    children = {wid: rec for wid, rec in records_of.items() if rec is not None}
     reasons = {wid: own_reason(rec, no_worker) for wid, rec in children.items()}
+    reasons.update(_lost_children(store, [wid for wid, rec in records_of.items() if rec is None]))
     # An open child that is not blocked itself may wait on a blocked one in turn.
     deeper = [w for w, rec in children.items() if reasons[w] is None and rec.get("status") in OPEN_STATUSES]
     if deeper and depth > 1:
@@ -105,8 +109,25 @@ def blocked_children(
     out: list[BlockedReason | None] = []
     for kids in wanted:
         found = next(((wid, reasons[wid]) for wid in kids if reasons.get(wid) is not None), None)
-        out.append(BlockedReason.through(found[0], found[1]) if found and found[1] else None)
+        if found and found[1] and found[1].kind == DATA_LOST and found[1].child == found[0]:
+            out.append(found[1])  # it says so itself: the child is not blocked, it is gone
+        else:
+            out.append(BlockedReason.through(found[0], found[1]) if found and found[1] else None)
     return out
+
+
+def _lost_children(store: StoreBase, missing: Sequence[str]) -> dict[str, BlockedReason]:
+    """The children of ``missing`` (no run of theirs exists) whose partition Redis lost the data
+    of: their parent waits for ever. One round trip when any is missing, none otherwise."""
+    if not missing:
+        return {}
+    k = store.keys
+    lost = {loss.partition: loss for loss in data_losses(store, {k.partition(wid) for wid in missing})}
+    return {
+        wid: BlockedReason.child_gone(wid, loss_note(lost[p]))
+        for wid in missing
+        if (p := k.partition(wid)) in lost
+    }
 
 
 def runs_blocked_by_children(

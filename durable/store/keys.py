@@ -32,6 +32,8 @@ Layout (``T`` = ``prefix:{p}``)::
                                    "u|run|id|ms" tasks handed back by a worker that lacks their type
     T:running              zset    attempt deadline (ms) -> "run|activity id|attempt"
     T:clock                string  clock offset (ms) the scripts add to Redis TIME (tests: time skipping)
+    T:origin               hash    id (random), created (ms); lost, lost_by: when a worker found the
+                                   partition's earlier marker gone (Redis lost its data), and which
     T:runs                 zset    created (ms) -> run id, for `durable list` (and `started` in --where)
     T:sx:k:<attr>:<value>  zset    created (ms) -> run id: runs whose keyword-like attribute has the value
     T:sx:n:<attr>          zset    value (number, ms) -> run id: numeric and datetime attributes, `closed`
@@ -369,6 +371,10 @@ class Keys:
 
     def hooks(self, p: int) -> str:
         return f"{self.tag(p)}:hooks"
+
+    def origin(self, p: int) -> str:
+        """Partition ``p``'s origin marker (see ``durable.store.origins``)."""
+        return f"{self.tag(p)}:origin"
 
     def clock(self, p: int) -> str:
         """Partition ``p``'s clock offset (tests only: time skipping; see ``_lib.lua``)."""

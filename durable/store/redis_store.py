@@ -25,6 +25,7 @@ from .activities import ActivityStore
 from .base import load_scripts
 from .connect import CLUSTER_SCHEME, TRANSIENT_ERRORS, connect, consumer_name, is_cluster_url
 from .leases import LeaseStore
+from .origins import OriginStore
 from .queues import QueueStore
 from .records import CLOSED_STATUSES, OPEN_STATUSES, ClaimedTask, CommitResult, RunRef, StaleCompletion
 from .run_list import RunQueries
@@ -50,7 +51,9 @@ __all__ = [
 ]
 
 
-class RedisStore(QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore, RunQueries):
+class RedisStore(
+    QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore, RunQueries, OriginStore
+):
     """durable's state in Redis: histories, inboxes, task streams, timers.
 
     Args:

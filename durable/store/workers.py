@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason
+from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
 from .connect import CommandRefused
 from .held import STARVED_QUEUE, starved_queues, starved_reason
@@ -42,7 +42,7 @@ __all__ = [
     "takes_new_runs",
 ]
 
-FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST)
+FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST, DATA_LOST)
 """The blocked kinds :meth:`WorkerRegistry.why_blocked` finds on read, not recorded: nothing for
 ``durable repair`` to clear; the run moves on once their cause is gone (the UI's copy:
 ``FOUND_ON_READ`` in ``workers/server/static/ui.js``, kept equal by a test)."""

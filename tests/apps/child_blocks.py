@@ -40,3 +40,10 @@ class GoThenClose(Workflow):
 
     def handle(self) -> Any:
         return await_signal("go")
+
+
+class ParentOfNamed(Workflow):
+    """Waits on a :class:`GoThenClose` child with the id it is given."""
+
+    def handle(self, child_id: str) -> Any:
+        return child(GoThenClose, workflow_id=child_id)

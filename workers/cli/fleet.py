@@ -172,7 +172,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     ``redis_memory`` is :meth:`~durable.store.memory.MemoryStore.memory_state`; ``problem`` its
     reason while Redis refuses writes (``maxmemory``), else ``None``; ``warnings`` the settings
     of Redis that can lose durable's data and a Redis nearly full
-    (:func:`~durable.store.memory.setup_hazards`)."""
+    (:func:`~durable.store.memory.setup_hazards`), and the data a worker found lost within a day
+    (:mod:`durable.store.origins`)."""
     live = store.live_workers()
     now = store.server_time_ms()
     served = served_queues(live)
@@ -231,7 +232,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     memory = store.memory_state()
     report["redis_memory"] = memory.to_dict()
     report["problem"] = memory.reason
-    report["warnings"] = list(memory.hazards)
+    report["warnings"] = list(memory.hazards) + [loss.message() for loss in store.recent_data_losses()]
     return report
 
 

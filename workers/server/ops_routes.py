@@ -20,12 +20,13 @@ def healthz(call: Call) -> dict[str, Any]:
     unreachable, 503 ``redis_out_of_memory`` or ``redis_cannot_persist`` (with the reason) when
     it refuses writes at ``maxmemory`` or because it cannot write to disk: it still answers
     reads then, but no run can make progress. ``warnings``: the settings of Redis that can lose
-    durable's data and a Redis nearly full (:func:`~durable.store.memory.setup_hazards`); healthy
-    meanwhile."""
+    durable's data and a Redis nearly full (:func:`~durable.store.memory.setup_hazards`), and a
+    loss of data a worker found (:mod:`durable.store.origins`); healthy meanwhile."""
     memory = call.store.memory_state()  # unreachable: the API's 503 redis_unavailable
     if memory.reason:
         raise ApiError(memory.kind or "redis_out_of_memory", memory.reason)
-    return {"status": "ok", "warnings": list(memory.hazards)}
+    losses = [loss.message() for loss in call.store.recent_data_losses()]
+    return {"status": "ok", "warnings": list(memory.hazards) + losses}
 
 
 def hook_payload(raw: bytes, content_type: str) -> Any:

@@ -1,0 +1,100 @@
+"""Redis losing durable's data is said, not silent (durable.store.origins).
+
+A Redis restarted without persistence (or flushed) comes back empty: before, a run was just
+``no workflow with id ...``, and a parent whose child lived on a partition that lost its data
+(a cluster node restarted empty) read "its start is on its way" for ever. A real worker process
+that saw the data before finds its partitions' origin markers gone and says so in its log; the
+views say it: ``durable workers`` (and ``/healthz``, the UI's workers page) warn, a missing id
+names the loss of its partition, and the parent is blocked (``data_lost``) naming its child.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+from apps.child_blocks import GoThenClose, ParentOfNamed
+from click.testing import CliRunner
+from clikit import cli_ok
+from procs import spawn_worker, stop
+from waiting import wait_for
+
+from durable import WorkflowNotFound, WorkflowStub
+from durable.store.redis_store import RedisStore
+from workers.cli import cli
+
+pytestmark = pytest.mark.slow
+
+LOST = "Redis lost the data of its partition"
+
+
+def _warnings() -> list[str]:
+    return list(json.loads(cli_ok("workers", "--json"))["warnings"])
+
+
+def _ids_apart(store: RedisStore, prefix: str) -> tuple[str, str]:
+    """Two workflow ids of different partitions."""
+    first = f"{prefix}-p"
+    other = next(
+        f"{prefix}-c{i}"
+        for i in range(100)
+        if store.keys.partition(f"{prefix}-c{i}") != store.keys.partition(first)
+    )
+    return first, other
+
+
+def test_a_redis_that_came_back_empty_is_said_by_the_worker_and_the_views(
+    redis_url: str, store: RedisStore
+) -> None:
+    worker = spawn_worker(redis_url, app="apps.child_blocks")
+    try:
+        wait_for(store.live_workers, timeout=30)
+        gone = WorkflowStub.make(GoThenClose, "lost-1", store=store).start()
+        assert not [w for w in _warnings() if "lost" in w]
+        store.redis.flushall()  # as a Redis restarted without persistence
+        said = wait_for(lambda: [w for w in _warnings() if "Redis lost durable's data" in w], timeout=20)
+        assert len(said) == store.keys.partitions and "gone for good" in said[0], said
+        with pytest.raises(WorkflowNotFound, match=LOST):
+            WorkflowStub.load(gone.id, store=store)
+        status = CliRunner().invoke(cli, ["status", gone.id])
+        assert status.exit_code != 0 and LOST in status.output, status.output
+        # The worker goes on: a run started now runs.
+        again = WorkflowStub.make(GoThenClose, "lost-2", store=store).start()
+        again.signal("go", 7)
+        assert again.result(timeout=30) == 7
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.stderr is not None
+        err = worker.stderr.read().decode()  # to its end: it has exited
+        stop(worker)
+    lines = [line for line in err.splitlines() if "Redis lost durable's data of partition(s) 0, 1" in line]
+    assert len(lines) == 1 and "ERROR" in lines[0], err[-3000:]
+
+
+def test_a_parent_whose_childs_partition_lost_its_data_is_blocked_naming_it(
+    redis_url: str, store: RedisStore
+) -> None:
+    parent_id, child_id = _ids_apart(store, "orphan")
+    worker = spawn_worker(redis_url, app="apps.child_blocks")
+    try:
+        wait_for(store.live_workers, timeout=30)
+        parent = WorkflowStub.make(ParentOfNamed, parent_id, store=store).start(child_id)
+        wait_for(lambda: store.instance_statuses([child_id])[0] == "suspended", timeout=20)  # waits for "go"
+        assert parent.blocked() is None
+        # As a cluster node holding the child's partition restarted empty: the parent's is intact.
+        lost_tag = store.keys.tag(store.keys.partition(child_id))
+        for key in store.redis.scan_iter(match=f"{lost_tag}:*", count=1000):
+            store.redis.delete(key)
+        reason = wait_for(parent.blocked, timeout=20)
+        assert reason.kind == "data_lost" and reason.child == child_id
+        assert reason.message.startswith(f"waits on child {child_id!r}, which does not exist ({LOST}")
+        assert reason.message.endswith("this run cannot finish; terminate it and start it again")
+        [step] = parent.describe().pending
+        assert step["state"].startswith(f"child {child_id}: no run of it exists ({LOST}"), step
+        assert "(blocked: waits on child" in cli_ok("status", parent_id)
+        blocked = json.loads(cli_ok("list", "--status", "blocked", "--json"))
+        assert [r["workflow_id"] for r in blocked] == [parent_id]
+        parent.terminate("its child is gone")
+    finally:
+        stop(worker)
