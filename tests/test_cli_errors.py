@@ -16,7 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+from click.testing import CliRunner
 from waiting import wait_for
+
+from workers.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cretMarker"
@@ -384,3 +388,26 @@ def test_seconds_that_are_no_duration_are_a_usage_error(
     assert "Traceback" not in result.stderr, result.stderr
     assert says in result.stderr, result.stderr
     assert not (project / ".durable").exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (redis.exceptions.ClusterDownError("The cluster is down"), "no replica took over"),
+        (redis.exceptions.ResponseError("ERR something odd"), "redis: ERR something odd"),
+    ],
+)
+def test_a_redis_error_while_opening_the_store_names_the_redis(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, says: str
+) -> None:
+    """A cluster whose master of some slots was stopped failed the store's opening (its slot
+    map read): the line said only ``error: redis: The cluster is down``, no Redis named."""
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr("workers.cli.core.RedisStore", refused)
+    url = "redis+cluster://127.0.0.1:7000"
+    result = CliRunner().invoke(cli, ["--redis", url, "list"])
+    assert result.exit_code == 1
+    assert says in result.output and f"(redis: {url})" in result.output, result.output

@@ -197,8 +197,15 @@ class DurableGroup(click.Group):
             die(str(exc))
         except redis.exceptions.RedisClusterException as exc:  # not a RedisError
             die(f"Redis Cluster at {mask_url(_url_of(ctx, opened=False) or 'redis')}: {one_line(exc)}")
+        except redis.exceptions.ClusterDownError as exc:
+            die(
+                f"redis: {one_line(exc).rstrip('.')}: a master of some of its slots is unreachable and "
+                "no replica took over; `redis-cli --cluster check HOST:PORT` names it",
+                _url_of(ctx, opened=False),
+            )
         except redis.exceptions.RedisError as exc:
-            die(f"redis: {one_line(exc)}", _url_of(ctx))
+            # Named even when it failed while opening (on a cluster, reading its slot map).
+            die(f"redis: {one_line(exc)}", _url_of(ctx) or _url_of(ctx, opened=False))
         except CliError as exc:
             die(str(exc), _url_of(ctx))
         except DurableError as exc:
