@@ -14,7 +14,6 @@ from .client_updates import send_update
 from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
-    DurableError,
     WorkflowClosed,
     WorkflowNotFound,
 )
@@ -23,7 +22,7 @@ from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds, wait_seconds
-from .registry import check_name, get_workflow, start_queue
+from .registry import check_name, start_patches, start_queue
 from .replay.driver import query_history
 from .run_views import describe_run, run_snapshot
 from .runinfo import (
@@ -361,15 +360,11 @@ class WorkflowStub(Generic[R]):
         signal = _signal(request.signal, request.signal_args, request.headers) if request.signal else None
         where = "args" if signal is None else "start_args"
         payload = codec.dumps(tuple(request.args), path=where, allowed_only=True)
-        try:
-            cls = get_workflow(self._type)
-        except DurableError:
-            cls = None
         if self._code is not None:  # made from the class: a call its handle refuses is refused now
             what = f"start() of workflow {self._id!r}: {self._code.__name__}.handle"
             check_call(self._code.handle, tuple(request.args), what, skip=1)
         queue = start_queue(self._type, self._queue)
-        patches = list(getattr(cls, "patches", ())) if cls is not None else []
+        patches = start_patches(self._type, queue, self._store)
         run_id = new_run_id()  # one id for every try: a resend of a start that landed finds its run
         run = self._store.ride(
             f"start() of workflow {self._id!r}",

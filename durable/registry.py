@@ -23,6 +23,7 @@ from .typed_args import convert, typed_method
 
 if TYPE_CHECKING:
     from .activity import Activity
+    from .store.workers import WorkerRegistry
     from .workflow import Workflow
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
@@ -300,6 +301,17 @@ def get_workflow(name: str) -> type[Workflow]:
             "defines it (worker: --app module)"
         )
     return found
+
+
+def start_patches(workflow_type: str, queue: str, store: WorkerRegistry) -> list[str]:
+    """The patches a new run of ``workflow_type`` records (what ``patched()`` answers in it):
+    its class's ``Workflow.patches`` when this process defines it; else those the live workers
+    serving ``queue`` declare for the type (a start by name -- the CLI or the HTTP API without
+    ``--app``, a schedule or a child of a type this process lacks -- runs on their code)."""
+    cls = _workflows.get(workflow_type)
+    if cls is not None:
+        return list(cls.patches)
+    return store.declared_patches(workflow_type, queue)
 
 
 def start_queue(workflow_type: str, given: str | None = None) -> str:

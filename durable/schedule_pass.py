@@ -27,7 +27,7 @@ from typing import Any
 from .client import WorkflowStub
 from .errors import DurableError, WorkflowAlreadyStarted, WorkflowClosed, WorkflowNotFound
 from .ids import successor_run_id
-from .registry import get_workflow, start_queue
+from .registry import start_patches, start_queue
 from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
 from .store.connect import is_transient
 from .store.records import OPEN_STATUSES
@@ -165,10 +165,6 @@ class SchedulePass:
         """Start the run of one scheduled time (idempotent: deterministic ids); its workflow id."""
         workflow_id = scheduled_workflow_id(schedule_id, scheduled_ms)
         run_id = successor_run_id(workflow_id, scheduled_ms)  # derived, so a retry is the same run
-        try:
-            cls = get_workflow(spec.workflow)
-        except DurableError:
-            cls = None
         queue = start_queue(spec.workflow, spec.queue)
         try:
             self.store.start(
@@ -177,7 +173,7 @@ class SchedulePass:
                 run_id=run_id,
                 args=args,
                 queue=queue,
-                patches=list(getattr(cls, "patches", ())) if cls is not None else [],
+                patches=start_patches(spec.workflow, queue, self.store),
                 options={"schedule_id": schedule_id, "scheduled_at": scheduled_ms, "schedule_kind": kind},
             )
         except WorkflowAlreadyStarted:

@@ -188,3 +188,33 @@ def test_cli_check_unknown_module() -> None:
     result = CliRunner().invoke(cli, ["check", "--app", "no_such_module_xyz"])
     assert result.exit_code == 1
     assert "cannot import app module" in result.output
+
+
+def test_cli_check_flags_a_patch_the_class_does_not_declare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``patched("x")`` without ``x`` in ``patches`` answered False in every run: `durable
+    check` said OK (a tester met it, coming from Temporal, where no declaration is needed)."""
+    (tmp_path / "lint_patch_app.py").write_text(
+        textwrap.dedent(
+            """
+            from durable import Workflow, patched
+
+            class LintPatched(Workflow):
+                patches = ("send-email",)
+
+                def handle(self):
+                    if patched("send-sms"):      # line 8: not declared
+                        return "sms"
+                    return "email" if patched("send-email") else "none"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "lint_patch_app", "--json"])
+    finally:
+        sys.modules.pop("lint_patch_app", None)
+    assert result.exit_code == 1, result.output
+    [row] = json.loads(result.output)
+    assert row["category"] == "undeclared patch" and row["line"] == 8 and "'send-sms'" in row["fix"], row

@@ -26,6 +26,7 @@ from durable import (
     RetryPolicy,
     SignalTimeout,
     Workflow,
+    WorkflowTaskFailed,
     activity,
     all,
     await_hook,
@@ -712,15 +713,33 @@ def test_get_version_out_of_range_is_nondeterminism(sims: Any) -> None:
 
 
 class RTPatched(Workflow):
+    patches = ("p1", "p2")
+
     def handle(self) -> Any:
         return [patched("p1"), patched("p2")]
 
 
 def test_patched_answers_from_workflow_started(sims: Any) -> None:
-    s = sims(RTPatched, patches=["p1"])
+    s = sims(RTPatched, patches=["p1"])  # started by code that declared only p1
     s.decide()
     assert s.result() == [True, False]
     s.check_replay()
+
+
+class RTForgotPatch(Workflow):
+    patches = ("p1",)
+
+    def handle(self) -> Any:
+        return patched("send-sms")
+
+
+def test_patched_of_a_patch_the_class_does_not_declare_blocks_the_run(sims: Any) -> None:
+    """It answered False in every run, new ones too, and nothing said why."""
+    s = sims(RTForgotPatch, patches=["p1"])
+    with pytest.raises(
+        WorkflowTaskFailed, match=r"patched\('send-sms'\) in RTForgotPatch: its class does not declare"
+    ):
+        s.decide()
 
 
 # ======================================================== continue_as_new

@@ -29,7 +29,8 @@ def next_run_of(
     (``build_id``, this worker's, if the run was not pinned to one)."""
     started = driver.started
     assert started is not None
-    # The next run keeps the build id (and the patches): same code, same routing.
+    # The next run keeps the build id: same code, same routing. It records the patches of the
+    # code deciding this (a fresh run, as Temporal's): a loop takes a patch up at its next run.
     build = record.get("build") or build_id
     data = ev.WorkflowStarted(
         workflow_type=started.workflow_type,
@@ -39,7 +40,7 @@ def next_run_of(
         queue=started.queue,
         parent=started.parent,
         build_id=build,
-        patches=list(started.patches),
+        patches=list(driver.declared_patches),
         options={**started.options, "continued_from": ref.run_id},
         search_attributes=driver.search_attributes,  # carried over, as in Temporal
         memo=codec.dumps(driver.memo, path="memo") if driver.memo else None,

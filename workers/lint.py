@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -220,11 +220,19 @@ def _match(name: str, *, is_call: bool) -> tuple[str, str, str] | None:
 
 
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, path: str, workflow: str, imports: dict[str, str], lines: Sequence[str]) -> None:
+    def __init__(
+        self,
+        path: str,
+        workflow: str,
+        imports: dict[str, str],
+        lines: Sequence[str],
+        patches: tuple[str, ...] | None = None,
+    ) -> None:
         self.path = path
         self.workflow = workflow
         self.imports = imports
         self.lines = lines
+        self.patches = patches  # the class's Workflow.patches (None: not known, not checked)
         self.method = ""
         self.findings: list[Finding] = []
         self._seen: set[tuple[int, int]] = set()
@@ -259,6 +267,8 @@ class _Visitor(ast.NodeVisitor):
             hit = _match(name, is_call=True)
             if hit is not None:
                 self._report(node, name + "()", hit[1], hit[2])
+        if name in ("durable.patched", "durable.workflow.patched"):
+            self._check_patch(node)
         if name == "durable.side_effect" or (name or "").endswith("workflow.side_effect"):
             # side_effect(fn) records fn's value once: fn may read clocks and randomness.
             self.visit(node.func)
@@ -266,6 +276,20 @@ class _Visitor(ast.NodeVisitor):
                 self.visit(arg)
             return
         self.generic_visit(node)
+
+    def _check_patch(self, node: ast.Call) -> None:
+        """``patched("x")`` with ``x`` not in the class's ``patches`` answers False in every run."""
+        arg = node.args[0] if node.args else None
+        if self.patches is None or not isinstance(arg, ast.Constant) or not isinstance(arg.value, str):
+            return
+        if arg.value not in self.patches:
+            self._report(
+                node,
+                f"patched({arg.value!r})",
+                "undeclared patch",
+                f"add {arg.value!r} to the class's `patches` (it declares {self.patches!r}): "
+                "undeclared, no run takes the patched branch (the run is blocked when it gets there)",
+            )
 
     def visit_Name(self, node: ast.Name) -> None:
         # `from os import environ` then environ["X"]
@@ -282,8 +306,14 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def check_source(source: str, path: str, workflow_names: Iterable[str] | None = None) -> list[Finding]:
-    """Lint the classes of a module's source; ``workflow_names``: only these classes (default: all)."""
+def check_source(
+    source: str,
+    path: str,
+    workflow_names: Iterable[str] | None = None,
+    patches_of: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[Finding]:
+    """Lint the classes of a module's source; ``workflow_names``: only these classes (default:
+    all); ``patches_of``: their ``Workflow.patches`` by name, to check ``patched()`` calls."""
     tree = ast.parse(source, filename=path)
     imports = _imports(tree)
     lines = source.splitlines()
@@ -291,7 +321,7 @@ def check_source(source: str, path: str, workflow_names: Iterable[str] | None = 
     findings: list[Finding] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and (wanted is None or node.name in wanted):
-            visitor = _Visitor(path, node.name, imports, lines)
+            visitor = _Visitor(path, node.name, imports, lines, (patches_of or {}).get(node.name))
             for item in node.body:
                 visitor.visit(item)
             findings += visitor.findings
@@ -337,7 +367,8 @@ def check_modules(modules: Sequence[ModuleType]) -> tuple[list[Finding], int]:
         source = Path(path).read_text()
         classes += len(names)
         shown = _display_path(path)
-        findings += check_source(source, shown, names)
+        patches = {name: tuple(getattr(module, name).patches) for name in names}
+        findings += check_source(source, shown, names, patches)
     return findings, classes
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from durable import codec
 from durable import events as ev
 from durable.errors import DurableError, WorkflowClosed, WorkflowNotFound
+from durable.registry import start_patches
 from durable.store.redis_store import RedisStore
 
 from . import faults
@@ -73,6 +74,7 @@ def _start_child(store: RedisStore, msg: dict[str, Any]) -> None:
             queue=msg["queue"],
             parent=parent,
             headers=msg.get("headers") or {},
+            patches=start_patches(msg["type"], msg["queue"], store),
         )
     except DurableError as exc:  # WorkflowAlreadyStarted among others
         failed = ev.ChildFailed(id=parent["cid"], error=codec.dumps(exc, path="error"), status="failed")

@@ -8,7 +8,7 @@ from typing import Any, NoReturn, TypeVar, cast
 
 from .. import codec, hooktokens, interceptors
 from .. import events as ev
-from ..errors import ConfigurationError, SignalTimeout
+from ..errors import ConfigurationError, SignalTimeout, WorkflowTaskFailed
 from ..ids import check_command_id, check_workflow_id
 from ..interceptors import StartActivityInput, StartChildInput, StartTimerInput, WorkflowOutboundInterceptor
 from ..limits import check_name_length, check_queue_name
@@ -215,7 +215,21 @@ class Commands(DriverCore):
     def call_patched(self, patch_id: str) -> bool:
         self._branch()
         assert self._started is not None
-        return patch_id in self._started.patches
+        if patch_id in self._started.patches:
+            return True
+        if patch_id not in self.declared_patches:
+            # It would answer False in every run, new ones too: a patch the class forgot to
+            # declare. Blocked, not failed: declare it, deploy, `durable repair`.
+            error = WorkflowTaskFailed(
+                f"patched({patch_id!r}) in {self.workflow_type}: its class does not declare "
+                f"{patch_id!r} (patches = {self.declared_patches!r}), so no run would ever take the "
+                "patched branch; add it to the class's `patches`, deploy, then `durable repair`",
+                run_id=self.run_id,
+                error_type="UndeclaredPatch",
+            )
+            self._fatal = self._fatal or error
+            raise error
+        return False
 
     def call_child(self, workflow: Any, args: tuple[Any, ...], options: ChildOptions) -> Any:
         if not interceptors.active(WorkflowOutboundInterceptor, "start_child"):

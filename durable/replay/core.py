@@ -144,11 +144,16 @@ class DriverCore(WorkflowRuntime):
         return tuple(started.patches) if started is not None else ()
 
     @property
+    def declared_patches(self) -> tuple[str, ...]:
+        """``Workflow.patches`` of this process's class (what a run it starts records)."""
+        return tuple(type(self._instance).patches) if self._instance is not None else ()
+
+    @property
     def undeclared_patches(self) -> tuple[str, ...]:
         """The recorded patches this process's class does not declare: its code may predate them."""
         if self._instance is None:
             return ()
-        declared = set(type(self._instance).patches)
+        declared = set(self.declared_patches)
         return tuple(p for p in self.recorded_patches if p not in declared)
 
     @property

@@ -347,6 +347,13 @@ class WorkerRegistry(MemoryStore):
             pipe.srem(self.keys.worker_index(), name)
             pipe.execute()
 
+    def declared_patches(self, workflow_type: str, queue: str) -> list[str]:
+        """The patches the live workers serving ``queue`` declare for ``workflow_type`` (their
+        union, sorted: a run that records one is decided only by workers declaring it)."""
+        return sorted(
+            {p for w in self.live_workers() if queue in w.queues for p in w.patches.get(workflow_type, ())}
+        )
+
     def live_workers(self) -> list[WorkerInfo]:
         """Every worker whose entry has not lapsed, by name; lapsed names leave the index."""
         index = self.keys.worker_index()
