@@ -192,19 +192,32 @@ def register_activity(
 def register_module_functions(module: Any) -> None:
     """Make a module's top-level plain functions callable as activities by name.
 
-    Explicit registrations win; a function whose name is taken is skipped.
+    Explicit registrations win; a function whose name is taken is skipped, except by a function
+    registered explicitly under that name (``@register_activity(name=...)``): ``activity(fn)``
+    of this one would run that one.
+
+    Raises:
+        ConfigurationError: such a clash (a rename that kept the old function beside the new).
     """
     for attr, value in vars(module).items():
-        if (
+        if not (
             callable(value)
             and getattr(value, "__module__", None) == module.__name__
             and type(value).__name__ == "function"
             and not attr.startswith("_")
-            and attr not in _activities
             and _NAME.match(attr)
         ):
+            continue
+        taken = _activities.get(attr)
+        if taken is None:
             _activities[attr] = ActivityDefinition(
                 name=attr, fn=value, origin=_origin(value), module=module.__name__
+            )
+        elif getattr(taken.fn, "__durable_activity__", None) == attr and _shadowed(value, taken):
+            raise ConfigurationError(
+                f"two activities named {attr!r}: {taken.origin} (@register_activity(name={attr!r})) and "
+                f"the function {_origin(value)}; activity({attr}) would run the first; rename or "
+                "remove one of them"
             )
 
 
@@ -237,6 +250,12 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
     name = activity_name(target)
     found = _activities.get(name)
     if found is not None:
+        if _shadowed(target, found):
+            raise ConfigurationError(
+                f"activity({_origin(target)}): the activity name {name!r} is registered to "
+                f"{found.origin} (@register_activity(name={name!r})), so this call would run that "
+                "function instead; rename one of them, or call the activity by its registered function"
+            )
         return found
     if isinstance(target, str):
         return ActivityDefinition(name=name, fn=_missing(name))
@@ -244,6 +263,18 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
         name=name, fn=target, origin=_origin(target), module=target.__module__
     )
     return found
+
+
+def _shadowed(target: Any, found: ActivityDefinition) -> bool:
+    """Whether ``target``, a plain function, shares its name with another function registered
+    explicitly under it (``@register_activity(name=...)``; a test's override is no other function)."""
+    return (
+        callable(target)
+        and not isinstance(target, type | str)
+        and getattr(target, "__durable_activity__", None) is None
+        and _same_origin(found.origin, _origin(found.fn))
+        and not _same_origin(found.origin, _origin(target))
+    )
 
 
 def override_activity(target: Any, fn: Callable[..., Any]) -> Callable[[], None]:

@@ -1,0 +1,51 @@
+"""Two functions behind one activity name are refused, not run in each other's place.
+
+A tester renamed an activity as the ``unknown_type`` hint says (``@register_activity(name=
+"charge")`` on the new function) but kept the old ``def charge`` beside it: the worker started
+with no warning and ``activity(charge)`` ran ``charge_card``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from durable import ConfigurationError
+from durable.registry import activity_definition_for
+from workers.cli import cli
+
+APP = """
+from durable import register_activity
+
+
+def an_charge(order):
+    return f"charged {order} (old body)"
+
+
+@register_activity(name="an_charge")
+def an_charge_card(order):
+    return f"charged {order} via card (new body)"
+"""
+
+
+def test_a_function_behind_another_ones_registered_name_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "an_clash_app.py").write_text(textwrap.dedent(APP))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "an_clash_app"])
+        assert result.exit_code == 1
+        assert "two activities named 'an_charge'" in result.output, result.output
+        assert "an_clash_app.an_charge_card" in result.output and "an_clash_app.an_charge;" in result.output
+        module = importlib.import_module("an_clash_app")
+        with pytest.raises(ConfigurationError, match="is registered to an_clash_app.an_charge_card"):
+            activity_definition_for(module.an_charge)  # what activity(an_charge) in a workflow does
+        assert activity_definition_for(module.an_charge_card).fn is module.an_charge_card
+    finally:
+        sys.modules.pop("an_clash_app", None)
