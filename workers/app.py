@@ -71,12 +71,39 @@ AUTO_BUILD_ID = "auto"
 
 
 def code_build_id(modules: Sequence[Any]) -> str:
-    """A build id derived from the app's code (``--build-id auto``): a hash of the loaded
-    ``--app`` modules' source files, so any change (even a comment) gets a new build id."""
+    """A build id derived from the app's code (``--build-id auto``): a hash of the source files
+    of the ``--app`` modules and of every module they imported from the same project (the
+    folders the ``--app`` modules were found in, outside installed packages), so any change to
+    code a workflow runs -- a helper module too, even a comment -- gets a new build id."""
     digest = hashlib.sha256()
-    for module in sorted(modules, key=lambda m: m.__name__):
-        digest.update(module.__name__.encode())
+    for name, path in _project_sources(modules):
+        digest.update(name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _project_sources(modules: Sequence[Any]) -> list[tuple[str, Path]]:
+    """``(module name, source file)`` of the loaded modules under the ``--app`` modules' roots."""
+    roots = set()
+    for module in modules:
         path = getattr(module, "__file__", None)
         if path:
-            digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:12]
+            # /proj/shop/orders.py for shop.orders: the root is /proj
+            roots.add(Path(path).resolve().parents[module.__name__.count(".")])
+    # durable's own packages are the engine, not the app (an editable install may sit in the project).
+    engine = {Path(codec.__file__).resolve().parents[1], Path(__file__).resolve().parent}
+    found: dict[str, Path] = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) if module is not None else None
+        if not path or not path.endswith(".py"):
+            continue
+        source = Path(path).resolve()
+        installed = {"site-packages", "dist-packages"} & set(source.parts)
+        ours = any(root in source.parents for root in roots) and not engine & set(source.parents)
+        if not installed and ours and source.is_file():
+            found[name] = source
+    for module in modules:  # an --app module is always in (an __init__-less path, say)
+        path = getattr(module, "__file__", None)
+        if path:
+            found[module.__name__] = Path(path).resolve()
+    return sorted(found.items())

@@ -115,7 +115,7 @@ _worker_options: list[Callable[[Any], Any]] = [
         metavar="BUILD",
         help="Pin runs to this build (default: unversioned, runs continue on whatever code the live "
         "workers have). Runs this worker decides first are pinned to BUILD; 'auto' = a hash of the "
-        "--app sources. New runs go to the queue's current build: see --promote.",
+        "--app sources and of the project modules they import. New runs go to the queue's current build: see --promote.",
     ),
     click.option(
         "--promote",
