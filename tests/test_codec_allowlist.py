@@ -137,13 +137,30 @@ def test_stdlib_enum_and_exception_round_trip() -> None:
     assert (back.pos, back.lineno, back.colno) == (1, 1, 2)
 
 
-def test_a_name_re_exported_by_an_allowed_module_is_not_found(allowed: Any) -> None:
+def test_a_class_re_exported_by_an_allowed_module_is_checked_where_it_is_defined(allowed: Any) -> None:
     allowed.Popen = __import__("subprocess").Popen  # reachable as durable_test_allowed_mod.Popen
     try:
-        with pytest.raises(SerializationError, match="not loaded"):
+        with pytest.raises(SerializationError, match="its module 'subprocess' is not allowed"):
             codec.loads(ext(11, [f"{ALLOWED}.Popen", {"args": ["true"]}]))
     finally:
         del allowed.Popen
+
+
+def test_a_class_that_moved_decodes_through_its_old_modules_re_export(allowed: Any) -> None:
+    """A payload recorded as ``old.Money`` after ``Money`` moved to another (allowed) module
+    whose old module re-exports it: the run was blocked ("not loaded", though it was)."""
+    old = types.ModuleType("durable_test_old_place")
+    sys.modules[old.__name__] = old
+    try:
+        recorded = ext(11, [f"{old.__name__}.Money", {"amount": 3, "currency": "EUR"}])
+        with pytest.raises(
+            SerializationError, match="module 'durable_test_old_place' is loaded but has no 'Money'"
+        ):
+            codec.loads(recorded)
+        old.Money = allowed.Money  # the old module keeps the name: `from new_place import Money`
+        assert codec.loads(recorded) == allowed.Money(3)
+    finally:
+        del sys.modules[old.__name__]
 
 
 def test_decoding_never_imports_nor_runs_module_getattr() -> None:
@@ -158,7 +175,7 @@ def test_decoding_never_imports_nor_runs_module_getattr() -> None:
     sys.modules[lazy.__name__] = lazy
     codec.allow_module(lazy.__name__)
     try:
-        with pytest.raises(SerializationError, match="not loaded"):
+        with pytest.raises(SerializationError, match="'durable_test_lazy_mod' is loaded but has no 'Thing'"):
             codec.loads(ext(11, ["durable_test_lazy_mod.Thing", {}]))
         assert calls == []
     finally:

@@ -165,8 +165,9 @@ def _walk(module: ModuleType, qualname: str) -> Any:
 def find(name: str) -> Resolution:
     """Find the class stored as ``name`` among loaded modules, without importing anything.
 
-    The class must really be defined where the name says (its ``__module__`` and
-    ``__qualname__`` match), so a name re-exported by another module does not count.
+    A class the named module re-exports counts too (a class moved to another module, its
+    old module importing it: payloads recorded before the move still name the old place);
+    the decoder checks the class itself against the allowlist, wherever it is defined.
     """
     if name in _types:
         return Resolution(_types[name], name.rpartition(".")[0], loaded=True)
@@ -183,8 +184,9 @@ def find(name: str) -> Resolution:
             continue
         qualname = ".".join(parts[i:])
         obj = _walk(module, qualname)
-        if isinstance(obj, type) and obj.__module__ == module_name and obj.__qualname__ == qualname:
-            _found[name] = (module, obj)
+        if isinstance(obj, type):
+            if obj.__module__ == module_name and obj.__qualname__ == qualname:
+                _found[name] = (module, obj)  # (a re-export is looked up each time: it may change)
             return Resolution(obj, module_name, loaded=True)
         return Resolution(None, module_name, loaded=True)
     return Resolution(None, name.rpartition(".")[0], loaded=False)

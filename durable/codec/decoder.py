@@ -76,24 +76,30 @@ def _disallowed(kind: str, name: str, module: str) -> NoReturn:
     )
 
 
-def _missing(kind: str, name: str, module: str) -> NoReturn:
-    raise SerializationError(
-        f"cannot decode {kind} <{name}>: it is not loaded in this process; "
-        f"import the module defining it (probably {module!r}) before decoding",
-        type_name=name,
-    )
+def _missing(kind: str, name: str, module: str, loaded: bool) -> NoReturn:
+    if loaded:  # the module is there, the class is not: moved or renamed since it was recorded
+        hint = (
+            f"module {module!r} is loaded but has no {name.removeprefix(module + '.')!r}: if the class "
+            f"moved or was renamed, keep it importable under its old name there (a re-export in {module!r})"
+        )
+    else:
+        hint = (
+            f"it is not loaded in this process; import the module defining it (probably {module!r}) "
+            "before decoding (a class that moved: keep its old module, re-exporting it)"
+        )
+    raise SerializationError(f"cannot decode {kind} <{name}>: {hint}", type_name=name)
 
 
 def _resolve(kind: str, name: str, base: type) -> type:
     found = allowlist.find(name)
     if found.cls is None:
-        _missing(kind, name, found.module)
+        _missing(kind, name, found.module, found.loaded)
     if not (isinstance(found.cls, type) and issubclass(found.cls, base)):
         raise SerializationError(
             f"cannot decode <{name}>: it is not {'an' if kind == 'enum' else 'a'} {kind} here", type_name=name
         )
     if not allowlist.is_allowed(found.cls):
-        _disallowed(kind, name, found.module)
+        _disallowed(kind, name, found.cls.__module__)  # where it is defined (a re-export: elsewhere)
     return found.cls
 
 
