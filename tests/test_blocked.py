@@ -94,15 +94,18 @@ def test_result_raises_when_the_run_becomes_blocked_while_waiting(worker) -> Non
         ("no_live_worker", "no live worker serves build v9 of queue default (last seen 2 min ago)"),
         ("runaway_decision", "decision exceeded 2 s at app.py:12"),
         ("parked_input", "SerializationError: cannot decode the signal payload"),
+        ("runaway_decision", "decision exceeded 2 s; fix the code, then `durable repair`"),
     ],
 )
 def test_reasons_written_by_other_parts_plug_in(store: RedisStore, kind: str, reason: str) -> None:
-    """A component that blocks a run for a new reason parks with a kind; every view shows it."""
+    """A component that blocks a run for a new reason parks with a kind; every view shows it
+    (a reason that says `durable repair` says it of this run: it said it of no run)."""
     stub = WorkflowStub.make(Waiter, store=store).start(60)  # no worker: the task stays queued
     _park_blocked(store, stub, reason, kind)
     _assert_raises_blocked_soon(stub, kind)
     assert stub.blocked() is not None and stub.blocked().kind == kind  # type: ignore[union-attr]
-    assert _cli("status", stub.id).strip() == f"pending (blocked: {reason})"
+    shown = reason.replace("`durable repair`", f"`durable repair {stub.id}`")
+    assert _cli("status", stub.id).strip() == f"pending (blocked: {shown})"
     assert [r["workflow_id"] for r in json.loads(_cli("list", "--status", "blocked", "--json"))] == [stub.id]
     stub.terminate("gave up")
     assert stub.blocked() is None and json.loads(_cli("list", "--status", "blocked", "--json")) == []

@@ -153,6 +153,11 @@ class QueueStore(RunStore):
         if block and not block_kind:
             # Derived here, from the plain text: the stored reason may be sealed (encrypted).
             block_kind = classify_block(reason)
+        if block and run_id and "`durable repair`" in reason:
+            # Which run to repair, in every view that shows the reason (status, list, the UI).
+            workflow_id = self.redis.hget(k.run(p, run_id), "workflow_id")
+            if workflow_id:
+                reason = reason.replace("`durable repair`", f"`durable repair {text(workflow_id)}`")
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p), k.runs(p), k.blocked(p)],

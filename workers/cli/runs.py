@@ -580,7 +580,7 @@ def _repair_blocked(store: RedisStore, workflow_type: str | None, kind: str | No
         click.echo(f"re-queued {run['workflow_id']} (run {run['run_id']})")
     which = [f"of type {workflow_type!r}"] if workflow_type else []
     if kind:
-        which.append(f"blocked ({kind})")
+        which.append(f"of kind {kind}")
     click.echo(f"re-queued {repaired} blocked run(s) {' and '.join(which)}".rstrip())
 
 
