@@ -107,6 +107,10 @@ def test_without_block_on_errors_the_same_bug_fails_the_run(worker, caplog: pyte
     ]
     assert logged and logged[0].levelname == "WARNING", caplog.text
     assert "NameError: name 'recipt' is not defined (" in logged[0].getMessage()
+    # The operator's next step: a failed run does not come back; block_on_errors for next time.
+    repair = CliRunner().invoke(cli, ["repair", stub.id])
+    assert repair.exit_code == 1 and "is failed; nothing to repair" in repair.output
+    assert "start a new one" in repair.output and "block_on_errors" in repair.output, repair.output
 
 
 def test_errors_of_durable_calls_still_fail_the_run(worker) -> None:

@@ -358,7 +358,15 @@ class QueueStore(RunStore):
             [rid, "1" if drop_input else "0"],
         )
         if text(result[0]) == "CLOSED":
-            raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
+            status = text(result[1])
+            more = (
+                ": a closed run does not run again; start a new one (`durable start`). So that an "
+                "error a deploy brings (a NameError, say) blocks runs instead of failing them, list it "
+                "in the workflow's `block_on_errors` (docs/operations.md)"
+                if status == "failed"
+                else ""
+            )
+            raise WorkflowClosed(f"workflow {workflow_id!r} is {status}; nothing to repair{more}")
         # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue;
         # its parked workflow tasks are done with (the script queued a new one). Dropped inputs
         # stay: they are data an operator set aside.
