@@ -37,7 +37,7 @@ def _section(name: str, obj: Any) -> str:
     if not callable(obj):
         return "Constants"
     module = getattr(obj, "__module__", "")
-    if module.endswith((".client", ".runinfo")):
+    if module.endswith((".client", ".runinfo", ".blocked")):
         return "Client"
     if module.endswith((".activity", ".registry", ".options")):
         return "Activities"

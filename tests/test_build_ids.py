@@ -8,11 +8,15 @@ not drained to old code but replayed on the new one (and blocked, Nondeterminism
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from procs import ROOT
+from procs import ROOT, spawn_worker, stop
+from waiting import wait_for
+
+from durable.store.redis_store import RedisStore
 
 APP = "from bid_helpers import first_steps\n\n\ndef steps():\n    return first_steps()\n"
 
@@ -40,3 +44,25 @@ def test_an_edit_of_a_module_the_app_imports_is_a_new_build(tmp_path: Path) -> N
     assert before == _build_id(tmp_path)  # the same code: the same id, in any process
     helpers.write_text("def first_steps():\n    return ['fraud-check', 'reserve']\n")
     assert _build_id(tmp_path) != before
+
+
+def test_a_worker_given_another_codes_auto_id_by_hand_says_so(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """The hints say "start `durable worker --build-id B`": a tester did, with the new code on
+    disk, and the worker parked B's runs (NondeterminismError) without a word about the code."""
+    (tmp_path / "bid_app.py").write_text(APP)
+    (tmp_path / "bid_helpers.py").write_text("def first_steps():\n    return ['reserve']\n")
+    own = _build_id(tmp_path)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    worker = spawn_worker(redis_url, app="bid_app", extra=("--build-id", "0123456789ab"), env=env)
+    try:
+        wait_for(store.live_workers, timeout=30)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.stderr is not None
+        err = worker.stderr.read().decode()
+        stop(worker)
+    assert f"--build-id 0123456789ab looks like a `--build-id auto` hash, but this code's is {own}" in err, (
+        err
+    )

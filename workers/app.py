@@ -8,6 +8,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from durable import codec, registry
 
-__all__ = ["AUTO_BUILD_ID", "code_build_id", "load_app", "tune_gc"]
+__all__ = ["AUTO_BUILD_ID", "AUTO_SHAPE", "code_build_id", "load_app", "tune_gc"]
 
 
 def app_path() -> None:
@@ -68,6 +69,9 @@ def tune_gc(threshold: int) -> None:
 
 AUTO_BUILD_ID = "auto"
 """``--build-id auto``: the build id is :func:`code_build_id` of the ``--app`` modules."""
+
+AUTO_SHAPE = re.compile(r"[0-9a-f]{12}")
+"""What a :func:`code_build_id` looks like."""
 
 
 def code_build_id(modules: Sequence[Any]) -> str:

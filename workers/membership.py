@@ -210,7 +210,7 @@ class Membership:
             log.warning(
                 "queue %s: build %s has no live worker left; new runs now go to build %s (this "
                 "worker). Runs pinned to %s wait for a worker of that build (`durable list --status "
-                "blocked` lists them): start `durable worker --build-id %s` until they finish, or "
+                "blocked` lists them): start `durable worker --build-id %s` on that build's code until they finish, or "
                 "move one with `durable repair ID --build-id %s`",
                 queue,
                 old,

@@ -491,7 +491,7 @@ class Supervisor:
             if slot.draining and not clean:
                 log.warning(
                     "runs pinned to build %s wait for a worker of it (`durable list --status blocked`): "
-                    "start `durable worker --build-id %s`, or move one with `durable repair ID --build-id NEW`",
+                    "start `durable worker --build-id %s` on that build's code, or move one with `durable repair ID --build-id NEW`",
                     slot.build,
                     slot.build,
                 )

@@ -173,7 +173,7 @@ def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo])
     wid = record.get("workflow_id") or "ID"
     return (
         f"no live worker serves build {build!r} on queue {queue!r}, and the run is pinned to it: start "
-        f"`durable worker --build-id {build}` (or `durable worker --build-id NEW --compatible-build-id "
+        f"`durable worker --build-id {build}` on that build's code (or `durable worker --build-id NEW --compatible-build-id "
         f"{build}`), or move the run with `durable repair {wid} --build-id NEW` (or `--unversioned`)"
     )
 

@@ -18,7 +18,7 @@ from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from workers import metrics
-from workers.app import AUTO_BUILD_ID, code_build_id, tune_gc
+from workers.app import AUTO_BUILD_ID, AUTO_SHAPE, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
@@ -85,6 +85,15 @@ def run_worker(
     build_id = "" if config.unversioned or not config.build_id else config.build_id
     if build_id == AUTO_BUILD_ID:
         build_id = code_build_id(modules)
+    elif AUTO_SHAPE.fullmatch(build_id) and build_id != (code_id := code_build_id(modules)):
+        # An `auto` id given by hand (a hint said to start that build's worker): on other code?
+        log.warning(
+            "--build-id %s looks like a `--build-id auto` hash, but this code's is %s: if it is not "
+            "that build's code, the runs pinned to %s may not replay on it (they are blocked then)",
+            build_id,
+            code_id,
+            build_id,
+        )
     worker = Worker(
         store,
         queues=list(config.queues) or ["default"],
