@@ -23,6 +23,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError
 from .ids import check_workflow_id
+from .limits import check_queue_name
 from .registry import check_name
 from .retention import parse_duration
 
@@ -44,6 +45,9 @@ MIN_INTERVAL_S = 1.0
 """Shortest ``every`` interval (seconds). Each scheduled time is a claim, a start and a settle
 in Redis plus a run: a sub-second interval floods the schedulers and the workers (at 1 ms one
 schedule asked for ~1,000 runs a second), and scheduled workflow ids are unique per ms only."""
+
+MIN_CATCHUP_S = 1.0
+"""The shortest ``catchup_window`` (seconds)."""
 
 
 class ScheduleOverlap(enum.StrEnum):
@@ -280,9 +284,16 @@ class Schedule:
             object.__setattr__(self, "every", _interval_s(self.every))
         object.__setattr__(self, "timezone", check_timezone(self.timezone))
         object.__setattr__(self, "jitter", _duration_s(self.jitter, "jitter", zero=True))
-        object.__setattr__(
-            self, "catchup_window", _duration_s(self.catchup_window, "catchup_window", zero=True)
-        )
+        window = _duration_s(self.catchup_window, "catchup_window", zero=True)
+        if window < MIN_CATCHUP_S:
+            # A scheduler fires a time a few ms (under load, some 100 ms) after it is due: with a
+            # shorter window every time counts as missed, and the schedule never starts a run.
+            raise ConfigurationError(
+                f"catchup_window {self.catchup_window!r} is {window:g}s: the shortest is "
+                f"{MIN_CATCHUP_S:g}s (a time fires a little after it is due; shorter, every time "
+                "would be recorded as missed)"
+            )
+        object.__setattr__(self, "catchup_window", window)
         object.__setattr__(self, "overlap", ScheduleOverlap.parse(self.overlap))
         start = None if self.start_at is None else parse_moment(self.start_at, "start_at")
         end = None if self.end_at is None else parse_moment(self.end_at, "end_at")
@@ -295,7 +306,7 @@ class Schedule:
         ):
             raise ConfigurationError(f"max_runs must be an int >= 1, got {self.max_runs!r}")
         if self.queue is not None:
-            check_name(self.queue, "queue")
+            check_queue_name(self.queue)  # as start() and workers do: a run no worker could serve
         check_note(self.note)
 
     # ------------------------------------------------------------------ times
@@ -374,6 +385,18 @@ class Schedule:
             # Stored before the minimum existed: read it (so it can be listed, paused, updated
             # or deleted) at the minimum rather than refuse it or keep flooding.
             data["every"] = MIN_INTERVAL_S
+        if data.get("catchup_window") is not None and data["catchup_window"] < MIN_CATCHUP_S:
+            data["catchup_window"] = MIN_CATCHUP_S  # likewise: shorter, it never started a run
+        queue = data.get("queue")
+        try:
+            check_queue_name(queue) if queue is not None else None
+        except ConfigurationError:
+            # Stored before schedules checked queue names as workers do: readable, so that it can
+            # be shown (its runs say no worker serves it), updated or deleted.
+            data["queue"] = None
+            spec = cls(args=args, **data)
+            object.__setattr__(spec, "queue", queue)
+            return spec
         return cls(args=args, **data)
 
     def to_dict(self) -> dict[str, Any]:

@@ -570,3 +570,23 @@ def test_pause_notes_paused_flags_and_empty_updates(store: RedisStore) -> None:
     assert handle.describe().recent_actions == desc.recent_actions
     handle.update(note="owned by billing")
     assert handle.describe().note == "owned by billing" and handle.spec.note == "owned by billing"
+
+
+def test_a_queue_no_worker_could_serve_and_a_window_nothing_fits_in_are_refused() -> None:
+    """A tester's schedule on queue 'a:b' (refused by start and by workers) started a run no
+    worker could ever serve; one with catchup_window 0 recorded every time as missed (a time
+    fires some ms after it is due) and never started a run."""
+    with pytest.raises(ConfigurationError, match="invalid queue name 'a:b'"):
+        Schedule(workflow="SchedTick", every=2, queue="a:b")
+    for window in (0, "1ms", 0.5):
+        with pytest.raises(ConfigurationError, match="catchup_window .* the shortest is 1s"):
+            Schedule(workflow="SchedTick", every=2, catchup_window=window)
+    # Stored by a release that took them: read back so they can be shown, updated or deleted.
+    stored = (
+        Schedule(workflow="SchedTick", every=2)
+        .to_json()
+        .replace('"catchup_window":60.0', '"catchup_window":0.0')
+    )
+    stored = stored.replace('"queue":null', '"queue":"a:b"')
+    spec = Schedule.from_json(stored)
+    assert spec.catchup_window == 1.0 and spec.queue == "a:b"
