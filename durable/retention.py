@@ -29,6 +29,7 @@ from .registry import workflows
 __all__ = [
     "DEFAULT_RETENTION",
     "ENV",
+    "duration_text",
     "parse_duration",
     "retention_ms",
     "type_retention_ms",
@@ -115,3 +116,11 @@ def type_retention_ms(workflow_type: str) -> int | None:
     if value is None:
         return None
     return retention_ms(value, f"{getattr(cls, '__name__', workflow_type)}.retention")
+
+
+def duration_text(ms: int) -> str:
+    """A retention in the words it is given in: ``3d``, ``12h``, ``30m``, ``45s``, ``250ms``."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms}ms"

@@ -118,7 +118,14 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         dropped=dropped_inputs(log),
         extra=snap,
         workflow_task=task_in_words(store, ref, record, live) if blocked is None else None,
+        purge_at=_purge_at(store, ref) if record.get("closed") else None,
     )
+
+
+def _purge_at(store: RedisStore, ref: RunRef) -> int | None:
+    """When retention purges the closed run ``ref`` (its score in the partition's closed index)."""
+    score = store.redis.zscore(store.keys.closed(ref.partition), ref.run_id)
+    return int(score) if score is not None else None
 
 
 def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:

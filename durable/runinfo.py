@@ -365,6 +365,8 @@ class RunDescription(Mapping[str, Any]):
         workflow_task: Where the open run's pending workflow task is, in words: waiting on its
             queue (with the backlog), or delivered to a worker that has not decided it yet
             (``None``: none is pending, or the run is blocked or closed).
+        purge_at: When the closed run is purged by retention (UTC ms; ``None``: open, or
+            closed before retention existed).
     """
 
     workflow_id: str
@@ -383,6 +385,7 @@ class RunDescription(Mapping[str, Any]):
     dropped: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     workflow_task: str | None = None
+    purge_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready but for payload values): ``blocked`` is the reason's message
@@ -408,6 +411,7 @@ class RunDescription(Mapping[str, Any]):
             attempts=self.attempts,
             dropped=self.dropped,
             workflow_task=self.workflow_task,
+            purge_at=self.purge_at,
         )
         return out
 

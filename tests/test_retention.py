@@ -7,6 +7,9 @@ pass runs every 0.2 s instead of 10 s.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,9 +18,10 @@ import pytest
 import redis
 from apps.retention import Chain, KeptLong, Open, Steps
 from click.testing import CliRunner, Result
+from procs import ROOT, TESTS
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import WorkflowNotFound, WorkflowStub
 from durable.errors import ConfigurationError
 from durable.retention import DEFAULT_RETENTION, parse_duration, retention_ms
 from durable.store.redis_store import RedisStore
@@ -165,6 +169,10 @@ def test_per_type_retention_is_recorded_at_start_and_honoured(store: RedisStore,
     assert store.run_record(ref)["retention"] == str(3_600_000)
     score = store.redis.zscore(store.keys.closed(ref.partition), ref.run_id)
     assert score is not None and score - time.time() * 1000 > 3_500_000
+    described = long.describe()  # said before it happens, not only as "no workflow with id" after
+    assert described.purge_at == score and described.closed is not None
+    assert described.purge_at - described.closed == 3_600_000
+    assert "purged at" in CliRunner().invoke(cli, ["describe", "ret-long"], env={"COLUMNS": "200"}).output
     wait_for(lambda: not keys_of(store.redis, short.run_id or "?"), timeout=15)
     assert store.run_record(ref)["status"] == "completed"  # an hour to go
 
@@ -268,3 +276,27 @@ def test_purging_a_10000_event_history_is_one_short_script(store: RedisStore) ->
     assert int(reply[0]) == 1
     assert not store.redis.exists(k.history(p, rid), k.log(p, rid), k.run(p, rid))
     assert micros and max(micros) < 10_000, micros
+
+
+def test_a_workers_retention_change_is_said_and_shown(redis_url: str, store: RedisStore) -> None:
+    """One throwaway worker with ``--retention 1ms`` set the whole namespace's retention with no
+    word anywhere, and ``--retention 30`` meant 30 seconds: a tester's completed run was gone
+    12 s later, as "no workflow with id", like an id never started."""
+    env = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    worker = [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.retention"]
+    bare = subprocess.run([*worker, "--retention", "30"], env=env, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 1 and "--retention 30: give a unit (30s, 5m, 12h, 7d)" in bare.stderr, (
+        bare.stderr
+    )
+    proc = subprocess.Popen([*worker, "--retention", "90s"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(store.live_workers, timeout=30)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "namespace retention changed from 3d to 90s (--retention of this worker)" in err, err
+    assert "after that its result, history and describe are gone" in err
+    shown = CliRunner().invoke(cli, ["workers"], env={"COLUMNS": "300"})
+    assert "closed runs are kept 90s (the namespace's retention" in shown.output, shown.output
+    with pytest.raises(WorkflowNotFound, match=r"closed runs are kept 90s, the namespace's retention"):
+        WorkflowStub.load("gone-long-ago", store=store)

@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..retention import DEFAULT_RETENTION, duration_text
 from ..runinfo import DATA_LOST, utc_text
 from .base import StoreBase
 from .records import text
@@ -32,9 +33,9 @@ __all__ = [
     "LOSS_SHOWN_MS",
     "DataLoss",
     "OriginStore",
+    "absence_note",
     "data_losses",
     "loss_note",
-    "partition_loss",
 ]
 
 LOSS_SHOWN_MS = 24 * 3600 * 1000
@@ -120,7 +121,19 @@ def loss_note(loss: DataLoss | None) -> str:
     )
 
 
-def partition_loss(store: StoreBase, partition: int) -> DataLoss | None:
-    """The loss ``partition`` had, if any (one round trip)."""
-    losses = data_losses(store, [partition])
-    return losses[0] if losses else None
+def absence_note(store: StoreBase, partition: int) -> str:
+    """For a workflow id of ``partition`` that is not found: ``" (...)"`` saying why it may be
+    missing -- the partition's data loss if it had one, else that closed runs are purged after
+    the namespace's retention (one round trip)."""
+    k = store.keys
+    with store.redis.pipeline(transaction=False) as pipe:
+        pipe.hmget(k.origin(partition), "lost", "lost_by")
+        pipe.get(k.retention(partition))
+        (lost, by), kept = pipe.execute()
+    if lost:
+        return loss_note(DataLoss(partition, int(lost), text(by or b"?")))
+    kept_ms = int(kept) if kept else int(DEFAULT_RETENTION.total_seconds() * 1000)
+    return (
+        f" (never started, or closed and purged since: closed runs are kept {duration_text(kept_ms)}, "
+        "the namespace's retention, unless their workflow class sets its own)"
+    )

@@ -3,7 +3,7 @@
 Every script here touches one partition and does bounded work (at most
 ``batch`` runs, or one ``count``-sized step of a scan), so a purge never holds
 Redis for long however much is due: callers loop, a pipeline of one script per
-partition per round trip. Which retention applies, and why a week by default:
+partition per round trip. Which retention applies, and why 3 days by default:
 :mod:`durable.retention`.
 
 * :class:`Purger` -- the pass each worker's scheduler runs every ``interval``

@@ -35,7 +35,7 @@ from .commits import PART as COMMIT_PART
 from .commits import Commits
 from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
 from .loads import Loaded, Rows, RunToLoad
-from .origins import loss_note, partition_loss
+from .origins import absence_note
 from .records import OPEN_STATUSES, CommitResult, RunRef, decode_run, text
 from .search import SearchStore, attribute_args, pack_index, start_index
 from .starts import (
@@ -116,9 +116,7 @@ class RunStore(SearchStore):
         if run_id is None:
             current = self.redis.hget(self.keys.instance(p, workflow_id), "run")
             if current is None:
-                raise WorkflowNotFound(
-                    f"no workflow with id {shown_id(workflow_id)}{loss_note(partition_loss(self, p))}"
-                )
+                raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}{absence_note(self, p)}")
             run_id = text(current)
         elif (
             len(run_id) > 64
@@ -501,9 +499,7 @@ class RunStore(SearchStore):
                 int(result[2]) + 1,
             )
         if outcome == "NOTFOUND":
-            raise WorkflowNotFound(
-                f"no workflow with id {shown_id(workflow_id)}{loss_note(partition_loss(self, p))}"
-            )
+            raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}{absence_note(self, p)}")
         if outcome == "CLOSED":
             raise WorkflowClosed(
                 f"workflow {workflow_id!r} (run {text(result[2])}) is {text(result[1])}; it takes no more "

@@ -19,11 +19,13 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import registry
+from durable.retention import duration_text
 from durable.runinfo import NO_LIVE_WORKER, span
 from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
 from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
 from durable.store.redis_store import RedisStore
+from durable.store.retention import namespace_retention_ms
 from durable.store.run_list import RunPage, parse_cursor
 from durable.store.workers import WorkerInfo, drain_targets, no_worker_reason, served_queues, takes_new_runs
 from workers.cli.core import CliError, CliState, pass_state
@@ -173,7 +175,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     reason while Redis refuses writes (``maxmemory``), else ``None``; ``warnings`` the settings
     of Redis that can lose durable's data and a Redis nearly full
     (:func:`~durable.store.memory.setup_hazards`), and the data a worker found lost within a day
-    (:mod:`durable.store.origins`)."""
+    (:mod:`durable.store.origins`); ``retention`` the namespace's retention of closed runs (``3d``)."""
     live = store.live_workers()
     now = store.server_time_ms()
     served = served_queues(live)
@@ -233,6 +235,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     report["redis_memory"] = memory.to_dict()
     report["problem"] = memory.reason
     report["warnings"] = list(memory.hazards) + [loss.message() for loss in store.recent_data_losses()]
+    # Set by any worker's --retention, for every run closing from now on: shown where workers are.
+    report["retention"] = duration_text(namespace_retention_ms(store))
     return report
 
 
@@ -334,6 +338,9 @@ def workers_(state: CliState, as_json: bool) -> None:
     out.print(_workers_table(report, mask_url(state.url or "")))
     if report["queues"]:
         out.print(_queues_table(report))
+    out.print(
+        f"closed runs are kept {report['retention']} (the namespace's retention; a workflow class may set its own)"
+    )
     for warning in report["warnings"]:  # last on the screen: nothing else says it
         out.print(Text(f"warning: {warning}", style="bold yellow"))
 

@@ -194,6 +194,8 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
     head.add_row("created", fmt_ms(info.get("created")))
     if info.get("closed"):
         head.add_row("closed", fmt_ms(info["closed"]))
+    if info.get("purge_at"):  # after that, "no workflow with id": said before it happens
+        head.add_row("purged at", f"{fmt_ms(info['purge_at'])} (retention)")
     if info.get("blocked"):
         reason = f"{info.get('blocked_kind') or 'other'}: {info['blocked']}"
         head.add_row("blocked", Text(reason, style="bold red"))

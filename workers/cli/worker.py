@@ -13,10 +13,10 @@ import click
 from durable.errors import ConfigurationError
 from durable.ids import check_build_id
 from durable.limits import check_queue_name
-from durable.retention import ENV
+from durable.retention import ENV, duration_text
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
-from durable.store.retention import set_namespace_retention
+from durable.store.retention import namespace_retention_ms, set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker, worker_supervisor
 from workers.cli.core import CliError, CliState, Seconds, find_apps, load_apps, pass_state
 from workers.cli.server import serve_in_background
@@ -200,12 +200,30 @@ def _open_store(state: CliState) -> RedisStore:
 
 
 def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
+    """Set the namespace's retention, saying so when it changes: it holds for every worker."""
     value = options.pop("retention", None)
-    if value:
-        try:
-            set_namespace_retention(store, value)
-        except ConfigurationError as exc:
-            raise CliError(f"--retention: {exc}") from None
+    if not value:
+        return
+    if str(value).strip().isdigit():  # seconds? days? A worker must not guess for the namespace.
+        raise CliError(f"--retention {value}: give a unit (30s, 5m, 12h, 7d)")
+    before = namespace_retention_ms(store)
+    try:
+        now = set_namespace_retention(store, value)
+    except ConfigurationError as exc:
+        raise CliError(f"--retention: {exc}") from None
+    if now != before:
+        log.warning(
+            "namespace retention changed from %s to %s (--retention of this worker): every run "
+            "closing from now on is purged %s after it closes, whichever worker closes it%s",
+            duration_text(before),
+            duration_text(now),
+            duration_text(now),
+            "; after that its result, history and describe are gone" if now < SHORT_RETENTION_MS else "",
+        )
+
+
+SHORT_RETENTION_MS = 3_600_000
+"""A namespace retention below this gets a reminder of what goes with a purged run."""
 
 
 def _check_builds(options: dict[str, Any]) -> None:
