@@ -442,6 +442,25 @@ def test_a_declaration_that_disagrees_with_the_published_type_is_an_error(durabl
     assert durable.count_runs("customer = 'acme'", store=store) == 0
 
 
+def test_a_type_published_first_stays_and_a_process_declaring_another_is_refused(
+    durable_store: Any, durable_clean_redis_url: str
+) -> None:
+    """One `durable start --app` of a module declaring 'customer' as keyword retyped an int
+    attribute for every process (a plain HSET): the old worker's runs were indexed as ints, and
+    every query matched nothing. Now the first type published stays; a start or a worker whose
+    declaration disagrees is refused, naming both."""
+    store = durable_store
+    store.redis.hset(store.keys.search_types(), "customer", "int")
+    with pytest.raises(ConfigurationError, match="'customer' is declared keyword in this process but int"):
+        WorkflowStub.make(
+            SearchOrder, id="clash-1", store=store, search_attributes={"customer": "acme"}
+        ).start("acme", 1.0)
+    assert store.redis.hget(store.keys.search_types(), "customer") == b"int"
+    worker = durable_cli(durable_clean_redis_url, "worker", "--app", "apps.search")
+    assert worker.returncode == 1
+    assert "search attribute 'customer' is declared keyword in this process but int in Redis" in worker.stderr
+
+
 def test_cli_list_status_pages_through_newer_runs_of_other_statuses(durable_store: Any) -> None:
     """`durable list --status pending --limit 5` printed no run (and no --before hint) when more
     than a few hundred newer runs had another status: it filtered a window of the newest records."""

@@ -9,13 +9,17 @@ and the replies of all are read once at the end.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
+from ..errors import ConfigurationError
 from .records import CommitResult, RunRef, commit_outcome
 from .tasks import CommitPlan
+
+log = logging.getLogger("durable.worker")
 
 if TYPE_CHECKING:
     from .runs import RunStore
@@ -74,7 +78,9 @@ class Commits:
             self._store._note_streams(decisions)
             upserted = [name for _, plan in decisions for name in plan.search_attributes or ()]
             if upserted:
-                self._store.publish_search_types(upserted)
+                self._store.publish_search_types(upserted, strict=False)
+        except ConfigurationError as exc:  # said once per name; the values are indexed all the same
+            log.error("%s", exc)
         except redis.RedisError as exc:  # e.g. refused at maxmemory: this part and the rest unsent
             self._refused = exc
             return

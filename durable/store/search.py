@@ -220,14 +220,41 @@ class SearchStore(StoreBase):
 
     _published: frozenset[str] = frozenset()
 
-    def publish_search_types(self, names: Sequence[str] = ()) -> None:
+    def publish_search_types(self, names: Sequence[str] = (), *, strict: bool = True) -> None:
         """Record the declared types of ``names`` (default: all declared here) in Redis, so
-        ``durable list --where`` in a process that did not import them knows them too."""
+        ``durable list --where`` in a process that did not import them knows them too. The
+        first type published for a name stays: runs were indexed by it.
+
+        Args:
+            names: The attributes to publish.
+            strict: Raise on a clash every time; else once (a worker's commits: the values are
+                indexed all the same, the worker says it once).
+
+        Raises:
+            ConfigurationError: Redis has another type for one of them (nothing of it is
+                changed): a process declaring ``cnt`` as keyword retyped an int attribute for
+                every process, and queries matched nothing.
+        """
         types = declared()
         wanted = {n: types[n] for n in (names or types) if n in types and n not in self._published}
-        if wanted:
-            self.redis.hset(self.keys.search_types(), mapping=wanted)
-            self._published = self._published | frozenset(wanted)
+        if not wanted:
+            return
+        key = self.keys.search_types()
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name, kind in wanted.items():
+                pipe.hsetnx(key, name, kind)
+            pipe.hmget(key, list(wanted))
+            stored = pipe.execute()[-1]
+        clash = {
+            n: text(v) for (n, kind), v in zip(wanted.items(), stored, strict=True) if v and text(v) != kind
+        }
+        self._published = self._published | (frozenset(wanted) - frozenset(() if not strict else clash))
+        if clash:
+            name = sorted(clash)[0]
+            raise ConfigurationError(
+                f"search attribute {name!r} is declared {wanted[name]} in this process but {clash[name]} in "
+                "Redis (published first; the runs are indexed that way): make the declarations agree"
+            )
 
     def search_types(self) -> dict[str, str]:
         """Custom attribute types: those published in Redis and this process's declarations.

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from durable.errors import ConfigurationError
 from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
@@ -68,6 +69,32 @@ def _start_metrics(config: WorkerConfig, store: RedisStore) -> None:
     metrics.watch_store(store)
 
 
+def _publish_search_types(store: RedisStore) -> None:
+    """Publish the app's search attribute types; refuse to start on one Redis has with another
+    type (the first published stays: runs are indexed by it)."""
+    try:
+        store.publish_search_types()
+    except ConfigurationError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _build_id(config: WorkerConfig, modules: list[Any]) -> str:
+    """The worker's build id: ``--build-id``, its code's hash for ``auto``, ``""`` unversioned."""
+    build_id = "" if config.unversioned or not config.build_id else config.build_id
+    if build_id == AUTO_BUILD_ID:
+        return code_build_id(modules)
+    if AUTO_SHAPE.fullmatch(build_id) and build_id != (code_id := code_build_id(modules)):
+        # An `auto` id given by hand (a hint said to start that build's worker): on other code?
+        log.warning(
+            "--build-id %s looks like a `--build-id auto` hash, but this code's is %s: if it is not "
+            "that build's code, the runs pinned to %s may not replay on it (they are blocked then)",
+            build_id,
+            code_id,
+            build_id,
+        )
+    return build_id
+
+
 def run_worker(
     config: WorkerConfig, store: RedisStore, on_joined: Callable[[str], None] | None = None
 ) -> bool:
@@ -80,20 +107,10 @@ def run_worker(
     for signum in (*stop_signals(), signal.SIGUSR1):
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
+    _publish_search_types(store)
     if config.gc_threshold:
         tune_gc(config.gc_threshold)
-    build_id = "" if config.unversioned or not config.build_id else config.build_id
-    if build_id == AUTO_BUILD_ID:
-        build_id = code_build_id(modules)
-    elif AUTO_SHAPE.fullmatch(build_id) and build_id != (code_id := code_build_id(modules)):
-        # An `auto` id given by hand (a hint said to start that build's worker): on other code?
-        log.warning(
-            "--build-id %s looks like a `--build-id auto` hash, but this code's is %s: if it is not "
-            "that build's code, the runs pinned to %s may not replay on it (they are blocked then)",
-            build_id,
-            code_id,
-            build_id,
-        )
+    build_id = _build_id(config, modules)
     worker = Worker(
         store,
         queues=list(config.queues) or ["default"],
