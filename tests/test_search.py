@@ -238,7 +238,13 @@ def test_cli_start_sets_search_attributes_and_memo(durable_env: Any) -> None:
     # A keyword typed as digits stays the string it was typed as (JSON read it as a number).
     assert start("--id", "cli-zip", "--search-attribute", "customer=02134").exit_code == 0
     assert _ids(durable.list_runs("customer = '02134'", store=store)) == ["cli-zip"]
+    # A datetime in the forms --where takes (no form worked: "expected a datetime, got str").
+    assert start("--id", "cli-due", "--search-attribute", "due=2026-01-01T00:00:00Z").exit_code == 0
+    assert start("--id", "cli-due-ms", "--search-attribute", "due=1767225600000").exit_code == 0
+    due = durable.list_runs("due = '2026-01-01T00:00:00Z'", store=store)
+    assert sorted(_ids(due)) == ["cli-due", "cli-due-ms"]
     for extra, words in [
+        (("--search-attribute", "due=soon"), "'due' is a datetime: give an ISO 8601 time"),
         (("--search-attribute", "amount=lots"), "amount"),
         (("--search-attribute", "nope=1"), "unknown search attribute 'nope'"),
         (("--search-attribute", "customer"), "expected NAME=VALUE"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Collection
 from typing import Any
 
 import click
@@ -21,7 +20,6 @@ from durable.errors import (
 )
 from durable.ids import check_build_id, new_run_id
 from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
-from durable.search import declared
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
@@ -30,6 +28,7 @@ from durable.waiting import MOST_NAMED, in_words, not_closed
 from workers.cli.batch import WHERE, YES, one_or_where, run_batch
 from workers.cli.core import CliError, CliState, Seconds, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
+from workers.cli.named import named_values, search_types_of
 from workers.cli.render import to_json
 
 __all__ = ["COMMANDS"]
@@ -132,9 +131,11 @@ def start(
         id_conflict_policy=id_conflict_policy,
         execution_timeout=execution_timeout,
         run_timeout=run_timeout,
-        search_attributes=_named(search, "--search-attribute", _texts(state.store) if search else set())
+        search_attributes=named_values(
+            search, "--search-attribute", search_types_of(state.store) if search else {}
+        )
         or None,
-        memo=_named(memo, "--memo") or None,
+        memo=named_values(memo, "--memo") or None,
     )
     warning = check_startable(
         stub.store, workflow_type, registry.start_queue(workflow_type, stub.queue), apps
@@ -153,33 +154,6 @@ def start(
         click.echo(f"signal: {signal_name} -> {started} run")
     if wait:
         click.echo(to_json(_result(stub, timeout)))
-
-
-def _named(pairs: tuple[str, ...], option: str, texts: Collection[str] = ()) -> dict[str, Any]:
-    """``NAME=VALUE`` options as a dict, each value read as an argument is (JSON or a string);
-    for a name in ``texts`` (a keyword or text attribute) a value JSON reads as something else
-    (``zip=02134``, ``sku=1e3``) is kept as the string it was typed as."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        name, eq, value = pair.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            raise click.BadParameter(f"{pair!r}: expected NAME=VALUE, e.g. customer=acme", param_hint=option)
-        if name not in texts:
-            out[name] = parse_args([value])[0]
-            continue
-        try:
-            parsed = parse_args([value])[0]
-        except CliError:  # "02134": not JSON, and meant as the string it is
-            parsed = value
-        out[name] = parsed if isinstance(parsed, str) else value
-    return out
-
-
-def _texts(store: RedisStore) -> set[str]:
-    """The search attributes whose values are strings (declared here, else published)."""
-    types = declared() or store.search_types()
-    return {name for name, kind in types.items() if kind in ("keyword", "text")}
 
 
 @click.command()
