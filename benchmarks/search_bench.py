@@ -96,7 +96,7 @@ def insert(store: RedisStore, runs: int, batch: int, inserted: list[dict[str, An
                 )
             )
             # A run no decision has touched has no snapshot: the terminate script checks its SHA1.
-            args_ = [rid, stopped, b"", NO_SNAPSHOT_SHA1]
+            args_ = [rid, stopped, b"", NO_SNAPSHOT_SHA1, codec.pack([])]  # no timers to drop
             stops.append(([k.instance(p, wid), *k.terminated_keys(p, rid), k.outbox(p)], args_))
         store._script_many("start_run", starts, raise_on_error=True)
         store._script_many("terminate", stops, raise_on_error=True)

@@ -300,3 +300,20 @@ def test_a_workers_retention_change_is_said_and_shown(redis_url: str, store: Red
     assert "closed runs are kept 90s (the namespace's retention" in shown.output, shown.output
     with pytest.raises(WorkflowNotFound, match=r"closed runs are kept 90s, the namespace's retention"):
         WorkflowStub.load("gone-long-ago", store=store)
+
+
+def test_a_terminated_runs_timers_go_with_it(store: RedisStore, fast_worker: Worker) -> None:
+    """A terminated run's timers stayed in the partition's timers until they came due: 200
+    terminated runs waiting with a 1 h timeout left 200 members an hour past their purge."""
+    from apps.basic import Waiter
+
+    stub = WorkflowStub.make(Waiter, id="ret-timer", store=store).start(3600)
+    ref = store.ref("ret-timer")
+    timers = store.keys.timers(ref.partition)
+
+    def mine() -> list[bytes]:
+        return [m for m in store.redis.zrange(timers, 0, -1) if ref.run_id.encode() in m]
+
+    wait_for(mine, timeout=20)
+    stub.terminate("no longer wanted")
+    assert mine() == []

@@ -525,7 +525,14 @@ class RunStore(SearchStore):
             result = self._run_script(
                 "terminate",
                 [k.instance(p, workflow_id), *run_keys, k.outbox(p)],
-                [rid, data, close.to_parent, close.snapshot_sha1, *close.to_children],
+                [
+                    rid,
+                    data,
+                    close.to_parent,
+                    close.snapshot_sha1,
+                    codec.pack(close.timers),
+                    *close.to_children,
+                ],
             )
             outcome = text(result[0])
             if outcome == "OK":

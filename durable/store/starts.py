@@ -3,6 +3,7 @@ signal-with-start, workflow timeouts. :meth:`RunStore.start` drives it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -11,9 +12,9 @@ from .. import events as ev
 from .. import limits as run_limits
 from ..errors import WorkflowAlreadyStarted
 from ..immutable import immutable
-from ..start_policy import StartPolicy, deadlines
+from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy, deadlines
 from .connect import Client
-from .keys import SENT_TTL_MS, Keys, deadline_member
+from .keys import SENT_TTL_MS, Keys, deadline_member, retry_member, timer_member
 from .records import OPEN_STATUSES, RunRef, snapshot_of, text
 from .tasks import child_policy_message, child_result_message, children_to_close
 
@@ -133,12 +134,16 @@ class Closing:
         children: ``(policy, workflow id)`` of the children their close policy acts on.
         reason: Why, as the children are told.
         snapshot_sha1: SHA1 of the snapshot they were read from.
+        timers: Its members of the partition's timers (timers, signal-wait deadlines, activity
+            retries, run timeouts): nothing fires them for a closed run, so its close drops them
+            rather than leave them until they come due (days, for a long timeout).
     """
 
     to_parent: bytes
     children: list[tuple[str, str]]
     reason: str
     snapshot_sha1: str
+    timers: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def to_children(self) -> list[bytes]:
@@ -160,7 +165,19 @@ def closing(client: Client, keys: Keys, p: int, run_id: str, reason: str) -> Clo
         to_parent = child_result_message(parent, ev.ChildFailed(id=parent["cid"], status="terminated"))
     snapshot = snapshot_of(snapshot_raw)  # unreadable: no child is known to close
     sha1 = hashlib.sha1(snapshot_raw or b"", usedforsecurity=False).hexdigest()
-    return Closing(to_parent, children_to_close(snapshot), reason, sha1)
+    return Closing(to_parent, children_to_close(snapshot), reason, sha1, timers_of(run_id, snapshot))
+
+
+def timers_of(run_id: str, snapshot: dict[str, Any]) -> list[str]:
+    """The timers members a run may have, from its snapshot's pending steps (see :class:`Closing`)."""
+    members = [deadline_member(run_id, which) for which in (RUN_TIMEOUT, EXECUTION_TIMEOUT)]
+    for step in snapshot.get("pending") or ():
+        step_id = str(step.get("id", ""))
+        if step.get("kind") == "activity":
+            members.append(retry_member(run_id, step_id))
+        elif step.get("kind") == "timer" or step.get("deadline") is not None:
+            members.append(timer_member(run_id, step_id))
+    return members
 
 
 def open_run(
@@ -181,5 +198,6 @@ def open_run(
         "to_parent": close.to_parent,
         "to_children": close.to_children,
         "snapshot_sha1": close.snapshot_sha1,
+        "timers": close.timers,
     }
     return found, [*keys.terminated_keys(p, rid), keys.outbox(p)], close

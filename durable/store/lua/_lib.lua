@@ -287,8 +287,12 @@ end
 -- policy (`to_children`: outbox messages; in the same script, so that no crash of the caller
 -- leaves them running). Shared by terminate.lua and the terminate_existing conflict policy of
 -- start_run.lua. Returns the new seq.
-local function terminate_run(rid, instance, run, history, inbox, acts, log, outbox, data, to_parent, to_children)
+local function terminate_run(rid, instance, run, history, inbox, acts, log, outbox, data, to_parent, to_children,
+                             timers)
   local ts = now_ms()
+  -- Its timers, retries and timeouts: nothing fires them for a closed run (the caller names them).
+  local timers_key = string.match(run, '^(.-{%d+})') .. ':timers'
+  for _, member in ipairs(timers or {}) do redis.call('ZREM', timers_key, member) end
   local seq = tonumber(redis.call('HGET', run, 'seq')) + 1
   redis.call('XADD', history, '0-' .. seq, 'e', envelope('WorkflowTerminated', ts, data))
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do

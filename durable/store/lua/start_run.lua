@@ -56,7 +56,7 @@ if current[1] and is_open(current[2]) then
       if redis.sha1hex(fields[2] or '') ~= opt.snapshot_sha1 then return {'MOVED', cur} end
       replaced = cur
       terminate_run(cur, instance, KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12], KEYS[13], opt.terminated,
-        opt.to_parent or '', opt.to_children)
+        opt.to_parent or '', opt.to_children, opt.timers)
     end
   else
     return {'ALREADY', cur}

@@ -3,7 +3,8 @@
 -- (outbox messages). No workflow code runs.
 -- KEYS: instance, run, history, inbox, activities, log, outbox
 -- ARGV: run id, WorkflowTerminated data (msgpack), message telling the parent (or ''),
---       SHA1 of the run's snapshot the messages closing its children were made from, those messages...
+--       SHA1 of the run's snapshot the messages closing its children were made from, its timers
+--       members (a msgpack list), then those messages...
 -- Returns {'OK', seq} | {'MOVED', current run id} | {'STALE'} (the snapshot changed: read it
 --   again) | {'CLOSED', status}
 local instance, run = KEYS[1], KEYS[2]
@@ -14,7 +15,7 @@ local fields = redis.call('HMGET', run, 'status', 'snapshot')
 if not is_open(fields[1]) then return {'CLOSED', fields[1] or 'missing'} end
 if redis.sha1hex(fields[2] or '') ~= ARGV[4] then return {'STALE'} end
 local to_children = {}
-for i = 5, #ARGV do to_children[#to_children + 1] = ARGV[i] end  -- not unpack(): a fan-out may be long
+for i = 6, #ARGV do to_children[#to_children + 1] = ARGV[i] end  -- not unpack(): a fan-out may be long
 local seq = terminate_run(rid, instance, run, KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], data, to_parent,
-  to_children)
+  to_children, cmsgpack.unpack(ARGV[5]))
 return {'OK', seq}
