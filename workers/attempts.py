@@ -421,6 +421,15 @@ def _final_reason(task: ActivityTask, exc: BaseException, policy: RetryPolicy, d
     return ""
 
 
+def _traceback_text(exc: BaseException) -> str:
+    """The last 4000 characters of ``exc``'s traceback; an error whose own attributes raise
+    (``__traceback__``, its cause) must fail its attempt, not the thread recording it."""
+    try:
+        return "".join(traceback.format_exception(exc))[-4000:]
+    except Exception as err:  # noqa: BLE001 - any: what the user's error class does is unknown
+        return f"(the traceback of this {type(exc).__name__} could not be read: {type(err).__name__}: {err})"
+
+
 def fail_attempt(
     store: RedisStore,
     task: ActivityTask,
@@ -449,7 +458,7 @@ def fail_attempt(
         # are sealed (encrypted) by the store when a payload hook is installed.
         "error_type": type(exc).__name__,
         "error": error_text(exc),
-        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "traceback": _traceback_text(exc),
         "duration_ms": int((time.time() - started) * 1000),
     }
     if started_ms:

@@ -80,7 +80,19 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 FORMATS = ("text", "json")
 
 
-class JsonFormatter(logging.Formatter):
+class _SafeTracebacks(logging.Formatter):
+    """A traceback that cannot be formatted (an error whose own attributes raise) is said as
+    such: the log call must not raise in the worker's threads, which would die with it."""
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        try:
+            return super().formatException(ei)
+        except Exception as err:  # noqa: BLE001 - whatever the error's class does
+            name = getattr(ei[0], "__name__", "?") if ei else "?"
+            return f"(the traceback of this {name} could not be formatted: {type(err).__name__}: {err})"
+
+
+class JsonFormatter(_SafeTracebacks):
     """One JSON object per line: ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``,
     the run's ids (:data:`RUN_FIELDS`, those the record carries), ``exc`` (the formatted
     traceback, when the record carries one)."""
@@ -102,7 +114,7 @@ class JsonFormatter(logging.Formatter):
         return mask_secrets(json.dumps(out, default=str, ensure_ascii=False))
 
 
-class MaskingFormatter(logging.Formatter):
+class MaskingFormatter(_SafeTracebacks):
     """The text format, with passwords in URLs masked and the run's ids at the end of the line."""
 
     def format(self, record: logging.LogRecord) -> str:

@@ -110,7 +110,18 @@ class ActivityThreads:
             try:
                 fn(*args)
             except BaseException:  # noqa: BLE001 - a call must not take its thread down
-                log.exception("activity thread: %s failed", getattr(fn, "__name__", fn))
+                _say_failed(fn)
             finally:
                 self._began[i] = 0.0
                 self._current[i] = None
+
+
+def _say_failed(fn: Callable[..., None]) -> None:
+    """Log a call that raised, with its traceback when that can be formatted: an error whose
+    own attributes raise made the log call raise too, and the thread died with it (its
+    attempts then showed "running" for ever)."""
+    name = getattr(fn, "__name__", fn)
+    try:
+        log.exception("activity thread: %s failed", name)
+    except BaseException as err:  # noqa: BLE001 - the thread outlives a broken error
+        log.error("activity thread: %s failed (its error could not be formatted: %r)", name, type(err))

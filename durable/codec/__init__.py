@@ -46,7 +46,7 @@ import logging
 from typing import Any
 
 from .. import limits as run_limits
-from ..errors import ApplicationError, PayloadTooLarge
+from ..errors import ApplicationError, PayloadTooLarge, error_text, message_of
 from .allowlist import allow_module, is_allowed, register_type
 from .decoder import decode
 from .encoder import encode
@@ -106,7 +106,15 @@ def dumps(value: Any, *, path: str = "value", allowed_only: bool = False) -> byt
         PayloadTooLarge: The encoded bytes exceed ``max_payload_bytes`` (:mod:`durable.limits`;
             an exception is stored cut down instead). Over ``warn_payload_bytes`` a warning is logged.
     """
-    data = apply(encode(value, path, allowed_only=allowed_only))
+    try:
+        data = apply(encode(value, path, allowed_only=allowed_only))
+    except Exception as exc:  # noqa: BLE001 - an error's own attributes may raise anything
+        if not isinstance(value, BaseException) or allowed_only:
+            raise
+        # An error that cannot be stored as it is (a cycle in its args, a cause chain past the
+        # nesting limit, attributes that raise) is stored as a stand-in keeping its type and
+        # message: refusing it would lose the failure (a run blocked on an activity that raised).
+        data = apply(encode(_stand_in(value, f"its details could not be stored: {error_text(exc)}"), path))
     bounds = run_limits.current()
     if len(data) > bounds.warn_payload_bytes or len(data) > bounds.max_payload_bytes:
         data = _sized(value, path, data)
@@ -135,10 +143,7 @@ def _sized(value: Any, path: str, data: bytes) -> bytes:
         )
         return data
     if isinstance(value, BaseException):
-        stand_in = ApplicationError(
-            f"{str(value)[:2000]} [error of {len(data):,} bytes cut to fit max_payload_bytes]",
-            type_name=f"{type(value).__module__}.{type(value).__qualname__}",
-        )
+        stand_in = _stand_in(value, f"error of {len(data):,} bytes cut to fit max_payload_bytes")
         return apply(encode(stand_in, path))
     raise PayloadTooLarge(
         f"{path}: encoded payload of {len(data):,} bytes exceeds the limit max_payload_bytes "
@@ -147,6 +152,14 @@ def _sized(value: Any, path: str, data: bytes) -> bytes:
         limit="max_payload_bytes",
         value=current.max_payload_bytes,
         actual=len(data),
+    )
+
+
+def _stand_in(error: BaseException, why: str) -> ApplicationError:
+    """An :class:`ApplicationError` keeping ``error``'s type name and the start of its message."""
+    return ApplicationError(
+        f"{message_of(error)[:2000]} [{why[:500]}]",
+        type_name=f"{type(error).__module__}.{type(error).__qualname__}",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from durable import (
     Activity,
@@ -166,3 +167,36 @@ class Changing(Workflow):
     def handle(self) -> str:
         first = activity(step_a if VERSION["value"] == 1 else step_b)
         return first + await_signal("go")
+
+
+class UnreadableError(Exception):
+    """An error whose own attributes raise (a tester's): recording it killed an activity thread."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("args", "__dict__", "__traceback__"):
+            raise RuntimeError("no " + name)
+        return super().__getattribute__(name)
+
+
+def raise_unreadable(kind: str) -> None:
+    if kind == "attributes":
+        raise UnreadableError("x")
+    if kind == "cycle":
+        cyclic: list[Any] = []
+        cyclic.append(cyclic)
+        raise ValueError(cyclic)
+    error: BaseException | None = None
+    for i in range(200):  # a cause chain past the nesting limit
+        try:
+            raise KeyError(i) from error
+        except KeyError as caught:
+            error = caught
+    assert error is not None
+    raise error
+
+
+class RaisesUnreadable(Workflow):
+    """Its activity raises an error that cannot be stored as it is (``kind``)."""
+
+    def handle(self, kind: str) -> None:
+        activity(raise_unreadable, kind, retry=RetryPolicy(max_attempts=2, initial_interval=0.1))
