@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import redis
 from apps.basic import Sequence, SlowSteps
-from procs import spawn_worker, stop
+from procs import ROOT, TESTS, spawn_worker, stop
 from redis import exceptions as rexc
 from waiting import wait_for
 
@@ -34,6 +35,7 @@ from durable.store.embedded import EmbeddedRedis
 from durable.store.outage import Backoff, Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.wire import Wire
+from workers.worker import Worker, WorkerThread
 
 SCRIPT_OOM = (
     "Error running script (call to f_1): @user_script:1: @user_script: 1: "
@@ -291,3 +293,40 @@ def test_a_worker_started_while_redis_is_stalled_waits_then_serves(fresh_redis: 
         os.kill(pid, signal.SIGCONT)
         stop(proc)
         reader.join(5)
+
+
+@pytest.mark.fault
+def test_the_cli_says_a_stalled_redis_and_durable_result_waits_it_out(fresh_redis: EmbeddedRedis) -> None:
+    """Against a stalled Redis, `durable status` printed a bare `error: redis: Timeout reading
+    from ...`, and `durable result --timeout 120` gave up after the first socket timeout."""
+    url = f"{fresh_redis.url}?socket_timeout=0.5"
+    store = RedisStore(fresh_redis.url)
+    try:
+        with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):
+            stub = WorkflowStub.make(Sequence, store=store).start(2)
+            assert stub.result(timeout=30) == 1
+    finally:
+        store.close()
+    pid = fresh_redis.pid
+    assert pid is not None
+    env = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    cli = [sys.executable, "-m", "workers.cli"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status = subprocess.run(
+            [*cli, "status", stub.id], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 1 and "did not answer in time" in status.stderr, status.stderr
+        assert "it may be stalled" in status.stderr and "redis-cli -u" in status.stderr
+        result = subprocess.Popen(
+            [*cli, "result", stub.id, "--timeout", "60"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(3)  # its first tries meet the stall
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    out, err = result.communicate(timeout=60)
+    assert result.returncode == 0 and out.decode().strip() == "1", (out, err)
+    assert b"note: Redis does not answer" in err

@@ -183,6 +183,13 @@ class DurableGroup(click.Group):
             die(not_redis(_url_of(ctx, opened=False), exc))
         except redis.exceptions.MovedError:  # a cluster client follows MOVED itself
             die(cluster_node_url(_url_of(ctx, opened=False)))
+        except redis.exceptions.TimeoutError as exc:
+            where = mask_url(_url_of(ctx, opened=False) or "redis")
+            die(
+                f"Redis at {where} did not answer in time ({one_line(exc).rstrip('.')}): it may be stalled "
+                "(stopped by a signal, busy with a long command, swapping) or unreachable over the "
+                f"network; check it with `redis-cli -u {where} ping`"
+            )
         except redis.exceptions.ConnectionError as exc:
             fix = (
                 f"; it has as many connections as its maxclients allows: {MAX_CLIENTS_FIX}"

@@ -7,12 +7,14 @@ import time
 from typing import Any
 
 import click
+import redis
 
 from durable import WorkflowStub, codec, registry
 from durable.client_updates import Delivery, reused_differently, send_update
 from durable.errors import (
     ConfigurationError,
     DurableError,
+    RedisUnavailable,
     SerializationError,
     WorkflowBlocked,
     WorkflowClosed,
@@ -23,10 +25,11 @@ from durable.runinfo import BLOCKED_KINDS, NO_LIVE_WORKER, blocked_text
 from durable.start_policy import ID_CONFLICT_POLICIES, ID_REUSE_POLICIES
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore, RunRef
 from durable.store.updates import Outcome, update_result, wait_update
+from durable.store.waits import OUTAGE_RIDE_S
 from durable.store.workers import FOUND_ON_READ
 from durable.waiting import MOST_NAMED, in_words, not_closed
 from workers.cli.batch import WHERE, YES, one_or_where, run_batch
-from workers.cli.core import CliError, CliState, Seconds, load_apps, parse_args, pass_state
+from workers.cli.core import CliError, CliState, Seconds, load_apps, one_line, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.named import named_values, search_types_of
 from workers.cli.render import to_json
@@ -437,16 +440,31 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     """Wait for workflow ID to close; print its result as JSON (a failed run exits 1).
 
     A dataclass, pydantic model or enum in the result whose class this process does not load
-    (the CLI imports no application code) prints as ``{"__type__": "app.Receipt", <fields>}``."""
-    stub = _stub(state, workflow_id)
-    try:
-        value = _result(stub, timeout)
-    except SerializationError as exc:
-        # The run's outcome, as the views decode it (codec.view): its record and closing event.
-        outcome = stub.snapshot().get("outcome") if exc.type_name else None
-        if not outcome or outcome["status"] != "completed":
-            raise
-        value = outcome["result"]
+    (the CLI imports no application code) prints as ``{"__type__": "app.Receipt", <fields>}``.
+    Redis not answering (a restart, a stall) is waited out, for up to 60 s at a time."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    unanswered_since: float | None = None
+    while True:
+        try:
+            stub = _stub(state, workflow_id)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            value = _result(stub, left)
+            break
+        except SerializationError as exc:
+            # The run's outcome, as the views decode it (codec.view): its record and closing event.
+            outcome = stub.snapshot().get("outcome") if exc.type_name else None
+            if not outcome or outcome["status"] != "completed":
+                raise
+            value = outcome["result"]
+            break
+        except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
+            now = time.monotonic()
+            if unanswered_since is None:
+                unanswered_since = now
+                click.echo(f"note: Redis does not answer ({one_line(exc)}); waiting for it", err=True)
+            if now - unanswered_since > OUTAGE_RIDE_S or (deadline is not None and now + 1.0 >= deadline):
+                raise
+            time.sleep(1.0)
     click.echo(to_json(value))
 
 
