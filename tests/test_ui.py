@@ -8,7 +8,9 @@ Without chromium or Playwright these tests skip, saying why.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -434,6 +436,11 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     triggered = page.locator("#flash .msg.ok a").inner_text()
     assert triggered.startswith("ui-sched-")
     ui.shot(page, "schedules")
+    # A schedule whose run cannot move: its row says why (it said only "1 running").
+    stuck = ScheduleHandle.create("ui-stuck", Schedule(workflow="UiNoSuchType", every="1h"), store=ui.store)
+    stuck.trigger()
+    blocked = page.wait_for_selector("#schedules tr[data-id=ui-stuck] .blocked-run", timeout=30_000)
+    assert "UiNoSuchType" in blocked.inner_text(), blocked.inner_text()
 
     page.goto(ui.open.url + "/dead-letters")
     page.wait_for_selector("#dead tbody td.bad")
@@ -443,6 +450,10 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     page.goto(ui.open.url + "/start")
     page.fill("#start input[name=type]", "Sequence")
     page.fill("#start input[name=id]", started := _id("start"))
+    # Arguments mistyped, then mended: the form went on refusing the text it no longer had.
+    page.fill("#start textarea[name=args]", "[4")
+    page.click("#start button[type=submit]")
+    assert "a JSON array" in page.eval_on_selector("#start textarea[name=args]", "e => e.validationMessage")
     page.fill("#start textarea[name=args]", "[4]")
     page.click("#start button[type=submit]")
     _confirm(page)
@@ -455,7 +466,34 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     with ui.open.client(**CSRF) as c:
         c.post(f"/api/v1/workflows/{triggered}/terminate")
     ScheduleHandle("ui-sched", store=ui.store).delete()
+    for run in stuck.describe().running:
+        WorkflowStub.load(run["workflow_id"], store=ui.store).terminate("test over")
+    stuck.delete()
     assert started
+
+
+def test_a_page_that_cannot_refresh_says_it_is_out_of_date(ui: Ui, fresh_redis: Any, tmp_path: Path) -> None:
+    """With Redis down, a run page went on showing its last status as if current (every refresh
+    got a 503): a banner says since when it is not refreshed, and goes once a refresh works."""
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    try:
+        store = RedisStore(fresh_redis.url)
+        run = WorkflowStub.make("Waiter", id=_id("stale"), store=store).start(60).id
+        store.close()
+        page = ui.page()
+        page.goto(f"{server.url}/workflows/{run}")
+        page.wait_for_selector("#run-status .badge")
+        pid = fresh_redis.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            banner = page.wait_for_selector("#stale", timeout=30_000)
+            assert banner.inner_text().startswith("Not refreshed since "), banner.inner_text()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        page.wait_for_selector("#stale", state="detached", timeout=30_000)
+        page.context.close()
+    finally:
+        server.stop()
 
 
 def test_runs_page_terminates_the_runs_its_where_filter_selects(ui: Ui) -> None:

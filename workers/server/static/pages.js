@@ -105,8 +105,12 @@
       el("td", { class: "small" }, s.paused ? el("span", { class: "muted" }, "paused") : (s.next_times || []).slice(0, 3).map((t) => el("div", {}, time(Date.parse(t)))),
         s.overdue ? el("div", { class: "warn overdue" }, "overdue: " + s.overdue) : ""),
       el("td", {}, s.paused ? badge("paused") : badge("running", null), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
-        ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w))))),
-      el("td", { class: "small" }, (s.recent_actions || []).slice(0, 4).map((a) => el("div", {}, `${time(a.ts)} ${a.action}`, a.workflow_id ? el("span", {}, " ", D.runLink(a.workflow_id), a.status ? ` (${a.status})` : "") : ""))),
+        // An open run that does not move holds every later time (skipped or buffered): say why.
+        ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w)),
+          w.status ? ` (${w.status})` : "", w.blocked ? el("div", { class: "bad blocked-run" }, "blocked: " + w.blocked) : ""))),
+      el("td", { class: "small" }, (s.recent_actions || []).slice(0, 4).map((a) => el("div", {}, `${time(a.ts)} ${a.action}`,
+        a.workflow_id ? el("span", {}, " ", D.runLink(a.workflow_id), a.status ? ` (${a.status})` : "") : "",
+        a.reason ? el("span", { class: "muted action-reason" }, ": " + a.reason) : ""))),
       el("td", { class: "buttons" },
         s.paused ? el("button", { type: "button", onclick: () => scheduleAction(s.id, "unpause") }, "Unpause…")
           : el("button", { type: "button", onclick: () => scheduleAction(s.id, "pause") }, "Pause…"),
@@ -136,6 +140,8 @@
       const types = new Set(data.workers.flatMap((w) => w.workflows));
       document.getElementById("types").replaceChildren(...[...types].sort().map((t) => el("option", { value: t })));
     }).catch(() => {});
+    // A custom validity blocks every later submit: the fixed text must clear it.
+    form.elements.args.addEventListener("input", () => form.elements.args.setCustomValidity(""));
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       let args;

@@ -200,12 +200,27 @@ const D = (() => {
   }
 
   // Re-run fn every `ms` while the page's "live" box is ticked and the tab is visible.
+  // A refresh that failed leaves the page as of its last success: said in a banner (cleared
+  // by the next success), or a run page would show a stale status as if it were current.
+  function stale(err) {
+    let banner = document.getElementById("stale");
+    if (!err) { if (banner) banner.remove(); return; }
+    if (!banner) {
+      banner = el("div", { id: "stale", class: "msg error", role: "status" });
+      document.getElementById("flash").before(banner);
+      banner.dataset.since = new Date().toLocaleTimeString();
+    }
+    const code = err.code ? `${err.code}: ` : "";
+    banner.textContent = `Not refreshed since ${banner.dataset.since}: ${code}${err.message}. ` +
+      "What the page shows may be out of date; it tries again every few seconds.";
+  }
+
   function live(fn, ms = 3000) {
     const box = document.getElementById("live");
     let timer = null;
     const tick = async () => {
       if ((!box || box.checked) && !document.hidden && !document.getElementById("confirm").open) {
-        try { await fn(); } catch (err) { /* the page shows its own errors */ }
+        try { await fn(); stale(null); } catch (err) { stale(err); }
       }
       timer = setTimeout(tick, ms);
     };
