@@ -4,7 +4,7 @@ the API and the UI) and for ``result()``'s :class:`~durable.errors.WorkflowBlock
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,9 @@ __all__ = [
     "BlockedReason",
     "blocked_reason",
     "blocked_text",
+    "cancel_note",
     "classify_block",
+    "repair_note",
 ]
 
 BLOCKED_KINDS = (
@@ -132,3 +134,27 @@ def blocked_text(workflow_id: str, run_id: str, kind: str, reason: str) -> str:
     if "`durable repair`" in reason:  # the step is named, not for which run
         return f"{message} (here: {command})"
     return f"{message}; fix the cause, then {command}"
+
+
+def repair_note(was: BlockedReason | None, found_on_read: Collection[str]) -> str | None:
+    """What to tell of a repair of a run that was blocked for ``was`` (``None``: not blocked):
+    ``None`` when it cleared a recorded reason, else why it changed nothing."""
+    if was is not None and was.kind not in found_on_read:
+        return None
+    why = "it was not blocked" if was is None else f"nothing recorded blocks it ({was.kind}: {was.message})"
+    return f"{why}; the extra workflow task is harmless"
+
+
+def cancel_note(
+    workflow_id: str, blocked: BlockedReason | None, found_on_read: Collection[str]
+) -> str | None:
+    """What to tell of a cancellation of a run blocked for ``blocked``: it runs the workflow's
+    cleanup, which a blocked run does not run until it moves (``None``: not blocked)."""
+    if blocked is None:
+        return None
+    then = "" if blocked.kind in found_on_read else f", then `durable repair {workflow_id}`"
+    return (
+        f"the run is blocked ({blocked.kind}: {blocked.message}), so the cancellation takes effect only "
+        f"once it moves again (fix the cause{then}); to end it now without running workflow code: "
+        f"`durable terminate {workflow_id}`"
+    )

@@ -219,8 +219,12 @@ def test_cancel_terminate_and_conflicts(api: Api, tmp_path: Path) -> None:
         wait_for(
             lambda: any(p["kind"] == "signal" for p in c.get(f"/api/v1/workflows/{saga}").json()["pending"])
         )
+        # A repair of a run that is not blocked does nothing: said, as the CLI says it (the UI said "done").
+        repaired = c.post(f"/api/v1/workflows/{saga}/repair").json()
+        assert repaired["note"] == "it was not blocked; the extra workflow task is harmless", repaired
         resp = c.post(f"/api/v1/workflows/{saga}/cancel", json={"reason": "operator says"})
         assert resp.status_code == 200 and resp.json()["cancel_requested"] is True
+        assert resp.json()["note"] is None  # not blocked: it takes effect at once
         assert _status(c, saga, "cancelled")["outcome"]["error"]["message"]
         assert c.post(f"/api/v1/workflows/{waiter}/terminate", json={"reason": "stop"}).json()["terminated"]
         info = c.get(f"/api/v1/workflows/{waiter}").json()

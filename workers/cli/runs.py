@@ -10,6 +10,7 @@ import click
 import redis
 
 from durable import WorkflowStub, codec, registry
+from durable.blocked import cancel_note, repair_note
 from durable.client_updates import Delivery, reused_differently, send_update
 from durable.errors import (
     ConfigurationError,
@@ -370,17 +371,10 @@ def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | N
     stub = _stub(state, workflow_id)
     stub.cancel(reason)
     click.echo(f"cancellation requested for {workflow_id}")
-    blocked = stub.blocked()
-    if blocked is not None:
-        # Cancelling runs workflow code (its cleanup): a blocked run runs none until it moves.
-        # A recorded reason is cleared by a repair; one found on read (no live worker...) by its cause.
-        then = "" if blocked.kind in FOUND_ON_READ else f", then `durable repair {workflow_id}`"
-        click.echo(
-            f"note: the run is blocked ({blocked.kind}: {blocked.message}), so the cancellation takes "
-            f"effect only once it moves again (fix the cause{then}); to end it now without running "
-            f"workflow code: `durable terminate {workflow_id}`",
-            err=True,
-        )
+    # Cancelling runs workflow code (its cleanup): a blocked run runs none until it moves.
+    note = cancel_note(workflow_id, stub.blocked(), FOUND_ON_READ)
+    if note:
+        click.echo(f"note: {note}", err=True)
 
 
 @click.command()
@@ -539,13 +533,9 @@ def repair(
         ref = store.repair(workflow_id, drop_input=drop_input)
         dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
         click.echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
-        if was is None or was.kind in FOUND_ON_READ:  # nothing recorded to clear: say so
-            why = (
-                "it was not blocked"
-                if was is None
-                else f"nothing recorded blocks it ({was.kind}: {was.message})"
-            )
-            click.echo(f"note: {why}; the extra workflow task is harmless", err=True)
+        note = repair_note(was, FOUND_ON_READ)  # nothing recorded to clear: said
+        if note:
+            click.echo(f"note: {note}", err=True)
         return
     if drop_input:
         raise click.UsageError("--drop-input and --build-id (or --unversioned) go in two separate repairs")

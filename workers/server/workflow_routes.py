@@ -12,13 +12,14 @@ import redis
 import durable
 from durable import HistoryEvent, WorkflowStub, registry
 from durable.batch import ACTIONS, for_open_runs
+from durable.blocked import cancel_note, repair_note
 from durable.client_updates import send_update
 from durable.errors import ConfigurationError, DurableError
 from durable.ids import check_build_id, new_run_id
 from durable.search import parse_where
 from durable.store.run_list import list_row
 from durable.store.updates import update_result, wait_update
-from durable.store.workers import WorkerInfo
+from durable.store.workers import FOUND_ON_READ, WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
 from workers.cli.fleet import blocked_page, check_startable, mark_unserved, marked
@@ -306,8 +307,10 @@ def _update_while_heard(call: Call, stub: WorkflowStub, timeout: float, update_i
 
 
 def cancel_workflow(call: Call) -> dict[str, Any]:
-    _stub(call).cancel(call.field("reason", str, ""))
-    return {"workflow_id": call.path["id"], "cancel_requested": True}
+    stub = _stub(call)
+    stub.cancel(call.field("reason", str, ""))
+    note = cancel_note(call.path["id"], stub.blocked(), FOUND_ON_READ)
+    return {"workflow_id": call.path["id"], "cancel_requested": True, "note": note}
 
 
 def terminate_workflow(call: Call) -> dict[str, Any]:
@@ -330,8 +333,16 @@ def repair_workflow(call: Call) -> dict[str, Any]:
         except ConfigurationError as exc:
             raise ApiError("invalid_argument", str(exc)) from None
     if not build and not unversioned:
+        was = _stub(call).blocked()
         ref = store.repair(workflow_id, drop_input=drop)
-        return {"workflow_id": workflow_id, "run_id": ref.run_id, "requeued": True, "dropped_input": drop}
+        note = repair_note(was, FOUND_ON_READ)
+        return {
+            "workflow_id": workflow_id,
+            "run_id": ref.run_id,
+            "requeued": True,
+            "dropped_input": drop,
+            "note": note,
+        }
     if drop:
         raise ApiError(
             "invalid_argument", "drop_input and build_id (or unversioned) go in two separate repairs"

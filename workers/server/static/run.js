@@ -228,6 +228,7 @@
       const out = await api("POST", base + a.path(values), a.body(values));
       if ("result" in out) flash(`${name} ${values.name}: ${JSON.stringify(out.result)}`, "ok");
       else if (out.pending) flash(`${name} ${values.name} (${out.update_id}) has no outcome yet: ${out.message}`, "error");
+      else if (out.note) flash(`${a.title}: ${out.note}`, "warn");  // done, but to no effect yet
       else flash(`${a.title}: done`, "ok");
       await refresh();
     } catch (err) {
