@@ -59,6 +59,7 @@ def _pending_with_attempts(
     live: list[WorkerInfo],
     why: BlockedReason | None,
     log: list[dict[str, Any]],
+    closed: bool = False,
 ) -> list[dict[str, Any]]:
     begun = store.pending_attempts(ref.partition, ref.run_id, pending)  # with their backlogs
     now_ms = store.server_time_ms() if begun and live else None
@@ -76,7 +77,7 @@ def _pending_with_attempts(
             step["state"] = (
                 f"attempt {done.get('attempt')} completed; its result waits for the run's next decision"
             )
-    return with_children(steps, statuses, why)
+    return with_children(steps, statuses, why, parent_closed=closed)
 
 
 def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescription:
@@ -111,7 +112,13 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         seq=record.get("seq"),
         build_id=record.get("build") or None,
         pending=_pending_with_attempts(
-            store, ref, (record.get("snapshot") or {}).get("pending") or [], live, blocked, log
+            store,
+            ref,
+            (record.get("snapshot") or {}).get("pending") or [],
+            live,
+            blocked,
+            log,
+            closed=record.get("status", "pending") not in OPEN_STATUSES,
         ),
         history=history,
         attempts=[e for e in log if e.get("kind") == "attempt"],

@@ -207,19 +207,23 @@ def with_attempts(
 
 
 def with_children(
-    pending: list[dict[str, Any]], statuses: Mapping[str, str | None], blocked: BlockedReason | None = None
+    pending: list[dict[str, Any]],
+    statuses: Mapping[str, str | None],
+    blocked: BlockedReason | None = None,
+    parent_closed: bool = False,
 ) -> list[dict[str, Any]]:
     """``pending`` with, on each child step, the status of its child's current run
     (``child_status``, from ``statuses`` by workflow id; ``None``: not started yet) and the
     child's workflow id and status in words (``state``, what ``durable describe`` shows).
     ``blocked``: the parent's reason; when it names a child (:attr:`BlockedReason.child`), that
-    child's ``state`` also says why it is blocked."""
+    child's ``state`` also says why it is blocked. ``parent_closed``: the steps are what a closed
+    run waited on as it closed (no outcome reaches it any more)."""
     out = []
     for step in pending:
         child_id = step.get("workflow_id") if step.get("kind") == "child" else None
         if child_id:
             status = statuses.get(str(child_id))
-            state = _child_state(str(child_id), status)
+            state = _child_state(str(child_id), status, parent_closed)
             if blocked is not None and blocked.child == str(child_id) and blocked.kind == DATA_LOST:
                 state = f"child {child_id}: no run of it exists{blocked.child_message}"
             elif blocked is not None and blocked.child == str(child_id):
@@ -229,11 +233,11 @@ def with_children(
     return out
 
 
-def _child_state(child_id: str, status: str | None) -> str:
+def _child_state(child_id: str, status: str | None, parent_closed: bool = False) -> str:
     if status is None:
         # The parent's decision queued the child's start; another partition's outbox delivers it.
         return f"child {child_id}: not started yet (its start is on its way)"
-    if status in OPEN_STATUSES:
+    if status in OPEN_STATUSES or parent_closed:  # a closed parent takes no outcome any more
         return f"child {child_id}: {status}"
     return f"child {child_id}: {status} (its outcome reaches this run with its next decision)"
 

@@ -209,3 +209,11 @@ def test_a_child_steps_state_in_words(status: str | None, state: str) -> None:
     child_step, timer = with_children(pending, {"k": status})
     assert child_step == {**pending[0], "child_status": status, "state": state}
     assert timer == pending[1]
+
+
+def test_a_closed_parents_child_is_said_without_promising_it_an_outcome() -> None:
+    """A terminated parent's describe said its terminated child's outcome "reaches this run with
+    its next decision": a closed run decides no more."""
+    pending = [{"kind": "child", "id": "1", "name": "Ship", "workflow_id": "k"}]
+    [step] = with_children(pending, {"k": "terminated"}, parent_closed=True)
+    assert step["state"] == "child k: terminated"

@@ -150,10 +150,14 @@
       if (e.type === "ChildCompleted") ends.set(e.data.id, "completed");
       if (e.type === "ChildFailed") ends.set(e.data.id, e.data.status || "failed");
     }
+    // A child whose outcome this run's history does not hold (still open; or this run closed
+    // first, so it never will): its own status, as describe reads it.
+    const now = new Map((info.pending || []).filter((p) => p.kind === "child").map((p) => [p.workflow_id, p.child_status]));
     for (const e of events.filter((ev) => ev.type === "ChildStarted")) {
-      const outcome = ends.get(e.data.id);
+      const outcome = ends.get(e.data.id) || now.get(e.data.workflow_id);
+      const open = !outcome || ["pending", "running", "suspended", "cancelling"].includes(outcome);
       rows.push(el("tr", {}, el("td", {}, "child #" + e.data.id), el("td", {}, D.runLink(e.data.workflow_id)), el("td", {}, e.data.workflow_type),
-        el("td", {}, outcome ? badge(outcome) : el("span", { class: "badge running" }, "open"))));
+        el("td", {}, open ? el("span", { class: "badge running" }, outcome || "open") : badge(outcome))));
     }
     document.querySelector("#children tbody").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 4, class: "muted" }, "no parent, no children"))]));
   }
