@@ -138,13 +138,17 @@ def _purge_at(store: RedisStore, ref: RunRef) -> int | None:
 def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:
     """Say the inputs no decision has taken yet: a run never decided (no worker yet) or blocked
     has a snapshot that does not know them. ``signals_undecided`` counts its signals by name
-    (``signals_buffered``: those the code received and awaits none for); a cancel request
+    (``signals_buffered``: those the code received and awaits none for); ``updates_undecided``
+    lists its updates (``{"name", "id"}``: a caller may be waiting on one); a cancel request
     counts in ``cancel_requested``."""
     undecided: dict[str, int] = {}
     for event in inputs:
         if isinstance(event, ev.SignalReceived):
             undecided[event.name] = undecided.get(event.name, 0) + 1
     snap["signals_undecided"] = undecided
+    snap["updates_undecided"] = [
+        {"name": e.name, "id": e.id} for e in inputs if isinstance(e, ev.UpdateRequested)
+    ]
     snap.setdefault("signals_buffered", {})
     snap["cancel_requested"] = bool(snap.get("cancel_requested")) or any(
         isinstance(e, ev.CancelRequested) for e in inputs

@@ -397,11 +397,16 @@ def test_update_waits_a_bounded_time_and_says_what_the_handler_raised(api: Api) 
         assert (
             pending.json()["pending"] is True
             and "POST again with this update_id" in pending.json()["message"]
+            and "no live worker can run it now: no live worker serves queue 'nowhere'"
+            in pending.json()["message"]
         )
         again = c.post(
             f"/api/v1/workflows/{unserved}/update/add", json={"update_id": uid, "timeout": 0.2, "args": [1]}
         )
         assert again.status_code == 202 and again.json()["update_id"] == uid
+        # Delivered and waiting: listed (as signals are), once however often it was sent.
+        described = c.get(f"/api/v1/workflows/{unserved}").json()
+        assert described["updates_undecided"] == [{"name": "add", "id": uid}], described
         _error(
             c.post(f"/api/v1/workflows/{served}/update/add", json={"timeout": 61}), 422, "invalid_argument"
         )

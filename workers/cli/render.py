@@ -210,6 +210,9 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
         head.add_row("signals buffered", to_json(info["signals_buffered"]))
     if info.get("signals_undecided"):
         head.add_row("signals not yet decided", to_json(info["signals_undecided"]))
+    if info.get("updates_undecided"):
+        shown = ", ".join(f"{u['name']} ({u['id']})" for u in info["updates_undecided"])
+        head.add_row("updates not yet decided", shown)
     if info.get("cancel_requested"):
         head.add_row("cancel requested", "yes")
     if info.get("search_attributes"):

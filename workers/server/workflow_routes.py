@@ -278,6 +278,11 @@ def update_workflow(call: Call) -> Any:
         result = _update_while_heard(call, stub, timeout, update_id)
     except TimeoutError as exc:
         message = f"{exc}; POST again with this update_id to go on waiting (it runs once)"
+        why = call.store.why_blocked(call.store.run_record(call.store.ref(stub.id)))
+        if why is not None:  # as `durable update` says it: nothing can run it now
+            message += (
+                f"; no live worker can run it now: {why.message} (it stays delivered and runs when one can)"
+            )
         return json_response({"update_id": update_id, "pending": True, "message": message}, 202)
     except (DurableError, redis.RedisError, OSError):
         raise

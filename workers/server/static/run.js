@@ -113,6 +113,11 @@
       rows.push(el("tr", { class: "received" }, el("td", {}, "signal received"), el("td", {}, ""), el("td", {}, name),
         el("td", {}, ""), el("td", { class: "small" }, `x${count}, not yet decided`)));
     }
+    // Updates delivered that no decision took yet: their callers wait (an update's 202 said so).
+    for (const u of (!info.closed && info.updates_undecided) || []) {
+      rows.push(el("tr", { class: "received" }, el("td", {}, "update received"), el("td", {}, u.id), el("td", {}, u.name),
+        el("td", {}, ""), el("td", { class: "small" }, "not yet decided")));
+    }
     document.querySelector("#pending-title").textContent = info.closed && rows.length ? "Pending when it closed (nothing waits now)" : "Pending";
     const body = document.querySelector("#pending tbody");
     body.replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colspan: 5, class: "muted" }, info.closed ? "closed: nothing pending" : "nothing pending"))]));
@@ -213,7 +218,7 @@
   const ACTIONS = {
     signal: { title: "Send a signal", fields: [{ name: "name", label: "Signal name" }, { name: "args", label: "Arguments (JSON array)", kind: "json", array: true, value: "[]" }], path: (v) => `/signal/${encodeURIComponent(v.name)}`, body: (v) => ({ args: v.args }) },
     query: { title: "Call a query", role: "read", fields: [{ name: "name", label: "Query name" }, { name: "args", label: "Arguments (JSON array)", kind: "json", array: true, value: "[]" }], path: (v) => `/query/${encodeURIComponent(v.name)}`, body: (v) => ({ args: v.args }) },
-    update: { title: "Send an update", fields: [{ name: "name", label: "Update name" }, { name: "args", label: "Arguments (JSON array)", kind: "json", array: true, value: "[]" }], path: (v) => `/update/${encodeURIComponent(v.name)}`, body: (v) => ({ args: v.args }) },
+    update: { title: "Send an update", fields: [{ name: "name", label: "Update name" }, { name: "args", label: "Arguments (JSON array)", kind: "json", array: true, value: "[]" }, { name: "update_id", label: "Update id (optional: an update sent before, to go on waiting for it)" }], path: (v) => `/update/${encodeURIComponent(v.name)}`, body: (v) => ({ args: v.args, ...(v.update_id ? { update_id: v.update_id } : {}) }) },
     cancel: { title: "Cancel the run", text: "The workflow gets CancelledError where it waits, and may compensate.", fields: [{ name: "reason", label: "Reason (recorded)" }], path: () => "/cancel", body: (v) => ({ reason: v.reason }) },
     terminate: { title: "Terminate the run", text: "Closed now: no more workflow code runs, nothing is compensated.", fields: [{ name: "reason", label: "Reason (recorded)" }], path: () => "/terminate", body: (v) => ({ reason: v.reason }) },
     repair: { title: "Repair the run", text: "Re-queue a blocked run (after fixing its cause).", fields: [{ name: "drop_input", label: "Drop the input that blocks it", kind: "checkbox" }, { name: "build_id", label: "Move it to build (optional)" }, { name: "unversioned", label: "Move it to unversioned workers", kind: "checkbox" }], path: () => "/repair", body: (v) => ({ drop_input: v.drop_input, unversioned: v.unversioned, ...(v.build_id ? { build_id: v.build_id } : {}) }) },
