@@ -364,7 +364,8 @@ class Scheduler:
         pending tasks are reclaimed first (:meth:`_reclaim`), its consumer goes at a later pass.
         The streams are this worker's and those of queues no live worker serves (no one else
         would clean them); and the empty streams of retired builds go (see
-        :meth:`~durable.store.queues.QueueStore.drop_retired_builds`), and from the unserved
+        :meth:`~durable.store.queues.QueueStore.drop_retired_builds`) and those of unserved queues
+        (:meth:`~durable.store.queues.QueueStore.drop_unserved_queues`), and from the unserved
         queues the tasks of runs closed or purged since they were queued (no worker reads them
         to drop them: :meth:`~durable.store.queues.QueueStore.drop_void_tasks`)."""
         now = time.monotonic()
@@ -374,10 +375,12 @@ class Scheduler:
         try:
             workers = self.store.live_workers()
             live = [w.name for w in workers] + [self.consumer]
-            unserved = self._unserved_streams(workers)
+            queues = self._unserved_queues(workers)
+            unserved = self._streams_of(queues)
             deleted, held = self.store.drop_dead_consumers(self.streams + unserved, live, self.claim_idle_ms)
             retired = self.store.drop_retired_builds(workers, keep=self.streams)
             void = self.store.drop_void_tasks(unserved)
+            forgotten = self.store.drop_unserved_queues(queues, keep=self.streams)
         except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
             log.warning("dead workers' consumers not deleted yet: %s", exc)
             return
@@ -392,14 +395,19 @@ class Scheduler:
             log.info("deleted the empty task streams of retired builds %s", ", ".join(retired.dropped))
         if void:
             log.info("dropped %d task(s) of closed runs from queues no live worker serves", void)
+        if forgotten:
+            log.info("deleted the empty task streams of %d queue(s) no live worker serves", len(forgotten))
 
-    def _unserved_streams(self, workers: list[WorkerInfo]) -> list[str]:
-        """The shared task streams of the queues tasks were sent to that no live worker serves."""
+    def _unserved_queues(self, workers: list[WorkerInfo]) -> list[str]:
+        """The queues tasks were sent to that no live worker serves."""
+        return sorted(set(self.store.known_queues()) - set(served_queues(workers)))
+
+    def _streams_of(self, queues: list[str]) -> list[str]:
+        """The shared task streams of ``queues``."""
         keys = self.store.keys
-        unserved = set(self.store.known_queues()) - set(served_queues(workers))
         return [
             stream
-            for q in sorted(unserved)
+            for q in queues
             for p in range(keys.partitions)
             for stream in (keys.workflow_tasks(p, q), keys.activity_tasks(p, q))
         ]

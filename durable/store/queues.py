@@ -187,7 +187,7 @@ class QueueStore(RunStore):
 
     def drop_retired_builds(self, live: Sequence[WorkerInfo], keep: Iterable[str] = ()) -> RetiredBuilds:
         """Delete the empty workflow task streams of builds no worker in ``live`` serves and that
-        are not their queue's current build (``lua/drop_retired_stream.lua``, one per partition),
+        are not their queue's current build (``lua/drop_empty_stream.lua``, one per partition),
         but none of ``keep`` (the caller's own streams: its registry entry may have lapsed).
         A build whose streams are all gone leaves :meth:`~.keys.Keys.served_builds`; one whose
         streams hold tasks (runs waiting for a worker of that build) is kept for a later pass."""
@@ -213,13 +213,34 @@ class QueueStore(RunStore):
             streams = [self.keys.workflow_tasks(p, queue, build) for p in range(self.keys.partitions)]
             if kept & set(streams):
                 continue
-            gone = self._script_many("drop_retired_stream", [([s], []) for s in streams], raise_on_error=True)
+            gone = self._script_many("drop_empty_stream", [([s], []) for s in streams], raise_on_error=True)
             if all(int(g) for g in gone):
                 self.redis.srem(self.keys.served_builds(), json.dumps([queue, build]))
                 out.dropped.append(f"{queue}@{build}")
             else:
                 out.waiting.append(f"{queue}@{build}")
         return out
+
+    def drop_unserved_queues(self, queues: Iterable[str], keep: Iterable[str] = ()) -> list[str]:
+        """Delete the empty shared task streams (workflow and activity, every partition) of
+        ``queues`` -- those no live worker serves -- but none of ``keep`` (the caller's own);
+        a queue whose streams are all gone leaves the known queues (a process sending to it
+        notes it again within :data:`~.runs.NOTE_AGAIN_S`). Returns the queues dropped. A queue
+        per tenant left 16 empty streams and a name for good."""
+        k, kept, dropped = self.keys, set(keep), []
+        for queue in queues:
+            streams = [
+                s
+                for p in range(k.partitions)
+                for s in (k.workflow_tasks(p, queue), k.activity_tasks(p, queue))
+            ]
+            if kept & set(streams):
+                continue
+            gone = self._script_many("drop_empty_stream", [([s], []) for s in streams], raise_on_error=True)
+            if all(int(g) for g in gone):
+                self.redis.srem(k.queues(), queue)
+                dropped.append(queue)
+        return dropped
 
     def promote_build(self, queues: Sequence[str], build: str) -> None:
         """Make ``build`` the one whose workers start the new runs of ``queues``."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -94,6 +95,9 @@ def _add_lists(payload: dict[str, Any], rid: str, plan: CommitPlan) -> None:
 
 
 # What a closed run refusing an input calls it (event type names are for history readers).
+NOTE_AGAIN_S = 60.0
+"""How often a process notes again the queues it sends tasks to (see :meth:`RunStore.note_queues`)."""
+
 _INPUT_WORDS = {
     "SignalReceived": "signals",
     "CancelRequested": "cancel requests",
@@ -225,10 +229,14 @@ class RunStore(SearchStore):
 
     _noted: frozenset[str] = frozenset()
     _noted_streams: frozenset[str] = frozenset()
+    _noted_since = 0.0
 
     def note_queues(self, queues: Iterable[str]) -> None:
-        """Record that tasks go to ``queues`` (once per name and process: off the hot path), so
-        that a queue no worker serves still shows on the workers page, with its backlog."""
+        """Record that tasks go to ``queues`` (once per name and process every
+        :data:`NOTE_AGAIN_S`: off the hot path), so that a queue no worker serves still shows on
+        the workers page, with its backlog (a sweep forgets queues no worker serves and no task
+        waits on)."""
+        self._forget_notes_when_due()
         new = {q for q in queues if q not in self._noted and not is_private(q)}
         if new:
             self.redis.sadd(self.keys.queues(), *sorted(new))
@@ -240,10 +248,16 @@ class RunStore(SearchStore):
         new = {t.stream for _, plan in decisions for t in plan.activities} | {
             t.stream for _, plan in decisions for t, _ in plan.claimed
         }
+        self._forget_notes_when_due()
         new -= self._noted_streams
         if new:
             self.note_queues(activity_queue(s) for s in new)
             self._noted_streams |= new
+
+    def _forget_notes_when_due(self) -> None:
+        now = time.monotonic()
+        if now - self._noted_since > NOTE_AGAIN_S:
+            self._noted, self._noted_streams, self._noted_since = frozenset(), frozenset(), now
 
     def known_queues(self) -> list[str]:
         """The queues tasks were sent to (:meth:`note_queues`), sorted."""
