@@ -14,7 +14,7 @@ from apps.basic import Waiter
 from waiting import wait_for
 
 from durable import WorkflowStub
-from durable.store import runs
+from durable.store import known_queues
 from durable.store.redis_store import RedisStore
 from durable.store.workers import served_queues
 from workers.worker import Worker, WorkerThread
@@ -43,7 +43,7 @@ def test_empty_streams_of_unserved_queues_go_and_a_waiting_task_keeps_its_queue(
     assert _streams(store, "tenant-0") == [] and _streams(store, "tenant-2") != []
     assert "tenant-2" in store.known_queues() and "tenant-0" not in store.known_queues()
     # A process sending to a forgotten queue notes it again (here at once: NOTE_AGAIN_S 0).
-    monkeypatch.setattr(runs, "NOTE_AGAIN_S", 0.0)
+    monkeypatch.setattr(known_queues, "NOTE_AGAIN_S", 0.0)
     WorkflowStub.make(Waiter, id="tenant-0-again", queue="tenant-0", store=store).start(60)
     assert "tenant-0" in store.known_queues() and _streams(store, "tenant-0") != []
     for wid in ("tenant-2", "tenant-0-again"):

@@ -66,6 +66,7 @@ def _fragments() -> dict[str, str]:
         "log key": infix(k.log(0, x)),
         "updates key": infix(k.updates(0, x)),
         "closed runs key": k.closed(0)[len(tag) :],
+        "timers key": k.timers(0)[len(tag) :],
         "closes stream key": k.closes(0)[len(tag) :],
         "retention key": k.retention(0)[len(tag) :],
         "hooks key": k.hooks(0)[len(tag) :],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import secrets
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +33,8 @@ from . import loads
 from .base import LOG_MAXLEN
 from .commits import PART as COMMIT_PART
 from .commits import Commits
-from .keys import SENT_TTL_MS, Keys, activity_queue, deadline_member, is_private, timer_member
+from .keys import SENT_TTL_MS, Keys, deadline_member, timer_member
+from .known_queues import KnownQueues
 from .loads import Loaded, Rows, RunToLoad
 from .origins import absence_note
 from .records import OPEN_STATUSES, CommitResult, RunRef, decode_run, text
@@ -95,9 +95,6 @@ def _add_lists(payload: dict[str, Any], rid: str, plan: CommitPlan) -> None:
 
 
 # What a closed run refusing an input calls it (event type names are for history readers).
-NOTE_AGAIN_S = 60.0
-"""How often a process notes again the queues it sends tasks to (see :meth:`RunStore.note_queues`)."""
-
 _INPUT_WORDS = {
     "SignalReceived": "signals",
     "CancelRequested": "cancel requests",
@@ -105,7 +102,7 @@ _INPUT_WORDS = {
 }
 
 
-class RunStore(SearchStore):
+class RunStore(KnownQueues, SearchStore):
     """Runs: their records, histories, inboxes and the decisions committed on them."""
 
     # ------------------------------------------------------------- lookups
@@ -226,42 +223,6 @@ class RunStore(SearchStore):
                 item["record"] = open_fields(codec.unpack(item["record"]))
             out.append(item)
         return out
-
-    _noted: frozenset[str] = frozenset()
-    _noted_streams: frozenset[str] = frozenset()
-    _noted_since = 0.0
-
-    def note_queues(self, queues: Iterable[str]) -> None:
-        """Record that tasks go to ``queues`` (once per name and process every
-        :data:`NOTE_AGAIN_S`: off the hot path), so that a queue no worker serves still shows on
-        the workers page, with its backlog (a sweep forgets queues no worker serves and no task
-        waits on)."""
-        self._forget_notes_when_due()
-        new = {q for q in queues if q not in self._noted and not is_private(q)}
-        if new:
-            self.redis.sadd(self.keys.queues(), *sorted(new))
-            self._noted = self._noted | new
-
-    def _note_streams(self, decisions: Sequence[tuple[RunRef, CommitPlan]]) -> None:
-        """:meth:`note_queues` of the activity streams the decisions send tasks to (new ones only:
-        this runs on every commit)."""
-        new = {t.stream for _, plan in decisions for t in plan.activities} | {
-            t.stream for _, plan in decisions for t, _ in plan.claimed
-        }
-        self._forget_notes_when_due()
-        new -= self._noted_streams
-        if new:
-            self.note_queues(activity_queue(s) for s in new)
-            self._noted_streams |= new
-
-    def _forget_notes_when_due(self) -> None:
-        now = time.monotonic()
-        if now - self._noted_since > NOTE_AGAIN_S:
-            self._noted, self._noted_streams, self._noted_since = frozenset(), frozenset(), now
-
-    def known_queues(self) -> list[str]:
-        """The queues tasks were sent to (:meth:`note_queues`), sorted."""
-        return sorted(text(q) for q in self.redis.smembers(self.keys.queues()))
 
     # ------------------------------------------------------------- starting
     def start(

@@ -441,7 +441,9 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
     while True:
         try:
             stub = _stub(state, workflow_id)
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = timeout  # as given (its messages say it), unless an outage took some of it
+            if unanswered_since is not None and deadline is not None:
+                left = max(0.0, deadline - time.monotonic())
             value = _result(stub, left)
             break
         except SerializationError as exc:
