@@ -251,7 +251,7 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
     found = _activities.get(name)
     if found is not None:
         if _shadowed(target, found):
-            raise ConfigurationError(
+            raise ActivityNameClash(
                 f"activity({_origin(target)}): the activity name {name!r} is registered to "
                 f"{found.origin} (@register_activity(name={name!r})), so this call would run that "
                 "function instead; rename one of them, or call the activity by its registered function"
@@ -263,6 +263,10 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
         name=name, fn=target, origin=_origin(target), module=target.__module__
     )
     return found
+
+
+class ActivityNameClash(ConfigurationError):
+    """``activity(fn)`` of a function whose durable name another function holds in this process."""
 
 
 def _shadowed(target: Any, found: ActivityDefinition) -> bool:

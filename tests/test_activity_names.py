@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from waiting import wait_for
 
 from durable import ConfigurationError
 from durable.registry import activity_definition_for
+from durable.store.redis_store import RedisStore
+from durable.testing import TestEnvironment
 from workers.cli import cli
 
 APP = """
@@ -49,3 +52,41 @@ def test_a_function_behind_another_ones_registered_name_is_refused(
         assert activity_definition_for(module.an_charge_card).fn is module.an_charge_card
     finally:
         sys.modules.pop("an_clash_app", None)
+
+
+CLASH_A = "def pp_send(x):\n    return 'a:' + x\n"
+CLASH_B = """
+from durable import Workflow, activity
+
+
+def pp_send(x):
+    return 'b:' + x
+
+
+class PpSends(Workflow):
+    def handle(self, x):
+        return activity(pp_send, x)
+"""
+
+
+def test_a_run_calling_a_function_whose_name_another_holds_is_blocked_not_run_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: RedisStore
+) -> None:
+    """Two modules of one worker with a plain ``pp_send`` each: ``activity(b.pp_send)`` ran
+    ``a.pp_send`` (the name's first holder). Now the run is blocked, naming both."""
+    (tmp_path / "pp_a.py").write_text(CLASH_A)
+    (tmp_path / "pp_b.py").write_text(CLASH_B)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        a = importlib.import_module("pp_a")
+        activity_definition_for(a.pp_send)  # the name's first holder in this process
+        b = importlib.import_module("pp_b")
+        with TestEnvironment(store=store) as env:
+            stub = env.stub(b.PpSends).start("x")
+            reason = wait_for(stub.blocked, timeout=20)
+        assert "is registered to pp_a.pp_send" in reason.message and "durable repair" in reason.message, (
+            reason
+        )
+    finally:
+        sys.modules.pop("pp_a", None)
+        sys.modules.pop("pp_b", None)

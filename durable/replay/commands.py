@@ -13,7 +13,7 @@ from ..ids import check_command_id, check_workflow_id
 from ..interceptors import StartActivityInput, StartChildInput, StartTimerInput, WorkflowOutboundInterceptor
 from ..limits import check_name_length, check_queue_name
 from ..options import ActivityOptions, ChildOptions, RetryPolicy, Seconds, duration_ms, to_seconds
-from ..registry import activity_definition_for, check_name
+from ..registry import ActivityNameClash, activity_definition_for, check_name
 from ..runtime import Hook
 from ..search import MAX_ATTRIBUTES, decode_values, encode_values
 from ..workflow import DEFAULT_VERSION, ContinueAsNew, Workflow, near_history_limit
@@ -54,7 +54,7 @@ class Commands(DriverCore):
         if not interceptors.active(WorkflowOutboundInterceptor, "start_activity"):
             return self._activity(target, args, options, self._headers())
         self._branch()
-        name = activity_definition_for(target).name
+        name = self._definition(target).name
         request = StartActivityInput(
             self.run_info(), target, name, tuple(args), options, self._headers(), self._replaying()
         )
@@ -69,7 +69,7 @@ class Commands(DriverCore):
         self, target: Any, args: tuple[Any, ...], options: ActivityOptions, headers: dict[str, Any]
     ) -> Any:
         branch = self._branch()
-        definition = activity_definition_for(target)
+        definition = self._definition(target)
         cid = self._next_id(branch, options.id)
         policy = options.retry or definition.retry
         if policy is not None and not isinstance(policy, RetryPolicy):
@@ -211,6 +211,21 @@ class Commands(DriverCore):
                 (min_supported, max_supported),
             )
         return version
+
+    def _definition(self, target: Any) -> Any:
+        """The activity ``target`` names; a name another function holds here blocks the run (a
+        deploy's mistake: failing its runs would lose them)."""
+        try:
+            return activity_definition_for(target)
+        except ActivityNameClash as exc:
+            error = WorkflowTaskFailed(
+                f"{exc}; the run is blocked: deploy code where each activity name has one function, "
+                "then `durable repair`",
+                run_id=self.run_id,
+                error_type="ActivityNameClash",
+            )
+            self._fatal = self._fatal or error
+            raise error from None
 
     def call_patched(self, patch_id: str) -> bool:
         self._branch()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from durable import NonRetryableError, Workflow, activity, all, await_signal, child, side_effect
 
 
-def echo(value: int) -> int:
+def limits_echo(value: int) -> int:
     return value
 
 
@@ -17,7 +17,7 @@ class FanOut(Workflow):
     """``all()`` of ``n`` activities."""
 
     def handle(self, n: int) -> int:
-        return sum(all([lambda i=i: activity(echo, i) for i in range(n)]))
+        return sum(all([lambda i=i: activity(limits_echo, i) for i in range(n)]))
 
 
 class Leaf(Workflow):
@@ -38,7 +38,7 @@ class Grower(Workflow):
     def handle(self) -> None:
         step = 0
         while True:
-            step = activity(echo, step + 1)
+            step = activity(limits_echo, step + 1)
 
 
 class Sink(Workflow):

@@ -20,10 +20,10 @@ class Receipt:
     tier: Tier
 
 
-def charge(order: str, amount: float) -> Receipt:
+def receipt_charge(order: str, amount: float) -> Receipt:
     return Receipt(order, amount, Tier.GOLD)
 
 
 class ReceiptRun(Workflow):
     def handle(self, order: str, amount: float) -> dict:
-        return {"receipt": activity(charge, order, amount), "ok": True}
+        return {"receipt": activity(receipt_charge, order, amount), "ok": True}

@@ -13,7 +13,7 @@ from durable import RetryPolicy, Workflow, activity
 SLOW_S = 1.5
 
 
-def step(i: int) -> int:
+def slow_step(i: int) -> int:
     """The pid of the worker that ran it; 1.5 s once the file exists."""
     if os.path.exists(os.environ["DURABLE_TEST_SLOW_FILE"]):
         time.sleep(SLOW_S)
@@ -26,5 +26,5 @@ class TurnsSlowSteps(Workflow):
 
     def handle(self, n: int) -> int:
         for i in range(n):
-            activity(step, i, start_to_close_timeout=4, retry=RetryPolicy(max_attempts=1))
+            activity(slow_step, i, start_to_close_timeout=4, retry=RetryPolicy(max_attempts=1))
         return n
