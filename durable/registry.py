@@ -250,7 +250,7 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
     name = activity_name(target)
     found = _activities.get(name)
     if found is not None:
-        if _shadowed(target, found):
+        if found.fn is not target and _shadowed(target, found):  # (the same function: the usual case)
             raise ActivityNameClash(
                 f"activity({_origin(target)}): the activity name {name!r} is registered to "
                 f"{found.origin} (@register_activity(name={name!r})), so this call would run that "
