@@ -449,8 +449,8 @@ class Worker:
         self.reader.close()
         try:
             moved = self.store.requeue_pending(self.shared_streams, self.consumer)
-        except Exception:  # noqa: BLE001 - they stay pending: reclaimed after --claim-idle
-            log.exception("could not hand back the tasks this worker was delivered but did not finish")
+        except Exception as exc:  # noqa: BLE001 - Redis away as it stops: a line, not a traceback
+            log.warning("could not hand back its unfinished tasks (%s): reclaimed after --claim-idle", exc)
             return
         if moved:
             log.warning("handed back %d task(s) this worker was delivered but did not finish", moved)
