@@ -77,7 +77,20 @@ def _pending_with_attempts(
             step["state"] = (
                 f"attempt {done.get('attempt')} completed; its result waits for the run's next decision"
             )
+        elif _parked_for_its_type(step, why):
+            # Its task is a dead letter: "queued, waiting for a worker" would never come true.
+            step["state"] = f"not begun: its task is parked ({why.kind}, the run's blocked reason says why)"  # type: ignore[union-attr]
     return with_children(steps, statuses, why, parent_closed=closed)
+
+
+def _parked_for_its_type(step: dict[str, Any], why: BlockedReason | None) -> bool:
+    """Whether ``step`` is an activity whose type no worker defines, its task parked for it."""
+    return (
+        why is not None
+        and why.kind == "unknown_type"
+        and step.get("kind") == "activity"
+        and f"activity type {step.get('name')!r}" in why.message
+    )
 
 
 def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescription:

@@ -416,6 +416,11 @@ def test_run_with_a_parked_activity_shows_blocked(worker, store: RedisStore) -> 
     stub = WorkflowStub.make(BiUnknownActivity).start()
     wait_for(store.dead_letters)
     assert stub.snapshot()["blocked"], f"status {stub.status()!r}, blocked {stub.snapshot()['blocked']!r}"
+    # Its step said "not begun: queued on 'default', waiting for a worker" (a tester, in the UI).
+    [step] = stub.describe().pending
+    assert (
+        step["state"] == "not begun: its task is parked (unknown_type, the run's blocked reason says why)"
+    ), step
 
 
 # ---------------------------------------------------------------- huge payloads
