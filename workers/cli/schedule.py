@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from durable import Schedule, ScheduleDescription, ScheduleHandle, ScheduleOverlap, registry
+from durable.retention import duration_text
 from durable.schedule_spec import MIN_INTERVAL_S, iso, parse_moment
 from durable.schedules import skip_reason
 from durable.store.redis_store import RedisStore
@@ -97,7 +98,7 @@ def _lines(desc: ScheduleDescription) -> list[str]:
     # Older versions stored "paused"/"unpaused" as the note of a pause without one: it only
     # repeats the state.
     note = desc.note if desc.note not in ("paused", "unpaused") else ""
-    when = f"cron {spec.cron!r} ({spec.timezone})" if spec.cron else f"every {spec.every:g}s"
+    when = f"cron {spec.cron!r} ({spec.timezone})" if spec.cron else f"every {_interval(spec.every)}"
     lines = [
         f"schedule: {desc.id}",
         f"workflow: {spec.workflow} {to_json(list(spec.args))}"
@@ -233,7 +234,7 @@ def list_(state: CliState, as_json: bool) -> None:
         click.echo("no schedules")
         return
     for d in items:
-        when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {d.spec.every:g}s"
+        when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {_interval(d.spec.every)}"
         nxt = d.next_times[0] if d.next_times else "-"
         click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
         if d.overdue:
@@ -370,3 +371,9 @@ def delete(state: CliState, schedule_id: str, as_json: bool) -> None:
 
 
 COMMANDS = [schedule]
+
+
+def _interval(every: Any) -> str:
+    """``every`` as it is written (``30m``, ``1h``, ``90s``), not in seconds (``1800s``)."""
+    ms = round(float(every) * 1000)
+    return duration_text(ms) if ms % 1000 == 0 else f"{float(every):g}s"
