@@ -365,7 +365,7 @@ class Scheduler:
         The streams are this worker's and those of queues no live worker serves (no one else
         would clean them); and the empty streams of retired builds go (see
         :meth:`~durable.store.queues.QueueStore.drop_retired_builds`) and those of unserved queues
-        (:meth:`~durable.store.queues.QueueStore.drop_unserved_queues`), and from the unserved
+        (:meth:`~durable.store.queues.QueueStore.drop_unserved_streams`), and from the unserved
         queues the tasks of runs closed or purged since they were queued (no worker reads them
         to drop them: :meth:`~durable.store.queues.QueueStore.drop_void_tasks`)."""
         now = time.monotonic()
@@ -380,7 +380,7 @@ class Scheduler:
             deleted, held = self.store.drop_dead_consumers(self.streams + unserved, live, self.claim_idle_ms)
             retired = self.store.drop_retired_builds(workers, keep=self.streams)
             void = self.store.drop_void_tasks(unserved)
-            forgotten = self.store.drop_unserved_queues(queues, keep=self.streams)
+            emptied = self.store.drop_unserved_streams(queues, keep=self.streams)
         except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
             log.warning("dead workers' consumers not deleted yet: %s", exc)
             return
@@ -395,8 +395,8 @@ class Scheduler:
             log.info("deleted the empty task streams of retired builds %s", ", ".join(retired.dropped))
         if void:
             log.info("dropped %d task(s) of closed runs from queues no live worker serves", void)
-        if forgotten:
-            log.info("deleted the empty task streams of %d queue(s) no live worker serves", len(forgotten))
+        if emptied:
+            log.info("deleted the empty task streams of %d queue(s) no live worker serves", len(emptied))
 
     def _unserved_queues(self, workers: list[WorkerInfo]) -> list[str]:
         """The queues tasks were sent to that no live worker serves."""

@@ -1,10 +1,9 @@
 """The queues tasks were sent to: what ``durable workers`` and ``/metrics`` list, with the
-backlog of those no live worker serves (a sweep forgets a queue no worker serves and no task
-waits on: :meth:`~durable.store.queues.QueueStore.drop_unserved_queues`)."""
+backlog of those no live worker serves (their empty streams are swept, their names stay:
+:meth:`~durable.store.queues.QueueStore.drop_unserved_streams`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -15,10 +14,7 @@ from .records import RunRef, text
 if TYPE_CHECKING:
     from .tasks import CommitPlan
 
-__all__ = ["NOTE_AGAIN_S", "KnownQueues"]
-
-NOTE_AGAIN_S = 60.0
-"""How often a process notes again the queues it sends tasks to (see :meth:`KnownQueues.note_queues`)."""
+__all__ = ["KnownQueues"]
 
 
 class KnownQueues(StoreBase):
@@ -26,14 +22,10 @@ class KnownQueues(StoreBase):
 
     _noted: frozenset[str] = frozenset()
     _noted_streams: frozenset[str] = frozenset()
-    _noted_since = 0.0
 
     def note_queues(self, queues: Iterable[str]) -> None:
-        """Record that tasks go to ``queues`` (once per name and process every
-        :data:`NOTE_AGAIN_S`: off the hot path), so that a queue no worker serves still shows on
-        the workers page, with its backlog (a sweep forgets queues no worker serves and no task
-        waits on)."""
-        self._forget_notes_when_due()
+        """Record that tasks go to ``queues`` (once per name and process: off the hot path), so
+        that a queue no worker serves still shows on the workers page, with its backlog."""
         new = {q for q in queues if q not in self._noted and not is_private(q)}
         if new:
             self.redis.sadd(self.keys.queues(), *sorted(new))
@@ -45,16 +37,10 @@ class KnownQueues(StoreBase):
         new = {t.stream for _, plan in decisions for t in plan.activities} | {
             t.stream for _, plan in decisions for t, _ in plan.claimed
         }
-        self._forget_notes_when_due()
         new -= self._noted_streams
         if new:
             self.note_queues(activity_queue(s) for s in new)
             self._noted_streams |= new
-
-    def _forget_notes_when_due(self) -> None:
-        now = time.monotonic()
-        if now - self._noted_since > NOTE_AGAIN_S:
-            self._noted, self._noted_streams, self._noted_since = frozenset(), frozenset(), now
 
     def known_queues(self) -> list[str]:
         """The queues tasks were sent to (:meth:`note_queues`), sorted."""

@@ -221,12 +221,13 @@ class QueueStore(RunStore):
                 out.waiting.append(f"{queue}@{build}")
         return out
 
-    def drop_unserved_queues(self, queues: Iterable[str], keep: Iterable[str] = ()) -> list[str]:
+    def drop_unserved_streams(self, queues: Iterable[str], keep: Iterable[str] = ()) -> list[str]:
         """Delete the empty shared task streams (workflow and activity, every partition) of
-        ``queues`` -- those no live worker serves -- but none of ``keep`` (the caller's own);
-        a queue whose streams are all gone leaves the known queues (a process sending to it
-        notes it again within :data:`~.runs.NOTE_AGAIN_S`). Returns the queues dropped. A queue
-        per tenant left 16 empty streams and a name for good."""
+        ``queues`` -- those no live worker serves -- but none of ``keep`` (the caller's own).
+        Returns the queues whose streams are all gone. Their names stay known (a few bytes
+        each): a producer that noted a name once does not note it again, so a name forgotten
+        under a task sent meanwhile would hide that task's backlog from ``durable workers``
+        and ``/metrics``. A queue per tenant left 16 empty streams for good."""
         k, kept, dropped = self.keys, set(keep), []
         for queue in queues:
             streams = [
@@ -236,9 +237,13 @@ class QueueStore(RunStore):
             ]
             if kept & set(streams):
                 continue
-            gone = self._script_many("drop_empty_stream", [([s], []) for s in streams], raise_on_error=True)
-            if all(int(g) for g in gone):
-                self.redis.srem(k.queues(), queue)
+            gone = [
+                int(g)
+                for g in self._script_many(
+                    "drop_empty_stream", [([s], []) for s in streams], raise_on_error=True
+                )
+            ]
+            if all(gone) and 1 in gone:  # all empty now, and some were there
                 dropped.append(queue)
         return dropped
 

@@ -234,7 +234,9 @@ def list_(state: CliState, as_json: bool) -> None:
         click.echo("no schedules")
         return
     for d in items:
-        when = f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {_interval(d.spec.every)}"
+        when = (
+            f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {_interval(d.spec.every)}"
+        )
         nxt = d.next_times[0] if d.next_times else "-"
         click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
         if d.overdue:
