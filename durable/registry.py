@@ -213,7 +213,11 @@ def register_module_functions(module: Any) -> None:
             _activities[attr] = ActivityDefinition(
                 name=attr, fn=value, origin=_origin(value), module=module.__name__
             )
-        elif getattr(taken.fn, "__durable_activity__", None) == attr and _shadowed(value, taken):
+        elif _shadowed(value, taken) and getattr(taken.fn, "__durable_activity__", None) != attr:
+            # Two plain functions of one name (helpers are often alike: `main`): refused only if
+            # a workflow calls activity() with the second one; said beforehand (name_clashes()).
+            _clashes[attr] = (taken.origin, _origin(value))
+        elif _shadowed(value, taken):
             raise ConfigurationError(
                 f"two activities named {attr!r}: {taken.origin} (@register_activity(name={attr!r})) and "
                 f"the function {_origin(value)}; activity({attr}) would run the first; rename or "
@@ -251,10 +255,15 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
     found = _activities.get(name)
     if found is not None:
         if found.fn is not target and _shadowed(target, found):  # (the same function: the usual case)
+            how = (
+                f"@register_activity(name={name!r})"
+                if getattr(found.fn, "__durable_activity__", None) == name
+                else "a function of that name, registered first"
+            )
             raise ActivityNameClash(
                 f"activity({_origin(target)}): the activity name {name!r} is registered to "
-                f"{found.origin} (@register_activity(name={name!r})), so this call would run that "
-                "function instead; rename one of them, or call the activity by its registered function"
+                f"{found.origin} ({how}), so this call would run that function instead; rename one "
+                "of them, or call the activity by its registered function"
             )
         return found
     if isinstance(target, str):
@@ -263,6 +272,19 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
         name=name, fn=target, origin=_origin(target), module=target.__module__
     )
     return found
+
+
+_clashes: dict[str, tuple[str, str]] = {}
+
+
+def name_clashes() -> list[str]:
+    """Plain functions of the loaded app modules that share a name with another one, in words:
+    ``activity()`` of the second is refused (its run blocked) -- say it before a run meets it."""
+    return [
+        f"activity name {name!r} is held by {first}; activity({second}) would be refused (its run "
+        "blocked): rename one of them if it is an activity"
+        for name, (first, second) in sorted(_clashes.items())
+    ]
 
 
 class ActivityNameClash(ConfigurationError):

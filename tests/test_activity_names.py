@@ -90,3 +90,19 @@ def test_a_run_calling_a_function_whose_name_another_holds_is_blocked_not_run_el
     finally:
         sys.modules.pop("pp_a", None)
         sys.modules.pop("pp_b", None)
+
+
+def test_check_warns_of_two_modules_plain_functions_of_one_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`durable check --app a --app b` said OK, the worker started, then b's runs were blocked."""
+    (tmp_path / "pw_a.py").write_text(CLASH_A.replace("pp_send", "pw_send"))
+    (tmp_path / "pw_b.py").write_text(CLASH_B.replace("pp_send", "pw_send").replace("PpSends", "PwSends"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "pw_a", "--app", "pw_b"])
+        assert result.exit_code == 0, result.output  # not a replay problem: a warning
+        assert "warning: activity name 'pw_send' is held by pw_a.pw_send; activity(pw_b.pw_send)" in result.output
+    finally:
+        sys.modules.pop("pw_a", None)
+        sys.modules.pop("pw_b", None)

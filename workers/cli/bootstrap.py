@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from durable import registry
 from durable.errors import ConfigurationError
 from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
@@ -107,6 +108,8 @@ def run_worker(
     for signum in (*stop_signals(), signal.SIGUSR1):
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
+    for clash in registry.name_clashes():
+        log.warning("%s", clash)
     _publish_search_types(store)
     if config.gc_threshold:
         tune_gc(config.gc_threshold)

@@ -11,7 +11,7 @@ from types import ModuleType
 import click
 from rich.text import Text
 
-from durable import DurableError, NondeterminismError, WorkflowStub
+from durable import DurableError, NondeterminismError, WorkflowStub, registry
 from durable.replay import replay_history
 from workers.cli.core import (
     CliError,
@@ -79,6 +79,8 @@ def check(apps: tuple[str, ...], as_json: bool) -> None:
     Silence a line with `# durable: ignore`. Needs no Redis.
     """
     findings, classes = check_modules(load_apps(apps))
+    for clash in registry.name_clashes():  # not a replay problem: said, not counted
+        click.echo(f"warning: {clash}", err=True)
     if as_json:
         click.echo(to_json([f.to_dict() for f in findings], indent=1))
     elif findings:

@@ -277,7 +277,8 @@ def update_workflow(call: Call) -> Any:
     try:
         result = _update_while_heard(call, stub, timeout, update_id)
     except TimeoutError as exc:
-        message = f"{exc}; POST again with this update_id to go on waiting (it runs once)"
+        said = str(exc).split("; call update() again", 1)[0]  # the Python client's words, not the API's
+        message = f"{said}; POST again with this update_id to go on waiting (it runs once)"
         why = call.store.why_blocked(call.store.run_record(call.store.ref(stub.id)))
         if why is not None:  # as `durable update` says it: nothing can run it now
             message += (
