@@ -102,7 +102,10 @@ def test_check_warns_of_two_modules_plain_functions_of_one_name(
     try:
         result = CliRunner().invoke(cli, ["check", "--app", "pw_a", "--app", "pw_b"])
         assert result.exit_code == 0, result.output  # not a replay problem: a warning
-        assert "warning: activity name 'pw_send' is held by pw_a.pw_send; activity(pw_b.pw_send)" in result.output
+        assert (
+            "warning: activity name 'pw_send' is held by pw_a.pw_send; activity(pw_b.pw_send)"
+            in result.output
+        )
     finally:
         sys.modules.pop("pw_a", None)
         sys.modules.pop("pw_b", None)
