@@ -277,13 +277,16 @@ def activity_definition_for(target: Any) -> ActivityDefinition:
 _clashes: dict[str, tuple[str, str]] = {}
 
 
-def name_clashes() -> list[str]:
+def name_clashes(modules: Iterable[str] | None = None) -> list[str]:
     """Plain functions of the loaded app modules that share a name with another one, in words:
-    ``activity()`` of the second is refused (its run blocked) -- say it before a run meets it."""
+    ``activity()`` of the second is refused (its run blocked) -- say it before a run meets it.
+    ``modules``: only clashes one of these modules' functions is in (default: all)."""
+    wanted = None if modules is None else set(modules)
     return [
         f"activity name {name!r} is held by {first}; activity({second}) would be refused (its run "
         "blocked): rename one of them if it is an activity"
         for name, (first, second) in sorted(_clashes.items())
+        if wanted is None or {first.rsplit(".", 1)[0], second.rsplit(".", 1)[0]} & wanted
     ]
 
 

@@ -147,7 +147,7 @@ def test_cli_check_reports_and_exits_1(bad_module: str) -> None:
 def test_cli_check_json(bad_module: str) -> None:
     result = CliRunner().invoke(cli, ["check", "--app", bad_module, "--json"])
     assert result.exit_code == 1
-    rows = json.loads(result.output)
+    rows = json.loads(result.stdout)
     assert {r["category"] for r in rows} >= {"wall clock", "randomness", "network", "file I/O", "sleep"}
     assert all(r["workflow"] == "LintBad" for r in rows)
 
@@ -216,5 +216,5 @@ def test_cli_check_flags_a_patch_the_class_does_not_declare(
     finally:
         sys.modules.pop("lint_patch_app", None)
     assert result.exit_code == 1, result.output
-    [row] = json.loads(result.output)
+    [row] = json.loads(result.stdout)
     assert row["category"] == "undeclared patch" and row["line"] == 8 and "'send-sms'" in row["fix"], row

@@ -108,7 +108,7 @@ def run_worker(
     for signum in (*stop_signals(), signal.SIGUSR1):
         signal.signal(signum, lambda num, _frame: early.append(num))
     modules = load_apps(config.apps)
-    for clash in registry.name_clashes():
+    for clash in registry.name_clashes(config.apps):
         log.warning("%s", clash)
     _publish_search_types(store)
     if config.gc_threshold:

@@ -79,7 +79,7 @@ def check(apps: tuple[str, ...], as_json: bool) -> None:
     Silence a line with `# durable: ignore`. Needs no Redis.
     """
     findings, classes = check_modules(load_apps(apps))
-    for clash in registry.name_clashes():  # not a replay problem: said, not counted
+    for clash in registry.name_clashes(apps):  # not a replay problem: said, not counted
         click.echo(f"warning: {clash}", err=True)
     if as_json:
         click.echo(to_json([f.to_dict() for f in findings], indent=1))
