@@ -23,6 +23,8 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import redis
+
 from ..retention import DEFAULT_RETENTION, duration_text
 from ..runinfo import DATA_LOST, utc_text
 from .base import StoreBase
@@ -126,10 +128,13 @@ def absence_note(store: StoreBase, partition: int) -> str:
     missing -- the partition's data loss if it had one, else that closed runs are purged after
     the namespace's retention (one round trip)."""
     k = store.keys
-    with store.redis.pipeline(transaction=False) as pipe:
-        pipe.hmget(k.origin(partition), "lost", "lost_by")
-        pipe.get(k.retention(partition))
-        (lost, by), kept = pipe.execute()
+    try:
+        with store.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(k.origin(partition), "lost", "lost_by")
+            pipe.get(k.retention(partition))
+            (lost, by), kept = pipe.execute()
+    except redis.RedisError:  # the not-found error itself is what the caller needs
+        return ""
     if lost:
         return loss_note(DataLoss(partition, int(lost), text(by or b"?")))
     kept_ms = int(kept) if kept else int(DEFAULT_RETENTION.total_seconds() * 1000)
