@@ -113,8 +113,8 @@ class Membership:
         """Register, then (versioned) promote if asked or take over queues nobody serves; warn of
         the settings of Redis that can lose durable's data (nothing else would say it)."""
         self._started = self.store.server_time_ms()
+        self._check_origins()  # first: once the views see this worker live, it has seen the markers
         self._register()
-        self._check_origins()
         if self.build and self.promote:
             before = self.store.current_build(self.queues)
             self.store.promote_build(self.queues, self.build)
