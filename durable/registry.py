@@ -213,11 +213,13 @@ def register_module_functions(module: Any) -> None:
             _activities[attr] = ActivityDefinition(
                 name=attr, fn=value, origin=_origin(value), module=module.__name__
             )
-        elif _shadowed(value, taken) and getattr(taken.fn, "__durable_activity__", None) != attr:
+        elif not _shadowed(value, taken):
+            continue
+        elif getattr(taken.fn, "__durable_activity__", None) != attr:
             # Two plain functions of one name (helpers are often alike: `main`): refused only if
             # a workflow calls activity() with the second one; said beforehand (name_clashes()).
             _clashes[attr] = (taken.origin, _origin(value))
-        elif _shadowed(value, taken):
+        else:
             raise ConfigurationError(
                 f"two activities named {attr!r}: {taken.origin} (@register_activity(name={attr!r})) and "
                 f"the function {_origin(value)}; activity({attr}) would run the first; rename or "
@@ -295,8 +297,8 @@ class ActivityNameClash(ConfigurationError):
 
 
 def _shadowed(target: Any, found: ActivityDefinition) -> bool:
-    """Whether ``target``, a plain function, shares its name with another function registered
-    explicitly under it (``@register_activity(name=...)``; a test's override is no other function)."""
+    """Whether ``target``, a plain function, shares its durable name with another function
+    registered under it (explicitly or by its own name; a test's override is no other function)."""
     return (
         callable(target)
         and not isinstance(target, type | str)
