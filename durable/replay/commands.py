@@ -218,14 +218,18 @@ class Commands(DriverCore):
         try:
             return activity_definition_for(target)
         except ActivityNameClash as exc:
-            error = WorkflowTaskFailed(
+            raise self._code_blocks(
                 f"{exc}; the run is blocked: deploy code where each activity name has one function, "
                 "then `durable repair`",
-                run_id=self.run_id,
-                error_type="ActivityNameClash",
-            )
-            self._fatal = self._fatal or error
-            raise error from None
+                "ActivityNameClash",
+            ) from None
+
+    def _code_blocks(self, message: str, error_type: str) -> WorkflowTaskFailed:
+        """The error that blocks the run (not fails it) for a mistake of its deployed code, noted
+        as the decision's fatal error (caught by the workflow, it blocks all the same)."""
+        error = WorkflowTaskFailed(message, run_id=self.run_id, error_type=error_type)
+        self._fatal = self._fatal or error
+        return error
 
     def call_patched(self, patch_id: str) -> bool:
         self._branch()
@@ -235,15 +239,12 @@ class Commands(DriverCore):
         if patch_id not in self.declared_patches:
             # It would answer False in every run, new ones too: a patch the class forgot to
             # declare. Blocked, not failed: declare it, deploy, `durable repair`.
-            error = WorkflowTaskFailed(
+            raise self._code_blocks(
                 f"patched({patch_id!r}) in {self.workflow_type}: its class does not declare "
                 f"{patch_id!r} (patches = {self.declared_patches!r}), so no run would ever take the "
                 "patched branch; add it to the class's `patches`, deploy, then `durable repair`",
-                run_id=self.run_id,
-                error_type="UndeclaredPatch",
+                "UndeclaredPatch",
             )
-            self._fatal = self._fatal or error
-            raise error
         return False
 
     def call_child(self, workflow: Any, args: tuple[Any, ...], options: ChildOptions) -> Any:
