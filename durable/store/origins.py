@@ -105,11 +105,13 @@ def data_losses(
         for p in parts:
             pipe.hmget(k.origin(p), "lost", "lost_by")
         rows = pipe.execute()
-    return [
-        DataLoss(p, int(lost), text(by or b"?"))
-        for p, (lost, by) in zip(parts, rows, strict=True)
-        if lost and int(lost) >= since_ms
-    ]
+    losses = [_loss(p, lost, by) for p, (lost, by) in zip(parts, rows, strict=True)]
+    return [loss for loss in losses if loss is not None and loss.found_ms >= since_ms]
+
+
+def _loss(partition: int, lost: bytes | None, by: bytes | None) -> DataLoss | None:
+    """The loss a marker's ``lost`` and ``lost_by`` fields say (``None``: it had none)."""
+    return DataLoss(partition, int(lost), text(by or b"?")) if lost else None
 
 
 def loss_note(loss: DataLoss | None) -> str:
@@ -136,7 +138,7 @@ def absence_note(store: StoreBase, partition: int) -> str:
     except redis.RedisError:  # the not-found error itself is what the caller needs
         return ""
     if lost:
-        return loss_note(DataLoss(partition, int(lost), text(by or b"?")))
+        return loss_note(_loss(partition, lost, by))
     kept_ms = int(kept) if kept else int(DEFAULT_RETENTION.total_seconds() * 1000)
     return (
         f" (never started, or closed and purged since: closed runs are kept {duration_text(kept_ms)}, "
