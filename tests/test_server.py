@@ -251,6 +251,11 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         wrong_method = c.delete("/api/v1/workflows")
         assert "this route takes GET, HEAD, POST" in _error(wrong_method, 405, "method_not_allowed")
         assert wrong_method.headers["allow"] == "GET, HEAD, POST"  # RFC 9110: a 405 names them
+        # A POST-only action read with GET is that route's 405, not the describe of a run "u1/cancel".
+        action_get = c.get("/api/v1/workflows/u1/cancel")
+        assert "this route takes POST" in _error(action_get, 405, "method_not_allowed")
+        assert action_get.headers["allow"] == "POST"
+        assert "'u1/cancel'" in _error(c.get("/api/v1/workflows/u1%2Fcancel"), 404, "not_found")
         json_headers = {"content-type": "application/json"}
         _error(c.post("/api/v1/workflows", content=b"{not json", headers=json_headers), 400, "bad_request")
         _error(

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match, Route
+from starlette.routing import BaseRoute, Match, Route, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durable
@@ -138,6 +138,25 @@ def _path_ids(path: str) -> str:
     return path.replace("/workflows/{id}", "/workflows/{id:path}")
 
 
+class DescribeRoute(Route):
+    """The describe route, ``/workflows/{id:path}``: it yields a path another route of the API
+    takes (``.../u1/cancel``), whatever the method, to that route.
+
+    Otherwise ``GET .../u1/cancel`` described a run ``u1/cancel`` (a 404 naming a made-up id)
+    instead of a 405 saying the route takes POST. A run whose id itself ends so is described
+    with its "/" escaped (``u1%2Fcancel``, see :class:`EncodedSlashes`).
+    """
+
+    def __init__(self, *args: Any, others: list[Route], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.others = others
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and any(o.path_regex.match(get_route_path(scope)) for o in self.others):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
 RAW_IDS = "durable.raw_ids"
 """Set in the ASGI scope when a workflow route's path kept its ``%2F`` and ``%25`` escapes
 (:class:`EncodedSlashes`); :mod:`.endpoint` then unquotes the path parameters itself."""
@@ -188,10 +207,16 @@ def create_app(store: RedisStore, auth: AuthConfig | None = None, *, max_body: i
     # Workflow ids may hold "/" (a child's is "<parent>/<n>"): {id} matches it as a path, and the
     # bare describe route goes last so it does not swallow ".../history" and the actions.
     ordered = sorted(ENDPOINTS, key=lambda e: e.path.endswith("{id}"))
-    routes: list[BaseRoute] = [
-        Route(_path_ids(e.path), view(e, store, auth, max_body), methods=[e.method], name=e.handler.__name__)
-        for e in ordered
-    ]
+    specific: list[Route] = []
+    routes: list[BaseRoute] = []
+    for e in ordered:
+        args = (_path_ids(e.path), view(e, store, auth, max_body))
+        kwargs: dict[str, Any] = {"methods": [e.method], "name": e.handler.__name__}
+        if e.path.endswith("/workflows/{id}"):
+            routes.append(DescribeRoute(*args, others=specific, **kwargs))
+        else:
+            specific.append(route := Route(*args, **kwargs))
+            routes.append(route)
     routes += ui_routes(auth)
     if metrics.available():  # the `metrics` extra: task queues and dead letters, read per scrape
         routes.append(_metrics_route(store))
