@@ -37,6 +37,23 @@ def test_only_the_leaving_consumers_pending_tasks_move_with_their_fields(store: 
     assert store.requeue_pending([stream], "gone") == 0
 
 
+def test_the_tasks_a_worker_holds_stay_pending_for_it(store: RedisStore) -> None:
+    """After an outage a worker puts back what it was given unseen, not what it runs."""
+    r: redis.Redis = store.redis
+    stream = store.keys.activity_tasks(0, "default")
+    other = store.keys.activity_tasks(1, "default")
+    store.ensure_groups([stream, other])
+    ids = [r.xadd(stream, {"n": str(i).encode()}) for i in range(3)]
+    other_id = r.xadd(other, {"n": b"9"})
+    r.xreadgroup(GROUP, "w", {stream: ">", other: ">"}, count=3)
+    held = {(stream, ids[1].decode()), (other, "1-1")}  # keep names (stream, entry id) pairs
+
+    assert store.requeue_pending([stream, other], "w", keep=held) == 3
+    pending = r.xpending_range(stream, GROUP, "-", "+", 10, "w")
+    assert [p["message_id"] for p in pending] == [ids[1]]
+    assert r.xpending(other, GROUP)["pending"] == 0 and r.xrange(other)[0][0] != other_id
+
+
 def test_a_stopped_workers_unfinished_activity_runs_elsewhere_without_waiting_for_the_reclaim(
     redis_url: str, store: RedisStore
 ) -> None:

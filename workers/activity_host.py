@@ -130,6 +130,15 @@ class ActivityHost:
         """Whether finished attempts wait for the main thread to record them."""
         return bool(self.completed or self.eager_done)
 
+    def held(self) -> set[tuple[str, str]]:
+        """``(stream, entry id)`` of every task this host holds: on its threads or waiting for
+        one, or finished with its result not yet recorded (still pending in Redis until then)."""
+        # In this order: a thread puts its result in hand before it leaves in_flight.
+        with self._lock:
+            held = set(self.in_flight)
+        held |= {(r.stream, r.entry_id) for r in list(self.completed) + list(self.eager_done)}
+        return held | {(s, e) for s, e, _ in self._not_given_back}
+
     def record(
         self,
         apply_eager: Callable[[list[AttemptResult]], None],

@@ -184,6 +184,11 @@ class TaskReader:
         for r in self._reads.values():
             r.unblock()
 
+    def drop(self) -> None:
+        """Drop the outstanding reads (their delivered entries stay pending); the next
+        :meth:`read` opens new ones."""
+        self._reset()
+
     def close(self) -> None:
         """Drop the connections (an outstanding read's entries stay pending for reclaim)."""
         self._reset()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -59,6 +60,7 @@ __all__ = [
     "exit_process",
     "exit_runaway",
     "hand_back",
+    "stop_signals",
 ]
 
 log = logging.getLogger("durable.worker")
@@ -374,3 +376,10 @@ class StopDeadline:
             f"main thread at {_where(stack)}; exiting now, other workers reclaim its unfinished tasks. "
             f"Main thread:\n{''.join(stack.format()).rstrip()}",
         )
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM, SIGINT, and SIGHUP unless ignored (``nohup``, a supervisor's child, which the
+    supervisor reloads): a hangup stops a worker gracefully rather than kill it mid-activity."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hangup)

@@ -58,6 +58,7 @@ from .watchdog import (
     block_runaway,
     exit_runaway,
     hand_back,
+    stop_signals,
 )
 from .worker_thread import WorkerThread  # noqa: F401 - re-exported (tests, examples)
 
@@ -430,13 +431,20 @@ class Worker:
     def _take_back_unseen(self) -> None:
         """First thing after an outage cut a pass short: put back at the ends of their streams
         the workflow tasks and outbox messages still pending for this worker, and the activity
-        tasks it was handing back (beyond its room). Those are what the outage interrupted:
-        commits Redis refused or dropped, messages not carried out, tasks delivered to reads
-        whose replies were lost, a hand-back cut short. They would otherwise wait for a reclaim
-        after --claim-idle, their runs shown as pending with nothing saying why. Raises while
-        Redis is still unavailable: the loop waits that out, and this runs again."""
-        moved = self.store.requeue_pending(self._decision_streams() + self.outbox_streams, self.consumer)
+        tasks pending for it that it does not hold. Those are what the outage interrupted:
+        commits Redis refused or dropped, messages not carried out, activity tasks a commit
+        claimed or a read delivered whose replies were lost, a hand-back cut short. They would
+        otherwise wait for a reclaim after --claim-idle, their runs shown as pending or "running
+        on" this worker with nothing saying why. Raises while Redis is still unavailable: the
+        loop waits that out, and this runs again."""
+        # Reads still outstanding may have been delivered tasks: dropped, those stay pending
+        # and go back below (else they would come in a reply after being put back: twice).
+        self.reader.drop()
         self.activities.hand_back_left()
+        held = self.activities.held() | {(s, e) for s, e, _ in self._reclaimed}
+        held |= {(t.stream, t.entry_id) for t in self._handed}
+        streams = self._decision_streams() + self.outbox_streams + self.activity_streams
+        moved = self.store.requeue_pending(streams, self.consumer, keep=held)
         self._take_back = False
         if moved:
             log.info("put back %d task(s) the Redis outage left unfinished", moved)
@@ -590,10 +598,3 @@ class Worker:
             self.activities.submit(stream, entry_id, fields, redelivered=redelivered)
         else:  # pragma: no cover - only our streams are read
             log.error("task from unknown stream %s", stream)
-
-
-def stop_signals() -> tuple[signal.Signals, ...]:
-    """SIGTERM, SIGINT, and SIGHUP unless ignored (``nohup``, a supervisor's child, which the
-    supervisor reloads): a hangup stops a worker gracefully rather than kill it mid-activity."""
-    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
-    return (signal.SIGTERM, signal.SIGINT, *hangup)

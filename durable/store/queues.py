@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -315,7 +315,13 @@ class QueueStore(RunStore):
         if batches:
             self._wire.transactions(batches)
 
-    def requeue_pending(self, streams: Iterable[str], consumer: str, most: int = 1000) -> int:
+    def requeue_pending(
+        self,
+        streams: Iterable[str],
+        consumer: str,
+        most: int = 1000,
+        keep: Collection[tuple[str, str]] = (),
+    ) -> int:
         """Put every task still pending for ``consumer`` on ``streams`` back at their ends, as
         new entries for any worker (``lua/requeue_pending.lua``, one call per stream, all in one
         round trip); returns how many moved.
@@ -324,8 +330,13 @@ class QueueStore(RunStore):
         for it was delivered to a read it never took in (a stop or a stuck main thread), and
         would otherwise wait for another worker to reclaim it after ``--claim-idle``. Its
         blocking reads must be closed first, or the moved tasks could be delivered to them again.
+        After an outage, a worker that goes on puts back the same way what the outage hid from
+        it, and ``keep`` names, as ``(stream, entry id)``, the tasks it holds (left pending).
         """
-        calls = [([stream], [GROUP, consumer, most]) for stream in streams]
+        kept: dict[str, list[str]] = {}
+        for stream, entry_id in keep:
+            kept.setdefault(stream, []).append(entry_id)
+        calls = [([stream], [GROUP, consumer, most, *kept.get(stream, ())]) for stream in streams]
         if not calls:
             return 0
         return sum(int(n) for n in self._script_many("requeue_pending", calls, raise_on_error=True))

@@ -25,7 +25,8 @@ from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
 from workers.logging import configure
 from workers.supervisor import PARENT_ENV, Supervisor
-from workers.worker import Worker, stop_signals
+from workers.watchdog import stop_signals
+from workers.worker import Worker
 
 __all__ = ["CHILD_COMMAND", "configure_logging", "run_worker", "worker_supervisor"]
 

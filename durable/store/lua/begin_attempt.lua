@@ -41,7 +41,7 @@ if tonumber(last_attempt) == attempt then
   local before = string.match(current[3], '^%d+|([^|]*)') or ''
   local since = tonumber(current[4] or '')
   local ago = since and string.format(' %d s before', math.floor((now - since) / 1000)) or ''
-  local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead); %s runs it again'
+  local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead, or a Redis outage hid the task from it); %s runs it again'
   local reason = string.format(said, before, ago, ARGV[7])
   log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason', reason, 'ts', now)
 end
