@@ -40,6 +40,7 @@ from .store.redis_store import RedisStore, RunRef
 from .store.starts import Closing
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
+from .time_limit import QUERY_TIMEOUT, query_overrun, run_limited
 from .typed_args import check_call
 from .waiting import not_closed
 from .workflow import Workflow
@@ -464,7 +465,11 @@ class WorkflowStub(Generic[R]):
             return ref, self._store.history(ref)
 
         ref, history = self._read(f"query({request.name!r})", read)
-        return query_history(history, request, ref.run_id, f"{ref.partition}.", self._store.hook_secrets)
+
+        def answer() -> Any:
+            return query_history(history, request, ref.run_id, f"{ref.partition}.", self._store.hook_secrets)
+
+        return run_limited(answer, QUERY_TIMEOUT, query_overrun(request.name, request.workflow_id))
 
     def cancel(self, reason: str = "") -> None:
         """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""

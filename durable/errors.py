@@ -354,6 +354,13 @@ class QueryFailed(DurableError):
         self.__cause__ = cause
 
 
+class Overrun(BaseException):
+    """Raised by :mod:`durable.time_limit` in a thread whose workflow code ran too long without
+    yielding (a query's replay); it turns it into the caller's error. Not a user's to catch: a
+    ``BaseException``, so workflow code's ``except Exception`` does not swallow it, and the
+    replay ends on it instead of routing it as the workflow's failure."""
+
+
 class ApplicationError(DurableError):
     """An exception from remote code whose class is not importable here.
 

@@ -220,7 +220,7 @@ def test_code_failing_on_replay_where_history_goes_on_names_what_it_raised(worke
     reason = stub.blocked().message  # type: ignore[union-attr]
     assert "the code raised TypeError: BdResigned.handle (" in reason  # where it is defined, then
     assert (
-        "deploys.py:78) takes (x: int, m: int): missing a required argument: 'm'; the run was started "
+        f"deploys.py:{bd_resigned_v2.__code__.co_firstlineno}) takes (x: int, m: int): missing a required argument: 'm'; the run was started "
         in reason
     )
     assert "while replaying seq 1, but the history goes on" in reason, reason

@@ -29,7 +29,6 @@ import logging
 import os
 import signal
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -40,11 +39,9 @@ from types import TracebackType
 from typing import Any
 
 import greenlet
-import redis
 
-import durable
-import durable.store
 from durable.store.redis_store import RedisStore
+from durable.time_limit import code_position, waiting_on_redis
 
 from .decider import Decider, Task
 
@@ -77,17 +74,6 @@ STOP_TIMEOUT_EXIT = 75
 STOP_MARGIN = 5.0
 """Seconds a stop may take beyond ``grace`` (recording results, leaving the registry)."""
 
-_OWN = tuple(
-    str(Path(path).parent) + os.sep for path in (durable.__file__ or "", __file__, greenlet.__file__ or "")
-)
-_IO = (
-    str(Path(durable.store.__file__ or "").parent) + os.sep,
-    str(Path(redis.__file__ or "").parent) + os.sep,
-)
-_PATHS = sysconfig.get_paths()
-_STDLIB = tuple({_PATHS["stdlib"] + os.sep, _PATHS["platstdlib"] + os.sep})
-_SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
-
 
 @dataclass(frozen=True)
 class Stuck:
@@ -116,34 +102,9 @@ class Stuck:
         )
 
 
-def _is(path: str, prefixes: tuple[str, ...]) -> bool:
-    return path.startswith(prefixes)
-
-
 def _where(stack: traceback.StackSummary) -> str:
     """The innermost frame of the app's code (not durable's, not the standard library's)."""
-    chosen = stack[-1] if stack else None
-    for frame in reversed(stack):
-        path = frame.filename
-        if not _is(path, _OWN) and (not _is(path, _STDLIB) or _is(path, _SITE)):
-            chosen = frame
-            break
-    if chosen is None:
-        return "an unknown position"
-    path = chosen.filename
-    try:
-        path = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        pass
-    if path.startswith(".." + os.sep):
-        path = chosen.filename
-    return f"{path}:{chosen.lineno} in {chosen.name}"
-
-
-def _waiting_on_redis(stack: traceback.StackSummary) -> bool:
-    # Workflow code never calls the store: a store or redis-py frame means the decider
-    # itself is loading or recording, and a slow Redis is not a runaway decision.
-    return any(_is(frame.filename, _IO) for frame in stack)
+    return code_position(stack, own=(str(Path(__file__).parent) + os.sep,))
 
 
 class DecisionWatchdog:
@@ -243,7 +204,7 @@ class DecisionWatchdog:
             return None
         stack = traceback.extract_stack(frame)
         del frame
-        if _waiting_on_redis(stack):
+        if waiting_on_redis(stack):
             self._mark = now
             return None
         self._reported = task

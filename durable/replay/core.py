@@ -10,7 +10,7 @@ from typing import Any
 import greenlet
 
 from .. import events as ev
-from ..errors import ConfigurationError, DurableError, NondeterminismError
+from ..errors import ConfigurationError, DurableError, NondeterminismError, Overrun
 from ..ids import check_command_id
 from ..interceptors import RunInfo
 from ..limits import LIMIT_REASON, current, limit_error
@@ -402,6 +402,9 @@ class DriverCore(WorkflowRuntime):
                     raise start  # cancelled before it ever ran (see _run)
                 result = fn()
             except greenlet.GreenletExit:
+                return
+            except Overrun as exc:  # a time limit stopped the code: the replay ends, nothing is routed
+                self._fatal = self._fatal or exc
                 return
             except BaseException as exc:  # noqa: BLE001 - every outcome is routed
                 if not self._closed:  # closing: a finally block raised; nothing to route

@@ -8,7 +8,7 @@ from typing import Any
 
 import greenlet
 
-from .. import codec, interceptors
+from .. import codec, interceptors, registry
 from .. import events as ev
 from ..errors import DurableError, HistoryCorrupt, QueryFailed, SerializationError, message_of
 from ..interceptors import DecisionInput, HandleQueryInput, QueryWorkflowInput, WorkflowInboundInterceptor
@@ -183,8 +183,7 @@ class Driver(Commands, Inputs):
             raise DurableError(f"run {self.run_id} has not started; nothing to query")
         method = type(self._instance)._queries.get(name)
         if method is None:
-            known = sorted(type(self._instance)._queries)
-            raise DurableError(f"workflow {self.workflow_type!r} has no @query {name!r}; it has {known}")
+            raise _no_query(self.workflow_type, type(self._instance), name)
         check_arguments(getattr(self._instance, method), args, f"@query {name!r}")
         request = HandleQueryInput(self.run_info(), name, tuple(args), headers or {})
         previous = set_active(self)  # a query answers from history: the workflow logger is silent
@@ -355,6 +354,11 @@ def query_history(
     hook_secrets: Callable[[], tuple[bytes, ...]],
 ) -> Any:
     """Answer the query ``request`` from a run's committed history (a read-only replay)."""
+    started = entries[0].event if entries else None
+    if isinstance(started, ev.WorkflowStarted):  # an unknown name is refused before any code runs
+        cls = registry.workflows().get(started.workflow_type)
+        if cls is not None and request.name not in cls._queries:
+            raise _no_query(started.workflow_type, cls, request.name)
     driver = Driver(run_id=run_id, workflow_id=request.workflow_id, read_only=True, token_prefix=token_prefix)
     driver.hook_secrets = hook_secrets
     try:
@@ -362,6 +366,10 @@ def query_history(
         return driver.query(request.name, request.args, headers=request.headers)
     finally:
         driver.close()
+
+
+def _no_query(workflow_type: str, cls: type[Workflow], name: str) -> DurableError:
+    return DurableError(f"workflow {workflow_type!r} has no @query {name!r}; it has {sorted(cls._queries)}")
 
 
 def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None = None) -> Driver:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durable import NonRetryableError, Workflow, activity, await_signal, signal
+from durable import NonRetryableError, Workflow, activity, await_signal, query, signal
 
 #: The bug is deployed while this is true (the tests flip it, as a deploy would swap the code).
 BUGGY = {"on": False}
@@ -73,6 +73,10 @@ class BdResigned(Workflow):
     def handle(self, x: int) -> int:
         await_signal("go")
         return x
+
+    @query
+    def anything(self) -> str:
+        return "answered"
 
 
 def bd_resigned_v2(self: Workflow, x: int, m: int) -> int:  # the deployed signature

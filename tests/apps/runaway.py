@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from durable import Workflow, activity
+from durable import Workflow, activity, query
 
 SPINNING = {"on": True}
 """While true, :class:`Spin` busy-loops (an in-process test turns it off to free its thread)."""
@@ -20,6 +20,23 @@ class Spin(Workflow):
 
     def handle(self) -> str:
         while SPINNING["on"]:  # the runaway line
+            pass
+        return "released"
+
+    @query
+    def where(self) -> str:
+        return "past the loop"
+
+
+class LoopingQuery(Workflow):
+    """A ``@query`` method that busy-loops (its run is fine)."""
+
+    def handle(self) -> str:
+        return activity(step, "only")
+
+    @query
+    def stuck(self) -> str:
+        while SPINNING["on"]:  # the looping query line
             pass
         return "released"
 

@@ -1,0 +1,102 @@
+"""A query whose workflow code never hands control back fails in time, naming the line.
+
+A query replays the run's history in the calling process (the CLI, the HTTP server, an app)
+and then calls the ``@query`` method. Code that busy-loops -- the very run a worker blocked
+as a runaway decision, or a looping ``@query`` method -- held that thread for ever: the CLI
+hung, each HTTP request took a server thread for good, and SIGTERM no longer stopped the
+server (:mod:`durable.time_limit`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from apps.runaway import LoopingQuery, Spin
+from procs import ROOT, TESTS, spawn_worker, stop
+from server_procs import ServerProc
+from waiting import wait_for
+
+import durable.client
+from durable import DurableError, QueryFailed, WorkflowStub
+from durable.store.redis_store import RedisStore
+
+SPIN_LINE = r"apps/runaway\.py:\d+ in handle"
+
+
+def test_a_query_replaying_code_that_loops_fails_in_time_and_the_thread_goes_on(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
+    spin = WorkflowStub.make(Spin, id="q-spin", store=store).start()  # no worker: history is its start
+    started = time.monotonic()
+    with pytest.raises(
+        QueryFailed, match=rf"did not return within 1 s: workflow code ran without yielding at .*{SPIN_LINE}"
+    ):
+        spin.query("where")
+    assert time.monotonic() - started < 4
+    # An unknown name is refused before any code runs: at once, naming the ones there are.
+    started = time.monotonic()
+    with pytest.raises(DurableError, match=r"has no @query 'nope'; it has \['where'\]"):
+        spin.query("nope")
+    assert time.monotonic() - started < 0.5
+    # The same thread answers the next query, and nothing of the stopped one reaches it late.
+    time.sleep(0.2)
+    with pytest.raises(QueryFailed, match="did not return within 1 s"):
+        spin.query("where")
+    looping = WorkflowStub.make(LoopingQuery, id="q-looping", store=store).start()
+    with pytest.raises(QueryFailed, match=r"ran without yielding at .*apps/runaway\.py:\d+ in stuck"):
+        looping.query("stuck")
+    time.sleep(0.3)  # past the monitor's next look: a stray exception would have been delivered
+
+
+def test_the_http_api_answers_a_looping_query_and_the_server_still_stops(
+    durable_redis_url: str, tmp_path: Path
+) -> None:
+    server = ServerProc(durable_redis_url, tmp_path / "server.log", app="apps.runaway")
+    try:
+        with server.client(**{"X-Durable-Request": "1"}) as c:
+            started = c.post("/api/v1/workflows", json={"type": "Spin", "id": "q-http-spin"})
+            assert started.status_code == 201, started.text
+            began = time.monotonic()
+            resp = c.post("/api/v1/workflows/q-http-spin/query/where", json={"args": []})
+            assert resp.status_code == 422 and resp.json()["error"]["code"] == "rejected", resp.text
+            assert "did not return within 5 s" in resp.json()["error"]["message"]
+            assert time.monotonic() - began < 12
+            assert c.get("/healthz").status_code == 200
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=15) is not None
+        assert time.monotonic() - began < 10
+    finally:
+        server.stop()
+
+
+def test_the_cli_query_of_a_run_blocked_as_a_runaway_fails_in_time(
+    durable_redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    worker = spawn_worker(durable_redis_url, app="apps.runaway", extra=("--decision-timeout", "0.5"))
+    try:
+        spin = WorkflowStub.make(Spin, id="q-blocked-spin", store=store).start()
+        wait_for(lambda: getattr(spin.blocked(), "kind", "") == "runaway_decision", timeout=30)
+    finally:
+        stop(worker)
+    env = dict(os.environ, DURABLE_REDIS_URL=durable_redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "query", "q-blocked-spin", "where", "--app", "apps.runaway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1, out
+    assert "did not return within 5 s" in out.stderr and "durable repair q-blocked-spin" in out.stderr, (
+        out.stderr
+    )
+    assert time.monotonic() - began < 20
