@@ -3,13 +3,34 @@ handlers' annotations, validation errors naming the field, the allowlist applied
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from decimal import Decimal
+from uuid import uuid4
+
 import pytest
 
 pytest.importorskip(
     "pydantic", reason="pydantic is optional (the `pydantic` extra); install it to test models"
 )
 
-from apps.typed import BadActivityArgs, Item, Note, Order, PriceOrder, Quote  # noqa: E402
+from apps.typed import (  # noqa: E402
+    Account,
+    BadActivityArgs,
+    Doubled,
+    EchoModel,
+    Hidden,
+    Item,
+    Kind,
+    Login,
+    Note,
+    Order,
+    Payment,
+    PriceOrder,
+    Quote,
+    Session,
+    ShipParcel,
+)
+from apps.typed_models import Dimensions, Parcel, Size, Unnamed  # noqa: E402
 from procs import workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
@@ -35,6 +56,46 @@ def test_models_round_trip_and_respect_the_allowlist() -> None:
     assert codec.loads(codec.dumps([Note("n"), order], path="x")) == [Note("n"), order]
     payload = codec.dumps(Local(x=1), path="x")
     with pytest.raises(SerializationError, match="test_pydantic.*not allowed to be decoded.*allow_module"):
+        codec.loads(payload)
+
+
+def _payment() -> Payment:
+    return Payment(
+        when=datetime(2026, 12, 7, 5, 0, tzinfo=UTC), uid=uuid4(), amount=Decimal("1.50"), kind=Kind.CARD
+    )
+
+
+def test_aliased_strict_and_computed_models_come_back_equal() -> None:
+    """Stored as pydantic writes JSON (by alias, without computed fields), read as it reads JSON:
+    an aliased model failed ("field 'userId': Field required"), a strict one's datetime, UUID,
+    Decimal and enum fields failed, and a computed field beside extra="forbid" was refused."""
+    for model in (Account(userId=5), _payment(), Doubled(n=2)):
+        assert codec.loads(codec.dumps(model, path="x")) == model
+
+
+def test_a_model_that_would_not_come_back_is_refused_when_encoded() -> None:
+    # A secret pydantic writes as '**********': it reached the activity as that string.
+    with pytest.raises(
+        SerializationError, match=r"at args\[0\]: field 'login.password' is a pydantic secret"
+    ):
+        codec.dumps([Session(login=Login(user="u", password="hunter2"))], path="args")
+    with pytest.raises(SerializationError, match=r"field 'password' is a pydantic secret"):
+        codec.dumps(Login(user="u", password="hunter2"), path="x")
+    # A required field left out of what pydantic writes: it could never be read back.
+    with pytest.raises(
+        SerializationError, match=r"pydantic cannot rebuild it .*field 'token': Field required"
+    ):
+        codec.dumps(Hidden(token="t"), path="x")
+
+
+def test_models_a_handler_names_are_allowed_wherever_they_are_defined() -> None:
+    """A project's models.py beside its workflows: the classes the registered handlers'
+    annotations name (and those their fields name) decode with no allow_module; others do not."""
+    parcel = Parcel(ref="p", dims=[Dimensions(size=Size.LARGE, grams=5)])
+    assert codec.loads(codec.dumps(parcel, path="x")) == parcel
+    assert codec.loads(codec.dumps(Size.SMALL, path="x")) is Size.SMALL
+    payload = codec.dumps(Unnamed(x=1), path="x")
+    with pytest.raises(SerializationError, match=r"'apps.typed_models' is not allowed to be decoded"):
         codec.loads(payload)
 
 
@@ -64,6 +125,13 @@ def test_workflows_and_activities_take_and_return_models(
         stub.signal("add", {"sku": "c", "qty": 4})
         stub.signal("done")
         assert stub.result(timeout=30) == Quote(order_id="wait-1", cents=500)
+        # Through a worker, an activity and back: aliased, strict and computed-field models.
+        for model in (Account(userId=7), _payment(), Doubled(n=3)):
+            assert WorkflowStub.make(EchoModel).start(model).result(timeout=30) == model
+        parcel = Parcel(
+            ref="p", dims=[Dimensions(size=Size.SMALL, grams=2), Dimensions(size=Size.LARGE, grams=3)]
+        )
+        assert WorkflowStub.make(ShipParcel).start(parcel).result(timeout=30).ref == "p:5g"
         # Validation errors name the handler, the argument and the field: at the client, when
         # it has the workflow's class (nothing is written) ...
         bad_order = {"id": "o2", "items": [{"sku": "a", "qty": 0}]}

@@ -9,6 +9,10 @@ imported) by reading module and class ``__dict__`` entries (so no lazy module
 * a class defined in an allowed module: durable's own (``durable.*``), a module that
   defines a registered workflow or activity, or a module given to :func:`allow_module`
   (with its submodules);
+* a dataclass, model or Enum a registered workflow's or activity's handlers name in their
+  parameter or return annotations, and those their fields name in turn, wherever they are
+  defined (``shop/models.py`` beside ``shop/workflows.py``): the code that was loaded asks
+  for them, so a payload of them is expected;
 * an Enum or an exception (a subclass of ``Exception``) of the standard library.
 
 A ``BaseException`` that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``,
@@ -22,9 +26,11 @@ exception is written either way (a decoder that does not allow it gets an ``Appl
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 import threading
+import typing
 import weakref
 from types import ModuleType
 from typing import Any
@@ -108,6 +114,64 @@ def module_allowed(module: str, *, stdlib: bool = False) -> bool:
     return _under(module, _modules) or module in _registered_modules()
 
 
+_named: tuple[tuple[int, int], set[type]] = ((-1, -1), set())
+
+
+def _annotated() -> set[type]:
+    """The classes the registered handlers' annotations name (see the module docstring),
+    worked out again when a workflow or activity is registered."""
+    global _named
+    flows, acts = registry.workflows(), registry.activities()
+    version = (len(flows), len(acts))
+    if _named[0] != version:
+        found: set[type] = set()
+        for cls in flows.values():
+            for attr in (
+                "handle",
+                *cls._signals.values(),
+                *cls._queries.values(),
+                *(u for u, _ in cls._updates.values()),
+            ):
+                _collect(getattr(cls, attr, None), found)
+        for definition in acts.values():
+            fn = definition.fn
+            _collect(getattr(fn, "handle", None) if isinstance(fn, type) else fn, found)
+        _named = (version, found)
+    return _named[1]
+
+
+def _collect(target: Any, found: set[type], depth: int = 0) -> None:
+    """Add the payload classes ``target`` (a function or a type) names to ``found``."""
+    if target is None or depth > 8:
+        return
+    if isinstance(target, type):
+        if target in found or not (
+            dataclasses.is_dataclass(target) or issubclass(target, enum.Enum) or _is_model(target)
+        ):
+            return
+        found.add(target)
+        if issubclass(target, enum.Enum):
+            return
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # noqa: BLE001 - a forward reference not resolvable now: nothing named
+        return
+    for hint in hints.values():
+        for tp in _types_in(hint):
+            _collect(tp, found, depth + 1)
+
+
+def _types_in(hint: Any) -> list[type]:
+    if isinstance(hint, type):
+        return [hint]
+    return [tp for arg in typing.get_args(hint) for tp in _types_in(arg)]
+
+
+def _is_model(tp: type) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and issubclass(tp, pydantic.BaseModel)
+
+
 def is_allowed(cls: type) -> bool:
     """Whether the decoder builds instances of ``cls`` from payloads (see :mod:`~durable.codec.allowlist`);
     the encoder refuses a dataclass, model or Enum member of a class for which this is false.
@@ -118,7 +182,7 @@ def is_allowed(cls: type) -> bool:
     if _types.get(type_name(cls)) is cls:
         return True
     stdlib = issubclass(cls, Exception | enum.Enum)
-    return module_allowed(cls.__module__, stdlib=stdlib)
+    return module_allowed(cls.__module__, stdlib=stdlib) or cls in _annotated()
 
 
 def refusal(cls: type) -> str | None:

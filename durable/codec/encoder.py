@@ -184,7 +184,12 @@ def _enc_dataclass(obj: Any) -> msgpack.ExtType:
 
 
 def _enc_model(obj: Any) -> msgpack.ExtType:
-    return msgpack.ExtType(EXT_MODEL, _packb([_class_ref(obj), models.dump(obj)]))
+    name = _class_ref(obj)
+    try:
+        values = models.dump(obj)
+    except models.Unstorable as exc:
+        raise EncodeFail(obj, str(exc)) from None
+    return msgpack.ExtType(EXT_MODEL, _packb([name, values]))
 
 
 def _enc_enum(member: enum.Enum) -> msgpack.ExtType:

@@ -1,14 +1,21 @@
 """Pydantic models (v2) in payloads, when pydantic is installed (the ``pydantic`` extra).
 
-A model instance is stored as its class name and ``model_dump(mode="json")`` and is
-rebuilt with ``model_validate``, so its validators run on every decode, as a dataclass's
-``__init__`` does. Its class must be allowed like any other class a payload names
+A model instance is stored as its class name and what pydantic writes for it as JSON (by
+alias, computed fields left out), and is rebuilt as pydantic reads that JSON
+(``model_validate_json``), so its validators run on every decode, as a dataclass's
+``__init__`` does, and aliases, strict models, ``datetime``/``UUID``/``Decimal``/enum fields
+come back as they went. A model that would not come back is refused when it is encoded,
+nothing written: one pydantic cannot rebuild from what it writes (a required field excluded
+from serialization, a NaN float it writes as null...), and one holding a ``SecretStr`` or
+``SecretBytes``, which pydantic writes as ``'**********'`` (the secret would be lost, silently).
+Its class must be allowed like any other class a payload names
 (:mod:`durable.codec.allowlist`). pydantic is never imported here: a value can only be a
 model if the program imported pydantic already, so ``sys.modules`` is enough to tell.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -34,9 +41,60 @@ def is_model_class(tp: Any) -> bool:
     return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
 
 
+class Unstorable(ValueError):
+    """A model whose stored form would not rebuild it (the message says why)."""
+
+
 def dump(obj: Any) -> Any:
-    """The model's JSON-compatible fields (what the payload stores)."""
-    return obj.model_dump(mode="json")
+    """The model's fields as pydantic writes them to JSON (what the payload stores).
+
+    Raises:
+        Unstorable: pydantic would not rebuild the model from them, or a secret would be lost.
+    """
+    cls = type(obj)
+    if _may_hold_secrets(cls) and (where := _secret_at(obj.model_dump(mode="python", round_trip=True), "")):
+        raise Unstorable(
+            f"field {where!r} is a pydantic secret, which pydantic writes as '**********': the secret "
+            "would be lost; pass a reference to it (a vault key) instead, or give the field a "
+            "@field_serializer that returns the value"
+        )
+    values = obj.model_dump(mode="json", by_alias=True, round_trip=True)
+    try:
+        cls.model_validate_json(json.dumps(values))
+    except _pydantic().ValidationError as exc:
+        raise Unstorable(
+            f"pydantic cannot rebuild it from what it writes ({field_errors(exc)}): a required field "
+            "excluded from serialization, a value its JSON form does not hold (NaN), or a validator "
+            "refusing its own output; change the model"
+        ) from None
+    return values
+
+
+_secretive: dict[type, bool] = {}
+
+
+def _may_hold_secrets(cls: type) -> bool:
+    found = _secretive.get(cls)
+    if found is None:
+        # pydantic marks SecretStr/SecretBytes fields, nested models' included, as write-only.
+        try:
+            found = '"writeOnly": true' in json.dumps(cls.model_json_schema())  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a schema pydantic cannot build: look at every instance
+            found = True
+        _secretive[cls] = found
+    return found
+
+
+def _secret_at(value: Any, path: str) -> str:
+    """The path of the first pydantic secret in a model's python-mode dump (``""``: none)."""
+    if isinstance(value, dict):
+        return next(
+            (p for k, v in value.items() if (p := _secret_at(v, f"{path}.{k}" if path else str(k)))), ""
+        )
+    if isinstance(value, list | tuple | set | frozenset):
+        return next((p for i, v in enumerate(value) if (p := _secret_at(v, f"{path}[{i}]"))), "")
+    secret = getattr(_pydantic().types, "_SecretBase", None)
+    return path if secret is not None and isinstance(value, secret) else ""
 
 
 def field_errors(exc: Any) -> str:
@@ -48,11 +106,11 @@ def field_errors(exc: Any) -> str:
 
 
 def validate(cls: type, values: Any, what: str) -> Any:
-    """``cls.model_validate(values)``; a validation error becomes a :class:`SerializationError`
-    naming ``what`` and each offending field."""
+    """The model pydantic reads from ``values`` as JSON; a validation error becomes a
+    :class:`SerializationError` naming ``what`` and each offending field."""
     pydantic = _pydantic()
     try:
-        return cls.model_validate(values)  # type: ignore[attr-defined]
+        return cls.model_validate_json(json.dumps(values))  # type: ignore[attr-defined]
     except pydantic.ValidationError as exc:
         name = f"{cls.__module__}.{cls.__qualname__}"
         raise SerializationError(f"{what}: invalid {name}: {field_errors(exc)}", type_name=name) from None

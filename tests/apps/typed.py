@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from uuid import UUID
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, computed_field
 
 from durable import ActivityFailed, Workflow, activity, await_signal, signal, update
+
+from .typed_models import Parcel
 
 
 class Item(BaseModel):
@@ -66,3 +72,70 @@ class BadActivityArgs(Workflow):
         except ActivityFailed as exc:
             return f"{type(exc.cause).__name__}: {exc.cause} (attempts {exc.attempts})"
         return "no error"
+
+
+class Account(BaseModel):
+    """camelCase aliases, as an HTTP API's models have them."""
+
+    user_id: int = Field(alias="userId")
+
+
+class Kind(enum.Enum):
+    CARD = "card"
+
+
+class Payment(BaseModel):
+    """A strict model: its datetime, UUID, Decimal and enum fields take only their own types."""
+
+    model_config = ConfigDict(strict=True)
+    when: datetime
+    uid: UUID
+    amount: Decimal
+    kind: Kind
+
+
+class Doubled(BaseModel):
+    """A computed field beside ``extra="forbid"``."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def double(self) -> int:
+        return 2 * self.n
+
+
+class Login(BaseModel):
+    user: str
+    password: SecretStr
+
+
+class Session(BaseModel):
+    login: Login
+
+
+class Hidden(BaseModel):
+    token: str = Field(exclude=True)
+
+
+def echo_model(value: Account | Payment | Doubled) -> Account | Payment | Doubled:
+    return value
+
+
+class EchoModel(Workflow):
+    def handle(self, value: Account | Payment | Doubled) -> Account | Payment | Doubled:
+        return activity(echo_model, value)
+
+
+def weigh(parcel: Parcel) -> int:
+    return sum(d.grams for d in parcel.dims)
+
+
+class ShipParcel(Workflow):
+    """Takes and returns a model of another module (``apps.typed_models``), allowed because
+    these annotations name it."""
+
+    def handle(self, parcel: Parcel) -> Parcel:
+        grams = activity(weigh, parcel)
+        return parcel.model_copy(update={"ref": f"{parcel.ref}:{grams}g"})
