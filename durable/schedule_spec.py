@@ -28,6 +28,7 @@ from .registry import check_name
 from .retention import parse_duration
 
 __all__ = [
+    "MAX_INTERVAL_S",
     "MIN_INTERVAL_S",
     "Schedule",
     "ScheduleOverlap",
@@ -48,6 +49,14 @@ schedule asked for ~1,000 runs a second), and scheduled workflow ids are unique 
 
 MIN_CATCHUP_S = 1.0
 """The shortest ``catchup_window`` (seconds)."""
+
+MAX_INTERVAL_S = 100 * 366 * 86_400.0
+"""Longest ``every`` interval (seconds): 100 years."""
+
+FIRST_MS = int(datetime(1, 1, 2, tzinfo=UTC).timestamp() * 1000)
+LAST_MS = int(datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC).timestamp() * 1000)
+"""The range of times a schedule may name: a datetime (and a workflow id's ISO time) holds no
+other. A schedule's times end at the last one (it has ended then)."""
 
 
 class ScheduleOverlap(enum.StrEnum):
@@ -114,14 +123,23 @@ def parse_moment(value: datetime | str | float | int, what: str) -> int:
                 f"{what} {value!r}: not a date-time (write e.g. 2024-05-01T12:00:00Z or 2024-05-01)"
             ) from None
     elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return int(value * 1000)
+        return _in_range(int(value * 1000), what, value)
     else:
         raise ConfigurationError(
             f"{what} must be a datetime, an ISO date-time or epoch seconds, not {value!r}"
         )
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return _in_range(int(moment.timestamp() * 1000), what, value)
+
+
+def _in_range(ms: int, what: str, value: object) -> int:
+    if not FIRST_MS <= ms <= LAST_MS:
+        raise ConfigurationError(
+            f"{what} {value!r} is outside the times a schedule can name (years 1 to 9999, "
+            "9999-12-31T23:59:59Z at the latest)"
+        )
+    return ms
 
 
 def _iso(ms: int) -> str:
@@ -166,6 +184,11 @@ def _interval_s(value: Any) -> float:
             f"every {value!r} is {seconds:g}s: the shortest interval is {MIN_INTERVAL_S:g}s "
             "(MIN_INTERVAL_S; shorter ones flood the scheduler); for more often, use several schedules "
             "or a workflow that loops"
+        )
+    if seconds > MAX_INTERVAL_S:
+        raise ConfigurationError(
+            f"every {value!r} is {seconds:g}s: the longest interval is 100 years (MAX_INTERVAL_S); for "
+            "a single run at a time, start one with a start delay, or give the schedule an end_at"
         )
     return seconds
 
@@ -234,7 +257,7 @@ class Schedule:
         workflow: The workflow type name (or a ``Workflow`` subclass: its name).
         args: Arguments of every run it starts: a list or tuple (a lone string is refused).
         cron: A standard five-field cron expression (``*/5 * * * *``), read in ``timezone``.
-        every: An interval (``30s``, ``5m``, seconds or a timedelta), at least
+        every: An interval (``30s``, ``5m``, seconds or a timedelta), at most 100 years, at least
             :data:`MIN_INTERVAL_S` (1 s); times are aligned to ``start_at`` if given, else to
             the Unix epoch (``1h`` fires on the hour).
         timezone: IANA zone the cron expression is read in; DST is handled as cron does
@@ -331,15 +354,24 @@ class Schedule:
                 k += 1
         assert self.cron is not None
         start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(self.timezone))
-        for moment in CronSim(self.cron, start):
+        moments = iter(CronSim(self.cron, start))
+        while True:
+            try:
+                moment = next(moments)
+            except (ValueError, OverflowError):  # past year 9999: no more times
+                return
             yield int(moment.timestamp() * 1000)
 
     def times_after(self, after_ms: int) -> Iterator[int]:
-        """Scheduled times (epoch ms) strictly after ``after_ms``, within start_at/end_at, in order."""
+        """Scheduled times (epoch ms) strictly after ``after_ms``, within start_at/end_at (and
+        not past :data:`LAST_MS`), in order."""
         if self._start_ms is not None:
             after_ms = max(after_ms, self._start_ms - 1)
+        end = LAST_MS if self._end_ms is None else min(self._end_ms, LAST_MS)
+        if after_ms >= end:
+            return
         for ms in self._raw_after(after_ms):
-            if self._end_ms is not None and ms > self._end_ms:
+            if ms > end:
                 return
             yield ms
 
@@ -385,6 +417,11 @@ class Schedule:
             # Stored before the minimum existed: read it (so it can be listed, paused, updated
             # or deleted) at the minimum rather than refuse it or keep flooding.
             data["every"] = MIN_INTERVAL_S
+        if data.get("every") is not None and data["every"] > MAX_INTERVAL_S:
+            data["every"] = MAX_INTERVAL_S  # likewise: longer, its times were past year 9999
+        for name in ("start_at", "end_at"):
+            if data.get(name) is not None:
+                data[name] = min(max(data[name], FIRST_MS / 1000), LAST_MS / 1000)
         if data.get("catchup_window") is not None and data["catchup_window"] < MIN_CATCHUP_S:
             data["catchup_window"] = MIN_CATCHUP_S  # likewise: shorter, it never started a run
         queue = data.get("queue")
@@ -434,8 +471,11 @@ class Schedule:
 
 
 def iso(ms: int | None) -> str | None:
-    """A stored epoch-ms time as a UTC ISO string (``None`` stays ``None``)."""
-    return None if ms is None else _iso(ms)
+    """A stored epoch-ms time as a UTC ISO string (``None`` stays ``None``; one out of a
+    datetime's range, stored before times were checked, as its ms)."""
+    if ms is None:
+        return None
+    return _iso(ms) if FIRST_MS <= ms <= LAST_MS else f"{ms} ms after 1970 (out of range)"
 
 
 MAX_NOTE = 1000

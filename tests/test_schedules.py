@@ -27,7 +27,7 @@ from durable import (
     timer,
 )
 from durable.schedule_pass import SchedulePass
-from durable.schedule_spec import ScheduleOverlap, iso, scheduled_workflow_id
+from durable.schedule_spec import LAST_MS, MAX_INTERVAL_S, ScheduleOverlap, iso, scheduled_workflow_id
 from durable.schedules import skip_reason
 from durable.store.redis_store import RedisStore
 from durable.store.schedules import claim_member
@@ -150,6 +150,16 @@ def test_workflow_id_is_deterministic() -> None:
         ),
         ({"every": "1m", "start_at": "tomorrow"}, "start_at 'tomorrow': not a date-time"),
         ({"every": "1m", "note": "n" * 1001}, "a schedule note holds at most 1000 characters, not 1,001"),
+        # Times a datetime does not hold: written, they crashed every listing of schedules.
+        ({"every": "100000000d"}, "the longest interval is 100 years"),
+        (
+            {"every": "1m", "start_at": 1e15},
+            "start_at 1000000000000000.0 is outside the times a schedule can name",
+        ),
+        (
+            {"every": "1m", "end_at": -1e12},
+            "end_at -1000000000000.0 is outside the times a schedule can name",
+        ),
     ],
 )
 def test_bad_specs_raise_and_write_nothing(store: RedisStore, kwargs: dict, message: str) -> None:
@@ -469,6 +479,27 @@ def test_a_stored_sub_second_interval_is_read_at_the_minimum(store: RedisStore) 
     handle.pause()
     handle.update(every="5m")
     assert handle.spec.every == 300.0
+
+
+def test_times_end_at_year_9999_and_a_stored_out_of_range_spec_is_readable(store: RedisStore) -> None:
+    import json
+
+    last = Schedule(workflow="SchedTick", every="1h", start_at="9999-12-31T23:00:00Z")
+    assert last.upcoming(0) == [LAST_MS - 3_599_999]  # its one time, then it has ended
+    # The last two midnights, and no error past them (cronsim raised at year 10000).
+    midnights = Schedule(workflow="SchedTick", cron="0 0 * * *").upcoming(LAST_MS - 2 * 86_400_000)
+    assert midnights == [LAST_MS + 1 - 2 * 86_400_000, LAST_MS + 1 - 86_400_000]
+    handle = ScheduleHandle.create("far", last, store=store)
+    assert handle.describe().spec.to_dict()["start_at"] == "9999-12-31T23:00:00Z"
+    # Stored before the checks: listed, described, deleted (it crashed all of them).
+    key = store.keys.schedule(store.keys.partition("far"), "far")
+    spec = json.loads(store.redis.hget(key, "spec"))
+    store.redis.hset(
+        key, mapping={"spec": json.dumps({**spec, "every": 8.64e12, "start_at": 1e18}), "next": 10**18}
+    )
+    assert [d.id for d in ScheduleHandle.list(store=store)] == ["far"]
+    assert handle.describe().spec.every == MAX_INTERVAL_S
+    handle.delete()
 
 
 def test_recent_actions_say_how_the_runs_a_schedule_started_ended(durable_env) -> None:

@@ -260,6 +260,24 @@ def test_cli_shows_finished_schedules(redis_url: str) -> None:
     )
 
 
+def test_cli_refuses_times_past_9999_and_lists_one_stored_before(redis_url: str) -> None:
+    """A spec whose times a datetime cannot hold was written, then crashed `schedule list`,
+    `describe` and the API's schedules for every schedule (a traceback, a 500)."""
+    too_long = invoke("schedule", "create", "far", "--workflow", "Report", "--every", "100000000d")
+    assert too_long.exit_code == 1 and too_long.output.startswith("error: every '100000000d' is "), (
+        too_long.output
+    )
+    assert "the longest interval is 100 years" in too_long.output
+    assert RedisStore(redis_url).schedule_ids() == []
+    assert invoke("schedule", "create", "ok", "--workflow", "Report", "--every", "1h").exit_code == 0
+    store = RedisStore(redis_url)
+    key = store.keys.schedule(store.keys.partition("ok"), "ok")
+    store.redis.hset(key, "next", 10**16)  # a time written before the checks
+    listed = invoke("schedule", "list")
+    assert listed.exit_code == 0 and "10000000000000000 ms after 1970 (out of range)" in listed.output
+    assert invoke("schedule", "describe", "ok").exit_code == 0
+
+
 def test_cli_pause_without_note_and_update_without_options(redis_url: str) -> None:
     invoke("schedule", "create", "sC", "--workflow", "Report", "--every", "1h")
     invoke("schedule", "pause", "sC")
