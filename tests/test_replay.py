@@ -437,6 +437,35 @@ def test_child_result_and_failure(sims: Any) -> None:
     s.check_replay()
 
 
+class RTLongChildId(Workflow):
+    def handle(self) -> Any:
+        try:
+            return child(RTActivity, 1, 2)
+        except ConfigurationError as e:
+            return str(e)
+
+
+def test_a_default_child_id_past_the_id_limit_is_refused_and_one_recorded_before_replays(
+    sims: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent whose id is near 256 characters: its child's default id ``<id>/1`` is past
+    the limit, and the engine started a child no status, signal or terminate could name."""
+    s = sims(RTLongChildId, workflow_id="q" * 255)
+    d = s.decide()
+    assert d.children == [] and "(257 characters)" in s.result()
+    assert "it is this child's default id" in s.result() and "give child() a workflow_id=" in s.result()
+    s.check_replay()
+    # A run that started such a child before the check replays as it was recorded.
+    monkeypatch.setattr("durable.replay.commands._check_derived_id", lambda _id: None)
+    before = sims(RTLongChildId, workflow_id="q" * 255)
+    assert len(before.decide().children[0].workflow_id) == 257
+    monkeypatch.undo()
+    before.child_done("1", 3)
+    before.decide()
+    assert before.result() == 3
+    before.check_replay()
+
+
 # ===================================================================== all
 class RTAll(Workflow):
     def handle(self) -> Any:

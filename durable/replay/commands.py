@@ -274,17 +274,18 @@ class Commands(DriverCore):
         child_id = check_workflow_id(workflow_id) if workflow_id is not None else f"{self.workflow_id}/{cid}"
         queue = check_queue_name(options.queue or child_queue or self.queue, "child queue")
         self._check_pending("child", "max_pending_children")
-        self._issue(
-            ev.ChildStarted(
-                id=cid,
-                workflow_type=type_name,
-                workflow_id=child_id,
-                args=codec.dumps(tuple(args), path="args"),
-                queue=queue,
-                policy=policy,
-                headers=headers,
-            )
+        started = ev.ChildStarted(
+            id=cid,
+            workflow_type=type_name,
+            workflow_id=child_id,
+            args=codec.dumps(tuple(args), path="args"),
+            queue=queue,
+            policy=policy,
+            headers=headers,
         )
+        if workflow_id is None and started.key not in self._recorded:
+            _check_derived_id(child_id)  # (one recorded before this check replays as it was)
+        self._issue(started)
         return self._suspend(
             branch, Wait("child", cid, name=type_name, child_workflow_id=child_id, policy=policy)
         )
@@ -402,3 +403,15 @@ def _queue(queue: str) -> str:
 
 def _pick(override: Seconds | None, default: float | None, what: str) -> float | None:
     return to_seconds(override, what) if override is not None else default
+
+
+def _check_derived_id(child_id: str) -> None:
+    """A child's default id ``<parent id>/<n>`` must be an id every tool can address: past 256
+    characters, the engine started it but no status, signal or terminate could name it."""
+    try:
+        check_workflow_id(child_id)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"{exc}: it is this child's default id (the parent's id, '/', the call's id); give "
+            "child() a workflow_id= of its own"
+        ) from None
