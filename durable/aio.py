@@ -101,6 +101,13 @@ class AsyncWorkflowStub(Generic[R]):
         """
         return cls(await asyncio.to_thread(WorkflowStub.load, id, store=store))
 
+    async def _open_store(self) -> RedisStore:
+        """The stub's store; the process's default one opened off the loop at its first use
+        (opening rides out an outage: 10 s the loop would have stood still)."""
+        if self._stub._opened is None:
+            return await asyncio.to_thread(lambda: self._stub.store)
+        return self._stub.store
+
     @property
     def sync(self) -> WorkflowStub[R]:
         """The synchronous stub behind this one (same id, run, store and policies)."""
@@ -158,7 +165,7 @@ class AsyncWorkflowStub(Generic[R]):
         loop = asyncio.get_running_loop()
         timeout = wait_seconds(timeout)
         deadline = None if timeout is None else loop.time() + timeout
-        store = self._stub.store
+        store = await self._open_store()
         ref, uid, after = await asyncio.to_thread(
             send_update, store, self.workflow_type, self.id, name, args, update_id
         )
@@ -190,7 +197,7 @@ class AsyncWorkflowStub(Generic[R]):
     async def _ride(self, call: Callable[[], Awaitable[T]], deadline: float | None) -> T:
         """``await call()`` of :meth:`result` through a short Redis outage, within ``deadline``
         (the loop's clock), as :meth:`RedisStore.ride` does for the sync stub."""
-        store = self._stub.store
+        store = await self._open_store()
         within = store.client_ride_s
         if deadline is not None:
             within = max(0.0, min(within, deadline - asyncio.get_running_loop().time()))
@@ -209,7 +216,7 @@ class AsyncWorkflowStub(Generic[R]):
             WorkflowNotFound: no such workflow id, or its run is gone.
             TimeoutError: ``timeout`` seconds passed first.
         """
-        store = self._stub.store
+        store = await self._open_store()
         waiter = async_waiter_for(store)
         loop = asyncio.get_running_loop()
         timeout = wait_seconds(timeout)

@@ -105,13 +105,13 @@ class WorkflowStub(Generic[R]):
 
     def __init__(
         self,
-        store: RedisStore,
+        store: RedisStore | None,
         workflow_type: str,
         workflow_id: str,
         run_id: str | None = None,
         queue: str | None = None,
     ) -> None:
-        self._store = store
+        self._opened = store  # None: the process's default store, opened at the first call
         self._type = workflow_type
         self._id = workflow_id
         self._run_id = run_id
@@ -212,8 +212,9 @@ class WorkflowStub(Generic[R]):
         workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
         if queue is not None:
             check_queue_name(queue)
-        store = store or default_store()
-        search = start_attributes(search_attributes, store.search_types)
+        if search_attributes:  # their types are the namespace's: read now
+            store = store or default_store()
+        search = start_attributes(search_attributes, store.search_types if store is not None else dict)
         if memo is not None and not isinstance(memo, dict):
             raise ConfigurationError(f"memo must be a dict, not {type(memo).__name__}")
         memo_payload = codec.dumps(memo, path="memo") if memo else None
@@ -232,7 +233,7 @@ class WorkflowStub(Generic[R]):
     @classmethod
     def from_stub(cls, stub: WorkflowStub[Any]) -> Self:
         """A stub of this class for the same workflow, run, queue, store and start policy as ``stub``."""
-        copy = cls(stub._store, stub._type, stub._id, stub._run_id, stub._queue)
+        copy = cls(stub._opened, stub._type, stub._id, stub._run_id, stub._queue)
         copy._policy = stub._policy
         copy._search, copy._memo = stub._search, stub._memo
         copy._code = stub._code
@@ -287,8 +288,15 @@ class WorkflowStub(Generic[R]):
 
     @property
     def store(self) -> RedisStore:
-        """The store this stub talks to."""
+        """The store this stub talks to (the default store is opened at the first call that
+        needs it, not by :meth:`make`: an asyncio caller's loop never waits on it)."""
         return self._store
+
+    @property
+    def _store(self) -> RedisStore:
+        if self._opened is None:
+            self._opened = default_store()
+        return self._opened
 
     @property
     def run_id(self) -> str | None:

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 import redis
 from apps.async_app import CancelsBeating, Doubles, Gate, TimesOut
-from procs import workers
+from procs import ROOT, TESTS, workers
 
 from durable import AsyncWorkflowStub, ConfigurationError, WorkflowFailed, WorkflowNotFound
 from durable.client import default_store
@@ -161,3 +165,49 @@ def test_a_closed_event_loop_leaves_no_connection_open(redis_url: str) -> None:
         gc.collect()
         assert len(client.client_list()) <= before + 2, client.client_list()
         assert not [loop for loop in _waiters if loop.is_closed()]
+
+
+_LOOP_STALL = """
+import asyncio, sys, time
+sys.path.insert(0, sys.argv[1])
+from apps.async_app import Gate
+from durable import AsyncWorkflowStub, RedisUnavailable
+
+async def main():
+    worst, last, done = 0.0, time.monotonic(), asyncio.Event()
+
+    async def tick():
+        nonlocal worst, last
+        while not done.is_set():
+            await asyncio.sleep(0.02)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.1)
+    try:
+        await AsyncWorkflowStub.make(Gate, id="unreachable").start(1)
+    except RedisUnavailable as exc:
+        print("raised", type(exc).__name__)
+    done.set()
+    await ticker
+    print(f"worst {worst:.2f}")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_make_and_start_with_redis_unreachable_never_stall_the_loop(tmp_path: Path) -> None:
+    """``make`` opened the process's default store on the loop: with Redis unreachable, every
+    coroutine of the process stood still for the 10 s the opening rides out."""
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, DURABLE_REDIS_URL=f"redis://127.0.0.1:{port}", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", _LOOP_STALL, str(TESTS)], env=env, capture_output=True, text=True, timeout=50
+    )
+    assert "raised RedisUnavailable" in out.stdout, (out.stdout, out.stderr)
+    worst = float(out.stdout.split("worst ")[1])
+    assert worst < 1.0, out.stdout
