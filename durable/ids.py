@@ -10,7 +10,14 @@ import time
 from .errors import ConfigurationError
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_WORKFLOW_ID = re.compile(r"^[^\s\x00-\x1f\x7f]{1,256}$")
+_WORKFLOW_ID = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
+
+MAX_WORKFLOW_ID = 256
+"""Longest workflow id a run may be given (characters)."""
+
+MAX_LOOKUP_ID = 1024
+"""Longest id a lookup takes: a child's default id ``<parent id>/<n>`` was not held to 256
+before ``child()`` checked it, and a run the engine started must stay addressable."""
 _COMMAND_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-/]{0,199}$")
 _BUILD_ID = re.compile(r"^[A-Za-z0-9_.:+\-]{1,100}$")
 
@@ -40,15 +47,19 @@ def shown_id(workflow_id: object) -> str:
     return f"{text[:60]}...{size}"
 
 
-def check_workflow_id(workflow_id: object) -> str:
+def check_workflow_id(workflow_id: object, *, most: int = MAX_WORKFLOW_ID) -> str:
     """Validate a workflow id: 1-256 printable characters, no whitespace, not ``.`` or ``..``.
+
+    Args:
+        workflow_id: The id.
+        most: Its longest length (:data:`MAX_LOOKUP_ID` for an id looked up, not given).
 
     Raises:
         ConfigurationError: naming the id and the rule it breaks.
     """
-    if not isinstance(workflow_id, str) or not _WORKFLOW_ID.match(workflow_id):
+    if not isinstance(workflow_id, str) or len(workflow_id) > most or not _WORKFLOW_ID.match(workflow_id):
         raise ConfigurationError(
-            f"invalid workflow id {shown_id(workflow_id)}: use 1-256 printable characters without whitespace"
+            f"invalid workflow id {shown_id(workflow_id)}: use 1-{most} printable characters without whitespace"
         )
     if workflow_id in (".", ".."):
         # A URL path segment "." or ".." (even percent-encoded) is resolved away by browsers

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import msgpack
 import pytest
 from click.testing import CliRunner
 from waiting import wait_for
@@ -456,6 +457,10 @@ def test_bad_workflow_ids(redis_url: str, bad: Any) -> None:
         str(info.value)
         == f"invalid workflow id {shown_id(bad)}: use 1-256 printable characters without whitespace"
     )
+    if bad == "x" * 257:  # a lookup takes up to 1024 (a child's default id, before child() checked it)
+        with pytest.raises(WorkflowNotFound):
+            WorkflowStub.load(bad)
+        bad = "x" * 1025
     with pytest.raises(ConfigurationError):
         WorkflowStub.load(bad)
 
@@ -627,6 +632,17 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
         ("wq", {"run": b"01NOSUCHRUN"}, "run 01NOSUCHRUN does not exist"),
         ("ox", {"m": b"\xc1"}, "undecodable: "),
         ("ox", {"m": b"\x81\xa4kind\xa3odd"}, "unknown message kind 'odd'"),
+        # A message that fails however often it is tried stopped every worker reading it.
+        (
+            "ox",
+            {"m": msgpack.packb({"kind": "terminate", "wid": "q" * 1100})},
+            "terminate of workflow 'qqqq",
+        ),
+        (
+            "ox",
+            {"m": msgpack.packb({"kind": "start", "wid": "w"})},
+            "start of workflow 'w' failed: KeyError: 'parent'",
+        ),
     ],
     ids=[
         "aq-garbage-body",
@@ -636,6 +652,8 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
         "wq-unknown-run",
         "ox-garbage",
         "ox-unknown-kind",
+        "ox-id-no-lookup-takes",
+        "ox-start-without-its-fields",
     ],
 )
 def test_garbage_in_task_streams_is_parked(

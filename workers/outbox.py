@@ -14,7 +14,9 @@ from typing import Any
 from durable import codec
 from durable import events as ev
 from durable.errors import DurableError, WorkflowClosed, WorkflowNotFound
+from durable.ids import shown_id
 from durable.registry import start_patches
+from durable.store.connect import is_redis_error, is_transient
 from durable.store.redis_store import RedisStore
 
 from . import faults
@@ -55,9 +57,16 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
             reason = f"unknown message kind {kind!r}"
             store.park(p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=reason, fields=fields)
             return
-    except Exception:
-        log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
-        raise
+    except Exception as exc:
+        if is_transient(exc) or is_redis_error(exc):  # Redis, not the message: the loop retries
+            log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
+            raise
+        # A fault a retry would meet again, for ever: raised, it stopped the worker, and every
+        # worker that read the message after it (the whole fleet, each restart).
+        reason = f"{kind} of workflow {shown_id(msg.get('wid'))} failed: {type(exc).__name__}: {exc}"
+        log.exception("outbox message %s: %s; parked (durable list --dead)", entry_id, reason)
+        store.park(p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=reason, fields=fields)
+        return
     faults.point("outbox.before_ack")
     store.ack_task(stream, entry_id)
 

@@ -24,7 +24,7 @@ from ..errors import (
     WorkflowClosed,
     WorkflowNotFound,
 )
-from ..ids import check_workflow_id, shown_id
+from ..ids import MAX_LOOKUP_ID, check_workflow_id, shown_id
 from ..retention import type_retention_ms
 from ..start_policy import DEFAULT as DEFAULT_POLICY
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy
@@ -112,7 +112,7 @@ class RunStore(KnownQueues, SearchStore):
         Raises:
             WorkflowNotFound: no such workflow id (or run).
         """
-        check_workflow_id(workflow_id)
+        check_workflow_id(workflow_id, most=MAX_LOOKUP_ID)
         p = self.keys.partition(workflow_id)
         if run_id is None:
             current = self.redis.hget(self.keys.instance(p, workflow_id), "run")
@@ -452,7 +452,7 @@ class RunStore(KnownQueues, SearchStore):
         k = self.keys
         type_name, data = ev.encode_input_data(event)
         if run_id is None:
-            check_workflow_id(workflow_id)
+            check_workflow_id(workflow_id, most=MAX_LOOKUP_ID)
             p = k.partition(workflow_id)
             keys = [k.instance(p, workflow_id)]
         else:
