@@ -9,6 +9,7 @@ Called anywhere else, they raise :class:`durable.DurableError`.
 from __future__ import annotations
 
 import builtins
+import inspect
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -99,6 +100,7 @@ class Workflow:
         check_queue_name(cls.queue, f"{cls.__name__}.queue")
         for name in (*signals, *queries, *cls._updates):
             check_name_length(name, f"{cls.__name__} signal/query")
+        _check_synchronous(cls)
         effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         if cls.retention is not None:
             retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention
@@ -113,6 +115,29 @@ class Workflow:
 
     def handle(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented")
+
+
+def _check_synchronous(cls: type[Workflow]) -> None:
+    """Workflow code is plain ``def``: an ``async def`` handler (Temporal's habit) returned a
+    coroutine nobody awaited -- every signal to it was dropped, silently -- and a generator
+    (Laravel's ``yield``) a generator; refused when the class is defined."""
+    handlers = {"handle", *cls._signals.values(), *cls._queries.values()}
+    handlers |= {a for pair in cls._updates.values() for a in pair if a is not None}
+    for attr in sorted(handlers):
+        fn = inspect.unwrap(getattr(cls, attr, None) or (lambda: None))
+        kind = (
+            "async def"
+            if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+            else "a generator (it yields)"
+            if inspect.isgeneratorfunction(fn)
+            else ""
+        )
+        if kind:
+            raise ConfigurationError(
+                f"{cls.__name__}.{attr} is {kind}: workflow code is plain synchronous Python, whose "
+                "durable calls (activity(), timer(), await_signal(), child()) suspend it until their "
+                "result is there; write it as a plain def (an activity may be async def)"
+            )
 
 
 def _update_handlers(cls: type) -> dict[str, tuple[str, str | None]]:

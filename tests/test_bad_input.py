@@ -40,7 +40,9 @@ from durable import (
     child,
     query,
     side_effect,
+    signal,
     timer,
+    update,
 )
 from durable import all as durable_all
 from durable import events as ev
@@ -790,3 +792,51 @@ def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
         "workflow 'slowpoke' did not close within 0.3 s: it is suspended, waiting for signal 'go' "
         "(`durable describe slowpoke` says more)"
     )
+
+
+# ------------------------------------------------------------- async def workflow code
+
+
+def test_async_def_and_generator_workflow_code_is_refused_at_class_definition() -> None:
+    """Temporal's habit: an ``async def`` @signal handler returned a coroutine nobody awaited,
+    so every signal was recorded and dropped, silently; an ``async def handle`` failed its run
+    with "cannot encode <builtins.coroutine>"."""
+    with pytest.raises(
+        ConfigurationError, match=r"BiAsyncHandle.handle is async def: workflow code is plain"
+    ):
+
+        class BiAsyncHandle(Workflow):
+            async def handle(self) -> int:
+                return 1
+
+    with pytest.raises(
+        ConfigurationError, match=r"BiAsyncSignal.add is async def: .*write it as a plain def"
+    ):
+
+        class BiAsyncSignal(Workflow):
+            def handle(self) -> int:
+                return 1
+
+            @signal
+            async def add(self, n: int) -> None:
+                pass
+
+    with pytest.raises(ConfigurationError, match=r"BiYields.handle is a generator \(it yields\)"):
+
+        class BiYields(Workflow):
+            def handle(self) -> Any:
+                yield activity(bi_add, 1, 2)
+
+    with pytest.raises(ConfigurationError, match=r"BiAsyncValidator.check is async def"):
+
+        class BiAsyncValidator(Workflow):
+            def handle(self) -> int:
+                return 1
+
+            @update
+            def bump(self, n: int) -> int:
+                return n
+
+            @bump.validator
+            async def check(self, n: int) -> None:
+                pass
