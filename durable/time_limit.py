@@ -51,7 +51,12 @@ def code_position(stack: traceback.StackSummary, own: tuple[str, ...] = ()) -> s
     chosen = stack[-1] if stack else None
     for frame in reversed(stack):
         path = frame.filename
-        if not path.startswith(_OWN + own) and (not path.startswith(_STDLIB) or path.startswith(_SITE)):
+        generated = path.startswith("<")  # code made at run time ("<string>": a dataclass's __init__)
+        if (
+            not generated
+            and not path.startswith(_OWN + own)
+            and (not path.startswith(_STDLIB) or path.startswith(_SITE))
+        ):
             chosen = frame
             break
     if chosen is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from apps import deploys
-from apps.deploys import BdHandler, BdResigned, BdShip, BdShipFails, BdStrict, bd_resigned_v2
+from apps.deploys import BdHandler, BdInit, BdResigned, BdShip, BdShipFails, BdStrict, bd_resigned_v2
 from click.testing import CliRunner
 from clikit import cli_ok as _cli
 from procs import ROOT, TESTS, spawn_worker, stop
@@ -29,6 +29,7 @@ from waiting import wait_for
 from durable import (
     ActivityFailed,
     ConfigurationError,
+    DurableError,
     NondeterminismError,
     Workflow,
     WorkflowBlocked,
@@ -84,6 +85,23 @@ def test_a_bug_in_handle_blocks_the_run_and_a_repair_after_the_fix_finishes_it(
     assert f"re-queued {stub.id} (run {stub.run_id})" in out and "re-queued 1 blocked run(s)" in out
     assert stub.result(timeout=30) == 20
     assert stub.blocked() is None
+
+
+def test_a_bug_in_init_blocks_the_run_naming_the_line_and_a_query_says_it(worker) -> None:
+    """``__init__`` raising was blocked as kind ``other`` ("unexpected error deciding: ...", no
+    file:line, nothing to do), and a query of the run was a traceback (the API's: a 500)."""
+    deploys.BUGGY["on"] = True
+    stub = WorkflowStub.make(BdInit).start()
+    reason = _blocked(stub)
+    assert "RuntimeError: boom in init raised in BdInit.__init__ (" in reason, reason
+    assert "apps/deploys.py:" in reason and f"deploy a fix, then `durable repair {stub.id}`" in reason
+    with pytest.raises(DurableError, match=r"RuntimeError: boom in init raised in BdInit.__init__"):
+        stub.query("n_now")
+    deploys.BUGGY["on"] = False
+    _cli("repair", stub.id)
+    wait_for(lambda: stub.status() == "suspended")
+    stub.signal("go")
+    assert stub.result(timeout=30) == 1
 
 
 def test_without_block_on_errors_the_same_bug_fails_the_run(worker, caplog: pytest.LogCaptureFixture) -> None:

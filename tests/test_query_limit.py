@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,11 @@ from procs import ROOT, TESTS, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
+import durable
 import durable.client
 from durable import DurableError, QueryFailed, WorkflowStub
 from durable.store.redis_store import RedisStore
+from durable.time_limit import code_position
 
 SPIN_LINE = r"apps/runaway\.py:\d+ in handle"
 
@@ -100,3 +103,16 @@ def test_the_cli_query_of_a_run_blocked_as_a_runaway_fails_in_time(
         out.stderr
     )
     assert time.monotonic() - began < 20
+
+
+def test_the_position_named_is_the_apps_line_not_durables_nor_generated_code() -> None:
+    """A runaway side_effect() loop was reported at ``<string>:2 in __init__`` (a dataclass's
+    generated __init__ inside durable), not at the workflow's line."""
+    stack = traceback.StackSummary.from_list(
+        [
+            ("/srv/app/shop.py", 287, "handle", ""),
+            (str(Path(durable.__file__).parent / "workflow.py"), 233, "side_effect", ""),
+            ("<string>", 2, "__init__", ""),
+        ]
+    )
+    assert code_position(stack).endswith("shop.py:287 in handle")

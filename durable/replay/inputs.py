@@ -232,7 +232,18 @@ class Inputs(Updates):
         memo = codec.loads(event.memo) if event.memo is not None else None
         self._memo = dict(memo) if isinstance(memo, dict) else {}
         cls = self._resolve(event.workflow_type)
-        instance = cls()
+        try:
+            instance = cls()
+        except Exception as exc:  # the code's bug: blocked until a deploy fixes it, as handle()'s
+            at = _where(exc)
+            err = WorkflowTaskFailed(
+                f"{error_text(exc)} raised in {cls.__name__}.__init__{f' ({at})' if at else ''}: no "
+                "code of the run can run; deploy a fix, then `durable repair`",
+                run_id=self.run_id,
+                error_type=type(exc).__name__,
+                where=at,
+            )
+            raise err from exc
         self._instance = instance
         # Replaying: WorkflowStarted is not the last entry (a decision followed it).
         request = HandleInput(self.run_info(), tuple(codec.loads(event.args)), self._replaying())
@@ -550,5 +561,7 @@ def _where(exc: BaseException) -> str:
     """``file:line in function`` of the innermost frame of workflow code that raised ``exc``
     (durable's own frames left out: a call with the wrong arguments fails in the caller's);
     ``""`` when none is known."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_DURABLE)]
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith((_DURABLE, "<"))
+    ]
     return frame_text(frames[-1]) if frames else ""

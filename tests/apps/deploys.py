@@ -82,3 +82,20 @@ class BdResigned(Workflow):
 def bd_resigned_v2(self: Workflow, x: int, m: int) -> int:  # the deployed signature
     await_signal("go")
     return x + m
+
+
+class BdInit(Workflow):
+    """A bug in ``__init__``: no code of the run can run."""
+
+    def __init__(self) -> None:
+        if BUGGY["on"]:
+            raise RuntimeError("boom in init")
+        self.n = 1
+
+    def handle(self) -> int:
+        await_signal("go")
+        return self.n
+
+    @query
+    def n_now(self) -> int:
+        return self.n
