@@ -155,7 +155,7 @@ def test_acl_user_runs_its_namespace_and_is_refused_elsewhere(fresh_redis: Embed
         result = runner.invoke(cli, ["--redis", url, "--namespace", "shop", *command])
         assert result.exit_code == 0, (command, result.output)
     purge = runner.invoke(
-        cli, ["--redis", url, "--namespace", "shop", "purge", "--closed-before", "2100-01-01"]
+        cli, ["--redis", url, "--namespace", "shop", "purge", "--closed-before", "2100-01-01", "--yes"]
     )
     assert purge.exit_code == 0 and "purged 3 run(s)" in purge.output, purge.output  # with the child
     client = redis.Redis.from_url(url)

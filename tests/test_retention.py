@@ -224,7 +224,14 @@ def test_purge_type_filter_and_runs_closed_before_retention_existed(store: Redis
     # Runs closed before this change have no closed-index entry: the runs index finds them.
     for p in range(store.keys.partitions):
         store.redis.delete(store.keys.closed(p))
-    result = invoke("purge", "--closed-before", "2999-01-01", "--type", "Steps")
+    # A date not in the past purges every closed run: said, and done only with --yes.
+    refused = CliRunner().invoke(cli, ["purge", "--closed-before", "2999-01-01", "--type", "Steps"])
+    assert refused.exit_code == 1 and refused.output.startswith(
+        "error: --closed-before '2999-01-01' is not in the past: it purges every closed run of type 'Steps'; add --yes"
+    ), refused.output
+    assert all(keys_of(store.redis, rid) for rid in closed)
+    assert CliRunner().invoke(cli, ["purge", "--closed-before", "0s"]).exit_code == 1
+    result = invoke("purge", "--closed-before", "2999-01-01", "--type", "Steps", "--yes")
     assert result.exit_code == 0, result.output
     assert "purged 2 run(s)" in result.output
     for rid in closed[:2]:

@@ -76,6 +76,7 @@ def _lines(report: PurgeReport, dry_run: bool) -> list[str]:
     "--batch", default=100, show_default=True, type=click.IntRange(1, 1000), help="Runs per script call."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as one JSON object.")
+@click.option("--yes", is_flag=True, help="Purge even when DATE is now or later (every closed run).")
 @pass_state
 def purge(
     state: CliState,
@@ -84,6 +85,7 @@ def purge(
     dry_run: bool,
     batch: int,
     as_json: bool,
+    yes: bool,
 ) -> None:
     """Purge closed runs before their retention ends: history, log, run record, index entries,
     the instance record when the run is its workflow id's current one; then hook tokens of gone
@@ -92,6 +94,14 @@ def purge(
     Open runs are never purged. Prints the counts (with --dry-run, what would go).
     """
     cutoff = parse_cutoff(closed_before)
+    if cutoff >= (time.time() - 60) * 1000 and not (dry_run or yes):
+        # "Closed before 2099-01-01" (a typo for 2009?) or "0s" can only mean every closed run,
+        # as `cancel --where` and `terminate --where` do, that asks to be said.
+        raise CliError(
+            f"--closed-before {closed_before!r} is not in the past: it purges every closed run"
+            f"{f' of type {workflow_type!r}' if workflow_type else ''}; add --yes if you mean that "
+            "(--dry-run counts them)"
+        )
     report = purge_closed_before(
         state.existing_store, cutoff, workflow_type=workflow_type, dry_run=dry_run, batch=batch
     )
