@@ -280,6 +280,12 @@ def test_hook_from_the_environment_and_reading_without_a_hook(
         ("nowhere", "expected module:attribute"),
         ("no_such_module_x:hook", "ModuleNotFoundError"),
         ("durable.codec:MAX_DEPTH", "is a int, not a payload hook"),
+        # A factory that raises (a key missing from the environment): a traceback from every command.
+        (
+            f"{__name__}:_ring_without_its_key",
+            r"calling it raised KeyError: 'PAYLOAD_KEY' \(at .*test_codec_keyring.py:\d+ in _ring_without_its_key\)",
+        ),
+        ("os:system", r"calling it raised TypeError: .*system\(\) missing required argument"),
     ]:
         monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", value)
         with pytest.raises(ConfigurationError, match=message):
@@ -298,6 +304,10 @@ def test_hook_from_the_environment_and_reading_without_a_hook(
         codec.loads(data)
     assert sealed_text.open_text(sealed).startswith("<sealed text: payload is encrypted by a KeyRing")
     assert sealed_text.seal_text("plain") == "plain"  # no hook: stored as before
+
+
+def _ring_without_its_key() -> codec.KeyRing:
+    return codec.KeyRing({"k": Xor(int(os.environ["PAYLOAD_KEY"]))}, current="k")
 
 
 def _xor_ring() -> codec.KeyRing:

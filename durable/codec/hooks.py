@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import traceback
 from typing import Protocol
 
 from durable.errors import ConfigurationError, SerializationError
+from durable.time_limit import code_position
 
 from .keyring import MAGIC, key_id_of
 
@@ -71,15 +73,22 @@ def install_payload_hook_from_env() -> PayloadHook | None:
         )
     try:
         target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - its import may raise anything: one line, not a traceback
         where = (
             " (looked for on sys.path: run from the folder that holds it, or add its folder to PYTHONPATH)"
             # The hook's module itself (or its package), not a module it imports that is missing.
             if isinstance(exc, ModuleNotFoundError) and f"{module_name}.".startswith(f"{exc.name}.")
             else ""
         )
-        raise ConfigurationError(f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}{where}") from None
-    hook = target if hasattr(target, "encode") else target() if callable(target) else target
+        raise ConfigurationError(
+            f"{ENV_HOOK}={spec!r}: {type(exc).__name__}: {exc}{where}{_at(exc)}"
+        ) from None
+    try:
+        hook = target if hasattr(target, "encode") else target() if callable(target) else target
+    except Exception as exc:  # noqa: BLE001 - a factory missing its key, say: one line, not a traceback
+        raise ConfigurationError(
+            f"{ENV_HOOK}={spec!r}: calling it raised {type(exc).__name__}: {exc}{_at(exc)}"
+        ) from None
     if not (callable(getattr(hook, "encode", None)) and callable(getattr(hook, "decode", None))):
         raise ConfigurationError(
             f"{ENV_HOOK}={spec!r} is a {type(hook).__name__}, not a payload hook "
@@ -87,6 +96,12 @@ def install_payload_hook_from_env() -> PayloadHook | None:
         )
     set_payload_hook(hook)
     return hook
+
+
+def _at(exc: BaseException) -> str:
+    """`` (at file:line in function)``: the innermost line of the app's code that raised ``exc``."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # the first is this module's call
+    return f" (at {code_position(frames)})" if frames else ""
 
 
 def get_payload_hook() -> PayloadHook | None:
