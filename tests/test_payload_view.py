@@ -81,3 +81,8 @@ def test_the_cli_shows_a_result_whose_classes_it_does_not_load(redis_url: str) -
     assert done["data"]["result"] == shown
     described = json.loads(durable_cli(redis_url, "describe", stub.id, "--json").stdout)
     assert described["outcome"]["result"] == {"receipt": shown, "ok": True}
+    # `start --wait` prints it the same way (it exited 1 with the decode error of a completed run).
+    with workers(redis_url, app="apps.receipts"):
+        waited = durable_cli(redis_url, "start", "ReceiptRun", '"o-7"', "12.5", "--wait", "--timeout", "30")
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout.split("\n", 2)[2]) == {"receipt": shown, "ok": True}

@@ -180,6 +180,18 @@ QUIET_WAIT_S = 2.0
 
 
 def _result(stub: WorkflowStub, timeout: float | None) -> Any:
+    """:func:`_wait_result`; a completed run's result holding a class this process does not
+    load (the CLI imports no application code) as the views decode it (``codec.view``)."""
+    try:
+        return _wait_result(stub, timeout)
+    except SerializationError as exc:
+        outcome = stub.snapshot().get("outcome") if exc.type_name else None
+        if not outcome or outcome["status"] != "completed":
+            raise
+        return outcome["result"]
+
+
+def _wait_result(stub: WorkflowStub, timeout: float | None) -> Any:
     """``stub.result(timeout)``; a wait not over within :data:`QUIET_WAIT_S` says once (stderr)
     what the run waits on or what blocks it, and goes on waiting."""
     if timeout is not None and timeout <= QUIET_WAIT_S:
@@ -445,13 +457,6 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
             if unanswered_since is not None and deadline is not None:
                 left = max(0.0, deadline - time.monotonic())
             value = _result(stub, left)
-            break
-        except SerializationError as exc:
-            # The run's outcome, as the views decode it (codec.view): its record and closing event.
-            outcome = stub.snapshot().get("outcome") if exc.type_name else None
-            if not outcome or outcome["status"] != "completed":
-                raise
-            value = outcome["result"]
             break
         except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable) as exc:
             now = time.monotonic()
