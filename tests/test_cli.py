@@ -150,7 +150,16 @@ def test_parse_args_refuses_a_number_it_cannot_read(value: str, says: str) -> No
     """5,000 digits became a string, 1e999999 infinity: silently."""
     with pytest.raises(CliError, match=says):
         parse_args(["1", value])
-    assert parse_args(["-5", "Infinity", "1e3"]) == [-5, float("inf"), 1000.0]
+    # NaN and Infinity are not JSON: plain strings, as any value that is not (the API refuses them).
+    assert parse_args(["-5", "Infinity", "NaN", "-Infinity", "1e3"]) == [
+        -5,
+        "Infinity",
+        "NaN",
+        "-Infinity",
+        1000.0,
+    ]
+    with pytest.raises(CliError, match=r"argument 1 is not valid JSON: NaN is not a JSON number"):
+        parse_args(["[NaN]"])
 
 
 def test_parse_args_json_then_string() -> None:

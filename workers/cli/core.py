@@ -269,7 +269,7 @@ def parse_args(values: Sequence[str]) -> list[Any]:
     out = []
     for n, value in enumerate(values, 1):
         try:
-            parsed = json_loads(value)
+            parsed = json_loads(value, standard=True)  # NaN, Infinity: not JSON, so strings
         except NestedTooDeeply:
             raise CliError(f"argument {n} is JSON nested too deeply to read") from None
         except ValueError as exc:
@@ -277,6 +277,8 @@ def parse_args(values: Sequence[str]) -> list[Any]:
                 raise CliError(
                     f"argument {n} is a number of {len(value.strip())} characters, more than can be "
                     f"read; pass it as a JSON string ('\"...\"') if it is one"
+                    if "float's range" not in str(exc)
+                    else f"argument {n}: {exc}; pass it as a JSON string ('\"...\"') if it is one"
                 ) from None
             if value.lstrip()[:1] in ("{", "[", '"'):
                 raise CliError(
