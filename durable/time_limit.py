@@ -22,7 +22,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,7 +45,7 @@ _STDLIB = tuple({_PATHS["stdlib"] + os.sep, _PATHS["platstdlib"] + os.sep})
 _SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
 
 
-def code_position(stack: traceback.StackSummary, own: tuple[str, ...] = ()) -> str:
+def code_position(stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] = ()) -> str:
     """The innermost frame of the app's code in ``stack`` (not durable's, greenlet's, the
     standard library's, nor under the ``own`` folders), as ``path:line in function``."""
     chosen = stack[-1] if stack else None

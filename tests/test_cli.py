@@ -373,6 +373,19 @@ def test_demo_history_export_and_replay(redis_url: str, tmp_path: Path) -> None:
     assert by_id.exit_code == 1 and "`durable history order-42 --json > order-42.json`" in by_id.output
     missing = invoke("replay", str(tmp_path / "nope.json"), "--app", "examples.order")
     assert missing.exit_code == 1 and "nope.json" in one_error_line(missing)
+    # Every ERROR line names its file; a gap names the run (it said "run : history jumps").
+    garbled = tmp_path / "garbled.json"
+    garbled.write_text(json.dumps([{**items[0], "raw": "AAAA"}, *items[1:]]))
+    gap = tmp_path / "gap.json"
+    gap.write_text(json.dumps(items[:1] + items[2:]))
+    for path, says in (
+        (garbled, "not valid msgpack"),
+        (gap, f"run {items[0]['data']['run_id']}: history jumps"),
+    ):
+        out = invoke("replay", str(path), "--app", "examples.order")
+        assert out.exit_code == 1 and out.stdout.startswith(f"ERROR {path}: ") and says in out.stdout, (
+            out.stdout
+        )
 
 
 # --------------------------------------------------------------------------- a real worker process

@@ -378,7 +378,11 @@ def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None 
     Returns the driver (closed) so callers can read its status.
     """
     resolve = (lambda _name: workflow) if workflow is not None else get_workflow
-    driver = Driver(resolve=resolve)
+    started = entries[0].event if entries else None
+    if isinstance(started, ev.WorkflowStarted):  # named by errors found before it is applied
+        driver = Driver(resolve=resolve, run_id=started.run_id, workflow_id=started.workflow_id)
+    else:
+        driver = Driver(resolve=resolve)
     driver.offline = True
     try:
         driver.replay(entries)

@@ -47,9 +47,10 @@ def replay(target: Path, apps: tuple[str, ...]) -> None:
     for path in history_files(target):
         try:
             entries = load_export(path)
-        except (DurableError, CliError) as exc:  # its message starts with the file's name
+        except (DurableError, CliError) as exc:
             bad += 1
-            click.echo(f"ERROR {one_line(exc)}")
+            said = one_line(exc)  # most start with the file's name; an entry's decode error not
+            click.echo(f"ERROR {said}" if said.startswith(str(path)) else f"ERROR {path}: {said}")
             continue
         try:
             replay_history(entries)
