@@ -412,15 +412,24 @@ async def _attempt(
         timeout = asyncio.timeout(remaining)
         try:
             async with timeout:
-                return await _contained(coroutine)
+                result = await _contained(coroutine)
         except TimeoutError:
             if timeout.expired():
-                assert deadline is not None
-                kind = deadline[1]
-                beats.timed_out = True
-                raise ActivityTimeout(
-                    f"activity {context.name} ({context.activity_id}) exceeded its {kind}_timeout and was "
-                    "cancelled; raise the timeout or make the activity faster",
-                    kind=kind,
-                ) from None
+                raise _timed_out(context, deadline, beats) from None
             raise
+        if timeout.expired():  # it swallowed the cancel and returned late: a timeout all the same
+            raise _timed_out(context, deadline, beats)
+        return result
+
+
+def _timed_out(
+    context: ActivityContext, deadline: tuple[float, str] | None, beats: _Beats
+) -> ActivityTimeout:
+    assert deadline is not None
+    kind = deadline[1]
+    beats.timed_out = True
+    return ActivityTimeout(
+        f"activity {context.name} ({context.activity_id}) exceeded its {kind}_timeout and was "
+        "cancelled; raise the timeout or make the activity faster",
+        kind=kind,
+    )

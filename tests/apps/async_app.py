@@ -62,6 +62,28 @@ class SlowAsync(Activity):
         return "late"
 
 
+class SwallowsCancel(Activity):
+    """Catches the cancel its timeout sends and returns a value anyway: too late to count."""
+
+    start_to_close_timeout = 0.5
+    retry = RetryPolicy(max_attempts=1)
+
+    async def handle(self) -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "late"
+        return "never"
+
+
+class SwallowedTimeout(Workflow):
+    def handle(self) -> object:
+        try:
+            return activity(SwallowsCancel)
+        except ActivityFailed as exc:
+            return {"cause": type(exc.cause).__name__, "kind": getattr(exc.cause, "kind", None)}
+
+
 async def fail_soon() -> None:
     await asyncio.sleep(1.5)
     raise RuntimeError("branch failed")
