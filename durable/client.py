@@ -41,7 +41,7 @@ from .store.starts import Closing
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
 from .time_limit import QUERY_TIMEOUT, query_overrun, run_limited
-from .typed_args import check_call
+from .typed_args import check_call, check_signal
 from .waiting import not_closed
 from .workflow import Workflow
 
@@ -288,8 +288,7 @@ class WorkflowStub(Generic[R]):
 
     @property
     def store(self) -> RedisStore:
-        """The store this stub talks to (the default store is opened at the first call that
-        needs it, not by :meth:`make`: an asyncio caller's loop never waits on it)."""
+        """The store this stub talks to (the default one is opened by the first call needing it)."""
         return self._store
 
     @property
@@ -404,6 +403,7 @@ class WorkflowStub(Generic[R]):
         Raises:
             WorkflowNotFound: unknown id.
             WorkflowClosed: the run is closed (signals are never silently dropped).
+            ConfigurationError, SerializationError: its @signal handler refuses ``args`` (checked here when this process has the class).
             LimitExceeded: the name is longer than ``max_name_length``, the payload larger
                 than ``max_payload_bytes`` (``PayloadTooLarge``), or the run already has
                 ``max_pending_signals`` inputs waiting or ``max_history_events`` events
@@ -412,6 +412,7 @@ class WorkflowStub(Generic[R]):
         if not isinstance(name, str) or not name:
             raise ConfigurationError("signal name must be a non-empty string")
         check_name_length(name, "signal")
+        check_signal(self._code or self._type, name, tuple(args))
         request = SignalWorkflowInput(self._id, name, tuple(args))
         interceptors.run(ClientInterceptor, "signal_workflow", request, self._send_signal)
 

@@ -35,6 +35,7 @@ from procs import workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from durable import (
+    ConfigurationError,
     SerializationError,
     UnknownTypeError,
     UpdateRejected,
@@ -173,3 +174,21 @@ def test_an_update_argument_its_model_refuses_is_rejected_not_run(
         assert types.count("UpdateAccepted") == 1 and types.count("UpdateRejected") == 1, types
         stub.signal("done")
         assert stub.result(timeout=30) == Quote(order_id="wait-u", cents=300)
+
+
+def test_a_signal_its_handler_refuses_is_refused_by_a_sender_that_has_the_class(redis_url: str) -> None:
+    """It was written and dropped by the run as a dead letter, and the sender (an HTTP
+    endpoint's caller) was told it was sent."""
+    stub = WorkflowStub.make(PriceOrder).start({"id": "wait-s", "items": [{"sku": "a", "qty": 1}]})
+    with pytest.raises(SerializationError, match=r"@signal 'add' of PriceOrder.*field 'qty'.*greater than 0"):
+        stub.signal("add", {"sku": "c", "qty": 0})
+    with pytest.raises(ConfigurationError, match=r"@signal 'add' of PriceOrder"):
+        stub.signal("add")
+    # A stub loaded by id in a process that registered the class checks the same.
+    with pytest.raises(SerializationError, match="field 'qty'"):
+        WorkflowStub.load(stub.id).signal("add", {"sku": "c", "qty": -1})
+    ref = stub.store.ref(stub.id)
+    assert stub.store.redis.llen(stub.store.keys.inbox(ref.partition, ref.run_id)) == 0  # nothing sent
+    stub.signal("add", {"sku": "c", "qty": 2})  # a good one goes
+    stub.signal("done")  # a name with no @signal handler (await_signal's) is not checked
+    stub.terminate()

@@ -66,14 +66,21 @@ def signals_in(store: RedisStore, stub: WorkflowStub) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+def _without_the_code(stub: WorkflowStub) -> WorkflowStub:
+    """A stub of the same run in a process without the workflow's class (`durable signal`
+    without --app, another service): it sends what it is given."""
+    return WorkflowStub(stub.store, "", stub.id)
+
+
 def test_a_signal_that_does_not_validate_is_a_dead_letter_and_the_run_goes_on(
     worker, store: RedisStore
 ) -> None:
     stub = WorkflowStub.make(SpBox).start()
     wait_for(lambda: stub.status() == "suspended")
-    stub.signal("note", {"sku": "b", "qty": 0})
-    stub.signal("note", {"sku": "a", "qty": 2})
-    stub.signal("done")
+    sender = _without_the_code(stub)  # a sender that has the class refuses it before sending
+    sender.signal("note", {"sku": "b", "qty": 0})
+    sender.signal("note", {"sku": "a", "qty": 2})
+    sender.signal("done")
     assert stub.result(timeout=10) == ["ax2"]
     letters = store.dead_letters()
     assert [(d["kind"], d["reason"]) for d in letters] == [("inbox", INVALID)]
@@ -90,10 +97,11 @@ def test_a_signal_that_does_not_validate_is_a_dead_letter_and_the_run_goes_on(
 def test_arguments_the_handler_does_not_take_are_a_dead_letter_too(worker, store: RedisStore) -> None:
     stub = WorkflowStub.make(SpBox).start()
     wait_for(lambda: stub.status() == "suspended")
-    stub.signal("note", {"sku": "a", "qty": 1}, "extra")
-    stub.signal("note")
-    stub.signal("note", {"sku": "c", "qty": 3})
-    stub.signal("done")
+    sender = _without_the_code(stub)
+    sender.signal("note", {"sku": "a", "qty": 1}, "extra")
+    sender.signal("note")
+    sender.signal("note", {"sku": "c", "qty": 3})
+    sender.signal("done")
     assert stub.result(timeout=10) == ["cx3"]
     reasons = [d["reason"] for d in store.dead_letters()]
     assert len(reasons) == 2, reasons
