@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import sys
 import typing
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any
 
 from .codec.models import field_errors, is_model_class
 from .errors import ConfigurationError, SerializationError
+
+log = logging.getLogger("durable")
 
 #: (parameter name, pydantic TypeAdapter) by position; None where no conversion applies.
 Converters = list[tuple[str, Any] | None]
@@ -42,8 +45,17 @@ def converters(fn: Callable[..., Any], skip: int) -> Converters | None:
     if key not in _resolved:
         try:
             _resolved[key] = resolve(fn, skip)
-        except Exception:  # noqa: BLE001 - unresolvable annotations: the arguments pass as they come
+        except Exception as exc:  # noqa: BLE001 - unresolvable annotations: the arguments pass as they come
             _resolved[key] = None
+            if sys.modules.get("pydantic") is not None:  # said once: a model would have been converted
+                log.warning(
+                    "the annotations of %s cannot be resolved (%s: %s): its arguments pass as they come, "
+                    "a dict is not converted to a model; import the annotated types at module level, "
+                    "not under TYPE_CHECKING",
+                    getattr(fn, "__qualname__", fn),
+                    type(exc).__name__,
+                    exc,
+                )
     return _resolved[key]
 
 

@@ -192,3 +192,18 @@ def test_a_signal_its_handler_refuses_is_refused_by_a_sender_that_has_the_class(
     stub.signal("add", {"sku": "c", "qty": 2})  # a good one goes
     stub.signal("done")  # a name with no @signal handler (await_signal's) is not checked
     stub.terminate()
+
+
+def test_annotations_that_cannot_be_resolved_are_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A model imported under TYPE_CHECKING turned conversion off silently: the activity got a
+    dict and failed with AttributeError, retried for ever."""
+    from durable.typed_args import convert
+
+    def takes(item: NotImportedHere) -> str:  # type: ignore[name-defined]  # noqa: F821
+        return item
+
+    caplog.set_level("WARNING", logger="durable")
+    assert convert(takes, ({"sku": "a"},), "activity 'takes'") == ({"sku": "a"},)
+    convert(takes, ({"sku": "b"},), "activity 'takes'")
+    said = [r.getMessage() for r in caplog.records if "cannot be resolved" in r.getMessage()]
+    assert len(said) == 1 and "NameError" in said[0] and "not under TYPE_CHECKING" in said[0], said
