@@ -22,7 +22,7 @@ from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds, wait_seconds
-from .registry import check_name, start_patches, start_queue
+from .registry import check_name, check_signal, start_patches, start_queue
 from .replay.driver import query_history
 from .run_views import describe_run, run_snapshot
 from .runinfo import (
@@ -41,7 +41,7 @@ from .store.starts import Closing
 from .store.updates import update_result, wait_update
 from .store.waits import RunMoved, wait_closing
 from .time_limit import QUERY_TIMEOUT, query_overrun, run_limited
-from .typed_args import check_call, check_signal
+from .typed_args import check_call
 from .waiting import not_closed
 from .workflow import Workflow
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError, UnknownTypeError
 from .options import RetryPolicy, Seconds, to_seconds
-from .typed_args import convert, typed_method
+from .typed_args import check_call, convert, typed_method
 
 if TYPE_CHECKING:
     from .activity import Activity
@@ -398,3 +398,14 @@ def declared_patches(names: Iterable[str]) -> dict[str, tuple[str, ...]]:
 
 def activities() -> dict[str, ActivityDefinition]:
     return dict(_activities)
+
+
+def check_signal(code: type | str, name: str, args: tuple[Any, ...]) -> None:
+    """:func:`check_call` of the ``@signal`` handler ``name`` of workflow ``code`` (a class, or a
+    type name this process registered), when there is one: a sender that has the code refuses
+    what the handler would, before anything is written (the run would drop it, a dead letter,
+    and the sender -- an HTTP endpoint's caller -- was told it was sent)."""
+    cls = _workflows.get(code) if isinstance(code, str) else code
+    attr = getattr(cls, "_signals", {}).get(name)
+    if cls is not None and attr is not None:
+        check_call(getattr(cls, attr), args, f"@signal {name!r} of {cls.__name__}", skip=1)

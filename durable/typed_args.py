@@ -164,19 +164,6 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip
     convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip)
 
 
-def check_signal(code: type | str, name: str, args: tuple[Any, ...]) -> None:
-    """:func:`check_call` of the ``@signal`` handler ``name`` of workflow ``code`` (a class, or a
-    type name this process registered), when there is one: a sender that has the code refuses
-    what the handler would, before anything is written (the run would drop it, a dead letter,
-    and the sender -- an HTTP endpoint's caller -- was told it was sent)."""
-    from .registry import workflows  # here: the registry imports this module
-
-    cls = workflows().get(code) if isinstance(code, str) else code
-    attr = getattr(cls, "_signals", {}).get(name)
-    if cls is not None and attr is not None:
-        check_call(getattr(cls, attr), args, f"@signal {name!r} of {cls.__name__}", skip=1)
-
-
 def call_mismatch(fn: Callable[..., Any], args: tuple[Any, ...], *, skip: int = 0) -> str | None:
     """Why ``fn`` would refuse ``args`` for their number or names (``"takes (a: int): missing
     a required argument: 'a'"``), or ``None``; ``skip``: leading parameters not given (``self``)."""
