@@ -261,7 +261,8 @@ def _attempt_state(
         return state
     return (
         f"attempt {b.attempt}: began on {b.worker}, which is gone (stopped or died); another worker "
-        "takes the task over after --claim-idle or the activity's timeout"
+        "takes the task over: the next free one if that worker handed it back as it stopped, else "
+        "after --claim-idle or the activity's timeout"
     )
 
 
