@@ -306,7 +306,17 @@ class Schedule:
         else:
             object.__setattr__(self, "every", _interval_s(self.every))
         object.__setattr__(self, "timezone", check_timezone(self.timezone))
+        if self.every is not None and self.timezone != "UTC":
+            raise ConfigurationError(
+                f"timezone {self.timezone!r} applies to cron only: an every interval is aligned to "
+                "start_at or the Unix epoch in any zone; drop it, or use cron"
+            )
         object.__setattr__(self, "jitter", _duration_s(self.jitter, "jitter", zero=True))
+        if self.every is not None and self.jitter >= self.every:  # type: ignore[operator]
+            raise ConfigurationError(
+                f"jitter {self.jitter:g}s is not shorter than the interval ({self.every:g}s): runs would "
+                "start out of their order, or two at once; keep it below the interval"
+            )
         window = _duration_s(self.catchup_window, "catchup_window", zero=True)
         if window < MIN_CATCHUP_S:
             # A scheduler fires a time a few ms (under load, some 100 ms) after it is due: with a
@@ -424,6 +434,10 @@ class Schedule:
                 data[name] = min(max(data[name], FIRST_MS / 1000), LAST_MS / 1000)
         if data.get("catchup_window") is not None and data["catchup_window"] < MIN_CATCHUP_S:
             data["catchup_window"] = MIN_CATCHUP_S  # likewise: shorter, it never started a run
+        if data.get("every") is not None:  # stored before these were checked: as they acted
+            data["timezone"] = "UTC"
+            if (data.get("jitter") or 0.0) >= data["every"]:
+                data["jitter"] = data["every"] / 2
         queue = data.get("queue")
         try:
             check_queue_name(queue) if queue is not None else None
@@ -466,6 +480,7 @@ class Schedule:
             current["every"] = None
         if "every" in changes and changes["every"] is not None:
             current["cron"] = None
+            current["timezone"] = "UTC"  # the cron's zone goes with it (an interval has none)
         current.update(changes)
         return replace(self, **current)
 

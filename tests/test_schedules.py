@@ -152,6 +152,8 @@ def test_workflow_id_is_deterministic() -> None:
         ({"every": "1m", "note": "n" * 1001}, "a schedule note holds at most 1000 characters, not 1,001"),
         # Times a datetime does not hold: written, they crashed every listing of schedules.
         ({"every": "100000000d"}, "the longest interval is 100 years"),
+        ({"every": "1h", "timezone": "Europe/Berlin"}, "timezone 'Europe/Berlin' applies to cron only"),
+        ({"every": "1h", "jitter": "2h"}, "jitter 7200s is not shorter than the interval (3600s)"),
         (
             {"every": "1m", "start_at": 1e15},
             "start_at 1000000000000000.0 is outside the times a schedule can name",

@@ -278,6 +278,24 @@ def test_cli_refuses_times_past_9999_and_lists_one_stored_before(redis_url: str)
     assert invoke("schedule", "describe", "ok").exit_code == 0
 
 
+def test_cli_update_clears_end_at_start_at_and_max_runs_with_none(redis_url: str) -> None:
+    """`--end-at ''` was "not a date": only Python's update(end_at=None) could clear them."""
+    made = invoke("schedule", "create", "clr", "--workflow", "Report", "--cron", "0 9 * * *", "--timezone",
+                  "Europe/Berlin", "--end-at", "2030-01-01", "--start-at", "2026-01-01", "--max-runs", "5")  # fmt: skip
+    assert made.exit_code == 0, made.output
+    cleared = invoke(
+        "schedule", "update", "clr", "--end-at", "none", "--start-at", "None", "--max-runs", "none"
+    )
+    assert cleared.exit_code == 0, cleared.output
+    spec = json.loads(invoke("schedule", "describe", "clr", "--json").output)["spec"]
+    assert (spec["end_at"], spec["start_at"], spec["max_runs"]) == (None, None, None)
+    # A cron's zone goes when it becomes an interval (an interval has none).
+    assert invoke("schedule", "update", "clr", "--every", "1h").exit_code == 0
+    assert json.loads(invoke("schedule", "describe", "clr", "--json").output)["spec"]["timezone"] == "UTC"
+    bad = invoke("schedule", "update", "clr", "--max-runs", "many")
+    assert bad.exit_code != 0 and "'many' is not a number (or none)" in bad.output
+
+
 def test_cli_pause_without_note_and_update_without_options(redis_url: str) -> None:
     invoke("schedule", "create", "sC", "--workflow", "Report", "--every", "1h")
     invoke("schedule", "pause", "sC")

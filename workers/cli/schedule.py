@@ -49,11 +49,25 @@ def _spec_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
             "--overlap", default=None, metavar="POLICY", help=f"One of {', '.join(_POLICIES.choices)}."
         ),
         click.option(
-            "--start-at", "start_at", default=None, metavar="T", help="No time before T (ISO; UTC)."
+            "--start-at",
+            "start_at",
+            default=None,
+            metavar="T",
+            help="No time before T (ISO; UTC; update: none clears).",
         ),
-        click.option("--end-at", "end_at", default=None, metavar="T", help="No time after T (ISO; UTC)."),
         click.option(
-            "--max-runs", "max_runs", type=int, default=None, metavar="N", help="Stop after N times."
+            "--end-at",
+            "end_at",
+            default=None,
+            metavar="T",
+            help="No time after T (ISO; UTC; update: none clears).",
+        ),
+        click.option(
+            "--max-runs",
+            "max_runs",
+            default=None,
+            metavar="N",
+            help="Stop after N times (update: none clears).",
         ),
         click.option(
             "--catchup-window",
@@ -85,11 +99,26 @@ def _spec_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
     return apply
 
 
+CLEARABLE = ("start_at", "end_at", "max_runs")
+"""Options ``schedule update`` clears when given ``none`` (``--end-at none``: no end any more)."""
+
+
 def _changes(fields: dict[str, Any]) -> dict[str, Any]:
-    """The spec fields given on the command line (``--args`` parsed as JSON values)."""
+    """The spec fields given on the command line (``--args`` parsed as JSON values; ``none``
+    for one of :data:`CLEARABLE`: cleared)."""
     out = {k: v for k, v in fields.items() if v not in (None, ())}
     if "args" in out:
         out["args"] = tuple(parse_args(out["args"]))
+    for name in CLEARABLE:
+        if isinstance(out.get(name), str) and out[name].strip().lower() == "none":
+            out[name] = None
+    if isinstance(out.get("max_runs"), str):
+        try:
+            out["max_runs"] = int(out["max_runs"])
+        except ValueError:
+            raise click.BadParameter(
+                f"{out['max_runs']!r} is not a number (or none)", param_hint="--max-runs"
+            ) from None
     return out
 
 
