@@ -8,8 +8,10 @@ leave it), right after a heartbeat: the next one is two seconds or more away.
 from __future__ import annotations
 
 import re
+import threading
 import time
 
+import pytest
 from apps.basic import Waiter
 from procs import spawn_worker, stop
 from waiting import wait_for
@@ -18,6 +20,7 @@ from durable import WorkflowStub
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.store.workers import HEARTBEAT_S
+from workers.worker import Worker
 
 QUEUE = "registry-after-outage"
 
@@ -82,3 +85,26 @@ def test_no_live_worker_just_after_a_restart_says_redis_restarted(fresh_redis: E
         assert blocked_after is not None and "Redis restarted" not in blocked_after.message
     finally:
         store.close()
+
+
+def test_a_worker_whose_entry_lapsed_says_its_activities_may_have_run_again(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker stopped or starved past the registry's time to live is taken for gone and its
+    activities run elsewhere; resumed, it said nothing at WARNING."""
+    caplog.set_level("WARNING", logger="durable.worker")
+    w = Worker(store, concurrency=1, block_ms=100)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: any(x.name == w.consumer for x in store.live_workers()), timeout=10)
+        assert not [r for r in caplog.records if "registry entry had lapsed" in r.getMessage()]
+        store.redis.delete(store.keys.worker(w.consumer))  # as its time to live running out does
+        said = wait_for(
+            lambda: [r.getMessage() for r in caplog.records if "registry entry had lapsed" in r.getMessage()],
+            timeout=2 * HEARTBEAT_S + 2,
+        )
+        assert "may have taken it for gone and run its unfinished activities again" in said[0], said
+    finally:
+        w.stop()
+        thread.join(10)

@@ -95,6 +95,7 @@ class Membership:
             sticky_timeout_ms=timeouts[1],
         )
         self._started = 0
+        self._renewed = 0  # server ms of the last registry write that went through
         # Queues whose new runs this worker starts: all of them when unversioned.
         self.new_run_queues: list[str] = [] if build else list(queues)
         self._polled = 0.0
@@ -283,11 +284,20 @@ class Membership:
     def _register(self) -> None:
         threads, held, stuck = self.threads() if self.threads is not None else (0, 0, ())
         now = self.store.server_time_ms()
-        asked = self.store.register_worker(
+        asked, lapsed = self.store.renew_registration(
             replace(
                 self.info, threads=threads, held=held, stuck=stuck, started=self._started or now, seen=now
             )
         )
+        if lapsed and self._renewed:
+            log.warning(
+                "this worker's registry entry had lapsed: %.0f s passed without a heartbeat (the process "
+                "was stopped or starved, or cut off from Redis), so other workers may have taken it for "
+                "gone and run its unfinished activities again (at least once); results of attempts "
+                "superseded meanwhile are refused",
+                (now - self._renewed) / 1000,
+            )
+        self._renewed = now
         if asked and not self._drain_asked:
             log.info("an operator asked this worker to drain (`durable drain`)")
             self.drain()

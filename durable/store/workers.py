@@ -323,13 +323,19 @@ class WorkerRegistry(MemoryStore):
         """Write (or renew) ``info``; it lapses after ``ttl_ms`` unless written again. Returns
         whether an operator asked this worker to drain (:meth:`ask_drain`), read in the same
         round trip."""
+        return self.renew_registration(info, ttl_ms)[0]
+
+    def renew_registration(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> tuple[bool, bool]:
+        """:meth:`register_worker`, also saying whether there was no entry to renew (the first
+        registration, or one that lapsed: the worker was taken for gone meanwhile)."""
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms)
+            pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms, get=True)
             pipe.sadd(self.keys.worker_index(), info.name)
             if info.build:  # on every renewal: a sweep that just dropped it gets it back
                 pipe.sadd(self.keys.served_builds(), *(json.dumps([q, info.build]) for q in info.queues))
             pipe.exists(self.keys.worker_drain(info.name))
-            return bool(pipe.execute()[-1])
+            replies = pipe.execute()
+            return bool(replies[-1]), replies[0] is None
 
     def ask_drain(self, names: Iterable[str]) -> None:
         """Ask the workers ``names`` to drain (``durable drain``): each reads it at its next
