@@ -11,7 +11,7 @@ from .dropped import dropped_inputs
 from .history_budget import history_info
 from .registry import get_workflow
 from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of, with_attempts, with_children
-from .store.held import starved_queues
+from .store.held import busy_queues, starved_queues
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.workers import WorkerInfo
@@ -67,7 +67,7 @@ def _pending_with_attempts(
     statuses = dict(zip(kids, store.instance_statuses(kids), strict=True))
     seen = {w.name: w.seen for w in live}
     stopping = {w.name for w in live if w.stopping}
-    steps = with_attempts(pending, begun, seen, now_ms, starved_queues(live), stopping)
+    steps = with_attempts(pending, begun, seen, now_ms, starved_queues(live), stopping, busy_queues(live))
     # A result recorded but not yet decided on (its worker stopped, say) has no attempt running:
     # the log's last record of the activity says it completed.
     last = {str(e.get("act")): e for e in log if e.get("kind") == "attempt"}

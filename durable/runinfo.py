@@ -167,6 +167,7 @@ def with_attempts(
     now_ms: int | None = None,
     starved: Mapping[str, str] | None = None,
     stopping: Collection[str] = (),
+    busy: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``pending`` (a run's pending steps) with, on each activity step ``begun`` has, its current
     ``attempt``, when it ``started`` and on which ``worker`` (``None``: not begun yet), whether
@@ -181,7 +182,9 @@ def with_attempts(
     ``starved``: per queue whose live workers have no usable activity thread (all held by hung
     activities: :func:`durable.store.held.starved_queues`), why; a step not begun on such a queue
     gets it as ``starved``, and its ``state`` says it. ``stopping``: the live workers that are
-    stopping (an attempt running on one is finished there first)."""
+    stopping (an attempt running on one is finished there first). ``busy``: likewise per queue
+    whose live workers run an attempt on every thread (:func:`durable.store.held.busy_queues`),
+    set as ``busy`` on a step queued there."""
     out = []
     for step in pending:
         b = begun.get(str(step.get("id"))) if step.get("kind") == "activity" else None
@@ -199,9 +202,12 @@ def with_attempts(
                 "backlog": b.backlog,
                 "state": _attempt_state(b, alive, step.get("queue") or "?", age, b.worker in stopping),
             }
+            queued = not b.worker and not b.leased and b.retry_due_ms is None
             why = (starved or {}).get(str(step.get("queue"))) if not b.worker else None
             if why:
                 step.update(starved=why, state=f"{step['state']}: {why}")
+            elif queued and (waits := (busy or {}).get(str(step.get("queue")))):
+                step.update(busy=waits, state=f"{step['state']}: {waits}")
         out.append(step)
     return out
 
@@ -465,7 +471,8 @@ class RunDescription(Mapping[str, Any]):
                 and not step.get("worker")
             ):
                 backlog = step.get("backlog")
-                why = step.get("starved") or "waiting for a worker"  # no worker has a usable thread
+                # No worker has a usable thread, or none a free one; else none took it yet.
+                why = step.get("starved") or step.get("busy") or "waiting for a worker"
                 lines.append(
                     f"activity {step.get('name')} ({step.get('id')}) queued on {step.get('queue')!r}: {why}"
                     + ("" if backlog is None else f" (backlog {backlog})")

@@ -135,7 +135,7 @@ def test_an_attempt_of_a_closed_run_is_abandoned(store: RedisStore) -> None:
     gone = ActivityTask(run_id="r-gone", workflow_id="w2", **fields)
     store.redis.hset(store.keys.run(0, "r-closed"), "status", "terminated")
     watch = HungWatch(store, lambda: [(now - 30, task), (now - 30, gone)], 2, "w1")
-    threads, held, stuck = watch.check()
+    threads, held, stuck, *_ = watch.check()
     assert (threads, held) == (2, 2)
     assert stuck[0].endswith("its run is terminated") and stuck[1].endswith("its run is gone")
     store.redis.hset(store.keys.run(0, "r-closed"), "status", "running")
@@ -155,7 +155,7 @@ def test_an_attempt_the_scheduler_ended_is_abandoned(store: RedisStore) -> None:
     store.redis.hset(acts, "1#", 1)
     assert HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()[1] == 0  # still current
     store.redis.hset(acts, "1#", 2)  # the scheduler expired it (heartbeat) and scheduled attempt 2
-    threads, held, stuck = HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()
+    threads, held, stuck, *_ = HungWatch(store, lambda: [(now - 30, beats)], 1, "w1").check()
     assert (threads, held) == (1, 1)
     assert stuck[0].startswith("quiet (1, attempt 1) of workflow w run r-hb, since ")
     assert stuck[0].endswith(

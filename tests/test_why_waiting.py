@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from apps.basic import PaysOnBilling, Sequence
+from apps.basic import PaysOnBilling, Sequence, SlowSteps
 from apps.failures import ParentOfWaiting
 from apps.recovery import OneRecoveringActivity
 from click.testing import CliRunner
@@ -24,6 +24,7 @@ from waiting import wait_for
 from durable import Workflow, WorkflowStub, child
 from durable.runinfo import with_children
 from durable.store.redis_store import RedisStore
+from durable.store.workers import HEARTBEAT_S
 from workers.cli import cli
 from workers.worker import Worker, WorkerThread
 
@@ -217,3 +218,30 @@ def test_a_closed_parents_child_is_said_without_promising_it_an_outcome() -> Non
     pending = [{"kind": "child", "id": "1", "name": "Ship", "workflow_id": "k"}]
     [step] = with_children(pending, {"k": "terminated"}, parent_closed=True)
     assert step["state"] == "child k: terminated"
+
+
+def test_an_activity_queued_behind_busy_threads_says_what_holds_them(
+    redis_url: str, store: RedisStore, tmp_path
+) -> None:
+    """It said only "waiting for a worker (backlog 1)" beside a live worker with a thread, and
+    `durable workers` showed no busy thread: nothing said the one thread ran a long activity."""
+    worker = spawn_worker(redis_url, extra=("--queue", "busyq", "--concurrency", "1"))
+    try:
+        slow = WorkflowStub.make(SlowSteps, store=store, queue="busyq").start(str(tmp_path / "s.log"), 1, 6)
+        wait_for(lambda: (tmp_path / "s.log").exists(), timeout=30)
+        queued = WorkflowStub.make(Sequence, store=store, queue="busyq").start(2)
+
+        def status_if_busy() -> str | None:
+            line = _cli("status", queued.id)
+            return line if "are busy" in line else None
+
+        said = wait_for(status_if_busy, timeout=2 * HEARTBEAT_S + 5)
+        assert (
+            "activity add (1) queued on 'busyq': all 1 activity thread(s) of its workers are busy (" in said
+        )
+        assert f"Slow of workflow {slow.id} for " in said and "(no timeout)" in said, said
+        assert "1/1 threads busy" in _cli("workers")
+        assert slow.result(timeout=30) == ["s0", "end"] and queued.result(timeout=30) == 1
+        assert "are busy" not in _cli("status", queued.id)
+    finally:
+        stop(worker)

@@ -32,7 +32,7 @@ from .attempts import attempt_deadline, task_ids
 
 log = logging.getLogger("durable.worker")
 
-__all__ = ["CLOSED_CHECK_S", "STUCK_LISTED", "HeldThread", "HungWatch"]
+__all__ = ["CLOSED_CHECK_S", "RUNNING_LISTED", "STUCK_LISTED", "HeldThread", "HungWatch"]
 
 CLOSED_CHECK_S = 10.0
 """How often a long-running attempt's run and activity are read to know whether the run closed
@@ -41,6 +41,9 @@ all every heartbeat)."""
 
 STUCK_LISTED = 20
 """How many held threads the registry entry describes (``held`` counts them all)."""
+
+RUNNING_LISTED = 3
+"""How many running attempts the registry entry describes (``busy`` counts them all)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,12 @@ class HeldThread:
         if self.run_closed:
             return f"{head}, since {since} UTC: its run is {self.run_closed}"
         return f"{head}, since {since} UTC: {self.over}"
+
+    def briefly(self, now: float) -> str:
+        """``fetch of workflow o-1 for 25 s (no timeout)``: a running attempt, for the registry."""
+        t = self.task
+        bound = "" if self.deadline is not None else " (no timeout)"
+        return f"{t.name} of workflow {t.workflow_id} for {now - self.started:.0f} s{bound}"
 
 
 def _timeout(task: ActivityTask) -> str:
@@ -148,12 +157,14 @@ class HungWatch:
         held = self.held(now)
         return bool(held) and all(h.abandoned(now) for h in held)
 
-    def check(self) -> tuple[int, int, tuple[str, ...]]:
+    def check(self) -> tuple[int, int, tuple[str, ...], int, tuple[str, ...]]:
         """Look at the threads (every heartbeat): log what is new, and return the registry's
-        ``(threads, held, stuck)``: the thread count, how many abandoned attempts hold one, and
-        the first :data:`STUCK_LISTED` of them described."""
+        ``(threads, held, stuck, busy, running)``: the thread count, how many abandoned attempts
+        hold one, the first :data:`STUCK_LISTED` of them described, how many threads run an
+        attempt at all, and the first :data:`RUNNING_LISTED` attempts that are not abandoned."""
         now = time.time()
-        abandoned = [h for h in self.held(now) if h.abandoned(now)]
+        on_threads = self.held(now)
+        abandoned = [h for h in on_threads if h.abandoned(now)]
         for h in abandoned:
             if _key(h.task) not in self._warned:
                 self._warned.add(_key(h.task))
@@ -174,7 +185,8 @@ class HungWatch:
             )
         self._starved = starved
         stuck = tuple(h.describe(now) for h in abandoned[:STUCK_LISTED])
-        return self.threads, len(abandoned), stuck
+        running = tuple(h.briefly(now) for h in on_threads if not h.abandoned(now))[:RUNNING_LISTED]
+        return self.threads, len(abandoned), stuck, len(on_threads), running
 
     def _warn(self, h: HeldThread, now: float) -> None:
         t = h.task

@@ -99,9 +99,9 @@ class Membership:
         # Queues whose new runs this worker starts: all of them when unversioned.
         self.new_run_queues: list[str] = [] if build else list(queues)
         self._polled = 0.0
-        #: ``(threads, held, stuck)`` for the entry, asked on every heartbeat (the worker sets it to
-        #: :meth:`workers.hung.HungWatch.check`: activity threads held by abandoned attempts).
-        self.threads: Callable[[], tuple[int, int, tuple[str, ...]]] | None = None
+        #: ``(threads, held, stuck, busy, running)`` for the entry, asked on every heartbeat (the
+        #: worker sets it to :meth:`workers.hung.HungWatch.check`: its activity threads' use).
+        self.threads: Callable[[], tuple[int, int, tuple[str, ...], int, tuple[str, ...]]] | None = None
         self._drain_asked = False
         self._activity_queues: list[str] | None = None  # while draining: see activity_queues()
         #: Set once a drain found no open pinned run left (the worker then stops).
@@ -282,13 +282,12 @@ class Membership:
         return self.new_run_queues
 
     def _register(self) -> None:
-        threads, held, stuck = self.threads() if self.threads is not None else (0, 0, ())
-        now = self.store.server_time_ms()
-        asked, lapsed = self.store.renew_registration(
-            replace(
-                self.info, threads=threads, held=held, stuck=stuck, started=self._started or now, seen=now
-            )
+        threads, held, stuck, busy, running = (
+            self.threads() if self.threads is not None else (0, 0, (), 0, ())
         )
+        now = self.store.server_time_ms()
+        entry = replace(self.info, threads=threads, held=held, stuck=stuck, busy=busy, running=running)
+        asked, lapsed = self.store.renew_registration(replace(entry, started=self._started or now, seen=now))
         if lapsed and self._renewed:
             log.warning(
                 "this worker's registry entry had lapsed: %.0f s passed without a heartbeat (the process "

@@ -18,7 +18,7 @@ from .records import OPEN_STATUSES
 if TYPE_CHECKING:  # workers.py asks this module why a run waits (why_blocked)
     from .workers import WorkerInfo
 
-__all__ = ["STARVED_QUEUE", "starved", "starved_queues", "starved_reason", "threads_note"]
+__all__ = ["STARVED_QUEUE", "busy_queues", "starved", "starved_queues", "starved_reason", "threads_note"]
 
 STARVED_QUEUE = "starved_queue"
 """The blocked kind of an open run whose activity waits on a queue whose live workers all have
@@ -33,11 +33,11 @@ def starved(worker: WorkerInfo) -> bool:
 
 def threads_note(worker: WorkerInfo) -> str:
     """``worker``'s threads in words: ``2/2 threads held by attempts past their timeout or of
-    closed runs`` when some are held so, else ``4 threads`` (``""``: the entry does not say)."""
+    closed runs`` when some are held so, else ``3/4 threads busy`` (``""``: the entry does not say)."""
     if not worker.threads:
         return ""
     if not worker.held:
-        return f"{worker.threads} threads"
+        return f"{worker.busy}/{worker.threads} threads busy"
     return f"{worker.held}/{worker.threads} threads held by attempts past their timeout or of closed runs"
 
 
@@ -65,6 +65,31 @@ def starved_queues(live: Iterable[WorkerInfo]) -> dict[str, str]:
             out[queue] = (
                 f"its workers' threads are all held by hung activities ({who}), which Python cannot "
                 "stop; restart them (see `durable workers`)"
+            )
+    return out
+
+
+def busy_queues(live: Iterable[WorkerInfo]) -> dict[str, str]:
+    """Per queue whose live workers taking tasks have every activity thread running an attempt
+    (some not abandoned: else :func:`starved_queues` says it), why a task queued there waits:
+    ``all 2 activity threads of its workers are busy (W: fetch of workflow o-1 for 25 s (no
+    timeout)); it starts when one frees up``. Not a block: it moves by itself."""
+    by_queue: dict[str, list[WorkerInfo]] = {}
+    for worker in live:
+        if worker.state == "serving":
+            for queue in worker.queues:
+                by_queue.setdefault(queue, []).append(worker)
+    out = {}
+    for queue, workers in by_queue.items():
+        if workers and all(0 < w.threads <= w.busy for w in workers) and not all(starved(w) for w in workers):
+            threads = sum(w.threads for w in workers)
+            who = "; ".join(
+                f"{w.name}: {', '.join(w.running) or 'attempts'}"
+                for w in sorted(workers, key=lambda w: w.name)
+            )
+            out[queue] = (
+                f"all {threads} activity thread(s) of its workers are busy ({who}); it starts when one "
+                "frees up (more workers or --concurrency, or a timeout on long activities, shorten the wait)"
             )
     return out
 

@@ -73,6 +73,8 @@ class WorkerInfo:
         held: How many of them are held by abandoned attempts: past their start-to-close or
             schedule-to-close timeout, or of a closed run (Python cannot stop a thread).
         stuck: The first of those attempts, each in a few words starting with its activity's name.
+        busy: How many of its activity threads run an attempt (abandoned ones too).
+        running: The first few attempts running that are not abandoned, in a few words each.
         claim_idle_ms: Its ``--claim-idle``: how long a task stays delivered to a worker that
             went away before this one takes it over (0: not said, an older release).
         sticky_timeout_ms: Its ``--sticky-timeout``: how long a workflow task waits on a gone
@@ -103,6 +105,8 @@ class WorkerInfo:
     threads: int = 0
     held: int = 0
     stuck: tuple[str, ...] = ()
+    busy: int = 0
+    running: tuple[str, ...] = ()
     claim_idle_ms: int = 0
     sticky_timeout_ms: int = 0
     stopping: int = 0
@@ -131,7 +135,7 @@ class WorkerInfo:
             # Fields a newer worker added are left out rather than making the entry unreadable.
             known = {f.name for f in fields(cls)}
             data = {k: v for k, v in json.loads(raw).items() if k in known}
-            for name in ("compatible", "queues", "workflows", "activities", "stuck"):
+            for name in ("compatible", "queues", "workflows", "activities", "stuck", "running"):
                 items = data.get(name) or ()
                 if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
                     return None  # a string would become its letters
