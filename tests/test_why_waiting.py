@@ -12,9 +12,11 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import pytest
-from apps.basic import PaysOnBilling, Sequence, SlowSteps
+from apps.basic import PaysOnBilling, Sequence, SlowOnBilling, SlowSteps
 from apps.failures import ParentOfWaiting
 from apps.recovery import OneRecoveringActivity
 from click.testing import CliRunner
@@ -245,3 +247,33 @@ def test_an_activity_queued_behind_busy_threads_says_what_holds_them(
         assert "are busy" not in _cli("status", queued.id)
     finally:
         stop(worker)
+
+
+def test_an_activity_a_stopping_worker_finishes_is_not_called_blocked(
+    redis_url: str, store: RedisStore, tmp_path
+) -> None:
+    """Its worker, the only one of the activity's queue, stops gracefully and finishes it: the
+    run read "blocked: no live worker serves queue 'billing', where activity ... waits" for the
+    whole grace, though it completed by itself."""
+    default = spawn_worker(redis_url)
+    billing = spawn_worker(redis_url, extra=("--queue", "billing", "--grace", "60"))
+    try:
+        log = tmp_path / "b.log"
+        stub = WorkflowStub.make(SlowOnBilling, store=store).start(str(log), 8)
+        wait_for(log.exists, timeout=30)
+        billing.send_signal(signal.SIGTERM)
+        wait_for(lambda: any(w.stopping for w in store.live_workers()), timeout=2 * HEARTBEAT_S + 5)
+        time.sleep(HEARTBEAT_S + 0.5)  # its entry says it is stopping, and what it runs
+        assert stub.blocked() is None, stub.blocked()
+        assert "blocked" not in _cli("status", stub.id)
+        (step,) = json.loads(_cli("describe", stub.id, "--json"))["pending"]
+        assert "(that worker is stopping: it finishes this attempt first" in step["state"], step
+        assert stub.result(timeout=30) == "billed"
+        # Once gone, an activity queued there is blocked as before.
+        billing.wait(30)
+        again = WorkflowStub.make(PaysOnBilling, store=store).start(1)
+        assert wait_for(again.blocked, timeout=30).kind == "no_live_worker"
+        again.terminate()
+    finally:
+        stop(billing)
+        stop(default)

@@ -254,7 +254,9 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     draining workers start no new run: they count only for runs pinned to their builds."""
     live = list(live)
     taking = [w for w in live if w.state == "serving" or (w.state == "draining" and record.get("build"))]
-    reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(record, taking)
+    reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(
+        _without_finishing(record, live), taking
+    )
     if reason is None:
         return None
     pending = (record.get("snapshot") or {}).get("pending") or ()
@@ -267,6 +269,27 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
         builds = ", ".join(sorted({w.build for w in draining}))
         reason += f" ({_who([w.name for w in draining])} draining: finishing the runs pinned to {builds}, starting no new run)"
     return reason
+
+
+def _without_finishing(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> Mapping[str, Any]:
+    """``record`` without the pending activities a stopping worker is running (its entry's
+    ``running`` names them): it finishes them first, and their results go to the run's own
+    queue; they wait on no worker of theirs."""
+    workflow_id = record.get("workflow_id") or record.get("id")
+    running = {r for w in live if w.stopping for r in w.running}
+    snapshot = record.get("snapshot") or {}
+    pending = snapshot.get("pending") or ()
+    if not running or not workflow_id or not pending:
+        return record
+    kept = [
+        step
+        for step in pending
+        if not (
+            step.get("kind") == "activity"
+            and any(r.startswith(f"{step.get('name')} of workflow {workflow_id} for ") for r in running)
+        )
+    ]
+    return record if len(kept) == len(pending) else {**record, "snapshot": {**snapshot, "pending": kept}}
 
 
 def _who(names: list[str]) -> str:

@@ -254,6 +254,13 @@ def slow_context_probe() -> dict:
     return {"attempt": ctx.attempt, "key": ctx.idempotency_key}
 
 
+class SlowOnBilling(Workflow):
+    """A slow activity on the queue ``billing`` (the run itself is on ``default``)."""
+
+    def handle(self, path: str, seconds: float) -> str:
+        return activity(Slow, path, seconds, "billed", queue="billing")
+
+
 class PaysOnBilling(Workflow):
     """Runs its activity on the queue ``billing`` (the run itself is on ``default``)."""
 
