@@ -9,8 +9,10 @@ Without chromium or Playwright these tests skip, saying why.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -314,6 +316,34 @@ def test_a_timer_set_for_ages_shows_no_impossible_date(ui: Ui) -> None:
     cells = row.locator("td").all_inner_texts()
     assert cells[0] == "timer" and cells[3] == "after 9999-12-31", cells
     page.context.close()
+
+
+def test_an_overdue_deadline_says_how_long_ago(ui: Ui) -> None:
+    """A timer due 55 s ago (no worker to fire it) showed "(in 0 ms)"; describe says "ago"."""
+    wid = _start(ui, "Waiter", 3600)
+    with ui.open.client() as c:
+        wait_for(
+            lambda: any(p["kind"] == "timer" for p in c.get(f"/api/v1/workflows/{wid}").json()["pending"]),
+            timeout=30,
+        )
+    page = ui.page()
+
+    def overdue(route: Any) -> None:  # as the run reads with no worker left to fire its timer
+        body = route.fetch().json()
+        for step in body["pending"]:
+            if step["kind"] == "timer":
+                step["deadline"] = int(time.time() * 1000) - 55_000
+        route.fulfill(json=body)
+
+    page.route(f"**/api/v1/workflows/{wid}", overdue)
+    page.goto(f"{ui.open.url}/workflows/{wid}")
+    row = page.locator("#pending tbody tr.current").first
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[0] == "timer" and re.search(r"\(5\d(\.\d)? s ago, overdue\)", cells[3]), cells
+    page.context.close()
+    with ui.open.client(**CSRF) as c:
+        c.post(f"/api/v1/workflows/{wid}/terminate")
 
 
 def test_failed_attempts_show_errors_and_cancel_from_the_ui(ui: Ui, tmp_path: Path) -> None:

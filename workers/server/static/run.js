@@ -13,7 +13,10 @@
 
   // When a wait ends, and how far off (not for a date past year 9999: "after 9999-12-31").
   function deadline(ms) {
-    return ms > LAST_SHOWN_MS ? time(ms) : `${time(ms)} (in ${duration(ms - Date.now())})`;
+    if (ms > LAST_SHOWN_MS) return time(ms);
+    // Overdue (no worker fired it yet): how long ago, as describe says it; not "in 0 ms".
+    const left = ms - Date.now();
+    return left >= 0 ? `${time(ms)} (in ${duration(left)})` : `${time(ms)} (${duration(-left)} ago, overdue)`;
   }
   let events = [];
   let runId = null;
