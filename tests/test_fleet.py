@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import textwrap
 import time
@@ -27,7 +28,10 @@ from procs import ROOT, TESTS, spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.store.embedded import EmbeddedRedis
+from durable.store.records import REGISTRY_TTL_MS
 from durable.store.redis_store import RedisStore
+from durable.store.workers import HEARTBEAT_S
 from workers.cli import cli
 from workers.membership import Membership
 
@@ -303,3 +307,34 @@ def test_a_build_taking_over_a_queue_it_declares_compatible_does_not_ask_for_a_w
     assert "which also decides the runs pinned to old (--compatible-build-id)" in caplog.text
     assert "wait for a worker of that build" not in caplog.text
     rescue.leave()
+
+
+@pytest.mark.fault
+def test_a_redis_stall_does_not_move_new_runs_to_another_build(fresh_redis: EmbeddedRedis) -> None:
+    """Every entry lapses on Redis's clock while it is stalled: v2's worker, back first, took
+    v1's live worker for gone, logged "build v1 has no live worker left" and took the queue."""
+    store = RedisStore(fresh_redis.url)
+    v1 = spawn_worker(fresh_redis.url, extra=("--build-id", "v1", "--promote"))
+    v2 = spawn_worker(fresh_redis.url, extra=("--build-id", "v2"))
+    try:
+        wait_registered(store, 2)
+        wait_for(lambda: store.current_build(["default"]) == ["v1"], timeout=30)
+        pid = fresh_redis.pid
+        assert pid is not None
+        # v1's worker is the slower to come back (a busy host): v2's renews first.
+        os.kill(v1.pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(REGISTRY_TTL_MS / 1000 + 2)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(HEARTBEAT_S + 1)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(v1.pid, signal.SIGCONT)
+        wait_registered(store, 2)
+        time.sleep(3 * HEARTBEAT_S)  # heartbeats of both, after the stall
+        assert store.current_build(["default"]) == ["v1"]
+    finally:
+        stop(v2)
+        stop(v1)
+        store.close()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from durable.registry import declared_patches
+from durable.store.records import REGISTRY_TTL_MS
 from durable.store.redis_store import RedisStore
 from durable.store.workers import WorkerInfo
 
@@ -96,6 +97,7 @@ class Membership:
         )
         self._started = 0
         self._renewed = 0  # server ms of the last registry write that went through
+        self._settled_at = 0  # no queue is taken over from another build before (server ms)
         # Queues whose new runs this worker starts: all of them when unversioned.
         self.new_run_queues: list[str] = [] if build else list(queues)
         self._polled = 0.0
@@ -159,7 +161,10 @@ class Membership:
         if self._drain_asked:
             self._drain_step()
             return
-        if not self.build:
+        if not self.build or self._renewed < self._settled_at:
+            # Right after this worker's own entry lapsed (Redis stalled or was away, or this
+            # process was stopped), every entry may have lapsed with it: another build's live
+            # workers are not taken for gone until they had a registry lifetime to renew theirs.
             return
         current = self.store.current_build(self.queues)
         stale = [(q, c) for q, c in zip(self.queues, current, strict=True) if c != self.build]
@@ -289,6 +294,7 @@ class Membership:
         entry = replace(self.info, threads=threads, held=held, stuck=stuck, busy=busy, running=running)
         asked, lapsed = self.store.renew_registration(replace(entry, started=self._started or now, seen=now))
         if lapsed and self._renewed:
+            self._settled_at = now + REGISTRY_TTL_MS
             log.warning(
                 "this worker's registry entry had lapsed: %.0f s passed without a heartbeat (the process "
                 "was stopped or starved, or cut off from Redis), so other workers may have taken it for "
