@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import sys
 import typing
@@ -99,12 +100,26 @@ def convert(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: i
             continue
         name, adapter = conv
         try:
-            out[i] = adapter.validate_python(value)
+            out[i] = _validated(adapter, value, pydantic.ValidationError)
         except pydantic.ValidationError as exc:
             raise SerializationError(
                 f"{what}: argument {name!r} is invalid: {field_errors(exc)}", path=f"args[{i}]"
             ) from None
     return tuple(out)
+
+
+def _validated(adapter: Any, value: Any, invalid: type[Exception]) -> Any:
+    """``value`` validated by ``adapter``; plain data (a JSON body, CLI arguments) that python
+    mode refuses is read as the JSON it is: a strict model takes ``"2026-01-01T00:00:00Z"``
+    for a datetime only from JSON, as it does when the codec rebuilds one."""
+    try:
+        return adapter.validate_python(value)
+    except invalid as refused:
+        try:
+            text = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):  # not plain data: python mode's verdict stands
+            raise refused from None
+        return adapter.validate_json(text)
 
 
 def typed_method(cls: type, attr: str, what: str) -> None:

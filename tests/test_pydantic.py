@@ -207,3 +207,17 @@ def test_annotations_that_cannot_be_resolved_are_said_once(caplog: pytest.LogCap
     convert(takes, ({"sku": "b"},), "activity 'takes'")
     said = [r.getMessage() for r in caplog.records if "cannot be resolved" in r.getMessage()]
     assert len(said) == 1 and "NameError" in said[0] and "not under TYPE_CHECKING" in said[0], said
+
+
+def test_a_strict_model_argument_given_as_json_data_is_read_as_json() -> None:
+    """A strict model refused its datetime, UUID, Decimal and enum fields from a JSON body or the
+    CLI (python mode takes only the types themselves), though the codec rebuilds it from JSON."""
+    from durable.typed_args import convert
+
+    def pay(payment: Payment) -> None: ...
+
+    given = {"when": "2026-12-07T05:00:00Z", "uid": str(uuid4()), "amount": "1.50", "kind": "card"}
+    (payment,) = convert(pay, (given,), "activity 'pay'")
+    assert isinstance(payment, Payment) and payment.amount == Decimal("1.50") and payment.kind is Kind.CARD
+    with pytest.raises(SerializationError, match=r"argument 'payment' is invalid: field 'amount'"):
+        convert(pay, ({**given, "amount": "lots"},), "activity 'pay'")
