@@ -61,6 +61,10 @@ def test_status_says_where_the_pending_workflow_task_is(store: RedisStore, idle_
     assert said.startswith(f"pending (its workflow task was delivered to worker {idle_worker.consumer} ")
     assert said.endswith(" s ago and is not decided yet)")
     assert stub.describe().workflow_task == said.removeprefix("pending (").removesuffix(")")
+    # The describe table has the row (only --json and the API had it).
+    table = CliRunner().invoke(cli, ["describe", "where-1"], terminal_width=400).output
+    row = [line for line in table.splitlines() if line.startswith("workflow task ")]
+    assert row and f"its workflow task was delivered to worker {idle_worker.consumer}" in row[0], table
 
 
 def test_a_task_delivered_to_a_gone_worker_says_it_is_taken_over(

@@ -199,6 +199,8 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
     if info.get("blocked"):
         reason = f"{info.get('blocked_kind') or 'other'}: {info['blocked']}"
         head.add_row("blocked", Text(reason, style="bold red"))
+    if info.get("workflow_task"):  # a run held up there says so here too, as status does
+        head.add_row("workflow task", str(info["workflow_task"]))
     outcome = info.get("outcome") or {}
     if outcome.get("error"):
         head.add_row("error", Text(f"{outcome['error']['type']}: {outcome['error']['message']}", style="red"))
