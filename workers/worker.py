@@ -33,6 +33,7 @@ from typing import Any
 
 from durable import registry
 from durable.store.connect import consumer_name, is_missing_group, is_transient
+from durable.store.keys import private_queue
 from durable.store.memory import OomEpisode
 from durable.store.outage import Incident, retry_transient
 from durable.store.reads import Reply
@@ -142,8 +143,7 @@ class Worker:
         self._workflow_ok = allowed.workflow
         self._activity_ok = allowed.activity
         self.build_id = build_id
-        # A private queue only this worker serves: worker sessions pin activities to it.
-        self.session_queue = "@" + self.consumer.replace(":", "-")
+        self.session_queue = private_queue(self.consumer)  # only this worker serves it: its sessions
         self._plan_streams(list(compatible), cache_size)
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
         # On a cluster a read over several partitions' streams is CROSSSLOT: the store's

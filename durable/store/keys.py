@@ -227,6 +227,12 @@ def is_private(queue: str) -> bool:
     return queue.startswith(PRIVATE)
 
 
+def private_queue(worker: str) -> str:
+    """The private queue of worker ``worker`` (its sticky workflow tasks, its worker sessions'
+    activities): ``@`` and its name, ``:`` written ``-``."""
+    return PRIVATE + worker.replace(":", "-")
+
+
 class Keys:
     """Key names for one deployment (prefix + partition count)."""
 

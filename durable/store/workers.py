@@ -24,7 +24,7 @@ from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
 from .connect import CommandRefused
 from .held import STARVED_QUEUE, starved_queues, starved_reason
-from .keys import is_private
+from .keys import is_private, private_queue
 from .memory import REDIS_CANNOT_PERSIST, REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
 
@@ -207,11 +207,18 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
             f"{_listed(deciders, 'workflows')}): start a worker whose --app defines it (a class renamed "
             f"since the run started keeps its old name with `name = {workflow_type!r}` on it)"
         )
-    # Activities run on any live worker of their queue, whatever the run's build.
+    # Activities run on any live worker of their queue, whatever the run's build; a worker
+    # session's, on the worker hosting it (its private queue).
+    served |= {private_queue(w.name) for w in live}
     for step in (record.get("snapshot") or {}).get("pending") or ():
         if step.get("kind") != "activity" or not step.get("queue"):
             continue
         name, where = str(step.get("name") or ""), f"activity {step.get('name', '')!r} (id {step.get('id')})"
+        if is_private(step["queue"]) and step["queue"] not in served:
+            return (
+                f"{where} runs in a worker session whose worker ({step['queue'][1:]}) is gone: the "
+                "session is lost, and its activities fail with SessionLost (no worker can take them over)"
+            )
         if step["queue"] not in served:
             return (
                 f"no live worker serves queue {step['queue']!r}, where {where} waits: "

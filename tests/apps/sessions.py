@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from durable import (
     ActivityFailed,
     SessionLost,
@@ -11,6 +13,17 @@ from durable import (
     query,
     worker_session,
 )
+
+
+def nap(seconds: float) -> str:
+    time.sleep(seconds)
+    return activity_context().worker
+
+
+class NapsInSession(Workflow):
+    def handle(self, seconds: float) -> str:
+        with worker_session() as session:
+            return session.activity(nap, seconds)
 
 
 def where() -> str:
