@@ -277,3 +277,22 @@ def test_an_activity_a_stopping_worker_finishes_is_not_called_blocked(
     finally:
         stop(billing)
         stop(default)
+
+
+def test_a_draining_worker_serves_the_activities_of_its_queues() -> None:
+    """A draining worker starts no new run but runs activities: a run whose activity waits on a
+    queue only such a worker serves read "blocked: no live worker serves queue 'billing'"."""
+    from durable.store.workers import WorkerInfo, no_worker_reason
+
+    record = {
+        "status": "running",
+        "queue": "default",
+        "workflow_id": "w-1",
+        "snapshot": {"pending": [{"kind": "activity", "id": "1", "name": "charge", "queue": "billing"}]},
+    }
+    deciding = WorkerInfo(name="d", queues=("default",))
+    draining = WorkerInfo(name="b", build="v1", queues=("billing",), draining=1)
+    assert no_worker_reason(record, [deciding, draining]) is None
+    stopping = WorkerInfo(name="b", build="v1", queues=("billing",), stopping=1)
+    said = no_worker_reason(record, [deciding, stopping])
+    assert said is not None and said.startswith("no live worker serves queue 'billing'"), said

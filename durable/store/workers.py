@@ -182,10 +182,15 @@ def no_live_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo])
     )
 
 
-def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> str | None:
+def no_worker_on_queue_reason(
+    record: Mapping[str, Any], live: Iterable[WorkerInfo], running: Iterable[WorkerInfo] | None = None
+) -> str | None:
     """Why an open run does not move: no live worker serves its queue at all (none was started,
     or they all stopped or died; for a run pinned to a build see :func:`no_live_worker_reason`),
     or the queue of an activity it waits on. Starting a worker on that queue moves it on.
+
+    ``running``: the workers that run its activities (default ``live``: a draining worker
+    starts no new run, but runs activities).
 
     Returns:
         The reason (it starts with ``"no live worker"``), or ``None``: the run is closed,
@@ -209,7 +214,8 @@ def no_worker_on_queue_reason(record: Mapping[str, Any], live: Iterable[WorkerIn
         )
     # Activities run on any live worker of their queue, whatever the run's build; a worker
     # session's, on the worker hosting it (its private queue).
-    served |= {private_queue(w.name) for w in live}
+    live = live if running is None else list(running)
+    served = {q for w in live for q in (*w.queues, private_queue(w.name))}
     for step in (record.get("snapshot") or {}).get("pending") or ():
         if step.get("kind") != "activity" or not step.get("queue"):
             continue
@@ -261,8 +267,9 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     draining workers start no new run: they count only for runs pinned to their builds."""
     live = list(live)
     taking = [w for w in live if w.state == "serving" or (w.state == "draining" and record.get("build"))]
+    running = [w for w in live if w.state != "stopping"]
     reason = no_live_worker_reason(record, taking) or no_worker_on_queue_reason(
-        _without_finishing(record, live), taking
+        _without_finishing(record, live), taking, running
     )
     if reason is None:
         return None
