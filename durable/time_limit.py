@@ -84,8 +84,9 @@ def query_overrun(name: str, workflow_id: str) -> Callable[[float, str], Excepti
         return QueryFailed(
             f"@query {name!r} of workflow {workflow_id!r} did not return within {seconds:g} s: workflow "
             f"code ran without yielding at {where or 'an unknown position'} (a query replays the run's "
-            "code, then calls the @query method): fix the code; a run blocked as a runaway decision "
-            f"there takes `durable repair {workflow_id}` after",
+            "code, then calls the @query method): fix the code (a loop in the run's code, not in the "
+            "@query method, blocks the run in its worker too, as a runaway decision: `durable repair "
+            f"{workflow_id}` after the fix)",
             name=name,
         )
 
