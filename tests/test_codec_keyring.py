@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from apps.payments import SecretEcho
+from apps.payments import Joins, SecretEcho
 from scenarios import park_queued_task
 
 from durable import AsyncWorkflowStub, WorkflowBlocked, WorkflowFailed, WorkflowStub, codec
@@ -312,3 +312,30 @@ def _ring_without_its_key() -> codec.KeyRing:
 
 def _xor_ring() -> codec.KeyRing:
     return codec.KeyRing({"x": Xor(5)}, current="x")
+
+
+class RefusesBoom:
+    """A hook whose encode fails for some payloads (a KMS refusing, an HSM down)."""
+
+    def encode(self, data: bytes) -> bytes:
+        if b"BOOM" in data:
+            raise KeyError("cannot seal BOOM")
+        return data
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+
+def test_a_hook_that_cannot_encode_blocks_the_run_not_the_worker(worker: Any, no_hook: None) -> None:
+    """The decision's result failed to encode, then parking the run sealed the error's text with
+    the same hook, which raised again: every worker that picked the run up stopped, each restart."""
+    codec.set_payload_hook(RefusesBoom())
+    stub = WorkflowStub.make(Joins).start("BO", "OM")  # the client writes "BO" and "OM": fine
+    with pytest.raises(WorkflowBlocked, match=r"the payload hook could not encode \d+ bytes: KeyError"):
+        stub.result(timeout=30)
+    assert WorkflowStub.make(Joins).start("o", "k").result(timeout=30) == "ok"  # the worker goes on
+    # A client whose payload the hook refuses gets one error, nothing written.
+    with pytest.raises(SerializationError, match=r"the payload hook could not encode \d+ bytes: KeyError"):
+        WorkflowStub.make(Joins).start("BOOM", "")
+    stub.terminate()
+    assert "<not stored: the payload hook could not seal this text" in sealed_text.seal_text("BOOM")

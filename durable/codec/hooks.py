@@ -110,9 +110,22 @@ def get_payload_hook() -> PayloadHook | None:
 
 
 def apply(data: bytes) -> bytes:
-    """Run the installed hook's ``encode`` over canonical bytes."""
+    """Run the installed hook's ``encode`` over canonical bytes.
+
+    Raises:
+        SerializationError: the hook raised (what it raised is its cause).
+    """
     hook = _hook
-    return data if hook is None else hook.encode(data)
+    if hook is None:
+        return data
+    try:
+        return hook.encode(data)
+    except SerializationError:
+        raise
+    except Exception as exc:
+        raise SerializationError(
+            f"the payload hook could not encode {len(data)} bytes: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def canonical(data: bytes) -> bytes:

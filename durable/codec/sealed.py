@@ -35,7 +35,12 @@ def seal_text(value: str) -> str | bytes:
     """``value`` as it is to be stored: sealed when a payload hook is installed, else as is."""
     if get_payload_hook() is None:
         return value
-    return SEALED + apply(encode(value, "text"))
+    try:
+        return SEALED + apply(encode(value, "text"))
+    except Exception as exc:  # noqa: BLE001 - the hook's fault (a KMS down): stored as that, never raised
+        # Raised here it failed the parking of a run the same hook had failed, and the worker
+        # with it, over and over. The text itself is not stored: it was to be sealed.
+        return f"<not stored: the payload hook could not seal this text ({type(exc).__name__}: {exc})>"
 
 
 def log_text(text: str, type_name: str) -> str:

@@ -48,3 +48,10 @@ class SecretEcho(Workflow):
 
     def handle(self, value: str) -> str:
         return activity(echo, value)
+
+
+class Joins(Workflow):
+    """Returns its two arguments joined: a value only the workflow's code makes."""
+
+    def handle(self, a: str, b: str) -> str:
+        return a + b
