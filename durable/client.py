@@ -10,7 +10,7 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 from . import codec, interceptors
 from . import events as ev
-from .client_updates import send_update
+from .client_updates import send_update, signal_event
 from .config import namespace as configured_namespace
 from .errors import (
     ConfigurationError,
@@ -22,7 +22,7 @@ from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
 from .limits import check_name_length, check_queue_name
 from .options import Seconds, wait_seconds
-from .registry import check_name, check_signal, start_patches, start_queue
+from .registry import check_name, start_patches, start_queue
 from .replay.driver import query_history
 from .run_views import describe_run, run_snapshot
 from .runinfo import (
@@ -71,11 +71,6 @@ def _terminate_children(store: RedisStore, close: Closing | None) -> None:
     for wid in close.to_terminate:
         with contextlib.suppress(WorkflowClosed, WorkflowNotFound):
             WorkflowStub(store, "", wid).terminate(close.reason)
-
-
-def _signal(name: str, args: Sequence[Any], headers: dict[str, Any]) -> ev.SignalReceived:
-    payload = codec.dumps(tuple(args), path="args", allowed_only=True)
-    return ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id(), headers=headers)
 
 
 R = TypeVar("R")
@@ -365,7 +360,11 @@ class WorkflowStub(Generic[R]):
         return self
 
     def _start_run(self, request: StartWorkflowInput) -> str:
-        signal = _signal(request.signal, request.signal_args, request.headers) if request.signal else None
+        signal = (
+            signal_event(request.signal, request.signal_args, request.headers, self._code or self._type)
+            if request.signal
+            else None
+        )
         where = "args" if signal is None else "start_args"
         payload = codec.dumps(tuple(request.args), path=where, allowed_only=True)
         if self._code is not None:  # made from the class: a call its handle refuses is refused now
@@ -412,12 +411,11 @@ class WorkflowStub(Generic[R]):
         if not isinstance(name, str) or not name:
             raise ConfigurationError("signal name must be a non-empty string")
         check_name_length(name, "signal")
-        check_signal(self._code or self._type, name, tuple(args))
         request = SignalWorkflowInput(self._id, name, tuple(args))
         interceptors.run(ClientInterceptor, "signal_workflow", request, self._send_signal)
 
     def _send_signal(self, request: SignalWorkflowInput) -> None:
-        signal = _signal(request.name, request.args, request.headers)  # its id makes a resend a no-op
+        signal = signal_event(request.name, request.args, request.headers, self._code or self._type)
         what = f"signal({request.name!r}) of workflow {request.workflow_id!r}"
         deliver = lambda: self._store.deliver(request.workflow_id, signal, limited=True)  # noqa: E731
         self._store.ride(what, deliver, writes=request.workflow_id)

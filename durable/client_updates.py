@@ -1,5 +1,6 @@
 """Sending an update from a client, shared by the sync and the async stub: the checks made
-before anything is written, the client interceptors (``update_workflow``), the delivery.
+before anything is written, the client interceptors (``update_workflow``), the delivery; and
+the signal event a client sends, checked the same way (:func:`signal_event`).
 
 Waiting for the outcome is not here: the sync stub blocks on the run's history
 (:func:`durable.store.updates.wait_update`), the async one awaits it (:mod:`durable.store.aio`).
@@ -20,7 +21,7 @@ from .errors import ConfigurationError, DurableError, UpdateRejected, WorkflowBl
 from .ids import check_command_id, new_run_id
 from .interceptors import ClientInterceptor, UpdateWorkflowInput
 from .limits import check_name_length
-from .registry import get_workflow
+from .registry import check_signal, get_workflow
 from .replay.updates import check_arguments
 from .runinfo import blocked_reason, blocked_text
 from .store.records import text
@@ -190,3 +191,14 @@ def reused_differently(store: RedisStore, delivery: Delivery, name: str, args: S
     if first_name == name and same_args:
         return None
     return f"{first_name}({shown})" if first_args is not None else f"{first_name!r}"
+
+
+def signal_event(
+    name: str, args: Sequence[Any], headers: dict[str, Any], code: type | str
+) -> ev.SignalReceived:
+    """The event sending signal ``name`` with ``args`` delivers; refused before anything is
+    written when the @signal handler of ``code`` (a class, or a type this process registered)
+    would refuse ``args``. Its id makes a resend (a lost reply) deliver nothing twice."""
+    check_signal(code, name, tuple(args))
+    payload = codec.dumps(tuple(args), path="args", allowed_only=True)
+    return ev.SignalReceived(name=name, payload=payload, signal_id=new_run_id(), headers=headers)

@@ -189,6 +189,12 @@ def test_a_signal_its_handler_refuses_is_refused_by_a_sender_that_has_the_class(
         WorkflowStub.load(stub.id).signal("add", {"sku": "c", "qty": -1})
     ref = stub.store.ref(stub.id)
     assert stub.store.redis.llen(stub.store.keys.inbox(ref.partition, ref.run_id)) == 0  # nothing sent
+    # signal-with-start too (it started the run, and its signal was dropped as poison).
+    fresh = WorkflowStub.make(PriceOrder)
+    with pytest.raises(SerializationError, match=r"@signal 'add' of PriceOrder.*field 'qty'"):
+        fresh.signal_with_start("add", {"sku": "c", "qty": 0}, start_args=({"id": "x", "items": []},))
+    with pytest.raises(WorkflowNotFound):
+        WorkflowStub.load(fresh.id)  # nothing started
     stub.signal("add", {"sku": "c", "qty": 2})  # a good one goes
     stub.signal("done")  # a name with no @signal handler (await_signal's) is not checked
     stub.terminate()
