@@ -136,8 +136,7 @@ def parse_moment(value: datetime | str | float | int, what: str) -> int:
 def _in_range(ms: int, what: str, value: object) -> int:
     if not FIRST_MS <= ms <= LAST_MS:
         raise ConfigurationError(
-            f"{what} {value!r} is outside the times a schedule can name (years 1 to 9999, "
-            "9999-12-31T23:59:59Z at the latest)"
+            f"{what} {value!r} is outside the times a schedule can name (0001-01-02 to 9999-12-31T23:59:59Z)"
         )
     return ms
 

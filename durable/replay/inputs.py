@@ -238,7 +238,7 @@ class Inputs(Updates):
             at = _where(exc)
             err = WorkflowTaskFailed(
                 f"{error_text(exc)} raised in {cls.__name__}.__init__{f' ({at})' if at else ''}: no "
-                "code of the run can run; deploy a fix, then `durable repair`",
+                f"code of the run can run; deploy a fix, then `durable repair {self.workflow_id}`",
                 run_id=self.run_id,
                 error_type=type(exc).__name__,
                 where=at,

@@ -187,8 +187,13 @@ def _check_workflow(store: RedisStore, spec: Schedule, apps: tuple[str, ...]) ->
 def _warn_ended(desc: ScheduleDescription) -> None:
     if desc.state.startswith("ended"):
         end = desc.spec.to_dict()["end_at"]
-        why = "is already past" if "passed" in desc.state else "comes before its first scheduled time"
-        click.echo(f"warning: schedule {desc.id} will never fire: end_at {end} {why}", err=True)
+        if end is None:  # its times run out before year 9999 ends (a Feb 29 from 9997 on)
+            said = "it has no scheduled time left before 9999-12-31T23:59:59Z"
+        else:
+            said = f"end_at {end} " + (
+                "is already past" if "passed" in desc.state else "comes before its first scheduled time"
+            )
+        click.echo(f"warning: schedule {desc.id} will never fire: {said}", err=True)
 
 
 @click.group()
