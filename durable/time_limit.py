@@ -36,6 +36,10 @@ __all__ = ["QUERY_TIMEOUT", "Overrun", "code_position", "query_overrun", "run_li
 QUERY_TIMEOUT = 5.0
 """Seconds a query's replay and ``@query`` method may run workflow code without yielding."""
 
+MONITOR_IDLE_S = 10.0
+"""How long the monitor thread outlives the last limited call (a thread per query costs more
+than the query: a busy server keeps one)."""
+
 T = TypeVar("T")
 
 _OWN = tuple(str(Path(path).parent) + os.sep for path in (__file__, greenlet.__file__ or ""))
@@ -155,13 +159,16 @@ def _unwatch(watch: _Watch) -> None:
 
 def _loop() -> None:
     global _monitor
+    idle_since = time.monotonic()
     while True:
         time.sleep(0.05)
         with _lock:
-            if not _watches:  # started again by the next call
+            now = time.monotonic()
+            if _watches:
+                idle_since = now
+            elif now - idle_since > MONITOR_IDLE_S:  # started again by the next call
                 _monitor = None
                 return
-            now = time.monotonic()
             for watch in _watches.values():
                 if not watch.fired and now - watch.mark >= watch.seconds:
                     _fire(watch, now)
