@@ -10,11 +10,14 @@ a client cannot, so :func:`run_limited` raises an exception in the running threa
 handing control back to durable (a greenlet switch restarts the clock, as for a decision).
 
 Python delivers that exception at the thread's next bytecode: a busy loop ends at once, a call
-blocked in C (``time.sleep(600)``) only when it returns.
+blocked in C (``time.sleep(600)``) only when it returns. So the code runs on a thread of its own
+(:data:`RUNNERS` of them per process) and the caller stops waiting a moment past the limit.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import ctypes
 import os
 import sys
@@ -31,10 +34,26 @@ import redis
 
 from .errors import Overrun, QueryFailed
 
-__all__ = ["QUERY_TIMEOUT", "Overrun", "code_position", "query_overrun", "run_limited", "waiting_on_redis"]
+__all__ = [
+    "BLOCKED_GRACE_S",
+    "QUERY_TIMEOUT",
+    "RUNNERS",
+    "Overrun",
+    "code_position",
+    "query_overrun",
+    "run_limited",
+    "waiting_on_redis",
+]
 
 QUERY_TIMEOUT = 5.0
 """Seconds a query's replay and ``@query`` method may run workflow code without yielding."""
+
+RUNNERS = 16
+"""Threads limited code runs on, per process (queries at once; one blocked in a call holds one)."""
+
+BLOCKED_GRACE_S = 1.0
+"""How long past the limit a caller waits for code that did not take its exception (blocked in
+a call) before it gets the error anyway."""
 
 MONITOR_IDLE_S = 10.0
 """How long the monitor thread outlives the last limited call (a thread per query costs more
@@ -109,19 +128,55 @@ class _Watch:
 _lock = threading.Lock()
 _watches: dict[int, _Watch] = {}
 _monitor: threading.Thread | None = None
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, str], Exception]) -> T:
     """``fn()``, stopped once it runs ``seconds`` without a greenlet switch.
 
+    It runs on one of :data:`RUNNERS` threads of the process while the caller waits: code
+    blocked in a call (``time.sleep(600)``) gets its exception only when the call returns, and
+    the caller does not wait for that (:data:`BLOCKED_GRACE_S` after the limit it gets the error;
+    the runner stays held meanwhile, so a process never has more than :data:`RUNNERS` of them).
+
     Args:
-        fn: The code to run on this thread.
+        fn: The code to run.
         seconds: The limit (0 or less: none). Not applied under a debugger (``sys.gettrace()``).
         overrun: Builds the error raised instead, from the limit and the code's position.
     """
-    ident = threading.get_ident()
-    if seconds <= 0 or sys.gettrace() is not None or ident in _watches:
+    if seconds <= 0 or sys.gettrace() is not None or threading.get_ident() in _watches:
         return fn()
+    runner: list[int] = []
+    context = contextvars.copy_context()  # the caller's (interceptors' headers, the test kit's)
+    future = _runners().submit(context.run, _limited, fn, seconds, overrun, runner)
+    try:
+        return future.result(timeout=seconds + BLOCKED_GRACE_S)
+    except concurrent.futures.TimeoutError:
+        if not runner:  # it never started: every runner is held by a blocked call
+            future.cancel()
+            raise overrun(
+                seconds, f"no free query thread: all {RUNNERS} are held by code blocked in a call"
+            ) from None
+        frame = sys._current_frames().get(runner[0])
+        where = code_position(traceback.extract_stack(frame)) if frame is not None else ""
+        del frame
+        raise overrun(seconds, f"{where} (blocked in a call)" if where else "") from None
+
+
+def _runners() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(RUNNERS, thread_name_prefix="durable-limited")
+        return _pool
+
+
+def _limited(
+    fn: Callable[[], T], seconds: float, overrun: Callable[[float, str], Exception], runner: list[int]
+) -> T:
+    """``fn()`` on this thread, an :class:`Overrun` raised in it past ``seconds`` without a switch."""
+    ident = threading.get_ident()
+    runner.append(ident)
     watch = _Watch(ident, seconds)
 
     def switched(event: str, args: Any) -> None:

@@ -18,14 +18,15 @@ import traceback
 from pathlib import Path
 
 import pytest
-from apps.runaway import LoopingQuery, Spin
+from apps import runaway
+from apps.runaway import LoopingQuery, SleepyQuery, Spin
 from procs import ROOT, TESTS, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
 import durable
 import durable.client
-from durable import DurableError, QueryFailed, WorkflowStub
+from durable import DurableError, QueryFailed, WorkflowStub, time_limit
 from durable.store.redis_store import RedisStore
 from durable.time_limit import code_position
 
@@ -56,6 +57,30 @@ def test_a_query_replaying_code_that_loops_fails_in_time_and_the_thread_goes_on(
     with pytest.raises(QueryFailed, match=r"ran without yielding at .*apps/runaway\.py:\d+ in stuck"):
         looping.query("stuck")
     time.sleep(0.3)  # past the monitor's next look: a stray exception would have been delivered
+
+
+def test_a_query_blocked_in_a_call_fails_in_time_and_holds_one_runner_at_most(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``time.sleep`` in a query takes the exception only when it returns: the caller (a CLI, a
+    server thread) waited for it, and a server whose threads all did so answered nothing."""
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
+    monkeypatch.setattr(time_limit, "RUNNERS", 1)
+    monkeypatch.setattr(time_limit, "_pool", None)  # a pool of one runner, for this test
+    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 6.0)  # past both waits below
+    stub = WorkflowStub.make(SleepyQuery, id="q-sleepy", store=store).start()  # no worker
+    began = time.monotonic()
+    with pytest.raises(
+        QueryFailed, match=r"did not return within 1 s: .*runaway\.py:\d+ in slow \(blocked in a call\)"
+    ):
+        stub.query("slow")
+    assert time.monotonic() - began < 1 + time_limit.BLOCKED_GRACE_S + 1
+    # Its runner is still held: the next query says so instead of waiting behind it.
+    with pytest.raises(QueryFailed, match=r"no free query thread: all 1 are held by code blocked in a call"):
+        stub.query("slow")
+    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 0.0)
+    time.sleep(6 - (time.monotonic() - began) + 0.5)  # the blocked call returns: its runner is free
+    assert stub.query("slow") == "woke"
 
 
 def test_the_http_api_answers_a_looping_query_and_the_server_still_stops(

@@ -64,3 +64,19 @@ class ThreeSteps(Workflow):
 
     def handle(self) -> list[str]:
         return [activity(step, name) for name in ("reserve", "charge", "ship")]
+
+
+QUERY_SLEEP_S = {"s": 0.0}
+"""How long :class:`SleepyQuery`'s query sleeps (a call that does not return for a while)."""
+
+
+class SleepyQuery(Workflow):
+    """A ``@query`` method blocked in a call (``time.sleep``): no bytecode runs meanwhile."""
+
+    def handle(self) -> str:
+        return activity(step, "only")
+
+    @query
+    def slow(self) -> str:
+        time.sleep(QUERY_SLEEP_S["s"])  # the blocked query line
+        return "woke"
