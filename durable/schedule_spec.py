@@ -362,7 +362,10 @@ class Schedule:
                 yield anchor + k * every
                 k += 1
         assert self.cron is not None
-        start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(self.timezone))
+        try:
+            start = datetime.fromtimestamp(after_ms / 1000, ZoneInfo(self.timezone))
+        except (ValueError, OverflowError):  # past year 9999 in that zone: no more times
+            return
         moments = iter(CronSim(self.cron, start))
         while True:
             try:

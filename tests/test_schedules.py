@@ -491,6 +491,9 @@ def test_times_end_at_year_9999_and_a_stored_out_of_range_spec_is_readable(store
     # The last two midnights, and no error past them (cronsim raised at year 10000).
     midnights = Schedule(workflow="SchedTick", cron="0 0 * * *").upcoming(LAST_MS - 2 * 86_400_000)
     assert midnights == [LAST_MS + 1 - 2 * 86_400_000, LAST_MS + 1 - 86_400_000]
+    # In a zone ahead of UTC, the last hours are in year 10000 there: no time, not an OverflowError.
+    kiritimati = Schedule(workflow="SchedTick", cron="59 23 * * *", timezone="Pacific/Kiritimati")
+    assert kiritimati.upcoming(LAST_MS - 3_600_000) == []
     handle = ScheduleHandle.create("far", last, store=store)
     assert handle.describe().spec.to_dict()["start_at"] == "9999-12-31T23:00:00Z"
     # Stored before the checks: listed, described, deleted (it crashed all of them).
