@@ -194,9 +194,14 @@ def task_in_words(
     if not where.consumer:
         queue = where.stream.rpartition(":wq:")[2]
         return f"its workflow task waits on queue {queue!r} for a worker (backlog {where.backlog})"
+    again = (
+        f" (its delivery {where.deliveries}: earlier ones were not decided either)"
+        if where.deliveries > 1
+        else ""
+    )
     said = (
         f"its workflow task was delivered to worker {where.consumer} {where.idle_ms / 1000:.0f} s ago"
-        " and is not decided yet"
+        f"{again} and is not decided yet"
     )
     if where.consumer not in live_names:
         said += (

@@ -65,6 +65,12 @@ def test_status_says_where_the_pending_workflow_task_is(store: RedisStore, idle_
     table = CliRunner().invoke(cli, ["describe", "where-1"], terminal_width=400).output
     row = [line for line in table.splitlines() if line.startswith("workflow task ")]
     assert row and f"its workflow task was delivered to worker {idle_worker.consumer}" in row[0], table
+    # Delivered again (read back, then reclaimed: "ago" starts over each time): the count says it.
+    ((_, entries),) = store.redis.xreadgroup(GROUP, idle_worker.consumer, {stream: "0"})
+    store.redis.xclaim(stream, GROUP, idle_worker.consumer, 0, [entries[0][0]])
+    assert "s ago (its delivery 3: earlier ones were not decided either) and is not decided yet" in _status(
+        "where-1"
+    )
 
 
 def test_a_task_delivered_to_a_gone_worker_says_it_is_taken_over(
