@@ -8,6 +8,7 @@ real `durable` command for the end-to-end path.
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -471,14 +472,15 @@ def test_cli_list_status_pages_through_newer_runs_of_other_statuses(durable_stor
     """`durable list --status pending --limit 5` printed no run (and no --before hint) when more
     than a few hundred newer runs had another status: it filtered a window of the newest records."""
     store = durable_store
-    waiting = [
-        WorkflowStub.make("Nobody", id=f"old-{i}", queue="none-q", store=store).start().id for i in range(3)
-    ]
+    waiting = []
+    for i in range(3):  # a ms apart: the list's order within one ms is not defined
+        waiting.append(WorkflowStub.make("Nobody", id=f"old-{i}", queue="none-q", store=store).start().id)
+        time.sleep(0.002)
     for i in range(120):
         WorkflowStub.make("Nobody", id=f"new-{i}", queue="none-q", store=store).start().terminate("x")
     shown = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2", "--json"])
     assert shown.exit_code == 0, shown.output
-    # The two newest waiting ones (started in the same ms, either may list first).
+    # The two newest waiting ones.
     assert {r["workflow_id"] for r in json.loads(shown.stdout)} == set(waiting[::-1][:2])
     table = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2"]).output
     assert "more: --before " in table, table
