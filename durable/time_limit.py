@@ -11,15 +11,15 @@ handing control back to durable (a greenlet switch restarts the clock, as for a 
 
 Python delivers that exception at the thread's next bytecode: a busy loop ends at once, a call
 blocked in C (``time.sleep(600)``) only when it returns. So the code runs on a thread of its own
-(:data:`RUNNERS` of them per process) and the caller stops waiting a moment past the limit.
+(at most :data:`RUNNERS` at once per process) and the caller stops waiting a moment past the limit.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextvars
 import ctypes
 import os
+import queue
 import sys
 import sysconfig
 import threading
@@ -49,7 +49,8 @@ QUERY_TIMEOUT = 5.0
 """Seconds a query's replay and ``@query`` method may run workflow code without yielding."""
 
 RUNNERS = 16
-"""Threads limited code runs on, per process (queries at once; one blocked in a call holds one)."""
+"""Limited calls running at once, per process (one blocked in a call holds its slot until it
+returns; with all held, a call waits for one within its limit, then fails saying so)."""
 
 BLOCKED_GRACE_S = 1.0
 """How long past the limit a caller waits for code that did not take its exception (blocked in
@@ -128,16 +129,21 @@ class _Watch:
 _lock = threading.Lock()
 _watches: dict[int, _Watch] = {}
 _monitor: threading.Thread | None = None
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_slot_count: threading.BoundedSemaphore | None = None
+_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_idle = [0]  # runner threads free for a job (counted as their job ends)
+_threads = (
+    0  # runner threads started: at most RUNNERS (a thread is started only with a slot held and none idle)
+)
 
 
 def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, str], Exception]) -> T:
     """``fn()``, stopped once it runs ``seconds`` without a greenlet switch.
 
-    It runs on one of :data:`RUNNERS` threads of the process while the caller waits: code
-    blocked in a call (``time.sleep(600)``) gets its exception only when the call returns, and
-    the caller does not wait for that (:data:`BLOCKED_GRACE_S` after the limit it gets the error;
-    the runner stays held meanwhile, so a process never has more than :data:`RUNNERS` of them).
+    It runs on a thread of its own while the caller waits: code blocked in a call
+    (``time.sleep(600)``) gets its exception only when the call returns, and the caller does not
+    wait for that (:data:`BLOCKED_GRACE_S` after the limit it gets the error). Such a thread is a
+    daemon (a CLI exits), and holds one of the process's :data:`RUNNERS` slots meanwhile.
 
     Args:
         fn: The code to run.
@@ -146,29 +152,69 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, s
     """
     if seconds <= 0 or sys.gettrace() is not None or threading.get_ident() in _watches:
         return fn()
-    runner: list[int] = []
+    deadline = time.monotonic() + seconds + BLOCKED_GRACE_S
+    slots = _slots()
+    if not slots.acquire(timeout=seconds + BLOCKED_GRACE_S):
+        raise overrun(seconds, f"no free query thread: all {RUNNERS} are held by code blocked in a call")
     context = contextvars.copy_context()  # the caller's (interceptors' headers, the test kit's)
-    future = _runners().submit(context.run, _limited, fn, seconds, overrun, runner)
-    try:
-        return future.result(timeout=seconds + BLOCKED_GRACE_S)
-    except concurrent.futures.TimeoutError:
-        if not runner:  # it never started: every runner is held by a blocked call
-            future.cancel()
-            raise overrun(
-                seconds, f"no free query thread: all {RUNNERS} are held by code blocked in a call"
-            ) from None
-        frame = sys._current_frames().get(runner[0])
+    outcome: list[Any] = []
+    done = threading.Event()
+    runner: list[int] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, context.run(_limited, fn, seconds, overrun, runner)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            outcome.append((False, exc))
+        finally:
+            slots.release()
+            _idle_again()
+            done.set()
+
+    _submit(run)
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        frame = sys._current_frames().get(runner[0]) if runner else None
         where = code_position(traceback.extract_stack(frame)) if frame is not None else ""
         del frame
-        raise overrun(seconds, f"{where} (blocked in a call)" if where else "") from None
+        raise overrun(seconds, f"{where} (blocked in a call)" if where else "a call that does not return")
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
 
 
-def _runners() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
+def _submit(job: Callable[[], None]) -> None:
+    """Run ``job`` on an idle runner thread, or on a new one if none is idle (daemons, reused: a
+    thread per call cost more than the call). A job marks its thread idle before its caller
+    wakes (:func:`_idle_again`), so calls one after another reuse one thread."""
+    global _threads
     with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(RUNNERS, thread_name_prefix="durable-limited")
-        return _pool
+        if _idle[0] > 0:
+            _idle[0] -= 1  # taken now: two calls at once never count on one idle thread
+            _jobs.put(job)
+            return
+        _threads += 1
+        name = f"durable-limited-{_threads}"
+    threading.Thread(target=_serve, args=(job,), name=name, daemon=True).start()
+
+
+def _serve(job: Callable[[], None]) -> None:
+    while True:
+        job()
+        job = _jobs.get()
+
+
+def _idle_again() -> None:
+    with _lock:
+        _idle[0] += 1
+
+
+def _slots() -> threading.BoundedSemaphore:
+    global _slot_count
+    with _lock:
+        if _slot_count is None:
+            _slot_count = threading.BoundedSemaphore(RUNNERS)
+        return _slot_count
 
 
 def _limited(

@@ -66,7 +66,7 @@ def test_a_query_blocked_in_a_call_fails_in_time_and_holds_one_runner_at_most(
     server thread) waited for it, and a server whose threads all did so answered nothing."""
     monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
     monkeypatch.setattr(time_limit, "RUNNERS", 1)
-    monkeypatch.setattr(time_limit, "_pool", None)  # a pool of one runner, for this test
+    monkeypatch.setattr(time_limit, "_slot_count", None)  # one slot, for this test
     monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 6.0)  # past both waits below
     stub = WorkflowStub.make(SleepyQuery, id="q-sleepy", store=store).start()  # no worker
     began = time.monotonic()
@@ -141,3 +141,24 @@ def test_the_position_named_is_the_apps_line_not_durables_nor_generated_code() -
         ]
     )
     assert code_position(stack).endswith("shop.py:287 in handle")
+
+
+def test_the_cli_exits_after_a_query_blocked_in_a_call(durable_redis_url: str, store: RedisStore) -> None:
+    """The error came after 5 s, then the process waited at exit for the blocked call's thread."""
+    stub = WorkflowStub.make(SleepyQuery, id="q-cli-sleepy", store=store).start()
+    env = dict(
+        os.environ,
+        DURABLE_REDIS_URL=durable_redis_url,
+        PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}",
+        QUERY_SLEEP_S="60",
+    )
+    began = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "query", stub.id, "slow", "--app", "apps.runaway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
+    assert out.returncode == 1 and "(blocked in a call)" in out.stderr, out
+    assert time.monotonic() - began < 20

@@ -3,6 +3,7 @@ saga to run beside them. Worker processes import this module as ``apps.runaway``
 
 from __future__ import annotations
 
+import os
 import time
 
 from durable import Workflow, activity, query
@@ -66,7 +67,7 @@ class ThreeSteps(Workflow):
         return [activity(step, name) for name in ("reserve", "charge", "ship")]
 
 
-QUERY_SLEEP_S = {"s": 0.0}
+QUERY_SLEEP_S = {"s": float(os.environ.get("QUERY_SLEEP_S", "0"))}
 """How long :class:`SleepyQuery`'s query sleeps (a call that does not return for a while)."""
 
 
