@@ -31,7 +31,7 @@ from apps.typed import (  # noqa: E402
     ShipParcel,
 )
 from apps.typed_models import Dimensions, Parcel, Size, Unnamed  # noqa: E402
-from procs import workers  # noqa: E402
+from procs import durable_cli, workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from durable import (
@@ -195,6 +195,11 @@ def test_a_signal_its_handler_refuses_is_refused_by_a_sender_that_has_the_class(
         fresh.signal_with_start("add", {"sku": "c", "qty": 0}, start_args=({"id": "x", "items": []},))
     with pytest.raises(WorkflowNotFound):
         WorkflowStub.load(fresh.id)  # nothing started
+    # `durable signal --app` checks the same, in a process of its own (without --app it has no
+    # class: it sends, and the run drops the signal as a dead letter).
+    said = durable_cli(redis_url, "signal", stub.id, "add", '{"sku": "c", "qty": 0}', "--app", "apps.typed")
+    assert said.returncode == 1 and "field 'qty'" in said.stderr, said
+    assert stub.store.redis.llen(stub.store.keys.inbox(ref.partition, ref.run_id)) == 0
     stub.signal("add", {"sku": "c", "qty": 2})  # a good one goes
     stub.signal("done")  # a name with no @signal handler (await_signal's) is not checked
     stub.terminate()

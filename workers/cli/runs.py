@@ -164,9 +164,21 @@ def start(
 @click.argument("workflow_id", metavar="ID")
 @click.argument("name")
 @click.argument("args", nargs=-1, metavar="[ARGS_JSON]...")
+@click.option(
+    "--app",
+    "apps",
+    multiple=True,
+    metavar="MODULE",
+    help="Check ARGS against the workflow's @signal handler.",
+)
 @pass_state
-def signal(state: CliState, workflow_id: str, name: str, args: tuple[str, ...]) -> None:
-    """Send signal NAME with ARGS (JSON values) to workflow ID's current run."""
+def signal(
+    state: CliState, workflow_id: str, name: str, args: tuple[str, ...], apps: tuple[str, ...]
+) -> None:
+    """Send signal NAME with ARGS (JSON values) to workflow ID's current run (with --app, ARGS
+    its @signal handler refuses are refused here, nothing sent: else the run drops them)."""
+    if apps:
+        load_apps(apps)
     values = parse_args(args)
     _stub(state, workflow_id).signal(name, *values)
     click.echo(f"signal {name!r} sent to {workflow_id}")
