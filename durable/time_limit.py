@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
-import os
 import queue
 import sys
-import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import greenlet
-import redis
 
 from .errors import Overrun, QueryFailed
+from .frames import code_position, waiting_on_redis
 
 __all__ = [
     "BLOCKED_GRACE_S",
@@ -61,44 +58,6 @@ MONITOR_IDLE_S = 10.0
 than the query: a busy server keeps one)."""
 
 T = TypeVar("T")
-
-_OWN = tuple(str(Path(path).parent) + os.sep for path in (__file__, greenlet.__file__ or ""))
-_IO = tuple(str(p) + os.sep for p in (Path(__file__).parent / "store", Path(redis.__file__ or "").parent))
-_PATHS = sysconfig.get_paths()
-_STDLIB = tuple({_PATHS["stdlib"] + os.sep, _PATHS["platstdlib"] + os.sep})
-_SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
-
-
-def code_position(stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] = ()) -> str:
-    """The innermost frame of the app's code in ``stack`` (not durable's, greenlet's, the
-    standard library's, nor under the ``own`` folders), as ``path:line in function``."""
-    chosen = stack[-1] if stack else None
-    for frame in reversed(stack):
-        path = frame.filename
-        generated = path.startswith("<")  # code made at run time ("<string>": a dataclass's __init__)
-        if (
-            not generated
-            and not path.startswith(_OWN + own)
-            and (not path.startswith(_STDLIB) or path.startswith(_SITE))
-        ):
-            chosen = frame
-            break
-    if chosen is None:
-        return "an unknown position"
-    path = chosen.filename
-    try:
-        path = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        pass
-    if path.startswith(".." + os.sep):
-        path = chosen.filename
-    return f"{path}:{chosen.lineno} in {chosen.name}"
-
-
-def waiting_on_redis(stack: traceback.StackSummary) -> bool:
-    """Whether ``stack`` is in durable's store or redis-py: workflow code never calls them, so
-    durable itself is loading or recording, and a slow Redis is not a runaway."""
-    return any(frame.filename.startswith(_IO) for frame in stack)
 
 
 def query_overrun(name: str, workflow_id: str) -> Callable[[float, str], Exception]:

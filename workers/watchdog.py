@@ -40,8 +40,8 @@ from typing import Any
 
 import greenlet
 
+from durable.frames import code_position, waiting_on_redis
 from durable.store.redis_store import RedisStore
-from durable.time_limit import code_position, waiting_on_redis
 
 from .decider import Decider, Task
 

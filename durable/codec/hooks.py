@@ -8,7 +8,7 @@ import traceback
 from typing import Protocol
 
 from durable.errors import ConfigurationError, SerializationError
-from durable.time_limit import code_position
+from durable.frames import code_position
 
 from .keyring import MAGIC, key_id_of
 
