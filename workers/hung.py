@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from durable.store.records import CLOSED_STATUSES, HEARTBEAT_S
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+from durable.store.workers import running_entry
 
 from .attempts import attempt_deadline, task_ids
 
@@ -85,8 +86,7 @@ class HeldThread:
     def briefly(self, now: float) -> str:
         """``fetch of workflow o-1 for 25 s (no timeout)``: a running attempt, for the registry."""
         t = self.task
-        bound = "" if self.deadline is not None else " (no timeout)"
-        return f"{t.name} of workflow {t.workflow_id} for {now - self.started:.0f} s{bound}"
+        return running_entry(t.name, t.workflow_id, now - self.started, timeout=self.deadline is not None)
 
 
 def _timeout(task: ActivityTask) -> str:

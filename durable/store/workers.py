@@ -285,6 +285,16 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     return reason
 
 
+def running_entry(activity: str, workflow_id: str, seconds: float, *, timeout: bool) -> str:
+    """A running attempt as a worker's entry lists it (:attr:`WorkerInfo.running`): ``fetch of
+    workflow o-1 for 25 s (no timeout)``, as a stopping worker's views read it back."""
+    return f"{_running_head(activity, workflow_id)}{seconds:.0f} s{'' if timeout else ' (no timeout)'}"
+
+
+def _running_head(activity: object, workflow_id: object) -> str:
+    return f"{activity} of workflow {workflow_id} for "
+
+
 def _without_finishing(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> Mapping[str, Any]:
     """``record`` without the pending activities a stopping worker is running (its entry's
     ``running`` names them): it finishes them first, and their results go to the run's own
@@ -300,7 +310,7 @@ def _without_finishing(record: Mapping[str, Any], live: Iterable[WorkerInfo]) ->
         for step in pending
         if not (
             step.get("kind") == "activity"
-            and any(r.startswith(f"{step.get('name')} of workflow {workflow_id} for ") for r in running)
+            and any(r.startswith(_running_head(step.get("name"), workflow_id)) for r in running)
         )
     ]
     return record if len(kept) == len(pending) else {**record, "snapshot": {**snapshot, "pending": kept}}
