@@ -14,7 +14,7 @@ from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of, with
 from .store.held import busy_queues, starved_queues
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
-from .store.workers import WorkerInfo
+from .store.workers import WorkerInfo, stalled_decision
 
 
 def run_snapshot(store: RedisStore, workflow_id: str, ref: RunRef) -> dict[str, Any]:
@@ -180,6 +180,7 @@ def task_in_words(
     if where is None:
         return None
     live_names = {w.name for w in live}
+    stalled = {w.name: stalled_decision(w) for w in live if w.deciding_run}
     if where.owner:
         said = (
             f"its workflow task waits on the private queue of worker {where.owner}, which decided the "
@@ -190,10 +191,16 @@ def task_in_words(
                 "; that worker is gone (stopped or died): the task goes back to the run's queue "
                 f"after --sticky-timeout ({_flag_value(live, 'sticky_timeout_ms', 5_000)})"
             )
+        elif where.owner in stalled:
+            said += "; " + stalled[where.owner]
         return said
     if not where.consumer:
         queue = where.stream.rpartition(":wq:")[2]
-        return f"its workflow task waits on queue {queue!r} for a worker (backlog {where.backlog})"
+        said = f"its workflow task waits on queue {queue!r} for a worker (backlog {where.backlog})"
+        serving = [w.name for w in live if queue in w.queues]
+        if serving and all(name in stalled for name in serving):
+            said += "; " + "; ".join(stalled[name] for name in serving)
+        return said
     again = (
         f" (its delivery {where.deliveries}: earlier ones were not decided either)"
         if where.deliveries > 1
@@ -208,6 +215,13 @@ def task_in_words(
             "; that worker is gone (stopped or died): another takes the task over after --claim-idle "
             f"({_flag_value(live, 'claim_idle_ms', 30_000)})"
         )
+    elif where.consumer in stalled:
+        said += "; " + stalled[where.consumer]
+        if next(w.deciding_run for w in live if w.name == where.consumer) == ref.run_id:
+            said += (
+                ". Fix the code and restart the worker with a --decision-timeout (the run is then "
+                f"blocked for `durable repair`), or `durable terminate {ref.workflow_id}`"
+            )
     return said
 
 

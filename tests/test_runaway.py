@@ -194,3 +194,37 @@ def test_the_watchdog_ignores_waits_on_redis_and_code_that_yields(redis_client) 
         assert found[0].reason.startswith("decision exceeded 0.3 s at tests/test_runaway.py:")
     finally:
         watchdog.stop()
+
+
+def _status_saying(workflow_id: str, words: str) -> str:
+    """``durable status`` of a run once it says ``words``."""
+    return wait_for(lambda: (said := _cli("status", workflow_id)) and words in said and said, timeout=20)
+
+
+@pytest.mark.slow
+def test_a_stalled_decision_with_no_deadline_is_named_by_status_and_workers(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """With --decision-timeout off nothing blocks a decision that never returns, and its worker
+    decides nothing else: the views say which worker, which run, and the code's line, rather
+    than "delivered ... and is not decided yet" / "waits on queue ... for a worker"."""
+    log = tmp_path / "worker.log"
+    with _worker(redis_url, log, "--decision-timeout", "0", "--grace", "1") as proc:
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        spin = WorkflowStub.make(Spin).start()
+        said = _status_saying(spin.id, "has been deciding")
+        assert f"has been deciding run {spin.run_id} for " in said, said
+        assert f" s at tests/apps/{SPIN_AT} (--decision-timeout off) without yielding" in said
+        assert f"`durable terminate {spin.id}`" in said and "it decides nothing else" in said
+        # A run started meanwhile waits for that worker: its status says what holds it.
+        other = WorkflowStub.make(ThreeSteps).start()
+        said = _status_saying(other.id, "has been deciding")
+        assert f"has been deciding run {spin.run_id} " in said and "durable terminate" not in said
+        report = json.loads(_cli("workers", "--json"))
+        (worker,) = report["workers"]
+        assert worker["deciding_run"] == spin.run_id and SPIN_AT in worker["deciding_note"]
+        assert "stalled: worker" in _cli("workers")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == STOP_TIMEOUT_EXIT
+    text = log.read_text()
+    assert f"run {spin.run_id}: its decision has run workflow code for " in text and SPIN_AT in text

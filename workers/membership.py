@@ -104,6 +104,9 @@ class Membership:
         #: ``(threads, held, stuck, busy, running)`` for the entry, asked on every heartbeat (the
         #: worker sets it to :meth:`workers.hung.HungWatch.check`: its activity threads' use).
         self.threads: Callable[[], tuple[int, int, tuple[str, ...], int, tuple[str, ...]]] | None = None
+        #: ``(run id, words)`` of a decision stalled past ``SLOW_DECISION_S``, asked on every
+        #: heartbeat (:meth:`workers.watchdog.DecisionWatchdog.slow`).
+        self.deciding: Callable[[], tuple[str, str]] | None = None
         self._drain_asked = False
         self._activity_queues: list[str] | None = None  # while draining: see activity_queues()
         #: Set once a drain found no open pinned run left (the worker then stops).
@@ -291,7 +294,17 @@ class Membership:
             self.threads() if self.threads is not None else (0, 0, (), 0, ())
         )
         now = self.store.server_time_ms()
-        entry = replace(self.info, threads=threads, held=held, stuck=stuck, busy=busy, running=running)
+        deciding_run, deciding = self.deciding() if self.deciding is not None else ("", "")
+        entry = replace(
+            self.info,
+            threads=threads,
+            held=held,
+            stuck=stuck,
+            busy=busy,
+            running=running,
+            deciding_run=deciding_run,
+            deciding=deciding,
+        )
         asked, lapsed = self.store.renew_registration(replace(entry, started=self._started or now, seen=now))
         if lapsed and self._renewed:
             self._settled_at = now + REGISTRY_TTL_MS

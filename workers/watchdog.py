@@ -42,6 +42,7 @@ import greenlet
 
 from durable.frames import code_position, waiting_on_redis
 from durable.store.redis_store import RedisStore
+from durable.store.workers import SLOW_DECISION_S
 
 from .decider import Decider, Task
 
@@ -120,12 +121,9 @@ class DecisionWatchdog:
     """
 
     @classmethod
-    def attach(
-        cls, decider: Decider, timeout: float, on_stuck: Callable[[Stuck], None]
-    ) -> DecisionWatchdog | None:
-        """A watchdog timing ``decider``'s decisions (``None`` when ``timeout`` is 0: no deadline)."""
-        if timeout <= 0:
-            return None
+    def attach(cls, decider: Decider, timeout: float, on_stuck: Callable[[Stuck], None]) -> DecisionWatchdog:
+        """A watchdog timing ``decider``'s decisions (``timeout`` 0: no deadline, but a decision
+        running past :data:`SLOW_DECISION_S` is still logged and named by :meth:`slow`)."""
         watchdog = cls(timeout, on_stuck)
         decider.deciding = watchdog.deciding
         return watchdog
@@ -133,7 +131,8 @@ class DecisionWatchdog:
     def __init__(self, timeout: float, on_stuck: Callable[[Stuck], None]) -> None:
         self.timeout = timeout
         self.on_stuck = on_stuck
-        self._poll = min(0.25, timeout / 4)
+        self._poll = min(0.25, timeout / 4) if timeout > 0 else 0.25
+        self._warned: Task | None = None
         self._next: Task | None = None
         self._task: Task | None = None
         self._thread_id = 0
@@ -188,16 +187,58 @@ class DecisionWatchdog:
         while not self._stop.wait(self._poll):
             try:
                 self.check()
+                self._warn_slow()
             except Exception:  # noqa: BLE001 - the watchdog must outlive one bad report
                 log.exception("decision watchdog: could not report a stuck decision")
 
     def check(self) -> Stuck | None:
         """Sample the deciding thread once; report (and return) a decision past its deadline."""
         task = self._task
-        if task is None or task is self._reported:
+        if task is None or task is self._reported or self.timeout <= 0:
             return None
+        sampled = self._sample(task, self.timeout)
+        if sampled is None:
+            return None
+        seconds, stack = sampled
+        self._reported = task
+        stuck = Stuck(task, self.timeout, seconds, _where(stack), "".join(stack.format()))
+        self.on_stuck(stuck)
+        return stuck
+
+    def slow(self) -> tuple[str, str]:
+        """``(run id, words)`` of the decision running workflow code without yielding for more
+        than :data:`SLOW_DECISION_S` (``("", "")``: none), for the worker's registry entry:
+        ``("r-1", "45 s at app.py:12 in handle (--decision-timeout off)")``. Any thread."""
+        task = self._task
+        sampled = None if task is None else self._sample(task, SLOW_DECISION_S)
+        if task is None or sampled is None:
+            return "", ""
+        seconds, stack = sampled
+        deadline = f"--decision-timeout {self.timeout:g} s" if self.timeout > 0 else "--decision-timeout off"
+        return task.run_id, f"{seconds:.0f} s at {_where(stack)} ({deadline})"
+
+    def _warn_slow(self) -> None:
+        """Log once a decision that passed :data:`SLOW_DECISION_S` (with no deadline, or a long
+        one, nothing else says why the worker's other runs wait)."""
+        task = self._task
+        if task is None or task is self._warned or task is self._reported:
+            return
+        run_id, words = self.slow()
+        if run_id and task is self._task:
+            self._warned = task
+            log.warning(
+                "run %s: its decision has run workflow code for %s without yielding; this worker decides "
+                "nothing else until it returns (workflow code must not block or busy-loop: use timer() "
+                "or an activity)",
+                run_id,
+                words,
+            )
+
+    def _sample(self, task: Task, seconds: float) -> tuple[float, traceback.StackSummary] | None:
+        """How long ``task``'s decision has gone without progress and where, if ``seconds`` or more
+        (``None``: less, another decision, or the thread waits on Redis)."""
         now = time.monotonic()
-        if now - self._mark < self.timeout:
+        if now - self._mark < seconds:
             return None
         frame = sys._current_frames().get(self._thread_id)
         if frame is None or task is not self._task:
@@ -207,10 +248,7 @@ class DecisionWatchdog:
         if waiting_on_redis(stack):
             self._mark = now
             return None
-        self._reported = task
-        stuck = Stuck(task, self.timeout, now - self._mark, _where(stack), "".join(stack.format()))
-        self.on_stuck(stuck)
-        return stuck
+        return now - self._mark, stack
 
 
 def block_runaway(store: RedisStore, stuck: Stuck) -> None:

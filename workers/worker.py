@@ -188,6 +188,7 @@ class Worker:
         self._owns_process = False
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
+        self.membership.deciding = self.watchdog.slow  # its entry names a stalled decision
 
     def _make_decider(
         self, cache_size: int, claim_idle_ms: int, compatible: Sequence[str], grace: float
@@ -325,8 +326,7 @@ class Worker:
         retry_transient(self._join, self._outage, stop=self._stop)
         self.scheduler.start()
         self._owns_process = threading.current_thread() is threading.main_thread()
-        if self.watchdog is not None:
-            self.watchdog.start()
+        self.watchdog.start()
         log.info(
             "worker %s serving queues %s (%d activity threads)", self.consumer, self.queues, self.concurrency
         )
@@ -393,8 +393,7 @@ class Worker:
         )
 
     def _shutdown(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.stop()
+        self.watchdog.stop()
         self.activities.finish(self.grace, meanwhile=self.scheduler.hand_back_own)
         self._requeue_unread()
         self._leave()

@@ -38,7 +38,9 @@ __all__ = [
     "no_live_worker_reason",
     "no_worker_on_queue_reason",
     "no_worker_reason",
+    "SLOW_DECISION_S",
     "served_queues",
+    "stalled_decision",
     "takes_new_runs",
 ]
 
@@ -88,6 +90,11 @@ class WorkerInfo:
             the runs pinned to its builds, and stops once none of them is open.
         pinned_left: While draining: the open runs pinned to its builds on its queues, as
             counted at its last heartbeat.
+        deciding_run: The run whose decision has run workflow code without yielding for longer
+            than :data:`SLOW_DECISION_S` at its last heartbeat (``""``: none). Decisions run on
+            the worker's main thread: it decides nothing else until that one returns.
+        deciding: That decision in words: ``45 s at app.py:12 in handle (--decision-timeout
+            off)``.
     """
 
     name: str
@@ -112,6 +119,8 @@ class WorkerInfo:
     stopping: int = 0
     draining: int = 0
     pinned_left: int = 0
+    deciding_run: str = ""
+    deciding: str = ""
 
     @property
     def state(self) -> str:
@@ -144,12 +153,30 @@ class WorkerInfo:
             info = cls(**data)
         except (ValueError, TypeError, AttributeError):
             return None
-        plain = [info.name, info.host, info.build]
+        plain = [info.name, info.host, info.build, info.deciding_run, info.deciding]
         if not all(isinstance(v, str) for v in plain) or not all(
             isinstance(getattr(info, f), int) for f in _COUNTS
         ):
             return None  # wrongly typed fields: not an entry a worker wrote
         return info
+
+
+SLOW_DECISION_S = 5.0
+"""Seconds a decision may run workflow code without yielding before its worker's entry names it
+(:attr:`WorkerInfo.deciding_run`): with ``--decision-timeout`` off or longer, the worker's main
+thread waits for it, and the views say so rather than "not decided yet"."""
+
+
+def stalled_decision(worker: WorkerInfo) -> str:
+    """``worker``'s stalled decision in words (``""``: none): ``worker W has been deciding run R
+    for 45 s at app.py:12 in handle (--decision-timeout off) without yielding; it decides nothing
+    else until that returns``."""
+    if not worker.deciding_run:
+        return ""
+    return (
+        f"worker {worker.name} has been deciding run {worker.deciding_run} for {worker.deciding} without "
+        "yielding; it decides nothing else until that returns"
+    )
 
 
 _COUNTS = tuple(f.name for f in fields(WorkerInfo) if f.type == "int")

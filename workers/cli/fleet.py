@@ -27,7 +27,14 @@ from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
 from durable.store.redis_store import RedisStore
 from durable.store.retention import namespace_retention_ms
 from durable.store.run_list import RunPage, parse_cursor
-from durable.store.workers import WorkerInfo, drain_targets, no_worker_reason, served_queues, takes_new_runs
+from durable.store.workers import (
+    WorkerInfo,
+    drain_targets,
+    no_worker_reason,
+    served_queues,
+    stalled_decision,
+    takes_new_runs,
+)
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
 from workers.config import mask_url
@@ -222,6 +229,9 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             # Draining: it starts no new run, finishes the runs pinned to its build, then stops.
             "draining_since": w.draining or None,
             "pinned_left": w.pinned_left if w.draining else None,
+            # A decision past SLOW_DECISION_S without yielding: its main thread waits for it.
+            "deciding_run": w.deciding_run or None,
+            "deciding_note": stalled_decision(w) or None,
         }
         for w in live
     ]
@@ -261,17 +271,19 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
 
 
 def _state_note(w: dict[str, Any]) -> str:
-    """What a stopping or draining worker does meanwhile, and for how long (Redis time)."""
+    """What a stopping or draining worker does meanwhile, and for how long (Redis time); a
+    decision that stalls its main thread."""
+    stalled = f"\nstalled: {w['deciding_note']}" if w["deciding_note"] else ""
     since = w["stopping_since"] or w["draining_since"]
     if not since:
-        return ""
+        return stalled
     took = _span(w["last_heartbeat"] + w["heartbeat_age_s"] * 1000 - since)
     if w["stopping_since"]:
-        return f"\nstopping for {took}: finishing its activities, no new task"
+        return f"\nstopping for {took}: finishing its activities, no new task{stalled}"
     left = w["pinned_left"]
     return (
         f"\ndraining for {took}: {left} open run{'s' if left != 1 else ''} pinned to its build left; "
-        "no new run, stops once none is"
+        f"no new run, stops once none is{stalled}"
     )
 
 

@@ -52,7 +52,8 @@
       el("td", {}, list(w.queues)), el("td", {}, list(w.workflows)), el("td", {}, list(w.activities.filter((a) => !a.startsWith("durable.")))),
       el("td", {}, threads(w)), el("td", { class: "small" }, time(w.started)), el("td", {}, `${w.heartbeat_age_s} s ago`,
         w.stopping_since ? el("div", {}, el("span", { class: "badge stopping", title: "it takes no new task: it finishes its running activities, then leaves" }, "stopping"))
-          : w.draining_since ? el("div", {}, el("span", { class: "badge draining", title: "it starts no new run: it finishes the runs pinned to its build, then stops" }, `draining: ${w.pinned_left} left`)) : ""),
+          : w.draining_since ? el("div", {}, el("span", { class: "badge draining", title: "it starts no new run: it finishes the runs pinned to its build, then stops" }, `draining: ${w.pinned_left} left`)) : "",
+        w.deciding_note ? el("div", { class: "warn small" }, "stalled: " + w.deciding_note) : ""),
       el("td", { class: "buttons" }, w.stopping_since || w.draining_since ? ""
         : el("button", { type: "button", onclick: () => drain(w) }, "Drain…"))));
     if (wrows.length) wbody.replaceChildren(...wrows); else empty(wbody, 10, "no live worker");
