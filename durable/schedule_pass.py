@@ -241,17 +241,25 @@ class _Settle:
             self._claimed(member, due)
 
     def _fit_buffer(self, policy: ScheduleOverlap) -> None:
-        """Drop the buffered times the schedule's overlap policy no longer keeps (updated from
-        buffer_all to skip, say, they would go on starting one by one), each recorded."""
+        """Drop the buffered scheduled times the schedule's overlap policy no longer keeps
+        (updated from buffer_all to skip, say, they would go on starting one by one), each
+        recorded. A trigger's or a backfill's time keeps the policy it was given (``trigger
+        --overlap buffer_one`` on a ``skip`` schedule starts once the open run closes)."""
         if policy == ScheduleOverlap.ALLOW_ALL:
             return  # all of them start now
-        keep = _BUFFER_KEEPS.get(policy, 0)
-        for member in self.buffer[keep:]:
-            ms, kind, _ = parse_claim_member(member)
+        kept: list[str] = []
+        held: dict[ScheduleOverlap, int] = {}
+        for member in self.buffer:
+            ms, kind, own = parse_claim_member(member)
+            applies = policy if kind == "scheduled" else ScheduleOverlap.parse(own)
+            if held.get(applies, 0) < _BUFFER_KEEPS.get(applies, 0):
+                held[applies] = held.get(applies, 0) + 1
+                kept.append(member)
+                continue
             why = f"overlap is {policy} now: this buffered time is dropped"
             entry = action("skipped", self._now(), reason=why, scheduled_at=iso(ms), kind=kind)
             self._settle("drop_buffered", member=member, action=entry)
-        self.buffer = self.buffer[:keep]
+        self.buffer = kept
 
     def _prune_runs(self) -> None:
         ids = [wid for wid, _ in self.state.runs]

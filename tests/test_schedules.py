@@ -534,6 +534,31 @@ def test_trigger_returns_none_when_the_overlap_policy_skips(store: RedisStore) -
     assert handle.describe(runs=False).started == 2
 
 
+def test_a_trigger_or_backfill_buffered_on_a_skip_schedule_starts_once_the_run_closes(
+    store: RedisStore,
+) -> None:
+    """The next pass dropped them ("overlap is skip now", the schedule's own policy) while the
+    callers had been told they would start once the open run closed."""
+    handle = ScheduleHandle.create("tb", Schedule(workflow="SchedSleep", every="1h"), store=store)
+    first = handle.trigger()
+    assert first is not None
+    triggered = handle.trigger(overlap="buffer_one")
+    filled = handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T01:00:00Z", overlap="buffer_all")
+    assert filled.started == [] and len(filled.buffered) == 2
+    sched = SchedulePass(store)
+    sched.process(handle.id)  # a pass while the run is open keeps every one of them
+    assert len(handle.describe().buffered) == 3
+    started = [first]
+    for _ in range(3):  # each time the open run closes, the oldest buffered time starts
+        WorkflowStub.load(started[-1], store=store).terminate("test")
+        sched.process(handle.id)
+        (now_open,) = [r["workflow_id"] for r in handle.describe().running]
+        started.append(now_open)
+    assert started[1] == triggered and len(set(started)) == 4
+    assert handle.describe().started == 4 and handle.describe().buffered == []
+    assert not [a for a in handle.describe().recent_actions if a["action"] == "skipped"]
+
+
 def test_backfill_says_what_started_and_what_was_skipped(store: RedisStore) -> None:
     handle = ScheduleHandle.create("bs", Schedule(workflow="SchedSleep", every="1h"), store=store)
     done = handle.backfill("2024-05-01T00:00:00Z", "2024-05-01T04:00:00Z")
