@@ -286,6 +286,8 @@ def test_hook_from_the_environment_and_reading_without_a_hook(
             r"calling it raised KeyError: 'PAYLOAD_KEY' \(at .*test_codec_keyring.py:\d+ in _ring_without_its_key\)",
         ),
         ("os:system", r"calling it raised TypeError: .*system\(\) missing required argument"),
+        # One that exits (sys.exit(3) when its key is missing) ended every command silently.
+        (f"{__name__}:_ring_that_exits", r"calling it raised SystemExit: 3 \(at .*in _ring_that_exits\)"),
     ]:
         monkeypatch.setenv("DURABLE_PAYLOAD_HOOK", value)
         with pytest.raises(ConfigurationError, match=message):
@@ -304,6 +306,10 @@ def test_hook_from_the_environment_and_reading_without_a_hook(
         codec.loads(data)
     assert sealed_text.open_text(sealed).startswith("<sealed text: payload is encrypted by a KeyRing")
     assert sealed_text.seal_text("plain") == "plain"  # no hook: stored as before
+
+
+def _ring_that_exits() -> codec.KeyRing:
+    sys.exit(3)
 
 
 def _ring_without_its_key() -> codec.KeyRing:

@@ -73,7 +73,8 @@ def install_payload_hook_from_env() -> PayloadHook | None:
         )
     try:
         target = getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:  # noqa: BLE001 - its import may raise anything: one line, not a traceback
+    # SystemExit too: a module that exits when its key is missing ended every command silently.
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - its import may raise anything: one line
         where = (
             " (looked for on sys.path: run from the folder that holds it, or add its folder to PYTHONPATH)"
             # The hook's module itself (or its package), not a module it imports that is missing.
@@ -85,7 +86,7 @@ def install_payload_hook_from_env() -> PayloadHook | None:
         ) from None
     try:
         hook = target if hasattr(target, "encode") else target() if callable(target) else target
-    except Exception as exc:  # noqa: BLE001 - a factory missing its key, say: one line, not a traceback
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a factory missing its key: one line
         raise ConfigurationError(
             f"{ENV_HOOK}={spec!r}: calling it raised {type(exc).__name__}: {exc}{_at(exc)}"
         ) from None
