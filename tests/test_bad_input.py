@@ -797,6 +797,25 @@ def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
 # ------------------------------------------------------------- async def workflow code
 
 
+class BiLateAsync(Workflow):
+    def handle(self) -> int:
+        return 1
+
+
+async def _late_async_handle(self: BiLateAsync) -> int:
+    return 2
+
+
+BiLateAsync.handle = _late_async_handle  # type: ignore[assignment,method-assign]  # after the class check
+
+
+def test_async_handle_set_after_the_class_statement_fails_its_run_saying_why(worker) -> None:
+    """The class check cannot see it: the run failed with "cannot encode <builtins.coroutine>"."""
+    exc = failure(WorkflowStub.make(BiLateAsync).start())
+    assert isinstance(exc.cause, TypeError)
+    assert "BiLateAsync.handle returned a coroutine: workflow code is plain synchronous" in str(exc.cause)
+
+
 def test_async_def_and_generator_workflow_code_is_refused_at_class_definition() -> None:
     """Temporal's habit: an ``async def`` @signal handler returned a coroutine nobody awaited,
     so every signal was recorded and dropped, silently; an ``async def handle`` failed its run

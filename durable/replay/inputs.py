@@ -554,7 +554,15 @@ def _call_handle(instance: Any, args: tuple[Any, ...]) -> Any:
         where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
         name = f"{type(instance).__name__}.handle{where}"
         raise TypeError(f"{name} {mismatch}; the run was started with {len(args)} argument(s)")
-    return instance.handle(*args)
+    result = instance.handle(*args)
+    if inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        # ``handle = some_async_def`` set after the class statement (the class check missed it).
+        result.close()
+        raise TypeError(
+            f"{type(instance).__name__}.handle returned a {type(result).__name__}: workflow code is plain "
+            "synchronous Python (a def, not async def or a generator); its durable calls suspend it"
+        )
+    return result
 
 
 def _where(exc: BaseException) -> str:
