@@ -557,7 +557,7 @@ def _call_handle(instance: Any, args: tuple[Any, ...]) -> Any:
     result = instance.handle(*args)
     if inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
         # ``handle = some_async_def`` set after the class statement (the class check missed it).
-        result.close()
+        getattr(result, "close", lambda: None)()  # no "never awaited" warning (an async generator has none)
         raise TypeError(
             f"{type(instance).__name__}.handle returned a {type(result).__name__}: workflow code is plain "
             "synchronous Python (a def, not async def or a generator); its durable calls suspend it"
