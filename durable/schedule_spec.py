@@ -9,6 +9,7 @@ scheduler alike, so they agree on which scheduled time is due.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -230,6 +231,23 @@ def check_cron(expr: str) -> str:
     return expr
 
 
+@functools.lru_cache(maxsize=256)
+def _cron_gap_s(expr: str, timezone: str) -> float:
+    """The shortest interval (seconds) between a valid cron's times in ``timezone``, over its
+    first 64 times from 2001 (a jitter this long or longer would start runs out of order)."""
+    times = CronSim(expr, datetime(2001, 1, 1, tzinfo=ZoneInfo(timezone)))
+    shortest, last = math.inf, None
+    for _ in range(64):
+        try:
+            moment = next(times).timestamp()
+        except (StopIteration, ValueError, OverflowError):
+            break
+        if last is not None and moment > last:
+            shortest = min(shortest, moment - last)
+        last = moment
+    return shortest
+
+
 def check_timezone(name: str) -> str:
     """Validate an IANA time zone name (``Europe/Berlin``, ``UTC``).
 
@@ -311,9 +329,11 @@ class Schedule:
                 "start_at or the Unix epoch in any zone; drop it, or use cron"
             )
         object.__setattr__(self, "jitter", _duration_s(self.jitter, "jitter", zero=True))
-        if self.every is not None and self.jitter >= self.every:  # type: ignore[operator]
+        gap = self.every if self.every is not None else _cron_gap_s(str(self.cron), self.timezone)
+        if self.jitter and self.jitter >= gap:  # type: ignore[operator]
+            interval = "interval" if self.every is not None else "shortest interval between the cron's times"
             raise ConfigurationError(
-                f"jitter {self.jitter:g}s is not shorter than the interval ({self.every:g}s): runs would "
+                f"jitter {self.jitter:g}s is not shorter than the {interval} ({gap:g}s): runs would "
                 "start out of their order, or two at once; keep it below the interval"
             )
         window = _duration_s(self.catchup_window, "catchup_window", zero=True)
@@ -440,6 +460,12 @@ class Schedule:
             data["timezone"] = "UTC"
             if (data.get("jitter") or 0.0) >= data["every"]:
                 data["jitter"] = data["every"] / 2
+        elif data.get("jitter") and data.get("cron"):
+            try:
+                gap = _cron_gap_s(" ".join(check_cron(data["cron"]).split()), data.get("timezone") or "UTC")
+            except ConfigurationError:
+                gap = math.inf  # the spec's own check says what is wrong with it
+            data["jitter"] = min(data["jitter"], gap / 2)
         queue = data.get("queue")
         try:
             check_queue_name(queue) if queue is not None else None

@@ -155,6 +155,10 @@ def test_workflow_id_is_deterministic() -> None:
         ({"every": "1h", "timezone": "Europe/Berlin"}, "timezone 'Europe/Berlin' applies to cron only"),
         ({"every": "1h", "jitter": "2h"}, "jitter 7200s is not shorter than the interval (3600s)"),
         (
+            {"cron": "0 9 * * 1-5", "jitter": "2d"},
+            "jitter 172800s is not shorter than the shortest interval between the cron's times (86400s)",
+        ),
+        (
             {"every": "1m", "start_at": 1e15},
             "start_at 1000000000000000.0 is outside the times a schedule can name",
         ),
@@ -481,6 +485,9 @@ def test_a_stored_sub_second_interval_is_read_at_the_minimum(store: RedisStore) 
     handle.pause()
     handle.update(every="5m")
     assert handle.spec.every == 300.0
+    # A cron's jitter past its interval (stored before it was refused) is read at half of it.
+    store.redis.hset(key, "spec", json.dumps({**spec, "every": None, "cron": "0 * * * *", "jitter": 7200.0}))
+    assert (handle.spec.cron, handle.spec.jitter) == ("0 * * * *", 1800.0)
 
 
 def test_times_end_at_year_9999_and_a_stored_out_of_range_spec_is_readable(store: RedisStore) -> None:
