@@ -120,3 +120,73 @@ def test_without_a_worker_declaring_it_the_old_worker_decides_and_says_so(
             old.kill()
             err = old.communicate()[1].decode()
     assert "recorded patches ['pr-more'] that this worker's class does not declare" in err, err
+
+
+V3 = """
+from durable import Workflow, activity, await_signal, patched
+
+
+def pr_step(x: int) -> int:
+    return x
+
+
+class PrOrder(Workflow):
+    patches = ("pr-more",)
+
+    def handle(self, n: int) -> list:
+        first = activity(pr_step, n)
+        if patched("pr-more"):
+            first += activity(pr_step, 1000)
+        await_signal("go")
+        return [first, activity(pr_step, n + 10)]
+"""
+
+
+def _cli(redis_url: str, *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "workers.cli", *args],
+        cwd=ROOT,
+        env=dict(os.environ, DURABLE_REDIS_URL=redis_url),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+
+
+def test_an_old_worker_that_cannot_replay_a_patched_history_leaves_it_to_newer_code(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A run whose history took the patched branch fails to replay on the old code: the old
+    worker blocked it as nondeterministic (a rolling restart of the new workers, or a repair)
+    while a worker declaring the patch was live, and its reason did not name the patch."""
+    old_env, new_env = _app(tmp_path / "v1", V1), _app(tmp_path / "v3", V3)
+    new = spawn_worker(redis_url, app="pr_app", env=new_env)
+    old = newer = None
+    fake = WorkerInfo(
+        "pr-fake", queues=("default",), workflows=("PrOrder",), patches={"PrOrder": ("pr-more",)}
+    )
+    try:
+        stub = _start_v2(redis_url, new_env, 1)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)  # past the patched activity
+        stop(new)
+        store.register_worker(fake, ttl_ms=120_000)  # newer code live (it reads nothing)
+        old = spawn_worker(redis_url, app="pr_app", env=old_env)
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+        stub.signal("go")
+        time.sleep(3)
+        assert stub.blocked() is None and stub.status() == "suspended"  # left for newer code
+        store.unregister_worker(fake.name)  # no newer code left: blocked, saying why
+        blocked = wait_for(stub.blocked, timeout=30)
+        assert "the run recorded patches ['pr-more'] that this worker's PrOrder does not declare" in (
+            blocked.message
+        ), blocked.message
+        newer = spawn_worker(redis_url, app="pr_app", env=new_env)
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+        _cli(redis_url, "repair", stub.id)
+        assert stub.result(timeout=30) == [1001, 11]  # decided by the code that declares it
+    finally:
+        store.unregister_worker(fake.name)
+        for proc in (new, old, newer):
+            if proc is not None:
+                stop(proc)

@@ -26,8 +26,6 @@ from durable.errors import (
     SerializationError,
     UnknownTypeError,
     WorkflowClosed,
-    WorkflowTaskFailed,
-    error_text,
 )
 from durable.immutable import immutable
 from durable.registry import get_workflow
@@ -50,6 +48,7 @@ from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
 from .run_cache import RunCache
+from .undecidable import undecidable
 
 log = logging.getLogger("durable.worker")
 
@@ -75,10 +74,6 @@ class Task:
     @property
     def key(self) -> tuple[str, str]:
         return (self.stream, self.entry_id)
-
-
-# Raised by a run's own history or code: they block that run, the worker itself is fine.
-_RUN_ERRORS = (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError, WorkflowTaskFailed)
 
 
 class Decider:
@@ -402,14 +397,19 @@ class Decider:
             return None
         ref = RunRef(p, rid, record.get("workflow_id", ""))
         driver = self.cache.take(rid, record["seq"])
+        replay_error = None
         try:
             if driver is None:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
-                self._replay(driver, ref, record, rows if after == 0 else self.store.history_rows(p, rid))
-            if driver.undeclared_patches and self.routing.newer_code_serves(record, driver):
+                replay_error = self._replay_or_error(driver, ref, record, rows if after == 0 else None)
+            fresh = replay_error is not None  # the run is blocked otherwise: read the registry now
+            if driver.undeclared_patches and self.routing.newer_code_serves(record, driver, fresh=fresh):
+                # Also after a failed replay: code older than the run's may not replay its history.
                 raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches)
+            if replay_error is not None:
+                raise replay_error
             run_fields = bound_run()
             if run_fields is not None:
                 run_fields["workflow_type"] = driver.workflow_type
@@ -445,22 +445,8 @@ class Decider:
     def _park_undecidable(
         self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
     ) -> None:
-        """Park and block a run its decision raised for (:data:`_RUN_ERRORS`, or anything raised
-        outside workflow code, say by an error whose ``__str__`` raises): visible, instead of the
-        worker stopping on it at each delivery; ``durable repair`` re-queues it after a fix."""
-        if not (expected := isinstance(exc, _RUN_ERRORS)):
-            log.exception("deciding run %s raised; the run is parked until `durable repair`", rid)
-        elif isinstance(exc, WorkflowTaskFailed):  # the code's traceback, for its fixer
-            log.warning("%s", exc, exc_info=exc.__cause__)
-        # An input this worker cannot decode: `repair --drop-input` drops exactly that one.
-        culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
-        reason = error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}"
-        if isinstance(exc, SerializationError) and culprit is None and driver is not None and exc.__cause__:
-            # Bytes of a recorded event that are not msgpack: the history, not an input (no
-            # --drop-input can take it away), and where in it.
-            reason = (
-                f"HistoryCorrupt: run {rid} seq {driver.seq_at}: a recorded payload does not decode: {exc}"
-            )
+        """Park and block a run its decision raised for (:func:`~workers.undecidable.undecidable`)."""
+        reason, culprit = undecidable(rid, driver, exc)
         self.store.park(
             p=task.p,
             stream=task.stream,
@@ -472,6 +458,22 @@ class Decider:
             block=True,
             input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
         )
+
+    def _replay_or_error(
+        self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any | None
+    ) -> Exception | None:
+        """:meth:`_replay` (``rows`` ``None``: read them); the error replaying a run that
+        recorded patches this worker's class lacks is returned, not raised: a live worker
+        declaring them may be there to decide it (:meth:`_prepare`)."""
+        if rows is None:
+            rows = self.store.history_rows(ref.partition, ref.run_id)
+        try:
+            self._replay(driver, ref, record, rows)
+        except Exception as exc:
+            if is_transient(exc) or is_redis_error(exc) or not driver.undeclared_patches:
+                raise
+            return exc
+        return None
 
     def _replay(self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any) -> None:
         """Rebuild a run's driver from its whole history (a cache miss)."""

@@ -116,13 +116,14 @@ class Routing:
             member=lambda first: handed_back_member(rid, first),
         )
 
-    def newer_code_serves(self, record: Mapping[str, Any], driver: Any) -> bool:
+    def newer_code_serves(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:
         """Whether a live worker of the run's queue (and build) declares every patch the run
         recorded, which this worker's class lacks: its code predates them and would take the old
         branch, so the task is left for that worker. Without one (a patch retired from the code,
-        or only old workers left) this worker decides, as before, and says so once."""
+        or only old workers left) this worker decides, as before, and says so once. ``fresh``:
+        read the registry now (the run is blocked otherwise: a worker started a moment ago counts)."""
         name, recorded = driver.workflow_type, driver.recorded_patches
-        if any(_declares(w, name, recorded) for w in self._servers(record)):
+        if any(_declares(w, name, recorded) for w in self._servers(record, fresh=fresh)):
             return True
         what = ("patch", name, ",".join(driver.undeclared_patches))
         if what not in self._unserved:
@@ -136,10 +137,10 @@ class Routing:
             )
         return False
 
-    def _servers(self, record: Mapping[str, Any]) -> list[WorkerInfo]:
+    def _servers(self, record: Mapping[str, Any], *, fresh: bool = False) -> list[WorkerInfo]:
         """The live workers that read the run's workflow tasks."""
         queue, build = record.get("queue", "default"), record.get("build", "")
-        live, current = self._registry(queue)
+        live, current = self._registry(queue, fresh=fresh)
         if build:  # a pinned run's tasks are read by the workers of its build only
             return [w for w in live if queue in w.queues and build in w.builds]
         return takes_new_runs(queue, current, live)
@@ -236,12 +237,13 @@ class Routing:
         self.on_timer(due)
         return "handed back"
 
-    def _registry(self, queue: str) -> tuple[list[WorkerInfo], str]:
-        """The live workers, and ``queue``'s current build (cached for :data:`LIVE_CACHE_S`)."""
+    def _registry(self, queue: str, *, fresh: bool = False) -> tuple[list[WorkerInfo], str]:
+        """The live workers, and ``queue``'s current build (cached for :data:`LIVE_CACHE_S`
+        unless ``fresh``)."""
         with self._lock:
             read_at, live, current = self._live
             now = time.monotonic()
-            if now - read_at >= LIVE_CACHE_S:
+            if fresh or now - read_at >= LIVE_CACHE_S:
                 read_at, live, current = now, self.store.live_workers(), {}
             if queue not in current:
                 current[queue] = self.store.current_build([queue])[0]

@@ -49,6 +49,8 @@ class DriverCore(WorkflowRuntime):
         self._resolve = resolve
         self._hub: greenlet.greenlet = greenlet.getcurrent()
         self._instance: Workflow | None = None
+        # Its class outlives close() (which drops the instance): a blocked reason names its patches.
+        self._class: type[Workflow] | None = None
         self._started: ev.WorkflowStarted | None = None
         self._root: Branch | None = None
         self._branches: list[Branch] = []
@@ -146,12 +148,12 @@ class DriverCore(WorkflowRuntime):
     @property
     def declared_patches(self) -> tuple[str, ...]:
         """``Workflow.patches`` of this process's class (what a run it starts records)."""
-        return tuple(type(self._instance).patches) if self._instance is not None else ()
+        return tuple(self._class.patches) if self._class is not None else ()
 
     @property
     def undeclared_patches(self) -> tuple[str, ...]:
         """The recorded patches this process's class does not declare: its code may predate them."""
-        if self._instance is None:
+        if self._class is None:
             return ()
         declared = set(self.declared_patches)
         return tuple(p for p in self.recorded_patches if p not in declared)

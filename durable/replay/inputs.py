@@ -244,7 +244,7 @@ class Inputs(Updates):
                 where=at,
             )
             raise err from exc
-        self._instance = instance
+        self._instance, self._class = instance, cls
         # Replaying: WorkflowStarted is not the last entry (a decision followed it).
         request = HandleInput(self.run_info(), tuple(codec.loads(event.args)), self._replaying())
         self._root = self._spawn(
