@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from apps.basic import SlowSteps
+from apps.basic import PaysOnBilling, SlowSteps
 from procs import durable_cli, spawn_logged_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
@@ -255,3 +255,35 @@ def test_healthz_list_and_runs_page_say_redis_is_out_of_memory(
     finally:
         server.stop()
         store.close()
+
+
+def test_attempts_refused_at_maxmemory_are_one_warning_and_run_once_memory_is_freed(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Each activity task whose attempt Redis refused to begin was an ERROR with a 25-line
+    traceback (19 of them in a tester's minute); the worker's other parts said one WARNING."""
+    url = fresh_redis.url
+    store = RedisStore(url)
+    deciding, running = tmp_path / "decide.log", tmp_path / "billing.log"
+    decider = spawn_logged_worker(url, deciding, "--queue", "default")
+    biller = spawn_logged_worker(url, running, "--queue", "billing", "--concurrency", "4")
+    try:
+        wait_for(lambda: "serving queues" in running.read_text(), timeout=30)
+        os.kill(biller.pid, signal.SIGSTOP)  # its activity tasks wait unread
+        try:
+            stubs = [WorkflowStub.make(PaysOnBilling, store=store).start(n) for n in range(6)]
+            wait_for(lambda: all(s.status() == "running" for s in stubs), timeout=30)
+            with kept_full(full_client):
+                os.kill(biller.pid, signal.SIGCONT)
+                wait_for(lambda: "activity threads (beginning attempts)" in running.read_text(), timeout=20)
+                assert all(s.status() == "running" for s in stubs)
+        finally:
+            os.kill(biller.pid, signal.SIGCONT)
+        assert [s.result(timeout=60) for s in stubs] == [n + 1 for n in range(6)]
+    finally:
+        stop(biller)
+        stop(decider)
+        store.close()
+    log = running.read_text()
+    assert log.count("the activity threads (beginning attempts) retries") == 1, log
+    assert "Traceback" not in log and "could not be recorded" not in log, log

@@ -26,6 +26,7 @@ from durable.activity import set_worker_identity
 from durable.errors import error_text
 from durable.store.activities import Begun
 from durable.store.connect import is_redis_error, is_transient
+from durable.store.outage import Incident
 from durable.store.redis_store import ClaimedTask, RedisStore
 from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
@@ -124,6 +125,10 @@ class ActivityHost:
         self.activities_run = 0
         # Tasks a read brought beyond this worker's room whose hand-back an outage cut short.
         self._not_given_back: list[tuple[str, str, dict[bytes, bytes]]] = []
+        # Beginning an attempt that Redis refuses (OOM, a stall): its task goes back (see left_over).
+        self._taking = Incident(
+            log, "activity threads (beginning attempts)", until="putting their tasks back"
+        )
 
     @property
     def results_in_hand(self) -> bool:
@@ -136,8 +141,8 @@ class ActivityHost:
         # In this order: a thread puts its result in hand before it leaves in_flight.
         with self._lock:
             held = set(self.in_flight)
-        held |= {(r.stream, r.entry_id) for r in list(self.completed) + list(self.eager_done)}
-        return held | {(s, e) for s, e, _ in self._not_given_back}
+            held |= {(s, e) for s, e, _ in self._not_given_back}
+        return held | {(r.stream, r.entry_id) for r in list(self.completed) + list(self.eager_done)}
 
     def record(
         self,
@@ -258,24 +263,35 @@ class ActivityHost:
         except BaseException:
             # Some may have gone back before the reply was lost: hand_back_left moves only those
             # still pending here.
-            self._not_given_back += [(s, e, f) for s, items in excess.items() for e, f in items]
+            with self._lock:
+                self._not_given_back += [(s, e, f) for s, items in excess.items() for e, f in items]
             raise
+
+    @property
+    def left_over(self) -> bool:
+        """Whether tasks wait for :meth:`hand_back_left`: their hand-back, or their attempt's
+        beginning, met Redis unavailable (the worker's loop puts them back at its next pass)."""
+        return bool(self._not_given_back)
 
     def hand_back_left(self) -> None:
         """Put back the tasks :meth:`hand_back_excess` could not (the first pass after an outage):
         each only if it is still pending for this worker (``lua/return_task.lua``), so a hand-back
         that went through before its reply was lost does not queue a task twice. Raises while
         Redis is still unavailable (they stay remembered)."""
-        if not self._not_given_back:
+        with self._lock:
+            left = list(self._not_given_back)
+        if not left:
             return
         tasks, undecodable = [], []
-        for stream, entry_id, fields in self._not_given_back:
+        for stream, entry_id, fields in left:
             try:
                 tasks.append((stream, entry_id, ActivityTask.decode(fields[b"body"]), False))
             except Exception:  # noqa: BLE001 - a reclaim hands it to a worker, which parks it
                 undecodable.append(entry_id)
         self.store.return_tasks(self.consumer, tasks)
-        self._not_given_back = []
+        done = {(s, e) for s, e, _ in left}
+        with self._lock:  # (activity threads may have added some meanwhile)
+            self._not_given_back = [t for t in self._not_given_back if (t[0], t[1]) not in done]
         if undecodable:
             log.warning("%d task(s) with a body that does not decode wait for a reclaim", len(undecodable))
 
@@ -377,8 +393,14 @@ class ActivityHost:
                 on_ran=self.pace.ran,
             )
             self.activities_run += 1
-        except Exception:  # noqa: BLE001 - the lease expires and the attempt is retried
-            log.exception("leased activity %s of run %s could not be recorded", task.activity_id, task.run_id)
+            self._taking.recovered()
+        except Exception as exc:  # noqa: BLE001 - the lease expires and the attempt is retried
+            if is_transient(exc):  # its lease lapses: the attempt is taken again
+                self._taking.failed(exc)
+            else:
+                log.exception(
+                    "leased activity %s of run %s could not be recorded", task.activity_id, task.run_id
+                )
         finally:
             self.leases.discard(task.lease)
             with self._lock:
@@ -447,8 +469,13 @@ class ActivityHost:
                 task=task,
             )
             self.activities_run += 1
+            self._taking.recovered()
         except Exception as exc:  # noqa: BLE001 - see below
-            if is_transient(exc) or is_redis_error(exc):  # the task stays pending: reclaimed later
+            if is_transient(exc):  # one WARNING an outage; the main loop puts the task back
+                self._taking.failed(exc)
+                with self._lock:
+                    self._not_given_back.append((stream, entry_id, fields))
+            elif is_redis_error(exc):  # likewise, but no outage: the error says what to mend
                 log.exception(
                     "activity task %s on %s could not be recorded; it will be retried", entry_id, stream
                 )

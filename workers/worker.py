@@ -480,7 +480,7 @@ class Worker:
         return self.sticky_streams + self.pinned_streams + unpinned
 
     def _pass(self) -> None:
-        if self._take_back:
+        if self._take_back or self.activities.left_over:
             self._take_back_unseen()
         self.activities.record(self.decider.apply_eager, self._complete)
         self.activities.shed()
