@@ -389,6 +389,13 @@ def test_read_only_token_sees_runs_but_actions_are_refused(ui: Ui) -> None:
     _confirm(page, reason="should not happen")
     error = page.wait_for_selector("#flash .msg.error")
     assert "forbidden" in error.inner_text()
+    # Refused again and again: the errors stayed over the action buttons (a click timed out on
+    # them, intercepted) and piled up until each was closed by hand.
+    for _ in range(3):
+        page.click("#actions button[data-action=terminate]", timeout=5_000)
+        _confirm(page, reason="should not happen")
+    page.wait_for_timeout(1_000)
+    assert page.locator("#flash .msg.error").count() == 3
     ui.shot(page, "run-refused")
     page.context.close()
     with ui.open.client() as c:
@@ -534,15 +541,20 @@ def test_runs_page_terminates_the_runs_its_where_filter_selects(ui: Ui) -> None:
         for _ in range(3)
     ]
     kept = _start(ui, "Waiter", 60)  # queue default: not selected
+    # Another type on that queue: the Type filter leaves it out of the list, so out of the batch
+    # too (the batch sent the Where filter alone, and terminated runs the list did not show).
+    other = WorkflowStub.make("UiOther", id=_id("bulk-other"), queue="ui-bulk", store=ui.store).start().id
     page = ui.page()
     page.goto(ui.open.url + "/")
     assert page.locator("#batch").is_hidden()  # no Where filter: no batch actions
-    page.fill("#filters input[name=where]", "type = 'Waiter' and queue = 'ui-bulk'")
+    page.fill("#filters input[name=where]", "queue = 'ui-bulk'")
+    page.fill("#filters input[name=type]", "Waiter")
     page.click("#filters button[type=submit]")
     page.wait_for_selector("#batch:not([hidden])")
     page.click("#batch button[data-action=terminate]")
     page.wait_for_selector("#confirm[open]")
-    assert "3 open run(s) match" in page.inner_text("#confirm-text")
+    said = page.inner_text("#confirm-text")
+    assert "3 open run(s) match (queue = 'ui-bulk') and type = 'Waiter'" in said, said
     _confirm(page, reason="ui bulk")
     done = page.wait_for_selector("#flash .msg.ok:has-text('Terminate matching runs')")
     assert "3 run(s)" in done.inner_text()
@@ -551,7 +563,9 @@ def test_runs_page_terminates_the_runs_its_where_filter_selects(ui: Ui) -> None:
     for workflow_id in ids:
         assert WorkflowStub.load(workflow_id, store=ui.store).status() == "terminated"
     assert WorkflowStub.load(kept, store=ui.store).status() != "terminated"
+    assert WorkflowStub.load(other, store=ui.store).status() == "pending"
     WorkflowStub.load(kept, store=ui.store).terminate("test done")
+    WorkflowStub.load(other, store=ui.store).terminate("test done")
 
 
 def test_workers_page_warns_of_a_redis_that_can_lose_data(ui: Ui, fresh_redis: Any, tmp_path: Path) -> None:

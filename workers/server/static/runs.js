@@ -112,9 +112,26 @@
     batch.hidden = !form.elements.where.value.trim();
   }
 
+  // The runs the list shows, as one search expression (docs/search.md: `type`, `status` and
+  // `started` are built-in attributes), so that a batch acts on those and no others. Null,
+  // said why, for filters no expression holds.
+  function shownWhere() {
+    const f = filters();
+    const quote = (v) => "'" + v.replaceAll("'", "''") + "'";
+    if (f.id_prefix) return { why: "clear the Id prefix filter first: a batch selects runs by a search expression, which cannot say it" };
+    if (f.status === "blocked") return { why: "a batch cannot select blocked runs by their status: choose a status word, or narrow the Where filter" };
+    const parts = [f.type && `type = ${quote(f.type)}`, f.status && `status = ${quote(f.status)}`,
+      f.since && `started >= ${f.since}`, f.until && `started <= ${f.until}`].filter(Boolean);
+    return { where: parts.length ? `(${f.where}) and ${parts.join(" and ")}` : f.where };
+  }
+
   async function runBatch(action) {
-    const where = form.elements.where.value.trim();
     const title = action === "cancel" ? "Cancel matching runs" : "Terminate matching runs";
+    const { where, why } = shownWhere();
+    if (!where) {
+      flash(`${title}: ${why}`, "warn");
+      return;
+    }
     try {
       const counted = await api("GET", "/api/v1/workflow-counts" + qs({ where }));
       const open = ["pending", "running", "suspended", "cancelling"].reduce((n, s) => n + (counted.counts[s] || 0), 0);

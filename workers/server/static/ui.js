@@ -124,7 +124,9 @@ const D = (() => {
     const item = el("div", { class: "msg " + kind }, message,
       el("button", { class: "close", type: "button", "aria-label": "close", onclick: () => item.remove() }, "×"));
     box.append(item);
-    if (kind !== "error") setTimeout(() => item.remove(), 8000);
+    // Not a pile that outlives the incident: errors stay longer, and only the last few stay.
+    setTimeout(() => item.remove(), kind === "error" ? 30000 : 8000);
+    while (box.children.length > 3) box.firstElementChild.remove();
     return item;
   }
 
