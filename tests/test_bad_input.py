@@ -783,6 +783,23 @@ def test_result_of_a_terminated_run(worker, redis_url: str) -> None:
     assert str(exc) == "workflow 'to-terminate' was terminated: ops said so"
 
 
+def test_a_history_gone_from_redis_blocks_its_run_instead_of_a_new_history(worker, store: RedisStore) -> None:
+    """An evicted (allkeys-lru) or deleted history stream: the worker decided from its cached
+    driver and committed on top of nothing, so the run completed with a history that began at
+    seq 3 -- silently, and no replay could read it."""
+    stub = WorkflowStub.make(BiWait, id="history-gone").start()
+    wait_for(lambda: stub.status() == "suspended")
+    ref = store.ref(stub.id)
+    history = store.keys.history(ref.partition, ref.run_id)
+    store.redis.unlink(history)
+    stub.signal("go", "x")
+    blocked = wait_for(stub.blocked)
+    assert blocked.kind == "history_corrupt", blocked
+    assert f"run {ref.run_id}: its history is gone from Redis (the run record counts " in blocked.message
+    assert store.redis.exists(history) == 0  # nothing written on top of the loss
+    assert stub.status() == "suspended"
+
+
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:
     stub = WorkflowStub.make(BiWait, id="slowpoke").start()
     wait_for(lambda: stub.status() == "suspended")

@@ -51,6 +51,7 @@ from .run_cache import RunCache
 from .undecidable import undecidable
 
 log = logging.getLogger("durable.worker")
+_SAID_ELSEWHERE = (WorkflowClosed, StaleCompletion, HistoryCorrupt)  # commit outcomes not logged as errors
 
 
 @immutable
@@ -216,9 +217,11 @@ class Decider:
         conflicted = []
         for (task, ref, driver, decision, record), plan, result in zip(pending, plans, results, strict=True):
             if isinstance(result, WorkflowClosed):
-                self._ack_only(task.key)
+                self.store.ack_task(*task.key)
             elif isinstance(result, EventConflict):
                 conflicted.append(task)
+            elif isinstance(result, HistoryCorrupt):  # its history stream is gone: blocked, said
+                self._park_undecidable(task, ref.run_id, None, [], result)
             self._after_commit(ref, driver, decision, plan, result)
             if metrics.enabled():
                 self._measure(driver, decision, record, result, began)
@@ -263,7 +266,7 @@ class Decider:
             driver.close()
         elif isinstance(result, Exception):
             driver.close()
-            if not isinstance(result, WorkflowClosed | StaleCompletion) and not is_transient(result):
+            if not isinstance(result, _SAID_ELSEWHERE) and not is_transient(result):
                 log.error(
                     "commit of run %s failed: %s; the task stays pending, retried",
                     ref.run_id,
@@ -388,7 +391,7 @@ class Decider:
             )
             return None
         if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
-            self._ack_only(task.key)
+            self.store.ack_task(*task.key)
             return None
         pinned = record.get("build", "")
         if pinned and pinned not in self.builds:
@@ -495,9 +498,6 @@ class Decider:
         decision.consumed = len(inbox)
         decision.dropped.extend((raw, f"poison: {reason}") for raw, reason in poison)
         return decision
-
-    def _ack_only(self, task: tuple[str, str]) -> None:
-        self.store.ack_task(task[0], task[1])
 
     def commit_plan(
         self,

@@ -32,11 +32,14 @@ RUN_ERRORS = (NondeterminismError, UnknownTypeError, HistoryCorrupt, Serializati
 def undecidable(rid: str, driver: Driver | None, exc: Exception) -> tuple[str, Any]:
     """The blocked reason of run ``rid`` whose decision raised ``exc``, and the input that did
     not decode (``None``: none; ``durable repair --drop-input`` drops exactly that one). Logs an
-    unexpected error with its traceback, a failed workflow task with its code's."""
+    unexpected error with its traceback, a failed workflow task with its code's, a corrupt
+    history as an ERROR."""
     if not (expected := isinstance(exc, RUN_ERRORS)):
         log.exception("deciding run %s raised; the run is parked until `durable repair`", rid)
     elif isinstance(exc, WorkflowTaskFailed):
         log.warning("%s", exc, exc_info=exc.__cause__)
+    elif isinstance(exc, HistoryCorrupt):  # the data, not the code: the operator's to mend
+        log.error("%s; the run is blocked", exc)
     culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
     reason = error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}"
     if isinstance(exc, SerializationError) and culprit is None and driver is not None and exc.__cause__:

@@ -7,7 +7,14 @@ from typing import Any
 
 from .. import codec
 from ..codec.sealed import open_text
-from ..errors import DurableError, EventConflict, SerializationError, WorkflowClosed, message_of
+from ..errors import (
+    DurableError,
+    EventConflict,
+    HistoryCorrupt,
+    SerializationError,
+    WorkflowClosed,
+    message_of,
+)
 from ..immutable import immutable
 from .tasks import ActivityTask
 from .wire import pairs
@@ -145,6 +152,12 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
         )
     if outcome == "CLOSED":
         return WorkflowClosed(f"run {run_id} is {text(reply[1])}; decision discarded")
+    if outcome == "LOST":
+        return HistoryCorrupt(
+            f"run {run_id}: its history is gone from Redis (the run record counts {int(reply[1])} events): "
+            "evicted (a maxmemory-policy other than noeviction) or deleted; nothing was written. Restore "
+            "Redis from a backup, or `durable terminate` the run"
+        )
     if outcome == "STALE":
         return StaleCompletion(
             f"run {run_id}: activity {text(reply[1])} is no longer pending; eager result not applied"

@@ -9,6 +9,7 @@
 --       ({stream, entry id, fields, began ms or 0})}
 --       | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
+--       | {'LOST', seq} (the run's history stream is gone; nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local running, sessions = KEYS[11], KEYS[12]
@@ -30,6 +31,9 @@ local seq = tonumber(st[1])
 if seq == nil then return {'CLOSED', 'missing'} end
 if seq ~= plan.seq then return {'CONFLICT', seq} end
 if not is_open(st[2]) then return {'CLOSED', st[2]} end
+-- A run with events has its history: gone (evicted under an allkeys-* maxmemory policy, or
+-- deleted by hand), a commit would start a new one at seq+1 and the run go on without its past.
+if seq > 0 and redis.call('EXISTS', history) == 0 then return {'LOST', seq} end
 -- Eager completions: this worker ran these attempts itself; each must still be current.
 for _, e in ipairs(plan.eager or NONE) do
   if tonumber(redis.call('HGET', acts, e[1] .. '#')) ~= e[2] then return {'STALE', e[1]} end
