@@ -147,3 +147,23 @@ def test_worker_gauges_say_each_workers_state_and_what_a_drain_has_left(store: R
         if sample.labels["state"] == "serving":
             serving[sample.labels["queue"]] = serving.get(sample.labels["queue"], 0) + sample.value
     assert serving == {"lonely": 0, "q": 2}
+
+
+def test_a_scrape_with_redis_down_says_so_in_durable_redis_up(fresh_redis, tmp_path) -> None:  # noqa: ANN001
+    """`durable server`'s /metrics with its Redis gone: 200 with an empty body, every gauge left
+    out, so alerts on backlogs resolved during the outage instead of firing."""
+    import httpx  # noqa: PLC0415 - the dev extra's
+    from server_procs import ServerProc  # noqa: PLC0415 - beside the tests
+
+    def up() -> float | None:
+        body = httpx.get(f"{server.url}/metrics", timeout=30).text
+        samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+        return samples.get("durable_redis_up")
+
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    try:
+        assert up() == 1
+        fresh_redis.stop()
+        assert up() == 0
+    finally:
+        server.stop()

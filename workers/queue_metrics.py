@@ -95,6 +95,11 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
             "above 0 for long waits on a run that does not finish).",
             labels=["worker", "build"],
         )
+        # Said on every scrape: with Redis down the gauges below are left out, and an alert on a
+        # backlog would resolve, silently, during the very incident (up stays 1: the port answers).
+        up = GaugeMetricFamily(
+            "durable_redis_up", "Whether this scrape read the task queues from Redis (0: it could not)."
+        )
         try:
             live, known = self.store.live_workers(), self.store.known_queues()  # one read each per scrape
             _count_workers(live, workers, left, known)
@@ -102,8 +107,11 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             # The process's own metrics are still served; only these gauges are left out.
             log.warning("metrics: task queues not read from Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
             return
-        yield from (backlog, oldest, dead, workers, left)
+        up.add_metric([], 1)
+        yield from (up, backlog, oldest, dead, workers, left)
 
     def _read(self, streams: Sequence[tuple[str, str, str]], backlog: Any, oldest: Any, dead: Any) -> None:
         client = self.store.redis
