@@ -400,6 +400,15 @@ def activities() -> dict[str, ActivityDefinition]:
     return dict(_activities)
 
 
+def check_start(code: type[Workflow] | str, args: tuple[Any, ...], what: str) -> None:
+    """:func:`check_call` of workflow ``code``'s ``handle`` (a class, or a type name this process
+    registered), when there is one: a schedule whose every run would fail on its arguments is
+    refused when written, as ``start()`` is (``what`` names the caller: ``schedule s1``)."""
+    cls = _workflows.get(code) if isinstance(code, str) else code
+    if cls is not None:
+        check_call(cls.handle, args, f"{what}: {cls.__name__}.handle", skip=1)
+
+
 def check_signal(code: type | str, name: str, args: tuple[Any, ...]) -> None:
     """:func:`check_call` of the ``@signal`` handler ``name`` of workflow ``code`` (a class, or a
     type name this process registered), when there is one: a sender that has the code refuses

@@ -31,6 +31,7 @@ from . import codec
 from .client import default_store
 from .errors import ConfigurationError, DurableError, WorkflowNotFound
 from .ids import new_run_id
+from .registry import check_start
 from .schedule_pass import MAX_BUFFERED, SchedulePass, action
 from .schedule_spec import (
     Schedule,
@@ -280,6 +281,7 @@ class ScheduleHandle:
         if not isinstance(spec, Schedule):
             raise ConfigurationError(f"ScheduleHandle.create needs a Schedule, not {spec!r}")
         handle = cls(schedule_id, store=store)
+        check_start(spec.workflow, tuple(spec.args), f"schedule {schedule_id}")
         args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
 
         def save(again: bool = False) -> str:
@@ -462,6 +464,8 @@ class ScheduleHandle:
         spec = current.with_changes(**changes)
         if spec == current:
             return current
+        if (spec.workflow, spec.args) != (current.workflow, current.args):  # (pausing one stored before: not)
+            check_start(spec.workflow, tuple(spec.args), f"schedule {self._id}")
         args = codec.dumps(tuple(spec.args), path="args", allowed_only=True)
         self._save(state, spec, args, note=spec.note if "note" in changes else None, what="updated")
         return spec

@@ -176,6 +176,37 @@ def test_bad_specs_raise_and_write_nothing(store: RedisStore, kwargs: dict, mess
     assert store.redis.dbsize() == 1  # only the deployment's meta record
 
 
+def test_args_the_workflow_refuses_are_refused_when_the_schedule_is_written(store: RedisStore) -> None:
+    """As start() does: every run of such a schedule failed at its first decision, forever."""
+    with pytest.raises(ConfigurationError, match=r"schedule fs: SchedFails.handle takes \(\): too many"):
+        ScheduleHandle.create("fs", Schedule(workflow=SchedFails, every="1h", args=["x"]), store=store)
+    assert store.schedule_ids() == []
+    handle = ScheduleHandle.create("fs", Schedule(workflow="SchedTick", every="1h", args=["a"]), store=store)
+    with pytest.raises(ConfigurationError, match=r"schedule fs: SchedTick.handle takes \(tag: str = ''\)"):
+        handle.update(args=["a", "b"])
+    assert handle.spec.args == ("a",)
+    out = CliRunner().invoke(
+        cli,
+        [
+            "--redis",
+            store.url,
+            "schedule",
+            "create",
+            "fs2",
+            "--workflow",
+            "SchedFails",
+            "--every",
+            "1h",
+            "--args",
+            '"x"',
+            "--app",
+            __name__,
+        ],
+    )
+    assert out.exit_code == 1 and "SchedFails.handle takes (): too many positional arguments" in out.output
+    assert store.schedule_ids() == ["fs"]
+
+
 def test_bad_id_and_duplicates(store: RedisStore) -> None:
     with pytest.raises(ConfigurationError, match="invalid schedule id 'a b'"):
         ScheduleHandle.create("a b", Schedule(workflow="SchedTick", every="1m"), store=store)
