@@ -103,6 +103,10 @@ class ScheduleDescription:
         overdue: Why an active schedule's next time passed more than :data:`OVERDUE_AFTER_S`
             ago without firing (no live worker runs a scheduler, Redis refuses writes, or live
             workers do and their logs say why); ``""`` when it is on time.
+        held_up: Why an active schedule fires but starts nothing: its last times were skipped
+            (or wait buffered) behind a run it started that is still open, named with its
+            status and, blocked, why (``""``: it is not held up). ``durable schedule list``
+            shows it: such a schedule fires on time, so nothing else there says it.
     """
 
     id: str
@@ -121,6 +125,7 @@ class ScheduleDescription:
     state: str = "active"
     claimed: list[dict[str, str]] = field(default_factory=list)
     overdue: str = ""
+    held_up: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-friendly fields (what ``durable schedule describe --json`` prints)."""
@@ -140,7 +145,30 @@ class ScheduleDescription:
             "created": self.created,
             "updated": self.updated,
             "overdue": self.overdue,
+            "held_up": self.held_up,
         }
+
+
+def _held_up(
+    actions: builtins.list[dict[str, Any]], running: builtins.list[dict[str, Any]], buffered: int
+) -> str:
+    """:attr:`ScheduleDescription.held_up`: ``its last 5 times were skipped behind run s-...
+    (scheduled 2026-...), still pending; blocked: no live worker serves queue 'q' ...``."""
+    skipped = 0
+    for entry in actions:  # newest first
+        if entry.get("action") != "skipped":
+            break
+        skipped += 1
+    if not running or (skipped < 2 and not buffered):
+        return ""
+    run = running[0]
+    waiting = (
+        f"its last {skipped}{' or more' if skipped == len(actions) else ''} times were skipped"
+        if skipped >= 2
+        else f"{buffered} time(s) wait buffered"
+    )
+    why = f"; blocked: {run['blocked']}" if run.get("blocked") else ""
+    return f"{waiting} behind run {run['workflow_id']} (scheduled {run['scheduled_at']}), still {run['status']}{why}"
 
 
 class BackfillResult(builtins.list[str]):
@@ -394,6 +422,7 @@ class ScheduleHandle:
             created=int(record["created"]) if record.get("created") else None,
             updated=int(record["updated"]) if record.get("updated") else None,
             overdue=lateness.why(spec, upcoming[0]) if run_state == "active" and upcoming else "",
+            held_up=_held_up(state.actions, running, len(state.buffer)) if run_state == "active" else "",
         )
 
     def _blocked(self, workflow_id: str) -> str | None:

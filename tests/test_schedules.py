@@ -572,6 +572,30 @@ def test_trigger_returns_none_when_the_overlap_policy_skips(store: RedisStore) -
     assert handle.describe(runs=False).started == 2
 
 
+def test_a_schedule_whose_times_are_skipped_behind_an_open_run_says_it_is_held_up(store: RedisStore) -> None:
+    """`schedule list` showed it as plain "active", on time: it fires, and skips every time."""
+    handle = ScheduleHandle.create("hu", Schedule(workflow="SchedSleep", every="1h"), store=store)
+    base, sched = _ms("2024-05-01T00:00:00Z"), SchedulePass(store)
+    _claim_now(store, handle, base)
+    sched.process(handle.id)
+    (run,) = [r["workflow_id"] for r in handle.describe().running]
+    assert handle.describe().held_up == ""  # one run, open as it should be
+    for i in (1, 2, 3):
+        _claim_now(store, handle, base + i * 3_600_000)
+        sched.process(handle.id)
+    held = handle.describe().held_up
+    assert held.startswith(
+        f"its last 3 times were skipped behind run {run} (scheduled 2024-05-01T00:00:00Z), still pending; "
+        "blocked: no live worker serves queue 'default'"  # (no worker runs in this test)
+    ), held
+    listed = cli_ok("--redis", store.url, "schedule", "list")
+    assert f"  held up: its last 3 times were skipped behind run {run}" in listed, listed
+    WorkflowStub.load(run, store=store).terminate("test")
+    _claim_now(store, handle, base + 4 * 3_600_000)
+    sched.process(handle.id)
+    assert handle.describe().held_up == ""  # it started a run again
+
+
 def test_a_trigger_or_backfill_buffered_on_a_skip_schedule_starts_once_the_run_closes(
     store: RedisStore,
 ) -> None:

@@ -145,6 +145,8 @@ def _lines(desc: ScheduleDescription) -> list[str]:
     ]
     if desc.overdue:
         lines.append(f"overdue: {desc.overdue}")
+    if desc.held_up:
+        lines.append(f"held up: {desc.held_up}")
     if desc.buffered:
         more = f" (and {len(desc.buffered) - 5} more)" if len(desc.buffered) > 5 else ""
         lines.append(f"buffered ({len(desc.buffered)}): " + ", ".join(desc.buffered[:5]) + more)
@@ -275,6 +277,8 @@ def list_(state: CliState, as_json: bool) -> None:
         click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
         if d.overdue:
             click.echo(f"  overdue: {d.overdue}")
+        if d.held_up:
+            click.echo(f"  held up: {d.held_up}")
 
 
 @schedule.command("describe")

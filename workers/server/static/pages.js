@@ -104,7 +104,8 @@
       el("td", {}, s.spec.workflow, el("div", { class: "muted small" }, "args " + JSON.stringify(s.spec.args))),
       el("td", {}, when(s.spec), el("div", { class: "muted small" }, `overlap ${s.spec.overlap}`)),
       el("td", { class: "small" }, s.paused ? el("span", { class: "muted" }, "paused") : (s.next_times || []).slice(0, 3).map((t) => el("div", {}, time(Date.parse(t)))),
-        s.overdue ? el("div", { class: "warn overdue" }, "overdue: " + s.overdue) : ""),
+        s.overdue ? el("div", { class: "warn overdue" }, "overdue: " + s.overdue) : "",
+        s.held_up ? el("div", { class: "warn held-up" }, "held up: " + s.held_up) : ""),
       el("td", {}, s.paused ? badge("paused") : badge("running", null), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
         // An open run that does not move holds every later time (skipped or buffered): say why.
         ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w)),
