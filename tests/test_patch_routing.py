@@ -103,23 +103,61 @@ def test_an_old_worker_leaves_a_patched_run_to_a_worker_that_declares_the_patch(
 def test_without_a_worker_declaring_it_the_old_worker_decides_and_says_so(
     redis_url: str, store: RedisStore, tmp_path: Path
 ) -> None:
-    """A patch retired from the code (or only old workers left): decided as before, logged once."""
+    """A run new code decided, its workers gone (a patch retired from the code, or a rollback):
+    the old code decides as before, and logs it once."""
     old_env, new_env = _app(tmp_path / "v1", V1), _app(tmp_path / "v2", V2)
-    old = spawn_worker(redis_url, app="pr_app", env=old_env)
+    new = spawn_worker(redis_url, app="pr_app", env=new_env)
+    old = None
     try:
-        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
         stub = _start_v2(redis_url, new_env, 2)
-        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)  # decided by the new code
+        stop(new)
+        old = spawn_worker(redis_url, app="pr_app", env=old_env)
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
         stub.signal("go")
         assert stub.result(timeout=30) == [2, 12]
     finally:
-        old.send_signal(signal.SIGTERM)
-        try:
-            err = old.communicate(timeout=30)[1].decode()
-        except subprocess.TimeoutExpired:
-            old.kill()
-            err = old.communicate()[1].decode()
+        stop(new)
+        err = ""
+        if old is not None:
+            old.send_signal(signal.SIGTERM)
+            try:
+                err = old.communicate(timeout=30)[1].decode()
+            except subprocess.TimeoutExpired:
+                old.kill()
+                err = old.communicate()[1].decode()
     assert "recorded patches ['pr-more'] that this worker's class does not declare" in err, err
+
+
+def test_a_run_new_code_started_waits_for_new_workers_then_says_which_patch(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A client deployed before its workers: the old workers decided the runs it started down
+    the old branch, and once the new workers came every one of them was blocked for good as
+    nondeterministic ("code changed before this point?"), nothing naming the patch."""
+    old_env, new_env = _app(tmp_path / "v1", V1), _app(tmp_path / "v2", V2)
+    old = spawn_worker(redis_url, app="pr_app", env=old_env, extra=("--unknown-type-grace", "2"))
+    new = None
+    try:
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        stub = _start_v2(redis_url, new_env, 3)
+        blocked = wait_for(stub.blocked, timeout=30)
+        assert [e.type for e in stub.history()] == ["WorkflowStarted"]  # the old code decided nothing
+        assert blocked.kind == "unknown_type"
+        assert (
+            "no live worker on queue 'default' serves workflow type 'PrOrder' declaring patches ['pr-more']"
+            in blocked.message
+        ), blocked.message
+        new = spawn_worker(redis_url, app="pr_app", env=new_env)
+        wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+        _cli(redis_url, "repair", stub.id)
+        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        stub.signal("go")
+        assert stub.result(timeout=30) == [3, 103]  # the patched branch
+    finally:
+        for proc in (old, new):
+            if proc is not None:
+                stop(proc)
 
 
 V3 = """

@@ -408,8 +408,7 @@ class Decider:
                 )
                 replay_error = self._replay_or_error(driver, ref, record, rows if after == 0 else None)
             fresh = replay_error is not None  # the run is blocked otherwise: read the registry now
-            if driver.undeclared_patches and self.routing.newer_code_serves(record, driver, fresh=fresh):
-                # Also after a failed replay: code older than the run's may not replay its history.
+            if driver.undeclared_patches and self.routing.leave_to_newer_code(record, driver, fresh=fresh):
                 raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches)
             if replay_error is not None:
                 raise replay_error

@@ -110,18 +110,23 @@ class Routing:
             fields=fields,
             first=_first_unserved(fields),
             what=("workflow", queue, name),
+            detail=f" declaring patches {list(patches)!r}" if patches else "",
             served=served,
             run_id=rid,
             workflow_id=record.get("workflow_id", "ID"),
             member=lambda first: handed_back_member(rid, first),
         )
 
-    def newer_code_serves(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:
-        """Whether a live worker of the run's queue (and build) declares every patch the run
-        recorded, which this worker's class lacks: its code predates them and would take the old
-        branch, so the task is left for that worker. Without one (a patch retired from the code,
-        or only old workers left) this worker decides, as before, and says so once. ``fresh``:
-        read the registry now (the run is blocked otherwise: a worker started a moment ago counts)."""
+    def leave_to_newer_code(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:
+        """Whether to leave the run's task to a worker declaring every patch the run recorded,
+        which this worker's class lacks (its code predates them and would take the old branch):
+        a run never decided (a client deployed before its workers) always -- it waits, then is
+        parked saying which patches (:meth:`workflow`) --, any other while a live worker of its
+        queue (and build) declares them (this code may not even replay its history). Without
+        one (a patch retired from the code, or only old workers left) this worker decides, and
+        says so once. ``fresh``: read the registry now (a worker started a moment ago counts)."""
+        if record.get("status") == "pending":
+            return True
         name, recorded = driver.workflow_type, driver.recorded_patches
         if any(_declares(w, name, recorded) for w in self._servers(record, fresh=fresh)):
             return True
@@ -183,6 +188,7 @@ class Routing:
         workflow_id: str,
         member: Callable[[int], str],
         grace_ms: int | None = None,
+        detail: str = "",
     ) -> str:
         """Hand the task back (``served``, or within the grace) or park it, or drop it when its
         run closed meanwhile (``void``); see the module docstring."""
@@ -207,7 +213,7 @@ class Routing:
                 log.info("dropped %s task %s of run %s: the run is closed", kind, entry_id, run_id)
                 return "void"
             reason = (
-                f"no live worker on queue {queue!r} serves {kind} type {name!r} (for {waited / 1000:.0f} s): "
+                f"no live worker on queue {queue!r} serves {kind} type {name!r}{detail} (for {waited / 1000:.0f} s): "
                 f"start a worker whose --app defines it, then `durable repair {workflow_id}`"
             )
             self.store.park(
@@ -225,11 +231,12 @@ class Routing:
         if what not in self._unserved:
             self._unserved.add(what)
             log.warning(
-                "queue %s: no live worker serves %s type %s (not in this worker's --app); its tasks "
+                "queue %s: no live worker serves %s type %s%s (not in this worker's --app); its tasks "
                 "wait up to %.0f s for one, then are parked",
                 queue,
                 kind,
                 name,
+                detail,
                 grace_ms / 1000,
             )
         due = min(now + UNSERVED_DELAY_MS, first + grace_ms)
