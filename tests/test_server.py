@@ -7,8 +7,10 @@ the test Redis with a real ``durable worker`` process, driven with an HTTP clien
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -453,3 +455,37 @@ def test_update_calls_whose_clients_hung_up_give_their_slots_back(api: Api) -> N
             lambda: c.post(url, json={"args": [1], "timeout": 0}).status_code == 202, timeout=10, interval=0.2
         )
         c.post(f"/api/v1/workflows/{unserved}/terminate")
+
+
+def test_a_stopping_server_answers_waiting_update_calls_with_their_update_id(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM (every deploy) cut waiting update calls off at the graceful timeout with a
+    plain-text 500: delivered, their callers lost the id they need to wait on without running
+    the update twice. They answer 202 with it, as at their timeout."""
+    server = ServerProc(redis_url, tmp_path / "server.log")
+    try:
+        wid = _id("counter-stop")
+        with server.client(**CSRF) as c:
+            body = {"type": "Counter", "id": wid, "queue": "nowhere"}  # no worker: the updates wait
+            assert c.post("/api/v1/workflows", json=body).status_code == 201
+
+            def update(i: int) -> httpx.Response:
+                body = {"args": [1], "update_id": f"u-stop-{i}", "timeout": 60}
+                return httpx.post(
+                    f"{server.url}/api/v1/workflows/{wid}/update/add", json=body, headers=CSRF, timeout=30
+                )
+
+            with ThreadPoolExecutor(2) as pool:
+                calls = [pool.submit(update, i) for i in range(2)]
+                wait_for(lambda: len(c.get(f"/api/v1/workflows/{wid}").json()["updates_undecided"]) == 2)
+                stopped = time.monotonic()
+                server.proc.send_signal(signal.SIGTERM)
+                answers = [call.result() for call in calls]
+        assert time.monotonic() - stopped < 4  # within a slice, not at the graceful timeout (5 s)
+        for i, answer in enumerate(answers):
+            assert answer.status_code == 202, answer.text
+            assert answer.json()["update_id"] == f"u-stop-{i}" and answer.json()["pending"] is True
+            assert "the server is stopping" in answer.json()["message"]
+    finally:
+        server.stop()

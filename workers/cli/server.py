@@ -66,7 +66,7 @@ def server(
         # Lazily: the server extra is optional and every other command works without it.
         import uvicorn
 
-        from workers.server import AuthFileError, create_app, load_auth
+        from workers.server import AuthFileError, Server, create_app, load_auth
     except ImportError as exc:
         raise CliError(
             f"durable server needs the server extra ({exc.name} is missing): pip install 'durable[server]'"
@@ -99,7 +99,7 @@ def server(
         server_header=False,
         timeout_graceful_shutdown=5,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    Server(config).run(sockets=[sock])
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -8,7 +8,8 @@ imports it.
 * :mod:`~workers.server.endpoint` -- a route as data, the checks and body reading around its handler;
 * :mod:`~workers.server.workflow_routes`, :mod:`~workers.server.ops_routes` -- the handlers;
 * :mod:`~workers.server.auth` -- bearer tokens and roles, the CSRF rule, hook signatures;
-* :mod:`~workers.server.errors` -- the error codes; :mod:`~workers.server.openapi` -- the document.
+* :mod:`~workers.server.errors` -- the error codes; :mod:`~workers.server.openapi` -- the document;
+* :mod:`~workers.server.serve` -- the uvicorn server, whose stop the routes that wait hear.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from workers.server.app import ENDPOINTS, MAX_BODY, create_app
 from workers.server.auth import AuthConfig, AuthFileError, load_auth, sign
 from workers.server.errors import CODES, ApiError
+from workers.server.serve import Server
 
 __all__ = [
     "CODES",
@@ -24,6 +26,7 @@ __all__ = [
     "ApiError",
     "AuthConfig",
     "AuthFileError",
+    "Server",
     "create_app",
     "load_auth",
     "sign",

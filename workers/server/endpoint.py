@@ -26,7 +26,11 @@ from workers.cli.render import to_json
 from workers.server.auth import AuthConfig, check_browser_rules
 from workers.server.errors import ApiError, from_exception
 
-__all__ = ["Call", "Endpoint", "Param", "json_response", "view"]
+__all__ = ["STOPPING", "Call", "Endpoint", "Param", "json_response", "view"]
+
+STOPPING = threading.Event()
+"""Set when the server begins to stop (SIGTERM, a deploy): routes that wait (an update's
+outcome) answer at once, as at their timeout, rather than be cut off with no answer."""
 
 _NEEDS = {"read": ("read", "operator"), "operator": ("operator",)}
 

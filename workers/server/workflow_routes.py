@@ -23,7 +23,7 @@ from durable.store.workers import FOUND_ON_READ, WorkerInfo
 from durable.untrusted import decimal
 from workers.cli.core import CliError
 from workers.cli.fleet import blocked_page, check_startable, mark_unserved, marked
-from workers.server.endpoint import Call, Endpoint, Param, json_response
+from workers.server.endpoint import STOPPING, Call, Endpoint, Param, json_response
 from workers.server.errors import ApiError
 
 __all__ = ["ENDPOINTS", "MAX_HISTORY_PAGE", "MAX_LIST_PAGE", "MAX_SEQ"]
@@ -278,6 +278,8 @@ def update_workflow(call: Call) -> Any:
         result = _update_while_heard(call, stub, timeout, update_id)
     except TimeoutError as exc:
         said = str(exc).split("; call update() again", 1)[0]  # the Python client's words, not the API's
+        if STOPPING.is_set():  # (a deploy): its caller keeps the id, or a retry would run it twice
+            said = f"update {update_id} is delivered and the server is stopping before its outcome came"
         message = f"{said}; POST again with this update_id to go on waiting (it runs once)"
         why = call.store.why_blocked(call.store.run_record(call.store.ref(stub.id)))
         if why is not None:  # as `durable update` says it: nothing can run it now
@@ -308,7 +310,7 @@ def _update_while_heard(call: Call, stub: WorkflowStub, timeout: float, update_i
         try:
             return update_result(wait_update(store, ref, uid, after, slice_end), stub.id, name)
         except TimeoutError:
-            if slice_end >= deadline or call.gone.is_set():
+            if slice_end >= deadline or call.gone.is_set() or STOPPING.is_set():
                 raise
 
 
