@@ -3,6 +3,7 @@ child errors, blocked runs and repair."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,10 @@ def test_non_retryable_errors_stop_retries(worker, tmp_path: Path, kind: str, ca
     assert lines(log) == ["declines 1"]
 
 
-def test_fail_fast_all_cancels_in_flight_sibling(worker, tmp_path: Path) -> None:
+def test_fail_fast_all_cancels_in_flight_sibling(
+    worker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="durable.worker")
     log = tmp_path / "ff.log"
     stub = WorkflowStub.make(FailFast).start(str(log))
     assert stub.result(timeout=15) == "caught RuntimeError"
@@ -105,6 +109,12 @@ def test_fail_fast_all_cancels_in_flight_sibling(worker, tmp_path: Path) -> None
     assert len(cancelled) == 1 and cancelled[0].data["outcome_unknown"] is True
     assert "branch" in cancelled[0].data["reason"]
     wait_for(lambda: "long saw cancel" in lines(log), timeout=5)
+    # Its heartbeat saw the cancel: said at INFO, not as a failure "retrying in 1 s" (none ran).
+    said = wait_for(
+        lambda: [r for r in caplog.records if "its workflow cancelled it" in r.getMessage()], timeout=5
+    )
+    assert said[0].levelno == logging.INFO and "no retry (its workflow cancelled it)" in said[0].getMessage()
+    assert not [r for r in caplog.records if "was cancelled; retrying" in r.getMessage()]
 
 
 def test_child_failure_and_termination_are_distinct(worker) -> None:

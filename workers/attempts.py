@@ -17,7 +17,13 @@ from typing import Any
 
 from durable import codec, interceptors
 from durable import events as ev
-from durable.activity import ActivityContext, RetryPolicy, running_activity, worker_identity
+from durable.activity import (
+    ActivityCancelledError,
+    ActivityContext,
+    RetryPolicy,
+    running_activity,
+    worker_identity,
+)
 from durable.codec.sealed import log_text
 from durable.errors import (
     ActivityTimeout,
@@ -453,6 +459,9 @@ def fail_attempt(
     policy = RetryPolicy.from_dict(task.retry)
     delay = policy.delay(task.attempt)
     final_reason = _final_reason(task, exc, policy, delay)
+    # A cooperative stop (its heartbeat saw the cancel): not a failure to retry, nor to warn of.
+    cancelled = isinstance(exc, ActivityCancelledError)
+    final_reason = "its workflow cancelled it" if cancelled else final_reason
     record: dict[str, Any] = {
         # error_type stays readable for operators; error and traceback may quote user data and
         # are sealed (encrypted) by the store when a payload hook is installed.
@@ -465,7 +474,7 @@ def fail_attempt(
         record["started_ms"] = started_ms
     # Said in the worker's log, one line each: an activity failing on every attempt (a missing
     # module, a changed signature) is otherwise seen only by `durable describe`.
-    log.warning(
+    (log.info if cancelled else log.warning)(
         "activity %s (%s) of run %s failed, attempt %d: %s; %s",
         task.name,
         task.activity_id,
