@@ -43,7 +43,7 @@ class Delivery(NamedTuple):
     after: str
 
 
-def check_update_call(workflow_type: str, name: str, args: Sequence[Any]) -> None:
+def check_update_call(workflow_type: str, name: str, args: Sequence[Any], workflow_id: str = "") -> None:
     """Refuse an unknown update name, or arguments its handler cannot take, before writing,
     when this process has the class (the run's worker checks both again either way).
 
@@ -54,12 +54,11 @@ def check_update_call(workflow_type: str, name: str, args: Sequence[Any]) -> Non
         cls = get_workflow(workflow_type)
     except DurableError:
         return  # not registered here: the run's worker rejects an unknown name
+    # The run by its id, as the worker's rejection names it (the type alone named no workflow).
+    which = f"workflow {workflow_id!r} ({workflow_type})" if workflow_id else f"workflow {workflow_type!r}"
     entry = cls._updates.get(name)
     if entry is None:
-        raise UpdateRejected(
-            f"workflow {workflow_type!r} has no @update {name!r}; it has {sorted(cls._updates)}",
-            name=name,
-        )
+        raise UpdateRejected(f"{which} has no @update {name!r}; it has {sorted(cls._updates)}", name=name)
     # Bound to a stand-in instance, so that the signature named is the caller's (no ``self``).
     handler = functools.partial(getattr(cls, entry[0]), None)
     try:
@@ -68,7 +67,7 @@ def check_update_call(workflow_type: str, name: str, args: Sequence[Any]) -> Non
         typed_args.prepared(types.MethodType(getattr(cls, entry[0]), object()), tuple(args))
     except DurableError as exc:
         raise UpdateRejected(
-            f"update {name!r} of workflow {workflow_type!r} was rejected: {exc}", name=name, cause=exc
+            f"update {name!r} of {which} was rejected: {exc}", name=name, cause=exc
         ) from None
 
 
@@ -125,7 +124,7 @@ def send_update(
         raise ConfigurationError("update name must be a non-empty string")
     check_name_length(name, "update")
     uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
-    check_update_call(workflow_type, name, args)
+    check_update_call(workflow_type, name, args, workflow_id)
 
     def deliver(request: UpdateWorkflowInput) -> Delivery:
         payload = codec.dumps(tuple(request.args), path="args", allowed_only=True)

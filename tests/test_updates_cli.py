@@ -209,6 +209,8 @@ def test_arguments_that_do_not_fit_the_handler_are_rejected_before_writing(worke
     assert len(stub.history()) == seq
     out = _cli("update", stub.id, "reserve", "--app", "apps.updates")
     assert out.exit_code == 1 and "takes (sku: str, wait: float = 0.2)" in out.output
+    # The run by its id (the message named the type 'UpdCart' as if it were the workflow).
+    assert f"update 'reserve' of workflow '{stub.id}' (UpdCart) was rejected" in out.output, out.output
 
 
 def test_a_worker_rejects_arguments_that_do_not_fit_and_the_run_goes_on(worker: Any) -> None:
