@@ -23,10 +23,16 @@ class ServerProc:
     """``python -m workers.cli server`` on 127.0.0.1; its stderr goes to ``log`` (read by tests)."""
 
     def __init__(
-        self, redis_url: str, log: Path, *, env: dict[str, str] | None = None, app: str = "apps.basic"
+        self,
+        redis_url: str,
+        log: Path,
+        *,
+        env: dict[str, str] | None = None,
+        app: str = "apps.basic",
+        host: str = "127.0.0.1",
     ):
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.log = log
         environ = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
         environ.pop("DURABLE_SERVER_TOKENS", None)
@@ -34,7 +40,18 @@ class ServerProc:
         environ.update(env or {})
         self._log_file = log.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "server", "--port", str(self.port), "--app", app],
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "server",
+                "--host",
+                host,
+                "--port",
+                str(self.port),
+                "--app",
+                app,
+            ],
             cwd=ROOT,
             env=environ,
             stdout=self._log_file,

@@ -195,6 +195,10 @@ def test_query_and_hook_resumed_by_signed_webhook(api: Api) -> None:
     headers = {"content-type": "application/json"}
     with api.secured.client() as hook:
         _error(hook.post(f"/api/v1/hooks/{token}", content=body, headers=headers), 401, "bad_signature")
+        # Non-standard JSON is refused as on every other route (it resumed the run with {"$float": "inf"}).
+        for odd in (b'{"paid": Infinity}', b'{"paid": 1e400}', b"[NaN]"):
+            oddly = {**headers, "X-Durable-Signature": sign(HOOK_SECRET, odd)}
+            _error(hook.post(f"/api/v1/hooks/{token}", content=odd, headers=oddly), 400, "bad_request")
         wrong = {**headers, "X-Durable-Signature": sign("other", body)}
         _error(hook.post(f"/api/v1/hooks/{token}", content=body, headers=wrong), 401, "bad_signature")
         signed = {**headers, "X-Durable-Signature": sign(HOOK_SECRET, body)}
@@ -487,5 +491,19 @@ def test_a_stopping_server_answers_waiting_update_calls_with_their_update_id(
             assert answer.status_code == 202, answer.text
             assert answer.json()["update_id"] == f"u-stop-{i}" and answer.json()["pending"] is True
             assert "the server is stopping" in answer.json()["message"]
+    finally:
+        server.stop()
+
+
+def test_a_server_on_another_loopback_address_answers_requests_to_it(redis_url: str, tmp_path: Path) -> None:
+    """`--host 127.0.0.2` was accepted as loopback, then every request to it was a 403 saying it
+    was not a loopback host (the Host rule knew 127.0.0.1, localhost and ::1 only)."""
+    server = ServerProc(redis_url, tmp_path / "server.log", host="127.0.0.2")
+    try:
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+        assert httpx.get(f"{server.url}/", timeout=10).status_code == 200
+        # A name that only resolves there (DNS rebinding) is still refused.
+        refused = httpx.get(f"{server.url}/healthz", headers={"Host": "127.0.0.2.evil.example"}, timeout=10)
+        assert refused.status_code == 403, refused.text
     finally:
         server.stop()

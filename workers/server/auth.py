@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -177,8 +178,15 @@ LOOPBACK_ONLY = "without tokens this server answers only requests to a loopback 
 
 
 def loopback_host(host: str) -> bool:
-    """Whether a request's ``Host`` header names a loopback host (port or not)."""
-    return _hostname(host) in _LOOPBACK_HOSTS
+    """Whether a request's ``Host`` header names a loopback host (port or not): ``localhost``
+    or a loopback address (all of 127.0.0.0/8, which ``durable server --host`` may bind)."""
+    name = _hostname(host)
+    if name in _LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _hostname(host: str) -> str:

@@ -37,11 +37,13 @@ def hook_payload(raw: bytes, content_type: str) -> Any:
     media = content_type.split(";")[0].strip().lower()
     if not media or media == "application/json" or media.endswith("+json"):
         try:
-            return json_loads(raw)
-        except ValueError:
+            # Standard JSON, as every other route reads it (NaN, Infinity, 1e400: refused, the
+            # hook's single-use token not spent on a value other clients cannot read back).
+            return json_loads(raw, standard=True)
+        except ValueError as exc:
             if media:
                 raise ApiError(
-                    "bad_request", "the body is not valid JSON (or nested too deeply to read)"
+                    "bad_request", f"the body is not valid JSON (or nested too deeply to read): {exc}"
                 ) from None
     try:
         return raw.decode("utf-8")
