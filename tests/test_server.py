@@ -272,6 +272,11 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         _error(c.post("/api/v1/workflows", json={"type": "Waiter", "args": "nope"}), 422, "invalid_argument")
         _error(c.post("/api/v1/workflows", json={"type": 5}), 422, "invalid_argument")
         _error(c.post("/api/v1/workflows", json=[1, 2]), 422, "invalid_argument")
+        # `null` was "no body" (a signal with no args went through), and drain read no body at all.
+        null = c.post("/api/v1/workflows/no-such-run/signal/go", content=b"null", headers=json_headers)
+        assert "must be a JSON object" in _error(null, 422, "invalid_argument")
+        _error(c.post("/api/v1/workers/w/drain", json={"bogus": 1}), 422, "invalid_argument")
+        _error(c.post("/api/v1/workers/w/drain", json=[1]), 422, "invalid_argument")
         _error(c.post("/api/v1/workflows", json={"type": "Waiter", "id": "bad\nid"}), 422, "invalid_argument")
         _error(c.get("/api/v1/workflows", params={"limit": "x"}), 422, "invalid_argument")
         _error(c.get("/api/v1/workflows", params={"limit": 100000}), 422, "invalid_argument")

@@ -199,6 +199,8 @@ async def _prepare(
     if endpoint.role == "hook":
         auth.check_signature(headers, raw)
     body = None if endpoint.role == "hook" else parse_json(raw, headers.get("content-type", ""))
+    if endpoint.role != "hook" and raw.strip() and not isinstance(body, dict):  # `null` too: not "no body"
+        raise ApiError("invalid_argument", "the body must be a JSON object (or no body at all)")
     if endpoint.fields is not None and isinstance(body, dict):
         _check_fields(body, endpoint.fields)
     return Call(

@@ -148,6 +148,7 @@ ENDPOINTS = [
         "operator",
         "Ask a worker to drain: it starts no new run, finishes the runs pinned to its build, then "
         "stops (within its next heartbeat, 2 s)",
+        fields=(),
     ),
     Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
     Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),
