@@ -798,6 +798,10 @@ def test_a_history_gone_from_redis_blocks_its_run_instead_of_a_new_history(worke
     assert f"run {ref.run_id}: its history is gone from Redis (the run record counts " in blocked.message
     assert store.redis.exists(history) == 0  # nothing written on top of the loss
     assert stub.status() == "suspended"
+    # Terminated, it is not blocked any more: the runs list said "blocked ... repair" still.
+    stub.terminate("history lost")
+    (row,) = json.loads(CliRunner().invoke(cli, ["list", "--json"], catch_exceptions=False).output)
+    assert row["status"] == "terminated" and "blocked" not in row and "blocked_kind" not in row, row
 
 
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:

@@ -47,6 +47,11 @@ def list_row(record: Mapping[str, Any]) -> dict[str, Any]:
     """A runs-list row of a run record (:data:`ROW_FIELDS`; ``build`` as ``build_id``; search
     attributes decoded): none of the record's index or bookkeeping fields."""
     row = {k: record[k] for k in ROW_FIELDS if k in record}
+    if row.get("status", "pending") not in OPEN_STATUSES:
+        # Closed (terminated, say) while blocked: not blocked any more, as describe says; the
+        # list showed "blocked ... repair it" for runs a repair refuses.
+        row.pop("blocked", None)
+        row.pop("blocked_kind", None)
     if "search_attributes" not in row:
         row["search_attributes"] = stored_attributes(record.get("sa"))
     row["build_id"] = row.pop("build", None) or None
