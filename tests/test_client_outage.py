@@ -79,7 +79,9 @@ def _lossy_store(proxy: LossyProxy) -> RedisStore:
     warm.terminate()  # terminate
     with contextlib.suppress(HookError):
         WorkflowStub.resume_hook("0.unknown", store=store)  # resume_hook
-    ScheduleHandle.create("loads-the-scripts", Schedule(workflow="Waiter", every="1h"), store=store).delete()
+    ScheduleHandle.create(
+        "loads-the-scripts", Schedule(workflow="Waiter", every="1h", args=[0]), store=store
+    ).delete()
     return store
 
 
