@@ -32,6 +32,7 @@ from .client import default_store
 from .errors import ConfigurationError, DurableError, WorkflowNotFound
 from .ids import new_run_id
 from .registry import check_start
+from .schedule_health import Lateness, held_up
 from .schedule_pass import MAX_BUFFERED, SchedulePass, action
 from .schedule_spec import (
     Schedule,
@@ -59,10 +60,6 @@ __all__ = [
 
 MAX_BACKFILL = 10_000
 """Most scheduled times one backfill may start (split a longer range)."""
-
-OVERDUE_AFTER_S = 5.0
-"""How late a schedule's next time may be before ``describe`` calls it overdue (a worker's
-scheduler claims due times on each of its passes, well within this)."""
 
 SETTLE_WAIT_S = 5.0
 """How long trigger/backfill wait for a worker's scheduler that holds the schedule's lock to
@@ -100,7 +97,7 @@ class ScheduleDescription:
             started).
         fired: Scheduled times claimed so far (what ``max_runs`` counts).
         started: Runs started (scheduled, triggered, backfilled).
-        overdue: Why an active schedule's next time passed more than :data:`OVERDUE_AFTER_S`
+        overdue: Why an active schedule's next time passed more than :data:`~durable.schedule_health.OVERDUE_AFTER_S`
             ago without firing (no live worker runs a scheduler, Redis refuses writes, or live
             workers do and their logs say why); ``""`` when it is on time.
         held_up: Why an active schedule fires but starts nothing: its last times were skipped
@@ -147,28 +144,6 @@ class ScheduleDescription:
             "overdue": self.overdue,
             "held_up": self.held_up,
         }
-
-
-def _held_up(
-    actions: builtins.list[dict[str, Any]], running: builtins.list[dict[str, Any]], buffered: int
-) -> str:
-    """:attr:`ScheduleDescription.held_up`: ``its last 5 times were skipped behind run s-...
-    (scheduled 2026-...), still pending; blocked: no live worker serves queue 'q' ...``."""
-    skipped = 0
-    for entry in actions:  # newest first
-        if entry.get("action") != "skipped":
-            break
-        skipped += 1
-    if not running or (skipped < 2 and not buffered):
-        return ""
-    run = running[0]
-    waiting = (
-        f"its last {skipped}{' or more' if skipped == len(actions) else ''} times were skipped"
-        if skipped >= 2
-        else f"{buffered} time(s) wait buffered"
-    )
-    why = f"; blocked: {run['blocked']}" if run.get("blocked") else ""
-    return f"{waiting} behind run {run['workflow_id']} (scheduled {run['scheduled_at']}), still {run['status']}{why}"
 
 
 class BackfillResult(builtins.list[str]):
@@ -235,44 +210,6 @@ def _action(action: dict[str, Any], status_of: dict[str, str | None]) -> dict[st
     if action.get("workflow_id"):
         out["status"] = status_of.get(str(action["workflow_id"]))
     return out
-
-
-class _Lateness:
-    """Why a schedule's past time has not fired (:attr:`ScheduleDescription.overdue`), from
-    reads made once however many schedules ask (``list``): the scripts' clock, then, only for a
-    time that is late, Redis's memory state and the live workers."""
-
-    def __init__(self, store: RedisStore) -> None:
-        self._store = store
-        self._now_ms: int | None = None
-        self._cause: tuple[str | None, int] | None = None  # (Redis refusing writes, live workers)
-
-    def why(self, spec: Schedule, due_ms: int) -> str:
-        """Why the time ``due_ms`` has not fired although it is past, or ``""`` (on time).
-
-        Schedules fire only where a worker runs: without one, nothing says so but this."""
-        if self._now_ms is None:
-            self._now_ms = self._store.server_time_ms()
-        late_s = (self._now_ms - due_ms) / 1000
-        if late_s <= OVERDUE_AFTER_S:
-            return ""
-        if self._cause is None:
-            self._cause = (self._store.memory_state().reason, len(self._store.live_workers()))
-        refused, live = self._cause
-        due = f"{iso(due_ms)} was due {late_s:.0f} s ago"
-        if refused:  # Redis refusing writes: no scheduler can claim it
-            return f"{due} and has not fired: {refused}"
-        if not live:
-            window = float(spec.catchup_window)  # type: ignore[arg-type]
-            return (
-                f"{due} and has not fired: no live worker runs, and each worker's scheduler fires the "
-                f"schedules (any queue); start one (`durable worker --app YOUR_APP`). Times more than "
-                f"{window:g} s old by then (the catchup window) are recorded as missed, not started"
-            )
-        return (
-            f"{due} and has not fired although {live} worker(s) are live, whose schedulers fire due "
-            "times on every pass: see their logs (`durable workers` lists them)"
-        )
 
 
 RUNS_EXPLAINED = 3
@@ -343,7 +280,7 @@ class ScheduleHandle:
 
         def described() -> builtins.list[ScheduleDescription]:
             out = []
-            lateness = _Lateness(store)  # one read of the clock, Redis's memory and the workers for all
+            lateness = Lateness(store)  # one read of the clock, Redis's memory and the workers for all
             for schedule_id in store.schedule_ids():
                 try:
                     out.append(ScheduleHandle(schedule_id, store=store)._describe(True, lateness))
@@ -376,9 +313,9 @@ class ScheduleHandle:
         Args:
             runs: Read the status of the runs it started (``False``: list them unread).
         """
-        return self._ride("describe()", lambda: self._describe(runs, _Lateness(self._store)))
+        return self._ride("describe()", lambda: self._describe(runs, Lateness(self._store)))
 
-    def _describe(self, runs: bool, lateness: _Lateness) -> ScheduleDescription:
+    def _describe(self, runs: bool, lateness: Lateness) -> ScheduleDescription:
         state = self._state()
         spec = _spec_of(state)
         record = state.record
@@ -422,7 +359,7 @@ class ScheduleHandle:
             created=int(record["created"]) if record.get("created") else None,
             updated=int(record["updated"]) if record.get("updated") else None,
             overdue=lateness.why(spec, upcoming[0]) if run_state == "active" and upcoming else "",
-            held_up=_held_up(state.actions, running, len(state.buffer)) if run_state == "active" else "",
+            held_up=held_up(state.actions, running, len(state.buffer)) if run_state == "active" else "",
         )
 
     def _blocked(self, workflow_id: str) -> str | None:

@@ -21,7 +21,7 @@ from apps.basic import SlowSteps
 from procs import durable_cli, spawn_logged_worker, stop
 from waiting import wait_for
 
-from durable import Schedule, ScheduleHandle, WorkflowStub, schedules
+from durable import Schedule, ScheduleHandle, WorkflowStub, schedule_health
 from durable.store.embedded import EmbeddedRedis
 from durable.store.memory import REDIS_CANNOT_PERSIST, write_refusal
 from durable.store.redis_store import RedisStore
@@ -62,7 +62,7 @@ def mend_persistence(client: redis.Redis, data_dir: Path) -> None:
 def test_a_worker_waits_while_redis_cannot_persist_and_the_views_say_why(
     fresh_redis: EmbeddedRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(schedules, "OVERDUE_AFTER_S", 1.0)
+    monkeypatch.setattr(schedule_health, "OVERDUE_AFTER_S", 1.0)
     url = fresh_redis.url
     client = redis.Redis.from_url(url)
     store = RedisStore(url)

@@ -22,8 +22,8 @@ from durable import (
     ScheduleNotFound,
     Workflow,
     WorkflowStub,
+    schedule_health,
     schedule_pass,
-    schedules,
     timer,
 )
 from durable.schedule_pass import SchedulePass
@@ -439,7 +439,7 @@ def test_catch_up_window(store: RedisStore) -> None:
 def test_a_time_that_did_not_fire_says_why(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """No worker runs: the schedule's times passed, and list/describe said only ``active``
     with a next time in the past, ``started 0``."""
-    monkeypatch.setattr(schedules, "OVERDUE_AFTER_S", 1.0)
+    monkeypatch.setattr(schedule_health, "OVERDUE_AFTER_S", 1.0)
     handle = ScheduleHandle.create("od", Schedule(workflow="SchedTick", every=1), store=store)
     assert handle.describe().overdue == ""  # its first time is ahead
     desc = wait_for(lambda: (d := handle.describe()).overdue and d, timeout=10)
