@@ -29,6 +29,7 @@ from durable import (
     QueryFailed,
     RetryPolicy,
     SerializationError,
+    UpdateRejected,
     Workflow,
     WorkflowClosed,
     WorkflowFailed,
@@ -141,6 +142,29 @@ class BiWait(Workflow):
 
     def handle(self) -> Any:
         return await_signal("go")
+
+
+class BiExits(Workflow):
+    """Handlers that call sys.exit (a library's argparse, say): each ended every worker that took the run."""
+
+    def handle(self) -> Any:
+        return await_signal("never")
+
+    @update
+    def bump(self) -> int:
+        return 1
+
+    @bump.validator
+    def _check(self) -> None:
+        raise SystemExit(3)
+
+    @signal
+    def quit(self) -> None:
+        raise SystemExit(5)
+
+    @query
+    def leave(self) -> None:
+        raise SystemExit(7)
 
 
 class BiBoom(Workflow):
@@ -802,6 +826,20 @@ def test_a_history_gone_from_redis_blocks_its_run_instead_of_a_new_history(worke
     stub.terminate("history lost")
     (row,) = json.loads(CliRunner().invoke(cli, ["list", "--json"], catch_exceptions=False).output)
     assert row["status"] == "terminated" and "blocked" not in row and "blocked_kind" not in row, row
+
+
+def test_handlers_calling_sys_exit_reject_fail_or_refuse_and_the_worker_goes_on(worker) -> None:
+    stub = WorkflowStub.make(BiExits).start()
+    wait_for(lambda: stub.status() == "suspended")
+    with pytest.raises(UpdateRejected, match="SystemExit"):
+        stub.update("bump", timeout=10)
+    with pytest.raises(QueryFailed, match="raised SystemExit: 7"):
+        stub.query("leave")
+    stub.signal("quit")
+    assert str(failure(stub)).endswith("failed: SystemExit: 5")  # failed as handle() raising it does
+    other = WorkflowStub.make(BiWait).start()  # the worker still decides
+    other.signal("go", 1)
+    assert other.result(timeout=10) == 1
 
 
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:

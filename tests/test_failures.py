@@ -13,6 +13,7 @@ from apps.failures import (
     FailFast,
     Heartbeats,
     NonRetryable,
+    ParentLeavingKid,
     ParentOfFailing,
     ParentOfWaiting,
     Timeouts,
@@ -127,6 +128,17 @@ def test_child_failure_and_termination_are_distinct(worker) -> None:
     wait_for(lambda: kid.status() == "suspended")
     kid.terminate("operator")
     assert parent.result(timeout=15) == {"status": "terminated"}
+
+
+def test_a_child_left_open_by_its_cancelled_parent_gets_the_parents_close_policy(worker) -> None:
+    """child() raises CancelledError once the parent's cancel is passed on; the parent closed,
+    and its still-open child escaped parent_close_policy='terminate' (the default) for good."""
+    parent = WorkflowStub.make(ParentLeavingKid).start("leaving-kid")
+    kid = WorkflowStub.load(wait_for(lambda: _exists("leaving-kid")))
+    wait_for(lambda: kid.status() == "suspended")
+    parent.cancel("operator")
+    assert parent.result(timeout=15) == "parent cancelled"
+    wait_for(lambda: kid.status() == "terminated", timeout=15)
 
 
 def _exists(workflow_id: str) -> str | None:

@@ -85,6 +85,9 @@ class DriverCore(WorkflowRuntime):
         self._carried: list[bytes] = []
         self._close_actions: tuple[list[str], list[str], list[tuple[str, str, str]]] = ([], [], [])
         self._child_cancels: list[tuple[str, str, str]] = []
+        # Children whose wait a cancel ended (child() raised CancelledError, the cancel passed on)
+        # and whose outcome has not come: still open, so the run's close applies their policy.
+        self._detached_children: dict[str, tuple[str, str]] = {}
         self._closing: ev.Event | None = None
         self._cancel_reason: str | None = None
         self._fatal: BaseException | None = None

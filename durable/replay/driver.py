@@ -197,7 +197,9 @@ class Driver(Commands, Inputs):
                     lambda i: getattr(self._instance, method)(*i.args),
                 ),
             )
-        except Exception as exc:  # the handler's own fault: said as the query's, not as ours
+        # SystemExit, KeyboardInterrupt too: raised on in a server's thread or the CLI, they ended
+        # them (the code runs on a runner thread: a real Ctrl-C reaches the caller's, not this one).
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the handler's fault: said as the query's
             raise QueryFailed(
                 f"@query {name!r} of workflow {self.workflow_type!r} raised {type(exc).__name__}: "
                 f"{message_of(exc)}",

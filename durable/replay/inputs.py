@@ -183,6 +183,7 @@ class Inputs(Updates):
     def _child_closed(self, event: ev.ChildCompleted | ev.ChildFailed) -> str | None:
         branch = self._waits.get(("child", event.id))
         if branch is None:
+            self._detached_children.pop(event.id, None)  # closed: no policy to apply any more
             return f"no child {event.id!r} is pending"
         if isinstance(event, ev.ChildCompleted):
             self._resume(branch, codec.loads(event.result))
@@ -341,7 +342,8 @@ class Inputs(Updates):
             fn, args = call or (getattr(self._instance, handler), codec.loads(event.payload))
             try:
                 self._guarded(f"signal handler {event.name!r}", lambda: fn(*args))
-            except Exception as exc:  # noqa: BLE001 - an error in a handler fails the run
+            # SystemExit too, as from handle(): it ended every worker that took the run.
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - an error in a handler fails the run
                 if self._blocks(exc):
                     raise self._task_failed(exc, f"signal handler {event.name!r}") from exc
                 self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")))
@@ -392,6 +394,7 @@ class Inputs(Updates):
             self._wait_until.remove(branch)
         elif wait.kind == "child":
             self._child_cancels.append((wait.id, wait.child_workflow_id, "request_cancel"))
+            self._detached_children[wait.id] = (wait.child_workflow_id, wait.policy)
         elif wait.kind == "hook":
             self._expire_hook(wait.id)
         if wait.deadline is not None and wait.kind in ("signal", "wait_until", "hook"):
@@ -538,6 +541,9 @@ class Inputs(Updates):
                 timers.append(w.id)
             if w.kind == "child":
                 children.append((w.id, w.child_workflow_id, w.policy))
+        # Children a cancel detached from their child() call, still open: the policy applies to
+        # them too (it said "terminate", and such a child outlived its parent for good).
+        children.extend((cid, wid, policy) for cid, (wid, policy) in self._detached_children.items())
 
 
 _DURABLE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

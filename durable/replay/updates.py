@@ -106,7 +106,8 @@ class Updates(DriverCore):
                 f"update validator {request.name!r}",
                 lambda: interceptors.run(WorkflowInboundInterceptor, "validate_update", check, validate),
             )
-        except Exception as exc:  # noqa: BLE001 - raising is how a validator (or its interceptor) rejects
+        # SystemExit too (a library's sys.exit, argparse's): it ended every worker that took the run.
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - raising is how a validator rejects
             return exc
         return None
 

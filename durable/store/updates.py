@@ -19,7 +19,7 @@ import redis
 from .. import codec
 from .. import events as ev
 from .. import limits as run_limits
-from ..errors import DurableError, UpdateRejected, WorkflowClosed
+from ..errors import DurableError, UpdateRejected, WorkflowClosed, error_text
 from .records import RunRef, text
 from .redis_store import RedisStore
 from .waits import BLOCK_CHECK_S, look, sleep_out, waits_outage
@@ -159,7 +159,7 @@ def update_result(event: Outcome, workflow_id: str, name: str) -> Any:
         error = cause if isinstance(cause, BaseException) else None
         raise UpdateRejected(
             f"update {name!r} ({event.id}) of workflow {workflow_id!r} was rejected: "
-            f"{type(cause).__name__}: {cause}",
+            f"{error_text(cause) if error is not None else f'{type(cause).__name__}: {cause}'}",
             update_id=event.id,
             name=name,
             cause=error,

@@ -9,6 +9,7 @@ from durable import (
     Activity,
     ActivityCancelledError,
     ActivityFailed,
+    CancelledError,
     ChildWorkflowFailed,
     NonRetryableError,
     RetryPolicy,
@@ -18,6 +19,7 @@ from durable import (
     all,
     await_signal,
     child,
+    timer,
 )
 
 from .basic import record
@@ -148,6 +150,29 @@ class ParentOfWaiting(Workflow):
         except ChildWorkflowFailed as exc:
             return {"status": exc.status}
         return {}
+
+
+class StubbornKid(Workflow):
+    """Carries on after its cancel (a long clean-up)."""
+
+    def handle(self) -> str:
+        try:
+            await_signal("never")
+        except CancelledError:
+            timer(60)
+        return "cleaned up"
+
+
+class ParentLeavingKid(Workflow):
+    """Its child() call raises CancelledError once the cancel is passed on; it returns then,
+    its child still open."""
+
+    def handle(self, kid_id: str) -> str:
+        try:
+            child(StubbornKid, workflow_id=kid_id)
+        except CancelledError:
+            return "parent cancelled"
+        return "kid done"
 
 
 VERSION = {"value": 1}
