@@ -354,6 +354,12 @@ class QueryFailed(DurableError):
         self.__cause__ = cause
 
 
+class QueryBusy(QueryFailed):
+    """A query that did not start: every query thread of this process is held by earlier queries
+    whose workflow code is blocked in a call (the message names those runs and where). Try again
+    once they return; the HTTP API answers it 429 ``busy``."""
+
+
 class Overrun(BaseException):
     """Raised by :mod:`durable.time_limit` in a thread whose workflow code ran too long without
     yielding (a query's replay); it turns it into the caller's error. Not a user's to catch: a

@@ -24,18 +24,21 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import greenlet
 
-from .errors import Overrun, QueryFailed
+from .errors import Overrun, QueryBusy, QueryFailed
 from .frames import code_position, waiting_on_redis
 
 __all__ = [
     "BLOCKED_GRACE_S",
     "QUERY_TIMEOUT",
     "RUNNERS",
+    "STUCK_PER_RUN",
     "Overrun",
+    "QueryOverrun",
     "code_position",
     "query_overrun",
     "run_limited",
@@ -49,6 +52,10 @@ RUNNERS = 16
 """Limited calls running at once, per process (one blocked in a call holds its slot until it
 returns; with all held, a call waits for one within its limit, then fails saying so)."""
 
+STUCK_PER_RUN = 4
+"""Runner threads one run's queries may hold blocked in a call after their callers gave up;
+past it that run's queries fail at once, so that one run's code cannot take every thread."""
+
 BLOCKED_GRACE_S = 1.0
 """How long past the limit a caller waits for code that did not take its exception (blocked in
 a call) before it gets the error anyway."""
@@ -60,20 +67,42 @@ than the query: a busy server keeps one)."""
 T = TypeVar("T")
 
 
-def query_overrun(name: str, workflow_id: str) -> Callable[[float, str], Exception]:
-    """The error of a query whose replay or method overran (for :func:`run_limited`)."""
+@dataclass(frozen=True)
+class QueryOverrun:
+    """The errors of one query whose replay or ``@query`` method overran (for :func:`run_limited`):
+    called with the limit and the code's position; :attr:`label` (the workflow id) counts its
+    runner threads still blocked after their callers gave up."""
 
-    def error(seconds: float, where: str) -> Exception:
+    name: str
+    workflow_id: str
+
+    @property
+    def label(self) -> str:
+        return self.workflow_id
+
+    def __call__(self, seconds: float, where: str) -> Exception:
         return QueryFailed(
-            f"@query {name!r} of workflow {workflow_id!r} did not return within {seconds:g} s: workflow "
-            f"code ran without yielding at {where or 'an unknown position'} (a query replays the run's "
-            "code, then calls the @query method): fix the code (a loop in the run's code, not in the "
-            "@query method, blocks the run in its worker too, as a runaway decision: `durable repair "
-            f"{workflow_id}` after the fix)",
-            name=name,
+            f"@query {self.name!r} of workflow {self.workflow_id!r} did not return within {seconds:g} s: "
+            f"workflow code ran without yielding at {where or 'an unknown position'} (a query replays the "
+            "run's code, then calls the @query method): fix the code (a loop in the run's code, not in "
+            "the @query method, blocks the run in its worker too, as a runaway decision: `durable repair "
+            f"{self.workflow_id}` after the fix)",
+            name=self.name,
         )
 
-    return error
+    def busy(self, held: str) -> Exception:
+        """No runner thread was free within the limit: ``held`` says which runs' code holds them."""
+        return QueryBusy(
+            f"@query {self.name!r} of workflow {self.workflow_id!r} did not start: all {RUNNERS} query "
+            f"threads of this process are held by earlier queries blocked in workflow code ({held}); "
+            "try again once those calls return (the runs named need a fix)",
+            name=self.name,
+        )
+
+
+def query_overrun(name: str, workflow_id: str) -> QueryOverrun:
+    """The errors of a query whose replay or method overran (for :func:`run_limited`)."""
+    return QueryOverrun(name, workflow_id)
 
 
 class _Watch:
@@ -90,13 +119,14 @@ _watches: dict[int, _Watch] = {}
 _monitor: threading.Thread | None = None
 _slot_count: threading.BoundedSemaphore | None = None
 _jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_stuck: dict[str, list[str]] = {}  # per label (a workflow id): where its runners are blocked
 _idle = [0]  # runner threads free for a job (counted as their job ends)
 _threads = (
     0  # runner threads started: at most RUNNERS (a thread is started only with a slot held and none idle)
 )
 
 
-def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, str], Exception]) -> T:
+def run_limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun) -> T:
     """``fn()``, stopped once it runs ``seconds`` without a greenlet switch.
 
     It runs on a thread of its own while the caller waits: code blocked in a call
@@ -111,14 +141,22 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, s
     """
     if seconds <= 0 or sys.gettrace() is not None or threading.get_ident() in _watches:
         return fn()
+    label = overrun.label
+    with _lock:
+        stuck = list(_stuck.get(label, ()))
+    if len(stuck) >= STUCK_PER_RUN:  # this run's code holds enough threads already: its fault
+        raise overrun(
+            seconds, f"{stuck[-1]} (blocked in a call; {len(stuck)} earlier queries of it still are)"
+        )
     deadline = time.monotonic() + seconds + BLOCKED_GRACE_S
     slots = _slots()
     if not slots.acquire(timeout=seconds + BLOCKED_GRACE_S):
-        raise overrun(seconds, f"no free query thread: all {RUNNERS} are held by code blocked in a call")
+        raise overrun.busy(_held())
     context = contextvars.copy_context()  # the caller's (interceptors' headers, the test kit's)
     outcome: list[Any] = []
     done = threading.Event()
     runner: list[int] = []
+    left: list[str] = []  # where its code was blocked when the caller gave up
 
     def run() -> None:
         try:
@@ -126,20 +164,42 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: Callable[[float, s
         except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
             outcome.append((False, exc))
         finally:
+            with _lock:
+                if left:
+                    _stuck[label].remove(left[0])
+                    if not _stuck[label]:
+                        del _stuck[label]
+                done.set()
             slots.release()
             _idle_again()
-            done.set()
 
     _submit(run)
     if not done.wait(max(0.0, deadline - time.monotonic())):
         frame = sys._current_frames().get(runner[0]) if runner else None
         where = code_position(traceback.extract_stack(frame)) if frame is not None else ""
         del frame
+        with _lock:
+            if not done.is_set():  # still blocked: counted against its run until it returns
+                left.append(where or "a call that does not return")
+                _stuck.setdefault(label, []).append(left[0])
         raise overrun(seconds, f"{where} (blocked in a call)" if where else "a call that does not return")
     ok, value = outcome[0]
     if ok:
         return value
     raise value
+
+
+def _held() -> str:
+    """Which runs' queries hold runner threads blocked in a call, in words: ``spin-1 x12 at
+    app.py:9 in handle, o-7 at app.py:30 in handle`` (held by calls still in their limit: none)."""
+    with _lock:
+        held = {label: list(where) for label, where in _stuck.items()}
+    if not held:
+        return "calls still within their limit"
+    return ", ".join(
+        f"{label}{f' x{len(where)}' if len(where) > 1 else ''} at {where[-1]}"
+        for label, where in sorted(held.items(), key=lambda item: -len(item[1]))
+    )
 
 
 def _submit(job: Callable[[], None]) -> None:
@@ -176,9 +236,7 @@ def _slots() -> threading.BoundedSemaphore:
         return _slot_count
 
 
-def _limited(
-    fn: Callable[[], T], seconds: float, overrun: Callable[[float, str], Exception], runner: list[int]
-) -> T:
+def _limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun, runner: list[int]) -> T:
     """``fn()`` on this thread, an :class:`Overrun` raised in it past ``seconds`` without a switch."""
     ident = threading.get_ident()
     runner.append(ident)

@@ -26,7 +26,7 @@ from waiting import wait_for
 
 import durable
 import durable.client
-from durable import DurableError, QueryFailed, WorkflowStub, time_limit
+from durable import DurableError, QueryBusy, QueryFailed, WorkflowStub, time_limit
 from durable.store.redis_store import RedisStore
 from durable.time_limit import code_position
 
@@ -75,11 +75,41 @@ def test_a_query_blocked_in_a_call_fails_in_time_and_holds_one_runner_at_most(
     ):
         stub.query("slow")
     assert time.monotonic() - began < 1 + time_limit.BLOCKED_GRACE_S + 1
-    # Its runner is still held: the next query says so instead of waiting behind it.
-    with pytest.raises(QueryFailed, match=r"no free query thread: all 1 are held by code blocked in a call"):
+    # Its runner is still held: the next query says so, naming the run whose code holds it, instead
+    # of waiting behind it (a QueryBusy: the HTTP API's 429 busy, not a fault of this run's).
+    with pytest.raises(
+        QueryBusy,
+        match=r"all 1 query threads .* held by earlier queries blocked in workflow code \(q-sleepy at ",
+    ):
         stub.query("slow")
     monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 0.0)
     time.sleep(6 - (time.monotonic() - began) + 0.5)  # the blocked call returns: its runner is free
+    assert stub.query("slow") == "woke"
+
+
+def test_query_threads_held_by_one_runs_code_leave_room_for_others(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One run's code blocked in a call held all 16 query threads, and every query of every other
+    run failed, told to fix and `durable repair` itself."""
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
+    monkeypatch.setattr(time_limit, "RUNNERS", 3)
+    monkeypatch.setattr(time_limit, "STUCK_PER_RUN", 2)
+    monkeypatch.setattr(time_limit, "_slot_count", None)  # three slots, for this test
+    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 6.0)
+    stub = WorkflowStub.make(SleepyQuery, id="q-cap", store=store).start()  # no worker
+    began = time.monotonic()
+    for _ in range(2):
+        with pytest.raises(QueryFailed, match=r"\(blocked in a call\)"):
+            stub.query("slow")
+    started = time.monotonic()
+    with pytest.raises(QueryFailed, match=r"blocked in a call; 2 earlier queries of it still are") as info:
+        stub.query("slow")
+    assert time.monotonic() - started < 0.5 and not isinstance(info.value, QueryBusy)
+    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 0.0)
+    other = WorkflowStub.make(SleepyQuery, id="q-other", store=store).start()
+    assert other.query("slow") == "woke"  # the third thread: the first run could not take it
+    time.sleep(max(0.0, 6 - (time.monotonic() - began) + 0.5))  # the blocked calls return
     assert stub.query("slow") == "woke"
 
 

@@ -18,6 +18,7 @@ from durable.errors import (
     HookError,
     LimitExceeded,
     PayloadTooLarge,
+    QueryBusy,
     RedisUnavailable,
     SerializationError,
     UnknownTypeError,
@@ -52,7 +53,11 @@ CODES: dict[str, tuple[int, str]] = {
     "unknown_type": (422, "the workflow type is not known to this server (start it with --app MODULE)"),
     "rejected": (422, "the engine refused the request; the message says why"),
     "update_failed": (422, "the update's handler raised: the message has its error type and text"),
-    "busy": (429, "the server holds as many waiting calls (updates) as it allows; try again shortly"),
+    "busy": (
+        429,
+        "the server holds as many waiting calls (updates) as it allows, or every query thread is held by "
+        "queries blocked in workflow code; try again shortly",
+    ),
     "internal": (500, "an unexpected server error (logged by the server)"),
     "redis_unavailable": (503, "the server cannot reach Redis"),
     "redis_out_of_memory": (503, "Redis refuses writes: it reached maxmemory (the message says what to do)"),
@@ -88,6 +93,7 @@ _MAPPED: tuple[tuple[type[BaseException], str], ...] = (
     (HookError, "hook_token_unusable"),
     (PayloadTooLarge, "payload_too_large"),
     (LimitExceeded, "limit_exceeded"),
+    (QueryBusy, "busy"),
     (UnknownTypeError, "unknown_type"),
     (SerializationError, "invalid_argument"),
     (ConfigurationError, "invalid_argument"),
