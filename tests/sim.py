@@ -218,7 +218,8 @@ class Sim:
     def fresh_driver(self, history: Iterable[ev.Entry] | None = None, cls: type[Driver] = Driver) -> Driver:
         kwargs: dict[str, Any] = {"resolve": self.resolve} if self.resolve is not None else {}
         driver = cls(run_id=self.run_id, workflow_id=self.workflow_id, **kwargs)
-        driver.replay(list(self.history if history is None else history))
+        # As a worker does: a run no decision was committed for yet runs its code live.
+        driver.replay(list(self.history if history is None else history), undecided=not self.decisions)
         return driver
 
     def decide(self, n: int | None = None) -> Decision:

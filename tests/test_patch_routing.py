@@ -228,3 +228,62 @@ def test_an_old_worker_that_cannot_replay_a_patched_history_leaves_it_to_newer_c
         for proc in (new, old, newer):
             if proc is not None:
                 stop(proc)
+
+
+BOX_V1 = """
+from durable import Workflow, await_signal, signal
+
+
+class PrBox(Workflow):
+    def __init__(self) -> None:
+        self.notes: list = []
+
+    @signal
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def handle(self) -> list:
+        await_signal("go")
+        return self.notes
+"""
+
+BOX_V2 = BOX_V1.replace("def note(self, text: str)", "def note(self, text: str, prio: int)").replace(
+    "self.notes.append(text)", "self.notes.append(f'{text}/{prio}')"
+)
+
+
+def test_a_handler_that_now_raises_on_a_recorded_input_blocks_the_run_for_a_fix(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A @signal handler gained a parameter: replaying a signal the old code applied, it raised,
+    and the run was FAILED for good (`repair` refuses a closed run) -- because no recorded command
+    followed that signal in the history. It is blocked as nondeterminism, repairable."""
+    old_env, new_env = _app(tmp_path / "v1", BOX_V1), _app(tmp_path / "v2", BOX_V2)
+    old = spawn_worker(redis_url, app="pr_app", env=old_env)
+    new = fixed = None
+    try:
+        _cli(redis_url, "start", "PrBox", "--id", "box-1")
+        stub = WorkflowStub.load("box-1")
+        wait_for(lambda: stub.status() == "suspended", timeout=30)
+        stub.signal("note", "before")
+        wait_for(lambda: [e.type for e in stub.history()][-1:] == ["SignalReceived"], timeout=30)
+        stop(old)
+        new = spawn_worker(redis_url, app="pr_app", env=new_env)
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        stub.signal("go")
+        blocked = wait_for(lambda: (b := stub.blocked()) and b.kind == "nondeterminism" and b, timeout=30)
+        assert (
+            "the code raised TypeError" in blocked.message
+            and "missing 1 required positional" in blocked.message
+        )
+        assert stub.status() != "failed"
+        stop(new)
+        fixed_env = _app(tmp_path / "v3", BOX_V2.replace("prio: int)", "prio: int = 0)"))
+        fixed = spawn_worker(redis_url, app="pr_app", env=fixed_env)
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        _cli(redis_url, "repair", "box-1")
+        assert stub.result(timeout=30) == ["before/0"]
+    finally:
+        for proc in (old, new, fixed):
+            if proc is not None:
+                stop(proc)

@@ -158,9 +158,15 @@ def test_a_bad_signal_recorded_in_a_history_is_applied_on_replay_as_it_was() -> 
     the signal is not dropped now."""
     _, history = first_decision()
     bad = note({"sku": "b", "qty": 0}, START_TS + 1)
-    replayed = driver().replay([*history, entry(len(history) + 1, bad.ts, bad.event)])
-    closing = replayed.decide().closing
+    history.append(entry(len(history) + 1, bad.ts, bad.event))
+    # As the older code decided it: the signal applied (its handler raised), the run failed.
+    older = driver().replay(history, undecided=True)
+    closing = older.decide().closing
     assert isinstance(closing, ev.WorkflowFailedEvent)
     error = codec.loads(closing.error)
     assert isinstance(error, SerializationError)
     assert str(error) == INVALID.split(": ", 2)[2]
+    # What it recorded replays as it was: the signal applied, not dropped (the failure would
+    # then be missing from the replay: nondeterminism).
+    replayed = driver().replay([*history, entry(len(history) + 1, START_TS + 1, closing)])
+    assert replayed.closed_run and replayed.status == "failed"

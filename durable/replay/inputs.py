@@ -346,7 +346,7 @@ class Inputs(Updates):
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - an error in a handler fails the run
                 if self._blocks(exc):
                     raise self._task_failed(exc, f"signal handler {event.name!r}") from exc
-                self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")))
+                self._close(ev.WorkflowFailedEvent(error=codec.dumps(exc, path="error")), raised=exc)
             return
         waiters = self._signal_waiters.get(event.name)
         if waiters:
@@ -481,6 +481,25 @@ class Inputs(Updates):
     def _close(self, closing: ev.Event, raised: BaseException | None = None) -> None:
         if self._read_only and raised is not None and closing.key not in self._recorded:
             self._raised_at = (raised, self._pos)  # said if history goes on past this point
+        elif (
+            raised is not None
+            and self._replay_pass
+            and not self._replaying()
+            and closing.key not in self._recorded
+        ):
+            # Raised applying history whose decisions went on from this point (a @signal handler
+            # that gained a parameter, an old result read another way): the code changed, and the
+            # run is blocked for a fix; failed, it could not be repaired (its last input being
+            # the one replayed, no recorded command said so).
+            at = _where(raised)
+            self._nondeterminism(
+                f"the code raised {error_text(raised)}{f' ({at})' if at else ''} while replaying seq "
+                f"{self._pos}, which the code that recorded it went on from (code changed?)",
+                closing.key[1],
+                None,
+                None,
+            )
+            return
         try:
             self._issue(closing)
         except NondeterminismError as err:
