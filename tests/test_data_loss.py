@@ -47,14 +47,18 @@ def _ids_apart(store: RedisStore, prefix: str) -> tuple[str, str]:
 def test_a_redis_that_came_back_empty_is_said_by_the_worker_and_the_views(
     redis_url: str, store: RedisStore
 ) -> None:
-    worker = spawn_worker(redis_url, app="apps.child_blocks")
+    worker = spawn_worker(redis_url, app="apps.child_blocks", extra=("--retention", "20m"))
     try:
         wait_for(store.live_workers, timeout=30)
+        assert json.loads(cli_ok("workers", "--json"))["retention"] == "20m"
         gone = WorkflowStub.make(GoThenClose, "lost-1", store=store).start()
         assert not [w for w in _warnings() if "lost" in w]
         store.redis.flushall()  # as a Redis restarted without persistence
         said = wait_for(lambda: [w for w in _warnings() if "Redis lost durable's data" in w], timeout=20)
         assert len(said) == store.keys.partitions and "gone for good" in said[0], said
+        # The namespace's retention went with the data: the worker writes it back (runs closing
+        # from now on were kept the default 3 days, silently).
+        wait_for(lambda: json.loads(cli_ok("workers", "--json"))["retention"] == "20m", timeout=10)
         with pytest.raises(WorkflowNotFound, match=LOST):
             WorkflowStub.load(gone.id, store=store)
         status = CliRunner().invoke(cli, ["status", gone.id])
@@ -70,6 +74,7 @@ def test_a_redis_that_came_back_empty_is_said_by_the_worker_and_the_views(
         stop(worker)
     lines = [line for line in err.splitlines() if "Redis lost durable's data of partition(s) 0, 1" in line]
     assert len(lines) == 1 and "ERROR" in lines[0], err[-3000:]
+    assert "the namespace's retention (20m) was written again: Redis lost it with the data" in err
 
 
 def test_a_parent_whose_childs_partition_lost_its_data_is_blocked_naming_it(

@@ -31,10 +31,13 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import timedelta
 
 from durable.registry import declared_patches
+from durable.retention import duration_text
 from durable.store.records import REGISTRY_TTL_MS
 from durable.store.redis_store import RedisStore
+from durable.store.retention import set_namespace_retention, stored_retention_ms
 from durable.store.workers import WorkerInfo
 
 __all__ = ["CURRENT_POLL_S", "Membership"]
@@ -114,6 +117,7 @@ class Membership:
         #: Called (on the scheduler thread) once a draining worker has no open pinned run left.
         self.on_drained: Callable[[], None] | None = None
         self._origins: dict[int, str] = {}  # the partitions' origin markers seen last
+        self._retention: int | None = None  # the namespace's retention (ms) when first checked
 
     def join(self) -> None:
         """Register, then (versioned) promote if asked or take over queues nobody serves; warn of
@@ -186,7 +190,10 @@ class Membership:
     def _check_origins(self) -> None:
         """Compare the partitions' origin markers with those seen last: one gone means Redis
         lost that partition's data (:mod:`durable.store.origins`), which nothing else says."""
+        first = not self._origins
         self._origins, lost = self.store.check_origins(self._origins, self.info.name)
+        if first:  # the namespace's settings as this worker found them, to put back after a loss
+            self._retention = stored_retention_ms(self.store)
         if lost:
             log.error(
                 "Redis lost durable's data of partition(s) %s: the origin marker this worker saw is "
@@ -195,6 +202,20 @@ class Membership:
                 "for good. Keep Redis's data: appendonly yes (docs/operations.md)",
                 ", ".join(map(str, lost)),
             )
+            self._restore_retention()
+
+    def _restore_retention(self) -> None:
+        """Write the namespace's retention back after a loss took it (from a partition that kept
+        it, else as this worker found it): runs closing from now on were kept the default 3 days."""
+        retention = stored_retention_ms(self.store) or self._retention
+        if retention is None:
+            return
+        set_namespace_retention(self.store, timedelta(milliseconds=retention))
+        self._retention = retention
+        log.warning(
+            "the namespace's retention (%s) was written again: Redis lost it with the data",
+            duration_text(retention),
+        )
 
     def _say_taken_over(self, queue: str, old: str, live: list[WorkerInfo]) -> None:
         if not old:

@@ -35,6 +35,7 @@ __all__ = [
     "namespace_retention_ms",
     "purge_closed_before",
     "set_namespace_retention",
+    "stored_retention_ms",
 ]
 
 
@@ -52,8 +53,14 @@ def set_namespace_retention(store: RedisStore, value: Any) -> int:
 
 def namespace_retention_ms(store: RedisStore) -> int:
     """The namespace's retention in ms (the default when none was set)."""
+    stored = stored_retention_ms(store)
+    return stored if stored is not None else int(DEFAULT_RETENTION.total_seconds() * 1000)
+
+
+def stored_retention_ms(store: RedisStore) -> int | None:
+    """The namespace's retention as set (``--retention``), in ms; ``None``: never set (or lost)."""
     value = store.redis.get(store.keys.retention(0))
-    return int(value) if value is not None else int(DEFAULT_RETENTION.total_seconds() * 1000)
+    return int(value) if value is not None else None
 
 
 @dataclass
