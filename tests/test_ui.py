@@ -371,6 +371,27 @@ def test_failed_attempts_show_errors_and_cancel_from_the_ui(ui: Ui, tmp_path: Pa
     page.context.close()
 
 
+def test_an_earlier_run_of_an_id_opens_from_the_runs_list(ui: Ui) -> None:
+    """Both rows of a reused id linked to its current run: the earlier (failed, terminated) one
+    could not be opened, its failure nowhere in the UI."""
+    wid = _start(ui, "Waiter", 60)
+    first = WorkflowStub.load(wid, store=ui.store)
+    first_run = first.run_id
+    first.terminate("first try")
+    _start(ui, "Waiter", 60, workflow_id=wid)  # the id again (allow_duplicate)
+    page = ui.page()
+    page.goto(ui.open.url + "/?id_prefix=" + wid)
+    page.wait_for_selector(f"#runs a[href$='run_id={first_run}']")
+    page.click(f"#runs a[href$='run_id={first_run}']")
+    page.wait_for_selector("#run-status .badge.terminated")
+    note = page.wait_for_selector("#earlier:not([hidden])")
+    assert f"An earlier run of {wid} (run {first_run}); the current run is" in note.inner_text()
+    assert page.locator("#actions button[data-action=terminate]").is_disabled()  # they act on the current
+    assert first_run in page.inner_text("#facts")
+    page.context.close()
+    WorkflowStub.load(wid, store=ui.store).terminate("test done")
+
+
 def test_read_only_token_sees_runs_but_actions_are_refused(ui: Ui) -> None:
     wid = _start(ui, "Waiter", 60)
     anonymous = ui.page()

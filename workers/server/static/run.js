@@ -7,6 +7,11 @@
   const root = document.getElementById("run");
   const wid = root.dataset.workflowId;
   const base = "/api/v1/workflows/" + encodeURIComponent(wid);
+  // A run of the id other than its current one (an earlier run: a failure before a restart, a
+  // continue-as-new chain): `?run_id=` in the page's URL, as the runs list links each row.
+  const pinned = new URLSearchParams(location.search).get("run_id");
+  const ofRun = pinned ? "run_id=" + encodeURIComponent(pinned) : "";
+  let current = null;  // the id's current run id, when this page shows another one
   const HISTORY_PAGE = 10000;
   const TABLE_CHUNK = 300;
   let info = null;
@@ -32,7 +37,7 @@
     }
     let after = events.length ? events[events.length - 1].seq : 0;
     for (;;) {
-      const page = await api("GET", `${base}/history?after=${after}&limit=${HISTORY_PAGE}`);
+      const page = await api("GET", `${base}/history?after=${after}&limit=${HISTORY_PAGE}${ofRun ? "&" + ofRun : ""}`);
       events.push(...page.events);
       if (!page.next_after) break;
       after = page.next_after;
@@ -202,7 +207,12 @@
 
   async function refresh() {
     const before = info ? `${info.run_id}:${info.seq}:${info.status}:${info.blocked}` : "";
-    info = await api("GET", base);
+    info = await api("GET", ofRun ? `${base}?${ofRun}` : base);
+    if (pinned && current === null) {
+      const now = await api("GET", base);
+      current = now.run_id;
+      earlier(now);
+    }
     const changed = before !== `${info.run_id}:${info.seq}:${info.status}:${info.blocked}`;
     if (changed) await loadHistory();
     facts();
@@ -212,10 +222,20 @@
     historyRows(Math.max(shownRows, TABLE_CHUNK));
     Timeline.draw(document.getElementById("timeline"), events, info, info.attempts);
     const closed = !!info.closed;
+    const other = pinned && current && current !== info.run_id;  // actions go to the current run
     for (const b of document.querySelectorAll("#actions button")) {
       const act = b.dataset.action;
-      b.disabled = closed && act !== "query";
+      b.disabled = other || (closed && act !== "query");
     }
+  }
+
+  // Say that this is not the id's current run, and link to it.
+  function earlier(now) {
+    if (now.run_id === pinned) return;
+    const note = document.getElementById("earlier");
+    note.hidden = false;
+    note.replaceChildren(`An earlier run of ${wid} (run ${pinned}); the current run is ${now.run_id} (${now.status}): `,
+      D.runLink(wid, "open it"), ". The actions act on the current run: open it to use them.");
   }
 
   const ACTIONS = {

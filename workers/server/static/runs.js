@@ -59,7 +59,7 @@
   function row(r) {
     const took = r.closed ? duration(r.closed - r.created) : r.created ? duration(Date.now() - r.created) + " so far" : "";
     const tr = el("tr", { class: r.blocked ? "is-blocked" : "", "data-id": r.workflow_id },
-      el("td", { class: "id" }, D.runLink(r.workflow_id),
+      el("td", { class: "id" }, D.runLink(r.workflow_id, null, r.run_id),
         r.parent && r.parent.wid ? el("span", { class: "muted small" }, " ← ", D.runLink(r.parent.wid)) : null),
       el("td", {}, r.type || ""),
       el("td", {}, badge(r.status, r.blocked)),

@@ -269,8 +269,10 @@ const D = (() => {
     return value;
   }
 
-  function runLink(id, text) {
-    return el("a", { href: "/workflows/" + encodeURIComponent(id) }, text || id);
+  // A run page's link; with ``runId``, of that run of the id (not necessarily its current one).
+  function runLink(id, text, runId) {
+    const pin = runId ? "?run_id=" + encodeURIComponent(runId) : "";
+    return el("a", { href: "/workflows/" + encodeURIComponent(id) + pin }, text || id);
   }
 
   document.addEventListener("DOMContentLoaded", setupToken);
