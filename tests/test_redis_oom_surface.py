@@ -23,7 +23,7 @@ from procs import durable_cli, spawn_logged_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.errors import RedisUnavailable
 from durable.store.embedded import EmbeddedRedis
 from durable.store.memory import is_oom
@@ -287,3 +287,21 @@ def test_attempts_refused_at_maxmemory_are_one_warning_and_run_once_memory_is_fr
     log = running.read_text()
     assert log.count("the activity threads (beginning attempts) retries") == 1, log
     assert "Traceback" not in log and "could not be recorded" not in log, log
+
+
+def test_schedule_list_and_describe_answer_at_maxmemory(
+    fresh_redis: EmbeddedRedis, full_client: redis.Redis
+) -> None:
+    """They read a schedule in a MULTI, whose EXEC Redis refuses at maxmemory: both failed, so
+    the reason they give for a schedule that does not fire (Redis refusing writes) never showed."""
+    url = fresh_redis.url
+    store = RedisStore(url)
+    try:
+        ScheduleHandle.create("oom-s", Schedule(workflow="Tick", every="1h"), store=store)
+        with kept_full(full_client):
+            listed = durable_cli(url, "schedule", "list")
+            assert listed.returncode == 0 and "oom-s" in listed.stdout, listed.stderr
+            described = durable_cli(url, "schedule", "describe", "oom-s")
+            assert described.returncode == 0, described.stderr
+    finally:
+        store.close()

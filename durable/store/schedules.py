@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from .base import StoreBase
 from .keys import SENT_TTL_MS
+from .memory import is_oom
 from .records import text
 
 SEP = "|"
@@ -95,13 +98,18 @@ class ScheduleStore(StoreBase):
         ``None``: no such schedule."""
         p = self.keys.partition(schedule_id)
         record, claimed, buffer, runs, recent, *_ = self.keys.schedule_keys(p, schedule_id)
-        with self.pipeline(record, transaction=True) as pipe:
-            pipe.hgetall(record)
-            pipe.zrange(claimed, 0, -1, withscores=True)
-            pipe.lrange(buffer, 0, -1)
-            pipe.zrange(runs, 0, -1, withscores=True)
-            pipe.lrange(recent, 0, actions - 1)
-            raw, got_claimed, got_buffer, got_runs, got_actions = pipe.execute()
+        try:
+            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(
+                record, claimed, buffer, runs, recent, actions, transaction=True
+            )
+        except redis.ResponseError as exc:
+            if not is_oom(exc):
+                raise
+            # At maxmemory Redis refuses the EXEC, reads and all: read them one after another,
+            # so that `schedule list` can say what is wrong (Redis refusing writes) at all.
+            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(
+                record, claimed, buffer, runs, recent, actions, transaction=False
+            )
         if not raw:
             return None
         return ScheduleState(
@@ -111,6 +119,25 @@ class ScheduleStore(StoreBase):
             runs=[(text(m), int(s)) for m, s in got_runs],
             actions=[json.loads(a) for a in got_actions],
         )
+
+    def _schedule_reads(
+        self,
+        record: str,
+        claimed: str,
+        buffer: str,
+        runs: str,
+        recent: str,
+        actions: int,
+        *,
+        transaction: bool,
+    ) -> list[Any]:
+        with self.pipeline(record, transaction=transaction) as pipe:
+            pipe.hgetall(record)
+            pipe.zrange(claimed, 0, -1, withscores=True)
+            pipe.lrange(buffer, 0, -1)
+            pipe.zrange(runs, 0, -1, withscores=True)
+            pipe.lrange(recent, 0, actions - 1)
+            return list(pipe.execute())
 
     def schedule_claim(
         self,
