@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -512,3 +513,16 @@ def test_a_server_on_another_loopback_address_answers_requests_to_it(redis_url: 
         assert refused.status_code == 403, refused.text
     finally:
         server.stop()
+
+
+def test_a_server_started_before_its_redis_waits_for_it(fresh_redis, tmp_path: Path) -> None:  # noqa: ANN001
+    """It exited (rc 1) with Redis not up yet, where a worker waits: a server started with its
+    Redis (a compose file, a reboot) stayed down."""
+    fresh_redis.stop()
+    threading.Timer(2.0, fresh_redis.ensure).start()
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")  # ready once Redis answers
+    try:
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    finally:
+        server.stop()
+    assert "durable server startup (Redis at" in (tmp_path / "server.log").read_text()

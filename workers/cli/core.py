@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -31,6 +32,7 @@ from durable.store.connect import (
     not_redis,
 )
 from durable.store.embedded import EmbeddedRedis
+from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
 from workers.app import app_path, missing_app
@@ -91,6 +93,13 @@ class CliState:
     def store(self) -> RedisStore:
         """The store; with no URL configured, the embedded server is started (or reused)."""
         return self._open(start_embedded=True)
+
+    def store_when_up(self, what: str, log: logging.Logger) -> RedisStore:
+        """:attr:`store`, once Redis answers: a process (a worker, the server) started while
+        Redis is stalled, loading or not up yet waits (a WARNING says for what, once), as a
+        running worker does. Read-only commands fail at once instead (an operator waits)."""
+        shown = mask_url(self.url) if self.url else "the embedded Redis"
+        return retry_transient(lambda: self.store, Incident(log, f"{what} (Redis at {shown})"))
 
     @property
     def existing_store(self) -> RedisStore:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -83,7 +84,7 @@ def server(
             "or listen on 127.0.0.1"
         )
     load_apps(apps)
-    store = state.store
+    store = state.store_when_up("durable server startup", logging.getLogger("durable.server"))
     sock = _listen(host, port)  # here, for one error line (uvicorn would log a traceback-like block)
     where = f"[{host}]" if ":" in host else host
     access = (

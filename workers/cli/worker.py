@@ -14,7 +14,6 @@ from durable.errors import ConfigurationError
 from durable.ids import check_build_id
 from durable.limits import check_queue_name
 from durable.retention import ENV, duration_text
-from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.retention import namespace_retention_ms, set_namespace_retention
 from workers.cli.bootstrap import configure_logging, log, run_worker, worker_supervisor
@@ -190,13 +189,8 @@ retention_option = click.option(
 
 
 def _open_store(state: CliState) -> RedisStore:
-    """The worker's store, once Redis answers: a worker started while Redis is stalled,
-    loading or not up yet waits (a WARNING says for what, once), as a running worker does.
-
-    Read-only commands fail at once instead (an operator is waiting for their answer).
-    """
-    shown = mask_url(state.url) if state.url else "the embedded Redis"
-    return retry_transient(lambda: state.store, Incident(log, f"worker startup (Redis at {shown})"))
+    """The worker's store, once Redis answers (:meth:`CliState.store_when_up`)."""
+    return state.store_when_up("worker startup", log)
 
 
 def _apply_retention(store: RedisStore, options: dict[str, Any]) -> None:
