@@ -526,3 +526,18 @@ def test_a_server_started_before_its_redis_waits_for_it(fresh_redis, tmp_path: P
     finally:
         server.stop()
     assert "durable server startup (Redis at" in (tmp_path / "server.log").read_text()
+
+
+def test_read_tokens_without_a_hook_secret_are_warned_of(redis_url: str, tmp_path: Path) -> None:
+    """A read token sees hook tokens handed to activities (histories, queries); without a hook
+    secret the token alone resumes the hook, and nothing said so."""
+    env = {"DURABLE_SERVER_TOKENS": f"operator:{OPERATOR},read:{READER}"}
+    server = ServerProc(redis_url, tmp_path / "server.log", env=env)
+    server.stop()
+    said = (tmp_path / "server.log").read_text()
+    assert "read tokens are configured but no hook secret" in said, said
+    signed = ServerProc(
+        redis_url, tmp_path / "signed.log", env={**env, "DURABLE_SERVER_HOOK_SECRET": HOOK_SECRET}
+    )
+    signed.stop()
+    assert "no hook secret" not in (tmp_path / "signed.log").read_text()

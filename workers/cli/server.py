@@ -91,6 +91,14 @@ def server(
         f"{len(auth.tokens)} token(s)" if auth.enabled else "no tokens: open to this machine only (loopback)"
     )
     click.echo(f"durable server on http://{where}:{port} (redis {mask_url(state.url or '')}; auth: {access})")
+    if auth.hook_secret is None and any(role == "read" for role, _ in auth.tokens.values()):
+        # A read token sees histories and answers queries: a hook token handed to an activity
+        # (the callback pattern) is there, and the token alone resumes the hook.
+        logging.getLogger("durable.server").warning(
+            "read tokens are configured but no hook secret: a holder of a read token can find hook "
+            "tokens handed to activities (histories, queries) and resume those hooks; set "
+            "DURABLE_SERVER_HOOK_SECRET (or hook_secret in the auth file) and sign webhook bodies"
+        )
     config = uvicorn.Config(
         create_app(store, auth),
         host=host,
