@@ -4,6 +4,7 @@ old worker took such a run down the old branch, silently)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -150,6 +151,10 @@ def test_a_run_new_code_started_waits_for_new_workers_then_says_which_patch(
         ), blocked.message
         new = spawn_worker(redis_url, app="pr_app", env=new_env)
         wait_for(lambda: len(store.live_workers()) == 2, timeout=30)
+        # Old and new code are told apart by the patches each worker's classes declare.
+        listed = json.loads(_cli(redis_url, "workers", "--json"))["workers"]
+        assert sorted(str(w["patches"]) for w in listed) == ["{'PrOrder': ['pr-more']}", "{}"]
+        assert "PrOrder (pr-more)" in _cli(redis_url, "workers")
         _cli(redis_url, "repair", stub.id)
         wait_for(lambda: stub.status() == "suspended", timeout=30)
         stub.signal("go")
@@ -277,6 +282,9 @@ def test_a_handler_that_now_raises_on_a_recorded_input_blocks_the_run_for_a_fix(
             and "missing 1 required positional" in blocked.message
         )
         assert stub.status() != "failed"
+        # Which worker found it (a stale one in a fleet is to be found), and its build.
+        (live,) = store.live_workers()
+        assert f"[found by worker {live.name}, build unversioned]" in blocked.message
         stop(new)
         fixed_env = _app(tmp_path / "v3", BOX_V2.replace("prio: int)", "prio: int = 0)"))
         fixed = spawn_worker(redis_url, app="pr_app", env=fixed_env)

@@ -448,7 +448,7 @@ class Decider:
         self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
     ) -> None:
         """Park and block a run its decision raised for (:func:`~workers.undecidable.undecidable`)."""
-        reason, culprit = undecidable(rid, driver, exc)
+        reason, culprit = undecidable(rid, driver, exc, self.claimer, self.build_id)
         self.store.park(
             p=task.p,
             stream=task.stream,

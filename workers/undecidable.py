@@ -29,8 +29,11 @@ RUN_ERRORS = (NondeterminismError, UnknownTypeError, HistoryCorrupt, Serializati
 """Raised by a run's own history or code: they block that run, the worker itself is fine."""
 
 
-def undecidable(rid: str, driver: Driver | None, exc: Exception) -> tuple[str, Any]:
-    """The blocked reason of run ``rid`` whose decision raised ``exc``, and the input that did
+def undecidable(
+    rid: str, driver: Driver | None, exc: Exception, worker: str = "", build: str = ""
+) -> tuple[str, Any]:
+    """The blocked reason of run ``rid`` whose decision raised ``exc`` (a code error names the
+    ``worker`` and ``build`` that decided), and the input that did
     not decode (``None``: none; ``durable repair --drop-input`` drops exactly that one). Logs an
     unexpected error with its traceback, a failed workflow task with its code's, a corrupt
     history as an ERROR."""
@@ -53,4 +56,7 @@ def undecidable(rid: str, driver: Driver | None, exc: Exception) -> tuple[str, A
             f"{driver.workflow_type} does not declare, and no live worker declares them: start "
             "workers with the code that does, then `durable repair`)"
         )
+    if worker and isinstance(exc, NondeterminismError | WorkflowTaskFailed):
+        # Which code found it: in a fleet of old and new workers, the stale one is to be found.
+        reason += f" [found by worker {worker}, build {build or 'unversioned'}]"
     return reason, culprit

@@ -211,6 +211,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             "compatible": list(w.compatible),
             "queues": list(w.queues),
             "workflows": list(w.workflows),
+            # Per workflow type, the patches its class declares (old and new code look alike else).
+            "patches": {name: list(ids) for name, ids in w.patches.items()},
             "activities": list(w.activities),
             "started": w.started,
             "last_heartbeat": w.seen,
@@ -262,7 +264,9 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
             str(w["pid"]),
             (w["build_id"] or "(unversioned)") + "".join(f"\n+{b}" for b in w["compatible"]),
             ", ".join(w["queues"]),
-            ", ".join(w["workflows"]),
+            ", ".join(
+                f"{n} ({', '.join(w['patches'][n])})" if w["patches"].get(n) else n for n in w["workflows"]
+            ),
             ", ".join(w["activities"]),
             _threads_cell(w),
             f"{w['heartbeat_age_s']} s ago" + _state_note(w),
