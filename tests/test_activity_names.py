@@ -109,3 +109,19 @@ def test_check_warns_of_two_modules_plain_functions_of_one_name(
     finally:
         sys.modules.pop("pw_a", None)
         sys.modules.pop("pw_b", None)
+
+
+def test_an_activity_class_renamed_keeps_its_old_name_with_name_in_its_body() -> None:
+    """The unknown_type hint for a renamed class said `@register_activity(name=...)`, which made
+    the parked task runnable and then blocked the run again: `activity(NewClass)` recorded the new
+    name. `name = 'old'` in the class body is what the hint says for a class now."""
+    from durable import Activity  # noqa: PLC0415
+
+    class AnChargeCard(Activity):
+        name = "AnChargeOld"
+
+        def handle(self, order: str) -> str:
+            return f"charged {order}"
+
+    definition = activity_definition_for(AnChargeCard)  # what activity(AnChargeCard) records
+    assert definition.name == "AnChargeOld"

@@ -261,8 +261,9 @@ def no_worker_on_queue_reason(
         if name and _none_defines(runners, "activities", name):
             return (
                 f"no live worker of queue {step['queue']!r} defines {where} (they define "
-                f"{_listed(runners, 'activities')}): start a worker whose --app defines it (a function "
-                f"renamed since keeps its old name with `@register_activity(name={name!r})`)"
+                f"{_listed(runners, 'activities')}): start a worker whose --app defines it (renamed since, "
+                f"a function keeps its old name with `@register_activity(name={name!r})`, an Activity "
+                f"class with `name = {name!r}` in its body)"
             )
     return None
 
