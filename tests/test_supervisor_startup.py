@@ -12,6 +12,7 @@ join protocol; the others run the real command and stop every process they start
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import signal
 import subprocess
@@ -275,6 +276,70 @@ def test_worker_processes_killed_after_joining_are_restarted(redis_url: str, tmp
         assert err.count("died unexpectedly with -9") == 2 * START_ATTEMPTS
         assert "before it joined" not in err and "could start" not in err
         assert not in_session(proc.pid)
+    finally:
+        stop_session(proc)
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_supervisor_whose_processes_no_longer_start_is_named_by_status_and_workers(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The code on disk stopped importing (a bad deploy) and the children died: the supervisor
+    restarts them for ever, and the views said only "no live worker serves queue 'default':
+    start one" -- another one fails the same way; the import error was in its log alone."""
+    from durable import WorkflowStub  # noqa: PLC0415
+
+    app = tmp_path / "flipapp.py"
+    good = "from durable import Workflow, await_signal\n\n\nclass FlipWait(Workflow):\n    def handle(self) -> str:\n        return await_signal('go')\n"
+    app.write_text(good)
+    store = RedisStore(redis_url)
+    env = command_env(redis_url, tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.cli", "worker", "--app", "flipapp", "--processes", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "workers.cli", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        return done.stdout + done.stderr
+
+    def both_joined() -> set[int] | None:
+        kids = children(proc.pid)
+        return kids if len(kids) == 2 and len(store.live_workers()) == 2 else None
+
+    def status_naming_it(workflow_id: str) -> str | None:
+        said = cli("status", workflow_id)
+        return said if "cannot start its worker processes" in said else None
+
+    try:
+        kids = wait_for(both_joined, timeout=30)
+        time.sleep(1.0)  # their joins read by the supervisor
+        app.write_text("import missing_dep_xyz\n")
+        for pid in kids:
+            os.kill(pid, signal.SIGKILL)
+        stub = WorkflowStub.make("FlipWait", store=store).start()
+        said = wait_for(partial(status_naming_it, stub.id), timeout=30)
+        assert "blocked: no live worker" in said and "queue 'default'" in said, said
+        assert (
+            "(queues default) cannot start its worker processes: error: cannot import app module 'flipapp'"
+            in said
+        )
+        assert "No module named 'missing_dep_xyz'" in said
+        assert any(
+            "cannot start its worker processes" in w for w in json.loads(cli("workers", "--json"))["warnings"]
+        )
+        app.write_text(good)  # fixed: the next restart joins
+        stub.signal("go", "ok")
+        assert stub.result(timeout=60) == "ok"
+        wait_for(lambda: not store.start_failures(), timeout=10)
     finally:
         stop_session(proc)
         store.close()

@@ -52,7 +52,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +164,7 @@ class Supervisor:
         poll_interval: float = 0.1,
         metrics_dir: str | None = None,
         start_attempts: int | None = 3,
+        on_start_failure: Callable[[str | None, float], None] | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be at least 1")
@@ -181,6 +182,10 @@ class Supervisor:
         self.restarts = 0
         self.metrics_dir = metrics_dir
         self.start_attempts = start_attempts
+        # Told (error line, seconds to the next restart) each time a child dies before joining,
+        # and (None, 0) when one joins: the operator views say it (durable.store.start_failures).
+        self.on_start_failure = on_start_failure
+        self._failing = False
         self.ever_joined = False
         self.startup_error: str | None = None
         self._last_failure = ""
@@ -259,6 +264,9 @@ class Supervisor:
             slot.joined = True
             slot.startup_failures = 0
             self.ever_joined = True
+            if self._failing:
+                self._failing = False
+                self._tell(None, 0.0)
 
     def _reap(self, slot: _Slot, proc: subprocess.Popen[bytes]) -> None:
         """Done with a dead child: whether it joined, its last lines, its metrics."""
@@ -317,6 +325,8 @@ class Supervisor:
         try:
             return self._supervise()
         finally:
+            if self._failing:  # stopped: it restarts nothing any more
+                self._tell(None, 0.0)
             if self.metrics_dir is not None:
                 shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
@@ -539,6 +549,8 @@ class Supervisor:
             + (f" (its last output: {slot.said.last_line})" if slot.said.last_line else "")
         )
         then = "" if self._cannot_start() else f"; restarting in {slot.backoff:.1f} s"
+        self._failing = True
+        self._tell(mask_secrets(self._last_failure), slot.backoff)
         log.warning(
             "worker process %d (pid %d) exited with %d before it joined%s%s",
             slot.index,
@@ -547,6 +559,14 @@ class Supervisor:
             _said(slot),
             then,
         )
+
+    def _tell(self, error: str | None, retry_s: float) -> None:
+        if self.on_start_failure is None:
+            return
+        try:
+            self.on_start_failure(error, retry_s)
+        except Exception as exc:  # noqa: BLE001 - Redis away, say: the supervisor goes on
+            log.debug("could not note the start failure in Redis: %s", exc)
 
     def _all_drained(self) -> bool:
         """Every slot's process drained (none is restarted) and nothing else runs."""

@@ -63,6 +63,9 @@ Layout (``T`` = ``prefix:{p}``)::
     prefix:search-attributes hash  declared search attribute name -> type (for --where elsewhere)
     prefix:workers         set     names of registered workers (entries whose key expired are stale)
     prefix:worker:<name>   string  a live worker's registry entry (JSON; expires unless its heartbeat renews it)
+    prefix:startfail:<host:pid> string a supervisor whose worker processes die before they join (JSON:
+                                   queues, error line, retry delay; expires unless it says it again)
+    prefix:startfails      set     host:pid of those supervisors (names whose key expired are stale)
 """
 
 from __future__ import annotations
@@ -324,6 +327,14 @@ class Keys:
     def worker(self, name: str) -> str:
         """A worker's registry entry: what it serves; it expires unless the worker renews it."""
         return f"{self.prefix}:worker:{name}"
+
+    def start_failure(self, supervisor: str) -> str:
+        """What a supervisor whose worker processes die before joining says (``host:pid``)."""
+        return f"{self.prefix}:startfail:{supervisor}"
+
+    def start_failures(self) -> str:
+        """The supervisors (``host:pid``) that said :meth:`start_failure` (plain key)."""
+        return f"{self.prefix}:startfails"
 
     def worker_drain(self, name: str) -> str:
         """An operator's ask that a worker drain (``durable drain``): read with its heartbeat."""

@@ -27,6 +27,7 @@ from .held import STARVED_QUEUE, starved_queues, starved_reason
 from .keys import is_private, private_queue
 from .memory import REDIS_CANNOT_PERSIST, REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
+from .start_failures import StartFailures
 
 __all__ = [
     "FOUND_ON_READ",
@@ -395,7 +396,7 @@ DRAIN_ASK_TTL_MS = 6 * REGISTRY_TTL_MS
 longer than its registry entry lives is gone by then)."""
 
 
-class WorkerRegistry(MemoryStore):
+class WorkerRegistry(MemoryStore, StartFailures):
     """Workers' registry entries, and the compare-and-set of a queue's current build."""
 
     def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> bool:
@@ -515,6 +516,11 @@ class WorkerRegistry(MemoryStore):
                     f" (Redis restarted {started[1]} s ago: a live worker writes its registry entry "
                     "again within seconds of it; if this persists, no worker is running)"
                 )
+            failing = [
+                f.words() for f in self.start_failures() if any(f"queue {q!r}" in unserved for q in f.queues)
+            ]
+            if failing:  # started, and failing at start: "start one" would fail the same way
+                unserved += "; " + "; ".join(failing)
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
         starved = starved_reason(record, starved_queues(live))
         if starved:

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from durable.errors import ConfigurationError
 from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
+from durable.store.start_failures import StartFailure
 from workers import metrics
 from workers.app import AUTO_BUILD_ID, AUTO_SHAPE, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
@@ -201,4 +203,20 @@ def worker_supervisor(
             shutil.rmtree(metrics_dir, ignore_errors=True)
             raise
     argv = [sys.executable, "-m", "workers.cli", CHILD_COMMAND]
+    if store is not None:
+        options.setdefault("on_start_failure", _start_failure_note(store, tuple(config.queues)))
     return Supervisor(argv, processes, env=env, metrics_dir=metrics_dir, **options)
+
+
+def _start_failure_note(store: Any, queues: tuple[str, ...]) -> Callable[[str | None, float], None]:
+    """What a supervisor tells when its worker processes die before joining (or one joined):
+    written where ``durable status`` / ``durable workers`` read it."""
+    me = f"{socket.gethostname()}:{os.getpid()}"
+
+    def note(error: str | None, retry_s: float) -> None:
+        if error is None:
+            store.clear_start_failure(me)
+        else:
+            store.say_start_failure(StartFailure(me, queues, error, retry_s))
+
+    return note

@@ -246,7 +246,11 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     memory = store.memory_state()
     report["redis_memory"] = memory.to_dict()
     report["problem"] = memory.reason
-    report["warnings"] = list(memory.hazards) + [loss.message() for loss in store.recent_data_losses()]
+    report["warnings"] = (
+        list(memory.hazards)
+        + [loss.message() for loss in store.recent_data_losses()]
+        + [failure.words() for failure in store.start_failures()]  # restarting workers that die at start
+    )
     # Set by any worker's --retention, for every run closing from now on: shown where workers are.
     report["retention"] = duration_text(namespace_retention_ms(store))
     return report
