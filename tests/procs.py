@@ -81,7 +81,8 @@ def spawn_logged_worker(
     url: str, log: Path, *extra: str, app: str = "apps.basic", env: dict | None = None
 ) -> subprocess.Popen[bytes]:
     """``durable worker`` with its log in ``log`` (a file: a pipe left unread would block it)."""
-    environ = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", **(env or {}))
+    environ = dict(os.environ, DURABLE_REDIS_URL=url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    environ.update(env or {})
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", "--app", app, *extra],

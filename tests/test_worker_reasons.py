@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from procs import ROOT, TESTS, spawn_logged_worker, stop
+from waiting import wait_for
+
 from durable.store.workers import WorkerInfo, no_worker_reason
 
 _ORDERS = WorkerInfo(
@@ -66,3 +72,19 @@ def test_a_pinned_run_counts_only_the_workers_of_its_build() -> None:
 def test_closed_or_already_blocked_runs_are_not_reported() -> None:
     assert no_worker_reason(_record(type="Ordr", status="completed"), [_ORDERS]) is None
     assert no_worker_reason(_record(type="Ordr", blocked="NondeterminismError: ..."), [_ORDERS]) is None
+
+
+def test_an_app_that_only_imports_its_workflow_classes_is_warned_of(redis_url: str, tmp_path: Path) -> None:
+    """A worker runs the types its --app modules define: one whose app module imported them from
+    elsewhere ran none of them, silently (its runs read "(they define )")."""
+    (tmp_path / "importsonly.py").write_text("from apps.basic import Waiter  # noqa: F401\n")
+    log = tmp_path / "worker.log"
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(TESTS), str(ROOT)])}
+    proc = spawn_logged_worker(redis_url, log, app="importsonly", env=env)
+    try:
+        wait_for(lambda: "serving queues" in log.read_text(), timeout=30)
+    finally:
+        stop(proc)
+    said = log.read_text()
+    assert "the --app modules import Waiter (apps.basic) from other modules" in said, said
+    assert "(--app apps.basic)" in said

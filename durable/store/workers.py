@@ -285,6 +285,8 @@ def _none_defines(workers: list[WorkerInfo], kind: str, name: str) -> bool:
 
 def _listed(workers: list[WorkerInfo], kind: str) -> str:
     names = sorted({n for w in workers for n in getattr(w, kind)})
+    if not names:  # an --app that imports its classes from other modules: it defines none
+        return "none: their --app modules define no such class, check that --app names the modules that do"
     shown = ", ".join(repr(n) for n in names[:8])
     return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 

@@ -12,10 +12,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from durable import registry
+from durable import Activity, Workflow, registry
 from durable.errors import ConfigurationError
 from durable.store.connect import masked_url
 from durable.store.embedded import EmbeddedRedis
@@ -99,6 +99,31 @@ def _build_id(config: WorkerConfig, modules: list[Any]) -> str:
     return build_id
 
 
+def _warn_imported_only(modules: list[Any], apps: Sequence[str]) -> None:
+    """Say once which workflow and activity classes the ``--app`` modules import from modules
+    outside them: a worker runs only the types its ``--app`` modules define, so such a class is
+    not run here, and its runs read "no live worker ... defines workflow type ..."."""
+    inside = tuple(apps)
+    found = sorted(
+        {
+            f"{obj.__name__} ({obj.__module__})"
+            for module in modules
+            for obj in vars(module).values()
+            if isinstance(obj, type)
+            and issubclass(obj, Workflow | Activity)
+            and obj not in (Workflow, Activity)
+            and not any(obj.__module__ == m or obj.__module__.startswith(m + ".") for m in inside)
+        }
+    )
+    if found:
+        log.warning(
+            "the --app modules import %s from other modules: this worker runs only the types its --app "
+            "modules define; add their modules (--app %s) to run them here",
+            ", ".join(found),
+            " --app ".join(sorted({f.split(" (")[1].rstrip(")") for f in found})),
+        )
+
+
 def run_worker(
     config: WorkerConfig, store: RedisStore, on_joined: Callable[[str], None] | None = None
 ) -> bool:
@@ -113,6 +138,7 @@ def run_worker(
     modules = load_apps(config.apps)
     for clash in registry.name_clashes(config.apps):
         log.warning("%s", clash)
+    _warn_imported_only(modules, config.apps)
     _publish_search_types(store)
     if config.gc_threshold:
         tune_gc(config.gc_threshold)
