@@ -170,6 +170,42 @@ def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Seq
     )
 
 
+def _worker_row(w: WorkerInfo, now: int) -> dict[str, Any]:
+    """One worker of :func:`fleet_report`."""
+    return {
+        "name": w.name,
+        "host": w.host,
+        "pid": w.pid,
+        "build_id": w.build or None,
+        "compatible": list(w.compatible),
+        "queues": list(w.queues),
+        "workflows": list(w.workflows),
+        # Per workflow type, the patches its class declares (old and new code look alike else).
+        "patches": {name: list(ids) for name, ids in w.patches.items()},
+        "activities": list(w.activities),
+        "started": w.started,
+        "last_heartbeat": w.seen,
+        "heartbeat_age_s": round(max(0, now - w.seen) / 1000, 1),
+        # Activity threads held by abandoned attempts (Python cannot stop a thread).
+        "threads": w.threads or None,
+        "threads_held": w.held,
+        "stuck": list(w.stuck),
+        "starved": starved(w),
+        "threads_note": threads_note(w),
+        # How soon it takes over what a gone worker left (None: its release does not say).
+        "claim_idle_ms": w.claim_idle_ms or None,
+        "sticky_timeout_ms": w.sticky_timeout_ms if w.claim_idle_ms else None,
+        # Stopping: it takes no new task, finishes its running activities, then leaves.
+        "stopping_since": w.stopping or None,
+        # Draining: it starts no new run, finishes the runs pinned to its build, then stops.
+        "draining_since": w.draining or None,
+        "pinned_left": w.pinned_left if w.draining else None,
+        # A decision past SLOW_DECISION_S without yielding: its main thread waits for it.
+        "deciding_run": w.deciding_run or None,
+        "deciding_note": stalled_decision(w) or None,
+    }
+
+
 def fleet_report(store: RedisStore) -> dict[str, Any]:
     """What ``durable workers --json`` prints: the live workers; per queue which build is
     current and which workers start its new runs; and per queue its ``backlog``
@@ -202,41 +238,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
             "new_runs_to": sorted({w.build or "(unversioned)" for w in starters}),
             "workers": sorted(w.name for w in live if queue in w.queues),
         }
-    workers = [
-        {
-            "name": w.name,
-            "host": w.host,
-            "pid": w.pid,
-            "build_id": w.build or None,
-            "compatible": list(w.compatible),
-            "queues": list(w.queues),
-            "workflows": list(w.workflows),
-            # Per workflow type, the patches its class declares (old and new code look alike else).
-            "patches": {name: list(ids) for name, ids in w.patches.items()},
-            "activities": list(w.activities),
-            "started": w.started,
-            "last_heartbeat": w.seen,
-            "heartbeat_age_s": round(max(0, now - w.seen) / 1000, 1),
-            # Activity threads held by abandoned attempts (Python cannot stop a thread).
-            "threads": w.threads or None,
-            "threads_held": w.held,
-            "stuck": list(w.stuck),
-            "starved": starved(w),
-            "threads_note": threads_note(w),
-            # How soon it takes over what a gone worker left (None: its release does not say).
-            "claim_idle_ms": w.claim_idle_ms or None,
-            "sticky_timeout_ms": w.sticky_timeout_ms if w.claim_idle_ms else None,
-            # Stopping: it takes no new task, finishes its running activities, then leaves.
-            "stopping_since": w.stopping or None,
-            # Draining: it starts no new run, finishes the runs pinned to its build, then stops.
-            "draining_since": w.draining or None,
-            "pinned_left": w.pinned_left if w.draining else None,
-            # A decision past SLOW_DECISION_S without yielding: its main thread waits for it.
-            "deciding_run": w.deciding_run or None,
-            "deciding_note": stalled_decision(w) or None,
-        }
-        for w in live
-    ]
+    workers = [_worker_row(w, now) for w in live]
     report: dict[str, Any] = {
         "workers": workers,
         "queues": per_queue,
