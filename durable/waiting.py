@@ -24,9 +24,13 @@ MOST_NAMED = 5
 """The most waits a line names (a wide fan-out waits on many: ``describe`` lists them all)."""
 
 
-def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[str]:
+def waits_in_words(
+    pending: Sequence[Mapping[str, Any]], now_ms: int, *, task_pending: bool = False
+) -> list[str]:
     """A line per pending step that waits on something other than an activity, with its
-    deadline and how far off it is (``now_ms``: the time to count from, UTC ms)."""
+    deadline and how far off it is (``now_ms``: the time to count from, UTC ms).
+    ``task_pending``: a workflow task of the run waits to be decided (said beside): a deadline
+    past has most likely fired, its input waiting with that task."""
     lines = []
     for step in pending:
         kind, sid, name = step.get("kind"), step.get("id"), step.get("name")
@@ -46,7 +50,10 @@ def waits_in_words(pending: Sequence[Mapping[str, Any]], now_ms: int) -> list[st
         if deadline is not None:
             verb = "fires" if kind == "timer" else "times out"
             what += f": {verb} {_at(int(deadline), now_ms)}"
-            if now_ms - int(deadline) > OVERDUE_MS:
+            if now_ms - int(deadline) > OVERDUE_MS and task_pending:
+                # Fired (a scheduler pushed its input and queued a task): that task is the wait.
+                what += " (passed: it moves once its workflow task is decided)"
+            elif now_ms - int(deadline) > OVERDUE_MS:
                 # A live worker's scheduler fires it within a moment of its time: none has.
                 what += " (overdue: no live worker's scheduler has fired it; `durable workers` shows their heartbeats)"
         lines.append(what)
@@ -59,13 +66,14 @@ def in_words(
     buffered: Mapping[str, int] | None,
     *,
     activities: bool = False,
+    task_pending: bool = False,
 ) -> str:
     """What a run that is not blocked waits on (``""``: nothing said), and the signals it
     received that no ``await_signal`` took yet (``buffered``: count per name): where a signal
     sent under a misspelt name shows. ``activities``: name its pending activities first (where
     nothing else says how their attempts are doing)."""
     clauses = []
-    waits = waits_in_words(pending, now_ms)
+    waits = waits_in_words(pending, now_ms, task_pending=task_pending)
     if activities:
         waits[:0] = [
             f"activity {s.get('name')} ({s.get('id')})" for s in pending if s.get("kind") == "activity"
@@ -102,7 +110,9 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
         return f"{head}, blocked: {blocked.message}{where}"
     snapshot = record.get("snapshot") or {}
     pending = snapshot.get("pending") or []
-    waits = in_words(pending, now_ms, snapshot.get("signals_buffered"), activities=True)
+    waits = in_words(
+        pending, now_ms, snapshot.get("signals_buffered"), activities=True, task_pending=bool(task)
+    )
     said = "; ".join(w for w in (task, waits) if w)
     more = f"`durable describe {ref.workflow_id}`"
     return f"{head}, {said} ({more} says more)" if said else f"{head} ({more} shows its steps)"

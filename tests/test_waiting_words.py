@@ -49,6 +49,16 @@ def test_each_kind_of_wait_in_words() -> None:
     ]
 
 
+def test_a_deadline_past_while_a_workflow_task_waits_is_not_blamed_on_the_schedulers() -> None:
+    """After a kill -9 mid-decision the timer had fired (its input waited with the task the
+    dead worker held), yet status said "no live worker's scheduler has fired it"."""
+    now = 1_000_000
+    pending = [{"kind": "timer", "id": "1", "deadline": now - 16_000}]
+    (said,) = waits_in_words(pending, now, task_pending=True)
+    assert said.endswith("16 s ago (passed: it moves once its workflow task is decided)"), said
+    assert "overdue" in waits_in_words(pending, now)[0]  # with no task pending: no scheduler fired it
+
+
 def test_in_words_adds_activities_and_signals_nothing_awaited() -> None:
     pending = [{"kind": "activity", "id": "2", "name": "charge"}, {"kind": "signal", "id": "3", "name": "go"}]
     buffered = {"og": 2, "approve": 1}

@@ -445,7 +445,8 @@ def status(state: CliState, workflow_id: str) -> None:
         why += [info.workflow_task] if info.workflow_task else []
         if len(why) > MOST_NAMED:  # a wide fan-out: describe lists every step
             why[MOST_NAMED:] = [f"{len(why) - MOST_NAMED} more activities (`durable describe {workflow_id}`)"]
-        waits = in_words(info.pending, now_ms, info.extra.get("signals_buffered"))
+        task_pending = bool(info.workflow_task)
+        waits = in_words(info.pending, now_ms, info.extra.get("signals_buffered"), task_pending=task_pending)
         why += [waits] if waits else []
         click.echo(f"{info.status} ({'; '.join(why)})" if why else info.status)
 
