@@ -177,10 +177,23 @@ class SchedulePass:
                 options={"schedule_id": schedule_id, "scheduled_at": scheduled_ms, "schedule_kind": kind},
             )
         except WorkflowAlreadyStarted:
-            return workflow_id  # started under this id by other means: not ours to start again
+            try:
+                current = self.store.ref(workflow_id).run_id
+            except WorkflowNotFound:
+                current = run_id  # closed and purged meanwhile: nothing to tell apart
+            if current != run_id:  # another's run (started by hand under this id): not ours
+                raise _IdTaken(
+                    f"workflow id {workflow_id} is taken by run {current}, not started by this schedule: "
+                    "this time is not started"
+                ) from None
+            return workflow_id  # our own start, sent again after a crash or a lost reply
         self.store.mark_scheduled_run(workflow_id, run_id, schedule_id, scheduled_ms)
         self.started += 1
         return workflow_id
+
+
+class _IdTaken(DurableError):
+    """A scheduled time's workflow id has an open run the schedule did not start."""
 
 
 MAX_BUFFERED = 1000
@@ -271,7 +284,12 @@ class _Settle:
 
     def _start(self, member: str, op: str) -> str:
         ms, kind, _ = parse_claim_member(member)
-        wid = self.owner.start_run(self.id, self.spec, self.state.record.get("args") or b"", ms, kind)
+        try:
+            wid = self.owner.start_run(self.id, self.spec, self.state.record.get("args") or b"", ms, kind)
+        except _IdTaken as taken:  # recorded as skipped, not as a start that did not happen
+            entry = action("skipped", self._now(), reason=str(taken), scheduled_at=iso(ms), kind=kind)
+            self._settle("skip" if op == "start_claimed" else "drop_buffered", member=member, action=entry)
+            return ""
         now = self._now()
         due = ms + (self.spec.jitter_ms(self.id, ms) if kind == "scheduled" else 0)
         entry = action(

@@ -572,6 +572,24 @@ def test_trigger_returns_none_when_the_overlap_policy_skips(store: RedisStore) -
     assert handle.describe(runs=False).started == 2
 
 
+def test_a_time_whose_workflow_id_another_run_holds_is_skipped_not_recorded_as_started(
+    store: RedisStore,
+) -> None:
+    """A run started by hand under the id a scheduled time takes was recorded as the
+    schedule's own start (no run of its type was started, and the overlap policy then counted
+    the stranger as its open run)."""
+    handle = ScheduleHandle.create("sx", Schedule(workflow="SchedTick", every="1h"), store=store)
+    base = _ms("2024-05-01T00:00:00Z")
+    stranger = WorkflowStub.make("SchedSleep", id=scheduled_workflow_id("sx", base), store=store).start(60)
+    _claim_now(store, handle, base)
+    SchedulePass(store).process(handle.id)
+    desc = handle.describe()
+    assert desc.started == 0 and desc.running == []
+    (skipped,) = [a for a in desc.recent_actions if a["action"] == "skipped"]
+    assert f"is taken by run {stranger.run_id}, not started by this schedule" in skipped["reason"]
+    stranger.terminate("test")
+
+
 def test_a_schedule_whose_times_are_skipped_behind_an_open_run_says_it_is_held_up(store: RedisStore) -> None:
     """`schedule list` showed it as plain "active", on time: it fires, and skips every time."""
     handle = ScheduleHandle.create("hu", Schedule(workflow="SchedSleep", every="1h"), store=store)
