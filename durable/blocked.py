@@ -13,6 +13,7 @@ from .store.records import OPEN_STATUSES
 __all__ = [
     "BLOCKED_KINDS",
     "DATA_LOST",
+    "HISTORY_FULL",
     "NO_LIVE_WORKER",
     "BlockedReason",
     "blocked_reason",
@@ -36,6 +37,10 @@ BLOCKED_KINDS = (
 
 NO_LIVE_WORKER = "no_live_worker"
 """The kind of a run pinned to a build that no live worker serves (found on read, not recorded)."""
+
+HISTORY_FULL = "history_full"
+"""The kind of a run whose history holds ``max_history_events`` while it waits on inputs
+only (signals, updates, hooks): each is refused, so nothing moves it (found on read)."""
 
 DATA_LOST = "data_lost"
 """The kind of a run waiting on a child whose partition's data Redis lost (found on read; see

@@ -1,16 +1,19 @@
-"""A workflow class's history budget: when its history is near enough its limit to continue as new."""
+"""A workflow class's history budget: when its history is near enough its limit to continue as
+new; and a run whose history reached the limit with only inputs to wait on (it cannot move)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigurationError, DurableError
+from .limits import current as current_limits
 
 __all__ = [
     "DEFAULT_HISTORY_BUDGET",
     "NEAR_LIMIT",
     "effective_history_budget",
+    "history_full_reason",
     "history_info",
     "near_history_limit",
 ]
@@ -68,3 +71,27 @@ def history_info(snap: dict[str, Any], workflow_class: Callable[[str], Any]) -> 
     if not isinstance(near, bool):
         near = near_history_limit(events, size if isinstance(size, int) else 0, budget)
     return {"events": events, "bytes": size, "budget": budget, "near_limit": near}
+
+
+_MOVED_BY_ITSELF = ("timer", "activity", "child")
+"""Pending steps whose outcome reaches a run whatever its history's length (past its limit, the
+decision that applies it closes the run, naming the limit)."""
+
+
+def history_full_reason(record: Mapping[str, Any]) -> str | None:
+    """Why an open run whose history holds ``max_history_events`` (this process's limit) cannot
+    move: it waits only on inputs, and every signal, update or hook payload to it is refused
+    (``None``: it is below the limit, or a timer, activity or child will move it)."""
+    limit = current_limits().max_history_events
+    events = int(record.get("seq") or 0)
+    if not limit or events < limit:
+        return None
+    pending = (record.get("snapshot") or {}).get("pending") or ()
+    if any(step.get("kind") in _MOVED_BY_ITSELF or step.get("deadline") is not None for step in pending):
+        return None
+    return (
+        f"its history holds {events} events, the limit (max_history_events {limit}): every signal, "
+        "update and hook payload to it is refused, so nothing can move it; terminate it (a long run "
+        "that continue_as_new()s before its limit stays short), or raise DURABLE_MAX_HISTORY_EVENTS "
+        "for its workers and clients"
+    )

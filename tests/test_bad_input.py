@@ -24,6 +24,7 @@ from durable import (
     CancelledError,
     ConfigurationError,
     DurableError,
+    LimitExceeded,
     Limits,
     PayloadTooLarge,
     QueryFailed,
@@ -165,6 +166,20 @@ class BiExits(Workflow):
     @query
     def leave(self) -> None:
         raise SystemExit(7)
+
+
+class BiCollects(Workflow):
+    """Takes signals for ever: each one an event in its history."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    @signal
+    def item(self, x: int) -> None:
+        self.got.append(x)
+
+    def handle(self) -> Any:
+        return await_signal("done")
 
 
 class BiBoom(Workflow):
@@ -840,6 +855,26 @@ def test_handlers_calling_sys_exit_reject_fail_or_refuse_and_the_worker_goes_on(
     other = WorkflowStub.make(BiWait).start()  # the worker still decides
     other.signal("go", 1)
     assert other.result(timeout=10) == 1
+
+
+def test_a_run_whose_history_is_full_of_inputs_is_blocked_saying_why(worker) -> None:
+    """Every further signal is refused (LimitExceeded) and no decision passes the limit, so the
+    run never moved again, while the views showed an ordinary wait."""
+    set_limits(Limits(max_history_events=12))
+    try:
+        stub = WorkflowStub.make(BiCollects).start()
+        wait_for(lambda: stub.status() == "suspended")
+        with pytest.raises(LimitExceeded, match="max_history_events"):
+            for i in range(20):
+                stub.signal("item", i)
+        blocked = wait_for(stub.blocked)
+        assert blocked.kind == "history_full", blocked
+        assert "the limit (max_history_events 12): every signal, update and hook payload" in blocked.message
+        status = CliRunner().invoke(cli, ["status", stub.id], catch_exceptions=False).output
+        assert "blocked: its history holds" in status, status
+    finally:
+        set_limits(None)
+    stub.terminate("full")
 
 
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..blocked import HISTORY_FULL
+from ..history_budget import history_full_reason
 from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
 from .connect import CommandRefused
@@ -45,7 +47,7 @@ __all__ = [
     "takes_new_runs",
 ]
 
-FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST, DATA_LOST)
+FOUND_ON_READ = (NO_LIVE_WORKER, STARVED_QUEUE, REDIS_OOM, REDIS_CANNOT_PERSIST, DATA_LOST, HISTORY_FULL)
 """The blocked kinds :meth:`WorkerRegistry.why_blocked` finds on read, not recorded: nothing for
 ``durable repair`` to clear; the run moves on once their cause is gone (the UI's copy:
 ``FOUND_ON_READ`` in ``workers/server/static/ui.js``, kept equal by a test)."""
@@ -505,6 +507,9 @@ class WorkerRegistry(MemoryStore, StartFailures):
             return BlockedReason(
                 kind=memory.kind or REDIS_OOM, message=memory.reason + (also if unserved else "")
             )
+        full = history_full_reason(record)
+        if full:
+            return BlockedReason(kind=HISTORY_FULL, message=full)
         if unserved:
             # Registry entries live REGISTRY_TTL_MS: a Redis restarted after a longer outage lost
             # them, and live workers write them again at their next pass, seconds after it is up.

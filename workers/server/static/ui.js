@@ -6,7 +6,7 @@ const D = (() => {
   const TOKEN_KEY = "durable.token";
   // Blocked kinds found on read (not recorded): the run moves on by itself once the cause is gone,
   // so the pages offer no repair for them.
-  const FOUND_ON_READ = new Set(["no_live_worker", "starved_queue", "redis_out_of_memory", "redis_cannot_persist", "data_lost"]);
+  const FOUND_ON_READ = new Set(["no_live_worker", "starved_queue", "redis_out_of_memory", "redis_cannot_persist", "data_lost", "history_full"]);
 
   function token() {
     return sessionStorage.getItem(TOKEN_KEY) || "";
