@@ -392,3 +392,22 @@ def test_pidfile_of_another_dirs_server_is_not_killed(tmp_path: Path, servers: l
     server.kill()
     assert other.is_running()
     assert server.pid != other.pid
+
+
+def test_a_server_that_cannot_read_its_aof_says_why_on_the_first_line(tmp_path: Path) -> None:
+    """A command prints the first line of an error: it said "end of redis.log: (…)", the cause
+    (a corrupt AOF, and the redis-check-aof to run) hidden in the log."""
+    data = tmp_path / "d"
+    server = EmbeddedRedis(data)
+    client = redis.Redis.from_url(server.ensure())
+    for i in range(50):
+        client.set(f"k{i}", "v" * 100)
+    client.close()
+    server.stop()
+    aof = sorted(data.rglob("*.aof"))[-1]
+    raw = aof.read_bytes()
+    aof.write_bytes(raw[: len(raw) // 2] + b"garbage\r\n" + raw[len(raw) // 2 :])
+    with pytest.raises(ConfigurationError) as info:
+        EmbeddedRedis(data).ensure()
+    first = str(info.value).splitlines()[0]
+    assert "Bad file format reading the append only file" in first and "redis-check-aof" in first, first

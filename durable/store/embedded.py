@@ -530,9 +530,13 @@ class EmbeddedRedis:
                     proc.kill()
                     proc.wait()
                 reason = f"exited with status {proc.returncode}" if exited and proc else "did not answer PING"
+                tail = self._log_tail()
+                # Its last warning (" # ...") on the first line: commands print only that one.
+                warned = [line.split(" # ", 1)[1] for line in tail.splitlines() if " # " in line]
+                cause = f": {warned[-1].strip()}" if warned else ""
                 raise ConfigurationError(
-                    f"embedded redis-server in {self.data_dir} {reason} within {_START_TIMEOUT:.0f} s; "
-                    f"end of {self.logfile}:\n{self._log_tail()}"
+                    f"embedded redis-server in {self.data_dir} {reason} within {_START_TIMEOUT:.0f} s{cause} "
+                    f"(see {self.logfile}); end of it:\n{tail}"
                 )
             time.sleep(0.02)
 
