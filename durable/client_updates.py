@@ -123,7 +123,7 @@ def send_update(
     if not isinstance(name, str) or not name:
         raise ConfigurationError("update name must be a non-empty string")
     check_name_length(name, "update")
-    uid = check_command_id(update_id) if update_id is not None else f"u-{new_run_id().lower()}"
+    uid = check_command_id(update_id, "update_id") if update_id is not None else f"u-{new_run_id().lower()}"
     check_update_call(workflow_type, name, args, workflow_id)
 
     def deliver(request: UpdateWorkflowInput) -> Delivery:

@@ -74,15 +74,16 @@ def check_workflow_id(workflow_id: object, *, most: int = MAX_WORKFLOW_ID) -> st
     return workflow_id
 
 
-def check_command_id(command_id: object) -> str:
-    """Validate an explicit command id (``id=`` of a durable call).
+def check_command_id(command_id: object, what: str = "command id") -> str:
+    """Validate an explicit command id (``id=`` of a durable call; ``what``: how the error
+    names it, ``update_id`` for an update's).
 
     Generated ids are numeric paths (``3``, ``2.1.4``), so an explicit id must
     not start with a digit: the two could otherwise collide.
     """
     if not isinstance(command_id, str) or not _COMMAND_ID.match(command_id):
         raise ConfigurationError(
-            f"invalid command id {command_id!r}: use 1-200 characters from letters, digits, _ . : - /, "
+            f"invalid {what} {command_id!r}: use 1-200 characters from letters, digits, _ . : - /, "
             "not starting with a digit (numeric ids are generated)"
         )
     return command_id

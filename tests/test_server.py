@@ -427,6 +427,9 @@ def test_update_waits_a_bounded_time_and_says_what_the_handler_raised(api: Api) 
         _error(
             c.post(f"/api/v1/workflows/{served}/update/add", json={"timeout": 61}), 422, "invalid_argument"
         )
+        # Named as the body field it is (it said "invalid command id").
+        bad_id = c.post(f"/api/v1/workflows/{served}/update/add", json={"args": [1], "update_id": "<x>"})
+        assert _error(bad_id, 422, "invalid_argument").startswith("invalid update_id '<x>': use 1-200")
 
     def waits() -> int:
         with api.open.client(**CSRF) as client:
