@@ -50,6 +50,8 @@ class BatchReport:
         done: The workflow ids the call went to, in order.
         closed: Those skipped: closed or purged since they were listed.
         refused: Workflow id -> why the call was refused.
+        blocked: Of those cancelled, workflow id -> why the run is blocked (``kind: message``):
+            a blocked run runs its cleanup only once it moves again (terminate ends it now).
         more: Whether it stopped at ``most`` with matching runs left.
         next: With ``more``: where the next call starts (its ``before``), the cursor
             ``"<created ms>:<run id>"`` of the last run this one went to. A cancelled run
@@ -60,6 +62,7 @@ class BatchReport:
     done: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    blocked: dict[str, str] = field(default_factory=dict)
     more: bool = False
     next: str | None = None
 
@@ -69,6 +72,7 @@ class BatchReport:
             "done": self.done,
             "closed": self.closed,
             "refused": self.refused,
+            "blocked": self.blocked,
             "more": self.more,
             "next": self.next,
         }
@@ -114,7 +118,11 @@ def for_open_runs(
             report.next = f"{row['created']}:{row['run_id']}"
             workflow_id = row["workflow_id"]
             try:
-                getattr(WorkflowStub.load(workflow_id, store=store), action)(reason)
+                stub = WorkflowStub.load(workflow_id, store=store)
+                getattr(stub, action)(reason)
+                stuck = stub.blocked() if action == "cancel" else None  # (a cancel waits for it to move)
+                if stuck is not None:
+                    report.blocked[workflow_id] = f"{stuck.kind}: {stuck.message}"
             except (WorkflowClosed, WorkflowNotFound):
                 report.closed.append(workflow_id)
                 outcome: str | None = "closed"

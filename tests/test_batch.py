@@ -78,6 +78,11 @@ def test_cancel_where_lets_each_selected_run_clean_up(redis_url: str, store: Red
         assert ran.stderr.strip() == "cancel: 4 of 4 runs"
         wait_for(lambda: {WorkflowStub.load(w, store=store).status() for w in waiting} == {"cancelled"})
         assert WorkflowStub.load(kept, store=store).status() == "pending"
+        # A blocked run is cancelled once it moves again: said, as a single `durable cancel` says it.
+        WorkflowStub.make(Waiter, id="bulk-stuck", queue="nowhere", store=store).start(3600)
+        stuck = durable_cli(redis_url, "cancel", "--where", "queue = 'nowhere'", "--yes")
+        assert stuck.stdout.split() == ["bulk-stuck"], stuck
+        assert "1 of them are blocked, so their cancel takes effect only once they move again" in stuck.stderr
         # Not selected: once a worker of its queue decides it, it waits (a cancel would end it).
         elsewhere = spawn_worker(redis_url, extra=("--queue", "elsewhere"))
         try:

@@ -57,6 +57,12 @@ def run_batch(store: RedisStore, where: str, action: str, reason: str, *, yes: b
     summary = f"{action}: {len(report.done)} of {total} runs"
     summary += f"; {len(report.closed)} had closed meanwhile" if report.closed else ""
     summary += f"; {len(report.refused)} refused (above)" if report.refused else ""
+    if report.blocked:  # as `durable cancel ID` says it of one
+        summary += (
+            f"; {len(report.blocked)} of them are blocked, so their cancel takes effect only once they move "
+            f"again (`durable terminate --where` ends them now): {', '.join(sorted(report.blocked)[:5])}"
+            + (" ..." if len(report.blocked) > 5 else "")
+        )
     click.echo(summary, err=True)
     if report.refused:
         sys.exit(1)

@@ -144,16 +144,18 @@
       if (!values) return;
       // Each call goes on after the last run of the one before (`next`): a cancelled run stays
       // open until a worker applies it, so without it the same runs would be selected again.
-      let done = 0, closed = 0, refused = 0, before = null;
+      let done = 0, closed = 0, refused = 0, blocked = 0, before = null;
       do {
         const out = await api("POST", `/api/v1/batch/${action}`, { where, reason: values.reason, ...(before ? { before } : {}) });
         done += out.done.length;
         closed += out.closed.length;
         refused += Object.keys(out.refused).length;
+        blocked += Object.keys(out.blocked || {}).length;
         before = out.more ? out.next : null;
       } while (before);
-      const tail = (closed ? `, ${closed} closed meanwhile` : "") + (refused ? `, ${refused} refused` : "");
-      flash(`${title}: ${done} run(s)${tail}`, refused ? "warn" : "ok");
+      const tail = (closed ? `, ${closed} closed meanwhile` : "") + (refused ? `, ${refused} refused` : "") +
+        (blocked ? `; ${blocked} of them are blocked: the cancel takes effect once they move again (Terminate ends them now)` : "");
+      flash(`${title}: ${done} run(s)${tail}`, refused || blocked ? "warn" : "ok");
       await refresh();
     } catch (err) {
       showError(err, title);
