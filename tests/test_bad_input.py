@@ -437,6 +437,13 @@ def test_unknown_workflow_type_is_parked_and_listed_dead(worker, store: RedisSto
     assert stub.status() == "pending"
     out = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False).output
     assert "dead letters (1)" in out and "BiNoSuchWorkflow" in out
+    assert letters[0]["run_status"] == "pending"
+    # Terminated since, the letter says there is nothing to repair (it advised `durable repair`).
+    stub.terminate("not ours")
+    (letter,) = store.dead_letters()
+    assert letter["run_status"] == "terminated"
+    wide = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False, terminal_width=400).output
+    assert "(run terminated since: nothing to repair)" in wide, wide
 
 
 def test_unknown_activity_is_parked_and_listed_dead(worker, store: RedisStore) -> None:

@@ -428,7 +428,8 @@ class QueueStore(RunStore):
 
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """Parked tasks of every partition, newest last; each with its run's ``workflow_id``
-        (``None`` once the run is purged) so that an operator can go to the run."""
+        (``None`` once the run is purged) so that an operator can go to the run, and its
+        ``run_status`` (a closed run's letter needs no repair any more)."""
         out = []
         for p in range(self.keys.partitions):
             for entry_id, fields in self.redis.xrange(self.keys.dead(p), count=count):
@@ -450,10 +451,12 @@ class QueueStore(RunStore):
                 out.append(item)
         with self.redis.pipeline(transaction=False) as pipe:
             for item in out:
-                pipe.hget(self.keys.run(item["partition"], item.get("run") or "-"), "workflow_id")
+                pipe.hmget(self.keys.run(item["partition"], item.get("run") or "-"), "workflow_id", "status")
             owners = pipe.execute() if out else []
-        for item, owner in zip(out, owners, strict=True):
+        for item, (owner, status) in zip(out, owners, strict=True):
             item["workflow_id"] = text(owner) if owner else None
+            # Closed since (terminated, say): nothing to repair, the letter only tells what happened.
+            item["run_status"] = text(status) if status else None
         return out
 
     # ----------------------------------------------------------------- clock

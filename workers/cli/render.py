@@ -325,9 +325,17 @@ def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> 
             str(item.get("kind", "")),
             str(item.get("workflow_id") or ""),
             str(item.get("run", "")),
-            str(item.get("reason", "")),
+            _letter_reason(item),
         )
     return table
+
+
+def _letter_reason(item: Mapping[str, Any]) -> str | Text:
+    """A letter's reason; of a run closed since, said first (its advice to repair is moot)."""
+    status = item.get("run_status")
+    if status in CLOSED_STATUSES:
+        return Text(f"(run {status} since: nothing to repair) {item.get('reason', '')}", style="dim")
+    return str(item.get("reason", ""))
 
 
 def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:

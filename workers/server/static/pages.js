@@ -120,6 +120,8 @@
     if (rows.length) body.replaceChildren(...rows); else empty(body, 7, "no schedules (create them with durable schedule create)");
   }
 
+  const CLOSED = new Set(["completed", "failed", "cancelled", "terminated", "continued"]);
+
   async function deadLetters() {
     const data = await api("GET", "/api/v1/dead-letters");
     const body = document.querySelector("#dead tbody");
@@ -129,7 +131,8 @@
       return el("tr", {}, el("td", { class: "small" }, time(parkedAt), el("div", { class: "muted" }, ago(parkedAt))),
         el("td", {}, d.kind),
         el("td", { class: "small" }, d.workflow_id ? D.runLink(d.workflow_id) : "", el("div", { class: "muted" }, d.run || "")),
-        el("td", { class: "bad" }, d.reason),
+        // A run closed since (terminated, say): nothing to repair; the letter only tells what happened.
+        CLOSED.has(d.run_status) ? el("td", { class: "muted" }, `run ${d.run_status} since: nothing to repair — `, d.reason) : el("td", { class: "bad" }, d.reason),
         el("td", { class: "small" }, `partition ${d.partition}`, el("div", { class: "muted" }, `${d.stream} ${d.entry}`),
           el("details", {}, el("summary", {}, "task"), el("pre", { class: "json" }, json(task)))));
     });
