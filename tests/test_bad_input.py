@@ -442,8 +442,9 @@ def test_unknown_workflow_type_is_parked_and_listed_dead(worker, store: RedisSto
     stub.terminate("not ours")
     (letter,) = store.dead_letters()
     assert letter["run_status"] == "terminated"
-    wide = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False, terminal_width=400).output
-    assert "(run terminated since: nothing to repair)" in wide, wide
+    table = CliRunner().invoke(cli, ["list", "--dead"], catch_exceptions=False).output
+    words = " ".join(table.replace("│", " ").split())  # the reason column folds over lines
+    assert "(run terminated since: nothing to repair)" in words, table
 
 
 def test_unknown_activity_is_parked_and_listed_dead(worker, store: RedisStore) -> None:

@@ -228,3 +228,40 @@ def test_a_stalled_decision_with_no_deadline_is_named_by_status_and_workers(
         assert proc.wait(15) == STOP_TIMEOUT_EXIT
     text = log.read_text()
     assert f"run {spin.run_id}: its decision has run workflow code for " in text and SPIN_AT in text
+
+
+FROZEN_DECISION = """
+import sys, threading, time
+from workers.decider import Task
+from workers.watchdog import DecisionWatchdog
+
+stuck = []
+watchdog = DecisionWatchdog(2.0, stuck.append)
+watchdog.start()
+with watchdog.deciding(Task(0, "s", "1-0", {b"run": b"r-frozen"})):
+    print("deciding", flush=True)
+    time.sleep(1.5)  # within the deadline, but the process is stopped meanwhile
+time.sleep(0.6)
+print("stuck" if stuck else "ok", flush=True)
+"""
+
+
+def test_a_worker_stopped_mid_decision_does_not_block_the_run_as_a_runaway(tmp_path: Path) -> None:
+    """SIGSTOP (or a paused VM) during a decision: once continued, the watchdog counted the
+    stopped time against the workflow code and blocked a healthy run (found by the fault suite)."""
+    script = tmp_path / "frozen.py"
+    script.write_text(FROZEN_DECISION)
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "deciding"
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(3.0)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert proc.stdout.readline().strip() == "ok"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)

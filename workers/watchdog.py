@@ -72,6 +72,10 @@ RUNAWAY_EXIT = 70
 STOP_TIMEOUT_EXIT = 75
 """Exit status of a worker whose graceful stop did not end within ``grace + STOP_MARGIN``."""
 
+FROZEN_S = 1.0
+"""A watchdog poll this much later than due means the process did not run meanwhile (stopped
+or starved): the decision's clock starts again rather than count that time against its code."""
+
 STOP_MARGIN = 5.0
 """Seconds a stop may take beyond ``grace`` (recording results, leaving the registry)."""
 
@@ -184,7 +188,14 @@ class DecisionWatchdog:
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self._poll):
+            now = time.monotonic()
+            if now - last > self._poll + FROZEN_S:
+                # The whole process was stopped (SIGSTOP, a paused VM) or starved of CPU: that
+                # time is not the workflow code's; a healthy run was blocked as a runaway.
+                self._mark = max(self._mark, now)
+            last = now
             try:
                 self.check()
                 self._warn_slow()

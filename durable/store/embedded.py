@@ -3,8 +3,7 @@
 With no Redis URL configured (``DURABLE_REDIS_URL`` or an explicit URL), durable
 starts -- or reuses -- a local ``redis-server`` owned by the project:
 
-* data dir ``.durable/`` in the current working directory (``DURABLE_HOME``
-  overrides it);
+* data dir ``.durable/`` in the current working directory (``DURABLE_HOME`` overrides it);
 * a unix socket ``<dir>/redis.sock`` and no TCP listener (``port 0``);
 * AOF on (``appendfsync everysec`` by default, ``always`` on request), no RDB
   snapshots, so every acknowledged write survives a SIGKILL of the server
@@ -530,22 +529,19 @@ class EmbeddedRedis:
                     proc.kill()
                     proc.wait()
                 reason = f"exited with status {proc.returncode}" if exited and proc else "did not answer PING"
-                tail = self._log_tail()
-                # Its last warning (" # ...") on the first line: commands print only that one.
-                warned = [line.split(" # ", 1)[1] for line in tail.splitlines() if " # " in line]
-                cause = f": {warned[-1].strip()}" if warned else ""
+                tail = self._log_tail()  # its last warning (" # ...") first: commands print one line
+                said = [x.split(" # ", 1)[1].strip() for x in tail.splitlines() if " # " in x] or [""]
                 raise ConfigurationError(
-                    f"embedded redis-server in {self.data_dir} {reason} within {_START_TIMEOUT:.0f} s{cause} "
-                    f"(see {self.logfile}); end of it:\n{tail}"
+                    f"embedded redis-server in {self.data_dir} {reason} within {_START_TIMEOUT:.0f} s"
+                    f"{': ' + said[-1] if said[-1] else ''} (see {self.logfile}); end of it:\n{tail}"
                 )
             time.sleep(0.02)
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
-            text = self.logfile.read_text(errors="replace")
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:]) or "(empty log)"
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
     def stop(self, timeout: float = 10) -> None:
         """Shut the server down and wait until its process is gone.

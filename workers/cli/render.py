@@ -334,7 +334,7 @@ def _letter_reason(item: Mapping[str, Any]) -> str | Text:
     """A letter's reason; of a run closed since, said first (its advice to repair is moot)."""
     status = item.get("run_status")
     if status in CLOSED_STATUSES:
-        return Text(f"(run {status} since: nothing to repair) {item.get('reason', '')}", style="dim")
+        return Text(f"{item.get('reason', '')} (run {status} since: nothing to repair)", style="dim")
     return str(item.get("reason", ""))
 
 
