@@ -522,12 +522,17 @@ def test_a_server_started_before_its_redis_waits_for_it(fresh_redis, tmp_path: P
     """It exited (rc 1) with Redis not up yet, where a worker waits: a server started with its
     Redis (a compose file, a reboot) stayed down."""
     fresh_redis.stop()
-    threading.Timer(2.0, fresh_redis.ensure).start()
-    server = ServerProc(fresh_redis.url, tmp_path / "server.log")  # ready once Redis answers
+    later = threading.Timer(2.0, fresh_redis.ensure)
+    later.start()
     try:
-        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
-    finally:
-        server.stop()
+        server = ServerProc(fresh_redis.url, tmp_path / "server.log")  # ready once Redis answers
+        try:
+            assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+        finally:
+            server.stop()
+    finally:  # before the fixture stops Redis: a start after that would outlive the test
+        later.cancel()
+        later.join()
     assert "durable server startup (Redis at" in (tmp_path / "server.log").read_text()
 
 
