@@ -184,3 +184,31 @@ def test_a_hangup_stops_a_single_worker_as_sigterm_does(
         assert b"received SIGHUP: finishing in-flight work" in proc.stderr.read()
     finally:
         stop(proc)
+
+
+def test_an_attempt_a_stopping_worker_hands_back_is_said_so_and_is_no_workers_death(
+    store: RedisStore, tmp_path: Path
+) -> None:
+    """An attempt still running at the end of --grace goes back to its queue: describe called it
+    "lost ... (it died, hung or was taken for dead ...)", and each such hand-back counted as a
+    worker's death toward the 3 that fail an activity ActivityWorkerLost (a long activity across
+    three rolling deploys)."""
+    journal = tmp_path / "journal"
+    stopping = Worker(store, grace=1, block_ms=100)
+    thread = WorkerThread(stopping)
+    thread.__enter__()
+    run = WorkflowStub.make(SlowSteps, store=store).start(str(journal), 1, 4.0)
+    wait_for(lambda: journal.exists() and "start" in journal.read_text())
+    stopping.stop()
+    thread.thread.join(timeout=20)  # past its grace: the running attempt's task went back
+    assert not thread.thread.is_alive()
+    with WorkerThread(Worker(store, grace=5, block_ms=100)):
+        wait_for(lambda: journal.read_text().count("start") == 2, timeout=20)  # begun again
+        ref = store.ref(run.id)
+        begins = store.attempt_begins(ref.partition, ref.run_id, "1")
+        assert begins is not None and begins.begins == 1, begins  # not counted as a death
+        assert run.result(timeout=30) == ["s0", "end"]
+    described = durable_cli(store.url, "describe", run.id, "--json").stdout
+    assert '"handed_back"' in described, described
+    assert "handed it back (it was stopping, the attempt still running past its --grace)" in described
+    assert "never reported its outcome" not in described

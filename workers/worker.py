@@ -443,7 +443,7 @@ class Worker:
         held = self.activities.held() | {(s, e) for s, e, _ in self._reclaimed}
         held |= {(t.stream, t.entry_id) for t in self._handed}
         streams = self._decision_streams() + self.outbox_streams + self.activity_streams
-        moved = self.store.requeue_pending(streams, self.consumer, keep=held)
+        moved = self.store.requeue_pending(streams, self.consumer, keep=held, why="after a Redis outage")
         self._take_back = False
         if moved:
             log.info("put back %d task(s) the Redis outage left unfinished", moved)
@@ -455,7 +455,7 @@ class Worker:
         within the grace. Without this they would wait for a reclaim after ``--claim-idle``."""
         self.reader.close()
         try:
-            moved = self.store.requeue_pending(self.shared_streams, self.consumer)
+            moved = self.store.requeue_pending(self.shared_streams, self.consumer)  # (why: it stops)
         except Exception as exc:  # noqa: BLE001 - Redis away as it stops: a line, not a traceback
             log.warning("could not hand back its unfinished tasks (%s): reclaimed after --claim-idle", exc)
             return

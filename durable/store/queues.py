@@ -321,6 +321,7 @@ class QueueStore(RunStore):
         consumer: str,
         most: int = 1000,
         keep: Collection[tuple[str, str]] = (),
+        why: str = "it was stopping, the attempt still running past its --grace",
     ) -> int:
         """Put every task still pending for ``consumer`` on ``streams`` back at their ends, as
         new entries for any worker (``lua/requeue_pending.lua``, one call per stream, all in one
@@ -332,11 +333,13 @@ class QueueStore(RunStore):
         blocking reads must be closed first, or the moved tasks could be delivered to them again.
         After an outage, a worker that goes on puts back the same way what the outage hid from
         it, and ``keep`` names, as ``(stream, entry id)``, the tasks it holds (left pending).
+        An activity attempt it began is marked handed back (``why``: in words), so its next
+        begin is neither taken for a worker's death nor described as lost.
         """
         kept: dict[str, list[str]] = {}
         for stream, entry_id in keep:
             kept.setdefault(stream, []).append(entry_id)
-        calls = [([stream], [GROUP, consumer, most, *kept.get(stream, ())]) for stream in streams]
+        calls = [([stream], [GROUP, consumer, most, why, *kept.get(stream, ())]) for stream in streams]
         if not calls:
             return 0
         return sum(int(n) for n in self._script_many("requeue_pending", calls, raise_on_error=True))

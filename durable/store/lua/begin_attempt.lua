@@ -19,7 +19,7 @@ local rid, aid, attempt, entry_id = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local deadline = tonumber(ARGV[5])
 
 local why = nil
-local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb', aid .. ':worker', aid .. ':started')
+local current = redis.call('HMGET', acts, aid .. '#', aid .. ':hb', aid .. ':worker', aid .. ':started', aid .. ':handed')
 if not is_open(redis.call('HGET', run, 'status')) then
   why = 'the run is closed'
 elseif not current[1] then
@@ -41,9 +41,18 @@ if tonumber(last_attempt) == attempt then
   local before = string.match(current[3], '^%d+|([^|]*)') or ''
   local since = tonumber(current[4] or '')
   local ago = since and string.format(' %d s before', math.floor((now - since) / 1000)) or ''
-  local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead, or a Redis outage hid the task from it); %s runs it again'
-  local reason = string.format(said, before, ago, ARGV[7])
-  log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason', reason, 'ts', now)
+  local handed_by, why = string.match(current[5] or '', '^([^|]*)|(.*)$')
+  if handed_by == before then
+    -- Its worker handed it back (a stop past --grace, an outage): not a death of a worker.
+    begins = begins - 1
+    local reason = string.format('worker %s began it%s and handed it back (%s); %s runs it again', before, ago, why, ARGV[7])
+    log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'handed_back', 'reason', reason, 'ts', now)
+  else
+    local said = 'worker %s began it%s and never reported its outcome (it died, hung or was taken for dead, or a Redis outage hid the task from it); %s runs it again'
+    local reason = string.format(said, before, ago, ARGV[7])
+    log_add(log, 'kind', 'attempt', 'act', aid, 'attempt', attempt, 'outcome', 'lost', 'reason', reason, 'ts', now)
+  end
+  redis.call('HDEL', acts, aid .. ':handed')
 end
 redis.call('HSET', acts, aid .. ':started', ARGV[6], aid .. ':worker', attempt .. '|' .. ARGV[7] .. '|' .. begins)
 if deadline > 0 then redis.call('ZADD', running, deadline, rid .. '|' .. aid .. '|' .. attempt) end
