@@ -76,6 +76,7 @@ def _fragments() -> dict[str, str]:
         "started field": K.started_field(x)[len(x) :],
         "worker field": K.worker_field(x)[len(x) :],
         "rerun field": K.rerun_field(x)[len(x) :],
+        "handed field": K.handed_field(x)[len(x) :],
         "member separator": K.attempt_member(x, x, 2).split(x)[1],
         "leased attempt member tail": K.attempt_member(x, x, 1)[len(x + "|" + x) :],
         "retry member head": K.retry_member(x, x).split(x)[0],
@@ -141,6 +142,12 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
         # ... and the worker that began it (named in the `lost` attempt record).
         "^%d+|([^|]*)": [(K.begun_by(2, "vm:1:2.1", 3), ["vm:1:2.1"]), ("2|w-1", ["w-1"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
+        # requeue_pending.lua: the partition's tag of an activity stream (its runs' keys share it) ...
+        "^(.*):aq:": [(k.activity_tasks(3, "default"), [k.tag(3)]), (k.workflow_tasks(3, "default"), [])],
+        # ... and begin_attempt.lua: who handed the attempt back, and why (a why may hold a "|").
+        "^([^|]*)|(.*)$": [
+            (K.handed_by("vm:1:2.1", "stopping | past --grace"), ["vm:1:2.1", "stopping | past --grace"])
+        ],
     }
     assert _patterns() == set(cases), "a script matches with a pattern this test does not check"
     for pattern, examples in cases.items():

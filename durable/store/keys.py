@@ -25,6 +25,7 @@ Layout (``T`` = ``prefix:{p}``)::
     T:ox                   stream  outbox: cross-partition messages (children)
     T:act:<run id> fields  <aid> body, <aid># current attempt, <aid>@ task stream,
                            <aid>:hb heartbeat details, <aid>:started attempt start (ms),
+                           <aid>:handed "<worker>|<why>": that worker put the task back (not a death),
                            <aid>:worker "<attempt>|<worker>|<begins>": who began it last, how often,
                            <aid>:rerun the attempt a lapsed lease put in its queue again
     T:timers               zset    due time (ms) -> "t|run|id" timer, "r|run|id" retry,
@@ -109,6 +110,7 @@ HEARTBEAT_SUFFIX = ":hb"
 STARTED_SUFFIX = ":started"
 WORKER_SUFFIX = ":worker"
 RERUN_SUFFIX = ":rerun"
+HANDED_SUFFIX = ":handed"
 
 
 def timer_member(run_id: str, timer_id: str) -> str:
@@ -189,6 +191,17 @@ def worker_field(activity_id: str) -> str:
 def rerun_field(activity_id: str) -> str:
     """Activity-hash field: the leased attempt a lapsed lease put in its queue again (once)."""
     return activity_id + RERUN_SUFFIX
+
+
+def handed_field(activity_id: str) -> str:
+    """Activity-hash field: :func:`handed_by`, set when the worker that began the attempt put its
+    task back (``requeue_pending.lua``); the next begin reads and deletes it (not a death)."""
+    return activity_id + HANDED_SUFFIX
+
+
+def handed_by(worker: str, why: str) -> str:
+    """The :func:`handed_field` value ``"<worker>|<why>"``."""
+    return f"{worker}|{why}"
 
 
 def begun_by(attempt: int, worker: str, begins: int) -> str:
