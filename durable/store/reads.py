@@ -101,7 +101,17 @@ class GroupRead:
             pass
 
     def close(self) -> None:
-        """Drop the connection (an outstanding read's entries stay pending for reclaim)."""
+        """Drop the connection (an outstanding read's entries stay pending for reclaim).
+
+        An outstanding read is ended on the server first (``CLIENT KILL ID``, on another
+        connection): Redis sees a closed socket only at its next turn, and a task added
+        meanwhile (the take-back after an outage puts the tasks back) was delivered to the dead
+        read, pending for this worker until a reclaim after ``--claim-idle``. Best effort."""
+        if self.outstanding and self.client_id is not None:
+            try:
+                self.client.execute_command("CLIENT", "KILL", "ID", self.client_id)
+            except Exception:  # noqa: BLE001, S110 - Redis away, no such client, an ACL without CLIENT
+                pass
         try:
             self.conn.disconnect()
         except Exception:  # noqa: BLE001 - already broken
