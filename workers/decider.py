@@ -400,18 +400,14 @@ class Decider:
             return None
         ref = RunRef(p, rid, record.get("workflow_id", ""))
         driver = self.cache.take(rid, record["seq"])
-        replay_error = None
         try:
             if driver is None:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
-                replay_error = self._replay_or_error(driver, ref, record, rows if after == 0 else None)
-            fresh = replay_error is not None  # the run is blocked otherwise: read the registry now
-            if driver.undeclared_patches and self.routing.leave_to_newer_code(record, driver, fresh=fresh):
+                self._replay_leaving_patched(driver, ref, record, rows if after == 0 else None)
+            if driver.undeclared_patches and self.routing.leave_to_newer_code(record, driver):
                 raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches)
-            if replay_error is not None:
-                raise replay_error
             run_fields = bound_run()
             if run_fields is not None:
                 run_fields["workflow_type"] = driver.workflow_type
@@ -461,21 +457,25 @@ class Decider:
             input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
         )
 
-    def _replay_or_error(
+    def _replay_leaving_patched(
         self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any | None
-    ) -> Exception | None:
-        """:meth:`_replay` (``rows`` ``None``: read them); the error replaying a run that
-        recorded patches this worker's class lacks is returned, not raised: a live worker
-        declaring them may be there to decide it (:meth:`_prepare`)."""
+    ) -> None:
+        """:meth:`_replay` (``rows`` ``None``: read them). A run this code cannot replay that
+        recorded patches its class lacks is left to a live worker declaring them
+        (:class:`TypeNotHere`; the registry read now: else the run is blocked)."""
         if rows is None:
             rows = self.store.history_rows(ref.partition, ref.run_id)
         try:
             self._replay(driver, ref, record, rows)
         except Exception as exc:
-            if is_transient(exc) or is_redis_error(exc) or not driver.undeclared_patches:
+            if (
+                is_transient(exc)
+                or is_redis_error(exc)
+                or not driver.undeclared_patches
+                or not self.routing.leave_to_newer_code(record, driver, fresh=True)
+            ):
                 raise
-            return exc
-        return None
+            raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches) from None
 
     def _replay(self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any) -> None:
         """Rebuild a run's driver from its whole history (a cache miss)."""
