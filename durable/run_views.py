@@ -180,7 +180,7 @@ def task_in_words(
     if where is None:
         return None
     live_names = {w.name for w in live}
-    stalled = {w.name: stalled_decision(w) for w in live if w.deciding_run}
+    stalled = {w.name: w for w in live if w.deciding_run}
     if where.owner:
         said = (
             f"its workflow task waits on the private queue of worker {where.owner}, which decided the "
@@ -192,14 +192,14 @@ def task_in_words(
                 f"after --sticky-timeout ({_flag_value(live, 'sticky_timeout_ms', 5_000)})"
             )
         elif where.owner in stalled:
-            said += "; " + stalled[where.owner]
+            said += "; " + stalled_decision(stalled[where.owner])
         return said
     if not where.consumer:
         queue = where.stream.rpartition(":wq:")[2]
         said = f"its workflow task waits on queue {queue!r} for a worker (backlog {where.backlog})"
         serving = [w.name for w in live if queue in w.queues]
         if serving and all(name in stalled for name in serving):
-            said += "; " + "; ".join(stalled[name] for name in serving)
+            said += "; " + "; ".join(stalled_decision(stalled[name]) for name in serving)
         return said
     again = (
         f" (its delivery {where.deliveries}: earlier ones were not decided either)"
@@ -216,8 +216,8 @@ def task_in_words(
             f"({_flag_value(live, 'claim_idle_ms', 30_000)})"
         )
     elif where.consumer in stalled:
-        said += "; " + stalled[where.consumer]
-        if next(w.deciding_run for w in live if w.name == where.consumer) == ref.run_id:
+        said += "; " + stalled_decision(stalled[where.consumer])
+        if stalled[where.consumer].deciding_run == ref.run_id:
             said += (
                 ". Fix the code and restart the worker with a --decision-timeout (the run is then "
                 f"blocked for `durable repair`), or `durable terminate {ref.workflow_id}`"

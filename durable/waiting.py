@@ -50,12 +50,14 @@ def waits_in_words(
         if deadline is not None:
             verb = "fires" if kind == "timer" else "times out"
             what += f": {verb} {_at(int(deadline), now_ms)}"
-            if now_ms - int(deadline) > OVERDUE_MS and task_pending:
-                # Fired (a scheduler pushed its input and queued a task): that task is the wait.
-                what += " (passed: it moves once its workflow task is decided)"
-            elif now_ms - int(deadline) > OVERDUE_MS:
-                # A live worker's scheduler fires it within a moment of its time: none has.
-                what += " (overdue: no live worker's scheduler has fired it; `durable workers` shows their heartbeats)"
+            if now_ms - int(deadline) > OVERDUE_MS:
+                # A live worker's scheduler fires it within a moment of its time: with a task
+                # waiting, it fired (its input goes with that task); without one, none has.
+                what += (
+                    " (passed: it moves once its workflow task is decided)"
+                    if task_pending
+                    else " (overdue: no live worker's scheduler has fired it; `durable workers` shows their heartbeats)"
+                )
         lines.append(what)
     return lines
 

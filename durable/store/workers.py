@@ -306,8 +306,7 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
     )
     if reason is None:
         return None
-    pending = (record.get("snapshot") or {}).get("pending") or ()
-    queues = {str(s["queue"]) for s in pending if s.get("queue")} | {str(record.get("queue") or "default")}
+    queues = run_queues(record)
     stopping = [w.name for w in live if w.stopping and queues & set(w.queues)]
     if stopping:
         reason += f" ({_who(stopping)} stopping: finishing running activities, taking no new task)"
@@ -316,6 +315,12 @@ def no_worker_reason(record: Mapping[str, Any], live: Iterable[WorkerInfo]) -> s
         builds = ", ".join(sorted({w.build for w in draining}))
         reason += f" ({_who([w.name for w in draining])} draining: finishing the runs pinned to {builds}, starting no new run)"
     return reason
+
+
+def run_queues(record: Mapping[str, Any]) -> set[str]:
+    """The queues an open run waits on: its own, and those of its pending steps."""
+    pending = (record.get("snapshot") or {}).get("pending") or ()
+    return {str(s["queue"]) for s in pending if s.get("queue")} | {str(record.get("queue") or "default")}
 
 
 def running_entry(activity: str, workflow_id: str, seconds: float, *, timeout: bool) -> str:
@@ -523,9 +528,8 @@ class WorkerRegistry(MemoryStore, StartFailures):
                     f" (Redis restarted {started[1]} s ago: a live worker writes its registry entry "
                     "again within seconds of it; if this persists, no worker is running)"
                 )
-            failing = [
-                f.words() for f in self.start_failures() if any(f"queue {q!r}" in unserved for q in f.queues)
-            ]
+            queues = run_queues(record)
+            failing = [f.words() for f in self.start_failures() if queues & set(f.queues)]
             if failing:  # started, and failing at start: "start one" would fail the same way
                 unserved += "; " + "; ".join(failing)
             return BlockedReason(kind=NO_LIVE_WORKER, message=unserved)
