@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from durable import registry
 
 
-def _defined_in(modules: Sequence[str]) -> Callable[[str], bool]:
+def defined_in(modules: Sequence[str]) -> Callable[[str], bool]:
     """Whether a module name is one of ``modules`` (or inside one); with none, anything is."""
     prefixes = tuple(modules)
 
@@ -22,7 +22,7 @@ class Allowed:
     define. Asked once per decision and per activity: an allowed name is remembered."""
 
     def __init__(self, app: Sequence[str]) -> None:
-        self._defined = _defined_in(app)
+        self._defined = defined_in(app)
         self._workflows: set[str] = set()
         self._activities: set[str] = set()
 

@@ -22,6 +22,7 @@ from durable.store.embedded import EmbeddedRedis
 from durable.store.redis_store import RedisStore
 from durable.store.start_failures import StartFailure
 from workers import metrics
+from workers.allowed import defined_in
 from workers.app import AUTO_BUILD_ID, AUTO_SHAPE, code_build_id, tune_gc
 from workers.cli.core import CliError, load_apps
 from workers.config import WorkerConfig
@@ -103,24 +104,24 @@ def _warn_imported_only(modules: list[Any], apps: Sequence[str]) -> None:
     """Say once which workflow and activity classes the ``--app`` modules import from modules
     outside them: a worker runs only the types its ``--app`` modules define, so such a class is
     not run here, and its runs read "no live worker ... defines workflow type ..."."""
-    inside = tuple(apps)
+    inside = defined_in(apps)  # as workers/allowed.py decides what this worker runs
     found = sorted(
         {
-            f"{obj.__name__} ({obj.__module__})"
+            (obj.__name__, obj.__module__)
             for module in modules
             for obj in vars(module).values()
             if isinstance(obj, type)
             and issubclass(obj, Workflow | Activity)
             and obj not in (Workflow, Activity)
-            and not any(obj.__module__ == m or obj.__module__.startswith(m + ".") for m in inside)
+            and not inside(obj.__module__)
         }
     )
     if found:
         log.warning(
             "the --app modules import %s from other modules: this worker runs only the types its --app "
             "modules define; add their modules (--app %s) to run them here",
-            ", ".join(found),
-            " --app ".join(sorted({f.split(" (")[1].rstrip(")") for f in found})),
+            ", ".join(f"{name} ({module})" for name, module in found),
+            " --app ".join(sorted({module for _, module in found})),
         )
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from durable.untrusted import json_loads
+from workers.cli.server import is_loopback
 from workers.server.errors import ApiError
 
 __all__ = [
@@ -50,7 +50,6 @@ CSRF_HEADER = "X-Durable-Request"
 SIGNATURE_HEADER = "X-Durable-Signature"
 TOKENS_ENV = "DURABLE_SERVER_TOKENS"
 HOOK_SECRET_ENV = "DURABLE_SERVER_HOOK_SECRET"
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 class AuthFileError(ValueError):
@@ -180,13 +179,7 @@ LOOPBACK_ONLY = "without tokens this server answers only requests to a loopback 
 def loopback_host(host: str) -> bool:
     """Whether a request's ``Host`` header names a loopback host (port or not): ``localhost``
     or a loopback address (all of 127.0.0.0/8, which ``durable server --host`` may bind)."""
-    name = _hostname(host)
-    if name in _LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(name.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(_hostname(host))  # the rule `durable server --host` is checked by
 
 
 def _hostname(host: str) -> str:
