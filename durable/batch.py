@@ -17,7 +17,7 @@ from .client import WorkflowStub, default_store
 from .errors import DurableError, WorkflowClosed, WorkflowNotFound
 from .listing import list_runs
 from .search import parse_where
-from .store.redis_store import RedisStore
+from .store.redis_store import RedisStore, RunRef
 
 __all__ = ["ACTIONS", "PAGE", "BatchReport", "for_open_runs", "open_runs"]
 
@@ -111,6 +111,7 @@ def for_open_runs(
     cursor: str | dict[str, Any] | None = before
     while True:
         rows = list_runs(query, limit=PAGE, before=cursor, store=store)
+        live = store.live_workers() if action == "cancel" and rows else []  # once a page: why blocked
         for row in rows:
             if most is not None and len(report.done) + len(report.refused) >= most:
                 report.more = True
@@ -118,10 +119,10 @@ def for_open_runs(
             report.next = f"{row['created']}:{row['run_id']}"
             workflow_id = row["workflow_id"]
             try:
-                stub = WorkflowStub.load(workflow_id, store=store)
-                getattr(stub, action)(reason)
-                stuck = stub.blocked() if action == "cancel" else None  # (a cancel waits for it to move)
-                if stuck is not None:
+                getattr(WorkflowStub.load(workflow_id, store=store), action)(reason)
+                ref = RunRef(row["partition"], row["run_id"], workflow_id)
+                stuck = store.why_blocked(store.run_record(ref), live) if action == "cancel" else None
+                if stuck is not None:  # its cancel takes effect once it moves again
                     report.blocked[workflow_id] = f"{stuck.kind}: {stuck.message}"
             except (WorkflowClosed, WorkflowNotFound):
                 report.closed.append(workflow_id)
