@@ -70,15 +70,11 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class QueryOverrun:
     """The errors of one query whose replay or ``@query`` method overran (for :func:`run_limited`):
-    called with the limit and the code's position; :attr:`label` (the workflow id) counts its
-    runner threads still blocked after their callers gave up."""
+    called with the limit and the code's position; its run's runner threads still blocked after
+    their callers gave up are counted by :attr:`workflow_id`."""
 
     name: str
     workflow_id: str
-
-    @property
-    def label(self) -> str:
-        return self.workflow_id
 
     def __call__(self, seconds: float, where: str) -> Exception:
         return QueryFailed(
@@ -119,11 +115,10 @@ _watches: dict[int, _Watch] = {}
 _monitor: threading.Thread | None = None
 _slot_count: threading.BoundedSemaphore | None = None
 _jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-_stuck: dict[str, list[str]] = {}  # per label (a workflow id): where its runners are blocked
+_stuck: dict[str, list[str]] = {}  # per workflow id: where its runners are blocked
 _idle = [0]  # runner threads free for a job (counted as their job ends)
-_threads = (
-    0  # runner threads started: at most RUNNERS (a thread is started only with a slot held and none idle)
-)
+# Runner threads started: at most RUNNERS (one is started only with a slot held and none idle).
+_threads = 0
 
 
 def run_limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun) -> T:
@@ -141,7 +136,7 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun) -> T
     """
     if seconds <= 0 or sys.gettrace() is not None or threading.get_ident() in _watches:
         return fn()
-    label = overrun.label
+    label = overrun.workflow_id
     with _lock:
         stuck = list(_stuck.get(label, ()))
     if len(stuck) >= STUCK_PER_RUN:  # this run's code holds enough threads already: its fault

@@ -455,7 +455,7 @@ class Worker:
         within the grace. Without this they would wait for a reclaim after ``--claim-idle``."""
         self.reader.close()
         try:
-            moved = self.store.requeue_pending(self.shared_streams, self.consumer)  # (why: it stops)
+            moved = self.store.requeue_pending(self.shared_streams, self.consumer)  # the default why: a stop
         except Exception as exc:  # noqa: BLE001 - Redis away as it stops: a line, not a traceback
             log.warning("could not hand back its unfinished tasks (%s): reclaimed after --claim-idle", exc)
             return

@@ -97,19 +97,15 @@ class ScheduleStore(StoreBase):
         """The schedule's record, claimed and buffered times, runs and recent actions (one MULTI);
         ``None``: no such schedule."""
         p = self.keys.partition(schedule_id)
-        record, claimed, buffer, runs, recent, *_ = self.keys.schedule_keys(p, schedule_id)
+        keys = self.keys.schedule_keys(p, schedule_id)[:5]  # record, claimed, buffer, runs, actions
         try:
-            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(
-                record, claimed, buffer, runs, recent, actions, transaction=True
-            )
+            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(keys, actions, True)
         except redis.ResponseError as exc:
             if not is_oom(exc):
                 raise
             # At maxmemory Redis refuses the EXEC, reads and all: read them one after another,
             # so that `schedule list` can say what is wrong (Redis refusing writes) at all.
-            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(
-                record, claimed, buffer, runs, recent, actions, transaction=False
-            )
+            raw, got_claimed, got_buffer, got_runs, got_actions = self._schedule_reads(keys, actions, False)
         if not raw:
             return None
         return ScheduleState(
@@ -120,17 +116,8 @@ class ScheduleStore(StoreBase):
             actions=[json.loads(a) for a in got_actions],
         )
 
-    def _schedule_reads(
-        self,
-        record: str,
-        claimed: str,
-        buffer: str,
-        runs: str,
-        recent: str,
-        actions: int,
-        *,
-        transaction: bool,
-    ) -> list[Any]:
+    def _schedule_reads(self, keys: Sequence[str], actions: int, transaction: bool) -> list[Any]:
+        record, claimed, buffer, runs, recent = keys
         with self.pipeline(record, transaction=transaction) as pipe:
             pipe.hgetall(record)
             pipe.zrange(claimed, 0, -1, withscores=True)

@@ -331,7 +331,7 @@ def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> 
 
 
 def _letter_reason(item: Mapping[str, Any]) -> str | Text:
-    """A letter's reason; of a run closed since, said first (its advice to repair is moot)."""
+    """A letter's reason; of a run closed since, dimmed and said so (its advice to repair is moot)."""
     status = item.get("run_status")
     if status in CLOSED_STATUSES:
         return Text(f"{item.get('reason', '')} (run {status} since: nothing to repair)", style="dim")
