@@ -35,7 +35,7 @@ class PrOrder(Workflow):
         return [first, activity(pr_step, n + 10)]
 """
 
-V2 = """
+PATCHED_HEAD = """
 from durable import Workflow, activity, await_signal, patched
 
 
@@ -48,9 +48,14 @@ class PrOrder(Workflow):
 
     def handle(self, n: int) -> list:
         first = activity(pr_step, n)
-        await_signal("go")
+"""
+
+V2 = (
+    PATCHED_HEAD
+    + """        await_signal("go")
         return [first, activity(pr_step, n + 100 if patched("pr-more") else n + 10)]
 """
+)
 
 
 def _app(folder: Path, source: str) -> dict[str, str]:
@@ -165,24 +170,14 @@ def test_a_run_new_code_started_waits_for_new_workers_then_says_which_patch(
                 stop(proc)
 
 
-V3 = """
-from durable import Workflow, activity, await_signal, patched
-
-
-def pr_step(x: int) -> int:
-    return x
-
-
-class PrOrder(Workflow):
-    patches = ("pr-more",)
-
-    def handle(self, n: int) -> list:
-        first = activity(pr_step, n)
-        if patched("pr-more"):
+V3 = (
+    PATCHED_HEAD
+    + """        if patched("pr-more"):
             first += activity(pr_step, 1000)
         await_signal("go")
         return [first, activity(pr_step, n + 10)]
 """
+)
 
 
 def _cli(redis_url: str, *args: str) -> str:
