@@ -1,5 +1,6 @@
 """A workflow class's history budget: when its history is near enough its limit to continue as
-new; and a run whose history reached the limit with only inputs to wait on (it cannot move)."""
+new; a run whose history reached the limit with only inputs to wait on (it cannot move); and how
+much of a pile of inputs one decision takes."""
 
 from __future__ import annotations
 
@@ -16,12 +17,34 @@ __all__ = [
     "history_full_reason",
     "history_info",
     "near_history_limit",
+    "one_decisions_inputs",
 ]
 
 #: Default history budget of a run; ``Workflow.history_budget`` overrides either key.
 DEFAULT_HISTORY_BUDGET: dict[str, int] = {"events": 10_000, "bytes": 10 * 1024 * 1024}
 #: Fraction of a budget threshold past which a run is near its limit.
 NEAR_LIMIT = 0.8
+#: Bytes of inputs one decision takes from a run's inbox (at least one input, whatever its size).
+DECISION_INPUT_BYTES = 8 * 1024 * 1024
+
+
+def one_decisions_inputs(inbox: list[bytes], most: int | None = None) -> list[bytes]:
+    """The head of ``inbox`` one decision takes: up to ``most`` bytes (default
+    :data:`DECISION_INPUT_BYTES`), at least one input.
+
+    A run's inputs pile up while no worker decides it (workers down, a blocked run repaired):
+    taken at once, they would be one commit script as large as the pile, blocking Redis for as
+    long as it writes, and past Redis's query buffer (1 GB) refused for ever. The rest stays in
+    the inbox for the next decision (the commit enqueues its task), in order; the history
+    limits are checked at each.
+    """
+    most = DECISION_INPUT_BYTES if most is None else most
+    taken = 0
+    for n, raw in enumerate(inbox):
+        taken += len(raw)
+        if taken > most and n > 0:
+            return inbox[:n]
+    return inbox
 
 
 def effective_history_budget(cls: Any) -> dict[str, int]:

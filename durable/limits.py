@@ -44,6 +44,8 @@ __all__ = [
     "check_name_length",
     "check_queue_name",
     "current",
+    "input_bounds",
+    "input_refused",
     "limit_error",
     "reset_limits",
     "set_limits",
@@ -68,7 +70,8 @@ class Limits:
         warn_payload_bytes: Payloads above this size are logged as a warning.
         max_history_events: Events a run's history may hold; the decision that passes it
             terminates the run.
-        max_history_bytes: Bytes a run's history may hold; likewise.
+        max_history_bytes: Bytes a run's history may hold; likewise. A signal or update is
+            refused at the client once the signals and updates the run took would pass it.
         max_pending_activities: Activities a run may have scheduled and not finished; the
             call that would pass it terminates the run.
         max_pending_children: Child workflows a run may have started and not finished; likewise.
@@ -154,6 +157,28 @@ def limit_error(field: str, what: str, actual: int | None = None) -> LimitExceed
         value=value,
         actual=actual,
     )
+
+
+def input_bounds() -> list[int]:
+    """The limits a run takes a client's input (signal, update) within, in the order the scripts
+    read them (``take_input`` in ``_lib.lua``): most inputs waiting, most history events, most
+    bytes of client inputs (all of them go into its history, so ``max_history_bytes``)."""
+    limits = current()
+    return [limits.max_pending_signals, limits.max_history_events, limits.max_history_bytes]
+
+
+_REFUSED_AT = {
+    "max_pending_signals": "inputs waiting to be decided",
+    "max_history_events": "history events",
+    "max_history_bytes": "bytes of the signals and updates it took (each goes into its history)",
+}
+
+
+def input_refused(limit: str, what: str, count: int) -> LimitExceeded:
+    """The error for a client's input a run refused at ``limit`` (``count``: what the script
+    counted: items or events before this input, bytes with it)."""
+    actual = count if limit == "max_history_bytes" else count + 1
+    return limit_error(limit, f"{what}: {_REFUSED_AT.get(limit, limit)}", actual)
 
 
 def check_name_length(name: str, what: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, Sink
@@ -26,6 +27,7 @@ from durable import (
     WorkflowFailed,
     WorkflowNotFound,
     WorkflowStub,
+    history_budget,
 )
 from durable import codec as payload_codec
 from durable.limits import ENV, current, reset_limits, set_limits
@@ -147,6 +149,55 @@ def test_signals_are_refused_at_the_history_limit(store: RedisStore) -> None:
     with pytest.raises(LimitExceeded, match="max_history_events"):
         stub.signal("note", 3)
     assert _history_types(stub) == ["WorkflowStarted"]
+
+
+def test_signals_and_updates_are_refused_past_the_history_bytes(store: RedisStore) -> None:
+    # Every signal and update goes into the history: past max_history_bytes the run could only
+    # be terminated for it, and undecided they would pile up as one commit as large as the pile.
+    _use(max_history_bytes=10_000)
+    stub = WorkflowStub.make(Sink, id="heavy", store=store).start()
+    for _ in range(3):
+        stub.signal("note", "x" * 3_000)
+    with pytest.raises(
+        LimitExceeded,
+        match=r"refused SignalReceived: bytes of the signals and updates it took.*max_history_bytes",
+    ) as info:
+        stub.signal("note", "x" * 3_000)
+    assert info.value.limit == "max_history_bytes" and info.value.actual > 10_000
+    with pytest.raises(LimitExceeded, match=r"refused update 'grow'.*max_history_bytes"):
+        stub.update("grow", "x" * 3_000, timeout=1)
+    with pytest.raises(LimitExceeded, match=r"signal-with-start.*max_history_bytes"):
+        WorkflowStub.make(Sink, id="heavy", store=store, id_conflict_policy="use_existing").signal_with_start(
+            "note", "x" * 3_000
+        )
+    stub.signal("note", "small enough")
+    inbox = store.keys.inbox(stub._ref().partition, stub.run_id)
+    assert store.redis.llen(inbox) == 4
+
+
+def test_a_pile_of_inputs_is_decided_a_part_at_a_time(
+    durable_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inputs piled up while no worker ran: one decision takes a part (history_budget), so no
+    # commit is as large as the pile; all are decided, in order.
+    monkeypatch.setattr(history_budget, "DECISION_INPUT_BYTES", 10_000)
+    stub = WorkflowStub.make(Sink, id="pile", store=durable_store).start()
+    for i in range(12):
+        stub.signal("note", f"{i:02}" + "x" * 2_000)
+    stub.signal("stop", "done")
+    consumed: list[int] = []
+    commit_many = durable_store.commit_many
+
+    def counting(items: Any) -> Any:
+        consumed.extend(plan.consumed for _, plan in items)
+        return commit_many(items)
+
+    monkeypatch.setattr(durable_store, "commit_many", counting)
+    with TestEnvironment(store=durable_store):
+        assert stub.result(timeout=30) == "done"
+    assert sum(consumed) == 13 and len(consumed) >= 3 and max(consumed) <= 5, consumed
+    notes = [e.data["payload"][0][:2] for e in stub.history() if e.type == "SignalReceived"][:12]
+    assert notes == [f"{i:02}" for i in range(12)]
 
 
 # ---------------------------------------------------------------- the decision

@@ -27,6 +27,7 @@ from durable.errors import (
     UnknownTypeError,
     WorkflowClosed,
 )
+from durable.history_budget import one_decisions_inputs
 from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
@@ -411,6 +412,7 @@ class Decider:
             run_fields = bound_run()
             if run_fields is not None:
                 run_fields["workflow_type"] = driver.workflow_type
+            inbox = one_decisions_inputs(inbox)
             entries, poison = [], []
             for raw in inbox:
                 try:
@@ -488,12 +490,8 @@ class Decider:
     def _decide_around_poison(
         self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]
     ) -> Decision:
-        good = []
         bad = {raw for raw, _ in poison}
-        for raw in inbox:
-            if raw not in bad:
-                good.append(ev.decode(raw))
-        decision = driver.decide(good)
+        decision = driver.decide([ev.decode(raw) for raw in inbox if raw not in bad])
         decision.consumed = len(inbox)
         decision.dropped.extend((raw, f"poison: {reason}") for raw, reason in poison)
         return decision

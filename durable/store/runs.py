@@ -439,8 +439,9 @@ class RunStore(KnownQueues, SearchStore):
     ) -> RunRef:
         """Push an input event onto a workflow's current run (or exactly ``run_id``).
 
-        ``limited``: refuse it when the run's inbox holds ``max_pending_signals`` inputs or its
-        history and inbox ``max_history_events`` events (:mod:`durable.limits`). ``sent_id``:
+        ``limited``: refuse it when the run's inbox holds ``max_pending_signals`` inputs, its
+        history and inbox ``max_history_events`` events, or the client inputs it took would pass
+        ``max_history_bytes`` (:func:`durable.limits.input_bounds`). ``sent_id``:
         the client call's id (a signal's is its signal id): the same call sent again after its
         reply was lost finds the note its delivery left and delivers nothing.
 
@@ -458,20 +459,22 @@ class RunStore(KnownQueues, SearchStore):
         else:
             p = self.ref(workflow_id, run_id).partition
             keys = [k.instance(p, workflow_id), k.run(p, run_id), k.inbox(p, run_id)]
-        bounds = [run_limits.current().max_pending_signals, run_limits.current().max_history_events]
-        args = [run_id or "", type_name, data, *(bounds if limited else [0, 0])]
+        args: list[Any] = [
+            run_id or "",
+            type_name,
+            data,
+            codec.pack(run_limits.input_bounds()) if limited else "",
+        ]
         sent_id = sent_id or (event.signal_id if isinstance(event, ev.SignalReceived) else "")
         if sent_id:
             args += [k.sent_input(p, sent_id), SENT_TTL_MS]  # a resend is not delivered twice
         result = self._run_script("deliver", keys, args)
         outcome = text(result[0])
         if outcome == "LIMIT":
-            limit = text(result[1])
-            raise run_limits.limit_error(
-                limit,
-                f"workflow {workflow_id!r} (run {text(result[3])}) refused {event.type}: "
-                + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
-                int(result[2]) + 1,
+            raise run_limits.input_refused(
+                text(result[1]),
+                f"workflow {workflow_id!r} (run {text(result[3])}) refused {event.type}",
+                int(result[2]),
             )
         if outcome == "NOTFOUND":
             raise WorkflowNotFound(f"no workflow with id {shown_id(workflow_id)}{absence_note(self, p)}")

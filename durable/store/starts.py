@@ -61,9 +61,8 @@ def script_options(
     }
     if signal is not None:
         type_name, data = ev.encode_input_data(signal)
-        limits = run_limits.current()
         out["signal"] = [type_name, data]
-        out["limits"] = [limits.max_pending_signals, limits.max_history_events]
+        out["limits"] = run_limits.input_bounds()
         if sent:
             out["sent"] = [sent, SENT_TTL_MS]
     return out
@@ -104,12 +103,10 @@ def started_run(
             "id, or with id_reuse_policy 'allow_duplicate'"
         )
     if outcome == "LIMIT":
-        limit = text(reply[1])
-        raise run_limits.limit_error(
-            limit,
-            f"workflow {workflow_id!r} (run {text(reply[3])}) refused SignalReceived (signal-with-start): "
-            + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
-            int(reply[2]) + 1,
+        raise run_limits.input_refused(
+            text(reply[1]),
+            f"workflow {workflow_id!r} (run {text(reply[3])}) refused SignalReceived (signal-with-start)",
+            int(reply[2]),
         )
     raise AssertionError(f"start script replied {outcome!r}")  # pragma: no cover
 

@@ -49,12 +49,11 @@ def deliver_update(
     Raises:
         WorkflowNotFound: unknown workflow id.
         WorkflowClosed: the current run is closed (and never got this update id).
-        LimitExceeded: the run has ``max_pending_signals`` inputs waiting or
-            ``max_history_events`` events (nothing written).
+        LimitExceeded: the run is at one of :func:`durable.limits.input_bounds` (nothing written).
     """
     request = ev.UpdateRequested(id=update_id, name=name, args=args, headers=headers or {})
     type_name, data = ev.encode_input_data(request)
-    limits = run_limits.current()
+    bounds = codec.pack(run_limits.input_bounds())
     k = store.keys
     for _ in range(_FOLLOW):
         ref = store.ref(workflow_id)
@@ -64,7 +63,7 @@ def deliver_update(
         result = store._run_script(
             "update",
             [k.run(p, rid), k.inbox(p, rid), k.updates(p, rid)],
-            [rid, update_id, type_name, data, limits.max_pending_signals, limits.max_history_events],
+            [rid, update_id, type_name, data, bounds],
         )
         outcome = text(result[0])
         if outcome == "OK":
@@ -72,12 +71,10 @@ def deliver_update(
         if outcome == "DUP":
             return ref, "0-0"
         if outcome == "LIMIT":
-            limit = text(result[1])
-            raise run_limits.limit_error(
-                limit,
-                f"workflow {workflow_id!r} (run {rid}) refused update {name!r}: "
-                + ("inputs waiting to be decided" if limit == "max_pending_signals" else "history events"),
-                int(result[2]) + 1,
+            raise run_limits.input_refused(
+                text(result[1]),
+                f"workflow {workflow_id!r} (run {rid}) refused update {name!r}",
+                int(result[2]),
             )
         status = text(result[1])
         if status != "continued":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durable import NonRetryableError, Workflow, activity, all, await_signal, child, side_effect
+from durable import NonRetryableError, Workflow, activity, all, await_signal, child, side_effect, update
 
 
 def limits_echo(value: int) -> int:
@@ -46,6 +46,10 @@ class Sink(Workflow):
 
     def handle(self) -> str:
         return str(await_signal("stop"))
+
+    @update
+    def grow(self, data: str) -> int:
+        return len(data)
 
 
 class Loud(Workflow):

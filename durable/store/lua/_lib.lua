@@ -104,6 +104,32 @@ local function note_sent(key, rid, ttl)
   if key and key ~= '' then redis.call('SET', key, rid, 'PX', ttl) end
 end
 
+-- A client's input (signal, update) to an open run, within the run's limits
+-- ({most inbox items, most history events, most bytes of client inputs}; 0 or missing: none):
+-- pushed onto its inbox (the run woken), or refused with {'LIMIT', limit, count}. The bytes are
+-- every client input the run took, decided or not: all go into its history, so past
+-- max_history_bytes the run could only be terminated for it; refusing the input the client
+-- sends keeps the run, and keeps an undecided pile from growing past what one commit can write.
+local function take_input(run, inbox, rid, limits, type_name, data)
+  limits = limits or {}
+  local max_inbox, max_events = tonumber(limits[1]) or 0, tonumber(limits[2]) or 0
+  local max_bytes = tonumber(limits[3]) or 0
+  if max_inbox > 0 or max_events > 0 or max_bytes > 0 then
+    local pending = redis.call('LLEN', inbox)
+    if max_inbox > 0 and pending >= max_inbox then return {'LIMIT', 'max_pending_signals', pending} end
+    local events = (tonumber(redis.call('HGET', run, 'seq')) or 0) + pending
+    if max_events > 0 and events >= max_events then return {'LIMIT', 'max_history_events', events} end
+    if max_bytes > 0 then
+      local taken = tonumber(redis.call('HGET', run, 'inbytes')) or 0
+      if taken + #data > max_bytes then return {'LIMIT', 'max_history_bytes', taken + #data} end
+      redis.call('HINCRBY', run, 'inbytes', #data)
+    end
+  end
+  redis.call('RPUSH', inbox, envelope(type_name, now_ms(), data))
+  wake(run, rid)
+  return nil
+end
+
 -- Forget an activity that is no longer pending: all of its fields in the run's activities hash
 -- (body, current attempt, task stream, heartbeat details, start, who began it, the attempt whose
 -- lapsed lease put it in its queue again).

@@ -10,7 +10,7 @@
 --       expect (the open run terminate_existing may terminate), terminated (its WorkflowTerminated
 --       data), to_parent (message telling its parent, or ''), to_children (messages closing its
 --       children, made from its snapshot with SHA1 snapshot_sha1), signal ({type, data}),
---       limits ({most inbox items, most history events} of an open run taking the signal),
+--       limits (of an open run taking the signal: see take_input in _lib.lua),
 --       sent ({T:sent key, ms}: the signal's note, so that a retried send is not delivered twice),
 --       deadlines ({{timers member, due ms or 0, ms from now}}: the run's workflow timeouts),
 --       search index data ('' or msgpack {sa, sx, memo, sched}: see sx_start in _lib.lua)
@@ -38,15 +38,9 @@ if current[1] and is_open(current[2]) then
     if opt.signal then
       local tag = string.match(instance, '^(.-{%d+})')
       local cur_run, cur_inbox = tag .. ':run:' .. cur, tag .. ':in:' .. cur
-      local limits = opt.limits or {}
-      local max_inbox, max_events = tonumber(limits[1]) or 0, tonumber(limits[2]) or 0
-      local pending = redis.call('LLEN', cur_inbox)
-      if max_inbox > 0 and pending >= max_inbox then return {'LIMIT', 'max_pending_signals', pending, cur} end
-      local events = (tonumber(redis.call('HGET', cur_run, 'seq')) or 0) + pending
-      if max_events > 0 and events >= max_events then return {'LIMIT', 'max_history_events', events, cur} end
-      redis.call('RPUSH', cur_inbox, envelope(opt.signal[1], now_ms(), opt.signal[2]))
+      local refused = take_input(cur_run, cur_inbox, cur, opt.limits, opt.signal[1], opt.signal[2])
+      if refused then return {refused[1], refused[2], refused[3], cur} end
       note_sent(opt.sent and opt.sent[1], cur, opt.sent and opt.sent[2])
-      wake(cur_run, cur)
     end
     return {'EXISTING', cur}
   elseif conflict == 'terminate_existing' then
