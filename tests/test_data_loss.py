@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
 import pytest
 from apps.child_blocks import GoThenClose, ParentOfNamed
@@ -20,7 +21,8 @@ from clikit import cli_ok
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowNotFound, WorkflowStub
+from durable import WorkflowBlocked, WorkflowNotFound, WorkflowStub, codec
+from durable.store.child_blocks import children_gone
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 
@@ -91,7 +93,8 @@ def test_a_parent_whose_childs_partition_lost_its_data_is_blocked_naming_it(
         lost_tag = store.keys.tag(store.keys.partition(child_id))
         for key in store.redis.scan_iter(match=f"{lost_tag}:*", count=1000):
             store.redis.delete(key)
-        reason = wait_for(parent.blocked, timeout=20)
+        # Gone at once (no start of it is on its way); the loss, once a worker found the marker gone.
+        reason = wait_for(lambda: (r := parent.blocked()) and LOST in r.message and r, timeout=20)
         assert reason.kind == "data_lost" and reason.child == child_id
         assert reason.message.startswith(f"waits on child {child_id!r}, which does not exist ({LOST}")
         assert reason.message.endswith("this run cannot finish; terminate it and start it again")
@@ -103,3 +106,44 @@ def test_a_parent_whose_childs_partition_lost_its_data_is_blocked_naming_it(
         parent.terminate("its child is gone")
     finally:
         stop(worker)
+
+
+def test_a_parent_whose_child_vanished_is_blocked_and_its_result_says_so(
+    redis_url: str, store: RedisStore
+) -> None:
+    # Only the child's keys go (evicted under allkeys-lru, deleted by hand): its partition's
+    # origin marker stays, so no loss is on record. It read "its start is on its way" for ever,
+    # and result() waited its whole timeout.
+    parent_id, child_id = _ids_apart(store, "vanished")
+    worker = spawn_worker(redis_url, app="apps.child_blocks")
+    try:
+        wait_for(store.live_workers, timeout=30)
+        parent = WorkflowStub.make(ParentOfNamed, parent_id, store=store).start(child_id)
+        wait_for(lambda: store.instance_statuses([child_id])[0] == "suspended", timeout=20)
+        assert parent.blocked() is None
+        child_run = WorkflowStub.load(child_id, store=store).run_id
+        tag = store.keys.tag(store.keys.partition(child_id))
+        gone = [k for k in store.redis.scan_iter(match=f"{tag}:*", count=1000) if child_run.encode() in k]
+        gone.append(store.keys.instance(store.keys.partition(child_id), child_id).encode())
+        store.redis.delete(*gone)
+        assert store.redis.exists(store.keys.origin(store.keys.partition(child_id)))
+        began = time.monotonic()
+        with pytest.raises(
+            WorkflowBlocked, match=f"waits on child {child_id!r}, which does not exist"
+        ) as info:
+            parent.result(timeout=60)
+        assert info.value.kind == "data_lost" and time.monotonic() - began < 20
+        reason = parent.blocked()
+        assert reason is not None and reason.kind == "data_lost" and reason.child == child_id
+        assert "no start of it is on its way" in reason.message
+        blocked = json.loads(cli_ok("list", "--status", "blocked", "--json"))
+        assert [r["workflow_id"] for r in blocked] == [parent_id]
+    finally:
+        stop(worker)
+    # A start that is in the parent's outbox (no worker has carried it out yet) is on its way.
+    [gone] = children_gone(store, [parent._ref()])
+    assert gone is not None and gone.child == child_id
+    start = codec.pack({"kind": "start", "wid": child_id, "type": "GoThenClose"})
+    store.redis.xadd(store.keys.outbox(store.keys.partition(parent_id)), {"m": start})
+    assert children_gone(store, [parent._ref()]) == [None]
+    parent.terminate("its child is gone")

@@ -25,15 +25,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import codec
 from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .base import StoreBase
 from .origins import data_losses, loss_note
-from .records import OPEN_STATUSES, decode_run, text
+from .records import OPEN_STATUSES, RunRef, decode_run, text
 
 __all__ = [
     "CHILDREN_CHECKED",
     "CHILD_DEPTH",
     "blocked_children",
+    "children_gone",
     "own_reason",
     "pending_children",
     "runs_blocked_by_children",
@@ -100,7 +102,10 @@ def blocked_children(
     # unless its partition's data was lost: then it never will be.
     children = {wid: rec for wid, rec in records_of.items() if rec is not None}
     reasons = {wid: own_reason(rec, no_worker) for wid, rec in children.items()}
-    reasons.update(_lost_children(store, [wid for wid, rec in records_of.items() if rec is None]))
+    parents = {
+        wid: str(r.get("workflow_id") or "") for r, kids in zip(records, wanted, strict=True) for wid in kids
+    }
+    reasons.update(_lost_children(store, [wid for wid, rec in records_of.items() if rec is None], parents))
     # An open child that is not blocked itself may wait on a blocked one in turn.
     deeper = [w for w, rec in children.items() if reasons[w] is None and rec.get("status") in OPEN_STATUSES]
     if deeper and depth > 1:
@@ -116,18 +121,95 @@ def blocked_children(
     return out
 
 
-def _lost_children(store: StoreBase, missing: Sequence[str]) -> dict[str, BlockedReason]:
-    """The children of ``missing`` (no run of theirs exists) whose partition Redis lost the data
-    of: their parent waits for ever. One round trip when any is missing, none otherwise."""
+def children_gone(store: StoreBase, runs: Sequence[RunRef]) -> list[BlockedReason | None]:
+    """Per run, a child it waits on that does not exist
+    and never will (:data:`~durable.runinfo.DATA_LOST`, as ``durable status`` says); ``None``:
+    none. What a ``result()`` waiting on the run raises, found on read (two reads: the runs'
+    snapshots, then their children)."""
+    if not runs:
+        return []
+    with store.redis.pipeline(transaction=False) as pipe:
+        for ref in runs:
+            pipe.hget(store.keys.run(ref.partition, ref.run_id), "snapshot")
+        snapshots = pipe.execute()
+    records = [
+        {**(decode_run({"snapshot": raw}) if raw else {}), "workflow_id": ref.workflow_id}
+        for ref, raw in zip(runs, snapshots, strict=True)
+    ]
+    found = blocked_children(store, records, lambda _: None)
+    return [r if r is not None and r.kind == DATA_LOST else None for r in found]
+
+
+def _lost_children(
+    store: StoreBase, missing: Sequence[str], parents: Mapping[str, str]
+) -> dict[str, BlockedReason]:
+    """The children of ``missing`` (no run of theirs exists) that never will: their partition's
+    data was lost, or (``parents``: each one's parent workflow id, ``""`` unknown) no start of
+    theirs is on its way (:func:`_vanished`). One round trip when any is missing, none otherwise."""
     if not missing:
         return {}
     k = store.keys
     lost = {loss.partition: loss for loss in data_losses(store, {k.partition(wid) for wid in missing})}
-    return {
+    out = {
         wid: BlockedReason.child_gone(wid, loss_note(lost[p]))
         for wid in missing
         if (p := k.partition(wid)) in lost
     }
+    out.update(_vanished(store, [wid for wid in missing if wid not in out and parents.get(wid)], parents))
+    return out
+
+
+OUTBOX_READ = 1_000
+"""Outbox messages read for a child's start; a longer outbox (a backlog) says nothing is gone."""
+
+_VANISHED = (
+    " (no run of it is left, and no start of it is on its way: its keys were evicted under an "
+    "allkeys-* maxmemory policy or deleted)"
+)
+
+
+def _vanished(
+    store: StoreBase, missing: Sequence[str], parents: Mapping[str, str]
+) -> dict[str, BlockedReason]:
+    """Of ``missing`` children, those whose start is not in their parent's partition's outbox (a
+    start goes there with the parent's commit and leaves it once the child's run exists) and that
+    still do not exist after that read (the outbox is read first: a start carried out between the
+    two reads is found by the second)."""
+    if not missing:
+        return {}
+    k = store.keys
+    outboxes = sorted({k.partition(parents[wid]) for wid in missing})
+    with store.redis.pipeline(transaction=False) as pipe:
+        for p in outboxes:
+            pipe.xrange(k.outbox(p), count=OUTBOX_READ)
+        read = dict(zip(outboxes, pipe.execute(), strict=True))
+    on_its_way = {wid for wid in missing if _start_queued(read[k.partition(parents[wid])], wid)}
+    left = [wid for wid in missing if wid not in on_its_way]
+    if not left:
+        return {}
+    again = _child_records(store, left)
+    return {
+        wid: BlockedReason.child_gone(wid, _VANISHED)
+        for wid, rec in zip(left, again, strict=True)
+        if rec is None
+    }
+
+
+def _start_queued(entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]], child_id: str) -> bool:
+    """Whether an outbox read holds a message starting ``child_id`` (a full read: maybe)."""
+    if len(entries) >= OUTBOX_READ:
+        return True
+    named = codec.pack(child_id)
+    for _, fields in entries:
+        raw = fields.get(b"m", b"")
+        if named in raw:
+            try:
+                msg = codec.unpack(raw)
+            except Exception:  # noqa: BLE001 - a garbled message names no child
+                continue
+            if isinstance(msg, dict) and msg.get("kind") == "start" and msg.get("wid") == child_id:
+                return True
+    return False
 
 
 def runs_blocked_by_children(
@@ -147,8 +229,10 @@ def runs_blocked_by_children(
             for i in unread:
                 pipe.hget(store.keys.run(int(rows[i]["partition"]), str(rows[i]["run_id"])), "snapshot")
             replies = pipe.execute()
+        # The parent's id goes along: a child of it that is missing is looked for in its outbox.
         snaps.update(
-            (i, decode_run({"snapshot": s}) if s else {}) for i, s in zip(unread, replies, strict=True)
+            (i, {**(decode_run({"snapshot": s}) if s else {}), "workflow_id": rows[i].get("workflow_id")})
+            for i, s in zip(unread, replies, strict=True)
         )
     order = sorted(snaps)
     for i, reason in zip(order, blocked_children(store, [snaps[i] for i in order], no_worker), strict=True):

@@ -38,6 +38,7 @@ from .. import events as ev
 from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
+from .child_blocks import children_gone
 from .connect import unavailable_kind
 from .outage import Incident, unavailable_error
 from .redis_store import RedisStore, RunRef
@@ -65,6 +66,10 @@ READ_PACE_MAX_S = 0.010
 
 BLOCK_CHECK_S = 1.0
 """How often the waiter thread reads the watched runs' blocked reasons."""
+
+CHILD_CHECK_S = 5.0
+"""How often the waiter reads whether a run watched that long waits on a child that no longer
+exists (its data lost: it can never finish), a reason found on read, not in the record."""
 
 OUTAGE_RIDE_S = 60.0
 """How long the waits ride out Redis being unreachable (a restart, a failover) before their
@@ -269,6 +274,7 @@ class _Watch:
     last: str
     callers: list[_Caller] = field(default_factory=list)
     unserved_since: float | None = None  # monotonic: since when no live worker serves its build
+    since: float = field(default_factory=time.monotonic)
 
 
 class RunWaiter:
@@ -285,6 +291,7 @@ class RunWaiter:
         self._in_read = False
         self._kicked = False
         self._next_check = 0.0
+        self._next_child_check = 0.0
         self._read_at = 0.0
         self._outage = waits_outage(store)
 
@@ -450,9 +457,19 @@ class RunWaiter:
         records = [_record(values) for values in rows]
         # The registry is read only when a watched run is pinned to a build.
         live: list[WorkerInfo] = store.live_workers() if any(r and r.get("build") for r in records) else []
+        errors = {
+            key: stalled_error(watch, record, live)
+            for (key, watch), record in zip(watched, records, strict=True)
+        }
+        if time.monotonic() >= self._next_child_check:
+            self._next_child_check = time.monotonic() + CHILD_CHECK_S
+            old = time.monotonic() - CHILD_CHECK_S
+            long = [(k, w) for k, w in watched if errors[k] is None and w.since <= old]
+            for (key, watch), gone in zip(long, children_gone(store, [w.ref for _, w in long]), strict=True):
+                if gone is not None:
+                    errors[key] = blocked_error(watch.ref.workflow_id, watch.ref.run_id, gone)
         with self._lock:
-            for (key, watch), record in zip(watched, records, strict=True):
-                error = stalled_error(watch, record, live)
+            for key, error in errors.items():
                 if error is not None:
                     self._wake(key, error=error)
 
