@@ -46,6 +46,27 @@ def test_an_edit_of_a_module_the_app_imports_is_a_new_build(tmp_path: Path) -> N
     assert _build_id(tmp_path) != before
 
 
+def test_an_edit_of_a_module_imported_inside_a_function_is_a_new_build(tmp_path: Path) -> None:
+    # A lazy import (the usual way around an import cycle) is not loaded when the worker starts:
+    # its module was left out of the hash, and an incompatible edit of it kept the build id.
+    package = tmp_path / "bid_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "flows.py").write_text(
+        "def steps():\n    from . import lazy_steps\n    from bid_pkg.deeper import more\n"
+        "    return lazy_steps.plan() + more()\n"
+    )
+    (package / "lazy_steps.py").write_text("def plan():\n    return ['reserve']\n")
+    (package / "deeper.py").write_text("def more():\n    return []\n")
+    (tmp_path / "bid_app.py").write_text("from bid_pkg.flows import steps\n")
+    before = _build_id(tmp_path)
+    (package / "lazy_steps.py").write_text("def plan():\n    return ['fraud-check', 'reserve']\n")
+    after = _build_id(tmp_path)
+    assert after != before
+    (package / "deeper.py").write_text("def more():\n    return ['ship']\n")
+    assert _build_id(tmp_path) not in (before, after)
+
+
 def test_a_worker_given_another_codes_auto_id_by_hand_says_so(
     redis_url: str, store: RedisStore, tmp_path: Path
 ) -> None:

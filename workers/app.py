@@ -3,6 +3,7 @@ the garbage collector tuned for it."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import hashlib
 import importlib
@@ -76,9 +77,12 @@ AUTO_SHAPE = re.compile(r"[0-9a-f]{12}")
 
 def code_build_id(modules: Sequence[Any]) -> str:
     """A build id derived from the app's code (``--build-id auto``): a hash of the source files
-    of the ``--app`` modules and of every module they imported from the same project (the
-    folders the ``--app`` modules were found in, outside installed packages), so any change to
-    code a workflow runs -- a helper module too, even a comment -- gets a new build id."""
+    of the ``--app`` modules and of every module of the same project (the folders the ``--app``
+    modules were found in, outside installed packages) they import -- at their top, or inside a
+    function (a lazy import, the usual way around an import cycle), found by reading their
+    sources -- so any change to code a workflow runs -- a helper module too, even a comment --
+    gets a new build id. A module imported by a name computed at run time
+    (``importlib.import_module(name)``) is not seen unless it is loaded at start."""
     digest = hashlib.sha256()
     for name, path in _project_sources(modules):
         digest.update(name.encode())
@@ -87,27 +91,76 @@ def code_build_id(modules: Sequence[Any]) -> str:
 
 
 def _project_sources(modules: Sequence[Any]) -> list[tuple[str, Path]]:
-    """``(module name, source file)`` of the loaded modules under the ``--app`` modules' roots."""
+    """``(module name, source file)`` of the project's modules the ``--app`` modules use: those
+    loaded under the ``--app`` modules' roots, and those their sources import (transitively)."""
     roots = set()
     for module in modules:
         path = getattr(module, "__file__", None)
         if path:
             # /proj/shop/orders.py for shop.orders: the root is /proj
             roots.add(Path(path).resolve().parents[module.__name__.count(".")])
-    # durable's own packages are the engine, not the app (an editable install may sit in the project).
-    engine = {Path(codec.__file__).resolve().parents[1], Path(__file__).resolve().parent}
     found: dict[str, Path] = {}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None) if module is not None else None
-        if not path or not path.endswith(".py"):
-            continue
-        source = Path(path).resolve()
-        installed = {"site-packages", "dist-packages"} & set(source.parts)
-        ours = any(root in source.parents for root in roots) and not engine & set(source.parents)
-        if not installed and ours and source.is_file():
-            found[name] = source
+        if path and path.endswith(".py") and _ours(Path(path).resolve(), roots):
+            found[name] = Path(path).resolve()
     for module in modules:  # an --app module is always in (an __init__-less path, say)
         path = getattr(module, "__file__", None)
         if path:
             found[module.__name__] = Path(path).resolve()
+    todo = list(found.items())
+    while todo:
+        name, path = todo.pop()
+        for imported in _imported_names(name, path):
+            source = _source_of(imported, roots)
+            if source is not None and imported not in found:
+                found[imported] = source
+                todo.append((imported, source))
     return sorted(found.items())
+
+
+def _ours(source: Path, roots: set[Path]) -> bool:
+    """Whether ``source`` is the project's: under a root, not installed, not durable's own (an
+    editable install of durable may sit in the project: it is the engine, not the app)."""
+    engine = {Path(codec.__file__).resolve().parents[1], Path(__file__).resolve().parent}
+    installed = {"site-packages", "dist-packages"} & set(source.parts)
+    under = any(root in source.parents for root in roots)
+    return under and not installed and not engine & set(source.parents) and source.is_file()
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """The absolute module names the source of module ``name`` imports anywhere in it (for
+    ``from a import b``: ``a`` and ``a.b``, which may be a module); an unreadable source, none."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                if node.level - 1 > len(parts):
+                    continue
+                base = ".".join(
+                    parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else [])
+                )
+            else:
+                base = node.module or ""
+            if base:
+                names.add(base)
+            names.update(f"{base}.{alias.name}" if base else alias.name for alias in node.names)
+    return names
+
+
+def _source_of(name: str, roots: set[Path]) -> Path | None:
+    """The project source file of module ``name`` under one of ``roots``, without importing it."""
+    relative = Path(*name.split("."))
+    for root in sorted(roots):
+        for candidate in (root / relative.with_suffix(".py"), root / relative / "__init__.py"):
+            if candidate.is_file() and _ours(candidate.resolve(), roots):
+                return candidate.resolve()
+    return None
