@@ -52,3 +52,13 @@ def test_a_workers_scheduler_sweeps_them(store: RedisStore) -> None:
     WorkflowStub.load("tenant-swept", store=store).terminate("done")
     with WorkerThread(Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100)):
         wait_for(lambda: _streams(store, "tenant-swept") == [], timeout=20)
+
+
+def test_the_streams_of_a_queue_only_a_worker_served_go_once_it_stopped(store: RedisStore) -> None:
+    # No task was ever sent to the queue (a mistyped --queue, a per-host queue name): its streams
+    # were never swept, the name being unknown to the sweep.
+    with WorkerThread(Worker(store, queues=["only-served"], concurrency=2, grace=5, block_ms=100)):
+        wait_for(lambda: _streams(store, "only-served") != [], timeout=20)
+    assert "only-served" in store.known_queues()
+    with WorkerThread(Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100)):
+        wait_for(lambda: _streams(store, "only-served") == [], timeout=20)

@@ -125,6 +125,9 @@ class Membership:
         self._started = self.store.server_time_ms()
         self._check_origins()  # first: once the views see this worker live, it has seen the markers
         self._register()
+        # Known, its queues' streams are swept once no live worker serves them (a mistyped or a
+        # per-host --queue created 16 empty streams that stayed for good).
+        self.store.note_queues(self.queues)
         if self.build and self.promote:
             before = self.store.current_build(self.queues)
             self.store.promote_build(self.queues, self.build)
