@@ -218,3 +218,63 @@ def test_cli_check_flags_a_patch_the_class_does_not_declare(
     assert result.exit_code == 1, result.output
     [row] = json.loads(result.stdout)
     assert row["category"] == "undeclared patch" and row["line"] == 8 and "'send-sms'" in row["fix"], row
+
+
+READ_ONLY = """
+from durable import Workflow, await_signal, query, update
+
+
+class {name}(Workflow):
+    def __init__(self):
+        self.items = []
+        self.seen = 0
+
+    def handle(self):
+        self.items.append("started")
+        return await_signal("go")
+
+    @update
+    def add(self, item):
+        self.items.append(item)
+        return len(self.items)
+
+    @add.validator
+    def check_add(self, item):
+        self.items.append("validated-" + item)
+        self.seen += 1
+        self.last = item
+        if not item:
+            raise ValueError("empty item")
+
+    @query
+    def count(self):
+        self.seen = self.seen + 1
+        del self.items[0]
+        return len(self.items)
+
+    @query("peek")
+    def peek_items(self):
+        return list(self.items)
+"""
+
+
+def test_a_validator_or_a_query_that_changes_state_is_flagged() -> None:
+    # A validator and a query run only when asked, never on replay: state they change differs
+    # after a worker restarts (a tester's validator appended to a list: items vanished).
+    source = READ_ONLY.format(name="LintReadOnly")
+    findings = check_source(source, "ro.py")
+    lines = source.splitlines()
+
+    def line(text: str) -> int:
+        return next(n for n, code in enumerate(lines, 1) if code.strip() == text)
+
+    got = {(f.line, f.method, f.category) for f in findings}
+    assert got == {
+        (line('self.items.append("validated-" + item)'), "check_add", "validator changes state"),
+        (line("self.seen += 1"), "check_add", "validator changes state"),
+        (line("self.last = item"), "check_add", "validator changes state"),
+        (line("self.seen = self.seen + 1"), "count", "query changes state"),
+        (line("del self.items[0]"), "count", "query changes state"),
+    }, findings
+    [first] = [f for f in findings if f.line == line('self.items.append("validated-" + item)')]
+    assert first.call == "self.items.append()" and "never on replay" in first.fix

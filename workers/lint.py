@@ -216,6 +216,42 @@ def _match(name: str, *, is_call: bool) -> tuple[str, str, str] | None:
     return None
 
 
+# --------------------------------------------------------------------------- read-only handlers
+
+#: Methods that change the object they are called on (a list, dict or set held in ``self``).
+_MUTATORS = frozenset(
+    ("append", "extend", "insert", "pop", "remove", "clear", "update", "add", "discard")
+    + ("setdefault", "popitem", "sort", "reverse")
+)
+_READ_ONLY_FIX = {
+    "validator": "change it in the @update handler: a validator runs only when the update arrives, "
+    "never on replay, so a restarted worker's state would differ (read state here, raise to reject)",
+    "query": "change it in handle() or a @signal/@update handler: a query runs only when asked, "
+    "never on replay, so a restarted worker's state would differ",
+}
+
+
+def _read_only_kind(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """``"validator"`` (``@<update>.validator``), ``"query"`` (``@query``), else ``""``."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if isinstance(target, ast.Attribute) and target.attr == "validator":
+            return "validator"
+        parts = _dotted(target) or []
+        if parts and parts[-1] == "query":
+            return "query"
+    return ""
+
+
+def _on_self(node: ast.AST) -> bool:
+    """Whether ``node`` is ``self.x`` (or ``self.x[k]``, ``self.x.y``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+        if isinstance(node, ast.Name):
+            return node.id == "self"
+    return False
+
+
 # --------------------------------------------------------------------------- checking
 
 
@@ -234,6 +270,7 @@ class _Visitor(ast.NodeVisitor):
         self.lines = lines
         self.patches = patches  # the class's Workflow.patches (None: not known, not checked)
         self.method = ""
+        self.read_only = ""  # the method is a validator or a query: it must not change state
         self.findings: list[Finding] = []
         self._seen: set[tuple[int, int]] = set()
 
@@ -253,15 +290,43 @@ class _Visitor(ast.NodeVisitor):
         )
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        outer = self.method
+        outer, outer_kind = self.method, self.read_only
         if not outer:
-            self.method = node.name
+            self.method, self.read_only = node.name, _read_only_kind(node)
         self.generic_visit(node)
-        self.method = outer
+        self.method, self.read_only = outer, outer_kind
+
+    def _changes_state(self, node: ast.AST, what: str) -> None:
+        if self.read_only:
+            self._report(node, what, f"{self.read_only} changes state", _READ_ONLY_FIX[self.read_only])
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            for name in ast.walk(target):
+                if isinstance(name, (ast.Attribute, ast.Subscript)) and _on_self(name):
+                    self._changes_state(node, ast.unparse(name) + " = ...")
+                    break
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if _on_self(node.target):
+            self._changes_state(node, ast.unparse(node.target) + " = ...")
+        self.generic_visit(node)
+
+    visit_AnnAssign = visit_AugAssign  # type: ignore[assignment]
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            if _on_self(target):
+                self._changes_state(node, "del " + ast.unparse(target))
+        self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
 
     def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _MUTATORS and _on_self(func.value):
+            self._changes_state(node, ast.unparse(func) + "()")
         name = _resolve(node.func, self.imports)
         if name is not None:
             hit = _match(name, is_call=True)
