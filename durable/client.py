@@ -204,7 +204,9 @@ class WorkflowStub(Generic[R]):
             raise ConfigurationError(
                 f"WorkflowStub.make needs a Workflow subclass or its name, not {workflow!r}"
             )
-        workflow_id = check_workflow_id(id) if id is not None else f"{type_name}-{new_run_id().lower()}"
+        workflow_id = (
+            check_workflow_id(id, new=True) if id is not None else f"{type_name}-{new_run_id().lower()}"
+        )
         if queue is not None:
             check_queue_name(queue)
         if search_attributes:  # their types are the namespace's: read now

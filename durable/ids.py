@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import time
+import unicodedata
 
 from .errors import ConfigurationError
 
@@ -47,12 +48,17 @@ def shown_id(workflow_id: object) -> str:
     return f"{text[:60]}...{size}"
 
 
-def check_workflow_id(workflow_id: object, *, most: int = MAX_WORKFLOW_ID) -> str:
+def check_workflow_id(workflow_id: object, *, most: int = MAX_WORKFLOW_ID, new: bool = False) -> str:
     """Validate a workflow id: 1-256 printable characters, no whitespace, not ``.`` or ``..``.
 
     Args:
         workflow_id: The id.
         most: Its longest length (:data:`MAX_LOOKUP_ID` for an id looked up, not given).
+        new: The id is given to a run a client starts: an invisible formatting character
+            (Unicode category Cf: a zero-width space, a right-to-left override) is refused
+            too. Such an id looks like another one in a table (``ab`` and ``a\u200bb``), or
+            reads reversed: an operator would signal or terminate the wrong run. (Ids looked
+            up are not held to it: a run started before stays addressable.)
 
     Raises:
         ConfigurationError: naming the id and the rule it breaks.
@@ -71,6 +77,13 @@ def check_workflow_id(workflow_id: object, *, most: int = MAX_WORKFLOW_ID) -> st
         raise ConfigurationError(
             f"invalid workflow id {shown_id(workflow_id)}: it holds a lone surrogate, not valid Unicode text"
         ) from None
+    hidden = next((c for c in workflow_id if unicodedata.category(c) == "Cf"), None) if new else None
+    if hidden is not None:
+        raise ConfigurationError(
+            f"invalid workflow id {shown_id(workflow_id)}: it holds the invisible character U+{ord(hidden):04X} "
+            f"({unicodedata.name(hidden, 'a formatting character')}), which makes it look like another id "
+            "or read reversed: use visible characters only"
+        )
     return workflow_id
 
 

@@ -514,6 +514,18 @@ def test_bad_workflow_ids(redis_url: str, bad: Any) -> None:
         WorkflowStub.load(bad)
 
 
+@pytest.mark.parametrize("hidden", ["a\u200bb", "\u202eevil", "inv\u2066oice\u2069", "x\ufeff"])
+def test_an_id_with_an_invisible_character_is_refused_at_start(redis_url: str, hidden: str) -> None:
+    # "a\u200bb" showed as "ab" in every table, "\u202e" reversed the rest of the row: an
+    # operator could signal or terminate the wrong run.
+    with pytest.raises(
+        ConfigurationError, match=r"invisible character U\+[0-9A-F]{4} \(.+\).*visible characters only"
+    ):
+        WorkflowStub.make(BiWait, id=hidden)
+    with pytest.raises(WorkflowNotFound):  # a run that has one (started before) stays addressable
+        WorkflowStub.load(hidden)
+
+
 def test_longest_workflow_id_is_accepted(worker, redis_url: str) -> None:
     stub = WorkflowStub.make(BiWait, id="x" * 256).start()
     stub.signal("go", 1)
