@@ -10,8 +10,10 @@ starts is stopped by pid.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +27,7 @@ from waiting import wait_for
 
 from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.errors import RedisUnavailable
+from durable.store import memory
 from durable.store.embedded import EmbeddedRedis
 from durable.store.memory import is_oom
 from durable.store.redis_store import RedisStore
@@ -305,3 +308,29 @@ def test_schedule_list_and_describe_answer_at_maxmemory(
             assert described.returncode == 0, described.stderr
     finally:
         store.close()
+
+
+def test_an_oom_episode_ends_only_once_writes_go_unrefused_for_a_while(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # At its maxmemory Redis takes some writes between refusals (those that free memory, a small
+    # one as memory dips): each one said "Redis accepts writes again" and the next refusal began
+    # a new episode with a new ERROR, while Redis was still full.
+    monkeypatch.setattr(memory, "SETTLE_S", 0.3)
+    log = logging.getLogger("test.oom")
+    episode = memory.OomEpisode(log, "worker w-1")
+    refused = redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+    with caplog.at_level(logging.INFO, logger="test.oom"):
+        for _ in range(3):
+            assert episode.failed(refused)
+            episode.wrote()  # a write that went through between two refusals
+            assert episode.active
+        time.sleep(0.4)
+        episode.wrote()
+    assert not episode.active
+    lines = [r.getMessage() for r in caplog.records]
+    assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.INFO], lines
+    assert (
+        lines[1].startswith("Redis accepts writes again: worker w-1 was refused for")
+        and "(3 refused writes)" in lines[1]
+    )

@@ -445,8 +445,9 @@ class Worker:
         streams = self._decision_streams() + self.outbox_streams + self.activity_streams
         moved = self.store.requeue_pending(streams, self.consumer, keep=held, why="after a Redis outage")
         self._take_back = False
-        if moved:
-            log.info("put back %d task(s) the Redis outage left unfinished", moved)
+        if moved:  # every pass of a Redis hovering at maxmemory puts some back: its episode says it
+            level = logging.DEBUG if self._oom.active else logging.INFO
+            log.log(level, "put back %d task(s) the Redis outage left unfinished", moved)
 
     def _requeue_unread(self) -> None:
         """Close the task reads, then put back at the end of their streams the tasks still

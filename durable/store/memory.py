@@ -384,14 +384,20 @@ class MemoryStore(StoreBase):
         return None
 
 
+SETTLE_S = 5.0
+"""How long writes must go unrefused before an :class:`OomEpisode` is over."""
+
+
 class OomEpisode:
     """A worker's view of Redis refusing its writes, for ``maxmemory`` or because it cannot
     persist (thread-safe).
 
     :meth:`failed` on every error (such a refusal starts the episode, logged once as an ERROR
     naming the remedies); :meth:`wrote` after a write that succeeded ends it (an INFO line
-    with its duration). While :attr:`active`, the worker takes nothing as abandoned: its own
-    lease and heartbeat writes were refused, not its work stopped.
+    with its duration) once no write was refused for :data:`SETTLE_S`: a Redis hovering at its
+    ``maxmemory`` takes some writes between refusals (those that free memory, a small one as
+    memory dips), which is not the end of it. While :attr:`active`, the worker takes nothing
+    as abandoned: its own lease and heartbeat writes were refused, not its work stopped.
 
     Args:
         log: Where to log.
@@ -403,6 +409,7 @@ class OomEpisode:
         self.what = what
         self._lock = threading.Lock()
         self._started: float | None = None
+        self._last_refusal = 0.0
         self._refusals = 0
 
     @property
@@ -422,6 +429,7 @@ class OomEpisode:
                 self._started = time.monotonic()
                 self._refusals = 0
             self._refusals += 1
+            self._last_refusal = time.monotonic()
         if first:
             said = REFUSALS[refusal]
             self.log.error(
@@ -438,15 +446,15 @@ class OomEpisode:
 
     def wrote(self) -> None:
         """Note a write that succeeded: ends the episode, logging how long it lasted."""
-        if self._started is None:
+        if self._started is None or time.monotonic() - self._last_refusal < SETTLE_S:
             return
         with self._lock:
-            started, refusals = self._started, self._refusals
+            started, refusals, last = self._started, self._refusals, self._last_refusal
             self._started = None
         if started is not None:
             self.log.info(
                 "Redis accepts writes again: %s was refused for %.1f s (%d refused writes)",
                 self.what,
-                time.monotonic() - started,
+                last - started,
                 refusals,
             )
