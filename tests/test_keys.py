@@ -142,6 +142,8 @@ def test_lua_patterns_parse_what_keys_py_builds(store: RedisStore) -> None:
         # ... and the worker that began it (named in the `lost` attempt record).
         "^%d+|([^|]*)": [(K.begun_by(2, "vm:1:2.1", 3), ["vm:1:2.1"]), ("2|w-1", ["w-1"])],
         "^([^|]+)|(.+)$": [(K.hook_target("r1", "h.2"), ["r1", "h.2"])],
+        # _lib.lua terminate_run: the seq of a history stream's top entry (ids are 0-<seq>).
+        "^0%-(%d+)$": [("0-7", ["7"]), ("0-12345", ["12345"]), ("1796-0", [])],
         # requeue_pending.lua: the partition's tag of an activity stream (its runs' keys share it) ...
         "^(.*):aq:": [(k.activity_tasks(3, "default"), [k.tag(3)]), (k.workflow_tasks(3, "default"), [])],
         # ... and begin_attempt.lua: who handed the attempt back, and why (a why may hold a "|").

@@ -484,7 +484,8 @@ class Decider:
         driver.hook_secrets = self.store.hook_secrets
         began = time.perf_counter()
         # A run no decision was committed for yet runs its code live (its logs are new).
-        driver.replay(self.store.decode_history(ref, rows), undecided=record.get("status") == "pending")
+        entries = self.store.decode_history(ref, rows, last=record["seq"])
+        driver.replay(entries, undecided=record.get("status") == "pending")
         metrics.replayed(driver.workflow_type, time.perf_counter() - began)
 
     def _decide_around_poison(

@@ -8,9 +8,11 @@ or rides along after the completion scripts that wake its runs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .. import events as ev
+from ..errors import HistoryCorrupt
 from .keys import Keys
 from .records import DECISION_FIELDS, decision_record
 from .wire import Command, stream_rows
@@ -58,3 +60,55 @@ def loaded(n_runs: int, groups: Sequence[list[int]], results: Sequence[Sequence[
         (decision_record(replies[i]), replies[i + 1], stream_rows(replies[i + 2]))
         for i in range(0, len(replies), 3)
     ]
+
+
+def decode_history(
+    run_id: str,
+    rows: Iterable[tuple[bytes, dict[bytes, bytes]]],
+    first: int | None = 1,
+    last: int | None = None,
+) -> list[ev.Entry]:
+    """Decode run ``run_id``'s history rows (``(entry id, fields)``), checking they are whole:
+    seq ``first`` (``None``: any) and on without a gap, up to ``last`` when given (the run
+    record's count).
+
+    Raises:
+        HistoryCorrupt: an entry that is not an event, a gap, or a history shorter or longer
+            than ``last`` -- named, with what to do.
+    """
+    out: list[ev.Entry] = []
+    expected = first
+    for entry_id, fields in rows:
+        seq = int(entry_id.split(b"-")[1])
+        if expected is not None and seq != expected:
+            raise HistoryCorrupt(
+                f"run {run_id}: its history skips from seq {expected - 1} to seq {seq} (entries "
+                "were deleted from its stream); restore Redis from a backup, or `durable terminate` "
+                "the run and start it again",
+                run_id=run_id,
+                seq=expected,
+            )
+        expected = seq + 1
+        raw = fields.get(b"e")
+        if raw is None:
+            raise HistoryCorrupt(
+                f"run {run_id} seq {seq}: history entry has no 'e' field (foreign entry?)",
+                run_id=run_id,
+                seq=seq,
+            )
+        out.append(ev.decode(raw, run_id=run_id, seq=seq))
+    held = out[-1].seq if out else (first or 1) - 1
+    if last is not None and held != last:
+        why = (
+            "entries past it were written by a commit that failed half-way (a Redis error inside its "
+            "script, such as a key of the wrong type)"
+            if held > last
+            else "its last entries were deleted from its stream"
+        )
+        raise HistoryCorrupt(
+            f"run {run_id}: its history holds {held} events but the run record counts {last}: "
+            f"{why}; restore Redis from a backup, or `durable terminate` the run and start it again",
+            run_id=run_id,
+            seq=min(held, last) + 1,
+        )
+    return out

@@ -151,9 +151,8 @@ class RunStore(KnownQueues, SearchStore):
 
     def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
         """The run's committed events after ``after_seq``, decoded, in seq order."""
-        return self.decode_history(
-            ref, self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
-        )
+        rows = self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
+        return self.decode_history(ref, rows, first=after_seq + 1)
 
     def history_rows(self, p: int, run_id: str) -> Rows:
         """The run's whole history, undecoded (see :meth:`decode_history`)."""
@@ -163,21 +162,17 @@ class RunStore(KnownQueues, SearchStore):
     def last_entry(self, ref: RunRef) -> ev.Entry | None:
         """The run's last committed event (``None``: no history)."""
         rows = self.redis.xrevrange(self.keys.history(ref.partition, ref.run_id), "+", "-", count=1)
-        return self.decode_history(ref, rows)[0] if rows else None
+        return self.decode_history(ref, rows, first=None)[0] if rows else None
 
-    def decode_history(self, ref: RunRef, rows: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> list[ev.Entry]:
-        out = []
-        for entry_id, fields in rows:
-            seq = int(entry_id.split(b"-")[1])
-            raw = fields.get(b"e")
-            if raw is None:
-                raise HistoryCorrupt(
-                    f"run {ref.run_id} seq {seq}: history entry has no 'e' field (foreign entry?)",
-                    run_id=ref.run_id,
-                    seq=seq,
-                )
-            out.append(ev.decode(raw, run_id=ref.run_id, seq=seq))
-        return out
+    def decode_history(
+        self,
+        ref: RunRef,
+        rows: Iterable[tuple[bytes, dict[bytes, bytes]]],
+        first: int | None = 1,
+        last: int | None = None,
+    ) -> list[ev.Entry]:
+        """:func:`~durable.store.loads.decode_history` of ``ref``'s rows."""
+        return loads.decode_history(ref.run_id, rows, first, last)
 
     def undecided_inputs(self, ref: RunRef, most: int = 1000) -> list[ev.Event]:
         """The inputs (signals, a cancel request, ...) waiting in the run's inbox for its next

@@ -320,6 +320,10 @@ local function terminate_run(rid, instance, run, history, inbox, acts, log, outb
   local timers_key = string.match(run, '^(.-{%d+})') .. ':timers'
   for _, member in ipairs(timers or {}) do redis.call('ZREM', timers_key, member) end
   local seq = tonumber(redis.call('HGET', run, 'seq')) + 1
+  -- After entries a commit wrote before failing half-way (the record does not count them):
+  -- the termination goes after them, the history kept as it is.
+  local top = redis.call('XREVRANGE', history, '+', '-', 'COUNT', 1)[1]
+  if top then seq = math.max(seq, tonumber(string.match(top[1], '^0%-(%d+)$') or '0') + 1) end
   redis.call('XADD', history, '0-' .. seq, 'e', envelope('WorkflowTerminated', ts, data))
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
     log_add(log, 'kind', 'dropped', 'e', item, 'reason', 'run terminated', 'ts', ts)

@@ -1,0 +1,71 @@
+"""A history stream that is not whole is said, not replayed as if it were.
+
+A tester deleted entries of a run's history stream (XDEL: by hand, or a bug): with a gap the
+run went on and completed, `durable history` showing the hole without a word; with its last
+entry gone the worker read a newer history than its own ("another decider won") on every
+delivery, and after five the run was blamed on its code. A commit script that failed half-way
+(a key of the wrong type) left entries past the record's count, likewise. Each is now a
+blocked run (``history_corrupt``) naming what is wrong, and the views refuse to show a history
+with a gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from apps.basic import Waiter
+from waiting import wait_for
+
+from durable import HistoryCorrupt, WorkflowStub
+from durable.store.redis_store import RedisStore
+from durable.testing import TestEnvironment
+
+
+def _suspended(store: RedisStore, wid: str) -> tuple[WorkflowStub, str, int]:
+    """A Waiter run waiting for its signal, and no worker holding it in a cache."""
+    with TestEnvironment(store=store) as env:
+        stub = env.start(Waiter, 0.01, id=wid)
+        wait_for(lambda: stub.history()[-1].type == "SignalWaitStarted", timeout=20)
+    key = store.keys.history(stub._ref().partition, stub.run_id)
+    return stub, key, len(stub.history())
+
+
+def _blocked_after_a_signal(store: RedisStore, stub: WorkflowStub) -> str:
+    stub.signal("go", "now")
+    with TestEnvironment(store=store):
+        reason = wait_for(stub.blocked, timeout=20)
+    assert reason.kind == "history_corrupt", reason
+    return reason.message
+
+
+@pytest.mark.parametrize(
+    ("case", "tamper", "said"),
+    [
+        (
+            "tail",
+            lambda r, key, n: r.xdel(key, f"0-{n}"),
+            "holds {m} events but the run record counts {n}: its last entries were deleted",
+        ),
+        ("gap", lambda r, key, n: r.xdel(key, "0-2"), "its history skips from seq 1 to seq 3"),
+        (
+            "past",
+            lambda r, key, n: r.xadd(
+                key, {"e": r.xrange(key, f"0-{n}", f"0-{n}")[0][1][b"e"]}, id=f"0-{n + 1}"
+            ),
+            "holds {p} events but the run record counts {n}: entries past it were written by a commit that failed half-way",
+        ),
+    ],
+)
+def test_a_history_that_is_not_whole_blocks_its_run_naming_it(
+    store: RedisStore, case: str, tamper: Callable[..., object], said: str
+) -> None:
+    stub, key, n = _suspended(store, f"holes-{case}")
+    tamper(store.redis, key, n)
+    message = _blocked_after_a_signal(store, stub)
+    assert said.format(n=n, m=n - 1, p=n + 1) in message, message
+    assert "restore Redis from a backup, or `durable terminate` the run" in message
+    if case == "gap":
+        with pytest.raises(HistoryCorrupt, match="skips from seq 1 to seq 3"):
+            stub.history()
+    stub.terminate("its history was tampered with")
