@@ -69,3 +69,47 @@ def test_a_history_that_is_not_whole_blocks_its_run_naming_it(
         with pytest.raises(HistoryCorrupt, match="skips from seq 1 to seq 3"):
             stub.history()
     stub.terminate("its history was tampered with")
+
+
+def test_a_run_whose_history_key_holds_a_string_is_blocked_and_the_worker_serves_on(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One key of the wrong kind (made by hand, another program sharing the database) failed the
+    # whole batch's load with WRONGTYPE, naming no key: the worker exited, and every worker that
+    # took the task after it, every run of the queue stopped.
+    stub, key, _ = _suspended(store, "wrongtype-history")
+    store.redis.delete(key)
+    store.redis.set(key, "not a stream")
+    stub.signal("go", "now")
+    with TestEnvironment(store=store) as env:
+        reason = wait_for(stub.blocked, timeout=20)
+        assert reason.kind == "history_corrupt", reason
+        assert f"its keys hold the wrong kind of value: {key} is a string, not a stream" in reason.message
+        other = env.start(Waiter, 0.01, id="wrongtype-other")
+        other.signal("go", "fine")
+        assert other.result(timeout=20) == "fine"
+    store.redis.delete(key)
+    stub.terminate("its history key was overwritten")
+
+
+def test_a_task_that_cannot_be_parked_stays_pending_and_the_worker_serves_on(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Parking is how every bad task is set aside; with the dead-letter stream of the wrong kind
+    # it raised, and the worker exited on every task it could not run.
+    stub, _, _ = _suspended(store, "wrongtype-dead")
+    p = stub._ref().partition
+    store.redis.set(store.keys.dead(p), "not a stream")
+    stream = store.keys.workflow_tasks(p, "default")
+    store.redis.xadd(stream, {"run": "no-such-run"})
+    with TestEnvironment(store=store) as env:
+        wait_for(
+            lambda: any("could not park workflow task" in r.getMessage() for r in caplog.records), timeout=20
+        )
+        other = env.start(Waiter, 0.01, id="wrongtype-dead-other")
+        other.signal("go", "fine")
+        assert other.result(timeout=20) == "fine"
+    [line] = {r.getMessage() for r in caplog.records if "could not park" in r.getMessage()}
+    assert f"{store.keys.dead(p)} is a string, not a stream" in line and "stays pending" in line, line
+    store.redis.delete(store.keys.dead(p))
+    stub.terminate("test over")

@@ -164,9 +164,8 @@ class Decider:
                     later.append(task)
                 else:
                     this_round[task.run_id] = task
-            # A task whose commit met a newer history is decided again at once, on a
-            # fresh replay: the other writer (an eager commit, a stale decider) may have
-            # left inputs in the inbox that only this task will read.
+            # A task whose commit met a newer history is decided again at once, on a fresh replay: the
+            # other writer (an eager commit, a stale decider) may have left inputs only it will read.
             for task in self._round(list(this_round.values())):
                 conflicts[task.run_id] = conflicts.get(task.run_id, 0) + 1
                 if conflicts[task.run_id] <= 5:
@@ -184,13 +183,17 @@ class Decider:
             for t, a, (at, got) in zip(tasks, afters, pre, strict=True)
             if at != a or got is None
         ]
-        fresh = iter(self.store.load_many(need) if need else [])
+        fresh = iter(self.store.load_each(need) if need else [])
         loaded = [
             got if at == a and got is not None else next(fresh)
             for a, (at, got) in zip(afters, pre, strict=True)
         ]
         pending: list[tuple[Task, RunRef, Driver, Decision, dict[str, Any]]] = []
-        for task, after, (record, inbox, rows) in zip(tasks, afters, loaded, strict=True):
+        for task, after, got in zip(tasks, afters, loaded, strict=True):
+            if isinstance(got, HistoryCorrupt):  # its keys hold the wrong kind of value
+                self._park_undecidable(task, task.run_id, None, [], got)
+                continue
+            record, inbox, rows = got
             # Every log line of this run's decision carries its ids (the type, once replayed).
             token = bind_run({"workflow_id": (record or {}).get("workflow_id"), "run_id": task.run_id})
             try:
@@ -296,13 +299,10 @@ class Decider:
 
     def apply_eager(self, results: list[AttemptResult]) -> None:
         """Commit results of activities this worker ran itself together with each run's next
-        decision, in one script per run: no inbox, no workflow task. These are leased
-        attempts (eager mode) and queued tasks this worker's commits claimed (the commit acks
-        the task's entry).
-
-        A run not in the cache, or whose history moved on meanwhile, takes the
-        ordinary path: the result goes through the inbox (completion script).
-        """
+        decision, in one script per run: no inbox, no workflow task. These are leased attempts
+        (eager mode) and queued tasks this worker's commits claimed (the commit acks the task's
+        entry). A run not in the cache, or whose history moved on meanwhile, takes the ordinary
+        path: the result goes through the inbox (completion script)."""
         began = time.perf_counter()
         by_run: dict[str, list[AttemptResult]] = {}
         for result in results:

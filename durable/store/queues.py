@@ -19,6 +19,7 @@ from .. import codec
 from ..codec.sealed import open_text, seal_text
 from ..errors import WorkflowClosed
 from ..runinfo import classify_block
+from .key_types import is_wrong_type
 from .keys import GROUP, keyword_posting
 from .reads import GroupRead, unread
 from .records import CLOSED_STATUSES, RunRef, text
@@ -144,7 +145,12 @@ class QueueStore(RunStore):
     ) -> None:
         """Move a task that cannot run to the dead-letter stream (and block its run; ``block_kind``
         is one of :data:`durable.runinfo.BLOCKED_KINDS`, default: derived from ``reason``;
-        ``input_at``: 1-based position of the inbox item that blocks it, 0: none)."""
+        ``input_at``: 1-based position of the inbox item that blocks it, 0: none).
+
+        A key it writes that holds the wrong kind of value (the dead-letter stream, the run
+        record) leaves the task pending (it comes again after ``--claim-idle``), logged as an
+        ERROR naming the key: parking is how every other bad task is set aside, and its
+        failure stopped the worker, and every worker that took the task after it."""
         k = self.keys
         safe = {
             key: (value if isinstance(value, bytes | str | int | float) else repr(value))
@@ -153,11 +159,44 @@ class QueueStore(RunStore):
         if block and not block_kind:
             # Derived here, from the plain text: the stored reason may be sealed (encrypted).
             block_kind = classify_block(reason)
-        if block and run_id and "`durable repair`" in reason:
-            # Which run to repair, in every view that shows the reason (status, list, the UI).
-            workflow_id = self.redis.hget(k.run(p, run_id), "workflow_id")
-            if workflow_id:
-                reason = reason.replace("`durable repair`", f"`durable repair {text(workflow_id)}`")
+        try:
+            if block and run_id and "`durable repair`" in reason:
+                # Which run to repair, in every view that shows the reason (status, list, the UI).
+                workflow_id = self.redis.hget(k.run(p, run_id), "workflow_id")
+                if workflow_id:
+                    reason = reason.replace("`durable repair`", f"`durable repair {text(workflow_id)}`")
+            self._park(p, stream, entry_id, kind, reason, safe, run_id, block, block_kind, input_at)
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            expected = {k.dead(p): "stream", stream: "stream", k.blocked(p): "zset"}
+            wrong = self.wrong_types({**expected, **({k.run(p, run_id): "hash"} if run_id else {})})
+            log.error(
+                "could not park %s task %s of run %s (%s): %s; it stays pending, tried again after "
+                "--claim-idle: delete or rename the key (durable makes it again)",
+                kind,
+                entry_id,
+                run_id or "?",
+                reason,
+                "; ".join(wrong) or exc,
+            )
+            return
+        log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
+
+    def _park(
+        self,
+        p: int,
+        stream: str,
+        entry_id: str,
+        kind: str,
+        reason: str,
+        safe: Mapping[Any, Any],
+        run_id: str,
+        block: bool,
+        block_kind: str,
+        input_at: int,
+    ) -> None:
+        k = self.keys
         self._run_script(
             "park",
             [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p), k.runs(p), k.blocked(p)],
@@ -172,7 +211,6 @@ class QueueStore(RunStore):
                 input_at or "",
             ],
         )
-        log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
 
     def current_build(self, queues: Sequence[str]) -> list[str]:
         """The current build id of each queue (``""`` when none was promoted)."""

@@ -33,6 +33,7 @@ from . import loads
 from .base import LOG_MAXLEN
 from .commits import PART as COMMIT_PART
 from .commits import Commits
+from .key_types import KeyTypes, is_wrong_type
 from .keys import SENT_TTL_MS, Keys, deadline_member, timer_member
 from .known_queues import KnownQueues
 from .loads import Loaded, Rows, RunToLoad
@@ -102,7 +103,7 @@ _INPUT_WORDS = {
 }
 
 
-class RunStore(KnownQueues, SearchStore):
+class RunStore(KnownQueues, SearchStore, KeyTypes):
     """Runs: their records, histories, inboxes and the decisions committed on them."""
 
     # ------------------------------------------------------------- lookups
@@ -197,6 +198,36 @@ class RunStore(KnownQueues, SearchStore):
         groups = loads.batches(self.keys, runs, cluster=self.cluster)
         results = self._wire.transactions([commands for _, commands in groups])
         return loads.loaded(len(runs), [indexes for indexes, _ in groups], results)
+
+    def load_each(self, runs: Sequence[RunToLoad]) -> list[Loaded | HistoryCorrupt]:
+        """:meth:`load_many`, but a run whose keys hold the wrong kind of value is a
+        :class:`HistoryCorrupt` naming them, and the others load (their reads are then one
+        transaction each): one such key failed every run of the batch, and the worker with it."""
+        try:
+            return list(self.load_many(runs))
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+        out: list[Loaded | HistoryCorrupt] = []
+        for p, rid, after in runs:
+            try:
+                out.append(self.load_many([(p, rid, after)])[0])
+            except redis.ResponseError as exc:
+                if not is_wrong_type(exc):
+                    raise
+                k = self.keys
+                wrong = self.wrong_types(
+                    {k.run(p, rid): "hash", k.inbox(p, rid): "list", k.history(p, rid): "stream"}
+                )
+                out.append(
+                    HistoryCorrupt(
+                        f"run {rid}: its keys hold the wrong kind of value: {'; '.join(wrong) or exc} (made by "
+                        "hand, or by another program sharing the database): restore Redis from a backup, or "
+                        "delete the key and `durable terminate` the run",
+                        run_id=rid,
+                    )
+                )
+        return out
 
     def log_entries(self, ref: RunRef, count: int = LOG_MAXLEN) -> list[dict[str, Any]]:
         """Activity attempts and dropped inputs kept beside the history: the last ``count``,

@@ -1,0 +1,44 @@
+"""Keys that hold the wrong kind of value: made by hand, or by another program sharing the
+database. Every command on such a key fails with ``WRONGTYPE``, which names no key; without a
+name, a worker died on it and restarted into it again, every run of its queue stopped. These
+find which keys they are, so the one task, run or stream can be set aside, said by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import redis.exceptions as rexc
+
+from .base import StoreBase
+from .records import text
+
+__all__ = ["KeyTypes", "is_wrong_type"]
+
+
+def is_wrong_type(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a command on a key of another kind (``WRONGTYPE``, also
+    raised inside a script)."""
+    return isinstance(exc, rexc.ResponseError) and "WRONGTYPE" in str(exc)
+
+
+class KeyTypes(StoreBase):
+    """Reading what kind of value keys hold."""
+
+    def wrong_types(self, expected: Mapping[str, str]) -> list[str]:
+        """Of ``expected`` (``{key: kind}``: ``"stream"``, ``"hash"``, ``"list"``, ``"zset"``,
+        ``"string"``), the keys that hold another kind, in words (``"K is a string, not a
+        stream"``); a missing key is none of them. One pipelined round trip (on a cluster, one
+        per key's node)."""
+        keys = list(expected)
+        if not keys:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.type(key)
+            kinds = [text(kind) for kind in pipe.execute()]
+        return [
+            f"{key} is a {kind}, not a {expected[key]}"
+            for key, kind in zip(keys, kinds, strict=True)
+            if kind not in ("none", expected[key])
+        ]
