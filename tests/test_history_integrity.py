@@ -11,15 +11,17 @@ with a gap.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
 from apps.basic import Waiter
 from waiting import wait_for
 
-from durable import HistoryCorrupt, WorkflowStub
+from durable import DurableError, HistoryCorrupt, WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
+from workers import broken_streams
 
 
 def _suspended(store: RedisStore, wid: str) -> tuple[WorkflowStub, str, int]:
@@ -113,3 +115,33 @@ def test_a_task_that_cannot_be_parked_stays_pending_and_the_worker_serves_on(
     assert f"{store.keys.dead(p)} is a string, not a stream" in line and "stays pending" in line, line
     store.redis.delete(store.keys.dead(p))
     stub.terminate("test over")
+
+
+def test_a_task_stream_of_the_wrong_kind_is_set_aside_and_a_start_into_it_writes_nothing(
+    store: RedisStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One read takes all of a worker's streams: one made a string failed it, naming no key, and
+    # the worker exited (every worker started after it too). A start into it wrote its run
+    # record, then failed at the task: a run waiting for ever for a task that did not exist.
+    monkeypatch.setattr(broken_streams, "RECHECK_S", 0.5)
+    k = store.keys
+    bad = k.workflow_tasks(0, "default")
+    store.redis.delete(bad)
+    store.redis.set(bad, "not a stream")
+    in_bad = next(f"kinds-{i}" for i in range(100) if k.partition(f"kinds-{i}") == 0)
+    with pytest.raises(
+        DurableError, match=rf"Redis key {re.escape(bad)} is a string, not a stream.*nothing was written"
+    ):
+        WorkflowStub.make(Waiter, id=in_bad, store=store).start(0.01)
+    assert not store.redis.exists(k.instance(0, in_bad))
+    elsewhere = next(f"kinds-{i}" for i in range(100) if k.partition(f"kinds-{i}") != 0)
+    with TestEnvironment(store=store) as env:
+        fine = env.start(Waiter, 0.01, id=elsewhere)
+        fine.signal("go", "served")
+        assert fine.result(timeout=20) == "served"
+        said = [r.getMessage() for r in caplog.records if f"task stream {bad} is a string" in r.getMessage()]
+        assert len(said) == 1 and "the other streams are read meanwhile" in said[0], said
+        store.redis.delete(bad)  # the worker makes it again, and reads it
+        late = env.start(Waiter, 0.01, id=in_bad)
+        late.signal("go", "read again")
+        assert late.result(timeout=20) == "read again"

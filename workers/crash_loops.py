@@ -16,8 +16,8 @@ whose outcome never came was running when its worker died. Once an attempt has b
 attempt is a new task (begun afresh), and once the policy gives up the workflow sees
 ``ActivityFailed`` with that cause. A task that only sat in a dying worker's backlog (read or
 reclaimed, waiting for a thread) did not begin there and is not blamed. Workflow tasks have the
-same guard (``Worker.max_deliveries``: their run is blocked instead, since a decision's crash is
-a code bug a deploy fixes).
+same guard (``Worker.max_deliveries``, :func:`block_if_decision_crash_loop`: their run is
+blocked instead, since a decision's crash is a code bug a deploy fixes).
 
 Which of the attempts running in a process killed it cannot be told from outside: an attempt
 that runs, healthy, beside the killer each time the process dies is blamed too.
@@ -100,4 +100,25 @@ def fail_if_crash_loop(
     finally:
         unbind_run(token)
     metrics.attempt(task.name, stream, outcome, None)
+    return True
+
+
+def block_if_decision_crash_loop(
+    store: RedisStore, stream: str, entry_id: str, fields: dict[bytes, bytes], most: int
+) -> bool:
+    """Block the run of a reclaimed workflow task delivered more than ``most`` times (its decision
+    keeps dying with its worker), keeping the task; whether it did."""
+    if store.delivery_count(stream, entry_id) <= most:
+        return False
+    store.park(
+        p=store.keys.partition_of_key(stream),
+        stream=stream,
+        entry_id=entry_id,
+        kind="workflow",
+        fields=fields,
+        run_id=fields.get(b"run", b"").decode(),
+        block=True,
+        reason=f"the decision did not finish in {most} deliveries (it crashed or hung its worker); fix the "
+        "code, then `durable repair`",
+    )
     return True

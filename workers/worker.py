@@ -3,11 +3,12 @@
 One worker process has:
 
 * the **main thread**, which blocks on ``XREADGROUP`` reads of its task streams (``reader.py``:
-  one read for workflow and outbox tasks, one for activity tasks while a thread is free; on a
-  Redis Cluster one per partition each; all waited on together, no busy polling), decides
-  workflow tasks itself (greenlets can only be resumed on the thread that created them, so the
-  run cache lives here) and carries out outbox messages. Its workflow tasks include a private
-  stream of the runs it decided last (sticky: their drivers are in its cache);
+  one for workflow and outbox tasks, one for activity tasks while a thread is free; on a Redis
+  Cluster one per partition each; all waited on together), decides workflow tasks itself
+  (greenlets resume only on the thread that made them: the run cache lives here) and carries
+  out outbox messages, its workflow tasks including a private stream of the runs it decided
+  last (sticky: their drivers are in its cache); streams of the wrong kind are set aside
+  (``broken_streams.py``);
 * ``concurrency`` **activity threads** (``activity_host.py`` over ``threads.py``);
 * the **scheduler** thread (``scheduler.py``), which also keeps the worker's lease alive.
 
@@ -44,7 +45,8 @@ from .activity_host import ActivityHost
 from .allowed import Allowed
 from .app import AUTO_BUILD_ID, code_build_id, load_app, tune_gc  # noqa: F401 - re-exported (examples)
 from .attempts import complete_and_preload
-from .crash_loops import fail_if_crash_loop
+from .broken_streams import BrokenStreams
+from .crash_loops import block_if_decision_crash_loop, fail_if_crash_loop
 from .decider import UNKNOWN_TYPE_GRACE, Decider, Task
 from .membership import Membership
 from .outbox import handle_outbox
@@ -148,6 +150,7 @@ class Worker:
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
         # On a cluster a read over several partitions' streams is CROSSSLOT: the store's
         # read groups give one outstanding read per partition, on the node owning its slot.
+        self.broken = BrokenStreams(self.store)  # streams whose key holds another kind: not read
         self.reader = TaskReader(
             self.store.open_read,  # type: ignore[arg-type]
             self.consumer,
@@ -337,9 +340,10 @@ class Worker:
                 except Exception as exc:
                     if is_transient(exc):
                         self._wait_out(exc)
-                    elif is_missing_group(exc):
-                        # A stream of ours was deleted (another worker took this one for dead
-                        # while it stalled and handed its private tasks back): recreate it.
+                    elif self.broken.set_aside(exc, self.scheduler.streams + self._session_streams):
+                        continue  # one stream of the wrong kind: the others are read
+                    elif is_missing_group(exc):  # a stream of ours was deleted (another worker
+                        # took this one for dead while it stalled, handed its tasks back): make it
                         log.warning("task stream gone (%s); recreating the consumer groups", exc)
                         retry_transient(self._ensure_groups, self._outage, stop=self._stop)
                     else:
@@ -436,8 +440,8 @@ class Worker:
         otherwise wait for a reclaim after --claim-idle, their runs shown as pending or "running
         on" this worker with nothing saying why. Raises while Redis is still unavailable: the
         loop waits that out, and this runs again."""
-        # Reads still outstanding may have been delivered tasks: dropped, those stay pending
-        # and go back below (else they would come in a reply after being put back: twice).
+        # Outstanding reads may have been delivered tasks: dropped, those stay pending and go back
+        # below (else they would come in a reply after being put back: twice).
         self.reader.drop()
         self.activities.hand_back_left()
         held = self.activities.held() | {(s, e) for s, e, _ in self._reclaimed}
@@ -497,12 +501,12 @@ class Worker:
         # Activity tasks only for a free thread (or the small prefetch of microsecond activities,
         # workers.pace): the rest stay in their queue's backlog, where any worker (and `durable
         # workers`) sees them. COUNT is per stream: each gets a share.
-        lanes = {DECISIONS: (self._decision_streams() + self.outbox_streams, 64)}
+        lanes = {DECISIONS: (self.broken.usable(self._decision_streams() + self.outbox_streams), 64)}
         room = self.activities.read_room()
         if room > 0:
             # (A draining worker leaves the shared ones to the other workers: membership.py.)
             streams = [s for q in self.membership.activity_queues() for s in self._activities_of[q]]
-            streams += self._session_streams
+            streams = self.broken.usable(streams + self._session_streams)
             lanes[ACTIVITIES] = (streams, max(1, min(self.concurrency, room // len(streams))))
         idle = not (self._reclaimed or self.activities.results_in_hand)
         response = self.reader.read(lanes, block_ms=self.block_ms, wait=idle)
@@ -515,20 +519,10 @@ class Worker:
     def _redeliver(self, stream: str, entry_id: str, fields: dict[bytes, bytes]) -> None:
         """Handle a task the scheduler reclaimed from a worker that stopped responding."""
         kind = self.stream_kinds.get(stream)
-        if kind == WORKFLOW and self.store.delivery_count(stream, entry_id) > self.max_deliveries:
-            # The same decision keeps dying with its worker: block the run, keep the task.
-            self.store.park(
-                p=self.store.keys.partition_of_key(stream),
-                stream=stream,
-                entry_id=entry_id,
-                kind="workflow",
-                fields=fields,
-                run_id=fields.get(b"run", b"").decode(),
-                block=True,
-                reason=f"the decision did not finish in {self.max_deliveries} deliveries (it crashed or hung "
-                "its worker); fix the code, then `durable repair`",
-            )
-            return
+        if kind == WORKFLOW and block_if_decision_crash_loop(
+            self.store, stream, entry_id, fields, self.max_deliveries
+        ):
+            return  # the same decision keeps dying with its worker: its run is blocked, the task kept
         if kind == ACTIVITY and fail_if_crash_loop(
             self.store, stream, entry_id, fields, consumer=self.consumer, on_timer=self.scheduler.notify
         ):

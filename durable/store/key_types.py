@@ -30,15 +30,19 @@ class KeyTypes(StoreBase):
         ``"string"``), the keys that hold another kind, in words (``"K is a string, not a
         stream"``); a missing key is none of them. One pipelined round trip (on a cluster, one
         per key's node)."""
+        return [
+            f"{key} is a {kind}, not a {expected[key]}" for key, kind in self.wrong_kinds(expected).items()
+        ]
+
+    def wrong_kinds(self, expected: Mapping[str, str]) -> dict[str, str]:
+        """:meth:`wrong_types` as ``{key: the kind it holds}``."""
         keys = list(expected)
         if not keys:
-            return []
+            return {}
         with self.redis.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.type(key)
             kinds = [text(kind) for kind in pipe.execute()]
-        return [
-            f"{key} is a {kind}, not a {expected[key]}"
-            for key, kind in zip(keys, kinds, strict=True)
-            if kind not in ("none", expected[key])
-        ]
+        return {
+            key: kind for key, kind in zip(keys, kinds, strict=True) if kind not in ("none", expected[key])
+        }

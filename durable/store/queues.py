@@ -121,12 +121,13 @@ class QueueStore(RunStore):
         return WorkflowTaskWhere(stream, backlog=unread(length, groups), owner=owner)
 
     def ensure_groups(self, streams: Iterable[str]) -> None:
-        """Create the consumer group on each task stream (idempotent)."""
+        """Create the consumer group on each task stream (idempotent). A key of another kind is
+        left as it is: the worker's read finds it and sets it aside (``workers.broken_streams``)."""
         for stream in streams:
             try:
                 self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
             except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
+                if "BUSYGROUP" not in str(exc) and not is_wrong_type(exc):
                     raise
 
     def park(

@@ -10,7 +10,7 @@ from typing import Any
 from .. import codec
 from .. import events as ev
 from .. import limits as run_limits
-from ..errors import WorkflowAlreadyStarted
+from ..errors import DurableError, WorkflowAlreadyStarted
 from ..immutable import immutable
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy, deadlines
 from .connect import Client
@@ -78,6 +78,7 @@ def started_run(
         WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its id
             reuse policy does not restart.
         LimitExceeded: a signal-with-start's open run is at a signal or history limit.
+        DurableError: a key the start writes holds another kind of value (nothing written).
     """
     outcome = text(reply[0])
     if outcome == "OK":
@@ -107,6 +108,12 @@ def started_run(
             text(reply[1]),
             f"workflow {workflow_id!r} (run {text(reply[3])}) refused SignalReceived (signal-with-start)",
             int(reply[2]),
+        )
+    if outcome == "WRONGKIND":
+        raise DurableError(
+            f"cannot start workflow {workflow_id!r}: Redis key {text(reply[1])} is a {text(reply[2])}, not a "
+            f"{text(reply[3])} (made by hand, or by another program sharing the database); nothing was "
+            "written: delete or rename the key (durable makes it again), or use another namespace"
         )
     raise AssertionError(f"start script replied {outcome!r}")  # pragma: no cover
 

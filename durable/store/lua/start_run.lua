@@ -18,6 +18,7 @@
 --   | {'EXISTING', open run id} | {'REJECTED', closed run id, status}
 --   | {'MOVED', open run id} (not the one to terminate, or its snapshot changed: read it again)
 --   | {'LIMIT', limit, count, open run id}
+--   | {'WRONGKIND', key, the kind it holds, the kind expected} (nothing written)
 -- A start retried with the same run id returns OK again; a signal-with-start whose signal went
 -- to an open run, EXISTING with that run again (their first reply was lost in an outage).
 local instance, run, history, wq, runs, timers, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -28,6 +29,9 @@ local reuse, conflict = opt.reuse or 'allow_duplicate', opt.conflict or 'fail'
 
 -- A start or signal-with-start sent again after its reply was lost in an outage: done already.
 if redis.call('EXISTS', run) == 1 then return {'OK', rid, 0, ''} end
+local wrong = wrong_kind({instance, 'hash', history, 'stream', wq, 'stream', runs, 'zset', timers, 'zset',
+  inbox, 'list'})
+if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 local sent = sent_before(opt.sent and opt.sent[1])
 if sent then return {'EXISTING', sent} end
 local current = redis.call('HMGET', instance, 'run', 'status')
