@@ -148,9 +148,8 @@ class Worker:
         self.session_queue = private_queue(self.consumer)  # only this worker serves it: its sessions
         self._plan_streams(list(compatible), cache_size)
         self._reclaimed: deque[tuple[str, str, dict[bytes, bytes]]] = deque()
-        # On a cluster a read over several partitions' streams is CROSSSLOT: the store's
-        # read groups give one outstanding read per partition, on the node owning its slot.
         self.broken = BrokenStreams(self.store)  # streams whose key holds another kind: not read
+        # On a cluster a read over several partitions' streams is CROSSSLOT: one read per partition.
         self.reader = TaskReader(
             self.store.open_read,  # type: ignore[arg-type]
             self.consumer,
