@@ -145,3 +145,30 @@ def test_a_task_stream_of_the_wrong_kind_is_set_aside_and_a_start_into_it_writes
         late = env.start(Waiter, 0.01, id=in_bad)
         late.signal("go", "read again")
         assert late.result(timeout=20) == "read again"
+
+
+def test_timers_of_the_wrong_kind_block_their_run_by_name_and_the_other_partitions_fire(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A partition's timers made a string: the scheduler's pass failed for every partition, a
+    # traceback a second, and a run there sat "not decided yet" while its commit failed half-way.
+    k = store.keys
+    timers = k.timers(0)
+    there = next(f"timers-{i}" for i in range(100) if k.partition(f"timers-{i}") == 0)
+    elsewhere = next(f"timers-{i}" for i in range(100) if k.partition(f"timers-{i}") != 0)
+    stuck = WorkflowStub.make(Waiter, id=there, store=store).start(0.05)  # (a start would be refused now)
+    store.redis.delete(timers)
+    store.redis.set(timers, "not a zset")
+    with TestEnvironment(store=store) as env:
+        fine = env.start(Waiter, 0.05, id=elsewhere)
+        fine.signal("go", "fired")
+        assert fine.result(timeout=20) == "fired"
+        reason = wait_for(stuck.blocked, timeout=20)
+        assert reason.kind == "history_corrupt"
+        assert f"its keys hold the wrong kind of value: {timers} is a string, not a zset" in reason.message
+        said = [
+            r.getMessage() for r in caplog.records if "timers of partition 0 cannot fire" in r.getMessage()
+        ]
+        assert len(said) == 1 and f"{timers} is a string, not a zset" in said[0], said
+    store.redis.delete(timers)
+    stuck.terminate("its partition's timers were overwritten")

@@ -224,7 +224,7 @@ class Decider:
                 self.store.ack_task(*task.key)
             elif isinstance(result, EventConflict):
                 conflicted.append(task)
-            elif isinstance(result, HistoryCorrupt):  # its history stream is gone: blocked, said
+            elif isinstance(result, HistoryCorrupt):  # its history is gone, or a key of another kind
                 self._park_undecidable(task, ref.run_id, None, [], result)
             self._after_commit(ref, driver, decision, plan, result)
             if metrics.enabled():

@@ -20,7 +20,7 @@ from .. import events as ev
 from ..codec.sealed import seal_fields
 from ..immutable import immutable
 from . import loads
-from .base import StoreBase
+from .key_types import KeyTypes, is_wrong_type
 from .keys import (
     GROUP,
     attempt_field,
@@ -121,8 +121,10 @@ class Begins(NamedTuple):
     started_ms: int = 0
 
 
-class ActivityStore(StoreBase):
+class ActivityStore(KeyTypes):
     """Activity attempts: record their outcomes, heartbeats and deadlines; fire due timers."""
+
+    _timers_said: frozenset[int] = frozenset()  # partitions whose timers' wrong kind was said
 
     def complete_activity(self, outcome: AttemptOutcome) -> tuple[str, int]:
         """Finish an attempt (see :meth:`complete_args`); returns ``('OK'|'RETRY'|'STALE', due ms
@@ -397,8 +399,27 @@ class ActivityStore(StoreBase):
         partition (the first also counts hand-backs of tasks, workflow timeouts and members of
         closed runs)."""
         calls = [([self.keys.timers(p)], [self.keys.tag(p), limit]) for p in parts]
-        replies = self._script_many("fire_timers", calls, raise_on_error=True)
-        return [(int(r[0]), int(r[1]), int(r[2])) for r in replies]
+        replies = self._script_many("fire_timers", calls, raise_on_error=False)
+        out = []
+        for p, reply in zip(parts, replies, strict=True):
+            if not isinstance(reply, Exception):
+                out.append((int(reply[0]), int(reply[1]), int(reply[2])))
+                self._timers_said = self._timers_said - {p}
+            elif is_wrong_type(reply):
+                # One partition's timers (or a key they write) of another kind: the others fire on.
+                if p not in self._timers_said:
+                    self._timers_said = self._timers_said | {p}
+                    wrong = self.wrong_types({self.keys.timers(p): "zset", self.keys.running(p): "zset"})
+                    log.error(
+                        "timers of partition %d cannot fire: %s (made by hand, or by another program "
+                        "sharing the database); delete or rename the key -- the other partitions' fire",
+                        p,
+                        "; ".join(wrong) or reply,
+                    )
+                out.append((0, -1, 0))
+            else:
+                raise reply
+        return out
 
     def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
         """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..errors import ConfigurationError
+from .key_types import is_wrong_type
 from .records import CommitResult, RunRef, commit_outcome
 from .tasks import CommitPlan
 
@@ -64,9 +65,15 @@ class Commits:
         self._write()
         replies = self._sending.replies()  # of the parts written, in order
         replies += [self._refused] * (len(self._decisions) - len(replies))
-        return [
+        outcomes = [
             commit_outcome(ref.run_id, plan.expected_seq, reply)
             for (ref, plan), reply in zip(self._decisions, replies, strict=True)
+        ]
+        # A key the script writes holds another kind of value: the run's, said by name (it failed
+        # half-way, retried for ever as "not decided yet").
+        return [
+            self._store.wrong_kind_error(ref.partition, ref.run_id, out) if is_wrong_type(out) else out
+            for (ref, _), out in zip(self._decisions, outcomes, strict=True)
         ]
 
     def _write(self) -> None:

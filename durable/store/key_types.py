@@ -7,6 +7,7 @@ find which keys they are, so the one task, run or stream can be set aside, said 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeGuard
 
 import redis.exceptions as rexc
 
@@ -16,7 +17,7 @@ from .records import text
 __all__ = ["KeyTypes", "is_wrong_type"]
 
 
-def is_wrong_type(exc: BaseException) -> bool:
+def is_wrong_type(exc: object) -> TypeGuard[rexc.ResponseError]:
     """Whether ``exc`` is Redis refusing a command on a key of another kind (``WRONGTYPE``, also
     raised inside a script)."""
     return isinstance(exc, rexc.ResponseError) and "WRONGTYPE" in str(exc)
@@ -33,6 +34,25 @@ class KeyTypes(StoreBase):
         return [
             f"{key} is a {kind}, not a {expected[key]}" for key, kind in self.wrong_kinds(expected).items()
         ]
+
+    def run_wrong_types(self, p: int, run_id: str) -> list[str]:
+        """:meth:`wrong_types` of the keys a decision of run ``run_id`` (partition ``p``) reads
+        and writes: its own, and its partition's it shares with the other runs there."""
+        k = self.keys
+        return self.wrong_types(
+            {
+                k.run(p, run_id): "hash",
+                k.history(p, run_id): "stream",
+                k.inbox(p, run_id): "list",
+                k.activities(p, run_id): "hash",
+                k.log(p, run_id): "stream",
+                k.timers(p): "zset",
+                k.running(p): "zset",
+                k.outbox(p): "stream",
+                k.dead(p): "stream",
+                k.runs(p): "zset",
+            }
+        )
 
     def wrong_kinds(self, expected: Mapping[str, str]) -> dict[str, str]:
         """:meth:`wrong_types` as ``{key: the kind it holds}``."""

@@ -215,19 +215,19 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
             except redis.ResponseError as exc:
                 if not is_wrong_type(exc):
                     raise
-                k = self.keys
-                wrong = self.wrong_types(
-                    {k.run(p, rid): "hash", k.inbox(p, rid): "list", k.history(p, rid): "stream"}
-                )
-                out.append(
-                    HistoryCorrupt(
-                        f"run {rid}: its keys hold the wrong kind of value: {'; '.join(wrong) or exc} (made by "
-                        "hand, or by another program sharing the database): restore Redis from a backup, or "
-                        "delete the key and `durable terminate` the run",
-                        run_id=rid,
-                    )
-                )
+                out.append(self.wrong_kind_error(p, rid, exc))
         return out
+
+    def wrong_kind_error(self, p: int, run_id: str, exc: BaseException) -> HistoryCorrupt:
+        """Run ``run_id`` cannot be loaded or committed: ``exc`` (``WRONGTYPE``) said a key holds
+        another kind of value; which keys (read now), and what to do."""
+        wrong = "; ".join(self.run_wrong_types(p, run_id)) or str(exc)
+        return HistoryCorrupt(
+            f"run {run_id}: its keys hold the wrong kind of value: {wrong} (made by hand, or by another "
+            "program sharing the database): restore Redis from a backup, or delete or rename the key, "
+            "then `durable repair` (or `durable terminate`) the run",
+            run_id=run_id,
+        )
 
     def log_entries(self, ref: RunRef, count: int = LOG_MAXLEN) -> list[dict[str, Any]]:
         """Activity attempts and dropped inputs kept beside the history: the last ``count``,
