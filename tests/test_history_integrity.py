@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import msgpack
 import pytest
 from apps.basic import Waiter
 from waiting import wait_for
@@ -172,3 +173,20 @@ def test_timers_of_the_wrong_kind_block_their_run_by_name_and_the_other_partitio
         assert len(said) == 1 and f"{timers} is a string, not a zset" in said[0], said
     store.redis.delete(timers)
     stuck.terminate("its partition's timers were overwritten")
+
+
+def test_start_arguments_that_do_not_decode_are_a_corrupt_history_not_an_input_to_drop(
+    store: RedisStore,
+) -> None:
+    # A raw msgpack ExtType goes through the encoder (msgpack packs it itself) and no worker can
+    # read it back. The run was blocked "parked_input", whose remedy (`durable repair
+    # --drop-input`) did nothing: the value is in WorkflowStarted, not an input.
+    stub = WorkflowStub.make(Waiter, id="ext-args", store=store).start(msgpack.ExtType(42, b"hello"))
+    with TestEnvironment(store=store):
+        reason = wait_for(stub.blocked, timeout=20)
+    assert reason.kind == "history_corrupt", reason
+    assert (
+        "seq 1: a recorded payload does not decode: cannot decode: unknown msgpack extension type 42"
+        in reason.message
+    )
+    stub.terminate("its arguments do not decode")

@@ -45,7 +45,8 @@ def undecidable(
         log.error("%s; the run is blocked", exc)
     culprit = driver.applying if driver is not None and isinstance(exc, SerializationError) else None
     reason = error_text(exc) if expected else f"unexpected error deciding: {error_text(exc)}"
-    if isinstance(exc, SerializationError) and culprit is None and driver is not None and exc.__cause__:
+    recorded = exc.__cause__ is not None or str(exc).startswith("cannot decode")
+    if isinstance(exc, SerializationError) and culprit is None and driver is not None and recorded:
         # Bytes of a recorded event that are not msgpack: the history, not an input (no
         # --drop-input can take it away), and where in it.
         reason = f"HistoryCorrupt: run {rid} seq {driver.seq_at}: a recorded payload does not decode: {exc}"
