@@ -25,7 +25,6 @@ from ..errors import (
     WorkflowTimeout,
     error_text,
     frame_text,
-    message_of,
 )
 from ..ids import successor_run_id
 from ..interceptors import HandleInput, HandleSignalInput, WorkflowInboundInterceptor
@@ -259,7 +258,11 @@ class Inputs(Updates):
     def _activity_error(self, event: ev.ActivityFailedEvent, branch: Branch) -> ActivityFailed:
         assert branch.wait is not None
         cause = codec.loads(event.error)
-        cause_text = f"{getattr(cause, 'type_name', '') or type(cause).__name__}: {message_of(cause)}"
+        # error_text names an ApplicationError by the type it stands for (a SerializationError's
+        # type_name is the value's type, not the error's).
+        cause_text = (
+            error_text(cause) if isinstance(cause, BaseException) else f"{type(cause).__name__}: {cause}"
+        )
         return ActivityFailed(
             f"activity {branch.wait.name} ({event.id}) failed after {event.attempts} attempt(s): {cause_text}",
             activity_id=event.id,
