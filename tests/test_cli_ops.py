@@ -366,3 +366,17 @@ def test_tables_print_brackets_in_the_data_as_they_are(capsys: pytest.CaptureFix
     console().print(history_table([event], title="run [wf-1]"))
     out = capsys.readouterr().out
     assert "payload=[true]" in out and "note=[red]x[/red]" in out and "run [wf-1]" in out, out
+
+
+def test_ids_with_emoji_codes_are_printed_as_they_are(store: RedisStore) -> None:
+    """Colons are legal in ids: rich showed ``:skull:-order-1`` as ``💀-order-1`` (copied from the
+    table, an id that does not exist)."""
+    for wid in (":skull:-order-1", "x:cross_mark:y"):
+        WorkflowStub.make(Waiter, id=wid, store=store).start(60)
+    listed = CliRunner().invoke(cli, ["list"])
+    assert ":skull:-order-1" in listed.output and "x:cross_mark:y" in listed.output, listed.output
+    described = CliRunner().invoke(cli, ["describe", ":skull:-order-1"])
+    assert "workflow id :skull:-order-1" in " ".join(described.output.split()), described.output
+    assert "💀" not in listed.output + described.output and "❌" not in listed.output
+    for wid in (":skull:-order-1", "x:cross_mark:y"):
+        WorkflowStub.load(wid, store=store).terminate("test over")

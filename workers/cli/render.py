@@ -112,10 +112,11 @@ def to_json(value: Any, *, indent: int | None = None) -> str:
 def console(err: bool = False) -> Console:
     """A rich console; not a terminal (pipes, CliRunner): 160 columns, tables not folded at 80.
 
-    No markup in what it prints: the tables hold ids, payloads, errors and reasons as they were
-    given, and rich would take ``[true]`` (a payload), ``[red]`` or an IPv6 ``[::1]`` for its own
-    markup and drop it."""
-    out = Console(stderr=err, highlight=False, soft_wrap=False, markup=False)
+    No markup and no emoji codes in what it prints: the tables hold ids, payloads, errors and
+    reasons as they were given, and rich would take ``[true]`` (a payload), ``[red]`` or an IPv6
+    ``[::1]`` for its own markup and drop it, and show an id ``order:cross_mark:1`` as ``order❌1``
+    (copied from the table, an id that does not exist)."""
+    out = Console(stderr=err, highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = 160
     return out
