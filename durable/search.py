@@ -101,8 +101,17 @@ class SearchQueryError(ConfigurationError):
     def __init__(self, message: str, where: str = "", position: int = 0) -> None:
         self.position = position
         if where:
-            message = f"{message}\n  {where}\n  {' ' * max(position - 1, 0)}^"
+            # Around the position only: a 40 KB expression was a 40 KB error line.
+            start = max(position - 1 - _SHOWN_BEFORE, 0)
+            shown = where[start : position - 1 + _SHOWN_AFTER]
+            head = "..." if start else ""
+            tail = "..." if position - 1 + _SHOWN_AFTER < len(where) else ""
+            caret = " " * (len(head) + max(position - 1 - start, 0))
+            message = f"{message}\n  {head}{shown}{tail}\n  {caret}^"
         super().__init__(message)
+
+
+_SHOWN_BEFORE, _SHOWN_AFTER = 60, 40
 
 
 @dataclass(frozen=True)
@@ -391,7 +400,11 @@ class _Parser:
         self.depth = 0
 
     def error(self, message: str, tok: _Tok) -> SearchQueryError:
-        got = "end of input" if tok.kind == "end" else repr(tok.text)
+        got = (
+            "end of input"
+            if tok.kind == "end"
+            else repr(tok.text[:40]) + ("..." if len(tok.text) > 40 else "")
+        )
         return SearchQueryError(
             f"--where syntax error at position {tok.pos}: {message} (got {got})", self.where, tok.pos
         )
@@ -456,7 +469,7 @@ class _Parser:
         if kind is None:
             known = sorted(self.types)
             raise SearchQueryError(
-                f"--where: unknown search attribute {tok.text!r} at position {tok.pos}; known: {known}",
+                f"--where: unknown search attribute {_clip(repr(tok.text))} at position {tok.pos}; known: {known}",
                 self.where,
                 tok.pos,
             )
@@ -532,7 +545,7 @@ class _Parser:
         value: str = tok.value
         if name == "status" and value not in STATUS_WORDS:
             raise SearchQueryError(
-                f"--where: unknown status {value!r} at position {tok.pos}; use one of {list(STATUS_WORDS)}"
+                f"--where: unknown status {_short(value)} at position {tok.pos}; use one of {list(STATUS_WORDS)}"
                 + NOT_A_STATUS.get(value, ""),
                 self.where,
                 tok.pos,

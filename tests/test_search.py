@@ -484,3 +484,18 @@ def test_cli_list_status_pages_through_newer_runs_of_other_statuses(durable_stor
     assert {r["workflow_id"] for r in json.loads(shown.stdout)} == set(waiting[::-1][:2])
     table = CliRunner().invoke(cli, ["list", "--status", "pending", "--limit", "2"]).output
     assert "more: --before " in table, table
+
+
+def test_a_long_where_is_shown_around_its_error_only() -> None:
+    # A 40 KB expression made a 40 KB error line (and a 40 KB HTTP 422 body).
+    where = "(" * 20_000 + "type = 'x'" + ")" * 20_000
+    with pytest.raises(SearchQueryError) as info:
+        parse_where(where)
+    text = str(info.value)
+    assert len(text) < 400 and "nested deeper than" in text, text
+    shown, caret = text.splitlines()[-2:]
+    assert shown.startswith("  ...") and shown.endswith("...")
+    assert shown[caret.index("^")] == "("  # still under the character it names
+    with pytest.raises(SearchQueryError) as info:
+        parse_where("status = " + repr("y" * 5_000))
+    assert len(str(info.value)) < 600, str(info.value)
