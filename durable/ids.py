@@ -38,6 +38,12 @@ def successor_run_id(run_id: str, ts_ms: int) -> str:
     return _ulid(ts_ms, hashlib.sha256(run_id.encode()).digest())
 
 
+def clipped(text: str, most: int = 80) -> str:
+    """``text`` as it is when short, else its start and its length (an id of a hand-made task,
+    100 KB, made 200 KB log lines and dead-letter reasons)."""
+    return text if len(text) <= most else f"{text[: most - 20]}... ({len(text):,} characters)"
+
+
 def shown_id(workflow_id: object) -> str:
     """``workflow_id`` for an error message: its repr, cut to its start when long (a 100 KB id
     given by mistake must not become a 100 KB error line)."""

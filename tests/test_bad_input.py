@@ -692,6 +692,8 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
         ("wq", {"nothing": b"here"}, "task has no run id"),
         ("wq", {"run": b"\xff\xfe"}, "task's run id is not UTF-8 text"),  # a worker died on it, over and over
         ("wq", {"run": b"01NOSUCHRUN"}, "run 01NOSUCHRUN does not exist"),
+        # A 100 KB run id was logged and stored in full (200 KB log lines): cut, with its length.
+        ("wq", {"run": b"A" * 100_000}, "run " + "A" * 60 + "... (100,000 characters) does not exist"),
         ("ox", {"m": b"\xc1"}, "undecodable: "),
         ("ox", {"m": b"\x81\xa4kind\xa3odd"}, "unknown message kind 'odd'"),
         # A message that fails however often it is tried stopped every worker reading it.
@@ -712,6 +714,7 @@ def test_garbage_in_inbox_is_parked_and_the_run_goes_on(worker, store: RedisStor
         "wq-no-run",
         "wq-run-not-text",
         "wq-unknown-run",
+        "wq-huge-run-id",
         "ox-garbage",
         "ox-unknown-kind",
         "ox-id-no-lookup-takes",

@@ -28,6 +28,7 @@ from durable.errors import (
     WorkflowClosed,
 )
 from durable.history_budget import one_decisions_inputs
+from durable.ids import clipped
 from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
@@ -387,7 +388,7 @@ class Decider:
                 stream=task.stream,
                 entry_id=task.entry_id,
                 kind="workflow",
-                reason=f"run {rid} does not exist",
+                reason=f"run {clipped(rid)} does not exist",
                 fields=task.fields,
             )
             return None

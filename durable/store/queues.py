@@ -18,6 +18,7 @@ import redis
 from .. import codec
 from ..codec.sealed import open_text, seal_text
 from ..errors import WorkflowClosed
+from ..ids import clipped
 from ..runinfo import classify_block
 from .key_types import is_wrong_type
 from .keys import GROUP, keyword_posting
@@ -177,12 +178,14 @@ class QueueStore(RunStore):
                 "--claim-idle: delete or rename the key (durable makes it again)",
                 kind,
                 entry_id,
-                run_id or "?",
+                clipped(run_id) if run_id else "?",
                 reason,
                 "; ".join(wrong) or exc,
             )
             return
-        log.warning("parked %s task %s of run %s: %s", kind, entry_id, run_id or "?", reason)
+        log.warning(
+            "parked %s task %s of run %s: %s", kind, entry_id, clipped(run_id) if run_id else "?", reason
+        )
 
     def _park(
         self,
