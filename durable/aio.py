@@ -7,11 +7,14 @@ For FastAPI, aiohttp and other asyncio code: nothing here blocks the event loop.
   ``redis.asyncio`` connection (:mod:`durable.store.aio`), so 500 awaiting coroutines
   cost one read and no thread.
 * The short calls (``start``, ``signal``, ``query``, delivering an update, ``describe``...)
-  run the synchronous stub's code on the loop's default executor (``asyncio.to_thread``):
-  each is one or two round trips, done in a moment, and running the very code the
-  synchronous client runs keeps one implementation of the start policies, limits, Lua
-  script replies, cluster routing and query replay. No thread is held while a run is
-  awaited.
+  run the synchronous stub's code on durable's own executor (:data:`THREADS` threads, not
+  the loop's default one): each is one or two round trips, done in a moment, and running
+  the very code the synchronous client runs keeps one implementation of the start
+  policies, limits, Lua script replies, cluster routing and query replay. No thread is held
+  while a run is awaited. While Redis is unreachable each call holds its thread for up to
+  10 s (riding the outage out): on the loop's default executor (a few threads) that
+  starved the rest of the app -- ``loop.getaddrinfo``, so every httpx/aiohttp connection
+  to another service, waited behind them.
 
 Workflow code itself stays synchronous (greenlets): only clients and activities may be
 ``async``.
@@ -20,8 +23,13 @@ Workflow code itself stays synchronous (greenlets): only clients and activities 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Self, TypeVar, Unpack, overload
 
 from . import codec
@@ -42,6 +50,37 @@ from .workflow import Workflow
 
 R = TypeVar("R")
 T = TypeVar("T")
+
+THREADS = 32
+"""Threads of the executor the short calls run on (shared by every event loop of the process)."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="durable-aio")
+        return _pool
+
+
+def _forget_executor() -> None:
+    # A forked child has none of its parent's threads: the pool would wait for them for ever.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_executor)
+
+
+async def _off_loop(call: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``call(*args, **kwargs)`` on durable's executor, in this task's context (as
+    ``asyncio.to_thread`` runs it, but not on the loop's default executor)."""
+    context = contextvars.copy_context()
+    bound = functools.partial(context.run, call, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_executor(), bound)
 
 
 class AsyncWorkflowStub(Generic[R]):
@@ -99,13 +138,13 @@ class AsyncWorkflowStub(Generic[R]):
         Raises:
             WorkflowNotFound: no workflow with that id.
         """
-        return cls(await asyncio.to_thread(WorkflowStub.load, id, store=store))
+        return cls(await _off_loop(WorkflowStub.load, id, store=store))
 
     async def _open_store(self) -> RedisStore:
         """The stub's store; the process's default one opened off the loop at its first use
         (opening rides out an outage: 10 s the loop would have stood still)."""
         if self._stub._opened is None:
-            return await asyncio.to_thread(lambda: self._stub.store)
+            return await _off_loop(lambda: self._stub.store)
         return self._stub.store
 
     @property
@@ -131,22 +170,22 @@ class AsyncWorkflowStub(Generic[R]):
     # ------------------------------------------------------------- actions
     async def start(self, *args: Any) -> Self:
         """Start a run with ``args`` (see :meth:`WorkflowStub.start`); returns this stub."""
-        await asyncio.to_thread(self._stub.start, *args)
+        await _off_loop(self._stub.start, *args)
         return self
 
     async def signal_with_start(self, name: str, *args: Any, start_args: Sequence[Any] = ()) -> Self:
         """Signal, starting a run first if the id has none open (:meth:`WorkflowStub.signal_with_start`)."""
-        await asyncio.to_thread(self._stub.signal_with_start, name, *args, start_args=start_args)
+        await _off_loop(self._stub.signal_with_start, name, *args, start_args=start_args)
         return self
 
     async def signal(self, name: str, *args: Any) -> None:
         """Send signal ``name`` with ``args`` to the current run (:meth:`WorkflowStub.signal`)."""
-        await asyncio.to_thread(self._stub.signal, name, *args)
+        await _off_loop(self._stub.signal, name, *args)
 
     async def query(self, name: str, *args: Any) -> Any:
         """Call the ``@query`` method ``name`` (:meth:`WorkflowStub.query`; the replay runs on
         the executor, off the loop)."""
-        return await asyncio.to_thread(self._stub.query, name, *args)
+        return await _off_loop(self._stub.query, name, *args)
 
     async def update(
         self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
@@ -166,7 +205,7 @@ class AsyncWorkflowStub(Generic[R]):
         timeout = wait_seconds(timeout)
         deadline = None if timeout is None else loop.time() + timeout
         store = await self._open_store()
-        ref, uid, after = await asyncio.to_thread(
+        ref, uid, after = await _off_loop(
             send_update, store, self.workflow_type, self.id, name, args, update_id
         )
         self._stub._run_id = ref.run_id
@@ -175,24 +214,24 @@ class AsyncWorkflowStub(Generic[R]):
 
     async def cancel(self, reason: str = "") -> None:
         """Request cancellation (:meth:`WorkflowStub.cancel`)."""
-        await asyncio.to_thread(self._stub.cancel, reason)
+        await _off_loop(self._stub.cancel, reason)
 
     async def terminate(self, reason: str = "") -> None:
         """Close the run now (:meth:`WorkflowStub.terminate`)."""
-        await asyncio.to_thread(self._stub.terminate, reason)
+        await _off_loop(self._stub.terminate, reason)
 
     # --------------------------------------------------------------- reads
     async def status(self) -> str:
         """The current run's status (:meth:`WorkflowStub.status`)."""
-        return await asyncio.to_thread(self._stub.status)
+        return await _off_loop(self._stub.status)
 
     async def describe(self, run_id: str | None = None) -> RunDescription:
         """Everything known about the current run, or ``run_id`` (:meth:`WorkflowStub.describe`)."""
-        return await asyncio.to_thread(self._stub.describe, run_id)
+        return await _off_loop(self._stub.describe, run_id)
 
     async def history(self, run_id: str | None = None) -> list[HistoryEvent]:
         """The current run's events, or ``run_id``'s (:meth:`WorkflowStub.history`)."""
-        return await asyncio.to_thread(self._stub.history, run_id)
+        return await _off_loop(self._stub.history, run_id)
 
     async def _ride(self, call: Callable[[], Awaitable[T]], deadline: float | None) -> T:
         """``await call()`` of :meth:`result` through a short Redis outage, within ``deadline``
@@ -238,7 +277,7 @@ class AsyncWorkflowStub(Generic[R]):
                     waited = lambda: waiter.wait(ref, deadline, current=current)  # noqa: B023, E731
                 closing = await self._ride(waited, deadline)
             except TimeoutError:
-                raise TimeoutError(await asyncio.to_thread(not_closed, store, ref, timeout)) from None
+                raise TimeoutError(await _off_loop(not_closed, store, ref, timeout)) from None
             except RunMoved as moved:
                 ref = stub._at_run(moved.current or (await waiter.ref(self.id)).run_id)
                 current = False

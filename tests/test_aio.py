@@ -215,3 +215,55 @@ def test_make_and_start_with_redis_unreachable_never_stall_the_loop(tmp_path: Pa
     assert "raised RedisUnavailable" in out.stdout, (out.stdout, out.stderr)
     worst = float(out.stdout.split("worst ")[1])
     assert worst < 1.0, out.stdout
+
+
+_OUTAGE_CALLS = """
+import asyncio, sys, time
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, sys.argv[1])
+from apps.async_app import Gate
+from durable import AsyncWorkflowStub, RedisUnavailable
+
+async def main():
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(2))  # small, as on a small machine
+    began = time.monotonic()
+
+    async def start(i):
+        try:
+            await AsyncWorkflowStub.make(Gate, id=f"unreachable-{i}").start(1)
+        except RedisUnavailable:
+            return time.monotonic() - began
+
+    async def resolve():
+        await asyncio.sleep(1.0)
+        at = time.monotonic()
+        await loop.getaddrinfo("localhost", 80)
+        return time.monotonic() - at
+
+    *failed, resolved = await asyncio.gather(*(start(i) for i in range(4)), resolve())
+    print("failed", " ".join(f"{t:.1f}" for t in failed))
+    print(f"resolved {resolved:.2f}")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_calls_during_an_outage_fail_together_and_leave_the_default_executor_free(tmp_path: Path) -> None:
+    """Four first calls with Redis unreachable failed after 10, 20, 30 and 40 s (each rode the
+    outage out in turn to open the store); and they held the loop's default executor, so
+    ``loop.getaddrinfo`` (every httpx/aiohttp connection to another service) waited behind them."""
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, DURABLE_REDIS_URL=f"redis://127.0.0.1:{port}", PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", _OUTAGE_CALLS, str(TESTS)], env=env, capture_output=True, text=True, timeout=80
+    )
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    assert "failed" in lines and "resolved" in lines, (out.stdout, out.stderr)
+    failed = [float(t) for t in lines["failed"].split()]
+    assert len(failed) == 4 and max(failed) < 16, failed  # one opening's 10 s, shared
+    assert float(lines["resolved"]) < 2.0, out.stdout
