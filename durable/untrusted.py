@@ -1,5 +1,5 @@
 """Reading text from outside (a URL, a CLI argument, a request body, a file): two standard calls
-that fail there in ways their callers did not expect.
+that fail there in ways their callers did not expect; and showing it on a terminal.
 
 ``str.isdigit`` passes "²", which ``int`` refuses, and ``int`` refuses more than 4,300 digits;
 ``json.loads`` raises ``RecursionError``, not ``ValueError``, for arrays nested about 1,000 deep.
@@ -15,6 +15,17 @@ import re
 from typing import Any
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with the control characters a terminal acts on escaped (``\x1b``, ``\x07``...;
+    newlines and tabs kept). An activity's error message or a cancel reason is anyone's text:
+    printed raw, an escape sequence in it cleared the operator's screen, set the window title,
+    or (OSC 52) wrote the clipboard."""
+    if _CONTROLS.search(text) is None:
+        return text
+    return _CONTROLS.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def decimal(value: str) -> int | None:

@@ -8,6 +8,7 @@ Every process a test starts is stopped in a ``finally``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from durable.store.redis_store import RedisStore
 from workers.cli import cli
 from workers.cli.render import console, history_table
 from workers.config import WorkerConfig, mask_url
+from workers.logging import MaskingFormatter
 from workers.worker import Worker, WorkerThread
 
 TESTS = Path(__file__).resolve().parent
@@ -380,3 +382,21 @@ def test_ids_with_emoji_codes_are_printed_as_they_are(store: RedisStore) -> None
     assert "💀" not in listed.output + described.output and "❌" not in listed.output
     for wid in (":skull:-order-1", "x:cross_mark:y"):
         WorkflowStub.load(wid, store=store).terminate("test over")
+
+
+def test_control_characters_in_what_runs_wrote_do_not_reach_the_terminal(store: RedisStore) -> None:
+    """A cancel/terminate reason or an activity's error is anyone's text: its escape sequences
+    reached the operator's terminal raw through `status` and `describe` (clear the screen, set
+    the title, OSC 52: write the clipboard) and the worker's log."""
+    evil = "reason \x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b31m cleared"
+    stub = WorkflowStub.make(Waiter, id="ansi-reason", store=store).start(60)
+    stub.terminate(evil)
+    for command in (["status", "ansi-reason"], ["describe", "ansi-reason"], ["list"]):
+        out = CliRunner().invoke(cli, command).output
+        assert not any(c in out for c in "\x1b\x07\x9b"), (command, out)
+    described = CliRunner().invoke(cli, ["describe", "ansi-reason"]).output
+    assert "reason \\x1b[2J\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x9b31m cleared" in described, described
+    line = MaskingFormatter("%(message)s").format(
+        logging.makeLogRecord({"msg": f"failed: {evil}\nnext line"})
+    )
+    assert "\x1b" not in line and "\\x1b[2J" in line and line.endswith("\nnext line"), line

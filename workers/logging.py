@@ -19,6 +19,7 @@ from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any
 
+from durable.untrusted import terminal_safe
 from workers.config import mask_secrets
 
 __all__ = [
@@ -125,7 +126,8 @@ class MaskingFormatter(_SafeTracebacks):
             # Before a traceback, so the ids stay on the message's own line.
             head, sep, rest = line.partition("\n")
             line = head + tail + sep + rest
-        return mask_secrets(line)
+        # A message quoting someone's text (an activity's error) must not act on the terminal.
+        return mask_secrets(terminal_safe(line))
 
 
 def configure(level: str = "INFO", fmt: str = "text") -> None:

@@ -12,6 +12,8 @@ from durable.listing import count_runs
 from durable.store.redis_store import RedisStore
 from workers.cli.core import CliError
 
+from .render import echo
+
 __all__ = ["WHERE", "YES", "one_or_where", "run_batch"]
 
 
@@ -40,7 +42,7 @@ def run_batch(store: RedisStore, where: str, action: str, reason: str, *, yes: b
     """
     total = count_runs(open_runs(where), store=store)
     if not total:
-        click.echo(f"no open run matches {where!r}")
+        echo(f"no open run matches {where!r}")
         return
     if not yes:
         if not sys.stdin.isatty():
@@ -49,9 +51,9 @@ def run_batch(store: RedisStore, where: str, action: str, reason: str, *, yes: b
 
     def said(workflow_id: str, outcome: str | None) -> None:
         if outcome is None:
-            click.echo(workflow_id)
+            echo(workflow_id)
         elif outcome != "closed":
-            click.echo(f"{workflow_id}: {outcome}", err=True)
+            echo(f"{workflow_id}: {outcome}", err=True)
 
     report = for_open_runs(where, action, reason, store=store, each=said)
     summary = f"{action}: {len(report.done)} of {total} runs"
@@ -63,6 +65,6 @@ def run_batch(store: RedisStore, where: str, action: str, reason: str, *, yes: b
             f"again (`durable terminate --where` ends them now): {', '.join(sorted(report.blocked)[:5])}"
             + (" ..." if len(report.blocked) > 5 else "")
         )
-    click.echo(summary, err=True)
+    echo(summary, err=True)
     if report.refused:
         sys.exit(1)

@@ -39,6 +39,8 @@ from workers.app import app_path, missing_app
 from workers.config import mask_secrets, mask_url
 from workers.worker import load_app
 
+from .render import echo
+
 __all__ = [
     "CliError",
     "CliState",
@@ -143,7 +145,7 @@ def _embedded_url(start: bool) -> str:
         if fresh and server.started_pid is not None:
             # A new, empty server: said once, so that a command run from the wrong folder does
             # not quietly work against a Redis none of the project's runs are in.
-            click.echo(
+            echo(
                 f"note: started a new embedded Redis in {server.data_dir} (pid {server.started_pid}); "
                 "runs started here are kept there",
                 err=True,
@@ -156,7 +158,7 @@ def _embedded_url(start: bool) -> str:
         # from the project folder must find them. A folder without data gets no server.
         url = server.ensure()
         if server.started_pid is not None:
-            click.echo(
+            echo(
                 f"note: the embedded Redis in {server.data_dir} was not running; "
                 f"restarted it (pid {server.started_pid})",
                 err=True,
@@ -244,7 +246,7 @@ def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
     """Print ``error: message`` (naming the Redis ``url``, secrets masked) and exit ``code``."""
     if url and mask_secrets(url) not in mask_secrets(message):  # said once is enough
         message = f"{message} (redis: {url})"
-    click.echo(f"error: {mask_secrets(message)}", err=True)
+    echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(code)
 
 

@@ -39,6 +39,8 @@ from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import console, to_json
 from workers.config import mask_url
 
+from .render import echo, styled
+
 __all__ = [
     "COMMANDS",
     "blocked_page",
@@ -311,7 +313,7 @@ def _threads_cell(w: dict[str, Any]) -> Text | str:
         return w["threads_note"]
     # The attempts themselves are in --json (``stuck``): the table stays readable.
     lines = [w["threads_note"], "it runs no activity: restart it" if w["starved"] else "see --json: stuck"]
-    return Text("\n".join(lines), style="bold red" if w["starved"] else "red")
+    return styled("\n".join(lines), style="bold red" if w["starved"] else "red")
 
 
 def _queues_table(report: dict[str, Any]) -> Table:
@@ -321,14 +323,14 @@ def _queues_table(report: dict[str, Any]) -> Table:
     for queue, q in report["queues"].items():
         current = q["current_build"] or "(none)"
         if q["current_build_live"] is False:
-            current = Text(f"{current} (no live worker)", style="red")
+            current = styled(f"{current} (no live worker)", style="red")
         starters = ", ".join(q["new_runs_to"])
         b = report["backlog"][queue]
         table.add_row(
             queue,
             current,
-            starters or Text("no live worker takes new runs", style="bold red"),
-            str(len(q["workers"])) if q["workers"] else Text("none serves it", style="bold red"),
+            starters or styled("no live worker takes new runs", style="bold red"),
+            str(len(q["workers"])) if q["workers"] else styled("none serves it", style="bold red"),
             f"{b['workflow_tasks']} / {b['activity_tasks']}",
             "-" if b["lag_ms"] is None else f"{b['lag_ms'] / 1000:.1f} s ago",
         )
@@ -344,14 +346,14 @@ def workers_(state: CliState, as_json: bool) -> None:
     runs and the tasks waiting."""
     report = fleet_report(state.existing_store)
     if as_json:
-        click.echo(to_json(report, indent=1))
+        echo(to_json(report, indent=1))
         return
     out = console()
     if report["problem"]:
         # First: the tables below are what the registry still holds, not the truth.
-        out.print(Text(report["problem"], style="bold red"))
+        out.print(styled(report["problem"], style="bold red"))
         out.print(
-            Text(
+            styled(
                 "workers' registry heartbeats cannot be written meanwhile: a worker missing below "
                 "may well be alive",
                 style="red",
@@ -364,7 +366,7 @@ def workers_(state: CliState, as_json: bool) -> None:
         f"closed runs are kept {report['retention']} (the namespace's retention; a workflow class may set its own)"
     )
     for warning in report["warnings"]:  # last on the screen: nothing else says it
-        out.print(Text(f"warning: {warning}", style="bold yellow"))
+        out.print(styled(f"warning: {warning}", style="bold yellow"))
 
 
 @click.command()
@@ -390,9 +392,9 @@ def promote(state: CliState, build: str, queues: tuple[str, ...]) -> None:
     live = store.live_workers()
     for queue, old in zip(queues, before, strict=True):
         was = "it was current already" if old == build else f"was {old or 'none'}"
-        click.echo(f"queue {queue}: new runs go to build {build} ({was})")
+        echo(f"queue {queue}: new runs go to build {build} ({was})")
         if not any(queue in w.queues and w.build == build for w in live):
-            click.echo(
+            echo(
                 f"warning: no live worker of build {build} serves queue {queue}: start its workers first "
                 "(meanwhile a live worker of another build takes the new runs back within seconds)",
                 err=True,
@@ -428,14 +430,14 @@ def drain(state: CliState, names: tuple[str, ...], builds: tuple[str, ...]) -> N
     store.ask_drain(w.name for w in chosen)
     for queue in sorted({q for w in chosen for q in w.queues}):
         if not any(queue in w.queues and w not in chosen and w.state == "serving" for w in live):
-            click.echo(
+            echo(
                 f"warning: no other live worker serves queue {queue}: its new runs wait for one "
                 f"(`durable worker --app YOUR_APP --queue {queue}`)",
                 err=True,
             )
     lines = _drain_confirmations(store, [w.name for w in chosen])
     for line in lines:
-        click.echo(line)
+        echo(line)
     if silent := sum(_NOT_CONFIRMED in line for line in lines):
         # A deploy script must not take an unanswered ask (a stalled worker, one of a release
         # before drains) for a drain under way.

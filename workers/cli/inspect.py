@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import click
-from rich.text import Text
 
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
 from durable.runinfo import NO_LIVE_WORKER
@@ -27,6 +26,8 @@ from workers.cli.render import (
 )
 from workers.config import mask_url
 
+from .render import echo, styled
+
 __all__ = ["COMMANDS"]
 
 T = TypeVar("T")
@@ -44,7 +45,7 @@ def describe(state: CliState, workflow_id: str, as_json: bool, run_id: str | Non
     """Status, blocked reason, pending steps and activity attempts of workflow ID."""
     info = WorkflowStub.load(workflow_id, store=state.existing_store).describe(run_id).to_dict()
     if as_json:
-        click.echo(to_json(info, indent=2))
+        echo(to_json(info, indent=2))
         return
     out = console()
     for table in describe_tables(info, mask_url(state.url or "")):
@@ -68,7 +69,7 @@ def history(state: CliState, workflow_id: str, as_json: bool, run_id: str | None
     checks that today's code still decides as that history says.
     """
     if as_json:
-        click.echo(to_json(export_history(state.existing_store, workflow_id, run_id), indent=1))
+        echo(to_json(export_history(state.existing_store, workflow_id, run_id), indent=1))
         return
     stub = WorkflowStub.load(workflow_id, store=state.existing_store)
     events = stub.history(run_id)
@@ -128,7 +129,7 @@ def list_(
     if dead:
         letters = store.dead_letters(count=limit)
         if as_json:
-            click.echo(to_json(letters, indent=1))
+            echo(to_json(letters, indent=1))
         else:
             console().print(dead_letters_table(letters, url))
         return
@@ -168,20 +169,20 @@ def list_(
     problem = store.memory_state().reason
     if as_json:
         if problem:
-            click.echo(f"warning: {problem}", err=True)  # stdout stays the array
-        click.echo(to_json([list_row(r) for r in runs], indent=1))
+            echo(f"warning: {problem}", err=True)  # stdout stays the array
+        echo(to_json([list_row(r) for r in runs], indent=1))
         if following:  # on stderr, as the warning: stdout stays the array
-            click.echo(f"more: --before {following}", err=True)
+            echo(f"more: --before {following}", err=True)
         return
     out = console()
     out.print(runs_table(runs, url))
     if problem:
         # Under the table: the last thing on the screen, however many rows scrolled by.
-        out.print(Text(problem, style="bold red"))
+        out.print(styled(problem, style="bold red"))
         if any(r.get("blocked_kind") == NO_LIVE_WORKER for r in runs):
-            out.print(Text(_HEARTBEATS_NOTE, style="red"))
+            out.print(styled(_HEARTBEATS_NOTE, style="red"))
     if following:
-        click.echo(f"more: --before {following}")
+        echo(f"more: --before {following}")
 
 
 _HEARTBEATS_NOTE = (
@@ -210,7 +211,7 @@ def count(state: CliState, where: str, apps: tuple[str, ...], as_json: bool) -> 
     load_apps(apps)
     store = state.existing_store
     n = _searched(lambda: count_runs(where, store=store))
-    click.echo(to_json({"count": n}) if as_json else str(n))
+    echo(to_json({"count": n}) if as_json else str(n))
 
 
 def _with_filters(where: str, status: str | None, workflow_type: str | None) -> str:

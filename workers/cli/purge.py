@@ -13,6 +13,8 @@ from durable.store.retention import PurgeReport, purge_closed_before
 from workers.cli.core import CliError, CliState, pass_state
 from workers.cli.render import to_json
 
+from .render import echo
+
 __all__ = ["COMMANDS", "parse_cutoff"]
 
 
@@ -106,7 +108,7 @@ def purge(
         state.existing_store, cutoff, workflow_type=workflow_type, dry_run=dry_run, batch=batch
     )
     if as_json:
-        click.echo(
+        echo(
             to_json(
                 {
                     "dry_run": dry_run,
@@ -123,7 +125,7 @@ def purge(
         )
         return
     for line in _lines(report, dry_run):
-        click.echo(line)
+        echo(line)
 
 
 COMMANDS = [purge]

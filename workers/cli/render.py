@@ -10,12 +10,14 @@ import enum
 import json
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -23,6 +25,7 @@ from rich.text import Text
 from durable import HistoryEvent
 from durable.runinfo import blocked_reason, from_now, past_dates
 from durable.store.records import CLOSED_STATUSES
+from durable.untrusted import terminal_safe
 
 __all__ = [
     "console",
@@ -100,13 +103,36 @@ def _string_keys(value: Any) -> Any:
 
 
 def to_json(value: Any, *, indent: int | None = None) -> str:
-    """``value`` as JSON: bytes keys decoded, other values through :func:`json_default`."""
-    return json.dumps(
+    """``value`` as JSON: bytes keys decoded, other values through :func:`json_default`; DEL and
+    the C1 controls escaped as ``\\u00XX`` (JSON leaves them raw, and a terminal acts on them)."""
+    text = json.dumps(
         _string_keys(value), default=json_default, ensure_ascii=False, indent=indent, allow_nan=True
     )
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_RAW_IN_JSON = re.compile("[\x7f-\x9f]")
 
 
 # --------------------------------------------------------------------------- text
+
+
+class _Console(Console):
+    """A console whose text from strings has its control characters escaped
+    (:func:`~durable.untrusted.terminal_safe`): the tables hold what runs and their callers wrote."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Any:
+        return super().render_str(terminal_safe(text), **kwargs)
+
+
+def styled(text: str, style: str = "") -> Text:
+    """A rich ``Text`` of ``text`` in ``style``, its control characters escaped (see :class:`_Console`)."""
+    return Text(terminal_safe(text), style=style)
+
+
+def echo(message: Any = None, err: bool = False, nl: bool = True) -> None:
+    """``click.echo`` with the control characters of ``message`` escaped (see :class:`_Console`)."""
+    click.echo(None if message is None else terminal_safe(str(message)), err=err, nl=nl)
 
 
 def console(err: bool = False) -> Console:
@@ -116,7 +142,7 @@ def console(err: bool = False) -> Console:
     reasons as they were given, and rich would take ``[true]`` (a payload), ``[red]`` or an IPv6
     ``[::1]`` for its own markup and drop it, and show an id ``order:cross_mark:1`` as ``order❌1``
     (copied from the table, an id that does not exist)."""
-    out = Console(stderr=err, highlight=False, soft_wrap=False, markup=False, emoji=False)
+    out = _Console(stderr=err, highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out.width = 160
     return out
@@ -176,7 +202,7 @@ def history_table(events: Sequence[HistoryEvent], title: str | None = None) -> T
         table.add_row(
             str(e.seq),
             fmt_ms(e.ts, "%H:%M:%S.%f"),
-            Text(e.type, style=style or ""),
+            styled(e.type, style=style or ""),
             str(e.data.get("id", "")),
             summarize(e),
         )
@@ -199,12 +225,14 @@ def _describe_head(info: Mapping[str, Any], redis_url: str) -> Table:
         head.add_row("purged at", f"{fmt_ms(info['purge_at'])} (retention)")
     if info.get("blocked"):
         reason = f"{info.get('blocked_kind') or 'other'}: {info['blocked']}"
-        head.add_row("blocked", Text(reason, style="bold red"))
+        head.add_row("blocked", styled(reason, style="bold red"))
     if info.get("workflow_task"):  # a run held up there says so here too, as status does
         head.add_row("workflow task", str(info["workflow_task"]))
     outcome = info.get("outcome") or {}
     if outcome.get("error"):
-        head.add_row("error", Text(f"{outcome['error']['type']}: {outcome['error']['message']}", style="red"))
+        head.add_row(
+            "error", styled(f"{outcome['error']['type']}: {outcome['error']['message']}", style="red")
+        )
         if info.get("raised_at"):
             head.add_row("raised at", info["raised_at"])
     elif outcome.get("status") == "completed":
@@ -265,7 +293,7 @@ def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
         table.add_row(
             str(item.get("act", "")) + (f" ({record['name']})" if record.get("name") else ""),
             str(item.get("attempt", "")),
-            Text(outcome, style="red" if outcome in ("failed", "retry", "lost") else ""),
+            styled(outcome, style="red" if outcome in ("failed", "retry", "lost") else ""),
             short(_attempt_error(record) or str(item.get("reason") or ""), 80),
             f"{duration} ms" if duration is not None else "",
             fmt_ms(item.get("ts")),
@@ -335,7 +363,7 @@ def _letter_reason(item: Mapping[str, Any]) -> str | Text:
     """A letter's reason; of a run closed since, dimmed and said so (its advice to repair is moot)."""
     status = item.get("run_status")
     if status in CLOSED_STATUSES:
-        return Text(f"{item.get('reason', '')} (run {status} since: nothing to repair)", style="dim")
+        return styled(f"{item.get('reason', '')} (run {status} since: nothing to repair)", style="dim")
     return str(item.get("reason", ""))
 
 
@@ -352,6 +380,6 @@ def runs_table(runs: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
             str(r.get("type", "")),
             str(r.get("status", "")),
             fmt_ms(r.get("created")),
-            Text(str(blocked_reason(r) or ""), style="red"),
+            styled(str(blocked_reason(r) or ""), style="red"),
         )
     return table

@@ -35,6 +35,8 @@ from workers.cli.fleet import check_startable
 from workers.cli.named import named_values, search_types_of
 from workers.cli.render import to_json
 
+from .render import echo
+
 __all__ = ["COMMANDS"]
 
 
@@ -151,13 +153,13 @@ def start(
     else:
         stub.start(*values)
     if warning:
-        click.echo(warning, err=True)
-    click.echo(f"workflow_id: {stub.id}")
-    click.echo(f"run_id: {stub.run_id}")
+        echo(warning, err=True)
+    echo(f"workflow_id: {stub.id}")
+    echo(f"run_id: {stub.run_id}")
     if signal_name:
-        click.echo(f"signal: {signal_name} -> {started} run")
+        echo(f"signal: {signal_name} -> {started} run")
     if wait:
-        click.echo(to_json(_result(stub, timeout)))
+        echo(to_json(_result(stub, timeout)))
 
 
 @click.command()
@@ -181,7 +183,7 @@ def signal(
         load_apps(apps)
     values = parse_args(args)
     _stub(state, workflow_id).signal(name, *values)
-    click.echo(f"signal {name!r} sent to {workflow_id}")
+    echo(f"signal {name!r} sent to {workflow_id}")
 
 
 #: How long `durable update` waits quietly for the outcome before it prints the update's id (and
@@ -212,7 +214,7 @@ def _wait_result(stub: WorkflowStub, timeout: float | None) -> Any:
     try:
         return stub.result(timeout=QUIET_WAIT_S)
     except TimeoutError as exc:
-        click.echo(f"note: still waiting: {exc}", err=True)
+        echo(f"note: still waiting: {exc}", err=True)
     try:
         return stub.result(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
     except TimeoutError:  # said again as of now, and of the whole --timeout
@@ -257,9 +259,9 @@ def _wait_outcome(
                     f"it stays delivered: `{again}` keeps waiting; {live}"
                 ) from None
             quiet = None
-            click.echo(f"update id: {uid}  (wait again with --update-id {uid})", err=True)
+            echo(f"update id: {uid}  (wait again with --update-id {uid})", err=True)
             if unserved:
-                click.echo(
+                echo(
                     f"warning: no live worker can run update {name!r} now: {unserved}; "
                     "it stays delivered and runs when one can",
                     err=True,
@@ -318,20 +320,20 @@ def update(
     try:
         delivery = send_update(stub.store, stub.workflow_type, workflow_id, name, values, uid)
     except KeyboardInterrupt:
-        click.echo(
+        echo(
             f"update id: {uid}; it may have been delivered: `{again}` sends it again (it runs once)", err=True
         )
         raise
     try:
         if delivery.after == "0-0" and (first := reused_differently(stub.store, delivery, name, values)):
-            click.echo(
+            echo(
                 f"warning: update id {uid!r} was first sent as {first}: this call sent nothing, "
                 "and the outcome printed is that update's",
                 err=True,
             )
         outcome = _wait_outcome(stub.store, delivery, name, deadline, again)
     except KeyboardInterrupt:
-        click.echo(f"update id: {uid} stays delivered: `{again}` waits for its outcome", err=True)
+        echo(f"update id: {uid} stays delivered: `{again}` waits for its outcome", err=True)
         raise
     try:
         value = update_result(outcome, workflow_id, name)
@@ -349,9 +351,9 @@ def update(
             f"update {name!r} ({uid}) of {workflow_id} failed: {type(exc).__name__}: {exc}"
         ) from None
     if as_json:
-        click.echo(to_json(value))
+        echo(to_json(value))
     else:
-        click.echo(f"update {name!r} ({uid}) of {workflow_id}: {to_json(value)}")
+        echo(f"update {name!r} ({uid}) of {workflow_id}: {to_json(value)}")
 
 
 @click.command()
@@ -372,7 +374,7 @@ def query(state: CliState, workflow_id: str, name: str, args: tuple[str, ...], a
         raise CliError("query needs --app MODULE: the run's state is replayed here with the workflow's code")
     load_apps(apps)
     values = parse_args(args)
-    click.echo(to_json(_stub(state, workflow_id).query(name, *values)))
+    echo(to_json(_stub(state, workflow_id).query(name, *values)))
 
 
 @click.command()
@@ -394,11 +396,11 @@ def cancel(state: CliState, workflow_id: str | None, reason: str, where: str | N
     assert workflow_id is not None
     stub = _stub(state, workflow_id)
     stub.cancel(reason)
-    click.echo(f"cancellation requested for {workflow_id}")
+    echo(f"cancellation requested for {workflow_id}")
     # Cancelling runs workflow code (its cleanup): a blocked run runs none until it moves.
     note = cancel_note(workflow_id, stub.blocked(), FOUND_ON_READ)
     if note:
-        click.echo(f"note: {note}", err=True)
+        echo(f"note: {note}", err=True)
 
 
 @click.command()
@@ -419,7 +421,7 @@ def terminate(state: CliState, workflow_id: str | None, reason: str, where: str 
         return
     assert workflow_id is not None
     _stub(state, workflow_id).terminate(reason)
-    click.echo(f"terminated {workflow_id}")
+    echo(f"terminated {workflow_id}")
 
 
 @click.command()
@@ -433,11 +435,11 @@ def status(state: CliState, workflow_id: str) -> None:
     if word in CLOSED_STATUSES:
         outcome = stub.describe().outcome
         ended = outcome.reason() if outcome is not None else ""
-        click.echo(f"{word} ({ended})" if ended else word)
+        echo(f"{word} ({ended})" if ended else word)
         return
     info = stub.describe()  # the blocked reason and the retrying activities, in one read
     if info.blocked:
-        click.echo(f"{info.status} (blocked: {info.blocked.message})")
+        echo(f"{info.status} (blocked: {info.blocked.message})")
     else:
         # Redis's clock: the retry's due time was set on it, this host's may be off.
         now_ms = stub.store.server_time_ms()
@@ -448,7 +450,7 @@ def status(state: CliState, workflow_id: str) -> None:
         task_pending = bool(info.workflow_task)
         waits = in_words(info.pending, now_ms, info.extra.get("signals_buffered"), task_pending=task_pending)
         why += [waits] if waits else []
-        click.echo(f"{info.status} ({'; '.join(why)})" if why else info.status)
+        echo(f"{info.status} ({'; '.join(why)})" if why else info.status)
 
 
 @click.command()
@@ -475,11 +477,11 @@ def result(state: CliState, workflow_id: str, timeout: float | None) -> None:
             now = time.monotonic()
             if unanswered_since is None:
                 unanswered_since = now
-                click.echo(f"note: Redis does not answer ({one_line(exc)}); waiting for it", err=True)
+                echo(f"note: Redis does not answer ({one_line(exc)}); waiting for it", err=True)
             if now - unanswered_since > OUTAGE_RIDE_S or (deadline is not None and now + 1.0 >= deadline):
                 raise
             time.sleep(1.0)
-    click.echo(to_json(value))
+    echo(to_json(value))
 
 
 @click.command()
@@ -552,10 +554,10 @@ def repair(
         was = _stub(state, workflow_id).blocked()
         ref = store.repair(workflow_id, drop_input=drop_input)
         dropped = "; its blocking input (if any) is now a dead letter" if drop_input else ""
-        click.echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
+        echo(f"re-queued {workflow_id} (run {ref.run_id}){dropped}")
         note = repair_note(was, FOUND_ON_READ)  # nothing recorded to clear: said
         if note:
-            click.echo(f"note: {note}", err=True)
+            echo(f"note: {note}", err=True)
         return
     if drop_input:
         raise click.UsageError("--drop-input and --build-id (or --unversioned) go in two separate repairs")
@@ -563,12 +565,12 @@ def repair(
     ref, closed = store.repair_on(workflow_id, build_id)
     if closed:
         status = _stub(state, workflow_id).status()
-        click.echo(f"moved {workflow_id} (run {ref.run_id}) to {where}; it has since {status}")
+        echo(f"moved {workflow_id} (run {ref.run_id}) to {where}; it has since {status}")
         return
-    click.echo(f"re-queued {workflow_id} (run {ref.run_id}) on {where}")
+    echo(f"re-queued {workflow_id} (run {ref.run_id}) on {where}")
     unserved = store.unserved_reason(store.run_record(ref))
     if unserved:  # moved where nothing runs it yet: say so now, not only in describe
-        click.echo(f"warning: {unserved}", err=True)
+        echo(f"warning: {unserved}", err=True)
 
 
 def _repair_blocked(store: RedisStore, workflow_type: str | None, kind: str | None) -> None:
@@ -579,11 +581,11 @@ def _repair_blocked(store: RedisStore, workflow_type: str | None, kind: str | No
         except (WorkflowClosed, WorkflowNotFound):  # closed or purged since it was listed
             continue
         repaired += 1
-        click.echo(f"re-queued {run['workflow_id']} (run {run['run_id']})")
+        echo(f"re-queued {run['workflow_id']} (run {run['run_id']})")
     which = [f"of type {workflow_type!r}"] if workflow_type else []
     if kind:
         which.append(f"of kind {kind}")
-    click.echo(f"re-queued {repaired} blocked run(s) {' and '.join(which)}".rstrip())
+    echo(f"re-queued {repaired} blocked run(s) {' and '.join(which)}".rstrip())
 
 
 COMMANDS = [start, signal, update, query, cancel, terminate, status, result, repair]

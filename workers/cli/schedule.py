@@ -16,6 +16,8 @@ from workers.cli.core import CliState, load_apps, parse_args, pass_state
 from workers.cli.fleet import check_startable
 from workers.cli.render import to_json
 
+from .render import echo
+
 __all__ = ["COMMANDS"]
 
 _POLICIES = click.Choice([p.value for p in ScheduleOverlap])
@@ -170,10 +172,10 @@ def _lines(desc: ScheduleDescription) -> list[str]:
 
 def _echo(desc: ScheduleDescription, as_json: bool) -> None:
     if as_json:
-        click.echo(to_json(desc.to_dict()))
+        echo(to_json(desc.to_dict()))
     else:
         for line in _lines(desc):
-            click.echo(line)
+            echo(line)
 
 
 def _handle(state: CliState, schedule_id: str) -> ScheduleHandle:
@@ -195,7 +197,7 @@ def _warn_ended(desc: ScheduleDescription) -> None:
             said = f"end_at {end} " + (
                 "is already past" if "passed" in desc.state else "comes before its first scheduled time"
             )
-        click.echo(f"warning: schedule {desc.id} will never fire: {said}", err=True)
+        echo(f"warning: schedule {desc.id} will never fire: {said}", err=True)
 
 
 @click.group()
@@ -223,12 +225,12 @@ def create(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bo
     handle = ScheduleHandle.create(schedule_id, spec, store=state.store)
     desc = handle.describe(runs=False)
     if warning:
-        click.echo(warning, err=True)
+        echo(warning, err=True)
     _warn_ended(desc)
     if as_json:
-        click.echo(to_json(desc.to_dict()))
+        echo(to_json(desc.to_dict()))
         return
-    click.echo(f"schedule {schedule_id} created; next: {', '.join(desc.next_times[:3]) or '-'}")
+    echo(f"schedule {schedule_id} created; next: {', '.join(desc.next_times[:3]) or '-'}")
 
 
 @schedule.command("update")
@@ -250,11 +252,11 @@ def update(state: CliState, schedule_id: str, apps: tuple[str, ...], as_json: bo
     handle.update(**changes)
     desc = handle.describe(runs=False)
     if warning:
-        click.echo(warning, err=True)
+        echo(warning, err=True)
     if as_json:
-        click.echo(to_json(desc.to_dict()))
+        echo(to_json(desc.to_dict()))
         return
-    click.echo(f"schedule {schedule_id} updated; next: {', '.join(desc.next_times[:3]) or '-'}")
+    echo(f"schedule {schedule_id} updated; next: {', '.join(desc.next_times[:3]) or '-'}")
 
 
 @schedule.command("list")
@@ -264,21 +266,21 @@ def list_(state: CliState, as_json: bool) -> None:
     """Every schedule: id, workflow, when, state, next time."""
     items = ScheduleHandle.list(store=state.existing_store)
     if as_json:
-        click.echo(to_json([d.to_dict() for d in items]))
+        echo(to_json([d.to_dict() for d in items]))
         return
     if not items:
-        click.echo("no schedules")
+        echo("no schedules")
         return
     for d in items:
         when = (
             f"cron '{d.spec.cron}' {d.spec.timezone}" if d.spec.cron else f"every {_interval(d.spec.every)}"
         )
         nxt = d.next_times[0] if d.next_times else "-"
-        click.echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
+        echo(f"{d.id}  {d.spec.workflow}  {when}  {d.state}  next {nxt}  started {d.started}")
         if d.overdue:
-            click.echo(f"  overdue: {d.overdue}")
+            echo(f"  overdue: {d.overdue}")
         if d.held_up:
-            click.echo(f"  held up: {d.held_up}")
+            echo(f"  held up: {d.held_up}")
 
 
 @schedule.command("describe")
@@ -298,9 +300,9 @@ def _simple(name: str, verb: str) -> click.Command:
     def command(state: CliState, schedule_id: str, note: str, as_json: bool) -> None:
         getattr(_handle(state, schedule_id), name)(note)
         if as_json:
-            click.echo(to_json({"id": schedule_id, "paused": name == "pause", "note": note}))
+            echo(to_json({"id": schedule_id, "paused": name == "pause", "note": note}))
         else:
-            click.echo(f"schedule {schedule_id} {verb}")
+            echo(f"schedule {schedule_id} {verb}")
 
     command.__doc__ = f"{name.capitalize()} schedule ID." + (
         " Times passing meanwhile are not made up." if name == "pause" else " It fires from the next time on."
@@ -331,22 +333,20 @@ def trigger(state: CliState, schedule_id: str, overlap: str | None, as_json: boo
     if wid is None:
         reason = skip_reason(policy)
         if as_json:
-            click.echo(
-                to_json({"id": schedule_id, "outcome": "skipped", "workflow_id": None, "reason": reason})
-            )
+            echo(to_json({"id": schedule_id, "outcome": "skipped", "workflow_id": None, "reason": reason}))
         else:
-            click.echo(f"skipped: {reason}; use --overlap allow_all to start one anyway")
+            echo(f"skipped: {reason}; use --overlap allow_all to start one anyway")
         return
     # Not started yet: buffered by the policy (or, rarely, still being settled by a worker).
     started = state.existing_store.instance_statuses([wid])[0] is not None
     if as_json:
-        click.echo(
+        echo(
             to_json({"id": schedule_id, "outcome": "started" if started else "buffered", "workflow_id": wid})
         )
     elif started:
-        click.echo(f"workflow_id: {wid}")
+        echo(f"workflow_id: {wid}")
     else:
-        click.echo(f"buffered: {wid} starts when the open run closes (overlap {policy})")
+        echo(f"buffered: {wid} starts when the open run closes (overlap {policy})")
 
 
 @schedule.command("backfill")
@@ -367,7 +367,7 @@ def backfill(
     """
     done = _handle(state, schedule_id).backfill(start, end, overlap=overlap)
     if as_json:
-        click.echo(
+        echo(
             to_json(
                 {
                     "id": schedule_id,
@@ -392,10 +392,10 @@ def backfill(
     if done.skipped:
         counts.append(f"{len(done.skipped)} skipped: {done.skip_reason}")
     span = f" ({done[0]} .. {done[-1]})" if done else ""
-    click.echo(f"backfill of {schedule_id}: {len(done)} scheduled time(s){span}; " + ", ".join(counts))
+    echo(f"backfill of {schedule_id}: {len(done)} scheduled time(s){span}; " + ", ".join(counts))
     if done.skipped:
         others = "allow_all" if "buffer_all" in (done.skip_reason or "") else "allow_all or buffer_all"
-        click.echo(f"use --overlap {others} to start every one")
+        echo(f"use --overlap {others} to start every one")
 
 
 @schedule.command("delete")
@@ -405,9 +405,7 @@ def backfill(
 def delete(state: CliState, schedule_id: str, as_json: bool) -> None:
     """Delete schedule ID (the runs it started go on)."""
     _handle(state, schedule_id).delete()
-    click.echo(
-        to_json({"id": schedule_id, "deleted": True}) if as_json else f"schedule {schedule_id} deleted"
-    )
+    echo(to_json({"id": schedule_id, "deleted": True}) if as_json else f"schedule {schedule_id} deleted")
 
 
 COMMANDS = [schedule]

@@ -16,6 +16,8 @@ from workers.cli.core import CliError, CliState, load_apps, pass_state
 from workers.config import mask_url
 from workers.logging import FORMATS, configure
 
+from .render import echo
+
 __all__ = ["COMMANDS", "is_loopback", "serve_in_background"]
 
 
@@ -90,7 +92,7 @@ def server(
     access = (
         f"{len(auth.tokens)} token(s)" if auth.enabled else "no tokens: open to this machine only (loopback)"
     )
-    click.echo(f"durable server on http://{where}:{port} (redis {mask_url(state.url or '')}; auth: {access})")
+    echo(f"durable server on http://{where}:{port} (redis {mask_url(state.url or '')}; auth: {access})")
     if auth.hook_secret is None and any(role == "read" for role, _ in auth.tokens.values()):
         # A read token sees histories and answers queries: a hook token handed to an activity
         # (the callback pattern) is there, and the token alone resumes the hook.

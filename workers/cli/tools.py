@@ -28,6 +28,8 @@ from workers.cli.render import console, history_table, to_json
 from workers.config import mask_url
 from workers.lint import check_modules, findings_table
 
+from .render import echo
+
 __all__ = ["COMMANDS", "load_example"]
 
 
@@ -50,18 +52,18 @@ def replay(target: Path, apps: tuple[str, ...]) -> None:
         except (DurableError, CliError) as exc:
             bad += 1
             said = one_line(exc)  # most start with the file's name; an entry's decode error not
-            click.echo(f"ERROR {said}" if said.startswith(str(path)) else f"ERROR {path}: {said}")
+            echo(f"ERROR {said}" if said.startswith(str(path)) else f"ERROR {path}: {said}")
             continue
         try:
             replay_history(entries)
         except NondeterminismError as exc:
             bad += 1
-            click.echo(f"DIVERGED {path}: {one_line(exc)}")
+            echo(f"DIVERGED {path}: {one_line(exc)}")
         except (DurableError, CliError) as exc:
             bad += 1
-            click.echo(f"ERROR {path}: {one_line(exc)}")
+            echo(f"ERROR {path}: {one_line(exc)}")
         else:
-            click.echo(f"OK {path} ({len(entries)} events)")
+            echo(f"OK {path} ({len(entries)} events)")
     if bad:
         sys.exit(1)
 
@@ -81,13 +83,13 @@ def check(apps: tuple[str, ...], as_json: bool) -> None:
     """
     findings, classes = check_modules(load_apps(apps))
     for clash in registry.name_clashes(apps):  # not a replay problem: said, not counted
-        click.echo(f"warning: {clash}", err=True)
+        echo(f"warning: {clash}", err=True)
     if as_json:
-        click.echo(to_json([f.to_dict() for f in findings], indent=1))
+        echo(to_json([f.to_dict() for f in findings], indent=1))
     elif findings:
         console().print(findings_table(findings))
     else:
-        click.echo(f"OK: no determinism problems in {classes} workflow class(es)")
+        echo(f"OK: no determinism problems in {classes} workflow class(es)")
     if findings:
         sys.exit(1)
 
@@ -158,7 +160,7 @@ def hook_resume(state: CliState, token: str, payload: str | None) -> None:
     """
     value = parse_args([payload])[0] if payload is not None else None
     WorkflowStub.resume_hook(token, value, store=state.existing_store)
-    click.echo("hook resumed")
+    echo("hook resumed")
 
 
 COMMANDS = [replay, check, demo, hook]

@@ -22,6 +22,8 @@ from workers.cli.server import serve_in_background
 from workers.config import WorkerConfig, mask_url
 from workers.supervisor import DRAINED_EXIT, READY_FD_ENV, joined_message
 
+from .render import echo
+
 __all__ = ["COMMANDS"]
 
 
@@ -307,7 +309,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     if supervisor.startup_error is not None:
         # No child could start: the one line a single worker process would have printed
         # (already naming the Redis), not "error:" about the supervisor.
-        click.echo(supervisor.startup_error, err=True)
+        echo(supervisor.startup_error, err=True)
     if code:
         sys.exit(code)
 
@@ -369,18 +371,18 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     config = _config(state, store, options)
     configure_logging(config)
     shown = mask_url(config.redis_url)
-    click.echo(f"durable dev: Redis at {shown}", err=True)
-    click.echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
+    echo(f"durable dev: Redis at {shown}", err=True)
+    echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
     if not no_server:
         try:
             url = serve_in_background(store, port)
         except CliError as exc:  # the port is taken: the worker runs all the same
-            click.echo(f"  (no web UI: {exc}; or --no-server)", err=True)
+            echo(f"  (no web UI: {exc}; or --no-server)", err=True)
         else:
             if url:
-                click.echo(f"  web UI and API at {url}", err=True)
+                echo(f"  web UI and API at {url}", err=True)
             else:
-                click.echo("  (no web UI: pip install 'durable[server]')", err=True)
+                echo("  (no web UI: pip install 'durable[server]')", err=True)
     run_worker(config, store)
 
 
