@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, TypeVar, overload
@@ -11,7 +10,7 @@ from typing import Any, Generic, Self, TypeVar, overload
 from . import codec, interceptors
 from . import events as ev
 from .client_updates import send_update, signal_event
-from .config import namespace as configured_namespace
+from .default_store import default_store
 from .errors import (
     ConfigurationError,
     WorkflowClosed,
@@ -34,8 +33,6 @@ from .runinfo import (
 from .search import start_attributes
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
-from .store.embedded import resolve_redis_url
-from .store.outage import ride_out
 from .store.redis_store import RedisStore, RunRef
 from .store.starts import Closing
 from .store.updates import update_result, wait_update
@@ -44,35 +41,6 @@ from .time_limit import QUERY_TIMEOUT, query_overrun, run_limited
 from .typed_args import check_call
 from .waiting import not_closed
 from .workflow import Workflow
-
-_stores: dict[tuple[str, str], RedisStore] = {}
-_stores_lock = threading.Lock()
-# The last failed opening of each store: when it failed, and why.
-_open_failed: dict[tuple[str, str], tuple[float, Exception]] = {}
-
-
-def default_store() -> RedisStore:
-    """The process-wide store for the configured Redis (``DURABLE_REDIS_URL`` or embedded) and
-    namespace (``DURABLE_NAMESPACE``)."""
-    url, name = resolve_redis_url(), configured_namespace()
-    arrived = time.monotonic()
-    with _stores_lock:
-        store = _stores.get((url, name))
-        if store is None:
-            failed = _open_failed.get((url, name))
-            if failed is not None and failed[0] >= arrived:
-                # An opening that ran while this caller waited for the lock failed: its answer is
-                # this caller's too (each one riding out the outage in turn, the Nth of N callers
-                # waited N x 10 s).
-                raise failed[1]
-            try:
-                # Opening reads the deployment's settings: it rides out a short outage as the calls do.
-                store = ride_out(lambda: RedisStore(url, namespace=name), url=url, what="opening the store")
-            except Exception as exc:
-                _open_failed[url, name] = (time.monotonic(), exc)
-                raise
-            _stores[url, name] = store
-        return store
 
 
 def _terminate_children(store: RedisStore, close: Closing | None) -> None:

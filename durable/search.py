@@ -100,18 +100,12 @@ class SearchQueryError(ConfigurationError):
 
     def __init__(self, message: str, where: str = "", position: int = 0) -> None:
         self.position = position
-        if where:
-            # Around the position only: a 40 KB expression was a 40 KB error line.
-            start = max(position - 1 - _SHOWN_BEFORE, 0)
-            shown = where[start : position - 1 + _SHOWN_AFTER]
-            head = "..." if start else ""
-            tail = "..." if position - 1 + _SHOWN_AFTER < len(where) else ""
-            caret = " " * (len(head) + max(position - 1 - start, 0))
-            message = f"{message}\n  {head}{shown}{tail}\n  {caret}^"
+        if where:  # around the position only: a 40 KB expression was a 40 KB error line
+            at, start = max(position - 1, 0), max(position - 61, 0)
+            head, tail = "..." if start else "", "..." if at + 40 < len(where) else ""
+            caret = " " * (len(head) + at - start)
+            message = f"{message}\n  {head}{where[start : at + 40]}{tail}\n  {caret}^"
         super().__init__(message)
-
-
-_SHOWN_BEFORE, _SHOWN_AFTER = 60, 40
 
 
 @dataclass(frozen=True)
@@ -400,11 +394,7 @@ class _Parser:
         self.depth = 0
 
     def error(self, message: str, tok: _Tok) -> SearchQueryError:
-        got = (
-            "end of input"
-            if tok.kind == "end"
-            else repr(tok.text[:40]) + ("..." if len(tok.text) > 40 else "")
-        )
+        got = "end of input" if tok.kind == "end" else _short(tok.text)
         return SearchQueryError(
             f"--where syntax error at position {tok.pos}: {message} (got {got})", self.where, tok.pos
         )

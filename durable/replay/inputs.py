@@ -258,11 +258,8 @@ class Inputs(Updates):
     def _activity_error(self, event: ev.ActivityFailedEvent, branch: Branch) -> ActivityFailed:
         assert branch.wait is not None
         cause = codec.loads(event.error)
-        # error_text names an ApplicationError by the type it stands for (a SerializationError's
-        # type_name is the value's type, not the error's).
-        cause_text = (
-            error_text(cause) if isinstance(cause, BaseException) else f"{type(cause).__name__}: {cause}"
-        )
+        # By the error's type (a SerializationError's type_name is the value's that did not encode).
+        cause_text = error_text(cause) if isinstance(cause, BaseException) else str(cause)
         return ActivityFailed(
             f"activity {branch.wait.name} ({event.id}) failed after {event.attempts} attempt(s): {cause_text}",
             activity_id=event.id,
