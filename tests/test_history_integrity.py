@@ -12,6 +12,7 @@ with a gap.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 
 import msgpack
@@ -22,7 +23,7 @@ from waiting import wait_for
 from durable import DurableError, HistoryCorrupt, WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
-from workers import broken_streams
+from workers import broken_streams, run_cache
 
 
 def _suspended(store: RedisStore, wid: str) -> tuple[WorkflowStub, str, int]:
@@ -190,3 +191,22 @@ def test_start_arguments_that_do_not_decode_are_a_corrupt_history_not_an_input_t
         in reason.message
     )
     stub.terminate("its arguments do not decode")
+
+
+def test_a_cached_run_whose_record_becomes_a_string_does_not_stop_the_worker(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker's pass asks whether its cached runs are still open: a record made a string
+    # failed that read (WRONGTYPE) and the worker exited, with no task of the run in flight.
+    monkeypatch.setattr(run_cache, "CLOSED_CHECK_S", 0.2)
+    with TestEnvironment(store=store) as env:
+        cached = env.start(Waiter, 0.01, id="record-string")
+        wait_for(lambda: cached.history()[-1].type == "SignalWaitStarted", timeout=20)
+        record = store.keys.run(cached._ref().partition, cached.run_id)
+        store.redis.delete(record)
+        store.redis.set(record, "not a hash")
+        time.sleep(1.0)  # several passes of the cache's check
+        other = env.start(Waiter, 0.01, id="record-string-other")
+        other.signal("go", "still served")
+        assert other.result(timeout=20) == "still served"
+    store.redis.delete(record)

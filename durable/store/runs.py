@@ -142,13 +142,17 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
 
     def runs_open(self, runs: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each (workflow id, run id) of ``runs`` is an open run (one round trip; a
-        purged run is not)."""
+        purged run is not, nor one whose record is not a hash: the worker's pass asking this
+        died on it, WRONGTYPE)."""
         k = self.keys
         with self.redis.pipeline(transaction=False) as pipe:
             for workflow_id, run_id in runs:
                 pipe.hget(k.run(k.partition(workflow_id), run_id), "status")
-            statuses = pipe.execute()
-        return [s is not None and text(s) in OPEN_STATUSES for s in statuses]
+            statuses = pipe.execute(raise_on_error=False)
+        for s in statuses:
+            if isinstance(s, Exception) and not is_wrong_type(s):
+                raise s
+        return [isinstance(s, bytes | str) and text(s) in OPEN_STATUSES for s in statuses]
 
     def history(self, ref: RunRef, after_seq: int = 0) -> list[ev.Entry]:
         """The run's committed events after ``after_seq``, decoded, in seq order."""
