@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Self, TypeVar, overload
 
+import redis
+
 from . import codec, interceptors
 from . import events as ev
 from .client_updates import send_update, signal_event
@@ -33,6 +35,7 @@ from .runinfo import (
 from .search import start_attributes
 from .start_policy import DEFAULT as DEFAULT_POLICY
 from .start_policy import StartPolicy
+from .store.key_types import is_wrong_type
 from .store.redis_store import RedisStore, RunRef
 from .store.starts import Closing
 from .store.updates import update_result, wait_update
@@ -288,9 +291,19 @@ class WorkflowStub(Generic[R]):
         self._run_id = ref.run_id
         return ref
 
+    def _ride(self, what: str, call: Callable[[], T], **options: Any) -> T:
+        """:meth:`RedisStore.ride`, a key of this workflow holding another kind of value (made by
+        hand, another program sharing the database) said by name, not as a bare ``WRONGTYPE``."""
+        try:
+            return self._store.ride(what, call, **options)
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            raise self._store.cannot_write(what, self._id, exc) from None
+
     def _read(self, what: str, call: Callable[[], T]) -> T:
         """``call()``, reading this workflow, through a short Redis outage (:meth:`RedisStore.ride`)."""
-        return self._store.ride(f"{what} of workflow {self._id!r}", call)
+        return self._ride(f"{what} of workflow {self._id!r}", call)
 
     def _run_ref(self, run_id: str | None) -> RunRef:
         """The current run, or the given run of this workflow (the stub keeps the current one)."""
@@ -356,7 +369,7 @@ class WorkflowStub(Generic[R]):
         queue = start_queue(self._type, self._queue)
         patches = start_patches(self._type, queue, self._store)
         run_id = new_run_id()  # one id for every try: a resend of a start that landed finds its run
-        run = self._store.ride(
+        run = self._ride(
             f"start() of workflow {self._id!r}",
             lambda: self._store.start(
                 workflow_type=self._type,
@@ -401,7 +414,7 @@ class WorkflowStub(Generic[R]):
         signal = signal_event(request.name, request.args, request.headers, self._code or self._type)
         what = f"signal({request.name!r}) of workflow {request.workflow_id!r}"
         deliver = lambda: self._store.deliver(request.workflow_id, signal, limited=True)  # noqa: E731
-        self._store.ride(what, deliver, writes=request.workflow_id)
+        self._ride(what, deliver, writes=request.workflow_id)
 
     def update(
         self, name: str, *args: Any, timeout: float | None = None, update_id: str | None = None
@@ -466,7 +479,7 @@ class WorkflowStub(Generic[R]):
         request = ev.CancelRequested(reason=reason or "cancel requested")  # a second is dropped, noted
         sent = new_run_id()  # one id for every try: a resend after a lost reply delivers nothing
         deliver = lambda: self._store.deliver(self._id, request, sent_id=sent)  # noqa: E731
-        self._store.ride(f"cancel() of workflow {self._id!r}", deliver, writes=self._id)
+        self._ride(f"cancel() of workflow {self._id!r}", deliver, writes=self._id)
 
     def terminate(self, reason: str = "") -> None:
         """Close the run now: no workflow code runs; open activities and timers are voided, its
@@ -488,9 +501,7 @@ class WorkflowStub(Generic[R]):
                     raise
                 return None
 
-        close = self._store.ride(
-            f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again
-        )
+        close = self._ride(f"terminate() of workflow {self._id!r}", terminate, writes=self._id, resend=again)
         _terminate_children(self._store, close)
 
     # --------------------------------------------------------------- reads
@@ -547,7 +558,7 @@ class WorkflowStub(Generic[R]):
             try:
                 # A wait that cannot begin (Redis down) is tried again, within the timeout; one that
                 # began rides an outage out itself (OUTAGE_RIDE_S).
-                closing = self._store.ride(
+                closing = self._ride(
                     f"result() of workflow {self._id!r}",
                     lambda: wait_closing(self._store, ref, deadline, current=current),  # noqa: B023
                     until=deadline,

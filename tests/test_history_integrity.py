@@ -210,3 +210,28 @@ def test_a_cached_run_whose_record_becomes_a_string_does_not_stop_the_worker(
         other.signal("go", "still served")
         assert other.result(timeout=20) == "still served"
     store.redis.delete(record)
+
+
+def test_client_calls_on_a_run_with_a_key_of_another_kind_name_the_key(store: RedisStore) -> None:
+    # signal() and terminate() raised a bare WRONGTYPE naming no key; terminate, the operator's
+    # way out, could not close the run either, and said nothing of what to delete.
+    stub = WorkflowStub.make(Waiter, id="wrongtype-calls", store=store).start(60)
+    p = stub._ref().partition
+    inbox, history = store.keys.inbox(p, stub.run_id), store.keys.history(p, stub.run_id)
+    store.redis.set(inbox, "not a list")
+    with pytest.raises(
+        DurableError,
+        match=rf"signal\('go'\) of workflow 'wrongtype-calls' failed: {re.escape(inbox)} is a string, not a list",
+    ):
+        stub.signal("go", "x")
+    store.redis.delete(inbox, history)
+    store.redis.set(history, "not a stream")
+    with pytest.raises(
+        DurableError,
+        match=rf"terminate\(\) of workflow 'wrongtype-calls' failed: {re.escape(history)} is a string, not a stream.*delete or rename the key",
+    ):
+        stub.terminate("cleanup")
+    assert stub.status() != "terminated"  # nothing was written
+    store.redis.delete(history)
+    stub.terminate("cleanup")
+    assert stub.status() == "terminated"

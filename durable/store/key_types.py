@@ -11,6 +11,7 @@ from typing import TypeGuard
 
 import redis.exceptions as rexc
 
+from ..errors import DurableError, HistoryCorrupt
 from .base import StoreBase
 from .records import text
 
@@ -52,6 +53,32 @@ class KeyTypes(StoreBase):
                 k.dead(p): "stream",
                 k.runs(p): "zset",
             }
+        )
+
+    def wrong_kind_error(self, p: int, run_id: str, exc: BaseException) -> HistoryCorrupt:
+        """Run ``run_id`` cannot be loaded or committed: ``exc`` (``WRONGTYPE``) said a key holds
+        another kind of value; which keys (read now), and what to do."""
+        wrong = "; ".join(self.run_wrong_types(p, run_id)) or str(exc)
+        return HistoryCorrupt(
+            f"run {run_id}: its keys hold the wrong kind of value: {wrong} (made by hand, or by another "
+            "program sharing the database): restore Redis from a backup, or delete or rename the key, "
+            "then `durable repair` (or `durable terminate`) the run",
+            run_id=run_id,
+        )
+
+    def cannot_write(self, doing: str, workflow_id: str, exc: BaseException) -> DurableError:
+        """The error of a client call (``doing``: ``"signal() of workflow 'x'"``) that met a key of
+        ``workflow_id`` holding another kind of value (``exc``, a ``WRONGTYPE``): which keys."""
+        k = self.keys
+        p = k.partition(workflow_id)
+        instance = k.instance(p, workflow_id)
+        wrong = self.wrong_types({instance: "hash"})
+        if not wrong:
+            run_id = self.redis.hget(instance, "run")
+            wrong = self.run_wrong_types(p, text(run_id)) if run_id else []
+        return DurableError(
+            f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or by another program sharing the "
+            "database); delete or rename the key (durable makes it again), then try again"
         )
 
     def wrong_kinds(self, expected: Mapping[str, str]) -> dict[str, str]:

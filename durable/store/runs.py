@@ -222,17 +222,6 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
                 out.append(self.wrong_kind_error(p, rid, exc))
         return out
 
-    def wrong_kind_error(self, p: int, run_id: str, exc: BaseException) -> HistoryCorrupt:
-        """Run ``run_id`` cannot be loaded or committed: ``exc`` (``WRONGTYPE``) said a key holds
-        another kind of value; which keys (read now), and what to do."""
-        wrong = "; ".join(self.run_wrong_types(p, run_id)) or str(exc)
-        return HistoryCorrupt(
-            f"run {run_id}: its keys hold the wrong kind of value: {wrong} (made by hand, or by another "
-            "program sharing the database): restore Redis from a backup, or delete or rename the key, "
-            "then `durable repair` (or `durable terminate`) the run",
-            run_id=run_id,
-        )
-
     def log_entries(self, ref: RunRef, count: int = LOG_MAXLEN) -> list[dict[str, Any]]:
         """Activity attempts and dropped inputs kept beside the history: the last ``count``,
         oldest first. The log keeps about :data:`~durable.store.base.LOG_MAXLEN` entries (a
@@ -523,7 +512,16 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
         Raises:
             WorkflowNotFound: unknown id.
             WorkflowClosed: the run is closed already.
+            DurableError: a key of the run holds another kind of value (named; nothing written).
         """
+        try:
+            return self._terminate(workflow_id, reason)
+        except redis.ResponseError as exc:  # a read before the script met a key of another kind
+            if not is_wrong_type(exc):
+                raise
+            raise self.cannot_write(f"terminate() of workflow {workflow_id!r}", workflow_id, exc) from None
+
+    def _terminate(self, workflow_id: str, reason: str) -> tuple[RunRef, Closing]:
         data = codec.pack(ev.WorkflowTerminated(reason=reason).to_data())
         for _ in range(5):
             ref = self.ref(workflow_id)
@@ -547,6 +545,10 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
                 return ref, close
             if outcome == "CLOSED":
                 raise WorkflowClosed(f"workflow {workflow_id!r} (run {rid}) is already {text(result[1])}")
+            if outcome == "WRONGKIND":  # nothing written
+                raise self.cannot_write(
+                    f"terminate() of workflow {workflow_id!r}", workflow_id, ValueError(result[1])
+                )
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ----------------------------------------------------------------- hooks

@@ -6,9 +6,12 @@
 --       SHA1 of the run's snapshot the messages closing its children were made from, its timers
 --       members (a msgpack list), then those messages...
 -- Returns {'OK', seq} | {'MOVED', current run id} | {'STALE'} (the snapshot changed: read it
---   again) | {'CLOSED', status}
+--   again) | {'CLOSED', status} | {'WRONGKIND', key, the kind it holds, the kind expected}
 local instance, run = KEYS[1], KEYS[2]
 local rid, data, to_parent = ARGV[1], ARGV[2], ARGV[3]
+local wrong = wrong_kind({instance, 'hash', run, 'hash', KEYS[3], 'stream', KEYS[4], 'list', KEYS[5], 'hash',
+  KEYS[6], 'stream', KEYS[7], 'stream', string.match(run, '^(.-{%d+})') .. ':timers', 'zset'})
+if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 local current = redis.call('HGET', instance, 'run')
 if current ~= rid then return {'MOVED', current or ''} end
 local fields = redis.call('HMGET', run, 'status', 'snapshot')
