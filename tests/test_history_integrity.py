@@ -18,12 +18,14 @@ from collections.abc import Callable
 import msgpack
 import pytest
 from apps.basic import Waiter
+from click.testing import CliRunner
 from waiting import wait_for
 
 from durable import DurableError, HistoryCorrupt, WorkflowStub
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
 from workers import broken_streams, run_cache
+from workers.cli import cli
 
 
 def _suspended(store: RedisStore, wid: str) -> tuple[WorkflowStub, str, int]:
@@ -235,3 +237,19 @@ def test_client_calls_on_a_run_with_a_key_of_another_kind_name_the_key(store: Re
     store.redis.delete(history)
     stub.terminate("cleanup")
     assert stub.status() == "terminated"
+
+
+def test_a_run_record_of_another_kind_is_a_row_of_the_list_not_its_end(store: RedisStore) -> None:
+    # One record made a string failed `durable list` and GET /api/v1/workflows for everyone.
+    bad = WorkflowStub.make(Waiter, id="list-bad-record", store=store).start(60)
+    WorkflowStub.make(Waiter, id="list-good-record", store=store).start(60)
+    record = store.keys.run(bad._ref().partition, bad.run_id)
+    store.redis.delete(record)
+    store.redis.set(record, "not a hash")
+    rows = {row["run_id"]: row for row in store.list_runs_page(limit=50).runs}
+    assert rows[bad.run_id]["blocked_kind"] == "history_corrupt"
+    assert f"its run record {record} is not a hash" in rows[bad.run_id]["blocked"]
+    assert any(row.get("workflow_id") == "list-good-record" for row in rows.values())
+    listed = CliRunner().invoke(cli, ["list", "--limit", "50"])
+    assert listed.exit_code == 0 and "list-good-record" in listed.output, listed.output
+    store.redis.delete(record)

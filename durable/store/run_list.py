@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from ..runinfo import blocked_reason
 from .base import StoreBase
 from .records import OPEN_STATUSES, decode_run, text
@@ -76,6 +78,21 @@ class RunPage:
     runs: list[dict[str, Any]] = field(default_factory=list)
     next: str | None = None
     scanned: int = 0
+
+
+def _unreadable(key: str, exc: Exception) -> dict[str, Any]:
+    """The row of a run whose record cannot be read (``WRONGTYPE``: made another kind of value by
+    hand, or by another program sharing the database); it failed the whole list for everyone."""
+    if "WRONGTYPE" not in str(exc):
+        raise exc
+    return {
+        "workflow_id": "?",
+        "status": "pending",
+        "blocked": f"HistoryCorrupt: its run record {key} is not a hash (made by hand, or by another program "
+        "sharing the database): delete or rename the key, then start the run again",
+        "blocked_kind": "history_corrupt",
+        "snapshot": {},
+    }
 
 
 def parse_cursor(cursor: str) -> tuple[int, str]:
@@ -210,9 +227,12 @@ class RunQueries(StoreBase):
         with self.redis.pipeline(transaction=False) as pipe:
             for _, p, rid in batch:
                 pipe.hmget(self.keys.run(p, rid), fields)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
         out: list[dict[str, Any] | None] = []
-        for values in replies:
+        for (_, p, rid), values in zip(batch, replies, strict=True):
+            if isinstance(values, Exception):  # one run's record of another kind: its row says so
+                out.append(_unreadable(self.keys.run(p, rid), values))
+                continue
             if values[0] is None:  # purged meanwhile
                 out.append(None)
                 continue
@@ -261,10 +281,14 @@ class RunQueries(StoreBase):
         candidates.sort(reverse=True)  # (ms, run id) desc: the index's order, the cursor's too
         out: list[dict[str, Any]] = []
         for created, rid, p in candidates:
-            raw = self.redis.hgetall(self.keys.run(p, rid))
+            try:
+                raw = self.redis.hgetall(self.keys.run(p, rid))
+            except redis.ResponseError as exc:  # one run's record of another kind: its row says so
+                raw, record = {"status": b"pending"}, _unreadable(self.keys.run(p, rid), exc)
+            else:
+                record = decode_run(raw) if raw else {}
             if not raw:
                 continue
-            record = decode_run(raw)
             if (
                 status is not None
                 and record.get("status") != status
