@@ -21,7 +21,7 @@ from .errors import (
 from .handlers import Handles
 from .ids import check_workflow_id, new_run_id
 from .interceptors import ClientInterceptor, QueryWorkflowInput, SignalWorkflowInput, StartWorkflowInput
-from .limits import check_name_length, check_queue_name
+from .limits import check_name_length, check_queue_name, cut_reason
 from .options import Seconds, wait_seconds
 from .registry import check_name, start_patches, start_queue
 from .replay.driver import query_history
@@ -476,7 +476,7 @@ class WorkflowStub(Generic[R]):
 
     def cancel(self, reason: str = "") -> None:
         """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""
-        request = ev.CancelRequested(reason=reason or "cancel requested")  # a second is dropped, noted
+        request = ev.CancelRequested(reason=cut_reason(reason or "cancel requested"))  # a second is dropped
         sent = new_run_id()  # one id for every try: a resend after a lost reply delivers nothing
         deliver = lambda: self._store.deliver(self._id, request, sent_id=sent)  # noqa: E731
         self._ride(f"cancel() of workflow {self._id!r}", deliver, writes=self._id)
@@ -489,7 +489,7 @@ class WorkflowStub(Generic[R]):
         worker runs)."""
 
         def terminate() -> Closing | None:
-            return self._store.terminate(self._id, reason or "terminated")[1]
+            return self._store.terminate(self._id, cut_reason(reason or "terminated"))[1]
 
         def again() -> Closing | None:
             try:

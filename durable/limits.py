@@ -44,6 +44,7 @@ __all__ = [
     "check_name_length",
     "check_queue_name",
     "current",
+    "cut_reason",
     "input_bounds",
     "input_refused",
     "limit_error",
@@ -179,6 +180,19 @@ def input_refused(limit: str, what: str, count: int) -> LimitExceeded:
     counted: items or events before this input, bytes with it)."""
     actual = count if limit == "max_history_bytes" else count + 1
     return limit_error(limit, f"{what}: {_REFUSED_AT.get(limit, limit)}", actual)
+
+
+#: Longest cancel or terminate reason kept, in characters (as an error message is cut).
+MAX_REASON = 2_000
+
+
+def cut_reason(reason: str) -> str:
+    """A cancel or terminate reason as it is kept: its first :data:`MAX_REASON` characters,
+    marked when cut. A 20 MB reason was stored whole, in the history, the runs list and every
+    ``result()`` error, past every payload and history budget."""
+    if len(reason) <= MAX_REASON:
+        return reason
+    return f"{reason[:MAX_REASON]}... [reason of {len(reason):,} characters cut]"
 
 
 def check_name_length(name: str, what: str) -> str:

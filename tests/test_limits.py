@@ -268,3 +268,15 @@ def test_a_real_worker_process_obeys_the_environment(durable_store: RedisStore, 
         wait_for(lambda: stub.status() == "terminated", timeout=30)
         _terminated(stub, "max_pending_activities")
     assert _history_types(stub).count("ActivityScheduled") == 10
+
+
+def test_a_huge_cancel_or_terminate_reason_is_cut(store: RedisStore) -> None:
+    # A 20 MB reason was stored whole: in the history, the runs list, every result() error.
+    stub = WorkflowStub.make(Sink, id="loud-reason", store=store).start()
+    stub.cancel("c" * 3_000_000)
+    stub.terminate("t" * 20_000_000)
+    reasons = [e.data["reason"] for e in stub.history() if e.type in ("WorkflowTerminated",)]
+    assert reasons == ["t" * 2_000 + "... [reason of 20,000,000 characters cut]"]
+    inbox = store.keys.inbox(stub._ref().partition, stub.run_id)
+    assert store.redis.llen(inbox) == 0  # the cancel request was dropped with the run: beside the history
+    assert all(len(e["e"]) < 3_000 for e in store.log_entries(stub._ref()) if e.get("kind") == "dropped")
