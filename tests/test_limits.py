@@ -280,3 +280,11 @@ def test_a_huge_cancel_or_terminate_reason_is_cut(store: RedisStore) -> None:
     inbox = store.keys.inbox(stub._ref().partition, stub.run_id)
     assert store.redis.llen(inbox) == 0  # the cancel request was dropped with the run: beside the history
     assert all(len(e["e"]) < 3_000 for e in store.log_entries(stub._ref()) if e.get("kind") == "dropped")
+
+
+def test_describe_counts_every_signal_a_client_may_leave_waiting(store: RedisStore) -> None:
+    # describe counted the first 1,000 of 2,000 waiting signals, with nothing saying so.
+    stub = WorkflowStub.make(Sink, id="counted", store=store).start()
+    for i in range(1_500):
+        stub.signal("note", i)
+    assert stub.describe()["signals_undecided"] == {"note": 1_500}

@@ -141,9 +141,8 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
         return None if raw is None else text(raw)
 
     def runs_open(self, runs: Sequence[tuple[str, str]]) -> list[bool]:
-        """Whether each (workflow id, run id) of ``runs`` is an open run (one round trip; a
-        purged run is not, nor one whose record is not a hash: the worker's pass asking this
-        died on it, WRONGTYPE)."""
+        """Whether each (workflow id, run id) of ``runs`` is an open run (one round trip; a purged
+        run is not, nor one whose record is not a hash: the pass asking died on it, WRONGTYPE)."""
         k = self.keys
         with self.redis.pipeline(transaction=False) as pipe:
             for workflow_id, run_id in runs:
@@ -179,10 +178,11 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
         """:func:`~durable.store.loads.decode_history` of ``ref``'s rows."""
         return loads.decode_history(ref.run_id, rows, first, last)
 
-    def undecided_inputs(self, ref: RunRef, most: int = 1000) -> list[ev.Event]:
-        """The inputs (signals, a cancel request, ...) waiting in the run's inbox for its next
-        decision, oldest first: the first ``most``; an item that does not decode is left out
-        (the decision parks it)."""
+    def undecided_inputs(self, ref: RunRef, most: int | None = None) -> list[ev.Event]:
+        """The inputs (signals, a cancel request...) waiting in the run's inbox, oldest first: the
+        first ``most`` (default ``max_pending_signals``: all a client may send); one that does not
+        decode is left out (the decision parks it)."""
+        most = most or run_limits.current().max_pending_signals
         out = []
         for raw in self.redis.lrange(self.keys.inbox(ref.partition, ref.run_id), 0, most - 1):
             try:
