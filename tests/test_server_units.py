@@ -111,6 +111,12 @@ def test_tokens_from_json_toml_and_env(tmp_path: Path) -> None:
         assert 'short"' not in str(err.value)
     with pytest.raises(AuthFileError, match="role:token"):
         load_auth(None, {"DURABLE_SERVER_TOKENS": TOKEN_A})
+    # /dev/zero given by mistake grew the server to 2.5 GB in 5 s; a big file is no token file.
+    for endless in (Path("/dev/zero"), tmp_path / "big.json"):
+        if endless.name == "big.json":
+            endless.write_bytes(b" " * (2 * 1024 * 1024))
+        with pytest.raises(AuthFileError, match="not a regular file of at most 1,048,576 bytes"):
+            load_auth(endless, {})
 
 
 def test_hook_payloads_and_masked_paths() -> None:

@@ -213,9 +213,19 @@ def load_auth(path: Path | None = None, environ: Mapping[str, str] | None = None
     return auth
 
 
+MAX_AUTH_FILE = 1024 * 1024
+"""Largest auth file read: ``/dev/zero`` given by mistake grew the server to 2.5 GB in 5 s."""
+
+
 def _load_file(auth: AuthConfig, path: Path) -> None:
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:
+            raw = file.read(MAX_AUTH_FILE + 1)
+        if len(raw) > MAX_AUTH_FILE or not path.is_file():
+            raise AuthFileError(
+                f"auth file {path} is not a regular file of at most {MAX_AUTH_FILE:,} bytes: give the "
+                "JSON or TOML file of tokens"
+            )
         data: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json_loads(raw)
     except (OSError, ValueError) as exc:  # tomllib and json errors are ValueErrors
         raise AuthFileError(f"cannot read auth file {path}: {exc}") from None
