@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import logging
 import sys
 import types
 from http import HTTPStatus
@@ -307,3 +308,49 @@ def test_activity_exception_of_a_disallowed_module_names_its_type(worker: Any) -
         "message": "gateway acme is down",
         "original_type": "apps.payment_errors.GatewayDown",
     }
+
+
+def test_the_hint_names_the_module_a_missing_class_was_recorded_in() -> None:
+    # A class recorded as pkg.models.Ticket whose module went in a deploy: the hint said to put a
+    # re-export "in 'pkg'" (which cannot hold 'models.Ticket'); one recorded from a script's
+    # __main__ said to put it in __main__ (the worker's entry script).
+    pkg = types.ModuleType("durable_test_pkg")
+    sys.modules[pkg.__name__] = pkg
+    codec.allow_module(pkg.__name__)
+    try:
+        with pytest.raises(
+            SerializationError,
+            match=r"module 'durable_test_pkg\.models' is not loaded \(package 'durable_test_pkg' has no "
+            r"'models'\): import it from the --app modules; if the class moved or was renamed, keep a "
+            r"module 'durable_test_pkg\.models' re-exporting it",
+        ):
+            codec.loads(ext(11, ["durable_test_pkg.models.Ticket", {}]))
+    finally:
+        del sys.modules[pkg.__name__]
+    codec.allow_module("__main__")
+    with pytest.raises(
+        SerializationError, match=r"defined in the script that wrote it \(__main__\), which no other"
+    ):
+        codec.loads(ext(11, ["__main__.NoSuchItem", {}]))
+
+
+def test_a_client_encoding_a_class_of_its_script_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    # A class of __main__ given to a start reads back in this process (a TestEnvironment beside
+    # it) but not in a worker elsewhere, whose run is then blocked: said once, at the client.
+    main = sys.modules["__main__"]
+    Local = dataclasses.make_dataclass("Local", [("n", int)])  # noqa: N806
+    Local.__module__ = "__main__"
+    main.Local = Local
+    codec.allow_module("__main__")
+    try:
+        with caplog.at_level(logging.WARNING, logger="durable.codec"):
+            codec.dumps(Local(1), allowed_only=True)
+            codec.dumps(Local(2), allowed_only=True)
+        said = [
+            r.getMessage()
+            for r in caplog.records
+            if "__main__.Local is defined in the script" in r.getMessage()
+        ]
+        assert len(said) == 1 and "move it to a module both import" in said[0], said
+    finally:
+        delattr(main, "Local")

@@ -77,7 +77,19 @@ def _disallowed(kind: str, name: str, module: str) -> NoReturn:
 
 
 def _missing(kind: str, name: str, module: str, loaded: bool) -> NoReturn:
-    if loaded:  # the module is there, the class is not: moved or renamed since it was recorded
+    rest = name.removeprefix(module + ".")
+    if module == "__main__":  # the script that wrote it: no other process has its classes
+        hint = (
+            "it was defined in the script that wrote it (__main__), which no other process can import: "
+            "move the class to a module both the client and the worker import"
+        )
+    elif loaded and "." in rest:  # a package is loaded, the module under it is not
+        hint = (
+            f"module {name.rsplit('.', 1)[0]!r} is not loaded (package {module!r} has no "
+            f"{rest.split('.')[0]!r}): import it from the --app modules; if the class moved or was "
+            f"renamed, keep a module {name.rsplit('.', 1)[0]!r} re-exporting it under its old name"
+        )
+    elif loaded:  # the module is there, the class is not: moved or renamed since it was recorded
         hint = (
             f"module {module!r} is loaded but has no {name.removeprefix(module + '.')!r}: if the class "
             f"moved or was renamed, keep it importable under its old name there (a re-export in {module!r})"

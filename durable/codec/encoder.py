@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import threading
 import traceback
 from collections.abc import Callable
@@ -47,6 +48,8 @@ class EncodeFail(Exception):
         self.obj = obj
         self.reason = reason
 
+
+log = logging.getLogger("durable.codec")
 
 _spare = threading.local()
 
@@ -174,7 +177,19 @@ def _class_ref(obj: object) -> str:
         refused = allowlist.refusal(tp)
         if refused is not None:
             raise EncodeFail(obj, refused)
+        if tp.__module__ == "__main__" and tp not in _said_main:
+            # Read back in this process (a TestEnvironment beside it), it works; a worker elsewhere
+            # cannot import the script, and the run it starts is blocked. Said, not refused.
+            _said_main.add(tp)
+            log.warning(
+                "%s is defined in the script being run (__main__): a worker in another process cannot "
+                "import it, and a run given one cannot read it; move it to a module both import",
+                type_name(tp),
+            )
     return type_name(tp)
+
+
+_said_main: set[type] = set()
 
 
 def _enc_dataclass(obj: Any) -> msgpack.ExtType:
