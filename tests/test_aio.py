@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from apps.async_app import CancelsBeating, Doubles, Gate, SwallowedTimeout, TimesOut
+from apps.async_app import CancelsBeating, Doubles, Gate, SpunPastDeadline, SwallowedTimeout, TimesOut
 from procs import ROOT, TESTS, workers
 
 from durable import AsyncWorkflowStub, ConfigurationError, WorkflowFailed, WorkflowNotFound, aio
@@ -130,13 +130,16 @@ def test_async_activities_run_heartbeat_cancel_and_time_out(redis_url: str, tmp_
         cancels = await AsyncWorkflowStub.make(CancelsBeating).start(str(beat_log))
         times_out = await AsyncWorkflowStub.make(TimesOut).start(str(slow_log))
         swallows = await AsyncWorkflowStub.make(SwallowedTimeout).start()
-        runs = (doubles, cancels, times_out, swallows)
+        spins = await AsyncWorkflowStub.make(SpunPastDeadline).start()
+        runs = (doubles, cancels, times_out, swallows, spins)
         return tuple(await asyncio.gather(*(s.result(timeout=60) for s in runs)))
 
     with workers(redis_url, app="apps.async_app"):
-        doubled, cancelled, timed_out, swallowed = asyncio.run(scenario())
+        doubled, cancelled, timed_out, swallowed, spun = asyncio.run(scenario())
     # A coroutine that swallows its timeout's cancel and returns: its late value was a success.
     assert swallowed == {"cause": "ActivityTimeout", "kind": "start_to_close"}
+    # One that never awaits (the loop never ran its timer) returned past its deadline: likewise.
+    assert spun == {"cause": "ActivityTimeout", "kind": "start_to_close"}
     assert doubled == [2 * i for i in range(20)]
     # The sibling failed after 1.5 s: Beating outlived its 0.5 s heartbeat timeout only
     # because its heartbeats reached Redis; its cancel reached the coroutine.

@@ -417,7 +417,9 @@ async def _attempt(
             if timeout.expired():
                 raise _timed_out(context, deadline, beats) from None
             raise
-        if timeout.expired():  # it swallowed the cancel and returned late: a timeout all the same
+        # It swallowed the cancel and returned late, or it never awaited, so the loop never ran
+        # the timer: past its deadline all the same (a thread activity's late result fails too).
+        if timeout.expired() or (deadline is not None and time.time() > deadline[0]):
             raise _timed_out(context, deadline, beats)
         return result
 

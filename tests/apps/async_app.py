@@ -76,6 +76,27 @@ class SwallowsCancel(Activity):
         return "never"
 
 
+class SpinsPastDeadline(Activity):
+    """Never awaits, so the loop never runs its timeout's timer: it returns past the deadline."""
+
+    start_to_close_timeout = 0.5
+    retry = RetryPolicy(max_attempts=1)
+
+    async def handle(self) -> str:
+        began = time.monotonic()
+        while time.monotonic() - began < 1.5:
+            pass
+        return "late"
+
+
+class SpunPastDeadline(Workflow):
+    def handle(self) -> object:
+        try:
+            return activity(SpinsPastDeadline)
+        except ActivityFailed as exc:
+            return {"cause": type(exc.cause).__name__, "kind": getattr(exc.cause, "kind", None)}
+
+
 class SwallowedTimeout(Workflow):
     def handle(self) -> object:
         try:
