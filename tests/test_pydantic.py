@@ -3,7 +3,8 @@ handlers' annotations, validation errors naming the field, the allowlist applied
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from uuid import uuid4
 
@@ -30,7 +31,7 @@ from apps.typed import (  # noqa: E402
     Session,
     ShipParcel,
 )
-from apps.typed_models import Dimensions, Parcel, Size, Unnamed  # noqa: E402
+from apps.typed_models import Dimensions, Parcel, Size, Slot, Unnamed  # noqa: E402
 from procs import durable_cli, workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
@@ -58,6 +59,19 @@ def test_models_round_trip_and_respect_the_allowlist() -> None:
     payload = codec.dumps(Local(x=1), path="x")
     with pytest.raises(SerializationError, match="test_pydantic.*not allowed to be decoded.*allow_module"):
         codec.loads(payload)
+
+
+def test_a_validator_can_pass_a_value_read_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A validator's verdict that changes with time ("must be in the future") refused the run's
+    own recorded argument at a replay, and blocked it for good: a value read back is validated
+    with the context {"durable": "decode"}, which such a validator checks."""
+    codec.allow_module("apps.typed_models")
+    slot = Slot(at=datetime.now(UTC) + timedelta(milliseconds=50))
+    stored = codec.dumps(slot, path="x")
+    time.sleep(0.1)
+    assert codec.loads(stored) == slot  # in the past now: passed, as it was written
+    with pytest.raises(ValueError, match="must be in the future"):
+        Slot(at=slot.at)  # given now, it is refused
 
 
 def _payment() -> Payment:

@@ -227,7 +227,7 @@ def _dec_model(data: bytes) -> Any:
     cls = _resolve("pydantic model", name, object)
     if not models.is_model_class(cls):
         raise SerializationError(f"cannot decode <{name}>: it is not a pydantic model here", type_name=name)
-    return models.validate(cls, values, f"cannot decode <{name}>")
+    return models.validate(cls, values, f"cannot decode <{name}>", dict(models.DECODE_CONTEXT))
 
 
 def _dec_enum(data: bytes) -> enum.Enum:

@@ -105,12 +105,19 @@ def field_errors(exc: Any) -> str:
     return "; ".join(items) + more
 
 
-def validate(cls: type, values: Any, what: str) -> Any:
-    """The model pydantic reads from ``values`` as JSON; a validation error becomes a
-    :class:`SerializationError` naming ``what`` and each offending field."""
+DECODE_CONTEXT = {"durable": "decode"}
+"""The pydantic validation context of a model read back from a payload (a recorded argument, a
+result): a validator whose verdict changes with time or the world ("must be in the future")
+checks ``info.context`` and passes a value it accepted when it was written, which a replay
+days later reads again (refused then, the run was blocked for good)."""
+
+
+def validate(cls: type, values: Any, what: str, context: dict[str, Any] | None = None) -> Any:
+    """The model pydantic reads from ``values`` as JSON (with validation ``context``); a
+    validation error becomes a :class:`SerializationError` naming ``what`` and each offending field."""
     pydantic = _pydantic()
     try:
-        return cls.model_validate_json(json.dumps(values))  # type: ignore[attr-defined]
+        return cls.model_validate_json(json.dumps(values), context=context)  # type: ignore[attr-defined]
     except pydantic.ValidationError as exc:
         name = f"{cls.__module__}.{cls.__qualname__}"
         raise SerializationError(f"{what}: invalid {name}: {field_errors(exc)}", type_name=name) from None

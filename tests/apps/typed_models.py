@@ -4,8 +4,9 @@ workflow or activity is defined here (``apps.typed`` names some in its annotatio
 from __future__ import annotations
 
 import enum
+from datetime import UTC, datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationInfo, field_validator
 
 
 class Size(enum.Enum):
@@ -31,3 +32,18 @@ class Unnamed(BaseModel):
     """No handler names it: still refused, as any class of a module not allowed."""
 
     x: int
+
+
+class Slot(BaseModel):
+    """A booking slot that must be in the future when given; one read back was accepted then."""
+
+    at: datetime
+
+    @field_validator("at")
+    @classmethod
+    def in_future(cls, value: datetime, info: ValidationInfo) -> datetime:
+        if (info.context or {}).get("durable") == "decode":
+            return value
+        if value <= datetime.now(UTC):
+            raise ValueError("the slot must be in the future")
+        return value
