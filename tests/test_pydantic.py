@@ -65,7 +65,7 @@ def test_a_validator_can_pass_a_value_read_back(monkeypatch: pytest.MonkeyPatch)
     """A validator's verdict that changes with time ("must be in the future") refused the run's
     own recorded argument at a replay, and blocked it for good: a value read back is validated
     with the context {"durable": "decode"}, which such a validator checks."""
-    codec.allow_module("apps.typed_models")
+    codec.register_type(Slot)
     slot = Slot(at=datetime.now(UTC) + timedelta(milliseconds=50))
     stored = codec.dumps(slot, path="x")
     time.sleep(0.1)
