@@ -18,6 +18,7 @@ import pytest
 from apps.payments import Checkout, PaymentDeclined
 
 from durable import WorkflowStub, codec
+from durable.codec import allowlist
 from durable.errors import ApplicationError, SerializationError
 
 ALLOWED = "durable_test_allowed_mod"
@@ -310,10 +311,11 @@ def test_activity_exception_of_a_disallowed_module_names_its_type(worker: Any) -
     }
 
 
-def test_the_hint_names_the_module_a_missing_class_was_recorded_in() -> None:
+def test_the_hint_names_the_module_a_missing_class_was_recorded_in(monkeypatch: pytest.MonkeyPatch) -> None:
     # A class recorded as pkg.models.Ticket whose module went in a deploy: the hint said to put a
     # re-export "in 'pkg'" (which cannot hold 'models.Ticket'); one recorded from a script's
     # __main__ said to put it in __main__ (the worker's entry script).
+    monkeypatch.setattr(allowlist, "_modules", set(allowlist._modules))  # allowed here only
     pkg = types.ModuleType("durable_test_pkg")
     sys.modules[pkg.__name__] = pkg
     codec.allow_module(pkg.__name__)
@@ -327,20 +329,23 @@ def test_the_hint_names_the_module_a_missing_class_was_recorded_in() -> None:
             codec.loads(ext(11, ["durable_test_pkg.models.Ticket", {}]))
     finally:
         del sys.modules[pkg.__name__]
-    codec.allow_module("__main__")
+    codec.allow_module("__main__")  # (restored with _modules)
     with pytest.raises(
         SerializationError, match=r"defined in the script that wrote it \(__main__\), which no other"
     ):
         codec.loads(ext(11, ["__main__.NoSuchItem", {}]))
 
 
-def test_a_client_encoding_a_class_of_its_script_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_client_encoding_a_class_of_its_script_is_warned(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A class of __main__ given to a start reads back in this process (a TestEnvironment beside
     # it) but not in a worker elsewhere, whose run is then blocked: said once, at the client.
     main = sys.modules["__main__"]
     Local = dataclasses.make_dataclass("Local", [("n", int)])  # noqa: N806
     Local.__module__ = "__main__"
     main.Local = Local
+    monkeypatch.setattr(allowlist, "_modules", set(allowlist._modules))  # allowed here only
     codec.allow_module("__main__")
     try:
         with caplog.at_level(logging.WARNING, logger="durable.codec"):
