@@ -31,7 +31,7 @@ from apps.typed import (  # noqa: E402
     Session,
     ShipParcel,
 )
-from apps.typed_models import Dimensions, Parcel, Size, Slot, Unnamed  # noqa: E402
+from apps.typed_models import Dimensions, Envelope, Parcel, Size, Slot, Unnamed  # noqa: E402
 from procs import durable_cli, workers  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
@@ -72,6 +72,21 @@ def test_a_validator_can_pass_a_value_read_back(monkeypatch: pytest.MonkeyPatch)
     assert codec.loads(stored) == slot  # in the past now: passed, as it was written
     with pytest.raises(ValueError, match="must be in the future"):
         Slot(at=slot.at)  # given now, it is refused
+
+
+def test_a_model_whose_any_field_would_come_back_another_type_is_refused() -> None:
+    """A datetime in a dict[str, Any] field came back a str, silently: the activity given it
+    failed on ``+ timedelta`` (and retried for ever). Refused when written, naming the field."""
+    codec.register_type(Envelope)
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(
+        SerializationError,
+        match=r"field 'data\.when': datetime datetime\.datetime\(2026.* comes back as str '2026-01-01T00:00:00Z'.*"
+        r"give the field the type it holds",
+    ):
+        codec.dumps(Envelope(kind="booked", data={"n": 1, "when": when}), path="x")
+    plain = Envelope(kind="booked", data={"n": 1, "who": ["a", "b"]})  # JSON's own types: fine
+    assert codec.loads(codec.dumps(plain, path="x")) == plain
 
 
 def _payment() -> Payment:

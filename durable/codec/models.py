@@ -60,14 +60,39 @@ def dump(obj: Any) -> Any:
         )
     values = obj.model_dump(mode="json", by_alias=True, round_trip=True)
     try:
-        cls.model_validate_json(json.dumps(values))
+        rebuilt = cls.model_validate_json(json.dumps(values), context=dict(DECODE_CONTEXT))
     except _pydantic().ValidationError as exc:
         raise Unstorable(
             f"pydantic cannot rebuild it from what it writes ({field_errors(exc)}): a required field "
             "excluded from serialization, a value its JSON form does not hold (NaN), or a validator "
             "refusing its own output; change the model"
         ) from None
+    if rebuilt != obj:
+        # A field typed Any (or dict[str, Any]) is JSON: a datetime in it came back a str.
+        raise Unstorable(
+            f"pydantic would rebuild it different from what it writes: {_difference(obj, rebuilt)}; give "
+            "the field the type it holds (an Any field is stored as JSON, where datetime, Decimal, UUID "
+            "and bytes become str, tuple and set become list)"
+        )
     return values
+
+
+def _difference(given: Any, rebuilt: Any, path: str = "") -> str:
+    """Where ``rebuilt`` first differs from ``given`` (a model, a dict or a list, or a leaf), in words."""
+    if is_model(given) and type(rebuilt) is type(given):
+        for name in type(given).model_fields:
+            a, b = getattr(given, name, None), getattr(rebuilt, name, None)
+            if a != b:
+                return _difference(a, b, f"{path}.{name}" if path else name)
+    elif isinstance(given, dict) and isinstance(rebuilt, dict) and given.keys() == rebuilt.keys():
+        for key in given:
+            if given[key] != rebuilt[key]:
+                return _difference(given[key], rebuilt[key], f"{path}.{key}" if path else str(key))
+    elif isinstance(given, list) and isinstance(rebuilt, list) and len(given) == len(rebuilt):
+        for i, (a, b) in enumerate(zip(given, rebuilt, strict=True)):
+            if a != b:
+                return _difference(a, b, f"{path}.{i}" if path else str(i))
+    return f"field {path or '(root)'!r}: {type(given).__name__} {given!r:.60} comes back as {type(rebuilt).__name__} {rebuilt!r:.60}"
 
 
 _secretive: dict[type, bool] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ValidationInfo, field_validator
 
@@ -47,3 +48,10 @@ class Slot(BaseModel):
         if value <= datetime.now(UTC):
             raise ValueError("the slot must be in the future")
         return value
+
+
+class Envelope(BaseModel):
+    """An event whose data is typed Any: pydantic stores it as JSON."""
+
+    kind: str
+    data: dict[str, Any]
