@@ -167,7 +167,20 @@ class QueueStore(RunStore):
                 workflow_id = self.redis.hget(k.run(p, run_id), "workflow_id")
                 if workflow_id:
                     reason = reason.replace("`durable repair`", f"`durable repair {text(workflow_id)}`")
-            self._park(p, stream, entry_id, kind, reason, safe, run_id, block, block_kind, input_at)
+            self._run_script(
+                "park",
+                [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p), k.runs(p), k.blocked(p)],
+                [
+                    entry_id,
+                    kind,
+                    seal_text(reason),
+                    codec.pack(safe),
+                    run_id,
+                    "1" if block else "0",
+                    block_kind,
+                    input_at or "",
+                ],
+            )
         except redis.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
@@ -185,35 +198,6 @@ class QueueStore(RunStore):
             return
         log.warning(
             "parked %s task %s of run %s: %s", kind, entry_id, clipped(run_id) if run_id else "?", reason
-        )
-
-    def _park(
-        self,
-        p: int,
-        stream: str,
-        entry_id: str,
-        kind: str,
-        reason: str,
-        safe: Mapping[Any, Any],
-        run_id: str,
-        block: bool,
-        block_kind: str,
-        input_at: int,
-    ) -> None:
-        k = self.keys
-        self._run_script(
-            "park",
-            [k.dead(p), stream, k.run(p, run_id) if run_id else k.runs(p), k.runs(p), k.blocked(p)],
-            [
-                entry_id,
-                kind,
-                seal_text(reason),
-                codec.pack(safe),
-                run_id,
-                "1" if block else "0",
-                block_kind,
-                input_at or "",
-            ],
         )
 
     def current_build(self, queues: Sequence[str]) -> list[str]:
