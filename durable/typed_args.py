@@ -1,18 +1,21 @@
-"""Arguments converted by their declared types: pydantic models from plain values.
+"""Arguments converted by their declared types: pydantic models (and dataclasses) from plain values.
 
 A handler (``Workflow.handle``, a ``@signal``/``@update``/``@query`` method, an activity)
 whose parameter is annotated with a pydantic model (or a type containing one:
 ``Order | None``, ``list[Item]``, ``dict[str, Item]``) gets a model even when the caller
 passed a plain ``dict`` (a JSON body, the CLI, the HTTP API), validated by pydantic; a
-validation error names the handler, the parameter and each offending field. Parameters
-annotated otherwise are passed as they come (no coercion). Without pydantic nothing
-changes: a value can only be a model if the program imported pydantic.
+validation error names the handler, the parameter and each offending field. A parameter
+annotated with a dataclass (or one or ``None``) given a ``dict`` gets the dataclass, built
+and validated the same way (an instance passes as it came). Parameters annotated otherwise
+are passed as they come (no coercion). Without pydantic nothing changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import importlib
 import inspect
 import json
 import logging
@@ -26,14 +29,22 @@ from .errors import ConfigurationError, SerializationError
 
 log = logging.getLogger("durable")
 
-#: (parameter name, pydantic TypeAdapter) by position; None where no conversion applies.
-Converters = list[tuple[str, Any] | None]
+#: (parameter name, pydantic TypeAdapter, only a dict is converted) by position; None where no
+#: conversion applies.
+Converters = list[tuple[str, Any, bool] | None]
 
 
 def _mentions_model(annotation: Any) -> bool:
     if is_model_class(annotation):
         return True
     return any(_mentions_model(arg) for arg in typing.get_args(annotation))
+
+
+def _a_dataclass(annotation: Any) -> bool:
+    """Whether ``annotation`` is a dataclass (or one or ``None``): a dict given for it (a JSON
+    body, ``durable start``) is built into one. An instance passes as it came, as before."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return len(options) == 1 and dataclasses.is_dataclass(options[0]) and isinstance(options[0], type)
 
 
 _resolved: dict[tuple[Callable[..., Any], int], Converters | None] = {}
@@ -67,19 +78,27 @@ def resolve(fn: Callable[..., Any], skip: int) -> Converters | None:
     Raises:
         NameError: an annotation cannot be resolved yet (a forward reference).
     """
-    pydantic = sys.modules.get("pydantic")
-    if pydantic is None:
-        return None
+    pydantic: Any = sys.modules.get("pydantic")
     hints = typing.get_type_hints(fn)
     params = [
         p
         for p in inspect.signature(fn).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ][skip:]
+    if pydantic is None:  # no model can be given; a dataclass can, from a dict, if pydantic is there
+        if not any(_a_dataclass(hints.get(p.name)) for p in params):
+            return None
+        try:
+            pydantic = importlib.import_module("pydantic")  # only for handlers taking dataclasses
+        except ImportError:
+            return None
     found: Converters = []
     for param in params:
         hint = hints.get(param.name)
-        found.append((param.name, pydantic.TypeAdapter(hint)) if _mentions_model(hint) else None)
+        if _mentions_model(hint) or _a_dataclass(hint):
+            found.append((param.name, pydantic.TypeAdapter(hint), not _mentions_model(hint)))
+        else:
+            found.append(None)
     return found if any(found) else None
 
 
@@ -96,9 +115,9 @@ def convert(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: i
     pydantic = sys.modules["pydantic"]
     out = list(args)
     for i, (value, conv) in enumerate(zip(args, found, strict=False)):
-        if conv is None:
+        if conv is None or (conv[2] and not isinstance(value, dict)):
             continue
-        name, adapter = conv
+        name, adapter, _ = conv
         try:
             out[i] = _validated(adapter, value, pydantic.ValidationError)
         except pydantic.ValidationError as exc:
@@ -127,8 +146,6 @@ def typed_method(cls: type, attr: str, what: str) -> None:
     parameter mentions a model. Resolved now when possible, else at the first call."""
     fn = cls.__dict__.get(attr)
     if not inspect.isfunction(fn) or getattr(fn, "__durable_typed__", False):
-        return
-    if "pydantic" not in sys.modules:
         return
     try:
         if resolve(fn, 1) is None:

@@ -150,6 +150,16 @@ def test_workflows_and_activities_take_and_return_models(
         assert WorkflowStub.make(PriceOrder).start(order, Note("gift")).result(timeout=30) == Quote(
             order_id="o1 (gift)", cents=300
         )
+        # A dict for a dataclass parameter (a JSON body, `durable start`) is built into it: it
+        # came as a dict and the code failed on `note.text` (retried for ever in an activity).
+        by_dict = WorkflowStub.make("PriceOrder").start(
+            order, {"text": "as JSON"}
+        )  # by name: the worker converts
+        assert by_dict.result(timeout=30) == Quote(order_id="o1 (as JSON)", cents=300)
+        with pytest.raises(
+            SerializationError, match=r"argument 'note' is invalid: field 'text': Field required"
+        ):
+            WorkflowStub.make(PriceOrder).start(order, {"txt": "typo"})
         # A plain dict (a JSON body, the CLI) becomes the annotated model, for signals too.
         stub = WorkflowStub.make(PriceOrder).start({"id": "wait-1", "items": [{"sku": "a", "qty": 1}]})
         stub.signal("add", {"sku": "c", "qty": 4})
