@@ -227,6 +227,7 @@ class _Beats:
         self.task: asyncio.Task[Any] | None = None  # set by the task itself, on the loop
         self.timed_out = False  # set on the loop when the hard deadline cancelled the coroutine
         self.superseded = False  # the attempt is no longer current (the scheduler expired it)
+        self.abandoned = False  # its result can no longer count (cancel_abandoned): cancel it
         self.hold = hold
         now = time.monotonic()
         self.deadline = deadline[0] if deadline is not None and hold is not None else None
@@ -303,22 +304,27 @@ def run_coroutine(
     """
     loop = event_loop()
     beats = _Beats(context._heartbeat_fn, deadline, heartbeat_timeout, hold)  # noqa: SLF001 - sent here
+    key = (context.run_id, context.activity_id, context.attempt)
+    _running[key] = beats
     context._heartbeat_fn = beats.record  # noqa: SLF001 - the coroutine's heartbeat must not block
     # The copy is taken here, inside the interceptors' chain: what they set is in it.
     future: Future[Any] = Future()
     attempt = _attempt(coroutine, context, deadline, beats)
     loop.call_soon_threadsafe(_start, loop, attempt, contextvars.copy_context(), future)
     future.add_done_callback(lambda _: beats.wake.set())
-    while not future.done():
-        beats.wake.wait(beats.wait_s())
-        beats.wake.clear()
-        # Heartbeats go on being sent after a cancel: the coroutine's cleanup may send some.
-        cancelled = beats.flush()
-        if not beats.cancelled and (cancelled or beats.watch()):
-            beats.cancelled = True
-            # Cancel the task itself (not the future): the attempt ends when the coroutine
-            # has finished its cleanup, not before.
-            loop.call_soon_threadsafe(_cancel, beats)
+    try:
+        while not future.done():
+            beats.wake.wait(beats.wait_s())
+            beats.wake.clear()
+            # Heartbeats go on being sent after a cancel: the coroutine's cleanup may send some.
+            cancelled = beats.flush()
+            if not beats.cancelled and (cancelled or beats.watch() or beats.abandoned):
+                beats.cancelled = True
+                # Cancel the task itself (not the future): the attempt ends when the coroutine
+                # has finished its cleanup, not before.
+                loop.call_soon_threadsafe(_cancel, beats)
+    finally:
+        _running.pop(key, None)
     try:
         return future.result()
     except _Escaped as escaped:
@@ -390,6 +396,21 @@ def _settle(future: Future[Any], task: asyncio.Task[Any]) -> None:
         future.set_exception(error)
     else:
         future.set_result(task.result())
+
+
+_running: dict[tuple[str, str, int], _Beats] = {}  # the attempts running now, by (run, activity, attempt)
+
+
+def cancel_abandoned(run_id: str, activity_id: str, attempt: int) -> bool:
+    """Cancel the coroutine of an async attempt whose result can no longer count (its run closed,
+    the attempt was superseded): whether it is one. A thread cannot be stopped; a coroutine can,
+    at its next await (its ``CancelledError`` lets it clean up)."""
+    beats = _running.get((run_id, activity_id, attempt))
+    if beats is None:
+        return False
+    beats.abandoned = beats.superseded = True  # its outcome is no one's to record
+    beats.wake.set()
+    return True
 
 
 def _cancel(beats: _Beats) -> None:

@@ -29,6 +29,7 @@ from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 from durable.store.workers import running_entry
 
+from .async_activities import cancel_abandoned
 from .attempts import attempt_deadline, task_ids
 
 log = logging.getLogger("durable.worker")
@@ -190,12 +191,22 @@ class HungWatch:
 
     def _warn(self, h: HeldThread, now: float) -> None:
         t = h.task
+        fate = f"its run is {h.run_closed}" if h.run_closed else h.over
+        if (h.deadline is None or now <= h.deadline) and cancel_abandoned(t.run_id, t.activity_id, t.attempt):
+            log.info(  # a coroutine can be stopped, as a thread cannot
+                "async activity %s (%s) of run %s: %s, so its result will not count: cancelled it",
+                t.name,
+                t.activity_id,
+                t.run_id,
+                fate,
+                extra=task_ids(t),
+            )
+            return
         if h.deadline is not None and now > h.deadline:
             what = f"has run past its timeout ({_timeout(t)}) for {now - h.deadline:.0f} s"
             fate = "the scheduler failed or retried the attempt already"
         else:
             what = f"has run for {now - h.started:.0f} s"
-            fate = f"its run is {h.run_closed}" if h.run_closed else h.over
         log.warning(
             "activity %s (%s) of run %s %s and still holds an activity thread (Python cannot stop a "
             "thread): %s, so its result will not count, and the thread stays held until the activity's "

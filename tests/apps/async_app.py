@@ -8,6 +8,7 @@ import time
 from durable import (
     Activity,
     ActivityFailed,
+    CancelledError,
     RetryPolicy,
     Workflow,
     activity,
@@ -113,6 +114,28 @@ async def fail_soon() -> None:
 class Doubles(Workflow):
     def handle(self, n: int) -> list:
         return all([lambda i=i: activity(double, i) for i in range(n)])
+
+
+async def quiet(path: str, seconds: float) -> str:
+    """Sleeps without a heartbeat: no heartbeat reply can tell it its run closed."""
+    record(path, "started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        record(path, "cancelled")
+        raise
+    record(path, "finished")
+    return "finished"
+
+
+class LeavesQuiet(Workflow):
+    """Completes while its quiet activity still runs (it stops waiting for it on a cancel)."""
+
+    def handle(self, path: str) -> str:
+        try:
+            return activity(quiet, path, 60.0)
+        except CancelledError:
+            return "saw cancel"
 
 
 class CancelsBeating(Workflow):
