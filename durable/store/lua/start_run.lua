@@ -29,8 +29,11 @@ local reuse, conflict = opt.reuse or 'allow_duplicate', opt.conflict or 'fail'
 
 -- A start or signal-with-start sent again after its reply was lost in an outage: done already.
 if redis.call('EXISTS', run) == 1 then return {'OK', rid, 0, ''} end
-local wrong = wrong_kind({instance, 'hash', history, 'stream', wq, 'stream', runs, 'zset', timers, 'zset',
-  inbox, 'list'})
+local kinds = {instance, 'hash', history, 'stream', wq, 'stream', runs, 'zset'}
+for key, kind in pairs({[timers or ''] = 'zset', [inbox or ''] = 'list'}) do  -- (not given by a bulk loader)
+  if key ~= '' then kinds[#kinds + 1], kinds[#kinds + 2] = key, kind end
+end
+local wrong = wrong_kind(kinds)
 if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 local sent = sent_before(opt.sent and opt.sent[1])
 if sent then return {'EXISTING', sent} end
