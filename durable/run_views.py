@@ -71,7 +71,14 @@ def _pending_with_attempts(
     # A result recorded but not yet decided on (its worker stopped, say) has no attempt running:
     # the log's last record of the activity says it completed.
     last = {str(e.get("act")): e for e in log if e.get("kind") == "attempt"}
+    stalls = {w.name: w.async_stall for w in live if w.async_stall}
     for step in steps:
+        if step.get("worker_alive") and (stall := stalls.get(str(step.get("worker")))):
+            # Only the worker's log said it: "running" for 20 s, for an activity of 50 ms.
+            step["state"] += (
+                f" (that worker's event loop of async activities has not run for {stall}: an async def "
+                "activity there waits until it does)"
+            )
         done = last.get(str(step.get("id"))) if step.get("kind") == "activity" else None
         if done is not None and "state" not in step and done.get("outcome") == "completed":
             step["state"] = (

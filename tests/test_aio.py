@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import socket
 import subprocess
@@ -20,11 +21,12 @@ from apps.async_app import (
     Doubles,
     Gate,
     LeavesQuiet,
+    Spins,
     SpunPastDeadline,
     SwallowedTimeout,
     TimesOut,
 )
-from procs import ROOT, TESTS, workers
+from procs import ROOT, TESTS, durable_cli, workers
 
 from durable import AsyncWorkflowStub, ConfigurationError, WorkflowFailed, WorkflowNotFound, WorkflowStub, aio
 from durable.client import default_store
@@ -307,3 +309,28 @@ def test_an_async_activity_of_a_closed_run_is_cancelled(redis_url: str, tmp_path
         while "cancelled" not in _lines(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
     assert _lines(marker) == ["started", "cancelled"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stalled_loop_of_async_activities_is_said_by_describe_and_workers(redis_url: str) -> None:
+    """Only the worker's log said it: `durable status` showed the waiting activity "running"."""
+    with workers(redis_url, app="apps.async_app"):
+        spinning = WorkflowStub.make(Spins).start(12.0)
+        time.sleep(1.0)  # the spin holds the loop now
+        waiting = WorkflowStub.make(Doubles).start(1)
+
+        def said() -> str:
+            steps = waiting.describe().pending
+            return next(
+                (s["state"] for s in steps if "event loop of async activities" in s.get("state", "")), ""
+            )
+
+        deadline = time.monotonic() + 10
+        while not said() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        state = said()
+        assert "has not run for" in state and "in spin)" in state, waiting.describe().pending
+        warnings = json.loads(durable_cli(redis_url, "workers", "--json").stdout)["warnings"]
+        assert any("event loop of async activities has not run for" in w for w in warnings), warnings
+        assert waiting.result(timeout=60) == [0] and spinning.result(timeout=60) == "spun"

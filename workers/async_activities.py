@@ -92,19 +92,30 @@ STALL_S = 2.0
 log = logging.getLogger("durable.worker")
 _lock = threading.Lock()
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+_watchdog: _Watchdog | None = None  # the loop's, once it runs
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
     """The process's activity event loop, started on first use (again after a ``fork``)."""
-    global _loop
+    global _loop, _watchdog
     with _lock:
         if _loop is None or _loop[0] != os.getpid():
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="durable-async-activities", daemon=True)
             thread.start()
-            _Watchdog(loop, thread).start()
+            _watchdog = _Watchdog(loop, thread)
+            _watchdog.start()
             _loop = (os.getpid(), loop)
         return _loop[1]
+
+
+def loop_stall() -> str:
+    """How long the event loop of async activities has not run, and where it is stuck (``""``:
+    it runs, or there is none): what the worker's registry entry says (``async_stall``)."""
+    watchdog = _watchdog
+    if watchdog is None or not watchdog.where:
+        return ""
+    return f"{time.monotonic() - watchdog.last:.0f} s (stuck at {watchdog.where})"
 
 
 class _Watchdog:
@@ -116,6 +127,7 @@ class _Watchdog:
     def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
         self.loop, self.thread = loop, thread
         self.last = time.monotonic()
+        self.where = ""  # while stalled: where the loop is stuck
 
     def start(self) -> None:
         self.loop.call_soon_threadsafe(self._tick)
@@ -132,16 +144,17 @@ class _Watchdog:
             lag = time.monotonic() - self.last
             if lag > STALL_S and not stalled:
                 stalled = lag
+                self.where = self._where()
                 log.warning(
                     "the event loop of async activities has not run for %.1f s (stuck at %s): an async def "
                     "activity makes a blocking call, and every async activity of this worker waits "
                     "meanwhile; await an async API (asyncio.sleep, an async client) or make it a plain "
                     "def activity (it gets a thread of its own)",
                     lag,
-                    self._where(),
+                    self.where,
                 )
             elif lag <= STALL_S and stalled:
-                stalled = 0.0
+                stalled, self.where = 0.0, ""
                 log.info("the event loop of async activities runs again")
 
     def _where(self) -> str:

@@ -40,6 +40,8 @@ from durable.store.redis_store import RedisStore
 from durable.store.retention import set_namespace_retention, stored_retention_ms
 from durable.store.workers import WorkerInfo
 
+from .async_activities import loop_stall
+
 __all__ = ["CURRENT_POLL_S", "Membership"]
 
 log = logging.getLogger("durable.worker")
@@ -328,6 +330,7 @@ class Membership:
             running=running,
             deciding_run=deciding_run,
             deciding=deciding,
+            async_stall=loop_stall(),
         )
         asked, lapsed = self.store.renew_registration(replace(entry, started=self._started or now, seen=now))
         if lapsed and self._renewed:

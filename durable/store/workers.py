@@ -98,6 +98,9 @@ class WorkerInfo:
             the worker's main thread: it decides nothing else until that one returns.
         deciding: That decision in words: ``45 s at app.py:12 in handle (--decision-timeout
             off)``.
+        async_stall: How long the event loop of its ``async def`` activities has not run, and
+            where it is stuck (``"20 s (stuck at app.py:153 in spin)"``; ``""``: it runs). Every
+            async activity of the worker waits meanwhile.
     """
 
     name: str
@@ -124,6 +127,7 @@ class WorkerInfo:
     pinned_left: int = 0
     deciding_run: str = ""
     deciding: str = ""
+    async_stall: str = ""
 
     @property
     def state(self) -> str:
@@ -156,7 +160,7 @@ class WorkerInfo:
             info = cls(**data)
         except (ValueError, TypeError, AttributeError):
             return None
-        plain = [info.name, info.host, info.build, info.deciding_run, info.deciding]
+        plain = [info.name, info.host, info.build, info.deciding_run, info.deciding, info.async_stall]
         if not all(isinstance(v, str) for v in plain) or not all(
             isinstance(getattr(info, f), int) for f in _COUNTS
         ):

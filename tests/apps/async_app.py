@@ -111,6 +111,19 @@ async def fail_soon() -> None:
     raise RuntimeError("branch failed")
 
 
+async def spin(seconds: float) -> str:
+    """Holds the loop of async activities (never awaits) for ``seconds``."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        pass
+    return "spun"
+
+
+class Spins(Workflow):
+    def handle(self, seconds: float) -> str:
+        return activity(spin, seconds, start_to_close_timeout=120)
+
+
 class Doubles(Workflow):
     def handle(self, n: int) -> list:
         return all([lambda i=i: activity(double, i) for i in range(n)])

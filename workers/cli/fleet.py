@@ -254,6 +254,12 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
         list(memory.hazards)
         + [loss.message() for loss in store.recent_data_losses()]
         + [failure.words() for failure in store.start_failures()]  # restarting workers that die at start
+        + [
+            f"worker {w.name}: its event loop of async activities has not run for {w.async_stall}: every "
+            "async def activity of it waits meanwhile; that activity makes a blocking call"
+            for w in live
+            if w.async_stall
+        ]
     )
     # Set by any worker's --retention, for every run closing from now on: shown where workers are.
     report["retention"] = duration_text(namespace_retention_ms(store))
