@@ -104,14 +104,14 @@ local function note_sent(key, rid, ttl)
   if key and key ~= '' then redis.call('SET', key, rid, 'PX', ttl) end
 end
 
--- The first of `pairs` ({key, kind, key, kind, ...}) that holds another kind of value (made by
--- hand, or by another program sharing the database), as {key, the kind it holds, the kind
--- expected}; nil: none (a missing key is fine). Checked before a script writes anything: a
+-- The first key of `expected` ({key, kind, key, kind, ...}) that holds another kind of value
+-- (made by hand, or by another program sharing the database), as {key, the kind it holds, the
+-- kind expected}; nil: none (a missing key is fine). Checked before a script writes anything: a
 -- command failing with WRONGTYPE half-way does not undo the writes before it.
-local function wrong_kind(pairs)
-  for i = 1, #pairs, 2 do
-    local kind = redis.call('TYPE', pairs[i]).ok
-    if kind ~= 'none' and kind ~= pairs[i + 1] then return {pairs[i], kind, pairs[i + 1]} end
+local function wrong_kind(expected)
+  for i = 1, #expected, 2 do
+    local kind = redis.call('TYPE', expected[i]).ok
+    if kind ~= 'none' and kind ~= expected[i + 1] then return {expected[i], kind, expected[i + 1]} end
   end
   return nil
 end
