@@ -31,9 +31,11 @@ class BrokenStreams:
         self._aside: dict[str, str] = {}  # stream -> the kind its key held
         self._next_check = 0.0
 
-    def usable(self, streams: Sequence[str]) -> list[str]:
+    def usable(self, streams: list[str]) -> list[str]:
         """``streams`` but those set aside (looked at again every :data:`RECHECK_S`)."""
-        if self._aside and time.monotonic() >= self._next_check:
+        if not self._aside:
+            return streams  # every pass: nothing to do, nothing copied
+        if time.monotonic() >= self._next_check:
             self._next_check = time.monotonic() + RECHECK_S
             still = self.store.wrong_kinds(dict.fromkeys(self._aside, "stream"))
             for stream in set(self._aside) - set(still):
