@@ -52,6 +52,10 @@ def action(what: str, now_ms: int, **fields: Any) -> dict[str, Any]:
     return {"action": what, "ts": now_ms, **{k: v for k, v in fields.items() if v is not None}}
 
 
+RETRY_MS = 5_000
+"""How long a schedule whose pass failed waits before the next try (the others wait as long)."""
+
+
 class SchedulePass:
     """Claims and starts the due times of every schedule (see the module docstring).
 
@@ -68,6 +72,7 @@ class SchedulePass:
         #: Runs started by this pass (tests, benchmarks).
         self.started = 0
         self._base = (0, 0.0)
+        self._said: dict[str, float] = {}  # a schedule's failure -> when it was last said
 
     def clock(self) -> int:
         """Redis server time (ms) as of the last :meth:`tick`, advanced by the local monotonic
@@ -84,6 +89,7 @@ class SchedulePass:
         # Several schedulers walk the due schedules in different orders: they share the work
         # instead of queueing behind each other's locks.
         random.shuffle(ids)
+        failed = False
         for schedule_id in ids:
             try:
                 self.process(schedule_id, self.clock())
@@ -92,8 +98,28 @@ class SchedulePass:
             except Exception as exc:  # noqa: BLE001 - one bad schedule must not stop the others
                 if is_transient(exc):
                     raise  # Redis unavailable or refusing writes: the caller says so once, not per schedule
-                log.exception("schedule %s: pass failed; retrying on the next pass", schedule_id)
-        return soonest
+                failed = True
+                self._failed(schedule_id, exc)
+        # A schedule that fails is still due: tried again after a pause, not at once (a pass a
+        # millisecond, a traceback each: 95,000 lines a minute for a key of the wrong kind).
+        return soonest if not failed or soonest is None else max(soonest, now + RETRY_MS)
+
+    def _failed(self, schedule_id: str, exc: Exception) -> None:
+        """Say a failed pass of ``schedule_id``: with its traceback the first time, then the same
+        error once a minute."""
+        said = f"{schedule_id}\0{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        last = self._said.get(said)
+        if last is not None and time.monotonic() - last < 60:
+            return
+        self._said[said] = time.monotonic()
+        log.error(
+            "schedule %s: pass failed; retrying in %d s: %s: %s",
+            schedule_id,
+            RETRY_MS // 1000,
+            type(exc).__name__,
+            exc,
+            exc_info=last is None,
+        )
 
     def process(self, schedule_id: str, now_ms: int | None = None) -> bool:
         """Claim the schedule's due times and settle its waiting starts (``False``: another

@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import pytest
-from apps.basic import Waiter
+from apps.basic import SlowSteps, Waiter
 from click.testing import CliRunner
 from waiting import wait_for
 
@@ -253,3 +254,28 @@ def test_a_run_record_of_another_kind_is_a_row_of_the_list_not_its_end(store: Re
     listed = CliRunner().invoke(cli, ["list", "--limit", "50"])
     assert listed.exit_code == 0 and "list-good-record" in listed.output, listed.output
     store.redis.delete(record)
+
+
+def test_a_result_a_key_of_another_kind_refuses_is_kept_and_recorded_once_it_is_fixed(
+    store: RedisStore, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    # The completion script failed half-way on the run's activities hash made a list: the worker
+    # exited ("could not record ... (Redis unavailable?)"), the task acked and lost, the run
+    # "running" for ever. The worker keeps the result, says why, and records it once fixed.
+    with TestEnvironment(store=store) as env:
+        stub = env.start(SlowSteps, str(tmp_path / "log"), 1, 1.5, id="wrongtype-acts")
+        wait_for(lambda: (tmp_path / "log").exists(), timeout=20)  # the attempt began
+        acts = store.keys.activities(stub._ref().partition, stub.run_id)
+        store.redis.rename(acts, acts + ".aside")
+        store.redis.rpush(acts, "not a hash")
+        said = wait_for(
+            lambda: [r.getMessage() for r in caplog.records if "cannot be recorded" in r.getMessage()],
+            timeout=20,
+        )
+        assert f"{acts} is a list, not a hash" in said[0] and "kept and tried again" in said[0], said
+        other = env.start(Waiter, 0.01, id="wrongtype-acts-other")  # the worker goes on
+        other.signal("go", "served")
+        assert other.result(timeout=20) == "served"
+        store.redis.delete(acts)
+        store.redis.rename(acts + ".aside", acts)
+        assert stub.result(timeout=20) == ["s0", "end"]

@@ -731,3 +731,25 @@ def test_a_queue_no_worker_could_serve_and_a_window_nothing_fits_in_are_refused(
     stored = stored.replace('"queue":null', '"queue":"a:b"')
     spec = Schedule.from_json(stored)
     assert spec.catchup_window == 1.0 and spec.queue == "a:b"
+
+
+def test_a_schedule_whose_pass_fails_is_tried_again_after_a_pause_and_said_once(
+    store: RedisStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key of the schedule's of the wrong kind failed its pass: still due, it was tried again
+    # at once, hundreds of passes a second, each with a traceback (95,000 log lines a minute).
+    ScheduleHandle.create("broken", Schedule(workflow="SchedTick", every="1s"), store=store)
+    sweep = SchedulePass(store)
+
+    def fails(schedule_id: str, now_ms: int | None = None) -> bool:
+        raise RuntimeError(f"schedule {schedule_id} cannot be read")
+
+    monkeypatch.setattr(sweep, "process", fails)
+    time.sleep(1.1)  # due
+    with caplog.at_level("ERROR", logger="durable.schedules"):
+        now = store.server_time_ms()
+        soonest = [sweep.tick() for _ in range(3)]
+    assert all(s is not None and s >= now + schedule_pass.RETRY_MS - 100 for s in soonest), soonest
+    said = [r for r in caplog.records if "schedule broken: pass failed; retrying in 5 s" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is not None
+    ScheduleHandle("broken", store=store).delete()

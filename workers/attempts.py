@@ -9,11 +9,14 @@ or fails the activity for good.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+import redis
 
 from durable import codec, interceptors
 from durable import events as ev
@@ -35,6 +38,7 @@ from durable.errors import (
 )
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
+from durable.store.key_types import is_wrong_type
 from durable.store.loads import Loaded, RunToLoad
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import ClaimedTask, RedisStore
@@ -532,8 +536,16 @@ def record_in_hand(
     inbox outcomes (some may be committed already: the inbox discards those as stale)."""
     if completed:
         batch = _drain(completed)
+        record = complete if complete is not None else lambda outcomes: complete_batch(store, outcomes)
         try:
-            complete(batch) if complete is not None else complete_batch(store, batch)
+            record(batch)
+        except redis.ResponseError as exc:
+            # A key of one run of the wrong kind failed the batch (a bare WRONGTYPE, which stopped
+            # the worker): the others are recorded one by one, that one kept for the next pass.
+            stuck = _one_by_one(store, batch, record) if is_wrong_type(exc) else batch
+            completed.extendleft(reversed(stuck))
+            if stuck is batch:
+                raise
         except BaseException:
             completed.extendleft(reversed(batch))
             raise
@@ -544,6 +556,38 @@ def record_in_hand(
         except BaseException:
             completed.extend(completion(r) for r in results)
             raise
+
+
+def _one_by_one(
+    store: RedisStore, batch: list[AttemptOutcome], record: Callable[[list[AttemptOutcome]], Any]
+) -> list[AttemptOutcome]:
+    """Record each outcome of ``batch`` alone; those a key of the wrong kind refuses, kept (each
+    said at most once a minute, the keys named)."""
+    stuck = []
+    for outcome in batch:
+        try:
+            record([outcome])
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            stuck.append(outcome)
+            t = outcome.task
+            if time.monotonic() - _said_stuck.get(t.run_id, -math.inf) >= 60:
+                _said_stuck[t.run_id] = time.monotonic()
+                wrong = store.run_wrong_types(t.partition, t.run_id) or [str(exc)]
+                log.error(
+                    "the result of activity %s (%s) of run %s cannot be recorded: %s (made by hand, or by "
+                    "another program sharing the database); kept and tried again at every pass: delete or "
+                    "rename the key (durable makes it again)",
+                    t.name,
+                    t.activity_id,
+                    t.run_id,
+                    "; ".join(wrong),
+                )
+    return stuck
+
+
+_said_stuck: dict[str, float] = {}  # run id -> when its unrecordable result was last said
 
 
 def _drain(items: deque[Any]) -> list[Any]:

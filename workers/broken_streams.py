@@ -1,4 +1,5 @@
-"""Task streams whose key holds another kind of value, set aside from the worker's reads.
+"""Task streams whose key holds another kind of value, set aside from the worker's reads; and
+any other key of the wrong kind a pass of the worker meets, said without stopping the worker.
 
 One ``XREADGROUP`` reads all of a worker's streams; a stream made a string by hand (or by
 another program sharing the database) failed that read with ``WRONGTYPE``, naming no key, and
@@ -30,6 +31,7 @@ class BrokenStreams:
         self.store = store
         self._aside: dict[str, str] = {}  # stream -> the kind its key held
         self._next_check = 0.0
+        self._said: dict[str, float] = {}  # an error met -> when it was last said
 
     def usable(self, streams: list[str]) -> list[str]:
         """``streams`` but those set aside (looked at again every :data:`RECHECK_S`)."""
@@ -60,3 +62,17 @@ class BrokenStreams:
         self._aside.update(found)
         self._next_check = time.monotonic() + RECHECK_S
         return bool(found)
+
+    def met(self, exc: BaseException) -> bool:
+        """After ``exc`` cut a pass short: whether it is a key of the wrong kind (a child's start
+        the key refused, say: the outbox message stays pending and is tried again), said at most
+        once a minute per error, the pass tried again a second later. It stopped the worker, and
+        every worker that met the key after it."""
+        if not is_wrong_type(exc):
+            return False
+        said = str(exc).splitlines()[0][:300]
+        if time.monotonic() - self._said.get(said, -RECHECK_S * 2) >= 2 * RECHECK_S:
+            self._said[said] = time.monotonic()
+            log.error("a pass of this worker met a Redis key of the wrong kind; it goes on: %s", said)
+        time.sleep(1.0)
+        return True

@@ -339,8 +339,10 @@ class Worker:
                 except Exception as exc:
                     if is_transient(exc):
                         self._wait_out(exc)
-                    elif self.broken.set_aside(exc, self.scheduler.streams + self._session_streams):
-                        continue  # one stream of the wrong kind: the others are read
+                    elif self.broken.set_aside(
+                        exc, self.scheduler.streams + self._session_streams
+                    ) or self.broken.met(exc):
+                        continue  # a key of the wrong kind: its stream set aside, or said; the worker goes on
                     elif is_missing_group(exc):  # a stream of ours was deleted (another worker
                         # took this one for dead while it stalled, handed its tasks back): make it
                         log.warning("task stream gone (%s); recreating the consumer groups", exc)

@@ -7,10 +7,12 @@ import dataclasses
 import hashlib
 from typing import Any
 
+import redis
+
 from .. import codec
 from .. import events as ev
 from .. import limits as run_limits
-from ..errors import DurableError, WorkflowAlreadyStarted
+from ..errors import WorkflowAlreadyStarted
 from ..immutable import immutable
 from ..start_policy import EXECUTION_TIMEOUT, RUN_TIMEOUT, StartPolicy, deadlines
 from .connect import Client
@@ -78,7 +80,8 @@ def started_run(
         WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its id
             reuse policy does not restart.
         LimitExceeded: a signal-with-start's open run is at a signal or history limit.
-        DurableError: a key the start writes holds another kind of value (nothing written).
+        redis.ResponseError: a key the start writes holds another kind of value (``WRONGTYPE``,
+            the key named; nothing written).
     """
     outcome = text(reply[0])
     if outcome == "OK":
@@ -110,10 +113,12 @@ def started_run(
             int(reply[2]),
         )
     if outcome == "WRONGKIND":
-        raise DurableError(
-            f"cannot start workflow {workflow_id!r}: Redis key {text(reply[1])} is a {text(reply[2])}, not a "
-            f"{text(reply[3])} (made by hand, or by another program sharing the database); nothing was "
-            "written: delete or rename the key (durable makes it again), or use another namespace"
+        # A refusal of Redis's, as the command's own WRONGTYPE would be (a child's start stays in
+        # its outbox and is tried again, not failed for its parent), with the key named.
+        raise redis.ResponseError(
+            f"WRONGTYPE: cannot start workflow {workflow_id!r}: Redis key {text(reply[1])} is a "
+            f"{text(reply[2])}, not a {text(reply[3])} (made by hand, or by another program sharing the "
+            "database); nothing was written: delete or rename the key (durable makes it again)"
         )
     raise AssertionError(f"start script replied {outcome!r}")  # pragma: no cover
 
