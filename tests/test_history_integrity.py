@@ -279,3 +279,24 @@ def test_a_result_a_key_of_another_kind_refuses_is_kept_and_recorded_once_it_is_
         store.redis.delete(acts)
         store.redis.rename(acts + ".aside", acts)
         assert stub.result(timeout=20) == ["s0", "end"]
+
+
+def test_a_due_timer_whose_run_has_a_key_of_another_kind_waits_for_the_fix_and_fires(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The timer's member was removed, then its RPUSH to the run's inbox (a string) failed: the
+    # timer was lost, and after the fix status said "overdue: no live worker's scheduler fired it".
+    with TestEnvironment(store=store) as env:
+        stub = env.start(Waiter, 1.5, id="wrongtype-timer")
+        wait_for(lambda: stub.history()[-1].type == "TimerStarted", timeout=20)
+        inbox = store.keys.inbox(stub._ref().partition, stub.run_id)
+        store.redis.set(inbox, "not a list")
+        said = wait_for(
+            lambda: [r.getMessage() for r in caplog.records if "cannot fire" in r.getMessage()], timeout=20
+        )
+        assert f"{inbox} is a string, not a list" in said[0] and "stays due" in said[0], said
+        assert store.redis.zcard(store.keys.timers(stub._ref().partition)) >= 1  # still there
+        store.redis.delete(inbox)
+        wait_for(lambda: "TimerFired" in [e.type for e in stub.history()], timeout=20)
+        stub.signal("go", "fired after the fix")
+        assert stub.result(timeout=20) == "fired after the fix"

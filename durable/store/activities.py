@@ -125,6 +125,7 @@ class ActivityStore(KeyTypes):
     """Activity attempts: record their outcomes, heartbeats and deadlines; fire due timers."""
 
     _timers_said: frozenset[int] = frozenset()  # partitions whose timers' wrong kind was said
+    _keys_said: frozenset[str] = frozenset()  # keys of the wrong kind due timers were left for
 
     def complete_activity(self, outcome: AttemptOutcome) -> tuple[str, int]:
         """Finish an attempt (see :meth:`complete_args`); returns ``('OK'|'RETRY'|'STALE', due ms
@@ -403,7 +404,11 @@ class ActivityStore(KeyTypes):
         out = []
         for p, reply in zip(parts, replies, strict=True):
             if not isinstance(reply, Exception):
-                out.append((int(reply[0]), int(reply[1]), int(reply[2])))
+                next_due = int(reply[1])
+                if len(reply) > 3 and reply[3]:  # members left for a key of the wrong kind
+                    self._say_left(p, reply[3])
+                    next_due = max(next_due, self.server_time_ms() + 5_000)  # not at once again
+                out.append((int(reply[0]), next_due, int(reply[2])))
                 self._timers_said = self._timers_said - {p}
             elif is_wrong_type(reply):
                 # One partition's timers (or a key they write) of another kind: the others fire on.
@@ -420,6 +425,24 @@ class ActivityStore(KeyTypes):
             else:
                 raise reply
         return out
+
+    def _say_left(self, p: int, left: Sequence[Sequence[bytes]]) -> None:
+        """Say, once per key, the due timers of partition ``p`` left in place because a key of their
+        run holds another kind of value."""
+        for member, key, kind, expected in left:
+            said = text(key)
+            if said in self._keys_said:
+                continue
+            self._keys_said = self._keys_said | {said}
+            log.error(
+                "timer %s of partition %d cannot fire: %s is a %s, not a %s (made by hand, or by another "
+                "program sharing the database); it stays due and fires once the key is deleted or renamed",
+                text(member),
+                p,
+                said,
+                text(kind),
+                text(expected),
+            )
 
     def expired_attempts(self, p: int, now_ms: int, limit: int = 100) -> list[tuple[str, str, int]]:
         """Attempts whose start-to-close or heartbeat deadline has passed: (run, activity, attempt)."""

@@ -6,18 +6,26 @@
 -- Safe to run from many workers at once: each member is removed before use.
 -- KEYS: timers
 -- ARGV: partition key tag, max members
--- Returns {members taken, next due ms or -1, workflow timers and retry backoffs fired} (the
--- last leaves out hand-backs, timeouts and members of closed runs: what the metric counts)
+-- Returns {members taken, next due ms or -1, workflow timers and retry backoffs fired (the
+-- last leaves out hand-backs, timeouts and members of closed runs: what the metric counts),
+-- {member, key, the kind it holds, the kind expected} of each member left for a key of its run
+-- of the wrong kind (it fires once the key is mended; removed first, it was lost)}
 local timers = KEYS[1]
 local tag, limit = ARGV[1], tonumber(ARGV[2])
 local ts = now_ms()
 local due = redis.call('ZRANGEBYSCORE', timers, '-inf', ts, 'LIMIT', 0, limit)
-local fired = 0
+local fired, left = 0, {}
 for _, member in ipairs(due) do
-  redis.call('ZREM', timers, member)
   local kind, rid, id = string.match(member, '^(%a)|([^|]+)|(.+)$')
   -- A member that names no timer of ours (written by something else) is dropped, not fatal.
   local run = tag .. ':run:' .. (rid or '')
+  local wrong = kind and wrong_kind({run, 'hash', tag .. ':in:' .. rid, 'list', tag .. ':act:' .. rid, 'hash'})
+  if wrong then
+    left[#left + 1] = {member, wrong[1], wrong[2], wrong[3]}
+    kind = nil
+  else
+    redis.call('ZREM', timers, member)
+  end
   if kind and is_open(redis.call('HGET', run, 'status')) then
     if kind == 't' then
       redis.call('RPUSH', tag .. ':in:' .. rid, envelope('TimerFired', ts, cmsgpack.pack({id = id})))
@@ -49,4 +57,4 @@ end
 local nxt = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')
 local next_due = -1
 if nxt[2] then next_due = tonumber(nxt[2]) end
-return {#due, next_due, fired}
+return {#due - #left, next_due, fired, left}
