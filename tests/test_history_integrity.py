@@ -300,3 +300,24 @@ def test_a_due_timer_whose_run_has_a_key_of_another_kind_waits_for_the_fix_and_f
         wait_for(lambda: "TimerFired" in [e.type for e in stub.history()], timeout=20)
         stub.signal("go", "fired after the fix")
         assert stub.result(timeout=20) == "fired after the fix"
+
+
+def test_a_worker_starts_and_serves_beside_a_sticky_set_of_another_kind(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The lease's SADD to a partition's set of sticky hosts failed: no worker could start (a crash
+    # loop under --processes), and those running logged a traceback every second.
+    sticky = store.keys.sticky_hosts(2)
+    store.redis.hset(sticky, "a", "b")
+    try:
+        with TestEnvironment(store=store) as env:
+            run = env.start(Waiter, 0.01, id="sticky-kind")
+            run.signal("go", "served")
+            assert run.result(timeout=20) == "served"
+            time.sleep(2.5)  # a few scheduler passes
+        said = [r.getMessage() for r in caplog.records if f"{sticky} is not a set" in r.getMessage()]
+        assert len(said) == 1, said
+        tracebacks = [r for r in caplog.records if "scheduler pass failed" in r.getMessage()]
+        assert len(tracebacks) <= 1, [r.getMessage() for r in tracebacks]
+    finally:
+        store.redis.delete(sticky)

@@ -107,6 +107,7 @@ class Scheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._next_due = float("inf")
+        self._said: tuple[str, float] = ("", 0.0)  # the last failed pass said: its error, when
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
         self.sticky_timeout_ms = sticky_timeout_ms
@@ -158,7 +159,14 @@ class Scheduler:
                 elif is_transient(exc):
                     sleep = self._outage.failed(exc)  # logged once per outage
                 else:
-                    log.exception("scheduler pass failed; retrying in 1 s")
+                    # The same fault a second: its traceback once, then a line once a minute (a key
+                    # of the wrong kind logged a traceback every second until it was mended).
+                    said, last = str(exc).splitlines()[0][:300] if str(exc) else repr(exc), self._said
+                    if said != last[0] or time.monotonic() - last[1] >= 60:
+                        log.error(
+                            "scheduler pass failed; retrying in 1 s: %s", said, exc_info=said != last[0]
+                        )
+                        self._said = (said, time.monotonic())
                     sleep = 1.0
                     # A fault of the pass's own (odd data, a bug) is no reason for this live worker
                     # to look gone: its heartbeat is kept whatever part of the pass failed.

@@ -41,13 +41,35 @@ consumers from before they were deleted clears over a few calls, none of them lo
 class LeaseStore(StoreBase):
     """Worker leases, dead workers' sessions and sticky tasks, and reclaiming idle tasks."""
 
+    _sticky_said: frozenset[str] = frozenset()  # sticky-host sets of the wrong kind said already
+
     def renew_worker(self, host: str, consumer: str, ttl_ms: int) -> None:
         """Take or renew the lease of the worker whose private queue is ``host`` (every partition)."""
         with self.redis.pipeline(transaction=False) as pipe:
             for p in range(self.keys.partitions):
                 pipe.set(self.keys.alive(p, host), consumer, px=ttl_ms)
                 pipe.sadd(self.keys.sticky_hosts(p), host)
-            pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+        for p, reply in zip(range(self.keys.partitions), replies[1::2], strict=True):
+            if not isinstance(reply, Exception):
+                continue
+            if "WRONGTYPE" not in str(reply):
+                raise reply
+            # A partition's set of the wrong kind stopped every worker from starting (a crash loop
+            # under --processes): the lease is taken all the same, the key said once.
+            key = self.keys.sticky_hosts(p)
+            if key not in self._sticky_said:
+                self._sticky_said = self._sticky_said | {key}
+                log.error(
+                    "%s is not a set (made by hand, or by another program sharing the database): this "
+                    "worker's private tasks of partition %d are not handed back if it dies; delete or "
+                    "rename the key (durable makes it again)",
+                    key,
+                    p,
+                )
+        for reply in replies[0::2]:
+            if isinstance(reply, Exception):
+                raise reply
 
     def release_worker(self, host: str) -> None:
         """Give up ``host``'s lease at once (graceful stop), hand its sticky tasks back and
