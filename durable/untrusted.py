@@ -15,12 +15,12 @@ import re
 from typing import Any
 
 _DECIMAL = re.compile(r"[0-9]{1,18}")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # and bidi overrides
 
 
 def terminal_safe(text: str) -> str:
     """``text`` with the control characters a terminal acts on escaped (``\x1b``, ``\x07``...;
-    newlines and tabs kept). An activity's error message or a cancel reason is anyone's text:
+    newlines and tabs kept), and the bidi overrides that make it read reversed. An activity's error message or a cancel reason is anyone's text:
     printed raw, an escape sequence in it cleared the operator's screen, set the window title,
     or (OSC 52) wrote the clipboard."""
     if _CONTROLS.search(text) is None:

@@ -388,14 +388,16 @@ def test_control_characters_in_what_runs_wrote_do_not_reach_the_terminal(store: 
     """A cancel/terminate reason or an activity's error is anyone's text: its escape sequences
     reached the operator's terminal raw through `status` and `describe` (clear the screen, set
     the title, OSC 52: write the clipboard) and the worker's log."""
-    evil = "reason \x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b31m cleared"
+    evil = "reason \x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07 \x9b31m cleared \u202edesrever"
     stub = WorkflowStub.make(Waiter, id="ansi-reason", store=store).start(60)
     stub.terminate(evil)
     for command in (["status", "ansi-reason"], ["describe", "ansi-reason"], ["list"]):
         out = CliRunner().invoke(cli, command).output
-        assert not any(c in out for c in "\x1b\x07\x9b"), (command, out)
+        assert not any(c in out for c in "\x1b\x07\x9b\u202e"), (command, out)
     described = CliRunner().invoke(cli, ["describe", "ansi-reason"]).output
-    assert "reason \\x1b[2J\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x9b31m cleared" in described, described
+    assert "reason \\x1b[2J\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x9b31m cleared \\u202edesrever" in described, (
+        described
+    )
     line = MaskingFormatter("%(message)s").format(
         logging.makeLogRecord({"msg": f"failed: {evil}\nnext line"})
     )
