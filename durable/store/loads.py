@@ -101,13 +101,15 @@ def decode_history(
     if last is not None and held != last:
         why = (
             "entries past it were written by a commit that failed half-way (a Redis error inside its "
-            "script, such as a key of the wrong type)"
+            "script, such as a key of the wrong type); mend that key, then `durable repair "
+            "--drop-uncommitted` moves them beside the history (its inputs back to the inbox) and the "
+            "run is decided again; or"
             if held > last
-            else "its last entries were deleted from its stream"
+            else "its last entries were deleted from its stream;"
         )
         raise HistoryCorrupt(
             f"run {run_id}: its history holds {held} events but the run record counts {last}: "
-            f"{why}; restore Redis from a backup, or `durable terminate` the run and start it again",
+            f"{why} restore Redis from a backup, or `durable terminate` the run and start it again",
             run_id=run_id,
             seq=min(held, last) + 1,
         )

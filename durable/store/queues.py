@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from .. import codec
+from .. import events as ev
 from ..codec.sealed import open_text, seal_text
-from ..errors import WorkflowClosed
+from ..errors import DurableError, WorkflowClosed
 from ..ids import clipped
 from ..runinfo import classify_block
 from .key_types import is_wrong_type
@@ -455,6 +456,38 @@ class QueueStore(RunStore):
             pipe.execute()
         return ref
 
+    def drop_uncommitted(self, workflow_id: str) -> tuple[RunRef, int]:
+        """Move the history entries a commit that failed half-way wrote past the run record's count
+        (its script met a key of the wrong kind: Redis does not undo a script's earlier writes)
+        beside the history, put the inputs among them back in the inbox, and re-queue the run
+        (``durable repair --drop-uncommitted``). Returns the run and how many entries moved.
+
+        Raises:
+            WorkflowClosed: the run is closed.
+            DurableError: the run kept changing meanwhile.
+        """
+        for _ in range(5):
+            ref = self.ref(workflow_id)
+            k, p, rid = self.keys, ref.partition, ref.run_id
+            seq = int(self.run_record(ref).get("seq") or 0)
+            extra = self.redis.xrange(k.history(p, rid), f"0-{seq + 1}", "+")
+            top = int(extra[-1][0].split(b"-")[1]) if extra else seq
+            inputs = [
+                entry_id.split(b"-")[1]
+                for entry_id, fields in extra
+                if not _is_command(fields.get(b"e", b""), rid)
+            ]
+            result = self._run_script(
+                "drop_uncommitted",
+                [k.run(p, rid), k.history(p, rid), k.inbox(p, rid), k.log(p, rid), k.blocked(p)],
+                [rid, seq, top, *inputs],
+            )
+            if text(result[0]) == "OK":
+                return ref, int(result[1])
+            if text(result[0]) == "CLOSED":
+                raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
+        raise DurableError(f"workflow {workflow_id!r} kept changing; try again")
+
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """Parked tasks of every partition, newest last; each with its run's ``workflow_id``
         (``None`` once the run is purged) so that an operator can go to the run, and its
@@ -534,3 +567,12 @@ class QueueStore(RunStore):
         sec, usec = replies[-2]
         now = int(sec) * 1000 + int(usec) // 1000 + int(replies[-1] or 0)
         return busy, (min(dues) if dues else None), now
+
+
+def _is_command(raw: bytes, run_id: str) -> bool:
+    """Whether a history entry is a command of the workflow's (not an input it took): an entry
+    that does not decode is not put back in the inbox."""
+    try:
+        return bool(ev.decode(raw, run_id=run_id).event.is_command)
+    except Exception:  # noqa: BLE001 - garbage is no input
+        return True

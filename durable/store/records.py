@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import redis
+
 from .. import codec
 from ..codec.sealed import open_text
 from ..errors import (
@@ -157,6 +159,11 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
             f"run {run_id}: its history is gone from Redis (the run record counts {int(reply[1])} events): "
             "evicted (a maxmemory-policy other than noeviction) or deleted; nothing was written. Restore "
             "Redis from a backup, or `durable terminate` the run"
+        )
+    if outcome == "WRONGKIND":  # a refusal of Redis's, as the command's own WRONGTYPE, the key named
+        return redis.ResponseError(
+            f"WRONGTYPE: run {run_id}: Redis key {text(reply[1])} is a {text(reply[2])}, not a {text(reply[3])}; "
+            "nothing was written"
         )
     if outcome == "STALE":
         return StaleCompletion(

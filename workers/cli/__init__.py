@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.cli import fleet, inspect, purge, runs, schedule, server, tools, worker
+from workers.cli import fleet, inspect, purge, repair, runs, schedule, server, tools, worker
 from workers.cli.core import CliError, cli, parse_args
 from workers.cli.export import export_history, load_export
 from workers.cli.render import json_default, to_json
@@ -47,6 +47,7 @@ __all__ = [
 
 for _command in (
     *runs.COMMANDS,
+    *repair.COMMANDS,
     *inspect.COMMANDS,
     *worker.COMMANDS,
     *fleet.COMMANDS,

@@ -10,6 +10,7 @@
 --       | {'CONFLICT', seq} | {'CLOSED', status}
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 --       | {'LOST', seq} (the run's history stream is gone; nothing written)
+--       | {'WRONGKIND', key, the kind it holds, the kind expected} (nothing written)
 local run, history, inbox, instance = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local timers, acts, log, outbox, hooks, dead = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local running, sessions = KEYS[11], KEYS[12]
@@ -38,6 +39,22 @@ if seq > 0 and redis.call('EXISTS', history) == 0 then return {'LOST', seq} end
 for _, e in ipairs(plan.eager or NONE) do
   if tonumber(redis.call('HGET', acts, e[1] .. '#')) ~= e[2] then return {'STALE', e[1]} end
 end
+
+-- The kinds of the keys this plan writes, before anything is written: a command failing on a
+-- key of the wrong kind (made by hand) would leave the history written and the record not, the
+-- run lost; refused here, nothing is written, and the run goes on once the key is mended. Only
+-- the keys the plan touches are read (one TYPE each; the history and inbox always).
+local kinds = {history, 'stream', inbox, 'list'}
+local function expect(key, kind) kinds[#kinds + 1], kinds[#kinds + 2] = key, kind end
+if plan.activities or plan.leased or plan.eager or plan.cancel_activities then expect(acts, 'hash') end
+if plan.leased or plan.eager or plan.activities then expect(running, 'zset') end
+if plan.dropped or plan.eager or plan.close then expect(log, 'stream') end
+if plan.dropped then expect(dead, 'stream') end
+if plan.timers or plan.untimers or plan.cancel_activities or plan.next then expect(timers, 'zset') end
+if plan.outbox then expect(outbox, 'stream') end
+if plan.hooks or plan.unhooks or plan.close then expect(hooks, 'hash') end
+local wrong = wrong_kind(kinds)
+if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 
 local ts = now_ms()
 for i, e in ipairs(plan.events) do

@@ -12,17 +12,22 @@ local run, inbox, acts, log, timers, running, stream = KEYS[1], KEYS[2], KEYS[3]
 local rid, aid, attempt, entry_id, outcome = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 
 local ts = now_ms()
-ack(stream, entry_id)
+-- Reads first: one of a key of the wrong kind (made by hand) fails here, before anything is
+-- written (Redis does not undo a script's earlier writes: the task was acked and lost).
+local current = tonumber(redis.call('HGET', acts, aid .. '#'))
+local open = is_open(redis.call('HGET', run, 'status'))
+redis.call('XLEN', log)
+redis.call('LLEN', inbox)
 redis.call('ZREM', running, rid .. '|' .. aid .. '|' .. attempt)
+ack(stream, entry_id)
 
 -- A result nobody waits for any more is kept in the log, marked discarded.
 local stale = nil
-local current = tonumber(redis.call('HGET', acts, aid .. '#'))
 if not current then
   stale = 'activity is no longer pending (cancelled, timed out or already done)'
 elseif current ~= attempt then
   stale = 'a newer attempt is current'
-elseif not is_open(redis.call('HGET', run, 'status')) then
+elseif not open then
   stale = 'run is closed'
 end
 local logged = outcome
