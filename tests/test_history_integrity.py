@@ -350,3 +350,13 @@ def test_the_entries_a_half_written_commit_left_are_moved_aside_and_the_run_goes
         "--drop-uncommitted" in str(e.get("reason")) and "put back in the inbox" in str(e.get("reason"))
         for e in dropped
     )
+
+
+def test_terminate_of_a_closed_run_says_it_is_closed_whatever_its_other_keys_hold(store: RedisStore) -> None:
+    stub = WorkflowStub.make(Waiter, id="closed-then-kind", store=store).start(60)
+    stub.terminate("first")
+    acts = store.keys.activities(stub._ref().partition, stub.run_id)
+    store.redis.set(acts, "not a hash")
+    with pytest.raises(WorkflowClosed, match="is already terminated"):
+        stub.terminate("again")
+    store.redis.delete(acts)

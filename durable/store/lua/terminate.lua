@@ -9,13 +9,15 @@
 --   again) | {'CLOSED', status} | {'WRONGKIND', key, the kind it holds, the kind expected}
 local instance, run = KEYS[1], KEYS[2]
 local rid, data, to_parent = ARGV[1], ARGV[2], ARGV[3]
-local wrong = wrong_kind({instance, 'hash', run, 'hash', KEYS[3], 'stream', KEYS[4], 'list', KEYS[5], 'hash',
-  KEYS[6], 'stream', KEYS[7], 'stream', string.match(run, '^(.-{%d+})') .. ':timers', 'zset'})
+local wrong = wrong_kind({instance, 'hash', run, 'hash'})
 if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 local current = redis.call('HGET', instance, 'run')
 if current ~= rid then return {'MOVED', current or ''} end
 local fields = redis.call('HMGET', run, 'status', 'snapshot')
 if not is_open(fields[1]) then return {'CLOSED', fields[1] or 'missing'} end
+wrong = wrong_kind({KEYS[3], 'stream', KEYS[4], 'list', KEYS[5], 'hash', KEYS[6], 'stream', KEYS[7], 'stream',
+  string.match(run, '^(.-{%d+})') .. ':timers', 'zset'})
+if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 if redis.sha1hex(fields[2] or '') ~= ARGV[4] then return {'STALE'} end
 local to_children = {}
 for i = 6, #ARGV do to_children[#to_children + 1] = ARGV[i] end  -- not unpack(): a fan-out may be long
