@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import pytest
 from apps.basic import SlowSteps, Waiter
+from apps.child_blocks import ParentOfNamed
 from click.testing import CliRunner
 from waiting import wait_for
 
@@ -28,6 +29,7 @@ from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
 from workers import broken_streams, run_cache
 from workers.cli import cli
+from workers.worker import Worker, WorkerThread
 
 
 def _suspended(store: RedisStore, wid: str) -> tuple[WorkflowStub, str, int]:
@@ -360,3 +362,28 @@ def test_terminate_of_a_closed_run_says_it_is_closed_whatever_its_other_keys_hol
     with pytest.raises(WorkflowClosed, match="is already terminated"):
         stub.terminate("again")
     store.redis.delete(acts)
+
+
+def test_a_child_start_a_key_of_another_kind_refuses_waits_in_the_outbox_and_starts_once_mended(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The start refused for the child's partition's timers made a string failed the parent for
+    # good (ChildWorkflowFailed: an operator-fixable state of Redis, no business failure).
+    k = store.keys
+    parent_id = "outbox-kind-p"
+    child_id = next(
+        f"outbox-kind-c{i}" for i in range(100) if k.partition(f"outbox-kind-c{i}") != k.partition(parent_id)
+    )
+    timers = k.timers(k.partition(child_id))
+    store.redis.set(timers, "not a zset")
+    try:
+        with WorkerThread(Worker(store, concurrency=2, grace=5, claim_idle_ms=1000, block_ms=100)):
+            parent = WorkflowStub.make(ParentOfNamed, parent_id, store=store).start(child_id)
+            wait_for(lambda: any("wrong kind" in r.getMessage() for r in caplog.records), timeout=20)
+            assert parent.status() in ("running", "pending", "suspended"), parent.describe()
+            store.redis.delete(timers)
+            wait_for(lambda: store.instance_statuses([child_id])[0] == "suspended", timeout=30)
+            WorkflowStub.load(child_id, store=store).signal("go", "started after the fix")
+            assert parent.result(timeout=30) == "started after the fix"
+    finally:
+        store.redis.delete(timers)
