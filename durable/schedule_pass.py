@@ -27,6 +27,7 @@ from typing import Any
 from .client import WorkflowStub
 from .errors import DurableError, WorkflowAlreadyStarted, WorkflowClosed, WorkflowNotFound
 from .ids import successor_run_id
+from .quiet import Quiet
 from .registry import start_patches, start_queue
 from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
 from .store.connect import is_transient
@@ -72,7 +73,7 @@ class SchedulePass:
         #: Runs started by this pass (tests, benchmarks).
         self.started = 0
         self._base = (0, 0.0)
-        self._said: dict[str, float] = {}  # a schedule's failure -> when it was last said
+        self._said = Quiet()  # the schedules' failures said
 
     def clock(self) -> int:
         """Redis server time (ms) as of the last :meth:`tick`, advanced by the local monotonic
@@ -107,18 +108,17 @@ class SchedulePass:
     def _failed(self, schedule_id: str, exc: Exception) -> None:
         """Say a failed pass of ``schedule_id``: with its traceback the first time, then the same
         error once a minute."""
-        said = f"{schedule_id}\0{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        last = self._said.get(said)
-        if last is not None and time.monotonic() - last < 60:
+        said = (schedule_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        first = self._said.first(said)
+        if not self._said.due(said):
             return
-        self._said[said] = time.monotonic()
         log.error(
             "schedule %s: pass failed; retrying in %d s: %s: %s",
             schedule_id,
             RETRY_MS // 1000,
             type(exc).__name__,
             exc,
-            exc_info=last is None,
+            exc_info=first,
         )
 
     def process(self, schedule_id: str, now_ms: int | None = None) -> bool:

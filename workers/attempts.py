@@ -9,7 +9,6 @@ or fails the activity for good.
 from __future__ import annotations
 
 import logging
-import math
 import time
 import traceback
 from collections import deque
@@ -36,6 +35,7 @@ from durable.errors import (
     error_text,
     message_of,
 )
+from durable.quiet import Quiet
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
 from durable.store.key_types import is_wrong_type
@@ -572,8 +572,7 @@ def _one_by_one(
                 raise
             stuck.append(outcome)
             t = outcome.task
-            if time.monotonic() - _said_stuck.get(t.run_id, -math.inf) >= 60:
-                _said_stuck[t.run_id] = time.monotonic()
+            if _stuck.due(t.run_id):
                 wrong = store.run_wrong_types(t.partition, t.run_id) or [str(exc)]
                 log.error(
                     "the result of activity %s (%s) of run %s cannot be recorded: %s (made by hand, or by "
@@ -587,7 +586,7 @@ def _one_by_one(
     return stuck
 
 
-_said_stuck: dict[str, float] = {}  # run id -> when its unrecordable result was last said
+_stuck = Quiet()  # runs whose unrecordable result was said
 
 
 def _drain(items: deque[Any]) -> list[Any]:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from durable.quiet import Quiet
 from durable.store.key_types import is_wrong_type
 from durable.store.redis_store import RedisStore
 
@@ -31,7 +32,7 @@ class BrokenStreams:
         self.store = store
         self._aside: dict[str, str] = {}  # stream -> the kind its key held
         self._next_check = 0.0
-        self._said: dict[str, float] = {}  # an error met -> when it was last said
+        self._said = Quiet()  # the errors met
 
     def usable(self, streams: list[str]) -> list[str]:
         """``streams`` but those set aside (looked at again every :data:`RECHECK_S`)."""
@@ -71,8 +72,7 @@ class BrokenStreams:
         if not is_wrong_type(exc):
             return False
         said = str(exc).splitlines()[0][:300]
-        if time.monotonic() - self._said.get(said, -RECHECK_S * 2) >= 2 * RECHECK_S:
-            self._said[said] = time.monotonic()
+        if self._said.due(said):
             log.error("a pass of this worker met a Redis key of the wrong kind; it goes on: %s", said)
         time.sleep(1.0)
         return True

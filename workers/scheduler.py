@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection
 
 from durable.errors import ActivityTimeout, SessionLost
+from durable.quiet import Quiet
 from durable.schedule_pass import SchedulePass
 from durable.store.connect import is_transient
 from durable.store.memory import OomEpisode
@@ -107,7 +108,7 @@ class Scheduler:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._next_due = float("inf")
-        self._said: tuple[str, float] = ("", 0.0)  # the last failed pass said: its error, when
+        self._said = Quiet()  # the failed passes' errors said
         self._thread: threading.Thread | None = None
         self._last_claim = 0.0
         self.sticky_timeout_ms = sticky_timeout_ms
@@ -161,12 +162,10 @@ class Scheduler:
                 else:
                     # The same fault a second: its traceback once, then a line once a minute (a key
                     # of the wrong kind logged a traceback every second until it was mended).
-                    said, last = str(exc).splitlines()[0][:300] if str(exc) else repr(exc), self._said
-                    if said != last[0] or time.monotonic() - last[1] >= 60:
-                        log.error(
-                            "scheduler pass failed; retrying in 1 s: %s", said, exc_info=said != last[0]
-                        )
-                        self._said = (said, time.monotonic())
+                    said = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
+                    first = self._said.first(said)
+                    if self._said.due(said):
+                        log.error("scheduler pass failed; retrying in 1 s: %s", said, exc_info=first)
                     sleep = 1.0
                     # A fault of the pass's own (odd data, a bug) is no reason for this live worker
                     # to look gone: its heartbeat is kept whatever part of the pass failed.

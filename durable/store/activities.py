@@ -402,12 +402,14 @@ class ActivityStore(KeyTypes):
         calls = [([self.keys.timers(p)], [self.keys.tag(p), limit]) for p in parts]
         replies = self._script_many("fire_timers", calls, raise_on_error=False)
         out = []
+        later: int | None = None  # members left for a key of the wrong kind: tried again in 5 s
         for p, reply in zip(parts, replies, strict=True):
             if not isinstance(reply, Exception):
                 next_due = int(reply[1])
-                if len(reply) > 3 and reply[3]:  # members left for a key of the wrong kind
+                if len(reply) > 3 and reply[3]:
                     self._say_left(p, reply[3])
-                    next_due = max(next_due, self.server_time_ms() + 5_000)  # not at once again
+                    later = later or self.server_time_ms() + 5_000  # one read for all partitions
+                    next_due = max(next_due, later)
                 out.append((int(reply[0]), next_due, int(reply[2])))
                 self._timers_said = self._timers_said - {p}
             elif is_wrong_type(reply):

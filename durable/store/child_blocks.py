@@ -136,7 +136,8 @@ def children_gone(store: StoreBase, runs: Sequence[RunRef]) -> list[BlockedReaso
         {**(decode_run({"snapshot": raw}) if raw else {}), "workflow_id": ref.workflow_id}
         for ref, raw in zip(runs, snapshots, strict=True)
     ]
-    found = blocked_children(store, records, lambda _: None)
+    # The runs' own children only: a descendant's loss is not this waiter's to raise.
+    found = blocked_children(store, records, lambda _: None, depth=1)
     return [r if r is not None and r.kind == DATA_LOST else None for r in found]
 
 

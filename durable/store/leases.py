@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .base import StoreBase
+from .key_types import is_wrong_type
 from .keys import GROUP, attempt_member
 from .records import text
 
@@ -53,7 +54,7 @@ class LeaseStore(StoreBase):
         for p, reply in zip(range(self.keys.partitions), replies[1::2], strict=True):
             if not isinstance(reply, Exception):
                 continue
-            if "WRONGTYPE" not in str(reply):
+            if not is_wrong_type(reply):
                 raise reply
             # A partition's set of the wrong kind stopped every worker from starting (a crash loop
             # under --processes): the lease is taken all the same, the key said once.

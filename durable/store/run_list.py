@@ -22,6 +22,7 @@ import redis
 
 from ..runinfo import blocked_reason
 from .base import StoreBase
+from .key_types import is_wrong_type
 from .records import OPEN_STATUSES, decode_run, text
 from .search import stored_attributes
 
@@ -83,7 +84,7 @@ class RunPage:
 def _unreadable(key: str, exc: Exception) -> dict[str, Any]:
     """The row of a run whose record cannot be read (``WRONGTYPE``: made another kind of value by
     hand, or by another program sharing the database); it failed the whole list for everyone."""
-    if "WRONGTYPE" not in str(exc):
+    if not is_wrong_type(exc):
         raise exc
     return {
         "workflow_id": "?",
