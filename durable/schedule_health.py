@@ -14,7 +14,7 @@ from typing import Any
 from .schedule_spec import Schedule, iso
 from .store.redis_store import RedisStore
 
-__all__ = ["OVERDUE_AFTER_S", "Lateness", "held_up"]
+__all__ = ["OVERDUE_AFTER_S", "Lateness", "failing", "held_up"]
 
 OVERDUE_AFTER_S = 5.0
 """How late a schedule's next time may be before ``describe`` calls it overdue (a worker's
@@ -79,3 +79,15 @@ def held_up(
     )
     why = f"; blocked: {run['blocked']}" if run.get("blocked") else ""
     return f"{waiting} behind run {run['workflow_id']} (scheduled {run['scheduled_at']}), still {run['status']}{why}"
+
+
+def failing(note: str | None) -> str:
+    """:attr:`ScheduleDescription.held_up` of a schedule whose scheduler passes fail: the note
+    the last failure left on its record (``"<ms>|<error>"``), in words; ``""`` for none."""
+    if not note:
+        return ""
+    ms, _, error = note.partition("|")
+    return (
+        f"its scheduler's passes fail (last at {iso(int(ms)) if ms.isdigit() else ms}, tried again "
+        f"every few seconds): {error}"
+    )

@@ -31,6 +31,7 @@ from .quiet import Quiet
 from .registry import start_patches, start_queue
 from .schedule_spec import Schedule, ScheduleOverlap, iso, scheduled_workflow_id
 from .store.connect import is_transient
+from .store.key_types import is_wrong_type
 from .store.records import OPEN_STATUSES
 from .store.redis_store import RedisStore
 from .store.schedules import ScheduleState, claim_member, parse_claim_member
@@ -107,8 +108,16 @@ class SchedulePass:
 
     def _failed(self, schedule_id: str, exc: Exception) -> None:
         """Say a failed pass of ``schedule_id``: with its traceback the first time, then the same
-        error once a minute."""
-        said = (schedule_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        error once a minute; and note it on the schedule, for ``describe`` (a schedule stalled on
+        a failing start said "active", and no reason)."""
+        if is_wrong_type(exc):
+            exc = self.store.wrong_type_error(exc)  # which key: Redis's error names none
+        line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        try:
+            self.store.schedule_failing(schedule_id, f"{self.clock()}|{type(exc).__name__}: {line}")
+        except Exception as unnoted:  # noqa: BLE001 - the record itself may be the key at fault
+            log.debug("schedule %s: its failure not noted: %s", schedule_id, unnoted)
+        said = (schedule_id, line)
         first = self._said.first(said)
         if not self._said.due(said):
             return
@@ -118,7 +127,7 @@ class SchedulePass:
             RETRY_MS // 1000,
             type(exc).__name__,
             exc,
-            exc_info=first,
+            exc_info=first and exc.__traceback__ is not None,
         )
 
     def process(self, schedule_id: str, now_ms: int | None = None) -> bool:
@@ -137,6 +146,8 @@ class SchedulePass:
             spec = Schedule.from_json(state.record["spec"])
             state.claimed += self._claim_due(schedule_id, spec, state, token, now)
             _Settle(self, schedule_id, spec, state, token, now).run()
+            if state.record.get("failing"):
+                self.store.schedule_failing(schedule_id, "")  # it passes again
         finally:
             self.store.schedule_unlock(schedule_id, token)
         return True

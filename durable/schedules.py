@@ -32,7 +32,7 @@ from .client import default_store
 from .errors import ConfigurationError, DurableError, WorkflowNotFound
 from .ids import new_run_id
 from .registry import check_start
-from .schedule_health import Lateness, held_up
+from .schedule_health import Lateness, failing, held_up
 from .schedule_pass import MAX_BUFFERED, SchedulePass, action
 from .schedule_spec import (
     Schedule,
@@ -102,7 +102,8 @@ class ScheduleDescription:
             workers do and their logs say why); ``""`` when it is on time.
         held_up: Why an active schedule fires but starts nothing: its last times were skipped
             (or wait buffered) behind a run it started that is still open, named with its
-            status and, blocked, why (``""``: it is not held up). ``durable schedule list``
+            status and, blocked, why; or its scheduler's passes fail, with the last error
+            (a start Redis refuses) (``""``: it is not held up). ``durable schedule list``
             shows it: such a schedule fires on time, so nothing else there says it.
     """
 
@@ -359,7 +360,8 @@ class ScheduleHandle:
             created=int(record["created"]) if record.get("created") else None,
             updated=int(record["updated"]) if record.get("updated") else None,
             overdue=lateness.why(spec, upcoming[0]) if run_state == "active" and upcoming else "",
-            held_up=held_up(state.actions, running, len(state.buffer)) if run_state == "active" else "",
+            held_up=failing(record.get("failing"))
+            or (held_up(state.actions, running, len(state.buffer)) if run_state == "active" else ""),
         )
 
     def _blocked(self, workflow_id: str) -> str | None:

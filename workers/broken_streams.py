@@ -32,7 +32,6 @@ class BrokenStreams:
         self.store = store
         self._aside: dict[str, str] = {}  # stream -> the kind its key held
         self._next_check = 0.0
-        self._said = Quiet()  # the errors met
 
     def usable(self, streams: list[str]) -> list[str]:
         """``streams`` but those set aside (looked at again every :data:`RECHECK_S`)."""
@@ -69,10 +68,28 @@ class BrokenStreams:
         the key refused, say: the outbox message stays pending and is tried again), said at most
         once a minute per error, the pass tried again a second later. It stopped the worker, and
         every worker that met the key after it."""
-        if not is_wrong_type(exc):
+        if not said_wrong_kind(self.store, exc, "a pass of this worker (it goes on)"):
             return False
-        said = str(exc).splitlines()[0][:300]
-        if self._said.due(said):
-            log.error("a pass of this worker met a Redis key of the wrong kind; it goes on: %s", said)
         time.sleep(1.0)
         return True
+
+
+def said_wrong_kind(store: RedisStore, exc: BaseException, doing: str) -> bool:
+    """Whether ``exc`` is a key of the wrong kind (``WRONGTYPE``), which ``doing`` met; if so,
+    logged as an ERROR naming the key (read now: Redis's error names none), each key at most
+    once a minute in this process, whatever met it. A WARNING with the bare error, every
+    heartbeat, named nothing to fix."""
+    if not is_wrong_type(exc):
+        return False
+    try:
+        error = store.wrong_type_error(exc, doing)
+        said, named = str(error), tuple(error.wrong)
+    except Exception:  # noqa: BLE001 - reading the kinds failed too: say what is known
+        said = f"{doing} failed: {str(exc).splitlines()[0][:300]}"
+        named = ()
+    if _said.due(named or doing):
+        log.error("%s", said)
+    return True
+
+
+_said = Quiet()  # the keys of the wrong kind said (by the keys, else by what met them)

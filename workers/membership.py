@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 
+import redis
+
 from durable.registry import declared_patches
 from durable.retention import duration_text
 from durable.store.records import REGISTRY_TTL_MS
@@ -41,6 +43,7 @@ from durable.store.retention import set_namespace_retention, stored_retention_ms
 from durable.store.workers import WorkerInfo
 
 from .async_activities import loop_stall
+from .broken_streams import said_wrong_kind
 
 __all__ = ["CURRENT_POLL_S", "Membership"]
 
@@ -126,10 +129,14 @@ class Membership:
         the settings of Redis that can lose durable's data (nothing else would say it)."""
         self._started = self.store.server_time_ms()
         self._check_origins()  # first: once the views see this worker live, it has seen the markers
-        self._register()
+        # A registry (or known-queues set) of the wrong kind, made by hand, stopped every worker
+        # at its start: this one serves, said by name, and registers once the key is mended.
+        self._tolerating_wrong_kind("this worker's registration", self._register)
         # Known, its queues' streams are swept once no live worker serves them (a mistyped or a
         # per-host --queue created 16 empty streams that stayed for good).
-        self.store.note_queues(self.queues)
+        self._tolerating_wrong_kind(
+            "the note of this worker's queues", lambda: self.store.note_queues(self.queues)
+        )
         if self.build and self.promote:
             before = self.store.current_build(self.queues)
             self.store.promote_build(self.queues, self.build)
@@ -191,6 +198,13 @@ class Membership:
             if self.store.claim_current_build(queue, old, self.build):
                 self._say_taken_over(queue, old, everyone)
         self._polled = 0.0  # re-read the current builds at the next pass
+
+    def _tolerating_wrong_kind(self, doing: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except redis.exceptions.ResponseError as exc:
+            if not said_wrong_kind(self.store, exc, doing):
+                raise
 
     def _check_origins(self) -> None:
         """Compare the partitions' origin markers with those seen last: one gone means Redis

@@ -17,6 +17,7 @@ from durable.errors import DurableError, WorkflowClosed, WorkflowNotFound
 from durable.ids import shown_id
 from durable.registry import start_patches
 from durable.store.connect import is_redis_error, is_transient
+from durable.store.key_types import is_wrong_type
 from durable.store.redis_store import RedisStore
 
 from . import faults
@@ -58,6 +59,8 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
             store.park(p=p, stream=stream, entry_id=entry_id, kind="outbox", reason=reason, fields=fields)
             return
     except Exception as exc:
+        if is_wrong_type(exc):  # a key made by hand: the pass names it, once a minute (not a
+            raise  # traceback a retry, every second)
         if is_transient(exc) or is_redis_error(exc):  # Redis, not the message: the loop retries
             log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
             raise

@@ -29,6 +29,7 @@ from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 
 from . import faults, metrics
 from .attempts import attempt_began, attempt_failed, fail_attempt, timeout_kind
+from .broken_streams import said_wrong_kind
 from .logging import bind_run, unbind_run
 from .worker_deaths import lapsed_lease
 
@@ -164,7 +165,9 @@ class Scheduler:
                     # of the wrong kind logged a traceback every second until it was mended).
                     said = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
                     first = self._said.first(said)
-                    if self._said.due(said):
+                    if said_wrong_kind(self.store, exc, "a scheduler pass (tried again every second)"):
+                        pass  # named (Redis's error names no key), no traceback: not a bug of ours
+                    elif self._said.due(said):
                         log.error("scheduler pass failed; retrying in 1 s: %s", said, exc_info=first)
                     sleep = 1.0
                     # A fault of the pass's own (odd data, a bug) is no reason for this live worker
@@ -229,7 +232,7 @@ class Scheduler:
                 pass  # said once per episode; the worker goes on working
             elif is_transient(exc):
                 self._outage.failed(exc)  # one line per outage, not per heartbeat
-            else:
+            elif not said_wrong_kind(self.store, exc, "the worker's registry heartbeat"):
                 log.warning("worker heartbeat failed: %s", exc)
 
     def _sweep_sticky(self, now: float) -> float:
@@ -389,7 +392,8 @@ class Scheduler:
             void = self.store.drop_void_tasks(unserved)
             emptied = self.store.drop_unserved_streams(queues, keep=self.streams)
         except Exception as exc:  # noqa: BLE001 - they wait for the next pass; timers must not
-            log.warning("dead workers' consumers not deleted yet: %s", exc)
+            if not said_wrong_kind(self.store, exc, "the sweep of dead workers' consumers"):
+                log.warning("dead workers' consumers not deleted yet: %s", exc)
             return
         if deleted:
             log.info(

@@ -25,6 +25,7 @@ from .connect import Client, cluster_node_url, connect, is_cluster_client, unsup
 from .embedded import resolve_redis_url
 from .keys import Keys
 from .outage import CLIENT_RIDE_S, client_incident, ride_out
+from .records import text
 from .wire import Wire
 
 T = TypeVar("T")
@@ -111,7 +112,18 @@ class StoreBase:
     def _check_partitions(self) -> None:
         want = self.keys.partitions
         # Read first: a store opened while Redis refuses writes (at maxmemory) must not fail here.
-        recorded = self.redis.hget(self.keys.meta, "partitions")
+        try:
+            recorded = self.redis.hget(self.keys.meta, "partitions")
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            # Every worker and command opens the store: a bare WRONGTYPE here stopped them all.
+            kind = self.redis.type(self.keys.meta)
+            raise ConfigurationError(
+                f"Redis key {self.keys.meta} is a {text(kind)}, not "
+                "a hash (made by hand, or by another program sharing the database): rename it aside or "
+                "delete it, and durable writes it anew"
+            ) from exc
         if recorded is None:
             self.redis.hsetnx(self.keys.meta, "partitions", want)
             recorded = self.redis.hget(self.keys.meta, "partitions")

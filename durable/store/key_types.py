@@ -6,6 +6,7 @@ find which keys they are, so the one task, run or stream can be set aside, said 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TypeGuard
 
@@ -15,7 +16,31 @@ from ..errors import DurableError, HistoryCorrupt
 from .base import StoreBase
 from .records import text
 
-__all__ = ["KeyTypes", "is_wrong_type"]
+__all__ = ["KeyTypes", "WrongKindOfKey", "is_wrong_type"]
+
+#: What to do about a key of the wrong kind, said after its name.
+REMEDY = (
+    "(made by hand, or by another program sharing the database): rename it aside or delete it, and "
+    "durable makes it anew (restore it from a backup to keep what it held)"
+)
+
+# The key a pipelined command names in redis-py's error: "Command # 2 (SADD durable:workers w1) of
+# pipeline caused error: WRONGTYPE ...".
+_PIPELINED_KEY = re.compile(r"Command # \d+ \(\w+ (\S+)")
+
+
+class WrongKindOfKey(DurableError):
+    """A command failed on a key of the namespace holding another kind of value (made by hand,
+    or by another program sharing the database): the message names the key and what to do.
+
+    Attributes:
+        wrong: The keys found of the wrong kind, in words (``"K is a string, not a set"``);
+            empty when none could be named.
+    """
+
+    def __init__(self, message: str, wrong: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.wrong = wrong or []
 
 
 def is_wrong_type(exc: object) -> TypeGuard[rexc.ResponseError]:
@@ -66,7 +91,7 @@ class KeyTypes(StoreBase):
             run_id=run_id,
         )
 
-    def cannot_write(self, doing: str, workflow_id: str, exc: BaseException) -> DurableError:
+    def cannot_write(self, doing: str, workflow_id: str, exc: BaseException) -> WrongKindOfKey:
         """The error of a client call (``doing``: ``"signal() of workflow 'x'"``) that met a key of
         ``workflow_id`` holding another kind of value (``exc``, a ``WRONGTYPE``): which keys."""
         k = self.keys
@@ -76,10 +101,43 @@ class KeyTypes(StoreBase):
         if not wrong:
             run_id = self.redis.hget(instance, "run")
             wrong = self.run_wrong_types(p, text(run_id)) if run_id else []
-        return DurableError(
-            f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or by another program sharing the "
-            "database); delete or rename the key (durable makes it again), then try again"
+        return WrongKindOfKey(
+            f"{doing} failed: {'; '.join(wrong or self.namespace_wrong_types(exc)) or exc} (made by hand, or "
+            "by another program sharing the database); delete or rename the key (durable makes it again), "
+            "then try again"
         )
+
+    def namespace_wrong_types(self, exc: BaseException | None = None) -> list[str]:
+        """:meth:`wrong_types` of the keys the namespace and its partitions hold once
+        (``Keys.fixed_kinds``: the worker registry, the partitions' timers, runs index ...),
+        and of the key a pipelined command ``exc`` failed on names, whatever it is: a value of
+        another kind in one of those stops every run, and ``WRONGTYPE`` names no key."""
+        expected = self.keys.fixed_kinds()
+        wrong = self.wrong_types(expected)
+        named = _PIPELINED_KEY.search(str(exc)) if exc is not None else None
+        if named and named[1] not in expected:
+            kind = text(self.redis.type(named[1]))
+            if kind != "none":
+                wrong.append(f"{named[1]} is a {kind}, not the kind durable keeps there")
+        return wrong
+
+    def wrong_kind_warnings(self) -> list[str]:
+        """:meth:`namespace_wrong_types`, each with what to do: what ``durable workers`` and the
+        API's health warn of (a partition's timers or origin of the wrong kind stops only some
+        things, and no command fails to say it)."""
+        return [f"Redis key {wrong} {REMEDY}" for wrong in self.namespace_wrong_types()]
+
+    def wrong_type_error(self, exc: BaseException, doing: str = "") -> WrongKindOfKey:
+        """The error of ``doing`` (``"durable list"``; may be empty) failing on ``exc``, a
+        ``WRONGTYPE`` no caller could tie to one run: which of the namespace's keys
+        (:meth:`namespace_wrong_types`) holds another kind, and what to do."""
+        wrong = self.namespace_wrong_types(exc)
+        said = (
+            f"Redis key{'s' if len(wrong) > 1 else ''} {'; '.join(wrong)} {REMEDY}"
+            if wrong
+            else f"{str(exc).splitlines()[0]} (a key durable uses holds another kind of value)"
+        )
+        return WrongKindOfKey(f"{doing} failed: {said}" if doing else said, wrong)
 
     def wrong_kinds(self, expected: Mapping[str, str]) -> dict[str, str]:
         """:meth:`wrong_types` as ``{key: the kind it holds}``."""

@@ -443,6 +443,41 @@ class Keys:
         """Every schedule id of partition ``p``."""
         return f"{self.tag(p)}:schedall"
 
+    def fixed_kinds(self) -> dict[str, str]:
+        """``{key: kind}`` of the keys the namespace and each of its partitions hold once (not
+        per run, queue or schedule): those a value of another kind there would stop for every
+        run, which ``KeyTypes.namespace_wrong_types`` reads to name one."""
+        kinds = {
+            self.meta: "hash",
+            self.hook_secret(): "string",
+            self.search_types(): "hash",
+            self.queues(): "set",
+            self.served_builds(): "set",
+            self.worker_index(): "set",
+            self.start_failures(): "set",
+        }
+        for p in range(self.partitions):
+            kinds |= {
+                self.outbox(p): "stream",
+                self.timers(p): "zset",
+                self.running(p): "zset",
+                self.runs(p): "zset",
+                self.blocked(p): "zset",
+                self.closed(p): "zset",
+                self.closes(p): "stream",
+                self.retention(p): "string",
+                self.dead(p): "stream",
+                self.sessions(p): "set",
+                self.sticky_hosts(p): "set",
+                self.hooks(p): "hash",
+                self.origin(p): "hash",
+                self.clock(p): "string",
+                self.schedules_due(p): "zset",
+                self.schedules_busy(p): "set",
+                self.schedules_all(p): "set",
+            }
+        return kinds
+
     def partition_of_key(self, key: str) -> int:
         """Parse the partition back out of a key (for task streams read in bulk)."""
         start = key.index("{") + 1

@@ -28,6 +28,7 @@ import redis
 from ..retention import DEFAULT_RETENTION, duration_text
 from ..runinfo import DATA_LOST, utc_text
 from .base import StoreBase
+from .key_types import is_wrong_type
 from .records import text
 
 __all__ = [
@@ -81,9 +82,16 @@ class OriginStore(StoreBase):
         k = self.keys
         parts = range(k.partitions)
         calls = [([k.origin(p)], [secrets.token_hex(8), seen.get(p, ""), by]) for p in parts]
-        replies = self._script_many("origin", calls, raise_on_error=True)
-        ids = {p: text(reply[0]) for p, reply in zip(parts, replies, strict=True)}
-        return ids, [p for p in parts if seen.get(p) and seen[p] != ids[p]]
+        replies = self._script_many("origin", calls, raise_on_error=False)
+        ids: dict[int, str] = {}
+        for p, reply in zip(parts, replies, strict=True):
+            # A marker of the wrong kind says no loss, and is forgotten: the one made anew once it
+            # is deleted is no loss either. It stopped every worker at its start.
+            if not isinstance(reply, Exception):
+                ids[p] = text(reply[0])
+            elif not is_wrong_type(reply):
+                raise reply
+        return ids, [p for p in parts if seen.get(p) and p in ids and seen[p] != ids[p]]
 
     def data_losses(self, partitions: Iterable[int] | None = None, *, since_ms: int = 0) -> list[DataLoss]:
         """See :func:`data_losses`."""
@@ -104,8 +112,12 @@ def data_losses(
     with store.redis.pipeline(transaction=False) as pipe:
         for p in parts:
             pipe.hmget(k.origin(p), "lost", "lost_by")
-        rows = pipe.execute()
-    losses = [_loss(p, lost, by) for p, (lost, by) in zip(parts, rows, strict=True)]
+        rows = pipe.execute(raise_on_error=False)
+    for row in rows:
+        if isinstance(row, Exception) and not is_wrong_type(row):
+            raise row
+    # A marker of the wrong kind says no loss (it failed every view that warns of losses).
+    losses = [_loss(p, *row) for p, row in zip(parts, rows, strict=True) if not isinstance(row, Exception)]
     return [loss for loss in losses if loss is not None and loss.found_ms >= since_ms]
 
 

@@ -175,6 +175,12 @@ class ScheduleStore(StoreBase):
             [token, op, member, workflow_id, scheduled_ms, json.dumps(action) if action else ""],
         )
 
+    def schedule_failing(self, schedule_id: str, note: str) -> None:
+        """Note on the schedule's record why its passes fail (``"<ms>|<error>"``; ``""``
+        clears it): ``describe`` says it (a stalled schedule said "active", no reason)."""
+        p = self.keys.partition(schedule_id)
+        self._run_script("schedule_failing", [self.keys.schedule(p, schedule_id)], [note])
+
     def schedule_lock(self, schedule_id: str, token: str, ttl_ms: int) -> bool:
         """Take the schedule's lock for ``ttl_ms`` (``False``: another scheduler holds it)."""
         p = self.keys.partition(schedule_id)

@@ -32,6 +32,7 @@ from durable.store.connect import (
     not_redis,
 )
 from durable.store.embedded import EmbeddedRedis
+from durable.store.key_types import is_wrong_type
 from durable.store.outage import Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
@@ -222,6 +223,8 @@ class DurableGroup(click.Group):
                 _url_of(ctx, opened=False),
             )
         except redis.exceptions.RedisError as exc:
+            if is_wrong_type(exc):
+                die(_wrong_kind(ctx, exc), _url_of(ctx))
             # Named even when it failed while opening (on a cluster, reading its slot map).
             die(f"redis: {one_line(exc)}", _url_of(ctx) or _url_of(ctx, opened=False))
         except CliError as exc:
@@ -232,6 +235,18 @@ class DurableGroup(click.Group):
             die(one_line(exc) if str(exc) else "timed out", _url_of(ctx))
         except KeyboardInterrupt:
             die("interrupted", code=130)
+
+
+def _wrong_kind(ctx: click.Context, exc: redis.exceptions.RedisError) -> str:
+    """The error line of a command that met a key of the wrong kind: which key (Redis's
+    ``WRONGTYPE`` names none), read now."""
+    state = ctx.find_object(CliState)
+    if state is not None and state.talked_to is not None:
+        try:
+            return one_line(state.store.wrong_type_error(exc, f"durable {ctx.invoked_subcommand}"))
+        except redis.exceptions.RedisError:
+            pass  # what Redis said is all there is
+    return f"redis: {one_line(exc)}"
 
 
 def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:

@@ -253,6 +253,7 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
     report["warnings"] = (
         list(memory.hazards)
         + [loss.message() for loss in store.recent_data_losses()]
+        + store.wrong_kind_warnings()
         + [failure.words() for failure in store.start_failures()]  # restarting workers that die at start
         + [
             f"worker {w.name}: its event loop of async activities has not run for {w.async_stall}: every "

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from durable.store.key_types import is_wrong_type
 from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, decimal, json_loads
 from workers.cli.render import to_json
@@ -167,6 +168,8 @@ def view(endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int)
                 if watch is not None:
                     watch.cancel()
         except Exception as exc:  # noqa: BLE001 - every failure becomes the API's JSON error
+            if is_wrong_type(exc):  # Redis's error names no key: which one (read now)
+                exc = await run_in_threadpool(_named, store, exc)
             return error_response(from_exception(exc))
         if isinstance(result, Response):
             return result
@@ -273,3 +276,11 @@ def parse_json(raw: bytes, content_type: str) -> Any:
         raise ApiError("bad_request", "the body's JSON is nested too deeply to read") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError("bad_request", f"the body is not valid JSON: {exc}") from None
+
+
+def _named(store: RedisStore, exc: Exception) -> Exception:
+    """The error naming the key of the wrong kind ``exc`` (``WRONGTYPE``) met, if it can be read."""
+    try:
+        return store.wrong_type_error(exc)
+    except Exception:  # noqa: BLE001 - the error met is what is answered then
+        return exc

@@ -27,6 +27,7 @@ from durable.errors import (
     WorkflowNotFound,
 )
 from durable.schedules import ScheduleExists, ScheduleNotFound
+from durable.store.key_types import WrongKindOfKey
 from durable.store.memory import REFUSALS, write_refusal
 from workers.config import mask_secrets
 
@@ -60,6 +61,11 @@ CODES: dict[str, tuple[int, str]] = {
     ),
     "internal": (500, "an unexpected server error (logged by the server)"),
     "redis_unavailable": (503, "the server cannot reach Redis"),
+    "redis_key_wrong_kind": (
+        503,
+        "a Redis key durable uses holds another kind of value (made by hand, or by another program "
+        "sharing the database): the message names it and what to do",
+    ),
     "redis_out_of_memory": (503, "Redis refuses writes: it reached maxmemory (the message says what to do)"),
     "redis_cannot_persist": (
         503,
@@ -85,6 +91,7 @@ class ApiError(Exception):
 
 
 _MAPPED: tuple[tuple[type[BaseException], str], ...] = (
+    (WrongKindOfKey, "redis_key_wrong_kind"),
     (WorkflowNotFound, "not_found"),
     (ScheduleNotFound, "not_found"),
     (WorkflowClosed, "workflow_closed"),

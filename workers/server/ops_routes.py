@@ -21,12 +21,13 @@ def healthz(call: Call) -> dict[str, Any]:
     it refuses writes at ``maxmemory`` or because it cannot write to disk: it still answers
     reads then, but no run can make progress. ``warnings``: the settings of Redis that can lose
     durable's data and a Redis nearly full (:func:`~durable.store.memory.setup_hazards`), and a
-    loss of data a worker found (:mod:`durable.store.origins`); healthy meanwhile."""
+    loss of data a worker found (:mod:`durable.store.origins`), a key of the namespace holding
+    another kind of value (made by hand); healthy meanwhile."""
     memory = call.store.memory_state()  # unreachable: the API's 503 redis_unavailable
     if memory.reason:
         raise ApiError(memory.kind or "redis_out_of_memory", memory.reason)
     losses = [loss.message() for loss in call.store.recent_data_losses()]
-    return {"status": "ok", "warnings": list(memory.hazards) + losses}
+    return {"status": "ok", "warnings": list(memory.hazards) + losses + call.store.wrong_kind_warnings()}
 
 
 def hook_payload(raw: bytes, content_type: str) -> Any:
