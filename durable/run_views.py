@@ -184,8 +184,23 @@ def task_in_words(
     if record.get("status", "pending") not in OPEN_STATUSES:
         return None
     where = store.workflow_task_where(ref, record)
+    if where is not None and not where.consumer and not where.backlog:
+        # Read again: a worker may have taken it between the pipeline's reads.
+        where = store.workflow_task_where(ref, store.run_record(ref))
+        if where is not None and not where.consumer and not where.backlog and not where.wrong_kind:
+            return (
+                f"its workflow task is not in its stream {where.stream} (the record says one is pending, "
+                "the stream holds none: deleted or trimmed by hand?): `durable repair "
+                f"{ref.workflow_id}` queues it again"
+            )
     if where is None:
         return None
+    if where.wrong_kind:  # set aside by the workers: nothing else says why the run waits
+        return (
+            f"its workflow task cannot be read: its task stream {where.stream} is a {where.wrong_kind}, not a "
+            "stream (made by hand, or by another program sharing the database): rename it aside or delete "
+            "it, and durable makes it anew; then `durable repair` the run"
+        )
     live_names = {w.name for w in live}
     stalled = {w.name: w for w in live if w.deciding_run}
     if where.owner:

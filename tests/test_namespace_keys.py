@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from apps.basic import Waiter
 from click.testing import CliRunner
+from redis.exceptions import ResponseError
 from server_procs import ServerProc
 from waiting import wait_for
 
@@ -26,6 +27,7 @@ from durable import ConfigurationError, Schedule, ScheduleHandle, WorkflowStub, 
 from durable.schedule_pass import SchedulePass
 from durable.store.redis_store import RedisStore
 from durable.testing import TestEnvironment
+from workers import broken_streams
 from workers.cli import cli
 
 REMEDY = "rename it aside or delete it, and durable makes it anew"
@@ -173,3 +175,45 @@ def test_a_schedule_whose_starts_redis_refuses_says_why_in_describe(
     handle.delete()
     for run in described.running:
         WorkflowStub.load(str(run["workflow_id"]), store=store).terminate("test over")
+
+
+def test_a_run_whose_task_stream_is_of_the_wrong_kind_or_gone_says_so_and_repair_moves_it(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workers set the stream aside (named in their log), but status said "waits on queue
+    # 'default' for a worker (backlog 0)" and `durable workers` died on it; deleted as advised,
+    # the task was gone with it and the run waited for ever, status saying the same.
+    monkeypatch.setattr(broken_streams, "RECHECK_S", 0.5)
+    stub = WorkflowStub.make(Waiter, id="nk-stream", store=store).start(0.01)  # its task queued
+    stream = store.keys.workflow_tasks(stub._ref().partition, "default")
+    store.redis.rename(stream, stream + ".lost")  # with the task in it
+    store.redis.set(stream, "not a stream")
+
+    def status() -> str:
+        said = CliRunner().invoke(cli, ["status", "nk-stream"])
+        return " ".join(said.output.split())
+
+    with TestEnvironment(store=store):
+        wait_for(lambda: store.live_workers(), timeout=20)
+        said = status()
+        assert f"its workflow task cannot be read: its task stream {stream} is a string, not a stream" in said
+        shown = " ".join(CliRunner().invoke(cli, ["workers"]).output.split())
+        assert f"task stream {stream} of queue 'default' holds another kind of value" in shown, shown
+        store.redis.delete(stream)
+        said = wait_for(lambda: "is not in its stream" in status() and status(), timeout=10)
+        assert "`durable repair nk-stream` queues it again" in said, said
+        repaired = CliRunner().invoke(cli, ["repair", "nk-stream"])
+        assert repaired.exit_code == 0, repaired.output
+        wait_for(lambda: stub.status() == "suspended", timeout=20)
+        stub.signal("go", "moved")
+        assert stub.result(timeout=20) == "moved"
+    store.redis.delete(stream + ".lost")
+
+
+def test_the_key_a_pipelined_command_failed_on_is_named(store: RedisStore) -> None:
+    store.redis.set("nk-foreign", "x")
+    exc = ResponseError("Command # 1 (XLEN nk-foreign) of pipeline caused error: WRONGTYPE Operation ...")
+    assert "Redis key nk-foreign is a string, not the kind durable keeps there" in str(
+        store.wrong_type_error(exc)
+    )
+    store.redis.delete("nk-foreign")

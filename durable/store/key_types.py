@@ -26,7 +26,7 @@ REMEDY = (
 
 # The key a pipelined command names in redis-py's error: "Command # 2 (SADD durable:workers w1) of
 # pipeline caused error: WRONGTYPE ...".
-_PIPELINED_KEY = re.compile(r"Command # \d+ \(\w+ (\S+)")
+_PIPELINED_KEY = re.compile(r"Command # \d+ \(\w+ ([^\s)]+)")
 
 
 class WrongKindOfKey(DurableError):

@@ -57,6 +57,8 @@ class WorkflowTaskWhere:
         backlog: Not delivered: the tasks in its stream no worker has read yet, it included.
         owner: Not delivered, in a worker's private stream: that worker (it decided the run
             last and holds its lease), else ``""``.
+        wrong_kind: The kind of value the stream's key holds when it is not a stream (made by
+            hand): workers do not read it (``""``: it is one, or none yet).
     """
 
     stream: str
@@ -65,6 +67,7 @@ class WorkflowTaskWhere:
     deliveries: int = 0
     backlog: int = 0
     owner: str = ""
+    wrong_kind: str = ""
 
 
 class QueueStore(RunStore):
@@ -120,7 +123,8 @@ class QueueStore(RunStore):
         # Not delivered: where the start or commit scripts put it (a live owner's private stream).
         owner = text(alive) if isinstance(alive, bytes) else ""
         stream, _, length, groups = looks[0] if owner else looks[-1]
-        return WorkflowTaskWhere(stream, backlog=unread(length, groups), owner=owner)
+        wrong = text(self.redis.type(stream)) if is_wrong_type(length) else ""
+        return WorkflowTaskWhere(stream, backlog=unread(length, groups), owner=owner, wrong_kind=wrong)
 
     def ensure_groups(self, streams: Iterable[str]) -> None:
         """Create the consumer group on each task stream (idempotent). A key of another kind is

@@ -1,16 +1,15 @@
 """The worker registry in Redis: which workers live, what they serve, which build takes new runs.
 
-Every worker writes an entry (``prefix:worker:<name>``, JSON) from its scheduler
-thread every few seconds, with a time to live of several heartbeats, and names
-itself in ``prefix:workers``. An entry whose key expired is a worker that died
-(a graceful stop deletes it at once); readers drop such names from the index.
+Every worker writes an entry (``prefix:worker:<name>``, JSON) from its scheduler thread every
+few seconds, with a time to live of several heartbeats, and names itself in ``prefix:workers``.
+An entry whose key expired is a worker that died (a graceful stop deletes it at once); readers
+drop such names from the index.
 
-The registry answers the operator's questions (``durable workers``), tells a
-versioned worker whether the queue's current build still has a live worker (if
-not, it takes over, see :meth:`WorkerRegistry.claim_current_build`), and tells
-clients that a run pinned to a build is stranded because no live worker serves
-that build (:func:`no_live_worker_reason`), and operators that a run waits because no
-live worker serves its queue at all (:func:`no_worker_on_queue_reason`).
+The registry answers the operator's questions (``durable workers``), tells a versioned worker
+whether the queue's current build still has a live worker (if not, it takes over, see
+:meth:`WorkerRegistry.claim_current_build`), and tells clients that a run pinned to a build is
+stranded because no live worker serves that build (:func:`no_live_worker_reason`), and
+operators that a run waits because no live worker serves its queue (:func:`no_worker_on_queue_reason`).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
 from .child_blocks import blocked_children
 from .connect import CommandRefused
 from .held import STARVED_QUEUE, starved_queues, starved_reason
+from .key_types import is_wrong_type
 from .keys import is_private, private_queue
 from .memory import REDIS_CANNOT_PERSIST, REDIS_OOM, MemoryStore
 from .records import HEARTBEAT_S, OPEN_STATUSES, REGISTRY_TTL_MS, text
@@ -560,8 +560,8 @@ class WorkerRegistry(MemoryStore, StartFailures):
         Acknowledged tasks leave their stream, so a stream's length is its backlog: tasks
         waiting plus tasks a worker is on. ``workflow_tasks`` sums the unpinned workflow
         stream and those pinned to each of ``builds``; ``activity_tasks`` the activity stream;
-        ``oldest_ms`` is when the oldest task still there was added (``None``: empty) and
-        ``lag_ms`` how long ago that is, in Redis time.
+        ``oldest_ms`` is when the oldest task still there was added (``None``: empty), ``lag_ms`` how
+        long ago that is, in Redis time; ``unreadable`` (if any) streams whose key is another kind.
         """
         queues = list(queues)
         pinned = sorted({b for b in builds if b})
@@ -579,10 +579,15 @@ class WorkerRegistry(MemoryStore, StartFailures):
                 for i in indexes:
                     pipe.xlen(plan[i][2])
                     pipe.xrange(plan[i][2], count=1)
-                replies = pipe.execute()
+                replies = pipe.execute(raise_on_error=False)
             for n, i in enumerate(indexes):
-                queue, counter, _ = plan[i]
+                queue, counter, stream = plan[i]
                 length, first = replies[2 * n], replies[2 * n + 1]
+                if isinstance(length, Exception):
+                    if not is_wrong_type(length):
+                        raise length
+                    out[queue].setdefault("unreadable", []).append(stream)  # workers set it aside
+                    continue
                 out[queue][counter] += int(length)
                 if first:
                     added = int(text(first[0][0]).split("-")[0])

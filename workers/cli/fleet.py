@@ -254,6 +254,13 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
         list(memory.hazards)
         + [loss.message() for loss in store.recent_data_losses()]
         + store.wrong_kind_warnings()
+        + [
+            f"task stream {stream} of queue {queue!r} holds another kind of value, not a stream (made by "
+            "hand, or by another program sharing the database): workers do not read it until it is one "
+            "again; rename it aside or delete it, and durable makes it anew"
+            for queue in candidates
+            for stream in backlog[queue].get("unreadable", ())
+        ]
         + [failure.words() for failure in store.start_failures()]  # restarting workers that die at start
         + [
             f"worker {w.name}: its event loop of async activities has not run for {w.async_stall}: every "
