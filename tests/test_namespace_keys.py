@@ -217,3 +217,15 @@ def test_the_key_a_pipelined_command_failed_on_is_named(store: RedisStore) -> No
         store.wrong_type_error(exc)
     )
     store.redis.delete("nk-foreign")
+
+
+def test_a_worker_whose_own_registry_entry_was_made_another_kind_writes_it_again(store: RedisStore) -> None:
+    # Its heartbeat (SET ... GET) was refused for good: the live worker was invisible, and every
+    # view said "no live worker serves queue 'default': start one" while it ran the runs.
+    with TestEnvironment(store=store):
+        (worker,) = wait_for(lambda: store.live_workers(), timeout=20)
+        entry = store.keys.worker(worker.name)
+        store.redis.delete(entry)
+        store.redis.hset(entry, "not", "an entry")
+        assert store.live_workers() == []
+        wait_for(lambda: [w.name for w in store.live_workers()] == [worker.name], timeout=10)

@@ -22,6 +22,7 @@ from typing import Any
 from ..blocked import HISTORY_FULL
 from ..history_budget import history_full_reason
 from ..runinfo import DATA_LOST, NO_LIVE_WORKER, BlockedReason, blocked_reason
+from .backlog import Backlogs
 from .child_blocks import blocked_children
 from .connect import CommandRefused
 from .held import STARVED_QUEUE, starved_queues, starved_reason
@@ -409,7 +410,7 @@ DRAIN_ASK_TTL_MS = 6 * REGISTRY_TTL_MS
 longer than its registry entry lives is gone by then)."""
 
 
-class WorkerRegistry(MemoryStore, StartFailures):
+class WorkerRegistry(MemoryStore, StartFailures, Backlogs):
     """Workers' registry entries, and the compare-and-set of a queue's current build."""
 
     def register_worker(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> bool:
@@ -421,14 +422,24 @@ class WorkerRegistry(MemoryStore, StartFailures):
     def renew_registration(self, info: WorkerInfo, ttl_ms: int = REGISTRY_TTL_MS) -> tuple[bool, bool]:
         """:meth:`register_worker`, also saying whether there was no entry to renew (the first
         registration, or one that lapsed: the worker was taken for gone meanwhile)."""
+        entry = self.keys.worker(info.name)
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.worker(info.name), info.to_json(), px=ttl_ms, get=True)
+            pipe.set(entry, info.to_json(), px=ttl_ms, get=True)
             pipe.sadd(self.keys.worker_index(), info.name)
             if info.build:  # on every renewal: a sweep that just dropped it gets it back
                 pipe.sadd(self.keys.served_builds(), *(json.dumps([q, info.build]) for q in info.queues))
             pipe.exists(self.keys.worker_drain(info.name))
-            replies = pipe.execute()
-            return bool(replies[-1]), replies[0] is None
+            replies = pipe.execute(raise_on_error=False)
+        if is_wrong_type(replies[0]):
+            # Its own entry, made another kind by hand: SET ... GET refuses it, and the live worker
+            # stayed invisible to every view ("no live worker serves queue ..."). It is replaced.
+            self.redis.delete(entry)
+            self.redis.set(entry, info.to_json(), px=ttl_ms)
+            replies[0] = None
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        if errors:
+            raise errors[0]
+        return bool(replies[-1]), replies[0] is None
 
     def ask_drain(self, names: Iterable[str]) -> None:
         """Ask the workers ``names`` to drain (``durable drain``): each reads it at its next
@@ -553,48 +564,3 @@ class WorkerRegistry(MemoryStore, StartFailures):
         """Make ``build`` the current build of ``queue`` if it still is ``expected`` (``""``:
         none). Returns whether it was set (another writer may have changed it first)."""
         return bool(self._run_script("claim_build", [self.keys.current_build(queue)], [expected, build]))
-
-    def queue_backlog(self, queues: Iterable[str], builds: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-        """Per queue, what its task streams hold over every partition, and how old the oldest is.
-
-        Acknowledged tasks leave their stream, so a stream's length is its backlog: tasks
-        waiting plus tasks a worker is on. ``workflow_tasks`` sums the unpinned workflow
-        stream and those pinned to each of ``builds``; ``activity_tasks`` the activity stream;
-        ``oldest_ms`` is when the oldest task still there was added (``None``: empty), ``lag_ms`` how
-        long ago that is, in Redis time; ``unreadable`` (if any) streams whose key is another kind.
-        """
-        queues = list(queues)
-        pinned = sorted({b for b in builds if b})
-        plan: list[tuple[str, str, str]] = []  # (queue, counter, stream)
-        for p in range(self.keys.partitions):
-            for queue in queues:
-                for build in ("", *pinned):
-                    plan.append((queue, "workflow_tasks", self.keys.workflow_tasks(p, queue, build)))
-                plan.append((queue, "activity_tasks", self.keys.activity_tasks(p, queue)))
-        out: dict[str, dict[str, Any]] = {
-            q: {"workflow_tasks": 0, "activity_tasks": 0, "oldest_ms": None, "lag_ms": None} for q in queues
-        }
-        for indexes in self._by_node([stream for _, _, stream in plan]).values():
-            with self.pipeline(plan[indexes[0]][2], transaction=False) as pipe:
-                for i in indexes:
-                    pipe.xlen(plan[i][2])
-                    pipe.xrange(plan[i][2], count=1)
-                replies = pipe.execute(raise_on_error=False)
-            for n, i in enumerate(indexes):
-                queue, counter, stream = plan[i]
-                length, first = replies[2 * n], replies[2 * n + 1]
-                if isinstance(length, Exception):
-                    if not is_wrong_type(length):
-                        raise length
-                    out[queue].setdefault("unreadable", []).append(stream)  # workers set it aside
-                    continue
-                out[queue][counter] += int(length)
-                if first:
-                    added = int(text(first[0][0]).split("-")[0])
-                    oldest = out[queue]["oldest_ms"]
-                    out[queue]["oldest_ms"] = added if oldest is None else min(oldest, added)
-        now = self.server_time_ms()
-        for row in out.values():
-            if row["oldest_ms"] is not None:
-                row["lag_ms"] = max(0, now - row["oldest_ms"])
-        return out
