@@ -132,8 +132,10 @@ class ActivityHost:
 
     @property
     def results_in_hand(self) -> bool:
-        """Whether finished attempts wait for the main thread to record them."""
-        return bool(self.completed or self.eager_done)
+        """Whether finished attempts wait for the main thread to record them. Those a key of the
+        wrong kind refused (kept) do not count: they are tried again at every pass, but do not
+        make every pass a non-blocking one (a busy loop of failing scripts, thousands a second)."""
+        return bool(self.eager_done) or any(not o.kept for o in list(self.completed))
 
     def held(self) -> set[tuple[str, str]]:
         """``(stream, entry id)`` of every task this host holds: on its threads or waiting for

@@ -8,6 +8,7 @@ or fails the activity for good.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -570,14 +571,14 @@ def _one_by_one(
         except redis.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
-            stuck.append(outcome)
+            stuck.append(outcome if outcome.kept else dataclasses.replace(outcome, kept=True))
             t = outcome.task
             if _stuck.due(t.run_id):
                 wrong = store.run_wrong_types(t.partition, t.run_id) or [str(exc)]
                 log.error(
                     "the result of activity %s (%s) of run %s cannot be recorded: %s (made by hand, or by "
-                    "another program sharing the database); kept and tried again at every pass: delete or "
-                    "rename the key (durable makes it again)",
+                    "another program sharing the database); kept and tried again: put the key back as it "
+                    "was (a deleted activities hash loses the run's pending activities: terminate the run then)",
                     t.name,
                     t.activity_id,
                     t.run_id,

@@ -204,7 +204,10 @@ class ActivityStore(KeyTypes):
         ]
         if taker:
             keys.append(k.workflow_tasks(p, sticky))
+        if taker or outcome.kept:
             args.append(taker)
+        if outcome.kept:
+            args.append("1")
         return keys, args
 
     def heartbeat(self, task: ActivityTask, details: bytes, extend_ms: int) -> bool:

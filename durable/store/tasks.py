@@ -171,6 +171,10 @@ class AttemptOutcome:
         event: The inbox event (ActivityCompleted / ActivityFailed).
         retry_delay_ms: The backoff before ``next_task``.
         next_task: The next attempt (``retry`` only).
+        kept: A key of the wrong kind refused this outcome before and the worker kept it: an
+            absent activities hash is then that key being mended (deleted, then the hash
+            renamed back), not "no longer pending", and the outcome is kept again, not
+            discarded as late.
     """
 
     task: ActivityTask
@@ -181,6 +185,7 @@ class AttemptOutcome:
     event: ev.Event | None = None
     retry_delay_ms: int = 0
     next_task: ActivityTask | None = None
+    kept: bool = False
 
 
 @immutable

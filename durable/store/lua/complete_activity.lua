@@ -5,7 +5,8 @@
 --       workflow task stream of this partition]
 -- ARGV: run id, activity id, attempt, task entry id, outcome ('completed'|'failed'|'retry'),
 --       inbox event type, inbox event data (msgpack), retry delay ms, next attempt body,
---       attempt record (msgpack)[, the caller's consumer name]
+--       attempt record (msgpack)[, the caller's consumer name ('' for none)[, '1': the outcome was
+--       kept after a key of the wrong kind refused it]]
 -- Returns {'OK', 1 if it enqueued the run's workflow task else 0[, a task entry read for the caller]}
 --       | {'RETRY', due ms} | {'STALE', why}
 local run, inbox, acts, log, timers, running, stream = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -18,6 +19,14 @@ local current = tonumber(redis.call('HGET', acts, aid .. '#'))
 local open = is_open(redis.call('HGET', run, 'status'))
 redis.call('XLEN', log)
 redis.call('LLEN', inbox)
+-- A kept outcome (a key of the wrong kind refused it before) whose activities hash is absent: the
+-- key is being mended (deleted, the hash set aside renamed back) or was deleted by hand. Not
+-- "no longer pending": discarded, the run would wait for this activity forever. Refused like the
+-- wrong kind, before any write, so the worker keeps it and tries again.
+if not current and open and ARGV[12] == '1' and redis.call('EXISTS', acts) == 0 then
+  return redis.error_reply('WRONGTYPE ' .. acts .. ' (the activities hash of open run ' .. rid ..
+    ') is missing: a result a key of the wrong kind refused waits for it; rename the hash set aside back')
+end
 redis.call('ZREM', running, rid .. '|' .. aid .. '|' .. attempt)
 ack(stream, entry_id)
 
