@@ -145,6 +145,14 @@ def test_the_api_names_the_key_of_the_wrong_kind_and_warns_of_it(
             assert any(f"{runs} is a string, not a zset" in w for w in health["warnings"]), health
             mend(store, spoil)
             assert http.get("/api/v1/workflows", params={"limit": 3}).status_code == 200
+            record = store.keys.run(stub._ref().partition, stub.run_id)  # a key of the run's own
+            store.redis.rename(record, record + ".aside")
+            store.redis.sadd(record, "x")
+            described = http.get("/api/v1/workflows/nk-api")
+            store.redis.delete(record)
+            store.redis.rename(record + ".aside", record)
+            assert described.status_code == 503, described.text
+            assert f"{record} is a set, not a hash" in described.json()["error"]["message"], described.text
             assert not any("is a string" in w for w in http.get("/healthz").json()["warnings"])
     finally:
         server.stop()
@@ -229,3 +237,20 @@ def test_a_worker_whose_own_registry_entry_was_made_another_kind_writes_it_again
         store.redis.hset(entry, "not", "an entry")
         assert store.live_workers() == []
         wait_for(lambda: [w.name for w in store.live_workers()] == [worker.name], timeout=10)
+
+
+@pytest.mark.parametrize("command", [["status"], ["history"], ["update", "nk-own", "bump", "3"]])
+def test_a_command_about_a_workflow_names_its_key_of_the_wrong_kind(
+    store: RedisStore, command: list[str]
+) -> None:
+    stub = WorkflowStub.make(Waiter, id="nk-own", store=store).start(60)
+    record = store.keys.run(stub._ref().partition, stub.run_id)
+    store.redis.rename(record, record + ".aside")
+    store.redis.sadd(record, "x")
+    said = CliRunner().invoke(cli, command if len(command) > 1 else [*command, "nk-own"])
+    store.redis.delete(record)
+    store.redis.rename(record + ".aside", record)
+    assert said.exit_code == 1 and f"{record} is a set, not a hash" in " ".join(said.output.split()), (
+        said.output
+    )
+    stub.terminate("test over")

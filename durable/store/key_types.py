@@ -72,6 +72,7 @@ class KeyTypes(StoreBase):
                 k.inbox(p, run_id): "list",
                 k.activities(p, run_id): "hash",
                 k.log(p, run_id): "stream",
+                k.updates(p, run_id): "hash",
                 k.timers(p): "zset",
                 k.running(p): "zset",
                 k.outbox(p): "stream",
@@ -101,10 +102,12 @@ class KeyTypes(StoreBase):
         if not wrong:
             run_id = self.redis.hget(instance, "run")
             wrong = self.run_wrong_types(p, text(run_id)) if run_id else []
+        wrong = wrong or self.namespace_wrong_types(exc)
         return WrongKindOfKey(
-            f"{doing} failed: {'; '.join(wrong or self.namespace_wrong_types(exc)) or exc} (made by hand, or "
+            f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or "
             "by another program sharing the database); delete or rename the key (durable makes it again), "
-            "then try again"
+            "then try again",
+            wrong,
         )
 
     def namespace_wrong_types(self, exc: BaseException | None = None) -> list[str]:

@@ -178,6 +178,9 @@ pass_state = click.make_pass_decorator(CliState)
 # --------------------------------------------------------------------------- errors
 
 
+_ARGV = "durable.argv"  # ctx.meta: the subcommand's line, as the group resolved it
+
+
 class DurableGroup(click.Group):
     """A click group that turns durable and Redis errors into one ``error:`` line, exit 1.
 
@@ -224,7 +227,7 @@ class DurableGroup(click.Group):
             )
         except redis.exceptions.RedisError as exc:
             if is_wrong_type(exc):
-                die(_wrong_kind(ctx, exc), _url_of(ctx))
+                die(self._wrong_kind(ctx, ctx.meta.get(_ARGV, []), exc), _url_of(ctx))
             # Named even when it failed while opening (on a cluster, reading its slot map).
             die(f"redis: {one_line(exc)}", _url_of(ctx) or _url_of(ctx, opened=False))
         except CliError as exc:
@@ -236,17 +239,38 @@ class DurableGroup(click.Group):
         except KeyboardInterrupt:
             die("interrupted", code=130)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        ctx.meta[_ARGV] = list(args)  # the subcommand's line: a key's error reads its WORKFLOW_ID
+        return super().resolve_command(ctx, args)
 
-def _wrong_kind(ctx: click.Context, exc: redis.exceptions.RedisError) -> str:
-    """The error line of a command that met a key of the wrong kind: which key (Redis's
-    ``WRONGTYPE`` names none), read now."""
-    state = ctx.find_object(CliState)
-    if state is not None and state.talked_to is not None:
+    def _wrong_kind(self, ctx: click.Context, argv: list[str], exc: redis.exceptions.RedisError) -> str:
+        """The error line of a command (``argv``) that met a key of the wrong kind: which key
+        (Redis's ``WRONGTYPE`` names none), read now: the workflow's own, for a command about
+        one (its ``WORKFLOW_ID`` argument), else the namespace's."""
+        state = ctx.find_object(CliState)
+        if state is None or state.talked_to is None:
+            return f"redis: {one_line(exc)}"
+        doing = f"durable {ctx.invoked_subcommand}"
         try:
-            return one_line(state.store.wrong_type_error(exc, f"durable {ctx.invoked_subcommand}"))
+            workflow_id = _workflow_id_of(self, ctx, argv)
+            error = state.store.cannot_write(doing, workflow_id, exc) if workflow_id else None
+            if error is None or not error.wrong:
+                error = state.store.wrong_type_error(exc, doing)
+            return one_line(error)
         except redis.exceptions.RedisError:
-            pass  # what Redis said is all there is
-    return f"redis: {one_line(exc)}"
+            return f"redis: {one_line(exc)}"  # what Redis said is all there is
+
+
+def _workflow_id_of(group: click.Group, ctx: click.Context, argv: list[str]) -> str | None:
+    """The ``WORKFLOW_ID`` argument of the subcommand line ``argv``, if it takes one."""
+    command = group.get_command(ctx, argv[0]) if argv else None
+    if command is None or not any(p.name == "workflow_id" for p in command.params):
+        return None
+    with command.make_context(argv[0], argv[1:], parent=ctx, resilient_parsing=True) as sub:
+        value = sub.params.get("workflow_id")
+    return value if isinstance(value, str) else None
 
 
 def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:

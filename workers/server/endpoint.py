@@ -169,7 +169,8 @@ def view(endpoint: Endpoint, store: RedisStore, auth: AuthConfig, max_body: int)
                     watch.cancel()
         except Exception as exc:  # noqa: BLE001 - every failure becomes the API's JSON error
             if is_wrong_type(exc):  # Redis's error names no key: which one (read now)
-                exc = await run_in_threadpool(_named, store, exc)
+                workflow_id = _path_params(request).get("id") if "/workflows/" in endpoint.path else None
+                exc = await run_in_threadpool(_named, store, exc, workflow_id)
             return error_response(from_exception(exc))
         if isinstance(result, Response):
             return result
@@ -278,9 +279,14 @@ def parse_json(raw: bytes, content_type: str) -> Any:
         raise ApiError("bad_request", f"the body is not valid JSON: {exc}") from None
 
 
-def _named(store: RedisStore, exc: Exception) -> Exception:
-    """The error naming the key of the wrong kind ``exc`` (``WRONGTYPE``) met, if it can be read."""
+def _named(store: RedisStore, exc: Exception, workflow_id: str | None) -> Exception:
+    """The error naming the key of the wrong kind ``exc`` (``WRONGTYPE``) met, if it can be read:
+    the workflow's own (a route of one), else the namespace's."""
     try:
+        if workflow_id:
+            named = store.cannot_write(f"workflow {workflow_id!r}", workflow_id, exc)
+            if named.wrong:
+                return named
         return store.wrong_type_error(exc)
     except Exception:  # noqa: BLE001 - the error met is what is answered then
         return exc
