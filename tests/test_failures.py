@@ -3,7 +3,9 @@ child errors, blocked runs and repair."""
 
 from __future__ import annotations
 
+import inspect
 import logging
+import traceback
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from apps import failures
 from apps.failures import (
     Changing,
     FailFast,
+    FailsInItsActivity,
     Heartbeats,
     NonRetryable,
     ParentLeavingKid,
@@ -18,10 +21,12 @@ from apps.failures import (
     ParentOfWaiting,
     Timeouts,
 )
+from click.testing import CliRunner
 from scenarios import replay_next_decision
 from waiting import wait_for
 
 from durable import WorkflowFailed, WorkflowStub
+from workers.cli import cli
 
 
 def lines(path: Path) -> list[str]:
@@ -214,3 +219,17 @@ def test_a_worker_does_not_hoard_slow_activity_tasks(store, tmp_path) -> None:
     assert sum(ran) == 2 + len(stubs)
     # Hoarding would leave one worker with its blocker only and the other with everything else.
     assert min(ran) >= 3, ran
+
+
+def test_where_an_activity_raised_is_printed_with_the_failure_and_shown_by_describe(worker) -> None:
+    # Only `describe`'s "raised at" of the workflow's activity() call said where, and the
+    # activity's own traceback was a private attribute: printed, the failure showed no frame of it.
+    stub = WorkflowStub.make(FailsInItsActivity, id="raised-where").start()
+    with pytest.raises(WorkflowFailed) as failed:
+        stub.result(timeout=20)
+    printed = "".join(traceback.format_exception(failed.value))
+    line = inspect.getsourcelines(failures.breaks_here)[1] + 1
+    assert f'failures.py", line {line}, in breaks_here' in printed, printed
+    assert "durable: raised in another process, where its traceback was:" in printed
+    described = " ".join(CliRunner().invoke(cli, ["describe", "raised-where"]).output.split())
+    assert f"ValueError: broke at 7 (at failures.py:{line} in breaks_here)" in described, described

@@ -294,6 +294,8 @@ def _dec_exception(data: bytes) -> BaseException:
         if why:
             exc.add_note(f"durable: decoded as ApplicationError because {why}")
     exc.__durable_traceback__ = tb  # type: ignore[attr-defined]
+    if tb:  # printed with it (traceback.print_exception, pytest): where the remote code raised
+        exc.add_note(f"durable: raised in another process, where its traceback was:\n{tb.rstrip()}")
     cause = None if body["cause"] is None else _unpackb(body["cause"])
     exc.__cause__ = cause if isinstance(cause, BaseException) else None
     return exc

@@ -225,3 +225,12 @@ class RaisesUnreadable(Workflow):
 
     def handle(self, kind: str) -> None:
         activity(raise_unreadable, kind, retry=RetryPolicy(max_attempts=2, initial_interval=0.1))
+
+
+def breaks_here(n: int) -> None:
+    raise ValueError(f"broke at {n}")  # the line a failure's traceback and describe point at
+
+
+class FailsInItsActivity(Workflow):
+    def handle(self) -> None:
+        activity(breaks_here, 7, retry=RetryPolicy(max_attempts=1))

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import HistoryEvent
-from durable.runinfo import blocked_reason, from_now, past_dates
+from durable.runinfo import blocked_reason, from_now, last_frame, past_dates
 from durable.store.records import CLOSED_STATUSES
 from durable.untrusted import terminal_safe
 
@@ -294,7 +294,7 @@ def _attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
             str(item.get("act", "")) + (f" ({record['name']})" if record.get("name") else ""),
             str(item.get("attempt", "")),
             styled(outcome, style="red" if outcome in ("failed", "retry", "lost") else ""),
-            short(_attempt_error(record) or str(item.get("reason") or ""), 80),
+            short(_attempt_error(record) or str(item.get("reason") or ""), 120),
             f"{duration} ms" if duration is not None else "",
             fmt_ms(item.get("ts")),
         )
@@ -306,6 +306,10 @@ def _attempt_error(record: Mapping[str, Any]) -> str:
     error = str(record.get("error", ""))
     if error.startswith("<sealed text") and record.get("error_type"):
         return f"{record['error_type']}: {error}"
+    where = last_frame(str(record.get("traceback") or ""))  # the activity's raise site
+    if where:
+        path, _, rest = where.partition(":")
+        return f"{short(error, 60)} (at {Path(path).name}:{rest})"
     return error
 
 
