@@ -278,3 +278,67 @@ def test_a_validator_or_a_query_that_changes_state_is_flagged() -> None:
     }, findings
     [first] = [f for f in findings if f.line == line('self.items.append("validated-" + item)')]
     assert first.call == "self.items.append()" and "never on replay" in first.fix
+
+
+def test_a_model_built_in_workflow_code_with_a_clock_or_random_default_factory_is_flagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `Order()` in handle() with `id: str = Field(default_factory=uuid4)` gets a new id at every
+    # replay: documented, and `durable check` said OK. The models live in their own module here.
+    (tmp_path / "lint_models.py").write_text(
+        textwrap.dedent(
+            """
+            import uuid
+            from dataclasses import dataclass, field
+            from datetime import datetime
+            from uuid import uuid4
+            from pydantic import BaseModel, Field
+
+            class Order(BaseModel):
+                id: str = Field(default_factory=lambda: str(uuid4()))
+                at: datetime = Field(default_factory=datetime.now)
+                tags: list[str] = Field(default_factory=list)
+
+            @dataclass
+            class Line:
+                key: str = field(default_factory=lambda: uuid.uuid4().hex)
+                n: int = 0
+            """
+        )
+    )
+    (tmp_path / "lint_factory_app.py").write_text(
+        textwrap.dedent(
+            """
+            import lint_models
+            from lint_models import Order
+            from durable import Workflow, now, uuid4
+
+            def made_in_an_activity():
+                return Order()  # fine: an activity, recorded once
+
+            class Shop(Workflow):
+                def handle(self):
+                    a = Order()
+                    b = Order(id=str(uuid4()), at=now())
+                    c = lint_models.Line(n=3)
+                    d = Order(**{"id": "x"})
+                    return a, b, c, d
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "lint_factory_app", "--json"])
+    finally:
+        sys.modules.pop("lint_factory_app", None)
+        sys.modules.pop("lint_models", None)
+    assert result.exit_code == 1, result.output
+    rows = {(r["line"], r["call"], r["category"]) for r in json.loads(result.stdout)}
+    assert rows == {
+        (
+            11,
+            "Order() leaves id (default_factory uuid.uuid4()), at (default_factory datetime.datetime.now())",
+            "randomness",
+        ),
+        (13, "lint_models.Line() leaves key (default_factory uuid.uuid4())", "randomness"),
+    }, rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -263,8 +264,10 @@ class _Visitor(ast.NodeVisitor):
         imports: dict[str, str],
         lines: Sequence[str],
         patches: tuple[str, ...] | None = None,
+        factories: Mapping[str, list[tuple[str, str, str, str]]] | None = None,
     ) -> None:
         self.path = path
+        self.factories = factories or {}  # models whose fields default to a clock or randomness
         self.workflow = workflow
         self.imports = imports
         self.lines = lines
@@ -332,6 +335,7 @@ class _Visitor(ast.NodeVisitor):
             hit = _match(name, is_call=True)
             if hit is not None:
                 self._report(node, name + "()", hit[1], hit[2])
+            self._check_factories(node, name)
         if name in ("durable.patched", "durable.workflow.patched"):
             self._check_patch(node)
         if name == "durable.side_effect" or (name or "").endswith("workflow.side_effect"):
@@ -341,6 +345,25 @@ class _Visitor(ast.NodeVisitor):
                 self.visit(arg)
             return
         self.generic_visit(node)
+
+    def _check_factories(self, node: ast.Call, name: str) -> None:
+        """A model built in workflow code whose fields default to ``uuid4``, ``datetime.now``...:
+        its ``default_factory`` runs again at every replay, and gives another value each time."""
+        left = [
+            (field, call, category, fix)
+            for field, call, category, fix in self.factories.get(name, ())
+            if field not in {kw.arg for kw in node.keywords}
+        ]
+        if not left or any(kw.arg is None for kw in node.keywords):  # **values: may pass them
+            return
+        fields = ", ".join(f"{field} (default_factory {call})" for field, call, _, _ in left)
+        self._report(
+            node,
+            f"{ast.unparse(node.func)}() leaves {fields}",
+            left[0][2],
+            f"pass {', '.join(f'{field}=' for field, *_ in left)} in the call ({left[0][3]}): the "
+            "factory runs again at every replay and gives another value",
+        )
 
     def _check_patch(self, node: ast.Call) -> None:
         """``patched("x")`` with ``x`` not in the class's ``patches`` answers False in every run."""
@@ -371,22 +394,65 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+def factory_fields(source: str, module: str = "") -> dict[str, list[tuple[str, str, str, str]]]:
+    """The classes of a module's source (dataclasses, pydantic models) with fields whose
+    ``default_factory`` reads a clock or randomness: ``{name: [(field, call, category, fix)]}``,
+    by the class's name, or given ``module``, its dotted name (as another module imports it)."""
+    tree = ast.parse(source)
+    imports = _imports(tree)
+    out: dict[str, list[tuple[str, str, str, str]]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        found = []
+        for item in node.body:
+            target = item.target if isinstance(item, ast.AnnAssign) else None
+            value = item.value if isinstance(item, ast.AnnAssign) else None
+            if isinstance(target, ast.Name) and isinstance(value, ast.Call):
+                for kw in value.keywords:
+                    hit = _factory_rule(kw.value, imports) if kw.arg == "default_factory" else None
+                    if hit is not None:
+                        found.append((target.id, *hit))
+        if found:
+            out[f"{module}.{node.name}" if module else node.name] = found
+    return out
+
+
+def _factory_rule(node: ast.AST, imports: dict[str, str]) -> tuple[str, str, str] | None:
+    """``(call, category, fix)`` of a ``default_factory`` value that is (or, a lambda, calls) a
+    clock or randomness; ``None``: it is not."""
+    calls = (
+        [sub.func for sub in ast.walk(node.body) if isinstance(sub, ast.Call)]
+        if isinstance(node, ast.Lambda)
+        else [node]
+    )
+    for call in calls:
+        name = _resolve(call, imports)
+        hit = _match(name, is_call=True) if name is not None else None
+        if name is not None and hit is not None:
+            return name + "()", hit[1], hit[2]
+    return None
+
+
 def check_source(
     source: str,
     path: str,
     workflow_names: Iterable[str] | None = None,
     patches_of: Mapping[str, tuple[str, ...]] | None = None,
+    factories: Mapping[str, list[tuple[str, str, str, str]]] | None = None,
 ) -> list[Finding]:
     """Lint the classes of a module's source; ``workflow_names``: only these classes (default:
-    all); ``patches_of``: their ``Workflow.patches`` by name, to check ``patched()`` calls."""
+    all); ``patches_of``: their ``Workflow.patches`` by name, to check ``patched()`` calls;
+    ``factories``: :func:`factory_fields` of the app's modules (default: this source's)."""
     tree = ast.parse(source, filename=path)
     imports = _imports(tree)
     lines = source.splitlines()
     wanted = set(workflow_names) if workflow_names is not None else None
+    factories = factories if factories is not None else factory_fields(source)
     findings: list[Finding] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and (wanted is None or node.name in wanted):
-            visitor = _Visitor(path, node.name, imports, lines, (patches_of or {}).get(node.name))
+            visitor = _Visitor(path, node.name, imports, lines, (patches_of or {}).get(node.name), factories)
             for item in node.body:
                 visitor.visit(item)
             findings += visitor.findings
@@ -422,19 +488,54 @@ def check_modules(modules: Sequence[ModuleType]) -> tuple[list[Finding], int]:
     """Lint the Workflow subclasses defined in ``modules``: ``(findings, classes checked)``."""
     findings: list[Finding] = []
     classes = 0
-    for module in app_modules(modules):
+    sources = {m: _source(m) for m in app_modules(modules)}
+    factories: dict[str, list[tuple[str, str, str, str]]] = {}
+    for module, (_, source) in {**sources, **_imported(sources.values())}.items():
+        factories |= factory_fields(source, module.__name__) if source else {}
+    for module, (path, source) in sources.items():
         names = _workflow_classes(module)
-        if not names:
+        if not names or not source:
             continue
-        path = inspect.getsourcefile(module)
-        if path is None:
-            continue
-        source = Path(path).read_text()
         classes += len(names)
-        shown = _display_path(path)
         patches = {name: tuple(getattr(module, name).patches) for name in names}
-        findings += check_source(source, shown, names, patches)
+        own = factories | factory_fields(source)  # this module's classes by their bare names
+        findings += check_source(source, _display_path(path), names, patches, own)
     return findings, classes
+
+
+def _imported(sources: Iterable[tuple[str, str]]) -> dict[ModuleType, tuple[str, str]]:
+    """The project's own modules the app's sources import (models often live apart from the
+    workflows): loaded, and not the standard library's nor an installed package's."""
+    installed = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    out: dict[ModuleType, tuple[str, str]] = {}
+    for _, source in sources:
+        for origin in _imports(ast.parse(source)).values() if source else ():
+            found = _loaded(origin)
+            if found is None or found in out or found.__name__.split(".")[0] in ("durable", "workers"):
+                continue
+            path, text = _source(found)
+            if path and not any(Path(path).is_relative_to(root) for root in installed):
+                out[found] = (path, text)
+    return out
+
+
+def _loaded(origin: str) -> ModuleType | None:
+    """The loaded module a dotted import origin names (``pkg.models.Order``: ``pkg.models``)."""
+    pieces = origin.split(".")
+    for i in range(len(pieces), 0, -1):
+        module = sys.modules.get(".".join(pieces[:i]))
+        if module is not None:
+            return module
+    return None
+
+
+def _source(module: ModuleType) -> tuple[str, str]:
+    """``(path, source)`` of a module (``""``: none readable, a compiled or built-in one)."""
+    try:
+        path = inspect.getsourcefile(module)
+        return (path, Path(path).read_text()) if path else ("", "")
+    except (OSError, TypeError, UnicodeDecodeError):
+        return "", ""
 
 
 def _display_path(path: str) -> str:
