@@ -104,9 +104,8 @@ class KeyTypes(StoreBase):
             wrong = self.run_wrong_types(p, text(run_id)) if run_id else []
         wrong = wrong or self.namespace_wrong_types(exc)
         return WrongKindOfKey(
-            f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or "
-            "by another program sharing the database); delete or rename the key (durable makes it again), "
-            "then try again",
+            f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or by another program sharing the "
+            "database); delete or rename the key (durable makes it again), then try again",
             wrong,
         )
 

@@ -268,8 +268,11 @@ def _workflow_id_of(group: click.Group, ctx: click.Context, argv: list[str]) -> 
     command = group.get_command(ctx, argv[0]) if argv else None
     if command is None or not any(p.name == "workflow_id" for p in command.params):
         return None
-    with command.make_context(argv[0], argv[1:], parent=ctx, resilient_parsing=True) as sub:
-        value = sub.params.get("workflow_id")
+    try:
+        with command.make_context(argv[0], argv[1:], parent=ctx, resilient_parsing=True) as sub:
+            value = sub.params.get("workflow_id")
+    except click.ClickException:
+        return None  # the line did not parse: the namespace's keys are read instead
     return value if isinstance(value, str) else None
 
 
