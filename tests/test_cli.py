@@ -649,3 +649,20 @@ def test_a_dict_shaped_like_a_marker_does_not_read_as_what_the_marker_stands_for
     assert json.loads(to_json([{"$float": "nan", "x": 1}])) == [{"$dict": {"$float": "nan", "x": 1}}]
     assert json.loads(to_json({"a": float("nan")})) == {"a": {"$float": "nan"}}  # markers still made
     assert json.loads(to_json({"$other": 1})) == {"$other": 1}
+
+
+def test_list_by_type_finds_runs_older_than_a_window_of_other_types_and_pages_on(redis_url: str) -> None:
+    # `list --type T --limit N` read the newest N*4 runs of each partition and kept those of T:
+    # older runs of T behind 100 newer of other types came back "runs (0)", no cursor.
+    store = RedisStore(redis_url)
+    old = [WorkflowStub.make("OldType", id=f"old-type-{i}", store=store).start().run_id for i in range(3)]
+    for i in range(100):
+        WorkflowStub.make("NewType", id=f"new-type-{i}", store=store).start()
+    first = invoke("list", "--type", "OldType", "--limit", "2", "--json")
+    rows = json.loads(first.stdout)
+    assert [r["workflow_id"] for r in rows] == ["old-type-2", "old-type-1"], first.output
+    cursor = first.stderr.strip().removeprefix("more: --before ")
+    rest = json.loads(
+        invoke("list", "--type", "OldType", "--limit", "2", "--before", cursor, "--json").stdout
+    )
+    assert [r["run_id"] for r in rest] == [old[0]]

@@ -483,8 +483,15 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
         ui.store.unregister_worker(drainer.name)
         ui.store.unregister_worker("ui-drainable-1")
 
+    ended = ScheduleHandle.create(
+        "ui-ended", Schedule(workflow="Sequence", every="10s", end_at="2020-01-01T00:00:00Z"), store=ui.store
+    )
     page.goto(ui.open.url + "/schedules")
     page.wait_for_selector("#schedules tr[data-id=ui-sched]")
+    # The API's state word, as the CLI says it (an ended schedule showed "running").
+    assert page.inner_text("#schedules tr[data-id=ui-ended] .schedule-state") == "ended (end_at passed)"
+    assert page.inner_text("#schedules tr[data-id=ui-sched] .schedule-state") == "active"
+    ended.delete()
     page.click("#schedules tr[data-id=ui-sched] button:has-text('Pause')")
     _confirm(page, note="maintenance")
     page.wait_for_selector("#schedules tr[data-id=ui-sched] button:has-text('Unpause')")

@@ -143,10 +143,17 @@ def list_(
             "--status blocked cannot be combined with --where (blocked is worked out on read, not "
             "indexed): list the blocked runs, then narrow them with --type"
         )
+    paged = status_ == "blocked" or (workflow_type is not None and where is None and status_ is None)
     if status_ == "blocked":
         # Blocked is not one indexed word (no live worker, a blocked child are computed on
         # read): the API's blocked page, which reads until it has `limit` or says where to go on.
         page = blocked_page(store, limit=limit, cursor=cursor, workflow_type=workflow_type)
+        runs, following = page.runs, page.next
+    elif paged:
+        # A type is matched on the records: the API's page, which reads on until it has `limit`
+        # or says where to go on (a window of the newest runs held none of an older type, and
+        # the list said "runs (0)" with no cursor).
+        page = store.list_runs_page(workflow_type=workflow_type, cursor=cursor, limit=limit)
         runs, following = page.runs, page.next
     elif where is not None or status_ is not None:
         if where is not None:
@@ -161,7 +168,7 @@ def list_(
         )
     if status_ != "blocked":
         runs = marked(store, runs, store.live_workers())
-        if runs and len(runs) >= limit:
+        if not paged and runs and len(runs) >= limit:
             # The last row's (ms, run id), not its ms alone: runs of the same ms are not skipped.
             following = f"{runs[-1]['created']}:{runs[-1]['run_id']}"
     # Why no run can move whatever its row says: Redis refusing writes at maxmemory (one INFO

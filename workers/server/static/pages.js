@@ -96,6 +96,13 @@
     }
   }
 
+  // The API's state word (active, paused, ended (end_at passed), done (max_runs reached)), as
+  // `durable schedule list` says it: an ended schedule showed "running".
+  function scheduleState(s) {
+    const state = s.state || (s.paused ? "paused" : "active");
+    return el("span", { class: "badge schedule-state " + state.split(" ")[0], title: state }, state);
+  }
+
   async function schedules() {
     const data = await api("GET", "/api/v1/schedules");
     const body = document.querySelector("#schedules tbody");
@@ -106,7 +113,7 @@
       el("td", { class: "small" }, s.paused ? el("span", { class: "muted" }, "paused") : (s.next_times || []).slice(0, 3).map((t) => el("div", {}, time(Date.parse(t)))),
         s.overdue ? el("div", { class: "warn overdue" }, "overdue: " + s.overdue) : "",
         s.held_up ? el("div", { class: "warn held-up" }, "held up: " + s.held_up) : ""),
-      el("td", {}, s.paused ? badge("paused") : badge("running", null), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
+      el("td", {}, scheduleState(s), el("div", { class: "muted small" }, `${s.started} started, ${s.running.length} running`),
         // An open run that does not move holds every later time (skipped or buffered): say why.
         ...s.running.slice(0, 3).map((w) => el("div", { class: "small" }, D.runLink(typeof w === "string" ? w : w.workflow_id || JSON.stringify(w)),
           w.status ? ` (${w.status})` : "", w.blocked ? el("div", { class: "bad blocked-run" }, "blocked: " + w.blocked) : ""))),
