@@ -24,8 +24,8 @@ redis.call('LLEN', inbox)
 -- "no longer pending": discarded, the run would wait for this activity forever. Refused like the
 -- wrong kind, before any write, so the worker keeps it and tries again.
 if not current and open and ARGV[12] == '1' and redis.call('EXISTS', acts) == 0 then
-  return redis.error_reply('WRONGTYPE ' .. acts .. ' (the activities hash of open run ' .. rid ..
-    ') is missing: a result a key of the wrong kind refused waits for it; rename the hash set aside back')
+  local said = 'WRONGTYPE %s (the activities hash of open run %s) is missing: a result a key of the wrong kind refused waits for it; rename the hash set aside back'
+  return redis.error_reply(string.format(said, acts, rid))
 end
 redis.call('ZREM', running, rid .. '|' .. aid .. '|' .. attempt)
 ack(stream, entry_id)
