@@ -32,7 +32,6 @@ from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 
 from .attempts import (
     Unserved,
-    attempt_deadline,
     complete_batch,
     completion,
     execute_attempt,
@@ -42,6 +41,7 @@ from .attempts import (
 from .hung import HungWatch
 from .pace import BACKLOG_MS, MOST_PER_THREAD, STALLED_S, Pace, task_name
 from .threads import ActivityThreads
+from .timeouts import attempt_deadline
 
 log = logging.getLogger("durable.worker")
 

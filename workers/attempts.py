@@ -48,6 +48,7 @@ from durable.store.tasks import ActivityTask, AttemptOutcome, AttemptResult
 from . import faults, metrics
 from .async_activities import awaiting, recorded_elsewhere, timed_out_here
 from .logging import bind_run, unbind_run
+from .timeouts import attempt_deadline, attempt_heartbeat
 
 log = logging.getLogger("durable.worker")
 
@@ -223,7 +224,7 @@ def _attempt(
         name=task.name,
         attempt=task.attempt,
         heartbeat_details=codec.loads(details) if details else None,
-        heartbeat_fn=_heartbeat(store, task, started),
+        heartbeat_fn=attempt_heartbeat(store, task, started),
     )
     ran = time.perf_counter()
     try:
@@ -282,23 +283,6 @@ def _resolve(
             block=True,
         )
         return None
-
-
-def _heartbeat(store: RedisStore, task: ActivityTask, started: float) -> Callable[[Any], bool]:
-    """The attempt's heartbeat function (see ``ActivityContext.heartbeat``)."""
-    heartbeat_timeout = task.timeout("heartbeat")
-
-    def heartbeat(value: Any) -> bool:
-        extend = 0
-        if heartbeat_timeout:
-            # Push the deadline by one heartbeat timeout, never past the attempt's hard limits.
-            hard = attempt_deadline(task, started, heartbeat=False)
-            due = time.time() + heartbeat_timeout
-            extend = max(1, int(((min(due, hard) if hard else due) - time.time()) * 1000))
-        details = codec.dumps(value, path="details") if value is not None else b""
-        return store.heartbeat(task, details, extend)
-
-    return heartbeat
 
 
 def completion(result: AttemptResult) -> AttemptOutcome:
@@ -377,31 +361,6 @@ def _settled(outcomes: list[AttemptOutcome], replies: list[tuple[str, int]]) -> 
                 "late result of activity %s (run %s, attempt %d) discarded", *_ids(task), extra=task_ids(task)
             )
     return stale
-
-
-def attempt_deadline(task: ActivityTask, started: float, *, heartbeat: bool = True) -> float | None:
-    """When an attempt started at ``started`` must have finished (or heartbeated), if ever;
-    without ``heartbeat``, only its hard limits (start-to-close, schedule-to-close)."""
-    kinds = ("start_to_close", "heartbeat") if heartbeat else ("start_to_close",)
-    limits = [started + t for t in map(task.timeout, kinds) if t]
-    schedule_to_close = task.timeout("schedule_to_close")
-    if schedule_to_close:
-        limits.append(task.scheduled / 1000 + schedule_to_close)
-    return min(limits) if limits else None
-
-
-def timeout_kind(task: ActivityTask, started_ms: int | None, now_ms: int) -> str:
-    """Which timeout an expired attempt hit: schedule_to_close, start_to_close, heartbeat, or
-    ``lease`` (the worker running a leased attempt stopped renewing it: it died)."""
-    timeouts = task.timeouts or {}
-    if not any(timeouts.values()):
-        return "lease"
-    schedule_to_close, start_to_close = task.timeout("schedule_to_close"), task.timeout("start_to_close")
-    if schedule_to_close and now_ms >= task.scheduled + schedule_to_close * 1000:
-        return "schedule_to_close"
-    if start_to_close and started_ms is not None and now_ms >= started_ms + start_to_close * 1000:
-        return "start_to_close"
-    return "heartbeat" if task.timeout("heartbeat") else "start_to_close"
 
 
 def _type_names(exc: BaseException) -> set[str]:

@@ -44,12 +44,13 @@ from durable.store.tasks import (
 )
 
 from . import faults, metrics
-from .attempts import attempt_deadline, complete_batch, completion, counted
+from .attempts import complete_batch, completion, counted
 from .closings import child_result, next_run_of
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
 from .run_cache import RunCache
+from .timeouts import attempt_deadline
 from .undecidable import undecidable
 
 log = logging.getLogger("durable.worker")

@@ -30,7 +30,8 @@ from durable.store.tasks import ActivityTask
 from durable.store.workers import running_entry
 
 from .async_activities import cancel_abandoned
-from .attempts import attempt_deadline, task_ids
+from .attempts import task_ids
+from .timeouts import attempt_deadline
 
 log = logging.getLogger("durable.worker")
 

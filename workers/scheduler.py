@@ -28,9 +28,10 @@ from durable.store.tasks import ActivityTask
 from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 
 from . import faults, metrics
-from .attempts import attempt_began, attempt_failed, fail_attempt, timeout_kind
+from .attempts import attempt_began, attempt_failed, fail_attempt
 from .broken_streams import said_wrong_kind
 from .logging import bind_run, unbind_run
+from .timeouts import timeout_kind
 from .worker_deaths import lapsed_lease
 
 log = logging.getLogger("durable.scheduler")
@@ -118,6 +119,10 @@ class Scheduler:
         #: Purges closed runs whose retention ended (bounded batches, every ``purger.interval`` s).
         self.purger = Purger(store)
         self._outage = Incident(log, "scheduler", settle=3.0)
+        # Redis time (ms) this scheduler reached Redis again after an outage (or first did):
+        # heartbeats could not be written before, so none is timed out sooner than one heartbeat
+        # timeout after it (a Redis restart of 12 s failed every heartbeating attempt).
+        self._back_at_ms: int | None = None
         #: Claims and starts the due times of schedules (exactly once across schedulers).
         self.schedules = SchedulePass(store)
         self._next_closes = 0.0
@@ -182,6 +187,8 @@ class Scheduler:
         now = time.time()
         next_due = now + self.max_sleep
         now_ms = self.store.server_time_ms()
+        if self._back_at_ms is None or self._outage.active:
+            self._back_at_ms = now_ms
         parts = range(self.store.keys.partitions)
         for p, (fired, due, timers) in zip(parts, self.store.fire_timers(parts), strict=True):
             metrics.timers_fired(p, timers, due, now_ms)
@@ -195,8 +202,8 @@ class Scheduler:
             if deadline is not None and deadline <= now_ms:
                 self._expire_attempts(p, now_ms)
                 deadline = self.store.next_deadlines([p])[0]
-            if deadline is not None:
-                next_due = min(next_due, deadline / 1000)
+            if deadline is not None:  # one left past due waits for its heartbeat: looked at again
+                next_due = min(next_due, max(deadline / 1000, now + 0.5))
         next_due = min(next_due, self._sweep_sticky(now))
         if now - self._last_claim >= self.claim_idle_ms / 3000:
             self._last_claim = now
@@ -271,6 +278,8 @@ class Scheduler:
             task, _ = self.store.activity_state(p, rid, aid)
             if self._renew_own(p, (rid, aid, attempt), task, now_ms, own):
                 continue
+            if self._heartbeat_resuming(p, (rid, aid, attempt), task, now_ms):
+                continue
             if not self.store.drop_deadline(p, rid, aid, attempt):
                 continue  # another worker's scheduler took this expiry
             if task is None or task.attempt != attempt:
@@ -305,6 +314,19 @@ class Scheduler:
             finally:
                 unbind_run(token)
             metrics.timed_out(task.name, task.stream, kind, outcome)
+
+    def _heartbeat_resuming(
+        self, p: int, attempt: tuple[str, str, int], task: ActivityTask | None, now_ms: int
+    ) -> bool:
+        """Whether the expired ``attempt`` timed out on its heartbeat within one heartbeat timeout
+        of this scheduler reaching Redis again: its worker could not write a heartbeat during the
+        outage, and has that long to write one now (as a server measures Temporal's)."""
+        heartbeat = task.timeout("heartbeat") if task is not None and task.attempt == attempt[2] else 0
+        if task is None or not heartbeat or now_ms >= (self._back_at_ms or 0) + heartbeat * 1000:
+            return False
+        return (
+            timeout_kind(task, self.store.attempt_started(p, attempt[0], attempt[1]), now_ms) == "heartbeat"
+        )
 
     def _renew_own(
         self,

@@ -234,3 +234,31 @@ def breaks_here(n: int) -> None:
 class FailsInItsActivity(Workflow):
     def handle(self) -> None:
         activity(breaks_here, 7, retry=RetryPolicy(max_attempts=1))
+
+
+class BeatsThroughOutages(Activity):
+    """Heartbeats every 1.5 s (its timeout: 2 s) for ``seconds``; writes what its heartbeats
+    raised, if anything."""
+
+    heartbeat_timeout = 2
+    start_to_close_timeout = 120
+    retry = RetryPolicy(max_attempts=1)
+
+    def handle(self, path: str, seconds: float) -> str:
+        record(path, f"began attempt {self.context.attempt}")
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            time.sleep(1.5)
+            try:
+                self.context.heartbeat()
+            except ActivityCancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - what the test asserts never happens
+                record(path, f"heartbeat raised {type(exc).__name__}: {exc}")
+                raise
+        return "done"
+
+
+class HeartbeatsThroughOutages(Workflow):
+    def handle(self, path: str, seconds: float) -> str:
+        return activity(BeatsThroughOutages, path, seconds)

@@ -1,0 +1,40 @@
+"""An activity that heartbeats through a Redis outage goes on, and is not timed out for the
+heartbeats the outage kept from being written.
+
+Its heartbeat raised redis's ConnectionError into the activity's code (documented to raise only
+ActivityCancelledError), and once Redis was back the schedulers failed every heartbeating
+attempt whose deadline had passed meanwhile (``timed out (heartbeat)``): a 12 s Redis restart
+failed the run of an activity on its last attempt (an acceptance tester's). A real Redis
+(``appendfsync always``), SIGKILLed and started again on its AOF; a worker in a thread.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from apps.failures import HeartbeatsThroughOutages
+from waiting import wait_for
+
+from durable.store.embedded import EmbeddedRedis
+from durable.store.redis_store import RedisStore
+from durable.testing import TestEnvironment
+
+pytestmark = pytest.mark.fault
+
+
+def test_an_activity_heartbeating_through_a_redis_restart_goes_on_and_completes(
+    killable_redis: EmbeddedRedis, tmp_path: Path
+) -> None:
+    log = tmp_path / "beats.log"
+    store = RedisStore(killable_redis.url)
+    with TestEnvironment(store=store) as env:
+        stub = env.start(HeartbeatsThroughOutages, str(log), 12.0, id="beats")
+        wait_for(lambda: log.exists(), timeout=20)
+        time.sleep(1.0)
+        killable_redis.kill()
+        time.sleep(5.0)  # more than the activity's heartbeat timeout (2 s)
+        killable_redis.ensure()
+        assert stub.result(timeout=60) == "done"
+    assert log.read_text().splitlines() == ["began attempt 1"]
