@@ -128,7 +128,7 @@ class Commands(DriverCore):
         cid = self._next_id(branch, id)
         buffered = self._signals.get(name)
         if buffered:
-            return signal_value(buffered.popleft())
+            return signal_value(buffered.popleft()[0].payload)
         deadline = self._deadline(timeout, "await_signal timeout")
         if deadline is not None and deadline <= self._now:
             raise SignalTimeout(f"no signal {name!r} (timeout 0)")

@@ -58,7 +58,9 @@ class DriverCore(WorkflowRuntime):
         self._waits: dict[tuple[str, str], Branch] = {}
         self._signal_waiters: dict[str, list[Branch]] = {}
         self._wait_until: list[Branch] = []
-        self._signals: dict[str, deque[bytes]] = {}
+        # Signals applied with no handler nor waiter, by name: (event, its time stamp, its seq),
+        # for a later await_signal, or the next run if this one continues as new first.
+        self._signals: dict[str, deque[tuple[ev.SignalReceived, int, int]]] = {}
         self._hook_payloads: dict[str, bytes] = {}
         self._hooks: set[str] = set()
         self._hooks_expired: set[str] = set()  # waits ended without a resume: tokens void

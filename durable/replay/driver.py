@@ -295,6 +295,15 @@ class Driver(Commands, Inputs):
                 budget,
             )
 
+    def _buffered_signals(self, decision: Decision) -> list[bytes]:
+        """When ``decision`` continues the run as new: the signals it received and never awaited,
+        in the order they came, as inbox items of the next run (they were dropped with this one,
+        said nowhere, though a signal is addressed to the workflow id)."""
+        if not isinstance(decision.closing, ev.WorkflowContinuedAsNew):
+            return []
+        waiting = sorted((pos, ts, event) for queue in self._signals.values() for event, ts, pos in queue)
+        return [ev.encode(event, ts) for _, ts, event in waiting]
+
     def _decision(self, consumed: int) -> Decision:
         total = self._history_total()  # once: the budget warning and the snapshot both need it
         self._warn_near_limit(*total)
@@ -315,7 +324,7 @@ class Driver(Commands, Inputs):
             snapshot=self.snapshot(status, total),
         )
         decision.expired_hooks = list(self._expired_now)
-        decision.carried = list(self._carried)
+        decision.carried = self._buffered_signals(decision) + self._carried
         kinds = {type(e) for e in new}
         if ev.SearchAttributesUpserted in kinds:
             decision.search_attributes = dict(self._search)

@@ -356,7 +356,7 @@ class Inputs(Updates):
                 self._issue(ev.TimerCancelled(id=branch.wait.id))
             self._resume(branch, signal_value(event.payload))
         else:
-            self._signals.setdefault(event.name, deque()).append(event.payload)
+            self._signals.setdefault(event.name, deque()).append((event, self._now, self._pos))
 
     def _cancel_branch(self, branch: Branch, reason: str) -> None:
         """Throw CancelledError at a branch's suspension point; ``all()`` branches first."""
