@@ -324,3 +324,15 @@ def test_a_terminated_runs_timers_go_with_it(store: RedisStore, fast_worker: Wor
     wait_for(mine, timeout=20)
     stub.terminate("no longer wanted")
     assert mine() == []
+
+
+def test_purge_of_one_type_keeps_the_dead_letters_of_runs_of_other_types(store: RedisStore) -> None:
+    # `purge --type T` swept every type's dead letters (a misspelt type, matching no run, too).
+    runs = {t: WorkflowStub.make(t, id=f"dead-{t}", store=store).start() for t in ("DeadA", "DeadB")}
+    for stub in runs.values():
+        store.redis.xadd(store.keys.dead(stub._ref().partition), {"run": stub.run_id, "reason": "test"})
+        stub.terminate("test")
+    result = invoke("purge", "--closed-before", "2999-01-01", "--type", "DeadA", "--yes")
+    assert result.exit_code == 0 and "dead letters: 1" in result.output, result.output
+    assert [letter["workflow_id"] for letter in store.dead_letters()] == ["dead-DeadB"]
+    assert "dead letters: 0" in invoke("purge", "--closed-before", "2999-01-01", "--type", "Typo", "--yes").output

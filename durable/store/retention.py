@@ -214,12 +214,23 @@ def purge_closed_before(
     """Purge (or with ``dry_run`` only count) the runs closed before ``cutoff_ms`` (epoch ms),
     of ``workflow_type`` when given, with their instance records when current; then the hook
     tokens of runs that are gone and the dead letters older than the cutoff whose run is closed
-    or gone. Every script call handles at most ``batch`` runs of one partition."""
+    or gone (with ``workflow_type``, closed and of that type). Every script call handles at
+    most ``batch`` runs of one partition."""
     report = PurgeReport()
-    for p in range(store.keys.partitions):
-        _purge_partition(store, p, cutoff_ms, workflow_type, dry_run, batch, report)
     dry = "1" if dry_run else "0"
     k = store.keys
+    for p in range(k.partitions):
+        # Before the runs: a letter's run type is read from its record, which the purge deletes.
+        start = "-"
+        while True:
+            args = [start, batch, cutoff_ms, dry, workflow_type or ""]
+            last, gone = run_scripts(store, "sweep_dead", [([k.dead(p)], args)])[0]
+            report.dead_letters += int(gone)
+            if not last:
+                break
+            start = "(" + _s(last)
+    for p in range(k.partitions):
+        _purge_partition(store, p, cutoff_ms, workflow_type, dry_run, batch, report)
     for p in range(k.partitions):
         cursor = "0"
         while True:
@@ -227,13 +238,6 @@ def purge_closed_before(
             report.hooks += int(gone)
             if _s(cursor) == "0":
                 break
-        start = "-"
-        while True:
-            last, gone = run_scripts(store, "sweep_dead", [([k.dead(p)], [start, batch, cutoff_ms, dry])])[0]
-            report.dead_letters += int(gone)
-            if not last:
-                break
-            start = "(" + _s(last)
     return report
 
 

@@ -6,9 +6,11 @@
 -- budget per pass; purge_closed_before until the cutoff).
 -- KEYS: dead
 -- ARGV: start ('-' or an exclusive '(<id>'), count, cutoff ms ('' = now minus the
---       namespace's retention), dry ('1': count, delete nothing)
+--       namespace's retention), dry ('1': count, delete nothing)[, workflow type: only dead
+--       letters of closed runs of that type (a purge scoped to a type took every type's)]
 -- Returns {last entry id seen ('' = the scan reached the cutoff), letters deleted (or found)}
 local dead, start, count, dry = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[4] == '1'
+local only = ARGV[5] or ''
 local tag = string.match(dead, '^(.-{%d+})')
 local cutoff = tonumber(ARGV[3])
 if cutoff == nil then cutoff = real_now_ms() - namespace_retention_ms(tag) end
@@ -17,7 +19,8 @@ local gone = 0
 for _, row in ipairs(rows) do
   local f, rid = row[2], ''
   for i = 1, #f, 2 do if f[i] == 'run' then rid = f[i + 1] end end
-  if rid == '' or not is_open(redis.call('HGET', tag .. ':run:' .. rid, 'status')) then
+  local status, kind = unpack(rid ~= '' and redis.call('HMGET', tag .. ':run:' .. rid, 'status', 'type') or {})
+  if (only == '' or kind == only) and (rid == '' or not is_open(status)) then
     if not dry then redis.call('XDEL', dead, row[1]) end
     gone = gone + 1
   end
