@@ -255,6 +255,14 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         _error(c.get("/api/v1/workflows/no-such-run/history"), 404, "not_found")
         _error(c.post("/api/v1/workflows/no-such-run/signal/go", json={"args": []}), 404, "not_found")
         _error(c.get("/api/v1/nothing-here"), 404, "not_found")
+        # Percent-escapes of bytes that are not UTF-8 text: refused, not decoded with replacement
+        # (a signal named "\ufffd\ufffd\ufffd" went to the run).
+        assert "not valid UTF-8" in _error(c.get("/api/v1/workflows/%FF%FE"), 422, "invalid_argument")
+        _error(
+            c.post("/api/v1/workflows/no-such-run/signal/%ED%A0%80", json={"args": []}),
+            422,
+            "invalid_argument",
+        )
         wrong_method = c.delete("/api/v1/workflows")
         assert "this route takes GET, HEAD, POST" in _error(wrong_method, 405, "method_not_allowed")
         assert wrong_method.headers["allow"] == "GET, HEAD, POST"  # RFC 9110: a 405 names them

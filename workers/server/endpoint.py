@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_to_bytes
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
@@ -231,6 +231,18 @@ def _check_fields(body: dict[str, Any], known: tuple[str, ...]) -> None:
 
 
 def _path_params(request: Request) -> dict[str, str]:
+    raw = request.scope.get("raw_path")
+    if isinstance(raw, bytes):
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            # Decoded with replacement, a signal named "\ufffd\ufffd" went to the run: a name the
+            # client never sent.
+            raise ApiError(
+                "invalid_argument",
+                "the path is not valid UTF-8: its percent-escapes encode bytes that are not UTF-8 text "
+                "(an id or a name is percent-encoded UTF-8)",
+            ) from None
     params = dict(request.path_params)
     if request.scope.get("durable.raw_ids"):  # app.EncodedSlashes kept %2F and %25 escaped
         params = {name: unquote(value) for name, value in params.items()}
