@@ -254,6 +254,8 @@ def side_effect(fn: Callable[[], T], *, id: str | None = None) -> T:
 
     The value goes through the codec both times, so live and replayed code see
     the same types. An exception from ``fn`` is recorded and re-raised on replay.
+    Once per committed decision: a decision not committed (its worker killed) is made
+    again, calling ``fn`` again, so ``fn`` must have no effect of its own.
     """
     return current_runtime().call_side_effect(fn, id=id)
 

@@ -335,4 +335,7 @@ def test_purge_of_one_type_keeps_the_dead_letters_of_runs_of_other_types(store: 
     result = invoke("purge", "--closed-before", "2999-01-01", "--type", "DeadA", "--yes")
     assert result.exit_code == 0 and "dead letters: 1" in result.output, result.output
     assert [letter["workflow_id"] for letter in store.dead_letters()] == ["dead-DeadB"]
-    assert "dead letters: 0" in invoke("purge", "--closed-before", "2999-01-01", "--type", "Typo", "--yes").output
+    assert (
+        "dead letters: 0"
+        in invoke("purge", "--closed-before", "2999-01-01", "--type", "Typo", "--yes").output
+    )

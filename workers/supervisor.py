@@ -533,10 +533,13 @@ class Supervisor:
         slot.restart_at = now + slot.backoff
         if slot.joined:
             log.warning(
-                "worker process %d (pid %d) died unexpectedly with %d after %.1f s%s; restarting in %.1f s",
+                "worker process %d (pid %d) %s after %.1f s%s; restarting in %.1f s",
                 slot.index,
                 pid,
-                code,
+                # Exit code 0: stopped gracefully by someone else (a SIGTERM sent to it), not a crash.
+                "stopped (exit code 0; not by this supervisor)"
+                if code == 0
+                else f"died unexpectedly with {code}",
                 lived,
                 _said(slot),
                 slot.backoff,
