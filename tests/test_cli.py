@@ -666,3 +666,15 @@ def test_list_by_type_finds_runs_older_than_a_window_of_other_types_and_pages_on
         invoke("list", "--type", "OldType", "--limit", "2", "--before", cursor, "--json").stdout
     )
     assert [r["run_id"] for r in rest] == [old[0]]
+
+
+def test_list_dead_with_a_limit_shows_that_many_of_the_newest(redis_url: str) -> None:
+    # `--limit 1` printed one letter a partition, and each partition's oldest, not the newest.
+    store = RedisStore(redis_url)
+    for i in range(6):
+        store.redis.xadd(
+            store.keys.dead(i % store.keys.partitions), {"kind": "test", "reason": f"letter {i}"}
+        )
+        time.sleep(0.002)
+    letters = json.loads(invoke("list", "--dead", "--limit", "2", "--json").stdout)
+    assert [letter["reason"] for letter in letters] == ["letter 4", "letter 5"]
