@@ -104,6 +104,11 @@ def test_start_signal_describe_history_list(api: Api) -> None:
         assert resp.status_code == 201, resp.text
         started = resp.json()
         assert started["workflow_id"] == wid and started["run_id"] and started["warning"] is None
+        unserved = c.post(
+            "/api/v1/workflows", json={"type": "Waiter", "args": [0.01], "queue": "nobody"}
+        ).json()
+        assert unserved["warning"].startswith("no live worker on queue 'nobody'"), unserved
+        c.post(f"/api/v1/workflows/{unserved['workflow_id']}/terminate", json={})
         wait_for(
             lambda: any(p["kind"] == "signal" for p in c.get(f"/api/v1/workflows/{wid}").json()["pending"])
         )
@@ -255,6 +260,8 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         _error(c.get("/api/v1/workflows/no-such-run/history"), 404, "not_found")
         _error(c.post("/api/v1/workflows/no-such-run/signal/go", json={"args": []}), 404, "not_found")
         _error(c.get("/api/v1/nothing-here"), 404, "not_found")
+        misspelt = _error(c.get("/api/v1/workflows", params={"statuss": "failed"}), 422, "invalid_argument")
+        assert "unknown query parameter 'statuss' (did you mean 'status'?)" in misspelt, misspelt
         # Percent-escapes of bytes that are not UTF-8 text: refused, not decoded with replacement
         # (a signal named "\ufffd\ufffd\ufffd" went to the run).
         assert "not valid UTF-8" in _error(c.get("/api/v1/workflows/%FF%FE"), 422, "invalid_argument")

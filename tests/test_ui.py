@@ -484,7 +484,9 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
         ui.store.unregister_worker("ui-drainable-1")
 
     ended = ScheduleHandle.create(
-        "ui-ended", Schedule(workflow="Sequence", every="10s", end_at="2020-01-01T00:00:00Z"), store=ui.store
+        "ui-ended",
+        Schedule(workflow="Sequence", args=[1], every="10s", end_at="2020-01-01T00:00:00Z"),
+        store=ui.store,
     )
     page.goto(ui.open.url + "/schedules")
     page.wait_for_selector("#schedules tr[data-id=ui-sched]")

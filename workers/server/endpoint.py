@@ -207,6 +207,8 @@ async def _prepare(
         raise ApiError("invalid_argument", "the body must be a JSON object (or no body at all)")
     if endpoint.fields is not None and isinstance(body, dict):
         _check_fields(body, endpoint.fields)
+    if endpoint.role in ("read", "operator"):  # `?statuss=failed` listed every run
+        _check_fields(request.query_params, tuple(p.name for p in endpoint.params), "query parameter")
     return Call(
         store=store,
         path=_path_params(request),
@@ -219,15 +221,13 @@ async def _prepare(
     )
 
 
-def _check_fields(body: dict[str, Any], known: tuple[str, ...]) -> None:
+def _check_fields(body: Mapping[str, Any], known: tuple[str, ...], what: str = "body field") -> None:
     for name in body:
         if name not in known:
             close = difflib.get_close_matches(str(name), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            takes = ", ".join(known) if known else "no fields"
-            raise ApiError(
-                "invalid_argument", f"unknown body field {name!r}{hint}; this route takes: {takes}"
-            )
+            takes = ", ".join(known) if known else f"no {what}s"
+            raise ApiError("invalid_argument", f"unknown {what} {name!r}{hint}; this route takes: {takes}")
 
 
 def _path_params(request: Request) -> dict[str, str]:

@@ -186,7 +186,7 @@ ENDPOINTS = [
         dead_letters,
         "read",
         "List parked tasks and inputs",
-        params=(Param("limit", "integer", "per partition, 1..1000 (default 100)"),),
+        params=(Param("limit", "integer", "the newest of the namespace, 1..1000 (default 100)"),),
     ),
 ]
 """The routes besides the workflows', in the order the OpenAPI document lists them."""

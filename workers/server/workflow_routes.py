@@ -209,7 +209,9 @@ def start_workflow(call: Call) -> dict[str, Any]:
         if not isinstance(name, str) or not isinstance(signal_args, list) or set(signal) - {"name", "args"}:
             raise ApiError("invalid_argument", 'body field \'signal\' must be {"name": str, "args": [...]}')
         stub.signal_with_start(name, *signal_args, start_args=args)
-    return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": warning}
+    # The CLI's line, without its "warning: " (the key says it).
+    said = warning.removeprefix("warning: ") if warning else warning
+    return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": said}
 
 
 def _loaded_apps() -> list[str]:
