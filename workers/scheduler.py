@@ -187,7 +187,7 @@ class Scheduler:
         now = time.time()
         next_due = now + self.max_sleep
         now_ms = self.store.server_time_ms()
-        if self._back_at_ms is None or self._outage.active:
+        if self._back_at_ms is None or self._outage.active or self.oom.active:  # (writes refused too)
             self._back_at_ms = now_ms
         parts = range(self.store.keys.partitions)
         for p, (fired, due, timers) in zip(parts, self.store.fire_timers(parts), strict=True):
