@@ -996,7 +996,8 @@ def base_history(sims: Any) -> Sim:
     [
         (RTNdName, "1", "'name': 'rt_add'", "'name': 'rt_other'"),
         (RTNdArgs, "1", "'args': (1, 2)", "'args': (1, 3)"),
-        (RTNdTimer, "2", "'fire_at': ", None),
+        # Its due times are epoch ms: the durations are said (an operator subtracted them).
+        (RTNdTimer, "2", "'fire_at': ", "a timer of 10 s in history, of 11 s now (its duration changed"),
         (RTNdSignal, "3", "'name': 'go'", "'name': 'went'"),
     ],
 )

@@ -267,7 +267,7 @@ class DriverCore(WorkflowRuntime):
                 raise self._nondeterminism(f"command {key[0]} {key[1]!r} issued twice", key[1], None, None)
             if entry.event.fingerprint() != event.fingerprint():
                 raise self._nondeterminism(
-                    f"{key[0]} {key[1]!r} differs from history (seq {entry.seq})",
+                    f"{key[0]} {key[1]!r} differs from history (seq {entry.seq}){_changed(entry, event, self._now)}",
                     key[1],
                     entry.event.describe(),
                     event.describe(),
@@ -488,3 +488,15 @@ class DriverCore(WorkflowRuntime):
             )
         if self._closing is not None:
             raise DurableError(f"run {self.run_id} has already closed; no more durable calls")
+
+
+def _changed(entry: ev.Entry, event: ev.Event, now_ms: int) -> str:
+    """What changed, in words, where the events' fields do not say it plainly: a timer's due
+    time is epoch ms in both (an operator subtracted them to see "2 s became 3 s")."""
+    if isinstance(event, ev.TimerStarted) and isinstance(entry.event, ev.TimerStarted):
+        was, now = (entry.event.fire_at - entry.ts) / 1000, (event.fire_at - now_ms) / 1000
+        return (
+            f": a timer of {was:g} s in history, of {now:g} s now (its duration changed: runs that "
+            "started the old one need it kept, behind patched())"
+        )
+    return ""
