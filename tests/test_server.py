@@ -24,7 +24,7 @@ from procs import ROOT, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
 
-from durable import Schedule, ScheduleHandle
+from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.store.connect import flush_database
 from durable.store.redis_store import RedisStore
 from workers.server import CODES, ENDPOINTS, sign
@@ -260,6 +260,11 @@ def test_bad_input_gets_json_errors(api: Api) -> None:
         _error(c.get("/api/v1/workflows/no-such-run/history"), 404, "not_found")
         _error(c.post("/api/v1/workflows/no-such-run/signal/go", json={"args": []}), 404, "not_found")
         _error(c.get("/api/v1/nothing-here"), 404, "not_found")
+        # A query is replayed by the server itself: its own --app is what to mend.
+        unknown = WorkflowStub.make("SrvUnknownType", id=_id("unknown-type"), store=api.store).start()
+        said = _error(c.post(f"/api/v1/workflows/{unknown.id}/query/state", json={}), 422, "unknown_type")
+        assert "(start the server with --app MODULE)" in said, said
+        unknown.terminate("test over")
         misspelt = _error(c.get("/api/v1/workflows", params={"statuss": "failed"}), 422, "invalid_argument")
         assert "unknown query parameter 'statuss' (did you mean 'status'?)" in misspelt, misspelt
         # Percent-escapes of bytes that are not UTF-8 text: refused, not decoded with replacement

@@ -436,6 +436,7 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     cells = page.locator("#workers tbody tr").first.locator("td").all_inner_texts()
     assert cells[6].isdigit() and int(cells[6]) > 0, cells  # its activity threads, none held
     assert page.locator("#problem").is_hidden()  # Redis takes writes: no banner
+    assert page.inner_text("#retention") == "3d"  # the namespace's, as `durable workers` says it
     # An activity of this test's own waits on 'billing', which no worker serves: listed, in red.
     _start(ui, "PaysOnBilling", 7)
     page.reload()

@@ -28,6 +28,7 @@
     const problem = document.getElementById("problem");  // Redis refusing writes: nothing moves
     problem.hidden = !data.problem;
     problem.textContent = data.problem || "";
+    document.getElementById("retention").textContent = data.retention || "?";  // `durable workers` says it
     const warnings = document.getElementById("warnings");  // Redis set up to lose durable's data
     const said = data.warnings || [];
     warnings.hidden = !said.length;
