@@ -223,6 +223,19 @@ def test_a_read_command_restarts_the_dead_embedded_server(project: Path) -> None
     assert "note:" not in again.stderr  # running: nothing to say
 
 
+def test_a_stopped_embedded_server_reached_from_another_folder_is_said_with_how_to_start_it(
+    project: Path, tmp_path: Path
+) -> None:
+    # Its URL given from elsewhere, the error said only "No such file or directory".
+    assert run_cli(project, "start", "Greet", "alice", "--id", "elsewhere").returncode == 0
+    kill_and_wait(int((project / ".durable" / "redis.pid").read_text()))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    url = f"unix://{project / '.durable' / 'redis.sock'}"
+    said = one_error_line(run_cli(elsewhere, "status", "elsewhere", env=clean_env(DURABLE_REDIS_URL=url)))
+    assert f"it is the embedded Redis of {project}, stopped: any `durable` command run in that folder" in said
+
+
 REVIVE_APP = """
 from durable import Workflow, await_signal
 

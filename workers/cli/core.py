@@ -214,7 +214,7 @@ class DurableGroup(click.Group):
                 else ""
             )
             where = mask_url(_url_of(ctx, opened=False) or "redis")
-            die(f"cannot reach Redis at {where}: {one_line(exc).rstrip('.')}{fix}")
+            die(f"cannot reach Redis at {where}: {one_line(exc).rstrip('.')}{fix}{_stopped_embedded(where)}")
         except NoRedisHere as exc:
             die(str(exc))
         except redis.exceptions.RedisClusterException as exc:  # not a RedisError
@@ -274,6 +274,20 @@ def _workflow_id_of(group: click.Group, ctx: click.Context, argv: list[str]) -> 
     except click.ClickException:
         return None  # the line did not parse: the namespace's keys are read instead
     return value if isinstance(value, str) else None
+
+
+def _stopped_embedded(url: str) -> str:
+    """For a unix socket URL of a project's embedded Redis that is not running: how to start it
+    (the URL given to reach it from another folder; only a command run in the project starts it)."""
+    if not url.startswith("unix://"):
+        return ""
+    folder = Path(url.removeprefix("unix://")).parent
+    if folder.name != ".durable" or not (folder / "redis.log").exists():
+        return ""
+    return (
+        f"; it is the embedded Redis of {folder.parent}, stopped: any `durable` command run in that folder "
+        "without DURABLE_REDIS_URL (a worker, `durable workers`) starts it again"
+    )
 
 
 def _url_of(ctx: click.Context, *, opened: bool = True) -> str | None:

@@ -115,8 +115,8 @@ def from_exception(exc: BaseException) -> ApiError:
         exc = exc.__cause__  # what Redis said (unreachable, OOM, MISCONF) picks the answer below
     if isinstance(exc, UnknownTypeError) and "(worker: --app module)" in str(exc):
         # This process is the server: its own --app (a query replays the run here).
-        said = _first_line(exc).replace("(worker: --app module)", "(start the server with --app MODULE)")
-        return ApiError("unknown_type", said)
+        told = _first_line(exc).replace("(worker: --app module)", "(start the server with --app MODULE)")
+        return ApiError("unknown_type", told)
     for kind, code in _MAPPED:
         if isinstance(exc, kind):
             return ApiError(code, _first_line(exc))
