@@ -342,3 +342,28 @@ def test_a_model_built_in_workflow_code_with_a_clock_or_random_default_factory_i
         ),
         (13, "lint_models.Line() leaves key (default_factory uuid.uuid4())", "randomness"),
     }, rows
+    # The usual package layout, relative imports: `from .models import Order` was not followed.
+    package = tmp_path / "lint_shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text((tmp_path / "lint_models.py").read_text())
+    (package / "flows.py").write_text(
+        textwrap.dedent(
+            """
+            from . import models as m
+            from .models import Order
+            from durable import Workflow
+
+            class RelShop(Workflow):
+                def handle(self):
+                    return Order(), m.Line()
+            """
+        )
+    )
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "lint_shop.flows", "--json"])
+    finally:
+        for name in ("lint_shop", "lint_shop.flows", "lint_shop.models"):
+            sys.modules.pop(name, None)
+    assert result.exit_code == 1, result.output
+    assert {r["call"].split(" leaves")[0] for r in json.loads(result.stdout)} == {"Order()", "m.Line()"}

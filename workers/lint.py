@@ -156,8 +156,9 @@ class Finding:
 # --------------------------------------------------------------------------- name resolution
 
 
-def _imports(tree: ast.Module) -> dict[str, str]:
-    """Local name -> dotted origin, from the module's imports (``import x as y``, ``from a import b``)."""
+def _imports(tree: ast.Module, package: str = "") -> dict[str, str]:
+    """Local name -> dotted origin, from the module's imports (``import x as y``, ``from a import
+    b``; ``from .models import b`` too, given the module's ``package``)."""
     names: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -167,10 +168,23 @@ def _imports(tree: ast.Module) -> dict[str, str]:
                 else:
                     top = alias.name.split(".", 1)[0]
                     names[top] = top
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.ImportFrom):
+            origin = _absolute(node, package)
+            for alias in node.names if origin else ():
+                names[alias.asname or alias.name] = f"{origin}.{alias.name}"
     return names
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` names, made absolute (``""``: a relative one with no
+    package known)."""
+    if node.level == 0:
+        return node.module or ""
+    parts = package.split(".") if package else []
+    if not parts or node.level - 1 > len(parts):
+        return ""
+    base = ".".join(parts[: len(parts) - (node.level - 1)])
+    return f"{base}.{node.module}" if node.module else base
 
 
 def _dotted(node: ast.AST) -> list[str] | None:
@@ -394,12 +408,15 @@ class _Visitor(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def factory_fields(source: str, module: str = "") -> dict[str, list[tuple[str, str, str, str]]]:
+def factory_fields(
+    source: str, module: str = "", package: str = ""
+) -> dict[str, list[tuple[str, str, str, str]]]:
     """The classes of a module's source (dataclasses, pydantic models) with fields whose
     ``default_factory`` reads a clock or randomness: ``{name: [(field, call, category, fix)]}``,
-    by the class's name, or given ``module``, its dotted name (as another module imports it)."""
+    by the class's name, or given ``module``, its dotted name (as another module imports it);
+    ``package``: the module's, for its relative imports."""
     tree = ast.parse(source)
-    imports = _imports(tree)
+    imports = _imports(tree, package)
     out: dict[str, list[tuple[str, str, str, str]]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
@@ -440,15 +457,17 @@ def check_source(
     workflow_names: Iterable[str] | None = None,
     patches_of: Mapping[str, tuple[str, ...]] | None = None,
     factories: Mapping[str, list[tuple[str, str, str, str]]] | None = None,
+    package: str = "",
 ) -> list[Finding]:
     """Lint the classes of a module's source; ``workflow_names``: only these classes (default:
     all); ``patches_of``: their ``Workflow.patches`` by name, to check ``patched()`` calls;
-    ``factories``: :func:`factory_fields` of the app's modules (default: this source's)."""
+    ``factories``: :func:`factory_fields` of the app's modules (default: this source's);
+    ``package``: the module's, for its relative imports (``from .models import Order``)."""
     tree = ast.parse(source, filename=path)
-    imports = _imports(tree)
+    imports = _imports(tree, package)
     lines = source.splitlines()
     wanted = set(workflow_names) if workflow_names is not None else None
-    factories = factories if factories is not None else factory_fields(source)
+    factories = factories if factories is not None else factory_fields(source, package=package)
     findings: list[Finding] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and (wanted is None or node.name in wanted):
@@ -490,26 +509,31 @@ def check_modules(modules: Sequence[ModuleType]) -> tuple[list[Finding], int]:
     classes = 0
     sources = {m: _source(m) for m in app_modules(modules)}
     factories: dict[str, list[tuple[str, str, str, str]]] = {}
-    for module, (_, source) in {**sources, **_imported(sources.values())}.items():
-        factories |= factory_fields(source, module.__name__) if source else {}
+    for module, (_, source) in {**sources, **_imported(sources)}.items():
+        factories |= factory_fields(source, module.__name__, _package(module)) if source else {}
     for module, (path, source) in sources.items():
         names = _workflow_classes(module)
         if not names or not source:
             continue
         classes += len(names)
         patches = {name: tuple(getattr(module, name).patches) for name in names}
-        own = factories | factory_fields(source)  # this module's classes by their bare names
-        findings += check_source(source, _display_path(path), names, patches, own)
+        own = factories | factory_fields(source, package=_package(module))  # its classes by bare names
+        findings += check_source(source, _display_path(path), names, patches, own, _package(module))
     return findings, classes
 
 
-def _imported(sources: Iterable[tuple[str, str]]) -> dict[ModuleType, tuple[str, str]]:
+def _package(module: ModuleType) -> str:
+    """The package a module's relative imports start from."""
+    return module.__package__ or (module.__name__ if hasattr(module, "__path__") else "")
+
+
+def _imported(sources: Mapping[ModuleType, tuple[str, str]]) -> dict[ModuleType, tuple[str, str]]:
     """The project's own modules the app's sources import (models often live apart from the
     workflows): loaded, and not the standard library's nor an installed package's."""
     installed = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     out: dict[ModuleType, tuple[str, str]] = {}
-    for _, source in sources:
-        for origin in _imports(ast.parse(source)).values() if source else ():
+    for module, (_, source) in sources.items():
+        for origin in _imports(ast.parse(source), _package(module)).values() if source else ():
             found = _loaded(origin)
             if found is None or found in out or found.__name__.split(".")[0] in ("durable", "workers"):
                 continue
