@@ -99,13 +99,23 @@ class KeyTypes(StoreBase):
         p = k.partition(workflow_id)
         instance = k.instance(p, workflow_id)
         wrong = self.wrong_types({instance: "hash"})
+        run_id = ""
         if not wrong:
-            run_id = self.redis.hget(instance, "run")
-            wrong = self.run_wrong_types(p, text(run_id)) if run_id else []
+            run_id = text(self.redis.hget(instance, "run") or b"")
+            wrong = self.run_wrong_types(p, run_id) if run_id else []
+        own = any(w.startswith(instance) or (run_id and f":{run_id} " in w) for w in wrong)
         wrong = wrong or self.namespace_wrong_types(exc)
+        # A run's own keys are its state: deleted, nothing makes them again (the run is lost).
+        remedy = (
+            "put the key back as it was (rename the original back, or restore it from a backup): it holds "
+            "the run's state, which durable does not make again; if that is lost, delete the key and "
+            "terminate the run"
+            if own
+            else "delete or rename the key (durable makes it again), then try again"
+        )
         return WrongKindOfKey(
             f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or by another program sharing the "
-            "database); delete or rename the key (durable makes it again), then try again",
+            f"database); {remedy}",
             wrong,
         )
 
