@@ -14,6 +14,7 @@ from .runinfo import BlockedReason, RunDescription, RunOutcome, outcome_of, with
 from .store.held import busy_queues, starved_queues
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
+from .store.timer_index import OVERDUE_MS, unarmed
 from .store.workers import WorkerInfo, stalled_decision
 
 
@@ -120,7 +121,7 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
     )
     if record.get("status", "pending") in OPEN_STATUSES:
         _add_undecided(snap, store.undecided_inputs(ref))
-    return RunDescription(
+    described = RunDescription(
         workflow_id=workflow_id,
         run_id=ref.run_id,
         type=record.get("type"),
@@ -147,6 +148,23 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         workflow_task=task_in_words(store, ref, record, live) if blocked is None else None,
         purge_at=_purge_at(store, ref) if record.get("closed") else None,
     )
+    _mark_unarmed(store, ref, described, store.server_time_ms() if described.pending else 0)
+    return described
+
+
+def _mark_unarmed(store: RedisStore, ref: RunRef, described: RunDescription, now_ms: int) -> None:
+    """Mark (``"unarmed"``) the overdue deadlines of an open run with no task pending that its
+    partition's timers index lacks: no scheduler will fire them (the views say so, not "no live
+    worker's scheduler has fired it"). Read only when one is overdue."""
+    if described.status not in OPEN_STATUSES or described.blocked or described.workflow_task:
+        return
+    overdue = [
+        step for step in described.pending if now_ms - int(step.get("deadline") or now_ms) > OVERDUE_MS
+    ]
+    missing = unarmed(store, ref, overdue) if overdue else set()
+    for step in overdue:
+        if str(step.get("id")) in missing:
+            step["unarmed"] = True
 
 
 def _purge_at(store: RedisStore, ref: RunRef) -> int | None:

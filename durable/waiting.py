@@ -13,12 +13,8 @@ from typing import Any
 from .run_views import task_in_words
 from .runinfo import NO_LIVE_WORKER, from_now, past_dates, utc_text
 from .store.connect import masked_url
-from .store.records import HEARTBEAT_S
 from .store.redis_store import RedisStore, RunRef
-
-OVERDUE_MS = 2 * HEARTBEAT_S * 1000
-"""How long past its time a timer (or a wait's timeout) is said to be overdue: a live worker's
-scheduler fires it within a moment, so this long means none is running (or all are stalled)."""
+from .store.timer_index import OVERDUE_MS
 
 MOST_NAMED = 5
 """The most waits a line names (a wide fan-out waits on many: ``describe`` lists them all)."""
@@ -56,6 +52,9 @@ def waits_in_words(
                 what += (
                     " (passed: it moves once its workflow task is decided)"
                     if task_pending
+                    else " (overdue: it is not in its partition's timers index, deleted by hand?, so no scheduler "
+                    "fires it: `durable repair` arms it again)"
+                    if step.get("unarmed")
                     else " (overdue: no live worker's scheduler has fired it; `durable workers` shows their heartbeats)"
                 )
         lines.append(what)

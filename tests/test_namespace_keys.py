@@ -254,3 +254,24 @@ def test_a_command_about_a_workflow_names_its_key_of_the_wrong_kind(
         said.output
     )
     stub.terminate("test over")
+
+
+def test_a_timer_its_deleted_timers_key_took_along_is_said_and_repair_arms_it_again(
+    store: RedisStore,
+) -> None:
+    # A timers key overwritten, then deleted as the error said: the run waited for ever, status
+    # saying "no live worker's scheduler has fired it", and `durable repair` decided nothing.
+    with TestEnvironment(store=store):
+        stub = WorkflowStub.make(Waiter, id="nk-timer", store=store).start(3.0)
+        wait_for(lambda: stub.history()[-1].type == "TimerStarted", timeout=20)
+        store.redis.delete(store.keys.timers(stub._ref().partition))
+
+        def status() -> str:
+            return " ".join(CliRunner().invoke(cli, ["status", "nk-timer"]).output.split())
+
+        said = wait_for(lambda: "not in its partition's timers index" in status() and status(), timeout=20)
+        assert "`durable repair` arms it again" in said, said
+        assert CliRunner().invoke(cli, ["repair", "nk-timer"]).exit_code == 0
+        wait_for(lambda: stub.history()[-1].type == "SignalWaitStarted", timeout=20)
+        stub.signal("go", "fired")
+        assert stub.result(timeout=20) == "fired"

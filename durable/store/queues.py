@@ -27,6 +27,7 @@ from .reads import GroupRead, unread
 from .records import CLOSED_STATUSES, RunRef, text
 from .runs import RunStore
 from .tasks import ActivityTask
+from .timer_index import rearm
 
 if TYPE_CHECKING:
     from .workers import WorkerInfo
@@ -438,6 +439,8 @@ class QueueStore(RunStore):
                 else ""
             )
             raise WorkflowClosed(f"workflow {workflow_id!r} is {status}; nothing to repair{more}")
+        # Deadlines a timers key deleted by hand took with it: armed again (they fire once due).
+        rearm(self, ref, (self.run_record(ref).get("snapshot") or {}).get("pending") or [])
         # Activity tasks parked for this run (e.g. a type no worker had) go back to their queue;
         # its parked workflow tasks are done with (the script queued a new one). Dropped inputs
         # stay: they are data an operator set aside.
