@@ -94,6 +94,8 @@ def test_a_run_whose_history_key_holds_a_string_is_blocked_and_the_worker_serves
         reason = wait_for(stub.blocked, timeout=20)
         assert reason.kind == "history_corrupt", reason
         assert f"its keys hold the wrong kind of value: {key} is a string, not a stream" in reason.message
+        # The run's own state: put back, not deleted (deleted as once advised, the run was gone).
+        assert "put the key back as it was" in reason.message, reason.message
         other = env.start(Waiter, 0.01, id="wrongtype-other")
         other.signal("go", "fine")
         assert other.result(timeout=20) == "fine"
@@ -235,7 +237,8 @@ def test_client_calls_on_a_run_with_a_key_of_another_kind_name_the_key(store: Re
         DurableError,
         # The run's own state: put back, not made again (deleted as the message said, the run was lost).
         match=rf"terminate\(\) of workflow 'wrongtype-calls' failed: {re.escape(history)} is a string, not a stream.*"
-        "put the key back as it was .* if that is lost, delete the key and terminate the run",
+        "put the key back as it was .* if that is lost, the run is too: delete the key, and `durable start` the "
+        "workflow id again with --id-conflict-policy terminate_existing",
     ):
         stub.terminate("cleanup")
     assert stub.status() != "terminated"  # nothing was written

@@ -24,6 +24,15 @@ REMEDY = (
     "durable makes it anew (restore it from a backup to keep what it held)"
 )
 
+#: What to do about a run's own key of the wrong kind (its record, history, inbox...): it holds the
+#: run's state, which nothing makes again; deleted as the message once said, the run was lost, and
+#: its workflow id stayed taken by a run no command could reach.
+RUN_REMEDY = (
+    "put the key back as it was (rename the original back, or restore it from a backup): it holds the "
+    "run's state, which durable does not make again; if that is lost, the run is too: delete the key, "
+    "and `durable start` the workflow id again with --id-conflict-policy terminate_existing"
+)
+
 # The key a pipelined command names in redis-py's error: "Command # 2 (SADD durable:workers w1) of
 # pipeline caused error: WRONGTYPE ...".
 _PIPELINED_KEY = re.compile(r"Command # \d+ \(\w+ ([^\s)]+)")
@@ -84,11 +93,13 @@ class KeyTypes(StoreBase):
     def wrong_kind_error(self, p: int, run_id: str, exc: BaseException) -> HistoryCorrupt:
         """Run ``run_id`` cannot be loaded or committed: ``exc`` (``WRONGTYPE``) said a key holds
         another kind of value; which keys (read now), and what to do."""
-        wrong = "; ".join(self.run_wrong_types(p, run_id)) or str(exc)
+        found = self.run_wrong_types(p, run_id)
+        wrong = "; ".join(found) or str(exc)
+        # Deleted, a run's own key is gone with the run's state (its history: the run).
+        remedy = RUN_REMEDY if any(f":{run_id} " in w for w in found) else "delete or rename the key"
         return HistoryCorrupt(
             f"run {run_id}: its keys hold the wrong kind of value: {wrong} (made by hand, or by another "
-            "program sharing the database): restore Redis from a backup, or delete or rename the key, "
-            "then `durable repair` (or `durable terminate`) the run",
+            f"program sharing the database): {remedy}, then `durable repair` the run",
             run_id=run_id,
         )
 
@@ -106,13 +117,7 @@ class KeyTypes(StoreBase):
         own = any(w.startswith(instance) or (run_id and f":{run_id} " in w) for w in wrong)
         wrong = wrong or self.namespace_wrong_types(exc)
         # A run's own keys are its state: deleted, nothing makes them again (the run is lost).
-        remedy = (
-            "put the key back as it was (rename the original back, or restore it from a backup): it holds "
-            "the run's state, which durable does not make again; if that is lost, delete the key and "
-            "terminate the run"
-            if own
-            else "delete or rename the key (durable makes it again), then try again"
-        )
+        remedy = RUN_REMEDY if own else "delete or rename the key (durable makes it again), then try again"
         return WrongKindOfKey(
             f"{doing} failed: {'; '.join(wrong) or exc} (made by hand, or by another program sharing the "
             f"database); {remedy}",
