@@ -116,8 +116,29 @@ def last_frame(traceback_text: str) -> str:
     (``""``: none): a durable call's error (``ActivityFailed``) is raised inside durable, and the
     line to look at is the workflow's call. All frames durable's: its innermost one."""
     found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', traceback_text)
-    own = [f for f in found if not _durable_file(f[0])] or found
+    # The user's own code: not durable's, nor a library's (json.loads raising pointed at
+    # decoder.py:353 in raw_decode, not at the line calling it).
+    own = (
+        [f for f in found if not _durable_file(f[0]) and not _library_file(f[0])]
+        or [f for f in found if not _durable_file(f[0])]
+        or found
+    )
     return f"{own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else ""
+
+
+def _library_file(path: str) -> bool:
+    """Whether ``path`` is the standard library's or an installed package's (by its path: the
+    traceback may come from another machine), or Python's own (``<frozen ...>``)."""
+    parts = path.replace("\\", "/")
+    return (
+        "/site-packages/" in parts
+        or "/dist-packages/" in parts
+        or bool(_STDLIB.search(parts))
+        or path.startswith("<")
+    )
+
+
+_STDLIB = re.compile(r"/lib/python3\.\d+/")
 
 
 def _durable_file(path: str) -> bool:

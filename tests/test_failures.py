@@ -26,6 +26,7 @@ from scenarios import replay_next_decision
 from waiting import wait_for
 
 from durable import WorkflowFailed, WorkflowStub
+from durable.runinfo import last_frame
 from workers.cli import cli
 
 
@@ -233,3 +234,18 @@ def test_where_an_activity_raised_is_printed_with_the_failure_and_shown_by_descr
     assert "durable: raised in another process, where its traceback was:" in printed
     described = " ".join(CliRunner().invoke(cli, ["describe", "raised-where"]).output.split())
     assert f"ValueError: broke at 7 (at failures.py:{line} in breaks_here)" in described, described
+
+
+def test_the_raise_site_said_is_the_users_line_not_a_librarys() -> None:
+    # json.loads raising in an activity was said "at decoder.py:353 in raw_decode".
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/app/shop.py", line 62, in charge\n'
+        '  File "/work/venv/lib/python3.11/site-packages/durable/activity.py", line 9, in run\n'
+        '  File "/srv/app/shop.py", line 70, in parse\n'
+        '  File "/usr/lib/python3.11/json/__init__.py", line 346, in loads\n'
+        '  File "/usr/lib/python3.11/json/decoder.py", line 353, in raw_decode\n'
+        "json.decoder.JSONDecodeError: Expecting value\n"
+    )
+    assert last_frame(tb) == "/srv/app/shop.py:70 in parse"
+    assert last_frame(tb.replace("/srv/app/shop.py", "/usr/lib/python3.11/x.py")).endswith("raw_decode")

@@ -367,3 +367,17 @@ def test_a_model_built_in_workflow_code_with_a_clock_or_random_default_factory_i
             sys.modules.pop(name, None)
     assert result.exit_code == 1, result.output
     assert {r["call"].split(" leaves")[0] for r in json.loads(result.stdout)} == {"Order()", "m.Line()"}
+
+
+def test_cli_check_of_modules_that_define_no_workflow_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "OK: no determinism problems in 0 workflow class(es)", exit 0: read as a pass.
+    (tmp_path / "lint_empty_pkg").mkdir()
+    (tmp_path / "lint_empty_pkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        result = CliRunner().invoke(cli, ["check", "--app", "lint_empty_pkg"])
+    finally:
+        sys.modules.pop("lint_empty_pkg", None)
+    assert result.exit_code == 1 and "defines no Workflow subclass" in result.output, result.output

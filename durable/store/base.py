@@ -122,7 +122,8 @@ class StoreBase:
             raise ConfigurationError(
                 f"Redis key {self.keys.meta} is a {text(kind)}, not "
                 "a hash (made by hand, or by another program sharing the database): rename it aside or "
-                "delete it, and durable writes it anew"
+                "delete it, and the next process to open the store writes it anew with the partition "
+                f"count it is configured with ({want} here): open it with the deployment's count"
             ) from exc
         if recorded is None:
             self.redis.hsetnx(self.keys.meta, "partitions", want)

@@ -84,6 +84,11 @@ def check(apps: tuple[str, ...], as_json: bool) -> None:
     findings, classes = check_modules(load_apps(apps))
     for clash in registry.name_clashes(apps):  # not a replay problem: said, not counted
         echo(f"warning: {clash}", err=True)
+    if not classes:  # "OK ... in 0 workflow class(es)" read as a pass (a package importing none)
+        raise CliError(
+            f"--app {', '.join(apps)} defines no Workflow subclass: name the module(s) that define them "
+            "(a package's __init__ that does not import its workflow modules defines none)"
+        )
     if as_json:
         echo(to_json([f.to_dict() for f in findings], indent=1))
     elif findings:
