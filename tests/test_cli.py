@@ -655,7 +655,10 @@ def test_list_by_type_finds_runs_older_than_a_window_of_other_types_and_pages_on
     # `list --type T --limit N` read the newest N*4 runs of each partition and kept those of T:
     # older runs of T behind 100 newer of other types came back "runs (0)", no cursor.
     store = RedisStore(redis_url)
-    old = [WorkflowStub.make("OldType", id=f"old-type-{i}", store=store).start().run_id for i in range(3)]
+    old = []
+    for i in range(3):  # a millisecond apart: runs of one millisecond are listed by run id
+        old.append(WorkflowStub.make("OldType", id=f"old-type-{i}", store=store).start().run_id)
+        time.sleep(0.002)
     for i in range(100):
         WorkflowStub.make("NewType", id=f"new-type-{i}", store=store).start()
     first = invoke("list", "--type", "OldType", "--limit", "2", "--json")
