@@ -712,10 +712,16 @@ class Harness:
                         tasks[key.decode()] = found
             acts = sorted(a.decode()[:-1] for a in r.hkeys(k.activities(p, ref.run_id)) if a.endswith(b"#"))
             timers = [m.decode() for m in r.zrange(k.timers(p), 0, -1) if ref.run_id.encode() in m]
+            # Attempts begun and their deadlines (a lease, a timeout): where a lost attempt shows.
+            running = [
+                (m.decode(), int(due))
+                for m, due in r.zrange(k.running(p), 0, -1, withscores=True)
+                if ref.run_id.encode() in m
+            ]
             state = (
                 f"record={record} inbox={r.llen(k.inbox(p, ref.run_id))} "
                 f"last events={[e.type for e in history[-4:]]} task entries={tasks} "
-                f"pending activities={acts} timers={timers} "
+                f"pending activities={acts} timers={timers} running={running} "
                 f"sticky hosts={sorted(h.decode() for h in r.smembers(k.sticky_hosts(p)))} "
                 f"outbox={self._entries_of(k.outbox(p), (parent or workflow_id).encode())}"
             )
