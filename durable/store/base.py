@@ -21,7 +21,7 @@ from ..config import namespace as configured_namespace
 from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
 from .cluster_wire import ClusterWire
-from .connect import Client, cluster_node_url, connect, is_cluster_client, unsupported_server
+from .connect import Client, cluster_node_url, connect, is_cluster_client, is_wrong_type, unsupported_server
 from .embedded import resolve_redis_url
 from .keys import Keys
 from .outage import CLIENT_RIDE_S, client_incident, ride_out
@@ -115,7 +115,7 @@ class StoreBase:
         try:
             recorded = self.redis.hget(self.keys.meta, "partitions")
         except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
+            if not is_wrong_type(exc):
                 raise
             # Every worker and command opens the store: a bare WRONGTYPE here stopped them all.
             kind = self.redis.type(self.keys.meta)

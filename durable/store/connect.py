@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import time
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -187,6 +187,12 @@ def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` means Redis is unavailable for now (see :func:`unavailable_kind`):
     wait with :class:`~durable.store.outage.Backoff` and try again."""
     return unavailable_kind(exc) is not None
+
+
+def is_wrong_type(exc: object) -> TypeGuard[rexc.ResponseError]:
+    """Whether ``exc`` is Redis refusing a command on a key of another kind (``WRONGTYPE``, also
+    raised inside a script): a key made by hand (``durable.store.key_types`` names it)."""
+    return isinstance(exc, rexc.ResponseError) and "WRONGTYPE" in str(exc)
 
 
 def is_redis_error(exc: BaseException) -> bool:

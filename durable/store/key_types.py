@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TypeGuard
-
-import redis.exceptions as rexc
 
 from ..errors import DurableError, HistoryCorrupt
 from .base import StoreBase
+from .connect import is_wrong_type
 from .records import text
 
 __all__ = ["KeyTypes", "WrongKindOfKey", "is_wrong_type"]
@@ -50,12 +48,6 @@ class WrongKindOfKey(DurableError):
     def __init__(self, message: str, wrong: list[str] | None = None) -> None:
         super().__init__(message)
         self.wrong = wrong or []
-
-
-def is_wrong_type(exc: object) -> TypeGuard[rexc.ResponseError]:
-    """Whether ``exc`` is Redis refusing a command on a key of another kind (``WRONGTYPE``, also
-    raised inside a script)."""
-    return isinstance(exc, rexc.ResponseError) and "WRONGTYPE" in str(exc)
 
 
 class KeyTypes(StoreBase):

@@ -23,6 +23,7 @@ from durable.retention import duration_text
 from durable.runinfo import NO_LIVE_WORKER, span
 from durable.store.child_blocks import runs_blocked_by_children
 from durable.store.held import STARVED_QUEUE, starved, starved_queues, starved_reason, threads_note
+from durable.store.key_types import REMEDY
 from durable.store.records import HEARTBEAT_S, OPEN_STATUSES
 from durable.store.redis_store import RedisStore
 from durable.store.retention import namespace_retention_ms
@@ -255,9 +256,8 @@ def fleet_report(store: RedisStore) -> dict[str, Any]:
         + [loss.message() for loss in store.recent_data_losses()]
         + store.wrong_kind_warnings()
         + [
-            f"task stream {stream} of queue {queue!r} holds another kind of value, not a stream (made by "
-            "hand, or by another program sharing the database): workers do not read it until it is one "
-            "again; rename it aside or delete it, and durable makes it anew"
+            f"task stream {stream} of queue {queue!r} holds another kind of value, not a stream {REMEDY}; "
+            "workers do not read it until it is one again"
             for queue in candidates
             for stream in backlog[queue].get("unreadable", ())
         ]
