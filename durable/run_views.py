@@ -148,16 +148,19 @@ def describe_run(store: RedisStore, workflow_id: str, ref: RunRef) -> RunDescrip
         workflow_task=task_in_words(store, ref, record, live) if blocked is None else None,
         purge_at=_purge_at(store, ref) if record.get("closed") else None,
     )
-    _mark_unarmed(store, ref, described, store.server_time_ms() if described.pending else 0)
+    _mark_unarmed(store, ref, described)
     return described
 
 
-def _mark_unarmed(store: RedisStore, ref: RunRef, described: RunDescription, now_ms: int) -> None:
+def _mark_unarmed(store: RedisStore, ref: RunRef, described: RunDescription) -> None:
     """Mark (``"unarmed"``) the overdue deadlines of an open run with no task pending that its
     partition's timers index lacks: no scheduler will fire them (the views say so, not "no live
-    worker's scheduler has fired it"). Read only when one is overdue."""
+    worker's scheduler has fired it"). Redis is read only for a run waiting on a deadline."""
     if described.status not in OPEN_STATUSES or described.blocked or described.workflow_task:
         return
+    if all(step.get("deadline") is None for step in described.pending):
+        return
+    now_ms = store.server_time_ms()
     overdue = [
         step for step in described.pending if now_ms - int(step.get("deadline") or now_ms) > OVERDUE_MS
     ]

@@ -517,7 +517,8 @@ def check_modules(modules: Sequence[ModuleType]) -> tuple[list[Finding], int]:
             continue
         classes += len(names)
         patches = {name: tuple(getattr(module, name).patches) for name in names}
-        own = factories | factory_fields(source, package=_package(module))  # its classes by bare names
+        prefix = module.__name__ + "."  # its own classes, by the bare names its code calls them
+        own = factories | {k.removeprefix(prefix): v for k, v in factories.items() if k.startswith(prefix)}
         findings += check_source(source, _display_path(path), names, patches, own, _package(module))
     return findings, classes
 
