@@ -76,6 +76,12 @@ class RetryPolicy:
             (the default).
         non_retryable_errors: Exception type names (``"ValueError"`` or
             ``"myapp.errors.CardDeclined"``) that fail the activity at once.
+        maximum_attempts: Temporal's name for ``max_attempts`` (keyword only).
+        maximum_interval: Temporal's name for ``max_interval`` (keyword only).
+        non_retryable_error_types: Temporal's name for ``non_retryable_errors`` (keyword only).
+
+    Temporal's names are taken so that a ported ``RetryPolicy(maximum_attempts=3)`` means what
+    it meant there; the policy keeps durable's names (``policy.max_attempts``).
     """
 
     initial_interval: float = 1.0
@@ -83,8 +89,14 @@ class RetryPolicy:
     max_interval: float | None = None
     max_attempts: int = 0
     non_retryable_errors: tuple[str, ...] = field(default_factory=tuple)
+    maximum_attempts: int | None = field(default=None, kw_only=True, repr=False, compare=False)
+    maximum_interval: Seconds | None = field(default=None, kw_only=True, repr=False, compare=False)
+    non_retryable_error_types: tuple[str, ...] | None = field(
+        default=None, kw_only=True, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        self._take_temporal_names()
         initial = to_seconds(self.initial_interval, "RetryPolicy.initial_interval")
         assert initial is not None
         if initial <= 0:
@@ -117,6 +129,26 @@ class RetryPolicy:
         if not all(isinstance(n, str) and n for n in names):
             raise ConfigurationError("RetryPolicy.non_retryable_errors must be exception type names (str)")
         object.__setattr__(self, "non_retryable_errors", tuple(names))
+
+    def _take_temporal_names(self) -> None:
+        defaults = {"max_attempts": 0, "max_interval": None, "non_retryable_errors": ()}
+        for alias, name in (
+            ("maximum_attempts", "max_attempts"),
+            ("maximum_interval", "max_interval"),
+            ("non_retryable_error_types", "non_retryable_errors"),
+        ):
+            value = getattr(self, alias)
+            if value is None:
+                continue
+            mine = getattr(self, name)
+            if mine != defaults[name] and mine != value:
+                raise ConfigurationError(
+                    f"RetryPolicy got both {name}={mine!r} and {alias}={value!r} (Temporal's name "
+                    f"for it): give one"
+                )
+            object.__setattr__(self, name, value)
+            # Folded in: replace() and pickling see one value, under durable's name.
+            object.__setattr__(self, alias, None)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

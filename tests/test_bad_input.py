@@ -303,6 +303,11 @@ def test_activity_call_outside_a_workflow(redis_url: str) -> None:
             {"non_retryable_errors": [ValueError]},
             "RetryPolicy.non_retryable_errors must be exception type names (str)",
         ),
+        (
+            {"max_attempts": 2, "maximum_attempts": 3},
+            "RetryPolicy got both max_attempts=2 and maximum_attempts=3 (Temporal's name for it): give one",
+        ),
+        ({"maximum_attempts": -1}, "RetryPolicy.max_attempts must be an int >= 0 (0 = unlimited)"),
     ],
 )
 def test_retry_policy_bad_values(kwargs: dict, message: str) -> None:

@@ -104,6 +104,18 @@ def test_non_retryable_errors_stop_retries(worker, tmp_path: Path, kind: str, ca
     assert lines(log) == ["declines 1"]
 
 
+@pytest.mark.parametrize(("kind", "attempts"), [("listed", 1), ("other", 3)])
+def test_a_retry_policy_in_temporals_names_means_what_it_meant_there(
+    worker, tmp_path: Path, kind: str, attempts: int
+) -> None:
+    """``maximum_attempts`` and ``non_retryable_error_types`` were a TypeError: a ported policy."""
+    log = tmp_path / "nr.log"
+    stub = WorkflowStub.make(NonRetryable).start(str(log), f"ported:{kind}")
+    cause = "PermissionError" if kind == "listed" else "ValueError"
+    assert stub.result(timeout=10) == {"cause": cause, "attempts": attempts}
+    assert lines(log) == [f"declines {n}" for n in range(1, attempts + 1)]
+
+
 def test_fail_fast_all_cancels_in_flight_sibling(
     worker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

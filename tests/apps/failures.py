@@ -66,6 +66,18 @@ class Declines(Activity):
         raise NonRetryableError("insufficient funds")
 
 
+class DeclinesThePortedWay(Activity):
+    """A policy written with Temporal's names, as a ported activity has it."""
+
+    retry = RetryPolicy(
+        initial_interval=0.05, maximum_attempts=3, non_retryable_error_types=["PermissionError"]
+    )
+
+    def handle(self, path: str, kind: str) -> None:
+        record(path, f"declines {self.context.attempt}")
+        raise PermissionError("card blocked") if kind == "listed" else ValueError("flaky")
+
+
 def heartbeat_until_cancelled(path: str) -> str:
     ctx = activity_context()
     record(path, "long started")
@@ -104,7 +116,11 @@ class Heartbeats(Workflow):
 class NonRetryable(Workflow):
     def handle(self, path: str, kind: str) -> object:
         try:
-            activity(Declines, path, kind)
+            activity(
+                DeclinesThePortedWay if kind.startswith("ported") else Declines,
+                path,
+                kind.removeprefix("ported:"),
+            )
         except ActivityFailed as exc:
             return {"cause": type(exc.cause).__name__, "attempts": exc.attempts}
         return None
