@@ -11,7 +11,7 @@ import redis
 from apps.basic import Everything, Sequence, Waiter
 from waiting import wait_for
 
-from durable import WorkflowStub
+from durable import Workflow, WorkflowStub, await_signal
 from durable.errors import EventConflict
 from durable.replay import Driver
 from durable.store.redis_store import RedisStore
@@ -39,6 +39,50 @@ def test_two_deciders_race_and_the_stale_commit_conflicts(store: RedisStore) -> 
     assert [e.type for e in history] == ["WorkflowStarted", "ActivityScheduled"]
     for _, d, _ in decisions:
         d.close()
+
+
+class Gathers(Workflow):
+    def handle(self) -> list[str]:
+        got: list[str] = []
+        while (item := await_signal("item")) != "stop":
+            got.append(item)
+        return got
+
+
+def test_a_run_another_worker_decided_meanwhile_is_loaded_whole_not_blocked_as_corrupt(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker A's cached driver of a run is stale (B decided it since): A read the history apart
+    from the record it loaded, and a commit of B's in between made the history one event longer
+    than the record said: the run was blocked as history_corrupt (a fault-suite run, seed 15)."""
+    stub = WorkflowStub.make(Gathers, id="stale").start()
+    ref = store.ref("stale")
+    a, b = Decider(store), Decider(store)
+
+    def decide(decider: Decider, signal: str | None = None) -> None:
+        if signal is not None:
+            stub.signal("item", signal)
+        wq = store.redis.hget(store.keys.run(ref.partition, ref.run_id), "wq").decode()
+        ((entry_id, fields),) = store.redis.xrevrange(wq, count=1)
+        decider.handle(ref.partition, wq, entry_id.decode(), fields)
+
+    decide(a)  # A caches the run
+    decide(b, "x")  # B decides it on: A's driver is stale
+    loaded = store.load_each
+
+    def b_commits_after_the_load(runs):  # noqa: ANN001, ANN202 - the store's own types
+        got = loaded(runs)
+        monkeypatch.setattr(store, "load_each", loaded)
+        decide(b, "z")
+        return got
+
+    monkeypatch.setattr(store, "load_each", b_commits_after_the_load)
+    decide(a, "y")
+    assert not store.redis.hget(store.keys.run(ref.partition, ref.run_id), "blocked")
+    decide(a, "stop")
+    assert stub.result(timeout=5) == ["x", "y", "z"]
+    for decider in (a, b):
+        decider.cache.clear()
 
 
 def test_every_script_touches_one_hash_tag(store: RedisStore, redis_url: str) -> None:

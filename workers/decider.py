@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import field
-from typing import Any
+from typing import Any, TypeGuard
 
 from durable import events as ev
 from durable.errors import (
@@ -146,15 +146,9 @@ class Decider:
             if task.run_id:
                 ready.append(task)
             else:
-                self.store.park(
-                    p=task.p,
-                    stream=task.stream,
-                    entry_id=task.entry_id,
-                    kind="workflow",
-                    reason="task has no run id"
-                    if b"run" not in task.fields
-                    else "task's run id is not UTF-8 text",
-                    fields=task.fields,
+                self._park(
+                    task,
+                    "task has no run id" if b"run" not in task.fields else "task's run id is not UTF-8 text",
                 )
         conflicts: dict[str, int] = {}
         while ready:
@@ -383,32 +377,23 @@ class Decider:
     ) -> tuple[RunRef, Driver, Decision, dict[str, Any]] | None:
         """Replay (or reuse the cached driver) and decide; park the task if the run cannot go on."""
         p, rid = task.p, task.run_id
-        if record is None:
-            self.store.park(
-                p=p,
-                stream=task.stream,
-                entry_id=task.entry_id,
-                kind="workflow",
-                reason=f"run {clipped(rid)} does not exist",
-                fields=task.fields,
-            )
+        if not self._decidable(record, task):
             return None
-        if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
-            self.store.ack_task(*task.key)
-            return None
-        pinned = record.get("build", "")
-        if pinned and pinned not in self.builds:
-            # Pinned to code this worker does not have: hand the task to that build's workers.
-            self.store.reroute(task.stream, task.entry_id, rid, record["wq"])
-            return None
-        ref = RunRef(p, rid, record.get("workflow_id", ""))
         driver = self.cache.take(rid, record["seq"])
+        if driver is None and after:
+            # Loaded for a cached driver that is gone or stale (another worker decided the run):
+            # the whole history is read with its record, in one transaction. Read apart, it held
+            # the events a completion committed in between, and the run was blocked as corrupt.
+            record, inbox, rows = self.store.load_for_decision(p, rid, 0)
+            if not self._decidable(record, task):
+                return None
+        ref = RunRef(p, rid, record.get("workflow_id", ""))
         try:
             if driver is None:
                 driver = Driver(
                     run_id=rid, workflow_id=ref.workflow_id, resolve=self._resolve, token_prefix=f"{p}."
                 )
-                self._replay_leaving_patched(driver, ref, record, rows if after == 0 else None)
+                self._replay_leaving_patched(driver, ref, record, rows)
             if driver.undeclared_patches and self.routing.leave_to_newer_code(record, driver):
                 raise TypeNotHere(driver.workflow_type, patches=driver.recorded_patches)
             run_fields = bound_run()
@@ -444,11 +429,24 @@ class Decider:
             raise
         return ref, driver, decision, record
 
-    def _park_undecidable(
-        self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
-    ) -> None:
-        """Park and block a run its decision raised for (:func:`~workers.undecidable.undecidable`)."""
-        reason, culprit = undecidable(rid, driver, exc, self.claimer, self.build_id)
+    def _decidable(self, record: dict[str, Any] | None, task: Task) -> TypeGuard[dict[str, Any]]:
+        """Whether this worker decides ``task``'s run now; else the task is parked (no such run),
+        acked (closed or blocked) or handed to the build the run is pinned to."""
+        if record is None:
+            self._park(task, f"run {clipped(task.run_id)} does not exist")
+            return False
+        if record.get("status") not in OPEN_STATUSES or record.get("blocked"):
+            self.store.ack_task(*task.key)
+            return False
+        pinned = record.get("build", "")
+        if pinned and pinned not in self.builds:
+            # Pinned to code this worker does not have: hand the task to that build's workers.
+            self.store.reroute(task.stream, task.entry_id, task.run_id, record["wq"])
+            return False
+        return True
+
+    def _park(self, task: Task, reason: str, **blocking: Any) -> None:
+        """Set ``task`` aside for ``reason`` (``blocking``: the run it blocks, see ``park``)."""
         self.store.park(
             p=task.p,
             stream=task.stream,
@@ -456,19 +454,21 @@ class Decider:
             kind="workflow",
             reason=reason,
             fields=task.fields,
-            run_id=rid,
-            block=True,
-            input_at=inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0,
+            **blocking,
         )
 
-    def _replay_leaving_patched(
-        self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any | None
+    def _park_undecidable(
+        self, task: Task, rid: str, driver: Driver | None, inbox: list[bytes], exc: Exception
     ) -> None:
-        """:meth:`_replay` (``rows`` ``None``: read them). A run this code cannot replay that
-        recorded patches its class lacks is left to a live worker declaring them
-        (:class:`TypeNotHere`; the registry read now: else the run is blocked)."""
-        if rows is None:
-            rows = self.store.history_rows(ref.partition, ref.run_id)
+        """Park and block a run its decision raised for (:func:`~workers.undecidable.undecidable`)."""
+        reason, culprit = undecidable(rid, driver, exc, self.claimer, self.build_id)
+        at = inbox.index(culprit.raw) + 1 if culprit is not None and culprit.raw in inbox else 0
+        self._park(task, reason, run_id=rid, block=True, input_at=at)
+
+    def _replay_leaving_patched(self, driver: Driver, ref: RunRef, record: dict[str, Any], rows: Any) -> None:
+        """:meth:`_replay`. A run this code cannot replay that recorded patches its class lacks is
+        left to a live worker declaring them (:class:`TypeNotHere`; the registry read now: else
+        the run is blocked)."""
         try:
             self._replay(driver, ref, record, rows)
         except Exception as exc:

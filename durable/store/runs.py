@@ -36,7 +36,7 @@ from .commits import Commits
 from .key_types import KeyTypes, is_wrong_type
 from .keys import SENT_TTL_MS, Keys, deadline_member, timer_member
 from .known_queues import KnownQueues
-from .loads import Loaded, Rows, RunToLoad
+from .loads import Loaded, RunToLoad
 from .origins import absence_note
 from .records import OPEN_STATUSES, CommitResult, RunRef, decode_run, text
 from .search import SearchStore, attribute_args, pack_index, start_index
@@ -157,11 +157,6 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
         """The run's committed events after ``after_seq``, decoded, in seq order."""
         rows = self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+")
         return self.decode_history(ref, rows, first=after_seq + 1)
-
-    def history_rows(self, p: int, run_id: str) -> Rows:
-        """The run's whole history, undecoded (see :meth:`decode_history`)."""
-        rows: Rows = self.redis.xrange(self.keys.history(p, run_id), "-", "+")
-        return rows
 
     def last_entry(self, ref: RunRef) -> ev.Entry | None:
         """The run's last committed event (``None``: no history)."""
