@@ -542,18 +542,29 @@ def test_a_server_started_before_its_redis_waits_for_it(fresh_redis, tmp_path: P
     """It exited (rc 1) with Redis not up yet, where a worker waits: a server started with its
     Redis (a compose file, a reboot) stayed down."""
     fresh_redis.stop()
-    later = threading.Timer(2.0, fresh_redis.ensure)
+    log, waiting = tmp_path / "server.log", "durable server startup (Redis at"
+    test_over = threading.Event()
+
+    def start_redis_once_the_server_waits() -> None:  # a fixed delay raced a slow server start
+        deadline = time.monotonic() + 30
+        while not test_over.is_set() and time.monotonic() < deadline:
+            if log.exists() and waiting in log.read_text(errors="replace"):
+                fresh_redis.ensure()
+                return
+            time.sleep(0.1)
+
+    later = threading.Thread(target=start_redis_once_the_server_waits)
     later.start()
     try:
-        server = ServerProc(fresh_redis.url, tmp_path / "server.log")  # ready once Redis answers
+        server = ServerProc(fresh_redis.url, log)  # ready once Redis answers
         try:
             assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
         finally:
             server.stop()
     finally:  # before the fixture stops Redis: a start after that would outlive the test
-        later.cancel()
+        test_over.set()
         later.join()
-    assert "durable server startup (Redis at" in (tmp_path / "server.log").read_text()
+    assert waiting in log.read_text()
 
 
 def test_read_tokens_without_a_hook_secret_are_warned_of(redis_url: str, tmp_path: Path) -> None:
