@@ -357,6 +357,8 @@ class Schedule:
             isinstance(self.max_runs, bool) or not isinstance(self.max_runs, int) or self.max_runs < 1
         ):
             raise ConfigurationError(f"max_runs must be an int >= 1, got {self.max_runs!r}")
+        if not isinstance(self.paused, bool):  # "no" would have created it paused
+            raise ConfigurationError(f"paused must be True or False, got {self.paused!r}")
         if self.queue is not None:
             check_queue_name(self.queue)  # as start() and workers do: a run no worker could serve
         check_note(self.note)

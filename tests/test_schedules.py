@@ -144,6 +144,7 @@ def test_workflow_id_is_deterministic() -> None:
         ),
         ({"every": "1m", "timezone": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
         ({"every": "1m", "max_runs": 0}, "max_runs must be an int >= 1"),
+        ({"every": "1m", "paused": "no"}, "paused must be True or False, got 'no'"),
         (
             {"every": "1m", "start_at": "2024-05-02", "end_at": "2024-05-01"},
             "end_at (2024-05-01T00:00:00Z) is before start_at",

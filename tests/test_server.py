@@ -392,6 +392,41 @@ def test_workers_schedules_dead_letters(api: Api) -> None:
     ScheduleHandle("srv-sched", store=api.store).delete()
 
 
+def test_schedules_are_created_backfilled_and_deleted_through_the_api(api: Api) -> None:
+    """The API had no route to create or delete a schedule (its docs listed 409 schedule_exists)."""
+    body = {"id": "api-sched", "workflow": "Waiter", "args": [60], "every": "1h", "overlap": "allow_all"}
+    with api.open.client(**CSRF) as c:
+        created = c.post("/api/v1/schedules", json=body)
+        assert created.status_code == 201, created.text
+        assert created.json()["spec"]["every"] == 3600 and created.json()["spec"]["args"] == [60]
+        assert ScheduleHandle("api-sched", store=api.store).describe().spec.workflow == "Waiter"
+        _error(c.post("/api/v1/schedules", json=body), 409, "schedule_exists")
+        bad = _error(
+            c.post("/api/v1/schedules", json={**body, "id": "b", "paused": "no"}), 422, "invalid_argument"
+        )
+        assert "paused must be True or False" in bad
+        _error(c.post("/api/v1/schedules", json={**body, "id": "b", "evry": "1h"}), 422, "invalid_argument")
+        _error(
+            c.post("/api/v1/schedules", json={"workflow": "Waiter", "every": "1h"}), 422, "invalid_argument"
+        )
+        filled = c.post(
+            "/api/v1/schedules/api-sched/backfill",
+            json={"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z"},
+        ).json()
+        assert filled["times"] == ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"]
+        assert filled["started"] == filled["times"], filled
+        _error(
+            c.post("/api/v1/schedules/api-sched/backfill", json={"start": "2026-01-01"}),
+            422,
+            "invalid_argument",
+        )
+        assert c.post("/api/v1/schedules/api-sched/delete").json() == {"id": "api-sched", "deleted": True}
+        _error(c.get("/api/v1/schedules/api-sched"), 404, "not_found")
+        _error(c.post("/api/v1/schedules/api-sched/delete"), 404, "not_found")
+    for started in filled["started"]:
+        WorkflowStub.load(f"api-sched-{started}", store=api.store).terminate()
+
+
 def test_server_refuses_open_non_loopback_and_bad_tokens(durable_redis_url: str) -> None:
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         environ = {"DURABLE_REDIS_URL": durable_redis_url, "PATH": "/usr/bin:/bin", **(env or {})}

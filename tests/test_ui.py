@@ -536,8 +536,16 @@ def test_workers_schedules_dead_letters_and_start_pages(ui: Ui) -> None:
     ScheduleHandle("ui-sched", store=ui.store).delete()
     for run in stuck.describe().running:
         WorkflowStub.load(run["workflow_id"], store=ui.store).terminate("test over")
-    stuck.delete()
     assert started
+    # Deleted from its row (the API had no route for it).
+    page = ui.page()
+    page.goto(ui.open.url + "/schedules")
+    page.click("#schedules tr[data-id=ui-stuck] button:has-text('Delete')")
+    _confirm(page)
+    page.wait_for_selector("#flash .msg.ok:has-text('ui-stuck: deleted')")
+    page.wait_for_selector("#schedules tr[data-id=ui-stuck]", state="detached")
+    assert "ui-stuck" not in [s.id for s in ScheduleHandle.list(store=ui.store)]
+    page.context.close()
 
 
 def test_a_page_that_cannot_refresh_says_it_is_out_of_date(ui: Ui, fresh_redis: Any, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable import ScheduleHandle, WorkflowStub
+from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.schedules import skip_reason
 from durable.store.workers import drain_targets
 from durable.untrusted import json_loads
@@ -74,6 +74,69 @@ def drain_worker(call: Call) -> dict[str, Any]:
 
 def list_schedules(call: Call) -> dict[str, Any]:
     return {"schedules": [d.to_dict() for d in ScheduleHandle.list(store=call.store)]}
+
+
+_SPEC_FIELDS = (
+    "workflow",
+    "args",
+    "cron",
+    "every",
+    "timezone",
+    "jitter",
+    "overlap",
+    "start_at",
+    "end_at",
+    "max_runs",
+    "paused",
+    "catchup_window",
+    "queue",
+    "note",
+)
+"""A schedule's body fields on a create: :class:`~durable.Schedule`'s, as ``durable schedule create`` takes them."""
+
+
+def create_schedule(call: Call) -> dict[str, Any]:
+    """As ``durable schedule create``: the schedule is validated whole before anything is
+    written (422 ``invalid_argument`` naming the field); its id in use: 409 ``schedule_exists``."""
+    schedule_id = call.field("id", str)
+    if not schedule_id:
+        raise ApiError("invalid_argument", "body field 'id' (the schedule's id) is required")
+    # Each field is checked by Schedule itself (its message names the field).
+    spec = {name: call.body[name] for name in _SPEC_FIELDS if name in call.body}
+    if "args" in spec:
+        spec["args"] = call.args()
+    if not isinstance(spec.get("workflow"), str):
+        raise ApiError(
+            "invalid_argument", "body field 'workflow' (the workflow type's name) must be a string"
+        )
+    handle = ScheduleHandle.create(schedule_id, Schedule(**spec), store=call.store)
+    return handle.describe().to_dict()
+
+
+def delete_schedule(call: Call) -> dict[str, Any]:
+    """As ``durable schedule delete``: the runs it started go on."""
+    _schedule(call).delete()
+    return {"id": call.path["id"], "deleted": True}
+
+
+def backfill_schedule(call: Call) -> dict[str, Any]:
+    """As ``durable schedule backfill --json``: the times covered and what became of each."""
+    start, end = call.field("start", (str, int, float)), call.field("end", (str, int, float))
+    if start is None or end is None:
+        raise ApiError(
+            "invalid_argument", "body fields 'start' and 'end' (ISO times or epoch seconds) are required"
+        )
+    done = _schedule(call).backfill(start, end, overlap=call.field("overlap", str))
+    return {
+        "id": call.path["id"],
+        "times": list(done),
+        "started": done.started,
+        "existing": done.existing,
+        "buffered": done.buffered,
+        "skipped": done.skipped,
+        "pending": done.pending,
+        "skip_reason": done.skip_reason,
+    }
 
 
 def _schedule(call: Call) -> ScheduleHandle:
@@ -152,6 +215,17 @@ ENDPOINTS = [
         fields=(),
     ),
     Endpoint("GET", "/api/v1/schedules", list_schedules, "read", "List schedules"),
+    Endpoint(
+        "POST",
+        "/api/v1/schedules",
+        create_schedule,
+        "operator",
+        "Create a schedule",
+        status=201,
+        body='{"id": "...", "workflow": "...", "args": [...], "cron": "*/5 * * * *" or "every": "30s", '
+        '"overlap": "skip", ...} (the fields of durable.Schedule)',
+        fields=("id", *_SPEC_FIELDS),
+    ),
     Endpoint("GET", _SCHEDULE, describe_schedule, "read", "Describe a schedule"),
     Endpoint(
         "POST",
@@ -179,6 +253,23 @@ ENDPOINTS = [
         "Start a run of a schedule now",
         body='{"overlap": "..."} (optional): the overlap policy for this run',
         fields=("overlap",),
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + "/backfill",
+        backfill_schedule,
+        "operator",
+        "Start the runs of the scheduled times between start and end, as if the schedule had run then",
+        body='{"start": "2026-01-01T00:00:00Z", "end": "...", "overlap": "..." (optional)}',
+        fields=("start", "end", "overlap"),
+    ),
+    Endpoint(
+        "POST",
+        _SCHEDULE + "/delete",
+        delete_schedule,
+        "operator",
+        "Delete a schedule (the runs it started go on)",
+        fields=(),
     ),
     Endpoint(
         "GET",

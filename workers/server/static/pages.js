@@ -82,10 +82,11 @@
   async function scheduleAction(id, action) {
     const fields = action === "trigger"
       ? [{ name: "overlap", label: "Overlap policy (optional: the schedule's own)", placeholder: "skip, buffer_one, allow_all…" }]
-      : [{ name: "note", label: "Note (shown by describe)" }];
-    const values = await D.confirm(`${action[0].toUpperCase()}${action.slice(1)} schedule ${id}`, action === "trigger" ? "Start one run of it now." : "", fields);
+      : action === "delete" ? [] : [{ name: "note", label: "Note (shown by describe)" }];
+    const says = { trigger: "Start one run of it now.", delete: "It starts no more runs; the runs it started go on." };
+    const values = await D.confirm(`${action[0].toUpperCase()}${action.slice(1)} schedule ${id}`, says[action] || "", fields);
     if (!values) return;
-    const body = action === "trigger" ? (values.overlap ? { overlap: values.overlap } : {}) : { note: values.note };
+    const body = action === "trigger" ? (values.overlap ? { overlap: values.overlap } : {}) : action === "delete" ? {} : { note: values.note };
     try {
       const out = await api("POST", `/api/v1/schedules/${encodeURIComponent(id)}/${action}`, body);
       if (out.outcome === "skipped") flash(`schedule ${id}: skipped, ${out.reason}`, "warn");
@@ -124,7 +125,8 @@
       el("td", { class: "buttons" },
         s.paused ? el("button", { type: "button", onclick: () => scheduleAction(s.id, "unpause") }, "Unpause…")
           : el("button", { type: "button", onclick: () => scheduleAction(s.id, "pause") }, "Pause…"),
-        el("button", { type: "button", onclick: () => scheduleAction(s.id, "trigger") }, "Trigger…"))));
+        el("button", { type: "button", onclick: () => scheduleAction(s.id, "trigger") }, "Trigger…"),
+        el("button", { type: "button", class: "danger", onclick: () => scheduleAction(s.id, "delete") }, "Delete…"))));
     if (rows.length) body.replaceChildren(...rows); else empty(body, 7, "no schedules (create them with durable schedule create)");
   }
 
