@@ -20,10 +20,12 @@ from apps.crashing import CrashingRun, LeasedCrashingRun, QuickRun
 from procs import ROOT, TESTS, spawn_worker, stop
 
 from durable import ActivityFailed, ActivityWorkerLost, WorkflowFailed, WorkflowStub
-from durable.store.keys import begun_by
+from durable.store.keys import attempt_member, begun_by
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+from workers import scheduler as scheduler_module
 from workers.crash_loops import MAX_ACTIVITY_DELIVERIES, fail_if_crash_loop
+from workers.scheduler import EXPIRY_HOLD_MS, Scheduler
 from workers.worker_deaths import lapsed_lease
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
@@ -194,3 +196,32 @@ def test_a_lapsed_lease_runs_the_attempt_again_once(store: RedisStore) -> None:
     lost = lapsed_lease(store, task)
     assert isinstance(lost, ActivityWorkerLost) and lost.worker == "w3"
     assert f"died {MAX_ACTIVITY_DELIVERIES} times" in str(lost)
+
+
+def test_a_lapsed_lease_whose_scheduler_dies_taking_it_is_run_by_another(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler removed the lapsed lease's deadline, then ran the attempt again: killed in
+    between (its worker SIGKILLed, Redis gone), the attempt had no deadline, task or lease any more
+    and its run waited forever (a fault-suite run: "pending activities=['3.1.1'] running=[]")."""
+    k, r = store.keys, store.redis
+    task = ActivityTask("r-taken", "w", 0, "1", "Quick", b"", 1, k.activity_tasks(0, "crash-taken"))
+    r.hset(k.run(0, task.run_id), "status", "running")
+    acts = k.activities(0, task.run_id)
+    r.hset(acts, mapping={"1": task.encode(), "1#": 1, "1@": task.stream})
+    now = store.server_time_ms()
+    r.zadd(k.running(0), {attempt_member(task.run_id, "1", 1): now - 1})
+
+    def dies_here(*_args: object) -> None:
+        raise ConnectionError("the scheduler's process died")
+
+    first, second = (Scheduler(store, streams=[], consumer=c, reclaimed=lambda *_: None) for c in ("a", "b"))
+    with monkeypatch.context() as m:
+        m.setattr(scheduler_module, "lapsed_lease", dies_here)
+        with pytest.raises(ConnectionError):
+            first._expire_attempts(0, now)
+    second._expire_attempts(0, now)  # the first one's to deal with a while
+    assert r.xlen(task.stream) == 0
+    second._expire_attempts(0, now + EXPIRY_HOLD_MS + 1)  # it never did: another takes it
+    assert [f[b"body"] for _, f in r.xrange(task.stream)] == [task.encode()]
+    assert r.zscore(k.running(0), attempt_member(task.run_id, "1", 1)) is None

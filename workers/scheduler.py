@@ -39,6 +39,10 @@ log = logging.getLogger("durable.scheduler")
 CLOSES_INTERVAL_S = 1.0
 """How often a worker that records metrics counts the runs closed outside decisions."""
 
+EXPIRY_HOLD_MS = 30_000
+"""How long an attempt's passed deadline a scheduler took stays its own to deal with: should it
+die first, another scheduler takes the attempt this much later."""
+
 
 class Scheduler:
     """Fires timers and retries, expires attempts, reclaims stale tasks.
@@ -280,9 +284,10 @@ class Scheduler:
                 continue
             if self._heartbeat_resuming(p, (rid, aid, attempt), task, now_ms):
                 continue
-            if not self.store.drop_deadline(p, rid, aid, attempt):
+            if not self.store.take_expiry(p, rid, aid, attempt, now_ms, EXPIRY_HOLD_MS):
                 continue  # another worker's scheduler took this expiry
             if task is None or task.attempt != attempt:
+                self.store.drop_deadline(p, rid, aid, attempt)  # of an attempt no longer current
                 continue
             started_ms = self.store.attempt_started(p, rid, aid)
             kind = timeout_kind(task, started_ms, now_ms)
@@ -293,7 +298,8 @@ class Scheduler:
                 # A leased attempt's worker died (a live one renews its leases): the attempt runs
                 # again from its queue, unless its worker died running it too often.
                 lost = lapsed_lease(self.store, task)
-                if lost is None:
+                if lost is None:  # run again (its deadline went with it), or nothing to run
+                    self.store.drop_deadline(p, rid, aid, attempt)
                     metrics.timed_out(task.name, task.stream, kind, "discarded")
                     continue
                 error = lost

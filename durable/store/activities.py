@@ -305,7 +305,7 @@ class ActivityStore(KeyTypes):
         its queue's stream, as the same attempt (``lua/rerun_attempt.lua``), once; False when
         another scheduler did, or the attempt is no longer current, or its run closed."""
         k, p, rid = self.keys, task.partition, task.run_id
-        keys = [k.run(p, rid), k.activities(p, rid), k.sessions(p)]
+        keys = [k.run(p, rid), k.activities(p, rid), k.sessions(p), k.running(p)]
         return int(self._run_script("rerun_attempt", keys, [rid, task.activity_id, task.attempt])) == 1
 
     def return_tasks(self, worker: str, tasks: Sequence[tuple[str, str, ActivityTask, bool]]) -> int:
@@ -468,10 +468,22 @@ class ActivityStore(KeyTypes):
             )
         return out
 
+    def take_expiry(
+        self, p: int, run_id: str, activity_id: str, attempt: int, now_ms: int, hold_ms: int
+    ) -> bool:
+        """Take an attempt's passed deadline to deal with it (``lua/take_expiry.lua``): whether this
+        call took it. Every worker's scheduler reads the expired deadlines; the one that takes it
+        deals with the attempt, so a timeout is recorded once. The deadline moves ``hold_ms`` on
+        until what deals with it removes it: a taker that dies first leaves it to another."""
+        member = attempt_member(run_id, activity_id, attempt)
+        return (
+            int(self._run_script("take_expiry", [self.keys.running(p)], [member, now_ms, now_ms + hold_ms]))
+            == 1
+        )
+
     def drop_deadline(self, p: int, run_id: str, activity_id: str, attempt: int) -> bool:
-        """Forget an attempt's deadline (it expired and is being dealt with): whether this call
-        removed it. Every worker's scheduler reads the expired deadlines; the one whose removal
-        counts deals with the attempt, so a timeout is recorded once."""
+        """Forget an attempt's deadline (dealt with, or of an attempt no longer current): whether
+        this call removed it."""
         return bool(self.redis.zrem(self.keys.running(p), attempt_member(run_id, activity_id, attempt)))
 
     def next_deadlines(self, parts: Sequence[int]) -> list[int | None]:
