@@ -235,6 +235,10 @@ class ChildStarted(Event):
     queue: str = "default"
     policy: str = "terminate"
     headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # the child run's; never compared
+    # A cancel of the parent's wait waits for the child's cancellation to complete (Temporal's
+    # WAIT_CANCELLATION_COMPLETED). Recorded, not compared: a child started before (False) keeps
+    # the old way on replay, child() raising CancelledError at once.
+    wait_cancel: bool = False
     compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
     payloads = ("args",)
     is_command = True

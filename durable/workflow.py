@@ -283,10 +283,15 @@ def child(
             ``request_cancel`` or ``abandon``; applied by messages the parent's closing write
             leaves, so through crashes and to every generation. Cancelling the parent is not
             closing it: while the parent waits on the child, a cancellation is passed on to the
-            child (a cancel request, as a cancelled scope in Temporal), whatever the policy.
+            child (a cancel request), whatever the policy, and this call raises
+            ``CancelledError`` once the child has closed, its own clean-up done (Temporal's
+            default, ``WAIT_CANCELLATION_COMPLETED``): the parent does not close, and apply its
+            policy, while the child still cleans up.
 
     Raises:
         ChildWorkflowFailed: The child failed, was cancelled or terminated.
+        CancelledError: This run (or the ``all()`` branch waiting) was cancelled; raised once
+            the child has closed.
     """
     options = ChildOptions(
         id=id, workflow_id=workflow_id, queue=queue, parent_close_policy=parent_close_policy

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 import traceback
 from pathlib import Path
 
@@ -148,14 +149,30 @@ def test_child_failure_and_termination_are_distinct(worker) -> None:
     assert parent.result(timeout=15) == {"status": "terminated"}
 
 
-def test_a_child_left_open_by_its_cancelled_parent_gets_the_parents_close_policy(worker) -> None:
-    """child() raises CancelledError once the parent's cancel is passed on; the parent closed,
-    and its still-open child escaped parent_close_policy='terminate' (the default) for good."""
-    parent = WorkflowStub.make(ParentLeavingKid).start("leaving-kid")
+def test_a_cancelled_parent_waits_for_its_childs_cancellation_to_complete(worker) -> None:
+    """As Temporal's default (WAIT_CANCELLATION_COMPLETED): child() raised CancelledError at once,
+    the parent closed, and its close policy (terminate, the default) killed the child mid-cleanup:
+    a saga's compensation in the child never ran."""
+    parent = WorkflowStub.make(ParentLeavingKid).start("leaving-kid", 1.0)
     kid = WorkflowStub.load(wait_for(lambda: _exists("leaving-kid")))
     wait_for(lambda: kid.status() == "suspended")
     parent.cancel("operator")
+    time.sleep(0.5)
+    assert parent.status() == kid.status() == "cancelling"  # the kid's 1 s clean-up
     assert parent.result(timeout=15) == "parent cancelled"
+    assert kid.status() == "cancelled"  # it closed before its parent: its clean-up ran whole
+    assert [e.type for e in kid.history()][-2:] == ["TimerFired", "WorkflowCancelled"]
+    assert "CancelRequested" in [e.type for e in kid.history()]
+
+
+def test_a_child_a_cancelled_parent_stops_waiting_for_gets_the_parents_close_policy(worker) -> None:
+    """A parent terminated while it waits for its child's cancellation: the policy applies."""
+    parent = WorkflowStub.make(ParentLeavingKid).start("stubborn-kid", 60.0)
+    kid = WorkflowStub.load(wait_for(lambda: _exists("stubborn-kid")))
+    wait_for(lambda: kid.status() == "suspended")
+    parent.cancel("operator")
+    wait_for(lambda: "CancelRequested" in [e.type for e in kid.history()])
+    parent.terminate("no more waiting")
     wait_for(lambda: kid.status() == "terminated", timeout=15)
 
 

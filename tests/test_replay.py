@@ -7,6 +7,7 @@ finished run is replayed from scratch (``Sim.check_replay``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random as _random
 from datetime import UTC, datetime, timedelta
@@ -637,6 +638,45 @@ def test_cancel_requested_branches_first_then_caller(sims: Any, catch: bool) -> 
         assert d.closing.reason == "stop it"
     s.push(ev.CancelRequested(reason="again"))  # nothing to apply on a closed run
     s.check_replay()
+
+
+class RTParentOfKid(Workflow):
+    def handle(self) -> Any:
+        try:
+            return child("RTKid")
+        except CancelledError:
+            return "parent saw the cancel"
+
+
+def test_a_cancel_waits_for_the_childs_cancellation_then_raises(sims: Any) -> None:
+    """As Temporal's default: the child is asked to cancel; child() raises once it has closed."""
+    s = sims(RTParentOfKid)
+    assert [c.id for c in s.decide().children] == ["1"]
+    s.cancel("stop")
+    d = s.decide()
+    assert d.status == "cancelling" and d.closing is None
+    assert d.cancelled_children == [("1", "wf-1/1", "request_cancel")]
+    s.cancel("again")
+    assert s.decide().cancelled_children == []  # asked once
+    s.child_done("1", None, status="cancelled")
+    assert s.decide().status == "completed" and s.result() == "parent saw the cancel"
+    s.check_replay()
+
+
+def test_a_child_recorded_before_cancels_waited_replays_raising_at_once(sims: Any) -> None:
+    """A ChildStarted an older durable recorded (no wait_cancel) keeps the way that run began."""
+    s = sims(RTParentOfKid)
+    s.decide()
+    at = next(i for i, e in enumerate(s.history) if isinstance(e.event, ev.ChildStarted))
+    recorded = s.history[at]
+    s.history[at] = entry(recorded.seq, recorded.ts, dataclasses.replace(recorded.event, wait_cancel=False))
+    s.driver.close()
+    s.driver = None
+    s.cancel("stop")
+    d = s.decide()
+    assert d.status == "completed" and s.result() == "parent saw the cancel"
+    # Asked to cancel, then terminated by the close policy in the same breath, as it was.
+    assert d.cancelled_children == [("1", "wf-1/1", "request_cancel"), ("1", "wf-1/1", "terminate")]
 
 
 class RTCancelPlain(Workflow):

@@ -47,6 +47,8 @@ class Wait:
     child_workflow_id: str = ""
     policy: str = ""
     queue: str = ""  # an activity's task queue (the views tell when no live worker serves it)
+    wait_cancel: bool = False  # a child's: a cancel waits for the child to close (ChildStarted's)
+    cancelled: str | None = None  # a child's wait a cancel reached: its reason (the child was asked)
 
 
 @dataclass

@@ -282,13 +282,18 @@ class Commands(DriverCore):
             queue=queue,
             policy=policy,
             headers=headers,
+            wait_cancel=True,
         )
-        if workflow_id is None and started.key not in self._recorded:
+        recorded = self._recorded_for(started.key)
+        if workflow_id is None and recorded is None:
             _check_derived_id(child_id)  # (one recorded before this check replays as it was)
         self._issue(started)
-        return self._suspend(
-            branch, Wait("child", cid, name=type_name, child_workflow_id=child_id, policy=policy)
+        # As history has it: a child recorded without wait_cancel (older durable) raised at once.
+        waits = recorded.wait_cancel if isinstance(recorded, ev.ChildStarted) else True
+        wait = Wait(
+            "child", cid, name=type_name, child_workflow_id=child_id, policy=policy, wait_cancel=waits
         )
+        return self._suspend(branch, wait)
 
     def call_all(self, fns: list[Callable[[], Any]], *, id: str | None) -> list[Any]:  # noqa: A002
         branch = self._branch()

@@ -10,7 +10,7 @@ from typing import Any
 import greenlet
 
 from .. import events as ev
-from ..errors import ConfigurationError, DurableError, NondeterminismError, Overrun
+from ..errors import ConfigurationError, DurableError, NondeterminismError, Overrun, WorkflowTimeout
 from ..ids import check_command_id
 from ..interceptors import RunInfo
 from ..limits import LIMIT_REASON, current, limit_error
@@ -478,6 +478,18 @@ class DriverCore(WorkflowRuntime):
     @abstractmethod
     def _branch_done(self, branch: Branch, result: Any, exc: BaseException | None) -> None:
         """Route the outcome of a branch that finished (see :mod:`.inputs`)."""
+
+    def _timeout_error(self, event: ev.WorkflowTimeoutFired) -> WorkflowTimeout:
+        """The cause a timed-out run fails with, from history alone (replay builds the same)."""
+        assert self._started is not None
+        options = self._started.options
+        limit = options.get("execution_timeout_ms" if event.timeout == "execution" else "run_timeout_ms")
+        within = f" of {limit / 1000:g} s" if isinstance(limit, int) else ""
+        scope = "across its runs" if event.timeout == "execution" else "for this run"
+        return WorkflowTimeout(
+            f"workflow {self.workflow_id!r} timed out: its {event.timeout} timeout{within} ({scope}) passed",
+            timeout=event.timeout,
+        )
 
     def check_call_allowed(self) -> None:
         if self._callback is not None:

@@ -97,6 +97,8 @@ class Driver(Commands, Inputs):
                 self._limit_end = entry.seq
         for entry in entries:
             self._apply_committed(entry)
+        # Cancel requests to children replayed here were sent by the commits that recorded them.
+        self._child_cancels = []
         self._recorded.clear()
         self._matched.clear()
         self._at_seq.clear()

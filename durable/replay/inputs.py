@@ -22,7 +22,6 @@ from ..errors import (
     SerializationError,
     SignalTimeout,
     WorkflowTaskFailed,
-    WorkflowTimeout,
     error_text,
     frame_text,
 )
@@ -167,27 +166,17 @@ class Inputs(Updates):
             seq=self._pos,
         )
 
-    def _timeout_error(self, event: ev.WorkflowTimeoutFired) -> WorkflowTimeout:
-        """The cause a timed-out run fails with, from history alone (replay builds the same)."""
-        assert self._started is not None
-        options = self._started.options
-        limit = options.get("execution_timeout_ms" if event.timeout == "execution" else "run_timeout_ms")
-        within = f" of {limit / 1000:g} s" if isinstance(limit, int) else ""
-        scope = "across its runs" if event.timeout == "execution" else "for this run"
-        return WorkflowTimeout(
-            f"workflow {self.workflow_id!r} timed out: its {event.timeout} timeout{within} ({scope}) passed",
-            timeout=event.timeout,
-        )
-
     def _child_closed(self, event: ev.ChildCompleted | ev.ChildFailed) -> str | None:
         branch = self._waits.get(("child", event.id))
         if branch is None:
             self._detached_children.pop(event.id, None)  # closed: no policy to apply any more
             return f"no child {event.id!r} is pending"
-        if isinstance(event, ev.ChildCompleted):
+        assert branch.wait is not None
+        if branch.wait.cancelled is not None:  # its cancellation completed (or it closed anyway)
+            self._resume(branch, exc=CancelledError(branch.wait.cancelled))
+        elif isinstance(event, ev.ChildCompleted):
             self._resume(branch, codec.loads(event.result))
         else:
-            assert branch.wait is not None
             cause = codec.loads(event.error) if event.error is not None else None
             self._resume(
                 branch,
@@ -378,6 +367,13 @@ class Inputs(Updates):
             for sibling in group.branches:
                 if not sibling.dead:
                     self._cancel_branch(sibling, reason)
+            return
+        if wait.kind == "child" and wait.wait_cancel:
+            # Asked to cancel, the child runs its cleanup; the branch raises once it has closed
+            # (_child_closed): the run does not close, and apply its close policy, meanwhile.
+            if wait.cancelled is None:
+                wait.cancelled = reason
+                self._child_cancels.append((wait.id, wait.child_workflow_id, "request_cancel"))
             return
         self._void_wait(branch, wait, reason)
         self._resume(branch, exc=CancelledError(reason))

@@ -169,23 +169,23 @@ class ParentOfWaiting(Workflow):
 
 
 class StubbornKid(Workflow):
-    """Carries on after its cancel (a long clean-up)."""
+    """Carries on after its cancel (a clean-up taking ``seconds``), then closes cancelled."""
 
-    def handle(self) -> str:
+    def handle(self, seconds: float) -> str:
         try:
             await_signal("never")
         except CancelledError:
-            timer(60)
-        return "cleaned up"
+            timer(seconds)
+            raise
+        return "not cancelled"
 
 
 class ParentLeavingKid(Workflow):
-    """Its child() call raises CancelledError once the cancel is passed on; it returns then,
-    its child still open."""
+    """Its child() call raises CancelledError once the child's cancellation completed."""
 
-    def handle(self, kid_id: str) -> str:
+    def handle(self, kid_id: str, seconds: float = 1.0) -> str:
         try:
-            child(StubbornKid, workflow_id=kid_id)
+            child(StubbornKid, seconds, workflow_id=kid_id)
         except CancelledError:
             return "parent cancelled"
         return "kid done"
