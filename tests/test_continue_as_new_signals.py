@@ -8,8 +8,18 @@ from typing import Any
 
 from waiting import wait_for
 
-from durable import SignalTimeout, Workflow, WorkflowStub, await_signal, continue_as_new, signal, wait_until
+from durable import (
+    SignalTimeout,
+    Workflow,
+    WorkflowStub,
+    await_signal,
+    continue_as_new,
+    signal,
+    timer,
+    wait_until,
+)
 from durable.store.redis_store import RedisStore
+from workers.decider import Decider
 from workers.worker import Worker, WorkerThread
 
 
@@ -74,3 +84,84 @@ def test_signals_a_run_received_but_never_awaited_reach_the_next_run(store: Redi
         wait_for(lambda: stub.describe()["signals_buffered"] == {"approve": 2}, timeout=20)
         stub.signal("begin", None)
         assert stub.result(timeout=20) == ["a1", "a2"]
+
+
+class LoopsOnNext(Workflow):
+    def handle(self, generation: int = 0) -> int:
+        await_signal("next")
+        continue_as_new(generation + 1)
+
+
+def _decide(store: RedisStore, decider: Decider, workflow_id: str) -> None:
+    ref = store.ref(workflow_id)
+    wq = store.redis.hget(store.keys.run(ref.partition, ref.run_id), "wq").decode()
+    ((entry_id, fields),) = store.redis.xrevrange(wq, count=1)
+    decider.handle(ref.partition, wq, entry_id.decode(), fields)
+
+
+def _after_the_load(store: RedisStore, monkeypatch: Any, then: Any) -> None:
+    """``then()`` runs once, right after the next decision loaded its run: an input arriving
+    while that decision is made."""
+    loaded = store.load_each
+
+    def load(runs: Any) -> Any:
+        got = loaded(runs)
+        monkeypatch.setattr(store, "load_each", loaded)
+        then()
+        return got
+
+    monkeypatch.setattr(store, "load_each", load)
+
+
+def test_a_cancel_that_came_with_or_during_a_continue_as_new_reaches_the_next_run(
+    store: RedisStore, monkeypatch: Any
+) -> None:
+    """A cancel sent while a run continued as new was dropped ("run closed"): cancel() had
+    returned, and the workflow looped on (7 runs in 8 in an acceptance pass)."""
+    decider = Decider(store)
+    with_it = WorkflowStub.make(LoopsOnNext, id="can-cancel-with", store=store).start()
+    _decide(store, decider, with_it.id)
+    with_it.signal("next")
+    with_it.cancel("stop the loop")  # in the same batch as the signal it continues on
+    _decide(store, decider, with_it.id)
+    _decide(store, decider, with_it.id)
+    assert with_it.status() == "cancelled" and list(with_it.history()[0].data["args"]) == [1]  # the next run
+
+    during = WorkflowStub.make(LoopsOnNext, id="can-cancel-during", store=store).start()
+    _decide(store, decider, during.id)
+    during.signal("next")
+    _after_the_load(store, monkeypatch, lambda: during.cancel("stop the loop"))
+    _decide(store, decider, during.id)
+    _decide(store, decider, during.id)
+    assert during.status() == "cancelled"
+    decider.cache.clear()
+
+
+class AddsUntilItsTimer(Workflow):
+    def __init__(self) -> None:
+        self.got: list[str] = []
+
+    @signal
+    def add(self, item: str) -> None:
+        self.got.append(item)
+
+    def handle(self) -> list[str]:
+        timer(0.05)
+        return self.got
+
+
+def test_a_signal_arriving_while_the_run_closes_is_applied_not_dropped(
+    store: RedisStore, monkeypatch: Any
+) -> None:
+    """A signal that arrived after the closing decision read the inbox was dropped beside the
+    history ("run closed"), though signal() had said it was delivered: now the close is decided
+    again, the signal applied first."""
+    decider = Decider(store)
+    stub = WorkflowStub.make(AddsUntilItsTimer, id="close-race", store=store).start()
+    _decide(store, decider, stub.id)  # its timer
+    wait_for(lambda: store.fire_timers([store.ref(stub.id).partition])[0][2], timeout=5)
+    _after_the_load(store, monkeypatch, lambda: stub.signal("add", "late"))
+    _decide(store, decider, stub.id)
+    assert stub.result(timeout=5) == ["late"]
+    assert not stub.describe().dropped
+    decider.cache.clear()

@@ -126,12 +126,15 @@ class Driver(Commands, Inputs):
             set_active(previous)
 
     def _decide(self, inbox: Sequence[ev.Entry]) -> Decision:
-        for item in inbox:
+        # Signals first (as Temporal applies an activation's): one that came with the input the
+        # code returns on is applied, not dropped for a closed run. History keeps the order.
+        signals_first = sorted(inbox, key=lambda item: not isinstance(item.event, ev.SignalReceived))
+        for item in signals_first:
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
                 if isinstance(self._closing, ev.WorkflowContinuedAsNew) and isinstance(
-                    item.event, ev.SignalReceived
+                    item.event, ev.SignalReceived | ev.CancelRequested
                 ):
                     self._carried.append(item.raw)  # the next run of the id applies it
                 else:

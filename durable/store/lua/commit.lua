@@ -22,8 +22,13 @@ local NONE = {}
 -- Whether an inbox item is a signal: its envelope (see envelope() in _lib.lua, and the same
 -- bytes from the client) starts with its type; a garbled item is simply not one.
 local SIGNAL_HEAD = '\131' .. cmsgpack.pack('type') .. cmsgpack.pack('SignalReceived')
+local CANCEL_HEAD = '\131' .. cmsgpack.pack('type') .. cmsgpack.pack('CancelRequested')
 local function is_signal(item)
   return string.sub(item, 1, #SIGNAL_HEAD) == SIGNAL_HEAD
+end
+-- What a run continued as new hands its next run: signals, and a cancel (of the workflow id).
+local function carried(item)
+  return is_signal(item) or string.sub(item, 1, #CANCEL_HEAD) == CANCEL_HEAD
 end
 
 -- Check before writing anything: a Lua error does not undo earlier writes.
@@ -55,6 +60,14 @@ if plan.outbox then expect(outbox, 'stream') end
 if plan.hooks or plan.unhooks or plan.close then expect(hooks, 'hash') end
 local wrong = wrong_kind(kinds)
 if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
+-- A run closing (a run continued as new hands them on) while signals arrived after its decision
+-- read the inbox: decided again with them (the driver applies a decision's signals first), so
+-- that no signal a client was told was delivered is only noted as dropped beside the history.
+if plan.close ~= nil and plan.next == nil then
+  for _, item in ipairs(redis.call('LRANGE', inbox, plan.consumed, -1)) do
+    if is_signal(item) then return {'CONFLICT', seq} end
+  end
+end
 
 local ts = now_ms()
 for i, e in ipairs(plan.events) do
@@ -152,9 +165,9 @@ if closed then
   index_closed(run, rid)
   close_hooks(run)
   local nxt = plan.next
-  -- Continued as new: signals are addressed to the workflow id, whose current run is the next
-  -- one, so those the decision read too late (plan.carry) and those that arrived meanwhile go to
-  -- its inbox, in order. Anything else still in the inbox is kept beside the history.
+  -- Continued as new: signals and cancels are addressed to the workflow id, whose current run is
+  -- the next one, so those the decision read too late (plan.carry) and those that arrived
+  -- meanwhile go to its inbox, in order. Anything else still in the inbox is kept beside the history.
   local carry_to = (nxt ~= nil and current) and nxt.inbox or nil
   for _, item in ipairs(plan.carry or NONE) do
     if carry_to then
@@ -164,7 +177,7 @@ if closed then
     end
   end
   for _, item in ipairs(redis.call('LRANGE', inbox, 0, -1)) do
-    if carry_to and is_signal(item) then
+    if carry_to and carried(item) then
       redis.call('RPUSH', carry_to, item)
     else
       log_add(log, 'kind', 'dropped', 'e', item, 'reason', 'run closed', 'ts', ts)
