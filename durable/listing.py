@@ -38,7 +38,7 @@ def list_runs(
         ```
 
     Args:
-        where: e.g. ``customer = 'acme' and status = 'running' and started > '2026-11-01'``
+        where: e.g. ``customer = 'acme' and status = 'open' and started > '2026-11-01'``
             (grammar and attributes: docs/search.md); empty: every run.
         limit: At most this many rows (1..1000).
         before: Where the page starts: the last row of the previous page (a dict with

@@ -581,7 +581,7 @@ def parse_where(where: str, types: dict[str, str] | None = None) -> Query | Comp
     """Parse and type-check a ``--where`` expression (``None`` for an empty one).
 
     Args:
-        where: e.g. ``customer = 'acme' and status = 'running' and started > '2026-11-01'``.
+        where: e.g. ``customer = 'acme' and status = 'open' and started > '2026-11-01'``.
         types: name -> type of the custom attributes (default: this process's declarations);
             the built-ins are always known.
 
