@@ -77,7 +77,7 @@ def history(state: CliState, workflow_id: str, as_json: bool, run_id: str | None
 
 
 _WHERE_HELP = (
-    "Only runs matching EXPR, e.g. \"customer = 'acme' and status = 'running' and started > "
+    "Only runs matching EXPR, e.g. \"customer = 'acme' and status = 'open' and started > "
     "'2026-11-01'\" (docs/search.md)."
 )
 _APP_HELP = "Import module M first: its search attribute declarations give the types (repeatable)."
