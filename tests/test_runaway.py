@@ -27,7 +27,7 @@ from durable import WorkflowBlocked, WorkflowStub
 from durable.store.redis_store import RedisStore
 from workers.cli import cli
 from workers.decider import Task
-from workers.watchdog import RUNAWAY_EXIT, STOP_TIMEOUT_EXIT, DecisionWatchdog, Stuck
+from workers.watchdog import RESTARTS_ENV, RUNAWAY_EXIT, STOP_TIMEOUT_EXIT, DecisionWatchdog, Stuck
 from workers.worker import Worker, WorkerThread
 
 
@@ -46,9 +46,13 @@ def _cli(*args: str) -> str:
 
 
 @contextmanager
-def _worker(redis_url: str, log: Path, *args: str) -> Iterator[subprocess.Popen]:
+def _worker(
+    redis_url: str, log: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
     """`durable worker --app apps.runaway ARGS`, its stderr (and its children's) in ``log``."""
-    env = dict(os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}")
+    env = dict(
+        os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=f"{TESTS}{os.pathsep}{ROOT}", **(env or {})
+    )
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "worker", "--app", "apps.runaway", *args],
@@ -134,13 +138,32 @@ def test_sigterm_ends_a_worker_stuck_in_a_busy_loop(redis_url: str, tmp_path: Pa
     )
 
 
-def test_single_process_worker_exits_after_a_runaway_decision(redis_url: str, tmp_path: Path) -> None:
+def test_single_process_worker_restarts_in_place_after_a_runaway_decision(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """It exited (70) and stayed down, every other run of its queues waiting, when no supervisor
+    ran it (the guide's `durable worker --app shop`)."""
     log = tmp_path / "worker.log"
     with _worker(redis_url, log, "--decision-timeout", "0.5") as proc:
+        wait_for(lambda: "serving queues" in log.read_text(), timeout=20)
+        spin = WorkflowStub.make(Spin).start()
+        assert _blocked_reason(spin, timeout=20).startswith("decision exceeded 0.5 s at tests/apps/")
+        wait_for(lambda: "restarts in place (1 in the last minute)" in log.read_text(), timeout=20)
+        # The same process (the same pid), serving again.
+        assert WorkflowStub.make(ThreeSteps).start().result(timeout=30) == ["reserve", "charge", "ship"]
+        assert proc.poll() is None
+    assert log.read_text().count("serving queues") == 2
+
+
+def test_a_worker_restarting_in_place_too_often_exits(redis_url: str, tmp_path: Path) -> None:
+    """Five restarts in place within a minute: it exits (70) rather than loop."""
+    log, recent = tmp_path / "worker.log", ",".join(str(time.time() - 1) for _ in range(5))
+    with _worker(redis_url, log, "--decision-timeout", "0.5", env={RESTARTS_ENV: recent}) as proc:
         spin = WorkflowStub.make(Spin).start()
         assert proc.wait(20) == RUNAWAY_EXIT
         assert _blocked_reason(spin, timeout=1).startswith("decision exceeded 0.5 s at tests/apps/")
-    assert "Run workers under a supervisor" in log.read_text()
+    text = log.read_text()
+    assert "(5 restarts in place within a minute)" in text and "Run workers under a supervisor" in text
 
 
 @pytest.mark.parametrize("eager", [False, True])

@@ -314,14 +314,57 @@ def hand_back(store: RedisStore, batch: Sequence[Task], *, but: Task) -> None:
         log.exception("could not hand %d workflow tasks back", sum(map(len, by_stream.values())))
 
 
-def exit_runaway(consumer: str, stuck: Stuck) -> None:
-    """End a worker process whose main thread is stuck in ``stuck`` (:data:`RUNAWAY_EXIT`)."""
+RESTARTS_ENV = "DURABLE_RUNAWAY_RESTARTS"
+"""When a worker process restarted itself in place after runaway decisions (epoch seconds)."""
+
+MAX_RESTARTS = 5
+"""Restarts in place within a minute after which a worker exits instead: the runs it blocks
+are not the cause (the blocks did not hold, say), and a loop would hide it."""
+
+
+def exit_runaway(consumer: str, stuck: Stuck, *, restart: bool = False) -> None:
+    """End a worker process whose main thread is stuck in ``stuck`` (:data:`RUNAWAY_EXIT`).
+
+    ``restart``: a ``durable worker`` no supervisor runs starts again in place (the same command
+    line, the same pid), as a supervisor would start it: exited, it stayed down, every other run
+    of its queues waiting for someone to notice (Temporal fails the workflow task and serves on).
+    """
+    where = f"run {stuck.task.run_id} is stuck in workflow code at {stuck.where}; the run is blocked"
+    now = time.time()
+    recent = [t for t in _restarts() if now - t < 60]
+    if restart and len(recent) < MAX_RESTARTS:
+        os.environ[RESTARTS_ENV] = ",".join(f"{t:.3f}" for t in [*recent, now])
+        log.critical(
+            "worker %s restarts in place (%d in the last minute): %s", consumer, len(recent) + 1, where
+        )
+        _flush_logs()
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     exit_process(
         RUNAWAY_EXIT,
-        f"worker {consumer} exits ({RUNAWAY_EXIT}): run {stuck.task.run_id} is stuck in workflow code at "
-        f"{stuck.where}; the run is blocked, its other runs continue on other workers. Run workers under "
-        "a supervisor (durable worker --processes N, systemd Restart=on-failure) to have it restarted.",
+        f"worker {consumer} exits ({RUNAWAY_EXIT}): {where}, its other runs continue on other workers"
+        + (f" ({MAX_RESTARTS} restarts in place within a minute)" if restart else "")
+        + ". Run workers under a supervisor (durable worker --processes N, systemd Restart=on-failure) "
+        "to have it restarted.",
     )
+
+
+def _restarts() -> list[float]:
+    out = []
+    for text in os.environ.get(RESTARTS_ENV, "").split(","):
+        try:
+            out.append(float(text))
+        except ValueError:
+            continue
+    return out
+
+
+def _flush_logs() -> None:
+    for handler in [*logging.getLogger().handlers, *log.handlers]:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001, S110 - exiting anyway
+            pass
+    sys.stderr.flush()
 
 
 def exit_process(code: int, message: str) -> None:
@@ -331,12 +374,7 @@ def exit_process(code: int, message: str) -> None:
     ``sys.exit`` nor the interpreter's shutdown (which joins threads) could finish.
     """
     log.critical(message)
-    for handler in [*logging.getLogger().handlers, *log.handlers]:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001, S110 - exiting anyway
-            pass
-    sys.stderr.flush()
+    _flush_logs()
     os._exit(code)
 
 

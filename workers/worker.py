@@ -188,6 +188,7 @@ class Worker:
         self._handed: list[Task] = []  # workflow tasks the completions read for this worker
         self._take_back = False  # an outage cut a pass short: see _take_back_unseen
         self._owns_process = False
+        self.restart_in_place = False  # after a runaway decision (a `durable worker` no supervisor runs)
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
         self.membership.deciding = self.watchdog.slow  # its entry names a stalled decision
@@ -430,7 +431,7 @@ class Worker:
             self.activities.finish(self.grace)
             self._requeue_unread()
             self._leave()
-            exit_runaway(self.consumer, stuck)
+            exit_runaway(self.consumer, stuck, restart=self.restart_in_place)
 
     def _take_back_unseen(self) -> None:
         """First thing after an outage cut a pass short: put back at the ends of their streams

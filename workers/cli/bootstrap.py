@@ -126,11 +126,16 @@ def _warn_imported_only(modules: list[Any], apps: Sequence[str]) -> None:
 
 
 def run_worker(
-    config: WorkerConfig, store: RedisStore, on_joined: Callable[[str], None] | None = None
+    config: WorkerConfig,
+    store: RedisStore,
+    on_joined: Callable[[str], None] | None = None,
+    *,
+    restart_in_place: bool = False,
 ) -> bool:
     """Import the app, build the worker ``config`` describes on ``store`` and run it until a stop
     signal (or its drain's end); ``on_joined`` is called with its build id (on a thread of its
-    own) once the worker is in the registry. Returns whether it stopped because it drained."""
+    own) once the worker is in the registry. ``restart_in_place``: no supervisor runs it, so
+    after a runaway decision it starts again itself. Returns whether it stopped because it drained."""
     # A stop (or drain) signal while the app modules are imported must not kill the process
     # half-way: remember it and stop (drain) the worker as soon as it exists.
     early: list[int] = []
@@ -161,6 +166,7 @@ def run_worker(
         promote=config.promote,
         types_complete=True,  # load_apps registered the modules' functions too
     )
+    worker.restart_in_place = restart_in_place
     log.info(
         "redis: %s; build id: %s; decision timeout: %s",
         # Named so that commands run from another folder can be pointed at the same Redis.

@@ -283,8 +283,8 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
 
     SIGTERM/SIGINT: stop claiming, let running activities finish (up to --grace), exit 0; a
     stop still unfinished 5 s later (workflow code that never returns) exits 75. A decision past
-    --decision-timeout blocks its run and exits 70: run workers under a supervisor
-    (--processes N, systemd) to have them restarted. SIGHUP, with --processes N > 1: a deploy
+    --decision-timeout blocks its run; the process then starts again in place (with --processes
+    N its supervisor starts a new one), or exits 70 after 5 such restarts within a minute. SIGHUP, with --processes N > 1: a deploy
     without a gap; the processes are replaced one at a time by new ones (the code on disk now),
     each new one serving before the old one stops; one that cannot start stops the reload and
     leaves the others running. A single process stops on SIGHUP as on SIGTERM.
@@ -298,7 +298,7 @@ def worker(state: CliState, processes: int, **options: Any) -> None:
     config = _config(state, store, options)
     configure_logging(config)
     if processes == 1:
-        run_worker(config, store)
+        run_worker(config, store, restart_in_place=True)
         return
     try:
         supervisor = worker_supervisor(config, processes, store=store)
@@ -383,7 +383,7 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
                 echo(f"  web UI and API at {url}", err=True)
             else:
                 echo("  (no web UI: pip install 'durable[server]')", err=True)
-    run_worker(config, store)
+    run_worker(config, store, restart_in_place=True)
 
 
 COMMANDS = [worker, worker_process, dev]
