@@ -13,12 +13,14 @@ import pytest
 from apps import failures
 from apps.failures import (
     Changing,
+    ChildWaits,
     FailFast,
     FailsInItsActivity,
     Heartbeats,
     NonRetryable,
     ParentLeavingKid,
     ParentOfFailing,
+    ParentOfTakenId,
     ParentOfWaiting,
     Timeouts,
 )
@@ -184,6 +186,15 @@ def _exists(workflow_id: str) -> str | None:
         return workflow_id
     except WorkflowNotFound:
         return None
+
+
+def test_a_child_whose_id_is_taken_says_what_child_can_do(worker) -> None:
+    """The message offered id_conflict_policy options, which child() does not take."""
+    kid = WorkflowStub.make(ChildWaits, id="taken-kid").start()
+    said = WorkflowStub.make(ParentOfTakenId).start("taken-kid").result(timeout=15)
+    assert "already has an open run" in said and "give the child another workflow_id" in said, said
+    assert "id_conflict_policy" not in said
+    kid.terminate()
 
 
 def test_parent_termination_terminates_child_by_policy(worker) -> None:

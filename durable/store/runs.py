@@ -317,7 +317,7 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
             found, old_keys, close = open_run(self.redis, k, p, workflow_id) if stale else ({}, [], None)
             result = self._run_script("start_run", keys + old_keys, [*args_, pack_plan(extra | found), index])
             if text(result[0]) != "MOVED":
-                return started_run(result, p, workflow_id, policy, close)
+                return started_run(result, p, workflow_id, policy, close, child=bool(parent))
         raise DurableError(f"workflow {workflow_id!r} kept moving to new runs; try again")
 
     # ------------------------------------------------------------ decisions

@@ -71,10 +71,17 @@ def script_options(
 
 
 def started_run(
-    reply: list[Any], p: int, workflow_id: str, policy: StartPolicy, close: Closing | None = None
+    reply: list[Any],
+    p: int,
+    workflow_id: str,
+    policy: StartPolicy,
+    close: Closing | None = None,
+    *,
+    child: bool = False,
 ) -> StartedRun:
     """What the start script's reply means (``MOVED`` is the caller's to retry); ``close``: the
-    :class:`Closing` of the open run ``terminate_existing`` expected to replace.
+    :class:`Closing` of the open run ``terminate_existing`` expected to replace; ``child``: a
+    parent's ``child()`` starts it (which takes no id conflict policy: not offered).
 
     Raises:
         WorkflowAlreadyStarted: the id has an open run (``fail``), or a closed one its id
@@ -92,8 +99,12 @@ def started_run(
     if outcome == "ALREADY":
         raise WorkflowAlreadyStarted(
             f"workflow {workflow_id!r} already has an open run ({text(reply[1])}); "
-            "signal it, wait for it, or start with another id"
-            " (or with id_conflict_policy 'use_existing' or 'terminate_existing')"
+            + (
+                "give the child another workflow_id (child(..., workflow_id=...)), or let that run close first"
+                if child
+                else "signal it, wait for it, or start with another id"
+                " (or with id_conflict_policy 'use_existing' or 'terminate_existing')"
+            )
         )
     if outcome == "REJECTED":
         why = (

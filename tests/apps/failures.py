@@ -168,6 +168,15 @@ class ParentOfWaiting(Workflow):
         return {}
 
 
+class ParentOfTakenId(Workflow):
+    def handle(self, kid_id: str) -> str:
+        try:
+            child(ChildWaits, workflow_id=kid_id)
+        except ChildWorkflowFailed as exc:
+            return str(exc)
+        return "started"
+
+
 class StubbornKid(Workflow):
     """Carries on after its cancel (a clean-up taking ``seconds``), then closes cancelled."""
 
