@@ -3,6 +3,7 @@ finish are decided again once Redis answers, and a worker can start meanwhile.""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ import redis
 from apps.basic import Parent, Sequence
 from redis import exceptions as rexc
 
-from durable import WorkflowStub
+from durable import WorkflowStub, codec
 from durable.store.embedded import EmbeddedRedis
 from durable.store.keys import GROUP
 from durable.store.redis_store import RedisStore
@@ -269,3 +270,20 @@ def test_activity_tasks_an_outage_kept_from_going_back_are_handed_back_when_redi
     bodies = [fields[b"body"] for _, fields in store.redis.xrange(stream)]
     assert bodies.count(refused[0]) <= 1  # not queued twice (acked and deleted once it ran)
     assert not store.redis.xpending(stream, GROUP)["pending"]
+
+
+def test_an_outbox_message_an_outage_interrupts_is_no_error_in_the_log(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child start a Redis restart cut short logged an ERROR with its traceback, where every
+    other part of the worker says the outage once, as a WARNING, and nothing was lost."""
+
+    def lost(*_args: Any, **_kw: Any) -> None:
+        raise rexc.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(store, "start", lost)
+    message = {"kind": "start", "type": "Sequence", "wid": "kid", "rid": "r", "args": b"", "queue": "default"}
+    fields = {b"m": codec.pack({**message, "parent": {"wid": "p", "rid": "pr", "cid": "1"}})}
+    with pytest.raises(rexc.ConnectionError):
+        handle_outbox(store, 0, store.keys.outbox(0), "1-0", fields)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -61,7 +61,10 @@ def handle_outbox(store: RedisStore, p: int, stream: str, entry_id: str, fields:
     except Exception as exc:
         if is_wrong_type(exc):  # a key made by hand: the pass names it, once a minute (not a
             raise  # traceback a retry, every second)
-        if is_transient(exc) or is_redis_error(exc):  # Redis, not the message: the loop retries
+        if is_transient(exc):  # Redis away: the loop says so (a WARNING) and retries
+            log.debug("outbox message %s: %s; it stays pending and will be retried", entry_id, exc)
+            raise
+        if is_redis_error(exc):  # Redis, not the message: the loop retries
             log.exception("outbox message %s failed; it stays pending and will be retried", entry_id)
             raise
         # A fault a retry would meet again, for ever: raised, it stopped the worker, and every
