@@ -26,6 +26,7 @@ from durable import WorkflowClosed, WorkflowStub
 from durable.store.activities import Begun
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+from workers import activity_host as activity_host_module
 from workers.activity_host import ActivityHost
 
 pytestmark = pytest.mark.slow
@@ -168,3 +169,25 @@ def test_a_stopping_worker_gives_back_the_tasks_no_thread_started(
     host.finish(grace=5)
     assert given == [("s", "1-0", True), ("s", "2-0", False)] and ran == []
     assert host.busy == 0
+
+
+def test_a_stopping_worker_records_its_finished_results_through_a_short_redis_outage(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM while Redis was away 3 s: the worker tried its finished results once more and gave
+    up at once ("could not record 3 finished activities on shutdown"), well inside its grace; the
+    work ran again elsewhere and the runs waited for the retries (an acceptance soak, F2)."""
+    host = _one_thread_host(store)
+    tries: list[int] = []
+
+    def away_for_a_while(_store: RedisStore, batch: list) -> int:
+        tries.append(len(batch))
+        if len(tries) <= 5:  # about a second of an outage
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        return 0
+
+    monkeypatch.setattr(activity_host_module, "complete_batch", away_for_a_while)
+    host.completed.extend(["a", "b", "c"])  # type: ignore[list-item] - opaque to the stand-in
+    host.finish(grace=5)
+    assert tries[-1] == 3 and len(tries) == 6
+    assert "could not record" not in caplog.text

@@ -526,12 +526,17 @@ class ActivityHost:
         self._give_back(None)
         began = time.time()
         deadline, look = began + grace, began + 1.0
-        unrecorded: list[AttemptOutcome] = []
-        while self.busy and time.time() < deadline:
+        # Results a Redis outage refuses are tried again until the grace is over, as the loop
+        # rides an outage out: given up at once, their work ran again elsewhere.
+        unrecorded = self._record_on_stop([])
+        while (self.busy or unrecorded) and time.time() < deadline:
             # Recorded now, not once the slowest attempt is done: its run would wait for the
             # whole stop (up to the grace), shown as still running on this worker.
             unrecorded = self._record_on_stop(unrecorded)
             meanwhile()
+            if not self.busy:
+                time.sleep(0.2 if unrecorded else 0)
+                continue
             if time.time() >= look:  # about once a second: it reads the runs of long attempts
                 look = time.time() + 1.0
                 if self.hung.all_abandoned():
