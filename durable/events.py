@@ -10,13 +10,12 @@ so a payload hook (encryption, compression) sees exactly the user's data and not
 
 Two families:
 
-* **Input events** arrive from outside a decision (activity results, fired
-  timers, signals, child results, hook deliveries, cancel requests). They are
-  stamped by the Redis script that pushes them onto the run's inbox and copied
-  unchanged into the history by the next decision's commit.
-* **Command events** are written by a decision: what the workflow code asked
-  for (schedule an activity, start a timer, ...). On replay they are checked
-  against what the code issues again, by :meth:`Event.fingerprint`.
+* **Input events** arrive from outside a decision (activity results, fired timers, signals, child
+  results, hook deliveries, cancel requests). They are stamped by the Redis script that pushes
+  them onto the run's inbox and copied unchanged into the history by the next decision's commit.
+* **Command events** are written by a decision: what the workflow code asked for (schedule an
+  activity, start a timer, ...). On replay they are checked against what the code issues again,
+  by :meth:`Event.fingerprint`.
 """
 
 from __future__ import annotations
@@ -235,10 +234,7 @@ class ChildStarted(Event):
     queue: str = "default"
     policy: str = "terminate"
     headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # the child run's; never compared
-    # A cancel of the parent's wait waits for the child's cancellation to complete (Temporal's
-    # WAIT_CANCELLATION_COMPLETED). Recorded, not compared: a child started before (False) keeps
-    # the old way on replay, child() raising CancelledError at once.
-    wait_cancel: bool = False
+    wait_cancel: bool = False  # a cancel waits for the child to close; not compared (False: as before)
     compared = ("workflow_type", "workflow_id", "args", "queue", "policy")
     payloads = ("args",)
     is_command = True

@@ -115,14 +115,15 @@ def test_a_stopping_worker_does_not_serve_its_queue_in_the_views() -> None:
 
 
 def test_the_commands_say_a_worker_is_stopping(redis_url: str, store: RedisStore, tmp_path: Path) -> None:
-    """A real worker, SIGTERMed while it runs a 6 s activity: `durable workers` lists it as
+    """A real worker, SIGTERMed while it runs a 12 s activity: `durable workers` lists it as
     stopping, `describe` says the attempt finishes there first, and a new run on its queue is
     said to have no live worker (this one takes no task), naming the stopping one, and `durable
     start` warns so too."""
     journal = str(tmp_path / "journal")
     proc = spawn_worker(redis_url)
     try:
-        running = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 6.0)
+        # 12 s: the CLI calls below take seconds each on a loaded machine (6 s was over before them)
+        running = WorkflowStub.make(SlowSteps, store=store).start(journal, 1, 12.0)
         wait_for(lambda: Path(journal).exists() and "start" in Path(journal).read_text())
         proc.send_signal(signal.SIGTERM)
         workers = wait_for(

@@ -111,6 +111,10 @@ class Worker:
             names everything it runs and the views may call a type it lacks missing at once.
     """
 
+    restart_in_place = False
+    """After a runaway decision its process starts again itself (a ``durable worker`` no
+    supervisor runs) instead of exiting for a supervisor to restart."""
+
     def __init__(
         self,
         store: RedisStore | None = None,
@@ -188,7 +192,6 @@ class Worker:
         self._handed: list[Task] = []  # workflow tasks the completions read for this worker
         self._take_back = False  # an outage cut a pass short: see _take_back_unseen
         self._owns_process = False
-        self.restart_in_place = False  # after a runaway decision (a `durable worker` no supervisor runs)
         self._stop_deadline = StopDeadline()
         self.watchdog = DecisionWatchdog.attach(self.decider, decision_timeout, self._runaway)
         self.membership.deciding = self.watchdog.slow  # its entry names a stalled decision
