@@ -173,6 +173,19 @@ class BackfillResult(builtins.list[str]):
         self.pending = outcome["pending"]
         self.skip_reason = reason if self.skipped else None
 
+    def to_dict(self) -> dict[str, Any]:
+        """As ``durable schedule backfill --json`` and the API print it: ``scheduled`` (the times)
+        and each outcome's times, with ``skip_reason``."""
+        return {
+            "scheduled": list(self),
+            "started": self.started,
+            "existing": self.existing,
+            "buffered": self.buffered,
+            "skipped": self.skipped,
+            "pending": self.pending,
+            "skip_reason": self.skip_reason,
+        }
+
 
 def skip_reason(policy: ScheduleOverlap | str) -> str:
     """Why the overlap policy ``policy`` skips a time (what ``durable schedule`` prints)."""

@@ -413,8 +413,8 @@ def test_schedules_are_created_backfilled_and_deleted_through_the_api(api: Api) 
             "/api/v1/schedules/api-sched/backfill",
             json={"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z"},
         ).json()
-        assert filled["times"] == ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"]
-        assert filled["started"] == filled["times"], filled
+        assert filled["scheduled"] == ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z"]
+        assert filled["started"] == filled["scheduled"], filled
         _error(
             c.post("/api/v1/schedules/api-sched/backfill", json={"start": "2026-01-01"}),
             422,

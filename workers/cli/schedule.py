@@ -367,20 +367,7 @@ def backfill(
     """
     done = _handle(state, schedule_id).backfill(start, end, overlap=overlap)
     if as_json:
-        echo(
-            to_json(
-                {
-                    "id": schedule_id,
-                    "scheduled": list(done),
-                    "started": done.started,
-                    "existing": done.existing,
-                    "buffered": done.buffered,
-                    "skipped": done.skipped,
-                    "pending": done.pending,
-                    "skip_reason": done.skip_reason,
-                }
-            )
-        )
+        echo(to_json({"id": schedule_id, **done.to_dict()}))
         return
     counts = [f"{len(done.started)} started"]
     if done.existing:

@@ -127,16 +127,7 @@ def backfill_schedule(call: Call) -> dict[str, Any]:
             "invalid_argument", "body fields 'start' and 'end' (ISO times or epoch seconds) are required"
         )
     done = _schedule(call).backfill(start, end, overlap=call.field("overlap", str))
-    return {
-        "id": call.path["id"],
-        "times": list(done),
-        "started": done.started,
-        "existing": done.existing,
-        "buffered": done.buffered,
-        "skipped": done.skipped,
-        "pending": done.pending,
-        "skip_reason": done.skip_reason,
-    }
+    return {"id": call.path["id"], **done.to_dict()}
 
 
 def _schedule(call: Call) -> ScheduleHandle:
