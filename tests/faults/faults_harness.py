@@ -867,8 +867,9 @@ def run_scenario(
             shutil.rmtree(own_tmp, ignore_errors=True)
 
 
-def soak(minutes: float, scenarios: list[str]) -> dict[str, Any]:
-    """Loop scenarios for ``minutes``; print cumulative figures after each."""
+def soak(minutes: float, scenarios: list[str], keep_failed: Path | None = None) -> dict[str, Any]:
+    """Loop scenarios for ``minutes``; print cumulative figures after each. ``keep_failed``: the
+    work folder (workers' logs, the Redis data) of each failing run is kept under it."""
     end = time.monotonic() + minutes * 60
     total = Outcome("soak")
     rounds = 0
@@ -878,7 +879,10 @@ def soak(minutes: float, scenarios: list[str]) -> dict[str, Any]:
         for name in scenarios:
             if time.monotonic() >= end:
                 break
-            out = run_scenario(name)
+            workdir = keep_failed / f"{name}-{rounds + 1}" if keep_failed is not None else None
+            out = run_scenario(name, workdir=workdir)
+            if workdir is not None and not (out.violations or out.lost or out.duplicated):
+                shutil.rmtree(workdir, ignore_errors=True)
             rounds += 1
             total.workflows += out.workflows
             total.completed += out.completed
@@ -916,10 +920,13 @@ def main(argv: list[str] | None = None) -> int:
         "--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all"
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--keep-failed", type=Path, default=None, help="with --soak: keep each failing run's work folder here"
+    )
     args = parser.parse_args(argv)
     names = args.scenario or [n for n in SCENARIOS if n not in KNOWN_BUGS]
     if args.soak:
-        figures = soak(args.minutes, names)
+        figures = soak(args.minutes, names, args.keep_failed)
         return 1 if figures["violations"] or figures["lost"] or figures["duplicated"] else 0
     bad = 0
     for name in names:
