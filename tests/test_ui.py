@@ -398,6 +398,10 @@ def test_read_only_token_sees_runs_but_actions_are_refused(ui: Ui) -> None:
     anonymous.goto(ui.secured.url + "/")
     anonymous.wait_for_selector("#runs td.error")
     assert "unauthorized" in anonymous.inner_text("#runs") and "token" in anonymous.inner_text("#token-state")
+    # A token the server does not know is said so at once (it said "token set").
+    anonymous.fill("#token", "no-such-token")
+    anonymous.click("#token-form button[type=submit]")
+    assert anonymous.wait_for_selector("#token-state.bad").inner_text() == "token not accepted: paste another"
     anonymous.context.close()
 
     page = ui.page(ui.secured, READER)

@@ -240,6 +240,14 @@ const D = (() => {
       state.textContent = has ? "token set" : auth ? "no token: paste one" : "open (loopback)";
       state.className = has ? "ok" : auth ? "warn" : "muted";
       input.value = "";
+      // A token the server does not know said "token set" until a call failed.
+      if (has && auth) {
+        fetch("/api/v1/workers", { headers: { Authorization: "Bearer " + token() } }).then((resp) => {
+          if (resp.status !== 401) return;
+          state.textContent = "token not accepted: paste another";
+          state.className = "bad";
+        }).catch(() => {});
+      }
     };
     form.addEventListener("submit", (ev) => {
       ev.preventDefault();
