@@ -475,7 +475,12 @@ class WorkflowStub(Generic[R]):
         return run_limited(answer, QUERY_TIMEOUT, query_overrun(request.name, request.workflow_id))
 
     def cancel(self, reason: str = "") -> None:
-        """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up."""
+        """Request cancellation: the workflow gets ``CancelledError`` where it waits and may clean up.
+
+        Cooperative, as in Temporal: a run whose code returns before it waits again completes
+        (``completed``, not ``cancelled``); one waiting on a child waits for the child to close
+        (see :func:`~durable.child`); one continuing as new hands the request to its next run.
+        """
         request = ev.CancelRequested(reason=cut_reason(reason or "cancel requested"))  # a second is dropped
         sent = new_run_id()  # one id for every try: a resend after a lost reply delivers nothing
         deliver = lambda: self._store.deliver(self._id, request, sent_id=sent)  # noqa: E731
