@@ -251,6 +251,8 @@ def with_children(
         if child_id:
             status = statuses.get(str(child_id))
             state = _child_state(str(child_id), status, parent_closed)
+            if step.get("cancel_asked") and status in OPEN_STATUSES:
+                state += " (asked to cancel: this run's cancel waits for it to close)"
             if blocked is not None and blocked.child == str(child_id) and blocked.kind == DATA_LOST:
                 state = f"child {child_id}: no run of it exists{blocked.child_message}"
             elif blocked is not None and blocked.child == str(child_id):

@@ -161,6 +161,10 @@ def test_a_cancelled_parent_waits_for_its_childs_cancellation_to_complete(worker
     parent.cancel("operator")
     time.sleep(0.5)
     assert parent.status() == kid.status() == "cancelling"  # the kid's 1 s clean-up
+    (waits,) = [s for s in parent.describe().pending if s["kind"] == "child"]
+    assert waits["state"] == (
+        "child leaving-kid: cancelling (asked to cancel: this run's cancel waits for it to close)"
+    )
     assert parent.result(timeout=15) == "parent cancelled"
     assert kid.status() == "cancelled"  # it closed before its parent: its clean-up ran whole
     assert [e.type for e in kid.history()][-2:] == ["TimerFired", "WorkflowCancelled"]

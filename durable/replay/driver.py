@@ -243,6 +243,8 @@ class Driver(Commands, Inputs):
             if w.child_workflow_id:
                 item["workflow_id"] = w.child_workflow_id
                 item["policy"] = w.policy
+                if w.cancelled is not None:
+                    item["cancel_asked"] = True
             pending.append(item)
         return {
             "status": status or self.status,
