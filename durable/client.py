@@ -280,7 +280,9 @@ class WorkflowStub(Generic[R]):
 
     @property
     def run_id(self) -> str | None:
-        """The current run id (``None`` before :meth:`start`)."""
+        """The id of the run this stub last reached: its :meth:`start`'s, or the current run's as
+        of its last call (a stub addresses its workflow id: a later start of the id is a newer
+        run, which its next call reaches); ``None`` before any."""
         if self._run_id is None:
             with contextlib.suppress(WorkflowNotFound):
                 self._run_id = self._store.ref(self._id).run_id
