@@ -196,7 +196,11 @@ class SignalReceived(Event):
     payload: bytes
     signal_id: str = ""
     headers: dict[str, Any] = dataclasses.field(default_factory=dict)
+    with_previous: bool = False  # applied with the signal before it: the code did not run between
     payloads = ("payload",)
+
+    def to_data(self) -> dict[str, Any]:  # with_previous only when set: a client's signal stays as it was
+        return {k: v for k, v in Event.to_data(self).items() if k != "with_previous" or v}
 
 
 # ------------------------------------------------------- recorded values
@@ -305,15 +309,14 @@ class UpdateAccepted(Event):
     id: str
     name: str
     args: bytes
-    # The update's headers; replay hands them to the handler.
-    headers: dict[str, Any] = dataclasses.field(default_factory=dict)
+    headers: dict[str, Any] = dataclasses.field(default_factory=dict)  # the update's: replay hands them on
     payloads = ("args",)
 
 
 @immutable(kw_only=True)
 class UpdateRejectedEvent(Event):
-    """An update refused before its handler ran (validator, unknown name, bad arguments).
-    In history for the caller to read; replay skips it: the workflow never sees it."""
+    """An update refused before its handler ran (validator, unknown name, bad arguments); in history
+    for the caller to read, replay skips it (the workflow never sees it)."""
 
     TYPE = "UpdateRejected"
 
@@ -503,11 +506,8 @@ def _field_sets(cls: type[Event]) -> tuple[frozenset[str], frozenset[str]]:
 
 @immutable
 class Entry:
-    """One event as stored: its position, its time stamp and its exact bytes.
-
-    ``raw`` is kept so that a commit copies an inbox item into the history
-    byte for byte (never re-stamped, never re-encoded).
-    """
+    """One event as stored: its position, time stamp and exact bytes (``raw``: a commit copies an
+    inbox item into the history as it came, never re-stamped; a signal ``with_previous`` re-encoded)."""
 
     seq: int
     ts: int

@@ -42,16 +42,29 @@ class TakesTwoPerRun(Workflow):
         return {"generation": generation, "items": carried}
 
 
-def test_signals_a_run_read_after_it_continued_as_new_reach_the_next_run(store: RedisStore) -> None:
-    # No worker yet: all six signals wait in the first run's inbox, so its first decision reads
-    # them all; after the second the run continues as new, the other four are the next runs'.
+def test_the_signals_one_decision_reads_all_apply_before_the_code_runs(store: RedisStore) -> None:
+    """No worker yet: all six signals wait in the first run's inbox, so its first decision reads
+    them all. They all apply before the code runs (as a Temporal activation's signals): the run
+    that waits for two has six. Before, the code ran after each signal, so a run that returned
+    on the second dropped the others (only noted beside its history)."""
     stub = WorkflowStub.make(TakesTwoPerRun, id="can-signals", store=store)
     stub.signal_with_start("add", "s0")
+    first_run = stub.run_id
     for i in range(1, 6):
         stub.signal("add", f"s{i}")
     with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):
+        generation = lambda: ([0] + list(stub.history()[0].data["args"]))[-1]  # noqa: E731
+        wait_for(lambda: generation() == 1 and stub.status() == "suspended")
+        for wave in ((6, 7), (8, 9)):
+            for i in wave:
+                stub.signal("add", f"s{i}")
+            if wave == (6, 7):
+                wait_for(lambda: generation() == 2 and stub.status() == "suspended")
         result = stub.result(timeout=20)
-    assert result == {"generation": 2, "items": [f"s{i}" for i in range(6)]}
+    assert result == {"generation": 2, "items": [f"s{i}" for i in range(10)]}
+    # The first run's history says they applied together: a replay applies them so too.
+    signals = [e for e in stub.history(first_run) if e.type == "SignalReceived"]
+    assert [e.data.get("with_previous", False) for e in signals] == [False] + [True] * 5
     # Nothing was dropped on the way (each run's log of dropped inputs is empty).
     assert all(e.get("kind") != "dropped" for e in store.log_entries(store.ref("can-signals")))
 

@@ -679,6 +679,45 @@ def test_a_child_recorded_before_cancels_waited_replays_raising_at_once(sims: An
     assert d.cancelled_children == [("1", "wf-1/1", "request_cancel"), ("1", "wf-1/1", "terminate")]
 
 
+class RTCountsOne(Workflow):
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    @signal
+    def add(self, value: Any) -> None:
+        self.got.append(value)
+
+    def handle(self) -> Any:
+        wait_until(lambda: len(self.got) >= 1)
+        return self.got
+
+
+def test_the_signals_of_one_decision_apply_before_the_code_runs(sims: Any) -> None:
+    """Two signals read together, the first of which satisfies the wait: both apply, then the
+    code runs once (a Temporal activation's signals); the second was dropped, the run closed."""
+    s = sims(RTCountsOne)
+    s.decide()
+    s.signal("add", 1)
+    s.signal("add", 2)
+    assert s.decide().status == "completed" and s.result() == [1, 2]
+    signals = [e.event for e in s.history if isinstance(e.event, ev.SignalReceived)]
+    assert [e.with_previous for e in signals] == [False, True]
+    s.check_replay()
+
+
+def test_signals_of_separate_decisions_replay_one_at_a_time(sims: Any) -> None:
+    s = sims(RTHandlers)
+    s.decide()
+    s.signal("add", 1)
+    s.decide()
+    s.signal("add", 2)
+    s.decide()
+    assert not any(getattr(e.event, "with_previous", False) for e in s.history)
+    s.signal("done")
+    s.decide()
+    s.check_replay()
+
+
 class RTCancelPlain(Workflow):
     def handle(self) -> Any:
         try:

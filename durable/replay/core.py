@@ -91,6 +91,10 @@ class DriverCore(WorkflowRuntime):
         # and whose outcome has not come: still open, so the run's close applies their policy.
         self._detached_children: dict[str, tuple[str, str]] = {}
         self._closing: ev.Event | None = None
+        # A decision's signals apply together, the code running once after the last of them (as
+        # a Temporal activation's): after a signal the run is owed until the next input is
+        # another signal (recorded with_previous) or something else comes (see _run_owed).
+        self._owed = False
         self._cancel_reason: str | None = None
         self._fatal: BaseException | None = None
         # Read-only (a query): what the code raised where history holds no failure, at this seq.
@@ -444,6 +448,11 @@ class DriverCore(WorkflowRuntime):
         self._raise_fatal()
         if self._closing is not None:
             self._kill_live()
+
+    def _run_owed(self) -> None:
+        """Run the code the signals applied since it last ran are owed."""
+        self._owed = False
+        self._run()
 
     def _kill_live(self) -> None:
         """End every live branch but the caller's (the run closed)."""

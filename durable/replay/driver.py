@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -97,6 +98,8 @@ class Driver(Commands, Inputs):
                 self._limit_end = entry.seq
         for entry in entries:
             self._apply_committed(entry)
+        if self._owed:
+            self._run_owed()
         # Cancel requests to children replayed here were sent by the commits that recorded them.
         self._child_cancels = []
         self._recorded.clear()
@@ -130,6 +133,9 @@ class Driver(Commands, Inputs):
         # code returns on is applied, not dropped for a closed run. History keeps the order.
         signals_first = sorted(inbox, key=lambda item: not isinstance(item.event, ev.SignalReceived))
         for item in signals_first:
+            joins = self._owed and isinstance(item.event, ev.SignalReceived) and self._closing is None
+            if self._owed and not joins:
+                self._run_owed_live()
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
@@ -158,15 +164,25 @@ class Driver(Commands, Inputs):
                 del self._out[mark]
                 self._dropped.append((item.raw, reason))
                 continue
-            self._run()
-            if self._halt is not None and self._closing is None:
-                self._terminate_for_limit(self._halt)  # the inputs after it are dropped
+            if isinstance(event, ev.SignalReceived):
+                if joins:  # recorded so: a replay applies it with the one before, as here
+                    self._out[mark] = ev.encode(dataclasses.replace(event, with_previous=True), item.ts)
+                self._owed = True
+                continue
+            self._run_owed_live()
+        if self._owed:
+            self._run_owed_live()
         self.applying = None
         if self._closing is None:
             broken = self._halt or self._history_limit()
             if broken is not None:
                 self._terminate_for_limit(broken)
         return self._decision(consumed=len(inbox))
+
+    def _run_owed_live(self) -> None:
+        self._run_owed()
+        if self._halt is not None and self._closing is None:
+            self._terminate_for_limit(self._halt)  # the inputs after it are dropped
 
     def committed(self) -> None:
         """The last decision was committed: its events are now history."""

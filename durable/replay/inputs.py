@@ -79,6 +79,8 @@ class Inputs(Updates):
     """How history drives the code: one input event at a time, then the code runs to quiescence."""
 
     def _apply_committed(self, entry: ev.Entry) -> None:
+        if self._owed and not (isinstance(entry.event, ev.SignalReceived) and entry.event.with_previous):
+            self._run_owed()
         if entry.seq != self._seq + 1:
             raise HistoryCorrupt(
                 f"run {self.run_id}: history jumps from seq {self._seq} to {entry.seq}",
@@ -108,7 +110,9 @@ class Inputs(Updates):
                     event.describe(),
                     None,
                 )
-            self._run()
+            self._owed = isinstance(event, ev.SignalReceived)  # the next may join it (with_previous)
+            if not self._owed:
+                self._run()
         self._seq = entry.seq
 
     def _deliver(self, event: ev.Event, ts: int) -> str | None:
