@@ -178,3 +178,34 @@ def test_a_signal_arriving_while_the_run_closes_is_applied_not_dropped(
     assert stub.result(timeout=5) == ["late"]
     assert not stub.describe().dropped
     decider.cache.clear()
+
+
+def test_a_run_closing_under_a_stream_of_signals_is_decided_again_after_other_work(
+    store: RedisStore, monkeypatch: Any
+) -> None:
+    """Past 5 refused closes in a row (a signal after each load) its task was left pending for
+    the reclaim, 30 s, while the signals piled up to LimitExceeded: it goes back to its stream."""
+    decider = Decider(store)
+    stub = WorkflowStub.make(AddsUntilItsTimer, id="close-storm", store=store).start()
+    _decide(store, decider, stub.id)
+    wait_for(lambda: store.fire_timers([store.ref(stub.id).partition])[0][2], timeout=5)
+    loaded, sent = store.load_each, []
+
+    def load(runs: Any) -> Any:
+        got = loaded(runs)
+        if len(sent) < 6:
+            sent.append(f"s{len(sent)}")
+            stub.signal("add", sent[-1])
+        return got
+
+    monkeypatch.setattr(store, "load_each", load)
+    ref = store.ref(stub.id)
+    wq = store.redis.hget(store.keys.run(ref.partition, ref.run_id), "wq").decode()
+    (before,) = [entry_id for entry_id, _ in store.redis.xrange(wq)]
+    _decide(store, decider, stub.id)  # 6 closes refused: the task goes back to its stream
+    assert stub.status() != "completed"
+    (after,) = [entry_id for entry_id, _ in store.redis.xrange(wq)]
+    assert after > before  # a new entry at the end, for any worker's next read
+    _decide(store, decider, stub.id)
+    assert stub.result(timeout=5) == sent
+    decider.cache.clear()

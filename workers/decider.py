@@ -166,6 +166,8 @@ class Decider:
                 conflicts[task.run_id] = conflicts.get(task.run_id, 0) + 1
                 if conflicts[task.run_id] <= 5:
                     later.append(task)
+                else:  # inputs keep coming (signals at its close): after other work, not a reclaim's 30 s
+                    self._requeue(task)
             ready = later
 
     def _round(self, tasks: list[Task]) -> list[Task]:
@@ -224,27 +226,17 @@ class Decider:
                 self._park_undecidable(task, ref.run_id, None, [], result)
             self._after_commit(ref, driver, decision, plan, result)
             if metrics.enabled():
-                self._measure(driver, decision, record, result, began)
+                metrics.measured(driver.workflow_type, decision.closing, record, result, began)
         unavailable = [r for r in results if isinstance(r, Exception) and is_transient(r)]
         if unavailable:
             raise unavailable[0]  # the worker waits the outage out; these tasks stay pending
         return conflicted
 
-    @staticmethod
-    def _measure(
-        driver: Driver, decision: Decision, record: dict[str, Any], result: Any, began: float
-    ) -> None:
-        outcome = "committed"
-        if isinstance(result, Exception):
-            outcome = "conflict" if isinstance(result, EventConflict) else "error"
-        closing = decision.closing
-        metrics.decided(
-            driver.workflow_type,
-            outcome,
-            time.perf_counter() - began,
-            first=record.get("status") == "pending",  # no decision of the run committed before
-            closing=metrics.close_outcome(closing),
-        )
+    def _requeue(self, task: Task) -> None:
+        try:
+            self.store.requeue({task.stream: [(task.entry_id, task.fields)]})
+        except Exception as exc:  # noqa: BLE001 - it stays pending: reclaimed after --claim-idle
+            log.warning("could not put workflow task %s back on %s: %s", task.entry_id, task.stream, exc)
 
     def _unreserve(self, plans: Sequence[CommitPlan]) -> None:
         """The threads reserved for leased and claimed activities of plans never committed."""
@@ -259,9 +251,7 @@ class Decider:
             self._unreserve([plan])
         if isinstance(result, EventConflict):
             log.info(
-                "conflict committing run %s; another decider won, discarding",
-                ref.run_id,
-                extra=_ids(ref, driver),
+                "commit of run %s not made (%s); decided again", ref.run_id, result, extra=_ids(ref, driver)
             )
             driver.close()
         elif isinstance(result, Exception):
@@ -330,7 +320,9 @@ class Decider:
             for (ref, driver, decision, plan, items), outcome in zip(pending, outcomes, strict=True):
                 self._after_commit(ref, driver, decision, plan, outcome)
                 if metrics.enabled():
-                    self._measure(driver, decision, {}, outcome, began)  # never a first decision
+                    metrics.measured(
+                        driver.workflow_type, decision.closing, {}, outcome, began
+                    )  # not a first
                 if isinstance(outcome, Exception):
                     inbox += items
                 else:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import wraps
 from typing import Any
@@ -37,7 +38,7 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
 
 from durable import codec
 from durable import events as ev
-from durable.errors import WorkflowTimeout
+from durable.errors import EventConflict, WorkflowTimeout
 from durable.runinfo import classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import PRIVATE
@@ -196,6 +197,24 @@ def decided(workflow_type: str, outcome: str, seconds: float, *, first: bool, cl
         m.tally.add((m.started, workflow_type))
     if closing is not None:
         m.tally.add((m.closed, workflow_type, closing))
+
+
+def measured(
+    workflow_type: str, closing: ev.Event | None, record: dict[str, Any], result: Any, began: float
+) -> None:
+    """One decision's commit outcome (``result``: its commit's result or exception), timed from
+    ``began`` (``time.perf_counter()``); ``record``: the run's as loaded (a first decision's
+    status is ``pending``)."""
+    outcome = "committed"
+    if isinstance(result, Exception):
+        outcome = "conflict" if isinstance(result, EventConflict) else "error"
+    decided(
+        workflow_type,
+        outcome,
+        time.perf_counter() - began,
+        first=record.get("status") == "pending",
+        closing=close_outcome(closing),
+    )
 
 
 def close_outcome(closing: ev.Event | None) -> str | None:

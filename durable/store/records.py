@@ -152,6 +152,8 @@ def commit_outcome(run_id: str, expected_seq: int, reply: Any) -> CommitResult |
             f"run {run_id}: history is at seq {int(reply[1])}, decision expected {expected_seq} "
             "(another decider committed first)"
         )
+    if outcome == "INPUTS":  # decided again as a conflict is, with them
+        return EventConflict(f"run {run_id}: signals arrived while its decision closed it")
     if outcome == "CLOSED":
         return WorkflowClosed(f"run {run_id} is {text(reply[1])}; decision discarded")
     if outcome == "LOST":

@@ -8,6 +8,7 @@
 -- Returns {'OK', new seq, inbox length (0 when not read: eager, closed), claimed tasks
 --       ({stream, entry id, fields, began ms or 0})}
 --       | {'CONFLICT', seq} | {'CLOSED', status}
+--       | {'INPUTS', seq} (closing, while signals arrived after the decision read the inbox: nothing written)
 --       | {'STALE', activity id} (an eager completion is no longer current; nothing written)
 --       | {'LOST', seq} (the run's history stream is gone; nothing written)
 --       | {'WRONGKIND', key, the kind it holds, the kind expected} (nothing written)
@@ -65,7 +66,7 @@ if wrong then return {'WRONGKIND', wrong[1], wrong[2], wrong[3]} end
 -- that no signal a client was told was delivered is only noted as dropped beside the history.
 if plan.close ~= nil and plan.next == nil then
   for _, item in ipairs(redis.call('LRANGE', inbox, plan.consumed, -1)) do
-    if is_signal(item) then return {'CONFLICT', seq} end
+    if is_signal(item) then return {'INPUTS', seq} end
   end
 end
 
