@@ -18,7 +18,7 @@ from pathlib import Path
 import greenlet
 import pytest
 from apps import runaway
-from apps.runaway import Sleepy, Spin, StepThenSpin, ThreeSteps
+from apps.runaway import Sleepy, SlowStep, Spin, StepThenSpin, ThreeSteps
 from click.testing import CliRunner
 from procs import ROOT, TESTS
 from waiting import wait_for
@@ -153,6 +153,25 @@ def test_single_process_worker_restarts_in_place_after_a_runaway_decision(
         assert WorkflowStub.make(ThreeSteps).start().result(timeout=30) == ["reserve", "charge", "ship"]
         assert proc.poll() is None
     assert log.read_text().count("serving queues") == 2
+
+
+def test_a_worker_told_to_stop_while_it_gives_up_a_runaway_decision_exits(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM while the worker finished its activities before restarting in place: it restarted
+    all the same, and served on (the re-check pass, F6: systemd would SIGKILL it later)."""
+    log = tmp_path / "worker.log"
+    with _worker(redis_url, log, "--decision-timeout", "0.5") as proc:
+        wait_for(lambda: "serving queues" in log.read_text(), timeout=20)
+        slow = WorkflowStub.make(SlowStep).start(4.0)
+        wait_for(lambda: slow.describe().attempts, timeout=10)  # its activity runs
+        WorkflowStub.make(Spin).start()
+        wait_for(lambda: "decision exceeded 0.5 s" in log.read_text(), timeout=20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == RUNAWAY_EXIT
+    text = log.read_text()
+    assert "received SIGTERM" in text and "restarts in place" not in text
+    assert slow.result(timeout=1) == "slow"  # finished before it exited
 
 
 def test_a_worker_restarting_in_place_too_often_exits(redis_url: str, tmp_path: Path) -> None:

@@ -191,3 +191,34 @@ def test_a_stopping_worker_records_its_finished_results_through_a_short_redis_ou
     host.finish(grace=5)
     assert tries[-1] == 3 and len(tries) == 6
     assert "could not record" not in caplog.text
+
+
+def test_a_result_that_comes_while_the_worker_stops_through_an_outage_is_recorded(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last attempt ended during the stop's sleep: nothing running, its result not tried yet,
+    and the stop ended there, giving it up (the re-check pass, F5: a single activity ran twice)."""
+    host = _one_thread_host(store)
+    recorded: list[int] = []
+
+    def away_for_a_while(_store: RedisStore, batch: list) -> int:
+        if len(recorded) < 5:
+            recorded.append(0)
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        recorded.append(len(batch))
+        return 0
+
+    def attempt() -> None:  # the one running attempt, ending 0.1 s into the stop
+        time.sleep(0.1)
+        with host._lock:
+            host.completed.append("its result")  # type: ignore[arg-type] - opaque to the stand-in
+            host.busy -= 1
+
+    monkeypatch.setattr(activity_host_module, "complete_batch", away_for_a_while)
+    with host._lock:
+        host.busy += 1
+    host._pool.submit(attempt)
+    wait_for(host._pool.running, timeout=5)  # on its thread, not among the calls waiting for one
+    host.finish(grace=5)
+    assert recorded[-1] == 1
+    assert "could not record" not in caplog.text

@@ -529,7 +529,8 @@ class ActivityHost:
         # Results a Redis outage refuses are tried again until the grace is over, as the loop
         # rides an outage out: given up at once, their work ran again elsewhere.
         unrecorded = self._record_on_stop([])
-        while (self.busy or unrecorded) and time.time() < deadline:
+        # (An attempt that ends during the sleep leaves a result not tried yet: it counts too.)
+        while (self.busy or unrecorded or self.completed or self.eager_done) and time.time() < deadline:
             # Recorded now, not once the slowest attempt is done: its run would wait for the
             # whole stop (up to the grace), shown as still running on this worker.
             unrecorded = self._record_on_stop(unrecorded)

@@ -434,7 +434,7 @@ class Worker:
             self.activities.finish(self.grace)
             self._requeue_unread()
             self._leave()
-            exit_runaway(self.consumer, stuck, restart=self.restart_in_place)
+            exit_runaway(self.consumer, stuck, restart=self.restart_in_place and not self._stop.is_set())
 
     def _take_back_unseen(self) -> None:
         """First thing after an outage cut a pass short: put back at the ends of their streams

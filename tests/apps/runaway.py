@@ -81,3 +81,15 @@ class SleepyQuery(Workflow):
     def slow(self) -> str:
         time.sleep(QUERY_SLEEP_S["s"])  # the blocked query line
         return "woke"
+
+
+def slow_step(seconds: float) -> str:
+    time.sleep(seconds)
+    return "slow"
+
+
+class SlowStep(Workflow):
+    """One activity of ``seconds``: a worker finishes it before it stops or restarts."""
+
+    def handle(self, seconds: float) -> str:
+        return activity(slow_step, seconds)
