@@ -409,6 +409,10 @@ def test_schedules_are_created_backfilled_and_deleted_through_the_api(api: Api) 
         _error(
             c.post("/api/v1/schedules", json={"workflow": "Waiter", "every": "1h"}), 422, "invalid_argument"
         )
+        unknown = _error(
+            c.post("/api/v1/schedules", json={**body, "id": "b", "workflow": "Waitr"}), 422, "unknown_type"
+        )
+        assert "is not defined in --app apps.basic; did you mean 'Waiter'?" in unknown, unknown
         filled = c.post(
             "/api/v1/schedules/api-sched/backfill",
             json={"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z"},

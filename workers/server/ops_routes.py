@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable import Schedule, ScheduleHandle, WorkflowStub
+from durable import Schedule, ScheduleHandle, WorkflowStub, registry
 from durable.schedules import skip_reason
 from durable.store.workers import drain_targets
 from durable.untrusted import json_loads
-from workers.cli.fleet import fleet_report
+from workers.cli.core import CliError
+from workers.cli.fleet import check_startable, fleet_report
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
+from workers.server.workflow_routes import loaded_apps
 
 __all__ = ["ENDPOINTS", "hook_payload"]
 
@@ -105,11 +107,17 @@ def create_schedule(call: Call) -> dict[str, Any]:
     spec = {name: call.body[name] for name in _SPEC_FIELDS if name in call.body}
     if "args" in spec:
         spec["args"] = call.args()
-    if not isinstance(spec.get("workflow"), str):
+    workflow = spec.get("workflow")
+    if not isinstance(workflow, str):
         raise ApiError(
             "invalid_argument", "body field 'workflow' (the workflow type's name) must be a string"
         )
-    handle = ScheduleHandle.create(schedule_id, Schedule(**spec), store=call.store)
+    schedule = Schedule(**spec)
+    try:  # a type the server's --app does not define: as `durable schedule create --app`
+        check_startable(call.store, workflow, registry.start_queue(workflow, schedule.queue), loaded_apps())
+    except CliError as exc:
+        raise ApiError("unknown_type", str(exc)) from None
+    handle = ScheduleHandle.create(schedule_id, schedule, store=call.store)
     return handle.describe().to_dict()
 
 

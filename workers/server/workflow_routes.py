@@ -197,7 +197,7 @@ def start_workflow(call: Call) -> dict[str, Any]:
     args = call.args()
     try:
         warning = check_startable(
-            call.store, workflow_type, registry.start_queue(workflow_type, stub.queue), _loaded_apps()
+            call.store, workflow_type, registry.start_queue(workflow_type, stub.queue), loaded_apps()
         )
     except CliError as exc:  # a type the server's --app does not define: as `durable start --app`
         raise ApiError("unknown_type", str(exc)) from None
@@ -214,7 +214,7 @@ def start_workflow(call: Call) -> dict[str, Any]:
     return {"workflow_id": stub.id, "run_id": stub.run_id, "warning": said}
 
 
-def _loaded_apps() -> list[str]:
+def loaded_apps() -> list[str]:
     """The modules of the workflows this server process loaded (``durable server --app``,
     ``durable dev --app``); none: it knows no types, and any may be started by name."""
     return sorted({cls.__module__ for cls in registry.workflows().values()})
