@@ -14,12 +14,12 @@ import json
 from typing import Any
 
 import pytest
-from apps.child_blocks import GoThenClose, GrandQ, ParentOfGhost, ParentQ
+from apps.child_blocks import FailsOnBad, GrandQ, ParentOfGhost, ParentQ
 from clikit import cli_ok as _cli
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowStub, codec
+from durable import WorkflowFailed, WorkflowStub, codec
 from durable import events as ev
 from durable.codec.hooks import set_payload_hook
 from durable.dropped import PREVIEW_CHARS, dropped_view
@@ -110,12 +110,14 @@ def test_a_parent_says_its_child_has_an_unknown_type_as_soon_as_the_child_does(
 
 
 def test_a_signal_dropped_as_the_run_closed_says_what_it_was(store: RedisStore) -> None:
-    stub = WorkflowStub.make(GoThenClose, "late1", store=store).start()
-    # Both wait in the inbox for the run's first decision: "go" closes it, "late" comes too late.
-    stub.signal("go", 1)
+    stub = WorkflowStub.make(FailsOnBad, "late1", store=store).start()
+    # Both wait in the inbox for the run's first decision: "bad" fails the run in its handler,
+    # "late" comes too late. (Behind a signal the code returns on, it would apply: signals of
+    # one decision apply together.)
+    stub.signal("bad")
     stub.signal("late", {"order": 7, "note": "x" * 500})
-    with _worker(store):
-        assert stub.result(timeout=20) == 1
+    with _worker(store), pytest.raises(WorkflowFailed, match="bad signal"):
+        stub.result(timeout=20)
     [dropped] = stub.describe().dropped
     assert dropped["input"] == "signal" and dropped["name"] == "late"
     assert dropped["reason"].startswith("run closed") and dropped["ts"]

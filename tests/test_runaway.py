@@ -18,7 +18,7 @@ from pathlib import Path
 import greenlet
 import pytest
 from apps import runaway
-from apps.runaway import Sleepy, SlowStep, Spin, StepThenSpin, ThreeSteps
+from apps.runaway import LongActivityStep, Sleepy, Spin, StepThenSpin, ThreeSteps
 from click.testing import CliRunner
 from procs import ROOT, TESTS
 from waiting import wait_for
@@ -163,7 +163,7 @@ def test_a_worker_told_to_stop_while_it_gives_up_a_runaway_decision_exits(
     log = tmp_path / "worker.log"
     with _worker(redis_url, log, "--decision-timeout", "0.5") as proc:
         wait_for(lambda: "serving queues" in log.read_text(), timeout=20)
-        slow = WorkflowStub.make(SlowStep).start(4.0)
+        slow = WorkflowStub.make(LongActivityStep).start(4.0)
         wait_for(lambda: slow.describe().attempts, timeout=10)  # its activity runs
         WorkflowStub.make(Spin).start()
         wait_for(lambda: "decision exceeded 0.5 s" in log.read_text(), timeout=20)

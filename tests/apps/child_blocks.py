@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable import Workflow, await_signal, child
+from durable import Workflow, await_signal, child, signal
 
 
 class KidQ(Workflow):
@@ -36,10 +36,21 @@ class ParentOfGhost(Workflow):
 
 
 class GoThenClose(Workflow):
-    """Closes on the signal ``go``: a signal behind it in the same decision is dropped."""
+    """Closes on the signal ``go``."""
 
     def handle(self) -> Any:
         return await_signal("go")
+
+
+class FailsOnBad(Workflow):
+    """Fails in its ``bad`` signal's handler: a signal behind it in the same decision is dropped."""
+
+    @signal
+    def bad(self) -> None:
+        raise ValueError("bad signal")
+
+    def handle(self) -> Any:
+        return await_signal("never")
 
 
 class ParentOfNamed(Workflow):

@@ -88,7 +88,7 @@ def slow_step(seconds: float) -> str:
     return "slow"
 
 
-class SlowStep(Workflow):
+class LongActivityStep(Workflow):
     """One activity of ``seconds``: a worker finishes it before it stops or restarts."""
 
     def handle(self, seconds: float) -> str:
