@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 import traceback
 from pathlib import Path
 
@@ -155,12 +154,12 @@ def test_a_cancelled_parent_waits_for_its_childs_cancellation_to_complete(worker
     """As Temporal's default (WAIT_CANCELLATION_COMPLETED): child() raised CancelledError at once,
     the parent closed, and its close policy (terminate, the default) killed the child mid-cleanup:
     a saga's compensation in the child never ran."""
-    parent = WorkflowStub.make(ParentLeavingKid).start("leaving-kid", 1.0)
+    parent = WorkflowStub.make(ParentLeavingKid).start("leaving-kid", 3.0)
     kid = WorkflowStub.load(wait_for(lambda: _exists("leaving-kid")))
     wait_for(lambda: kid.status() == "suspended")
     parent.cancel("operator")
-    time.sleep(0.5)
-    assert parent.status() == kid.status() == "cancelling"  # the kid's 1 s clean-up
+    wait_for(lambda: kid.status() == "cancelling", timeout=10)  # asked; its 3 s clean-up runs
+    assert parent.status() == "cancelling"
     (waits,) = [s for s in parent.describe().pending if s["kind"] == "child"]
     assert waits["state"] == (
         "child leaving-kid: cancelling (asked to cancel: this run's cancel waits for it to close)"
