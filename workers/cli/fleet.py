@@ -151,14 +151,20 @@ def _end(cursor: str | None) -> tuple[int, str]:
     return parse_cursor(cursor) if cursor else _BOTTOM
 
 
-def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Sequence[str]) -> str | None:
-    """Before ``durable start``: refuse a type the loaded ``--app`` modules do not define
-    (:class:`CliError`); return a warning when no live worker of ``queue`` runs the type."""
+def check_defined(workflow_type: str, apps: Sequence[str]) -> None:
+    """Refuse (:class:`CliError`) a type the loaded ``--app`` modules do not define (none loaded:
+    any type may be named), naming the nearest one."""
     if apps and workflow_type not in registry.workflows():
         known = sorted(registry.workflows())
         near = difflib.get_close_matches(workflow_type, known, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else f" (it defines: {', '.join(known) or 'none'})"
         raise CliError(f"workflow type {workflow_type!r} is not defined in --app {', '.join(apps)}{hint}")
+
+
+def check_startable(store: RedisStore, workflow_type: str, queue: str, apps: Sequence[str]) -> str | None:
+    """Before ``durable start``: refuse a type the loaded ``--app`` modules do not define
+    (:func:`check_defined`); return a warning when no live worker of ``queue`` runs the type."""
+    check_defined(workflow_type, apps)
     live = store.live_workers()
     # As the views count them: a stopping or draining worker (or one of a build not current)
     # starts no new run, so it does not count here either.

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from durable import Schedule, ScheduleHandle, WorkflowStub, registry
+from durable import Schedule, ScheduleHandle, WorkflowStub
 from durable.schedules import skip_reason
 from durable.store.workers import drain_targets
 from durable.untrusted import json_loads
 from workers.cli.core import CliError
-from workers.cli.fleet import check_startable, fleet_report
+from workers.cli.fleet import check_defined, fleet_report
 from workers.server.endpoint import Call, Endpoint, Param
 from workers.server.errors import ApiError
 from workers.server.workflow_routes import loaded_apps
@@ -78,22 +79,7 @@ def list_schedules(call: Call) -> dict[str, Any]:
     return {"schedules": [d.to_dict() for d in ScheduleHandle.list(store=call.store)]}
 
 
-_SPEC_FIELDS = (
-    "workflow",
-    "args",
-    "cron",
-    "every",
-    "timezone",
-    "jitter",
-    "overlap",
-    "start_at",
-    "end_at",
-    "max_runs",
-    "paused",
-    "catchup_window",
-    "queue",
-    "note",
-)
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(Schedule) if f.init)
 """A schedule's body fields on a create: :class:`~durable.Schedule`'s, as ``durable schedule create`` takes them."""
 
 
@@ -114,7 +100,7 @@ def create_schedule(call: Call) -> dict[str, Any]:
         )
     schedule = Schedule(**spec)
     try:  # a type the server's --app does not define: as `durable schedule create --app`
-        check_startable(call.store, workflow, registry.start_queue(workflow, schedule.queue), loaded_apps())
+        check_defined(workflow, loaded_apps())
     except CliError as exc:
         raise ApiError("unknown_type", str(exc)) from None
     handle = ScheduleHandle.create(schedule_id, schedule, store=call.store)
