@@ -526,10 +526,10 @@ class ActivityHost:
         self._give_back(None)
         began = time.time()
         deadline, look = began + grace, began + 1.0
-        # Results a Redis outage refuses are tried again until the grace is over, as the loop
-        # rides an outage out: given up at once, their work ran again elsewhere.
-        unrecorded = self._record_on_stop([])
-        # (An attempt that ends during the sleep leaves a result not tried yet: it counts too.)
+        # Results a Redis outage refuses (``unrecorded``), and those handed over but not tried yet,
+        # are tried again until the grace is over, as the loop rides an outage out: given up at
+        # once, their work ran again elsewhere.
+        unrecorded: list[AttemptOutcome] = []
         while (self.busy or unrecorded or self.completed or self.eager_done) and time.time() < deadline:
             # Recorded now, not once the slowest attempt is done: its run would wait for the
             # whole stop (up to the grace), shown as still running on this worker.
