@@ -79,14 +79,24 @@
     return "";
   }
 
+  // Each schedule action: what its dialog asks and says, and the body it sends.
+  const NOTE = { fields: [{ name: "note", label: "Note (shown by describe)" }], says: "", body: (v) => ({ note: v.note }) };
+  const SCHEDULE_ACTIONS = {
+    pause: NOTE,
+    unpause: NOTE,
+    trigger: {
+      fields: [{ name: "overlap", label: "Overlap policy (optional: the schedule's own)", placeholder: "skip, buffer_one, allow_all…" }],
+      says: "Start one run of it now.",
+      body: (v) => (v.overlap ? { overlap: v.overlap } : {}),
+    },
+    delete: { fields: [], says: "It starts no more runs; the runs it started go on.", body: () => ({}) },
+  };
+
   async function scheduleAction(id, action) {
-    const fields = action === "trigger"
-      ? [{ name: "overlap", label: "Overlap policy (optional: the schedule's own)", placeholder: "skip, buffer_one, allow_all…" }]
-      : action === "delete" ? [] : [{ name: "note", label: "Note (shown by describe)" }];
-    const says = { trigger: "Start one run of it now.", delete: "It starts no more runs; the runs it started go on." };
-    const values = await D.confirm(`${action[0].toUpperCase()}${action.slice(1)} schedule ${id}`, says[action] || "", fields);
+    const what = SCHEDULE_ACTIONS[action];
+    const values = await D.confirm(`${action[0].toUpperCase()}${action.slice(1)} schedule ${id}`, what.says, what.fields);
     if (!values) return;
-    const body = action === "trigger" ? (values.overlap ? { overlap: values.overlap } : {}) : action === "delete" ? {} : { note: values.note };
+    const body = what.body(values);
     try {
       const out = await api("POST", `/api/v1/schedules/${encodeURIComponent(id)}/${action}`, body);
       if (out.outcome === "skipped") flash(`schedule ${id}: skipped, ${out.reason}`, "warn");
