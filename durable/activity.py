@@ -86,6 +86,13 @@ class ActivityContext:
     def heartbeat(self, details: Any = None) -> None:
         """Report progress: pushes the heartbeat deadline and saves ``details``.
 
+        Cheap enough to call for every item of a loop: as Temporal's SDKs do, heartbeats are
+        throttled. One is written at once; those within the next interval (a quarter of the
+        heartbeat timeout, at most 1 s) are held back and the latest is written when it ends
+        (it still pushes the deadline from when it was made), so a cancel may be seen one
+        interval late. ``details=None`` keeps the last details. When the attempt fails, its
+        latest details are written before the failure: the retry resumes from them.
+
         Raises:
             ActivityCancelledError: The workflow no longer wants this result;
                 stop work (cleanup is fine) and let the error propagate.

@@ -16,6 +16,7 @@ from apps.failures import (
     FailFast,
     FailsInItsActivity,
     Heartbeats,
+    HeartbeatsEveryItem,
     NonRetryable,
     ParentLeavingKid,
     ParentOfFailing,
@@ -86,6 +87,16 @@ def test_heartbeat_timeout_and_details_reach_next_attempt(worker, tmp_path: Path
     stub = WorkflowStub.make(Heartbeats).start(str(log))
     assert stub.result(timeout=15) == {"attempt": 2, "resumed_from": 2}
     assert lines(log)[:2] == ["attempt 1 from 0", "attempt 2 from 2"]
+
+
+def test_heartbeats_held_back_by_the_throttle_push_the_deadline_and_reach_the_retry(worker) -> None:
+    """Heartbeats held back by the throttle are written later: the latest pushes the deadline
+    (no timeout in the quiet 2.7 s after one, 3.3 s after the last written at once) and is what
+    the retry after a failure resumes from (written before the failure is recorded)."""
+    stub = WorkflowStub.make(HeartbeatsEveryItem).start(500)
+    assert stub.result(timeout=20) == 499
+    (failed,) = [a for a in stub.describe()["attempts"] if a["outcome"] == "retry"]
+    assert "fails once its loop is done" in failed["record"]["error"], failed["record"]
 
 
 def test_a_timed_out_attempt_records_how_long_it_ran(worker, tmp_path: Path) -> None:

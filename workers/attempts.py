@@ -217,6 +217,7 @@ def _attempt(
     if due_ms:
         on_timer(due_ms)
     details = begun.details
+    heartbeat = attempt_heartbeat(store, task, started)
     context = ActivityContext(
         workflow_id=task.workflow_id,
         run_id=task.run_id,
@@ -224,7 +225,7 @@ def _attempt(
         name=task.name,
         attempt=task.attempt,
         heartbeat_details=codec.loads(details) if details else None,
-        heartbeat_fn=attempt_heartbeat(store, task, started),
+        heartbeat_fn=heartbeat,
     )
     ran = time.perf_counter()
     try:
@@ -237,6 +238,7 @@ def _attempt(
             faults.point("activity.after_effect")
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() too: unrecorded, it re-ran forever
         on_ran(task.name, time.perf_counter() - ran)
+        heartbeat.close(flush=True)  # the retry resumes from the latest details
         failed = fail_attempt(
             store,
             task,
@@ -249,6 +251,7 @@ def _attempt(
         )
         return failed, timed_out_here(exc)  # counted as a timeout, as the scheduler's expiries are
     on_ran(task.name, time.perf_counter() - ran)
+    heartbeat.close(flush=False)
     # started_ms (the scripts' clock) lets a check prove no attempt began after its run closed.
     record = {"duration_ms": int((time.time() - started) * 1000), "started_ms": begun.now_ms}
     result = AttemptResult(task, payload, record, stream, entry_id)

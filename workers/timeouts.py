@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
-from durable import codec
 from durable.store.connect import is_transient
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
+
+from .heartbeats import AttemptHeartbeat, interval_for
 
 __all__ = ["attempt_deadline", "attempt_heartbeat", "timeout_kind"]
 
@@ -44,18 +43,18 @@ def timeout_kind(task: ActivityTask, started_ms: int | None, now_ms: int) -> str
     return "heartbeat" if task.timeout("heartbeat") else "start_to_close"
 
 
-def attempt_heartbeat(store: RedisStore, task: ActivityTask, started: float) -> Callable[[Any], bool]:
-    """The attempt's heartbeat function (see ``ActivityContext.heartbeat``)."""
+def attempt_heartbeat(store: RedisStore, task: ActivityTask, started: float) -> AttemptHeartbeat:
+    """The attempt's heartbeat function (see ``ActivityContext.heartbeat``), throttled."""
     heartbeat_timeout = task.timeout("heartbeat")
 
-    def heartbeat(value: Any) -> bool:
+    def send(details: bytes, beat_at: float) -> bool:
         extend = 0
         if heartbeat_timeout:
-            # Push the deadline by one heartbeat timeout, never past the attempt's hard limits.
+            # Push the deadline one heartbeat timeout past the heartbeat (not past its write,
+            # which the throttle may delay), never past the attempt's hard limits.
             hard = attempt_deadline(task, started, heartbeat=False)
-            due = time.time() + heartbeat_timeout
+            due = beat_at + heartbeat_timeout
             extend = max(1, int(((min(due, hard) if hard else due) - time.time()) * 1000))
-        details = codec.dumps(value, path="details") if value is not None else b""
         try:
             return store.heartbeat(task, details, extend)
         except Exception as exc:
@@ -66,4 +65,4 @@ def attempt_heartbeat(store: RedisStore, task: ActivityTask, started: float) -> 
             log.debug("heartbeat of activity %s (run %s) not written: %s", task.activity_id, task.run_id, exc)
             return False
 
-    return heartbeat
+    return AttemptHeartbeat(send, interval_for(heartbeat_timeout))

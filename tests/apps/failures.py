@@ -56,6 +56,30 @@ class Resumable(Activity):
         return {"attempt": ctx.attempt, "resumed_from": start}
 
 
+class BeatsEveryItem(Activity):
+    """Heartbeats every item of a loop (all but the first held back by the throttle: its
+    interval is 0.75 s), once more 0.6 s later (held back too), then is quiet for 2.7 s: only
+    the deadline that held-back heartbeat pushed (3.6 s) covers that; the written ones reach
+    3.0 s. Attempt 1 then fails right after another held-back heartbeat; attempt 2 returns the
+    details it resumed from."""
+
+    heartbeat_timeout = 3.0
+    retry = RetryPolicy(initial_interval=0.05, max_attempts=2)
+
+    def handle(self, items: int) -> object:
+        ctx = self.context
+        if ctx.attempt > 1:
+            return ctx.heartbeat_details
+        for i in range(items):
+            ctx.heartbeat(i)
+        time.sleep(0.6)
+        ctx.heartbeat("held back, then written by the flusher")
+        time.sleep(2.7)
+        ctx.heartbeat("written at once")
+        ctx.heartbeat(items - 1)  # held back: written as the attempt fails
+        raise RuntimeError("fails once its loop is done")
+
+
 class Declines(Activity):
     retry = RetryPolicy(initial_interval=0.05, max_attempts=5, non_retryable_errors=("PermissionError",))
 
@@ -111,6 +135,11 @@ class Timeouts(Workflow):
 class Heartbeats(Workflow):
     def handle(self, path: str) -> dict:
         return activity(Resumable, path)
+
+
+class HeartbeatsEveryItem(Workflow):
+    def handle(self, items: int) -> object:
+        return activity(BeatsEveryItem, items)
 
 
 class NonRetryable(Workflow):

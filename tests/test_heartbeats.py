@@ -1,0 +1,80 @@
+"""An attempt's heartbeats are throttled: a loop may heartbeat every item, Redis sees a write
+per interval, and the details held back are still written (and still push the deadline)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from durable import codec
+from workers.heartbeats import MAX_INTERVAL_S, AttemptHeartbeat, Flusher, interval_for
+
+
+class Writes:
+    """Records each write (details, the heartbeat's wall time); answers ``cancelled``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, float]] = []
+        self.cancelled = False
+        self.written = threading.Event()
+
+    def __call__(self, details: bytes, beat_at: float) -> bool:
+        self.calls.append((codec.loads(details) if details else None, beat_at))
+        self.written.set()
+        return self.cancelled
+
+
+def test_the_interval_is_a_quarter_of_the_heartbeat_timeout_at_most_a_second() -> None:
+    assert interval_for(0.4) == 0.1
+    assert interval_for(60) == MAX_INTERVAL_S == interval_for(None)
+
+
+def test_a_loop_of_heartbeats_is_one_write_now_and_the_latest_details_an_interval_later() -> None:
+    writes = Writes()
+    beat = AttemptHeartbeat(writes, 0.2, Flusher())
+    started = time.monotonic()
+    for i in range(1000):
+        assert beat(i) is False
+    assert time.monotonic() - started < 0.2, "the loop outran the interval: the machine is too slow"
+    assert [d for d, _ in writes.calls] == [0]  # the first at once, the rest held back
+    deadline = time.monotonic() + 5
+    while len(writes.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # no further write comes: nothing is waiting
+    assert [d for d, _ in writes.calls] == [0, 999]
+    # The held-back write carries when the last heartbeat was made, not when it was written:
+    # the deadline it pushes counts from the heartbeat.
+    assert writes.calls[1][1] < time.time() - 0.2
+
+
+def test_a_heartbeat_without_details_keeps_the_details_waiting() -> None:
+    writes = Writes()
+    beat = AttemptHeartbeat(writes, 0.1, Flusher())
+    beat("first")
+    beat("page 7")
+    beat(None)
+    beat.close(flush=True)
+    assert [d for d, _ in writes.calls] == ["first", "page 7"]
+
+
+def test_a_cancel_a_held_back_write_learns_is_raised_by_the_next_heartbeat() -> None:
+    writes = Writes()
+    beat = AttemptHeartbeat(writes, 0.1, Flusher())
+    assert beat(1) is False
+    writes.cancelled, writes.written = True, threading.Event()
+    assert beat(2) is False  # held back: not written yet
+    assert writes.written.wait(5)
+    time.sleep(0.05)
+    assert beat(3) is True
+
+
+def test_the_end_of_an_attempt_writes_its_waiting_details_only_when_it_failed() -> None:
+    failed, completed = Writes(), Writes()
+    for writes, flush in ((failed, True), (completed, False)):
+        beat = AttemptHeartbeat(writes, 0.1, Flusher())
+        beat("a")
+        beat("b")
+        beat.close(flush=flush)
+    time.sleep(0.3)  # a closed attempt's flush, due meanwhile, writes nothing
+    assert [d for d, _ in failed.calls] == ["a", "b"]
+    assert [d for d, _ in completed.calls] == ["a"]
