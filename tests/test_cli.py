@@ -580,15 +580,19 @@ def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:
 
 @pytest.mark.slow
 def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path) -> None:
-    """Most likely the wrong module: otherwise it would serve its queues and run nothing."""
+    """Most likely the wrong module: otherwise it would serve its queues and run nothing. A
+    package naming none itself (the types are in its modules) is told which modules it has."""
     (tmp_path / "empty_app.py").write_text("x = 1\n")
+    (tmp_path / "shop").mkdir()
+    (tmp_path / "shop" / "__init__.py").write_text("")
+    (tmp_path / "shop" / "orders.py").write_text("raise SystemExit('not imported by the hint')\n")
     log = tmp_path / "worker.log"
     env = dict(
         os.environ, DURABLE_REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)])
     )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--app", "empty_app"],
+            [sys.executable, "-m", "workers.cli", "worker", "--app", "empty_app", "--app", "shop"],
             cwd=tmp_path,
             env=env,
             stdout=out,
@@ -603,7 +607,8 @@ def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path
             proc.send_signal(signal.SIGTERM)
             proc.wait(15)
     text = log.read_text()
-    assert "--app empty_app defines no workflow and no activity: this worker runs nothing" in text, text
+    assert "--app empty_app, shop defines no workflow and no activity: this worker runs nothing" in text, text
+    assert "a package's own modules are not imported: it has shop.orders)" in text, text
     # Named, so that commands run from another folder can be pointed at the same Redis.
     assert f"redis: {redis_url}; build id:" in text, text
 

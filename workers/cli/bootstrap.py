@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pkgutil
 import shutil
 import signal
 import socket
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from durable import Activity, Workflow, registry
@@ -100,6 +102,21 @@ def _build_id(config: WorkerConfig, modules: list[Any]) -> str:
     return build_id
 
 
+def _package_hint(modules: Sequence[ModuleType]) -> str:
+    """The modules of the ``--app`` packages (not imported: their import may do anything), for
+    a worker whose ``--app`` names a package that defines nothing itself."""
+    inside = [
+        f"{module.__name__}.{found.name}"
+        for module in modules
+        if hasattr(module, "__path__")
+        for found in pkgutil.iter_modules(module.__path__)
+    ]
+    if not inside:
+        return ""
+    shown = ", ".join(inside[:5]) + (", ..." if len(inside) > 5 else "")
+    return f"; a package's own modules are not imported: it has {shown}"
+
+
 def _warn_imported_only(modules: list[Any], apps: Sequence[str]) -> None:
     """Say once which workflow and activity classes the ``--app`` modules import from modules
     outside them: a worker runs only the types its ``--app`` modules define, so such a class is
@@ -180,8 +197,9 @@ def run_worker(
         # Most likely the wrong module: the worker would serve its queues and never run anything.
         log.warning(
             "--app %s defines no workflow and no activity: this worker runs nothing "
-            "(point --app at the module that defines them)",
+            "(point --app at the module that defines them%s)",
             ", ".join(config.apps),
+            _package_hint(modules),
         )
     if config.metrics_port:
         _start_metrics(config, store)
