@@ -24,22 +24,30 @@ from pathlib import Path
 
 import pytest
 import redis
-from apps.basic import Sequence, SlowSteps
+from apps.basic import Sequence, SlowSteps, Waiter
+from outages import in_thread
 from procs import ROOT, TESTS, spawn_worker, stop
 from redis import exceptions as rexc
+from server_procs import free_port
 from waiting import wait_for
 
 from durable import WorkflowStub
-from durable.store.connect import is_transient, unavailable_kind
-from durable.store.embedded import EmbeddedRedis
+from durable.store.connect import is_missing_group, is_transient, unavailable_kind
+from durable.store.embedded import EmbeddedRedis, find_redis_server
 from durable.store.outage import Backoff, Incident, retry_transient
 from durable.store.redis_store import RedisStore
 from durable.store.wire import Wire
+from durable.testing import TestEnvironment
 from workers.worker import Worker, WorkerThread
 
 SCRIPT_OOM = (
     "Error running script (call to f_1): @user_script:1: @user_script: 1: "
     "-OOM command not allowed when used memory > 'maxmemory'."
+)
+
+
+FAILOVER_UNBLOCK = (
+    "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)"
 )
 
 
@@ -59,6 +67,7 @@ SCRIPT_OOM = (
         (ConnectionResetError(104, "reset"), "connection lost"),
         (rexc.MovedError("3999 127.0.0.1:6381"), "cluster reconfiguring"),
         (rexc.ClusterDownError("The cluster is down"), "CLUSTERDOWN"),
+        (rexc.ResponseError(FAILOVER_UNBLOCK), "failover"),
     ],
 )
 def test_transient_errors_are_named(exc: BaseException, kind: str) -> None:
@@ -80,6 +89,12 @@ def test_transient_errors_are_named(exc: BaseException, kind: str) -> None:
 )
 def test_other_errors_are_not_transient(exc: BaseException) -> None:
     assert unavailable_kind(exc) is None
+
+
+def test_a_read_a_failover_cut_short_is_no_missing_stream() -> None:
+    """Workers took it for their stream deleted and made their groups again on a replica."""
+    assert not is_missing_group(rexc.ResponseError(FAILOVER_UNBLOCK))
+    assert is_missing_group(rexc.ResponseError("UNBLOCKED the stream key no longer exists"))
 
 
 def test_backoff_doubles_to_its_cap_with_jitter() -> None:
@@ -330,3 +345,54 @@ def test_the_cli_says_a_stalled_redis_and_durable_result_waits_it_out(fresh_redi
     out, err = result.communicate(timeout=60)
     assert result.returncode == 0 and out.decode().strip() == "1", (out, err)
     assert b"note: Redis does not answer" in err
+
+
+def _tcp_redis(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], redis.Redis]:
+    port = free_port()
+    (tmp_path / name).mkdir()
+    proc = subprocess.Popen(
+        [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", *extra],
+        cwd=tmp_path / name,
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    wait_for(lambda: _answers(client), timeout=10)
+    return proc, client
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except rexc.ConnectionError:
+        return False
+
+
+@pytest.mark.fault
+def test_a_result_waiting_through_a_failover_goes_on_waiting(tmp_path: Path) -> None:
+    """Redis answers a blocked read with ``UNBLOCKED ... instance state changed`` when its server
+    stops being a master (a cluster's or a Sentinel's failover): result() raised that reply (a
+    Redis Cluster's graceful failover failed 4 of 30 waiting calls). It waits on instead."""
+    primary, primary_client = _tcp_redis(tmp_path, "primary")
+    port = primary_client.connection_pool.connection_kwargs["port"]
+    replica, replica_client = _tcp_redis(tmp_path, "replica", "--replicaof", "127.0.0.1", str(port))
+    try:
+        store = RedisStore(f"redis://127.0.0.1:{port}")
+        with TestEnvironment(store=store):
+            stub = WorkflowStub.make(Waiter, id="failover-wait", store=store).start(0)
+            wait_for(lambda: stub.status() == "suspended", timeout=15)
+            waiting, out = in_thread(lambda: stub.result(timeout=60))
+            time.sleep(0.5)  # the wait is blocked in its read
+            wait_for(lambda: replica_client.info("replication").get("master_link_status") == "up")
+            primary_client.execute_command("FAILOVER")  # the primary becomes the replica's replica
+            wait_for(lambda: primary_client.info("replication")["role"] == "slave", timeout=15)
+            time.sleep(1.0)
+            assert waiting.is_alive() and not out, out
+            primary_client.execute_command("REPLICAOF", "NO", "ONE")  # and master again
+            wait_for(lambda: primary_client.info("replication")["role"] == "master", timeout=15)
+            stub.signal("go", "after the failover")
+            waiting.join(30)
+            assert out == {"value": "after the failover"}, out
+    finally:
+        for proc in (replica, primary):
+            proc.terminate()
+            proc.wait(10)

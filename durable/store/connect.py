@@ -82,7 +82,8 @@ def unavailable_kind(exc: BaseException) -> str | None:
     The kinds: ``"timeout"`` (no reply within the socket timeout: Redis stalled or the
     network dropped), ``"connection lost"``, ``"maxclients"`` (a new connection refused:
     Redis has ``maxclients`` already), ``"cluster reconfiguring"`` (MOVED, ASK, a slot
-    not covered) and the codes of :data:`REFUSED_FOR_NOW` (``"BUSY"``, ``"LOADING"``,
+    not covered), ``"failover"`` (a blocked read cut short as its master became a replica)
+    and the codes of :data:`REFUSED_FOR_NOW` (``"BUSY"``, ``"LOADING"``,
     ``"OOM"``...). Every one of them means the caller may wait and send the same command
     again: a refused command ran nothing, and each of durable's writes is safe to repeat
     (a timed-out one may have run; its repeat finds its work done).
@@ -100,6 +101,8 @@ def unavailable_kind(exc: BaseException) -> str | None:
         return "connection lost"
     if isinstance(exc, rexc.AskError | rexc.SlotNotCoveredError):
         return "cluster reconfiguring"
+    if is_failover_unblock(exc):
+        return "failover"
     if isinstance(exc, rexc.ResponseError):
         found = _REFUSED_CODE.search(str(exc))
         return found.group(1) if found else None
@@ -201,12 +204,23 @@ def is_redis_error(exc: BaseException) -> bool:
     return isinstance(exc, rexc.RedisError)
 
 
+def is_failover_unblock(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis ending a blocked read because the server stopped being a master
+    (``UNBLOCKED force unblock from blocking operation, instance state changed (master ->
+    replica?)``): a failover, a cluster's or a Sentinel's; read again once it is over."""
+    return isinstance(exc, rexc.ResponseError) and "instance state changed" in str(exc)
+
+
 def is_missing_group(exc: BaseException) -> bool:
     """Whether ``exc`` says a task stream (and so its consumer group) does not exist: ``NOGROUP``,
     or Redis 7's answer to a read blocked on a stream deleted meanwhile (``UNBLOCKED the stream
     key no longer exists``; Redis 6.2 answers that read with ``NOGROUP``)."""
     message = str(exc)
-    return isinstance(exc, rexc.ResponseError) and ("NOGROUP" in message or "UNBLOCKED" in message)
+    return (
+        isinstance(exc, rexc.ResponseError)
+        and ("NOGROUP" in message or "UNBLOCKED" in message)
+        and not is_failover_unblock(exc)
+    )
 
 
 CLUSTER_SCHEME = "redis+cluster"
