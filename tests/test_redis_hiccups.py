@@ -22,13 +22,14 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from apps.basic import Sequence, SlowSteps, Waiter
 from outages import in_thread
 from procs import ROOT, TESTS, spawn_worker, stop
 from redis import exceptions as rexc
-from server_procs import free_port
+from server_procs import ServerProc, free_port
 from waiting import wait_for
 
 from durable import WorkflowStub
@@ -396,3 +397,39 @@ def test_a_result_waiting_through_a_failover_goes_on_waiting(tmp_path: Path) -> 
         for proc in (replica, primary):
             proc.terminate()
             proc.wait(10)
+
+
+@pytest.mark.fault
+def test_the_api_answers_a_busy_redis_with_503_not_500(fresh_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    """A run's routes met Redis refusing commands (BUSY here; CLUSTERDOWN on a cluster) as an
+    unexpected error: 500 ``internal`` and a traceback per request."""
+    admin = redis.Redis.from_url(fresh_redis.url)
+    admin.config_set("lua-time-limit", 100)
+    store = RedisStore(fresh_redis.url)
+    WorkflowStub.make(Waiter, id="busy-api", store=store).start(0)
+    server = ServerProc(fresh_redis.url, tmp_path / "server.log")
+    try:
+        busy = _busy_script(fresh_redis.url)
+        wait_for(lambda: _is_busy(admin), timeout=5)
+        try:
+            for method, path in (
+                ("GET", "/api/v1/workflows/busy-api"),
+                ("POST", "/api/v1/workflows/busy-api/signal/go"),
+            ):
+                reply = httpx.request(
+                    method,
+                    server.url + path,
+                    json={"args": ["x"]},
+                    headers={"X-Durable-Request": "1"},
+                    timeout=30,
+                )
+                assert reply.status_code == 503, (path, reply.text)
+                assert reply.json()["error"]["code"] == "redis_unavailable", reply.text
+        finally:
+            admin.script_kill()
+            busy.join(5)
+    finally:
+        server.stop()
+        store.close()
+        admin.close()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()

@@ -149,3 +149,19 @@ def test_a_redis_password_refused_is_not_answered_try_again() -> None:
     error = from_exception(redis.exceptions.AuthenticationError("invalid username-password pair"))
     assert error.code == "redis_unavailable" and "check the password" in error.message
     assert "try again" in from_exception(redis.exceptions.ConnectionError("refused")).message
+
+
+def test_redis_refusing_commands_for_now_is_a_503_not_a_500() -> None:
+    """A cluster down (CLUSTERDOWN) or a busy script answered 500 ``internal`` with a traceback
+    logged per request: clients retry a 503, and a signal's caller can."""
+    import redis
+
+    from workers.server.errors import from_exception
+
+    for exc in (
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.ResponseError("BUSY Redis is busy running a script. You can only call SCRIPT KILL"),
+    ):
+        error = from_exception(exc)
+        assert (error.code, error.status) == ("redis_unavailable", 503), (exc, error)
+        assert "try again" in error.message

@@ -27,6 +27,7 @@ from durable.errors import (
     WorkflowNotFound,
 )
 from durable.schedules import ScheduleExists, ScheduleNotFound
+from durable.store.connect import unavailable_kind
 from durable.store.key_types import WrongKindOfKey
 from durable.store.memory import REFUSALS, write_refusal
 from workers.config import mask_secrets
@@ -60,7 +61,7 @@ CODES: dict[str, tuple[int, str]] = {
         "queries blocked in workflow code; try again shortly",
     ),
     "internal": (500, "an unexpected server error (logged by the server)"),
-    "redis_unavailable": (503, "the server cannot reach Redis"),
+    "redis_unavailable": (503, "the server cannot reach Redis, or Redis refuses commands for now"),
     "redis_key_wrong_kind": (
         503,
         "a Redis key durable uses holds another kind of value (made by hand, or by another program "
@@ -136,6 +137,10 @@ def from_exception(exc: BaseException) -> ApiError:
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         log.warning("redis unavailable: %s", mask_secrets(_first_line(exc)))
         return ApiError("redis_unavailable", "the server cannot reach Redis; try again")
+    refused = unavailable_kind(exc)
+    if refused is not None:  # BUSY, LOADING, a cluster down or failing over: not now, not a bug
+        log.warning("redis unavailable (%s): %s", refused, mask_secrets(_first_line(exc)))
+        return ApiError("redis_unavailable", f"Redis refuses commands for now ({refused}); try again")
     log.error("unexpected error: %s", mask_secrets(f"{type(exc).__name__}: {exc}"), exc_info=exc)
     return ApiError("internal", f"unexpected {type(exc).__name__}; see the server's log")
 
