@@ -236,12 +236,21 @@ def test_fan_out_past_pending_children_terminates_the_run(durable_store: RedisSt
         replay_history(durable_store.history(stub._ref()))
 
 
-def test_history_hard_limit_terminates_the_run(durable_store: RedisStore) -> None:
+def test_history_hard_limit_terminates_the_run(
+    durable_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
     _use(max_history_events=40)
     with TestEnvironment(store=durable_store) as env:
         stub = env.start(Grower)
         message = _terminated(stub, "max_history_events")
     assert "continue_as_new" in message
+    # Closed on the engine's authority: the worker's log says so (it said nothing).
+    (said,) = [r for r in caplog.records if "terminated: limit exceeded" in r.getMessage()]
+    assert (
+        said.levelname == "WARNING"
+        and stub.run_id in said.getMessage()
+        and "max_history_events" in said.getMessage()
+    )
     types = _history_types(stub)
     assert 40 < len(types) <= 43 and types[-1] == "WorkflowTerminated"
     replay_history(durable_store.history(stub._ref()))

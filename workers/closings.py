@@ -1,12 +1,16 @@
-"""What a closing decision sends on: the result a parent waits for, the run a continue-as-new starts."""
+"""What a closing decision sends on (the result a parent waits for, the run a continue-as-new
+starts) and says in the worker's log."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from durable import codec
 from durable import events as ev
+from durable.limits import LIMIT_REASON
 from durable.replay import Driver
+from durable.runinfo import failure_text
 from durable.store.redis_store import RunRef
 from durable.store.tasks import NextRun, child_result_message
 
@@ -56,3 +60,18 @@ def next_run_of(
         parent,
         build,
     )
+
+
+log = logging.getLogger("durable.worker")
+
+
+def say_closed(closing: ev.Event, ref: RunRef, workflow_type: str, ids: dict[str, str]) -> None:
+    """Log a run's close when an operator must hear of it: a failure (a bug's at WARNING, with
+    where it rose) and a termination by a limit (the engine's authority, not the code's)."""
+    if isinstance(closing, ev.WorkflowFailedEvent):
+        text, bug = failure_text(closing)
+        (log.warning if bug else log.info)(
+            "run %s (%s) failed: %s", ref.run_id, workflow_type, text, extra=ids
+        )
+    elif isinstance(closing, ev.WorkflowTerminated) and closing.reason.startswith(LIMIT_REASON):
+        log.warning("run %s (%s) terminated: %s", ref.run_id, workflow_type, closing.reason, extra=ids)

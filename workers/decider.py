@@ -32,7 +32,6 @@ from durable.ids import clipped
 from durable.immutable import immutable
 from durable.registry import get_workflow
 from durable.replay import Decision, Driver
-from durable.runinfo import failure_text
 from durable.store.connect import is_redis_error, is_transient
 from durable.store.redis_store import OPEN_STATUSES, ClaimedTask, RedisStore, RunRef, StaleCompletion
 from durable.store.tasks import (
@@ -45,7 +44,7 @@ from durable.store.tasks import (
 
 from . import faults, metrics
 from .attempts import complete_batch, completion, counted
-from .closings import child_result, next_run_of
+from .closings import child_result, next_run_of, say_closed
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
 from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
@@ -266,11 +265,8 @@ class Decider:
         else:
             driver.committed()
             self.cache.put(ref.run_id, driver)
-            if isinstance(decision.closing, ev.WorkflowFailedEvent):  # a bug: said, and where
-                text, bug = failure_text(decision.closing)
-                (log.warning if bug else log.info)(
-                    "run %s (%s) failed: %s", ref.run_id, driver.workflow_type, text, extra=_ids(ref, driver)
-                )
+            if decision.closing is not None:
+                say_closed(decision.closing, ref, driver.workflow_type, _ids(ref, driver))
             # After the commit: a scheduler woken earlier would not see the timer yet.
             for _, due in decision.timers:
                 self.on_timer(due)
