@@ -10,6 +10,7 @@ names the loss of its partition, and the parent is blocked (``data_lost``) namin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -21,9 +22,10 @@ from clikit import cli_ok
 from procs import spawn_worker, stop
 from waiting import wait_for
 
-from durable import WorkflowBlocked, WorkflowNotFound, WorkflowStub, codec
+from durable import AsyncWorkflowStub, WorkflowBlocked, WorkflowNotFound, WorkflowStub, codec
 from durable.store.child_blocks import children_gone
 from durable.store.redis_store import RedisStore
+from durable.store.waits import wait_alone
 from workers.cli import cli
 
 pytestmark = pytest.mark.slow
@@ -133,6 +135,16 @@ def test_a_parent_whose_child_vanished_is_blocked_and_its_result_says_so(
         ) as info:
             parent.result(timeout=60)
         assert info.value.kind == "data_lost" and time.monotonic() - began < 20
+        # The async client's waiter, and a Redis Cluster's wait (each caller on its own
+        # connection, tried here on one Redis): they waited their whole timeout.
+        for wait in (
+            lambda: asyncio.run(AsyncWorkflowStub(parent).result(timeout=60)),
+            lambda: wait_alone(store, parent._ref(), time.monotonic() + 60),
+        ):
+            began = time.monotonic()
+            with pytest.raises(WorkflowBlocked, match=f"waits on child {child_id!r}, which does not exist"):
+                wait()
+            assert time.monotonic() - began < 20
         reason = parent.blocked()
         assert reason is not None and reason.kind == "data_lost" and reason.child == child_id
         assert "no start of it is on its way" in reason.message

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from .. import events as ev
 from ..errors import WorkflowNotFound
 from ..ids import shown_id
 from ..runinfo import blocked_reason
+from .child_blocks import children_gone
 from .records import RunRef, text
 from .redis_store import RedisStore
 from .updates import scan_for_outcome, update_timeout
@@ -46,6 +48,7 @@ from .waits import (
     _RECORD_FIELDS,
     BLOCK_CHECK_S,
     BLOCK_MS,
+    CHILD_CHECK_S,
     IDLE_S,
     READ_COUNT,
     _last_entry,
@@ -248,6 +251,7 @@ class _Watch:
     last_arg: bytes = b""  # ``last``, packed (renewed as the stream grows)
     futures: list[asyncio.Future[ev.Entry]] = field(default_factory=list)
     unserved_since: float | None = None  # monotonic: since when no live worker serves its build
+    since: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.last_arg = _bulk(self.last)
@@ -271,6 +275,7 @@ class AsyncRunWaiter:
         self._in_read = False
         self._kicked = False
         self._next_check = 0.0
+        self._next_child_check = 0.0
         self._read_at = 0.0
         self._outage = waits_outage(store)
 
@@ -457,6 +462,16 @@ class AsyncRunWaiter:
             error = stalled_error(watch, record, live)  # as the threads' waiter decides
             if error is not None:
                 self._wake(key, error=error)
+        if time.monotonic() >= self._next_child_check:  # and a child lost for good, as it does
+            self._next_child_check = time.monotonic() + CHILD_CHECK_S
+            old = time.monotonic() - CHILD_CHECK_S
+            long = [(k, w) for k, w in watched if k in self._watches and w.since <= old]
+            gone = (
+                await asyncio.to_thread(children_gone, self.store, [w.ref for _, w in long]) if long else []
+            )
+            for (key, watch), reason in zip(long, gone, strict=True):
+                if reason is not None:
+                    self._wake(key, error=blocked_error(watch.ref.workflow_id, watch.ref.run_id, reason))
 
     def _wake(self, key: str, *, entry: ev.Entry | None = None, error: BaseException | None = None) -> None:
         watch = self._watches.pop(key, None)

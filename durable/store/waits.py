@@ -234,6 +234,7 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
     since: float | None = None
     waiting = False
     outage = waits_outage(store)  # this caller's: other callers may read from nodes that answer
+    child_check = time.monotonic() + CHILD_CHECK_S
     while True:
         try:
             last, closing, unserved = look(store, ref, current=current)
@@ -243,6 +244,11 @@ def wait_alone(store: RedisStore, ref: RunRef, deadline: float | None, *, curren
             since = _still_unserved(since, unserved is not None)
             if unserved is not None and _unserved_too_long(since):
                 raise _unserved_error(ref, unserved)
+            if time.monotonic() >= child_check:  # as the shared waiter: a child lost for good
+                child_check = time.monotonic() + CHILD_CHECK_S
+                (gone,) = children_gone(store, [ref])
+                if gone is not None:
+                    raise blocked_error(ref.workflow_id, ref.run_id, gone)
             waiting = True
             block_s = BLOCK_CHECK_S
             if deadline is not None:
