@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, Sink
+from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, SideEffectsThenDone, Sink
 from procs import workers
 from waiting import wait_for
 
@@ -254,6 +254,23 @@ def test_history_hard_limit_terminates_the_run(
     types = _history_types(stub)
     assert 40 < len(types) <= 43 and types[-1] == "WorkflowTerminated"
     replay_history(durable_store.history(stub._ref()))
+
+
+def test_a_decision_that_would_close_the_run_past_the_history_limit_terminates_it(
+    durable_store: RedisStore,
+) -> None:
+    """The limit was checked only on decisions that left the run open: one that closed it
+    committed any number of events (100,002 side effects in one script, Redis blocked 1.4 s)."""
+    _use(max_history_events=40)
+    with TestEnvironment(store=durable_store) as env:
+        ok = env.start(SideEffectsThenDone, 30)
+        assert ok.result(timeout=30) == 30
+        stub = env.start(SideEffectsThenDone, 500)
+        message = _terminated(stub, "max_history_events")
+    assert "(41 > 40)" in message, message
+    types = _history_types(stub)
+    assert len(types) == 41 and types[-1] == "WorkflowTerminated", types
+    replay_history(durable_store.history(stub._ref()))  # stops where the limit stopped the code
 
 
 def test_history_bytes_limit_and_oversized_result(durable_store: RedisStore) -> None:

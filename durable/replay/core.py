@@ -311,8 +311,20 @@ class DriverCore(WorkflowRuntime):
                 None if other is None else other.event.describe(),
                 event.describe(),
             )
+        if self._history_end + len(self._out) >= current().max_history_events:
+            # This command would pass the limit: stop the code here (the decision terminates the
+            # run), not once the decision is made; a decision that closed the run was never
+            # checked, and one all() of 100,000 side effects was one commit blocking Redis.
+            self._halt = self._history_full("max_history_events", self._history_end + len(self._out) + 1)
+            self._stop_at_frontier()
+            return
         self._out.append(ev.encode(event, self._now))
         self._new.append(event)
+
+    def _history_full(self, field: str, total: int) -> str:
+        """The termination reason of a history of ``total`` (events or bytes) past ``field``."""
+        err = limit_error(field, f"run {self.run_id} ({self.workflow_type}) history", total)
+        return f"{LIMIT_REASON}{err} (continue_as_new() before should_continue_as_new() turns true keeps it short)"
 
     def _stop_at_frontier(self) -> None:
         """Read-only replay reached code beyond the committed history: park this branch for good."""

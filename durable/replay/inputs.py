@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..ids import successor_run_id
 from ..interceptors import HandleInput, HandleSignalInput, WorkflowInboundInterceptor
-from ..limits import LIMIT_REASON, current, limit_error
+from ..limits import current
 from ..workflow import ContinueAsNew
 from .branches import Branch, Wait, signal_value
 from .updates import Updates, check_arguments
@@ -537,14 +537,10 @@ class Inputs(Updates):
         events, size = self._history_total()
         limits = current()
         if events > limits.max_history_events:
-            err = limit_error(
-                "max_history_events", f"run {self.run_id} ({self.workflow_type}) history", events
-            )
-        elif size > limits.max_history_bytes:
-            err = limit_error("max_history_bytes", f"run {self.run_id} ({self.workflow_type}) history", size)
-        else:
-            return None
-        return f"{LIMIT_REASON}{err} (continue_as_new() before should_continue_as_new() turns true keeps it short)"
+            return self._history_full("max_history_events", events)
+        if size > limits.max_history_bytes:
+            return self._history_full("max_history_bytes", size)
+        return None
 
     def _void_on_close(self) -> None:
         # Whatever live code still waits on is void now (only a failing signal

@@ -20,6 +20,13 @@ class FanOut(Workflow):
         return sum(all([lambda i=i: activity(limits_echo, i) for i in range(n)]))
 
 
+class SideEffectsThenDone(Workflow):
+    """``n`` side effects, then returns: one decision, closing the run."""
+
+    def handle(self, n: int) -> int:
+        return len(all([lambda i=i: side_effect(lambda: i) for i in range(n)]))
+
+
 class Leaf(Workflow):
     def handle(self, value: int) -> int:
         return value
