@@ -4,6 +4,7 @@ much of a pile of inputs one decision takes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ from .limits import current as current_limits
 
 __all__ = [
     "DEFAULT_HISTORY_BUDGET",
+    "check_history_budget",
     "NEAR_LIMIT",
     "effective_history_budget",
     "history_full_reason",
@@ -19,6 +21,8 @@ __all__ = [
     "near_history_limit",
     "one_decisions_inputs",
 ]
+
+log = logging.getLogger("durable.workflow")
 
 #: Default history budget of a run; ``Workflow.history_budget`` overrides either key.
 DEFAULT_HISTORY_BUDGET: dict[str, int] = {"events": 10_000, "bytes": 10 * 1024 * 1024}
@@ -48,7 +52,8 @@ def one_decisions_inputs(inbox: list[bytes], most: int | None = None) -> list[by
 
 
 def effective_history_budget(cls: Any) -> dict[str, int]:
-    """A workflow class's ``history_budget`` over :data:`DEFAULT_HISTORY_BUDGET`.
+    """A workflow class's ``history_budget`` over :data:`DEFAULT_HISTORY_BUDGET`, each threshold
+    at most this process's hard limit (``max_history_events``, ``max_history_bytes``).
 
     Raises:
         ConfigurationError: not a dict, an unknown key, or a value that is not a positive integer.
@@ -66,7 +71,35 @@ def effective_history_budget(cls: Any) -> dict[str, int]:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigurationError(f"{where}[{key!r}] must be a positive integer, not {value!r}")
         budget[key] = value
-    return budget
+    return _within_limits(budget)
+
+
+def _within_limits(budget: dict[str, int]) -> dict[str, int]:
+    """``budget`` cut to this process's hard limits: past them, should_continue_as_new() would
+    turn true only after the limit had terminated the run."""
+    limits = current_limits()
+    hard = {"events": limits.max_history_events, "bytes": limits.max_history_bytes}
+    return {key: min(value, hard[key]) if hard[key] else value for key, value in budget.items()}
+
+
+def check_history_budget(cls: Any) -> None:
+    """Refuse a bad ``history_budget`` of workflow class ``cls``; warn of one past the hard limits
+    (it is cut to them: see :func:`effective_history_budget`).
+
+    Raises:
+        ConfigurationError: as :func:`effective_history_budget`.
+    """
+    budget = effective_history_budget(cls)
+    for key, value in (getattr(cls, "history_budget", None) or {}).items():
+        if value > budget[key]:
+            log.warning(
+                "%s.history_budget[%r] = %d is past the hard limit (%d, durable.limits): "
+                "should_continue_as_new() turns true at 80%% of the limit instead",
+                cls.__name__,
+                key,
+                value,
+                budget[key],
+            )
 
 
 def near_history_limit(events: int, size: int, budget: dict[str, int]) -> bool:

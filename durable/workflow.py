@@ -20,7 +20,13 @@ from typing import Any, ClassVar, TypeVar, Unpack, overload
 from .activity import activity_context
 from .errors import ConfigurationError, DurableError, NondeterminismError
 from .handlers import ActivityCallOptions, ChildCallOptions, Handles, query, signal, update
-from .history_budget import DEFAULT_HISTORY_BUDGET, NEAR_LIMIT, effective_history_budget, near_history_limit
+from .history_budget import (
+    DEFAULT_HISTORY_BUDGET,
+    NEAR_LIMIT,
+    check_history_budget,
+    effective_history_budget,
+    near_history_limit,
+)
 from .limits import check_name_length, check_queue_name
 from .options import ActivityOptions, ChildOptions, RetryPolicy, Seconds
 from .registry import register_activity, register_workflow_class
@@ -101,7 +107,7 @@ class Workflow:
         for name in (*signals, *queries, *cls._updates):
             check_name_length(name, f"{cls.__name__} signal/query")
         _check_synchronous(cls)
-        effective_history_budget(cls)  # a bad budget fails at class definition, not mid-run
+        check_history_budget(cls)  # a bad budget fails at class definition, not mid-run
         if cls.retention is not None:
             retention_ms(cls.retention, f"{cls.__name__}.retention")  # likewise a bad retention
         errors = cls.block_on_errors

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, SideEffectsThenDone, Sink
+from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, SideEffectsThenDone, Sink, limits_echo
 from procs import workers
 from waiting import wait_for
 
@@ -27,7 +27,10 @@ from durable import (
     WorkflowFailed,
     WorkflowNotFound,
     WorkflowStub,
+    activity,
+    continue_as_new,
     history_budget,
+    should_continue_as_new,
 )
 from durable import codec as payload_codec
 from durable.limits import ENV, current, reset_limits, set_limits
@@ -271,6 +274,31 @@ def test_a_decision_that_would_close_the_run_past_the_history_limit_terminates_i
     types = _history_types(stub)
     assert len(types) == 41 and types[-1] == "WorkflowTerminated", types
     replay_history(durable_store.history(stub._ref()))  # stops where the limit stopped the code
+
+
+def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(
+    durable_store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """should_continue_as_new() turned true at 80 % of the class's budget even past the hard
+    limit: the documented loop was terminated by the limit first, without a word."""
+    _use(max_history_events=40)
+
+    class LoopsPastTheLimit(Workflow):
+        history_budget = {"events": 100}
+
+        def handle(self, runs: int) -> int:
+            while not should_continue_as_new():
+                activity(limits_echo, 1)
+            if runs > 1:
+                continue_as_new(runs - 1)
+            return runs
+
+    (said,) = [r for r in caplog.records if "history_budget" in r.getMessage()]
+    assert "LoopsPastTheLimit.history_budget['events'] = 100 is past the hard limit (40" in said.getMessage()
+    with TestEnvironment(store=durable_store) as env:
+        stub = env.start(LoopsPastTheLimit, 3)
+        assert stub.result(timeout=30) == 1
+        assert stub.describe()["history"]["budget"]["events"] == 40
 
 
 def test_history_bytes_limit_and_oversized_result(durable_store: RedisStore) -> None:
