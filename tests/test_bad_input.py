@@ -901,6 +901,11 @@ def test_a_run_whose_history_is_full_of_inputs_is_blocked_saying_why(worker) -> 
         assert "the limit (max_history_events 12): every signal, update and hook payload" in blocked.message
         status = CliRunner().invoke(cli, ["status", stub.id], catch_exceptions=False).output
         assert "blocked: its history holds" in status, status
+        # The operator's list of blocked runs holds it too (it was empty), and the runs list says it.
+        for argv in (["list", "--status", "blocked", "--json"], ["list", "--json"]):
+            rows = json.loads(CliRunner().invoke(cli, argv, catch_exceptions=False).output)
+            (row,) = [r for r in rows if r["workflow_id"] == stub.id]
+            assert row["blocked_kind"] == "history_full", (argv, row)
     finally:
         set_limits(None)
     stub.terminate("full")

@@ -222,9 +222,10 @@ class RunQueries(StoreBase):
         return merged[:count], horizon is not None or len(merged) > count
 
     def _light_records(self, batch: list[tuple[int, int, str]]) -> list[dict[str, Any] | None]:
-        """The :data:`LIST_FIELDS` of each run, and an open run's snapshot of its pending steps:
-        the rows say from it when an activity it waits on has no live worker to run it."""
-        fields = (*LIST_FIELDS, "snapshot")
+        """The :data:`LIST_FIELDS` of each run, and an open run's snapshot of its pending steps and
+        its history's length: the rows say from them when an activity it waits on has no live
+        worker to run it, or its history is full with only inputs to wait on."""
+        fields = (*LIST_FIELDS, "snapshot", "seq")
         with self.redis.pipeline(transaction=False) as pipe:
             for _, p, rid in batch:
                 pipe.hmget(self.keys.run(p, rid), fields)

@@ -19,6 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from durable import registry
+from durable.blocked import HISTORY_FULL
+from durable.history_budget import history_full_reason
 from durable.retention import duration_text
 from durable.runinfo import NO_LIVE_WORKER, span
 from durable.store.child_blocks import runs_blocked_by_children
@@ -53,15 +55,20 @@ __all__ = [
 
 
 def mark_unserved(records: Iterable[MutableMapping[str, Any]], live: Sequence[WorkerInfo]) -> None:
-    """Set ``blocked`` (and ``blocked_kind``) on each open run record no live worker can move
-    (:func:`~durable.store.workers.no_worker_reason`: its pinned build, or its queue, has no
+    """Set ``blocked`` (and ``blocked_kind``) on each open run record whose history is full with
+    only inputs to wait on (:func:`~durable.history_budget.history_full_reason`), or that no
+    live worker can move (:func:`~durable.store.workers.no_worker_reason`: its pinned build, or its queue, has no
     live worker), or whose activity waits on a queue whose live workers' threads are all held by
     hung activities (:func:`~durable.store.held.starved_reason`: restart them); records blocked
     for another reason keep theirs."""
     starved_at = starved_queues(live)
     for record in records:
         reason = no_worker_reason(record, live)
-        if reason:
+        full = history_full_reason(record) if record.get("status") in OPEN_STATUSES else None
+        if full and not record.get("blocked"):  # as describe puts it first: nothing can move it
+            record["blocked"] = full
+            record["blocked_kind"] = HISTORY_FULL
+        elif reason:
             record["blocked"] = reason
             record["blocked_kind"] = NO_LIVE_WORKER
         elif (held := starved_reason(record, starved_at)) is not None:
