@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing for durable, built as an interceptor (``pip install durable[otel]``).
+"""OpenTelemetry tracing for durable, built as an interceptor (``pip install -e '.[otel]'`` in durable's checkout).
 
 ::
 
@@ -39,7 +39,9 @@ try:
     from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
-    raise ImportError("durable.tracing needs OpenTelemetry: pip install 'durable[otel]'") from exc
+    raise ImportError(
+        "durable.tracing needs OpenTelemetry: pip install -e '.[otel]' in durable's checkout"
+    ) from exc
 
 from . import interceptors
 from .interceptors import (

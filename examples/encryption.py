@@ -6,7 +6,7 @@ the ring's current key, its envelope naming the key id; rotating to a new key wh
 in flight (the run's older payloads still decode with the old key, new ones use the new key);
 and a scan of every Redis key of the namespace that finds no card number in the clear.
 
-Needs the optional ``cryptography`` package (``pip install 'durable[crypto]'``).
+Needs the optional ``cryptography`` package (``pip install -e '.[crypto]'`` in durable's checkout).
 
 Run it (embedded Redis, or the one in ``DURABLE_REDIS_URL``)::
 

@@ -299,6 +299,8 @@ def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(
         stub = env.start(LoopsPastTheLimit, 3)
         assert stub.result(timeout=30) == 1
         assert stub.describe()["history"]["budget"]["events"] == 40
+    # It continued as new once should_continue_as_new() was true: not told to (each run was).
+    assert not [r.getMessage() for r in caplog.records if "near its history budget" in r.getMessage()]
 
 
 def test_history_bytes_limit_and_oversized_result(durable_store: RedisStore) -> None:

@@ -63,7 +63,7 @@ and before each scrape a worker serves itself): a supervised worker's scrape lag
 
 
 def available() -> bool:
-    """Whether ``prometheus-client`` is installed (``pip install 'durable[metrics]'``)."""
+    """Whether ``prometheus-client`` is installed (``pip install -e '.[metrics]'`` in durable's checkout)."""
     return prom is not None
 
 
@@ -478,7 +478,9 @@ def serve(
     """Serve ``/metrics`` on ``host``:``port`` from a background thread (``0.0.0.0``: every
     interface, for a scraper on another host or outside the worker's container)."""
     if prom is None:
-        raise RuntimeError("prometheus-client is not installed: pip install 'durable[metrics]'")
+        raise RuntimeError(
+            "prometheus-client is not installed: pip install -e '.[metrics]' in durable's checkout"
+        )
     if multiproc_dir is None:
         enable()
     registry = registry_for(store, queues, multiproc_dir=multiproc_dir)

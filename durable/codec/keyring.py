@@ -117,7 +117,7 @@ class AesGcm:
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: PLC0415
         except ImportError:
             raise ConfigurationError(
-                "AesGcm needs the cryptography package: pip install 'durable[crypto]'"
+                "AesGcm needs the cryptography package: pip install -e '.[crypto]' in durable's checkout"
             ) from None
 
         self._aead = AESGCM(key)

@@ -297,15 +297,16 @@ class Driver(Commands, Inputs):
         self._instance = None
 
     def _warn_near_limit(self, events: int, size: int) -> None:
-        """Log once per run, when the decision about to be committed (``events``, ``size``: the
-        history with it) passes 80% of the budget."""
+        """Log once per run (per cache load), at a decision whose code had should_continue_as_new()
+        true from its start (the history before it passed 80% of the budget) and did not close the
+        run (continue as new); ``events``, ``size``: the history with the decision. A loop that
+        continues as new once it is true (the guide's) is never told to, though a decision of it
+        crossed 80%."""
         if self._budget_warned or self._read_only or self._instance is None:
             return
-        budget = self._budget or self.history_budget()
-        if near_history_limit(self._history_end, self._bytes_end, budget):
-            self._budget_warned = True  # an earlier decision passed it (and warned)
+        if self._closing is not None:  # it continues as new or ends: nothing more to grow
             return
-        if near_history_limit(events, size, budget):
+        if near_history_limit(self._history_end, self._bytes_end, self._budget or self.history_budget()):
             self._budget_warned = True
             log.warning(
                 "run %s of workflow %r (%s) is near its history budget: %d events, %d bytes of %s; "
@@ -315,7 +316,7 @@ class Driver(Commands, Inputs):
                 self.workflow_type,
                 events,
                 size,
-                budget,
+                self._budget or self.history_budget(),
             )
 
     def _buffered_signals(self, decision: Decision) -> list[bytes]:

@@ -63,7 +63,7 @@ def server(
     """Serve the web UI (/) and the HTTP API (/api/v1, /healthz) for this Redis and namespace.
 
     Without tokens (--auth-file or $DURABLE_SERVER_TOKENS) it listens on loopback only.
-    Needs the server extra: pip install 'durable[server]'.
+    Needs the server extra: pip install -e '.[server]' in durable's checkout.
     """
     try:
         # Lazily: the server extra is optional and every other command works without it.
@@ -72,7 +72,7 @@ def server(
         from workers.server import AuthFileError, Server, create_app, load_auth
     except ImportError as exc:
         raise CliError(
-            f"durable server needs the server extra ({exc.name} is missing): pip install 'durable[server]'"
+            f"durable server needs the server extra ({exc.name} is missing): pip install -e '.[server]' in durable's checkout"
         ) from None
     try:
         configure(log_level, log_format)

@@ -382,7 +382,7 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
             if url:
                 echo(f"  web UI and API at {url}", err=True)
             else:
-                echo("  (no web UI: pip install 'durable[server]')", err=True)
+                echo("  (no web UI: pip install -e '.[server]' in durable's checkout)", err=True)
     run_worker(config, store, restart_in_place=True)
 
 

@@ -1,6 +1,6 @@
 """``durable server``: the operator surface's HTTP API (the UI joins it later).
 
-An optional part: it needs the ``server`` extra (``pip install 'durable[server]'``:
+An optional part: it needs the ``server`` extra (``pip install -e '.[server]'`` in durable's checkout:
 Starlette on uvicorn). Nothing in :mod:`durable` or the rest of :mod:`workers`
 imports it.
 
