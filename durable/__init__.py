@@ -48,6 +48,7 @@ from .errors import (
 from .limits import Limits
 from .listing import count_runs, list_runs
 from .registry import register_activity
+from .release import VERSION
 from .replay.logger import WorkflowLogger, workflow_logger
 from .runinfo import BlockedReason, RunDescription, RunOutcome
 from .schedules import (
@@ -93,7 +94,7 @@ from .workflow import (
     workflow_info,
 )
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "DEFAULT_VERSION",

@@ -28,6 +28,7 @@ from procs import ROOT, TESTS, spawn_worker, stop
 from waiting import wait_for
 
 from durable import WorkflowStub
+from durable.release import VERSION, release
 from durable.store.embedded import EmbeddedRedis
 from durable.store.records import REGISTRY_TTL_MS
 from durable.store.redis_store import RedisStore
@@ -214,6 +215,8 @@ def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, sto
         assert "Waiter" in plain["workflows"] and "add" in plain["activities"]
         assert "Waiter" not in pinned["workflows"]
         assert plain["heartbeat_age_s"] < 10 and plain["pid"] > 0
+        # The release of durable each runs, to follow a rolling upgrade (--version said 0.1.0 for all).
+        assert plain["release"] == pinned["release"] == release() and release().startswith(VERSION)
         # How soon each takes over what a gone worker left, as its flags say (defaults: 30 s, 5 s).
         assert (plain["claim_idle_ms"], plain["sticky_timeout_ms"]) == (30_000, 5_000)
         assert (pinned["claim_idle_ms"], pinned["sticky_timeout_ms"]) == (40_000, 7_000)
@@ -221,7 +224,7 @@ def test_durable_workers_lists_live_workers_with_their_types(redis_url: str, sto
         assert report["queues"]["other"]["current_build"] == "b7"
         assert report["queues"]["other"]["new_runs_to"] == ["b7"]
         table = invoke("workers").stdout
-        assert "b7" in table and "(unversioned)" in table
+        assert "b7" in table and "(unversioned)" in table and f"durable {release()}" in table
     assert json.loads(invoke("workers", "--json").stdout)["workers"] == []
 
 

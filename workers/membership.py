@@ -36,6 +36,7 @@ from datetime import timedelta
 import redis
 
 from durable.registry import declared_patches
+from durable.release import release
 from durable.retention import duration_text
 from durable.store.records import REGISTRY_TTL_MS
 from durable.store.redis_store import RedisStore
@@ -102,6 +103,7 @@ class Membership:
             patches=declared_patches(workflows),
             claim_idle_ms=timeouts[0],
             sticky_timeout_ms=timeouts[1],
+            release=release(),
         )
         self._started = 0
         self._renewed = 0  # server ms of the last registry write that went through

@@ -102,6 +102,8 @@ class WorkerInfo:
         async_stall: How long the event loop of its ``async def`` activities has not run, and
             where it is stuck (``"20 s (stuck at app.py:153 in spin)"``; ``""``: it runs). Every
             async activity of the worker waits meanwhile.
+        release: The release of durable it runs (:func:`durable.release.release`; ``""``: an
+            older release, which did not say).
     """
 
     name: str
@@ -129,6 +131,7 @@ class WorkerInfo:
     deciding_run: str = ""
     deciding: str = ""
     async_stall: str = ""
+    release: str = ""
 
     @property
     def state(self) -> str:
@@ -161,7 +164,15 @@ class WorkerInfo:
             info = cls(**data)
         except (ValueError, TypeError, AttributeError):
             return None
-        plain = [info.name, info.host, info.build, info.deciding_run, info.deciding, info.async_stall]
+        plain = [
+            info.name,
+            info.host,
+            info.build,
+            info.deciding_run,
+            info.deciding,
+            info.async_stall,
+            info.release,
+        ]
         if not all(isinstance(v, str) for v in plain) or not all(
             isinstance(getattr(info, f), int) for f in _COUNTS
         ):

@@ -22,6 +22,7 @@ import durable
 from durable import DurableError, codec
 from durable.config import check_namespace
 from durable.options import MAX_DURATION_S
+from durable.release import release
 from durable.store.connect import (
     MAX_CLIENTS_FIX,
     BadRedisUrl,
@@ -462,7 +463,7 @@ def _shown_path(filename: str) -> str:
     help="Namespace: the prefix of every Redis key, so apps sharing one Redis keep apart "
     "(default: $DURABLE_NAMESPACE, else durable). See docs/security.md.",
 )
-@click.version_option(package_name="durable", prog_name="durable")
+@click.version_option(version=release(), prog_name="durable")
 @click.pass_context
 def cli(ctx: click.Context, redis_option: str | None, namespace_option: str | None) -> None:
     """durable: durable workflows on Redis Streams.

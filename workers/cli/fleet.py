@@ -194,6 +194,8 @@ def _worker_row(w: WorkerInfo, now: int) -> dict[str, Any]:
         "pid": w.pid,
         "build_id": w.build or None,
         "compatible": list(w.compatible),
+        # The release of durable it runs (None: an older release, which did not say).
+        "release": w.release or None,
         "queues": list(w.queues),
         "workflows": list(w.workflows),
         # Per workflow type, the patches its class declares (old and new code look alike else).
@@ -297,7 +299,9 @@ def _workers_table(report: dict[str, Any], redis_url: str) -> Table:
         table.add_row(
             w["name"],
             str(w["pid"]),
-            (w["build_id"] or "(unversioned)") + "".join(f"\n+{b}" for b in w["compatible"]),
+            (w["build_id"] or "(unversioned)")
+            + "".join(f"\n+{b}" for b in w["compatible"])
+            + f"\ndurable {w['release'] or '(older release)'}",
             ", ".join(w["queues"]),
             ", ".join(
                 f"{n} ({', '.join(w['patches'][n])})" if w["patches"].get(n) else n for n in w["workflows"]
