@@ -26,7 +26,7 @@ from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
 from durable.errors import ConfigurationError
-from durable.store.cluster_dev import LocalCluster
+from durable.store.cluster_dev import LocalCluster, _text
 from durable.store.cluster_wire import ClusterWire, CrossSlotTransaction, slot_of
 from durable.store.redis_store import RedisStore, connect, is_cluster_url
 from durable.store.tasks import ActivityTask, AttemptOutcome
@@ -531,3 +531,54 @@ def test_queue_metrics_are_read_on_a_cluster(cstore: RedisStore) -> None:
     }
     assert backlog[("lonely", "workflow")] == 1
     assert "durable_dead_letters" in families
+
+
+def _half_migrate(cluster: LocalCluster, slot: int, first: list[str]) -> int:
+    """Leave ``slot`` as an interrupted reshard does: MIGRATING on its node, IMPORTING on the
+    next, half of its keys moved (``first`` among them). Returns the node it was going to."""
+    src = cluster.node_of_slot(slot)
+    dst = (src + 1) % len(cluster.ports)
+    clients = [redis.Redis(host="127.0.0.1", port=p, socket_timeout=10) for p in cluster.ports]
+    try:
+        ids = [c.execute_command("CLUSTER MYID").decode() for c in clients]
+        clients[dst].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[src])
+        clients[src].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[dst])
+        keys = [_text(k) for k in clients[src].execute_command("CLUSTER GETKEYSINSLOT", slot, 1000)]
+        rest = [k for k in keys if k not in first]
+        half = [k for k in first if k in keys] + rest[: len(rest) // 2]
+        clients[src].execute_command("MIGRATE", "127.0.0.1", cluster.ports[dst], "", 0, 5000, "KEYS", *half)
+    finally:
+        for c in clients:
+            c.close()
+    return dst
+
+
+def test_a_slot_left_half_migrated_stalls_only_its_partition(
+    cstore: RedisStore, cluster: LocalCluster, caplog
+) -> None:
+    """An interrupted reshard leaves a partition's slot half-migrated (its keys on two nodes)
+    until ``redis-cli --cluster fix``: every partition stalled (the worker dropped all its reads
+    every few seconds; its scheduler's passes failed). Only that partition waits, and the worker
+    says why and what fixes it."""
+    stuck_id = "half-0"
+    slot = key_slot(str(cstore.keys.partition(stuck_id)).encode())
+    others = [
+        f"whole-{i}" for i in range(40) if key_slot(str(cstore.keys.partition(f"whole-{i}")).encode()) != slot
+    ]
+    w = Worker(cstore, concurrency=2, grace=5, claim_idle_ms=2000, block_ms=200)
+    with caplog.at_level("WARNING", logger="durable"), WorkerThread(w):
+        stuck = WorkflowStub.make(Waiter, id=stuck_id).start(0.01)
+        wait_for(lambda: stuck.status() == "suspended", timeout=30)
+        p = cstore.keys.partition(stuck_id)
+        dst = _half_migrate(cluster, slot, [cstore.keys.workflow_tasks(p, "default"), cstore.keys.timers(p)])
+        time.sleep(3)  # the worker's reads and scheduler's passes meet the half-migrated slot
+        began = time.monotonic()
+        stubs = [WorkflowStub.make(Sequence, id=wid).start(3) for wid in others[:8]]
+        for stub in stubs:
+            assert stub.result(timeout=60) == 3
+        assert time.monotonic() - began < 30
+        said = [r.getMessage() for r in caplog.records if "redis-cli --cluster fix" in r.getMessage()]
+        assert said, [r.getMessage() for r in caplog.records][-20:]
+        cluster.move_slot(slot, dst)  # the fix: the migration finished
+        stuck.signal("go", "after the fix")
+        assert stuck.result(timeout=60) == "after the fix"

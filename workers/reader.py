@@ -24,7 +24,9 @@ outstanding read on a connection to the node owning that partition's slot; all
 of them and the wake pipe are waited on in the same ``select()``. At most one
 read is outstanding per group. A MOVED/ASK reply or a lost node drops every
 connection (their delivered entries stay pending and are reclaimed) and the
-caller retries after a pause; the next read reconnects along the new slot map.
+caller retries after a pause; the next read reconnects along the new slot map. An ASK or
+TRYAGAIN (the slot is being migrated, its keys on two nodes) concerns only that partition: it is
+left out of the reads for a while, the others go on.
 
 What speaks Redis -- the ``XREADGROUP`` command, its connection, the reply's
 shape, which errors mean a lost connection or a moved slot -- is
@@ -42,10 +44,15 @@ import select
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
+from typing import Any
 
+from durable.store.connect import is_slot_migrating
 from durable.store.reads import CONNECTION_FAILURES, SLOT_MOVES, GroupRead, ReadLost, Reply
 
 log = logging.getLogger("durable.worker")
+
+MIGRATING_HOLD_S = 5.0
+"""How long a read group (a partition) whose slot is being migrated is left out of the reads."""
 
 
 class TaskReader:
@@ -58,6 +65,8 @@ class TaskReader:
             cluster its partition; on one Redis ``None``, a single read over every stream).
         on_moved: Called after the connections were dropped because the cluster's slot map
             changed or a node went away (e.g. to refresh the cluster client's slot map).
+        on_migrating: Called with a read group (a partition) and the error when its slot is
+            being migrated (to say so).
     """
 
     def __init__(
@@ -67,11 +76,14 @@ class TaskReader:
         *,
         group_of: Callable[[str], Hashable] = lambda _stream: None,
         on_moved: Callable[[], None] | None = None,
+        on_migrating: Callable[[Any, BaseException], None] = lambda _group, _exc: None,
     ) -> None:
         self._open_read = open_read
         self._consumer = consumer
         self._group_of = group_of
         self._on_moved = on_moved
+        self._on_migrating = on_migrating
+        self._held: dict[Hashable, float] = {}  # read groups whose slot is migrating -> until when
         self._reads: dict[tuple[str, Hashable], GroupRead] = {}
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -125,7 +137,7 @@ class TaskReader:
                 ready = self._wait()
                 if not ready:
                     return None
-            return [(key[0], self._reads[key].reply()) for key in ready]
+            return [(key[0], reply) for key in ready if (reply := self._reply(key)) is not None]
         except CONNECTION_FAILURES as exc:
             self._reset(moved=True)
             if isinstance(exc, OSError) and not isinstance(exc, TimeoutError | ConnectionError):
@@ -143,11 +155,27 @@ class TaskReader:
             self._reset(moved=True)
             raise ReadLost(f"cluster reconfigured: {exc}") from exc
 
+    def _reply(self, key: tuple[str, Hashable]) -> Reply | None:
+        """The reply of read ``key``; ``None`` when its slot is being migrated (a cluster's ASK or
+        TRYAGAIN: its keys are on two nodes): that group is left out for :data:`MIGRATING_HOLD_S`,
+        the other groups' reads go on (a slot left half-migrated stalled every partition)."""
+        try:
+            return self._reads[key].reply()
+        except SLOT_MOVES as exc:
+            if not is_slot_migrating(exc):
+                raise
+            self._held[key[1]] = time.monotonic() + MIGRATING_HOLD_S
+            self._on_migrating(key[1], exc)
+            return None
+
     def _send(self, lane: str, streams: list[str], count: int, block_ms: int) -> None:
         groups: dict[Hashable, list[str]] = {}
         for stream in streams:
             groups.setdefault(self._group_of(stream), []).append(stream)
+        now = time.monotonic()
         for group, members in groups.items():
+            if self._held.get(group, 0.0) > now:
+                continue  # its slot is being migrated: tried again after the hold
             r = self._reads.get((lane, group))
             if r is None:
                 r = self._reads[(lane, group)] = self._open_read(group)

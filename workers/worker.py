@@ -159,6 +159,7 @@ class Worker:
             self.consumer,
             group_of=self.store.read_group,
             on_moved=self.store.refresh_topology,
+            on_migrating=self.store.partition_migrating,
         )
         # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
         # still work while its writes are refused (OOM): only a quiet spell ends an incident.

@@ -20,6 +20,7 @@ from .. import events as ev
 from ..codec.sealed import seal_fields
 from ..immutable import immutable
 from . import loads
+from .connect import is_slot_migrating
 from .key_types import KeyTypes, is_wrong_type
 from .keys import (
     GROUP,
@@ -427,6 +428,9 @@ class ActivityStore(KeyTypes):
                         "; ".join(wrong) or reply,
                     )
                 out.append((0, -1, 0))
+            elif is_slot_migrating(reply):  # that partition's timers wait; the others' fire
+                self.partition_migrating(p, reply)
+                out.append((0, -1, 0))
             else:
                 raise reply
         return out
@@ -491,5 +495,13 @@ class ActivityStore(KeyTypes):
         with self.redis.pipeline(transaction=False) as pipe:
             for p in parts:
                 pipe.zrange(self.keys.running(p), 0, 0, withscores=True)
-            firsts = pipe.execute()
-        return [int(first[0][1]) if first else None for first in firsts]
+            firsts = pipe.execute(raise_on_error=False)
+        out: list[int | None] = []
+        for p, first in zip(parts, firsts, strict=True):
+            if isinstance(first, Exception):
+                if not is_slot_migrating(first):
+                    raise first
+                self.partition_migrating(p, first)  # its deadlines wait; the others' expire
+                first = None
+            out.append(int(first[0][1]) if first else None)
+        return out

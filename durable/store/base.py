@@ -21,7 +21,15 @@ from ..config import namespace as configured_namespace
 from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
 from .cluster_wire import ClusterWire
-from .connect import Client, cluster_node_url, connect, is_cluster_client, is_wrong_type, unsupported_server
+from .connect import (
+    MIGRATING_FIX,
+    Client,
+    cluster_node_url,
+    connect,
+    is_cluster_client,
+    is_wrong_type,
+    unsupported_server,
+)
 from .embedded import resolve_redis_url
 from .keys import Keys
 from .outage import CLIENT_RIDE_S, client_incident, ride_out
@@ -83,10 +91,25 @@ class StoreBase:
             if self.cluster
             else Wire(self.redis, self._load_all_scripts)
         )
+        self._migrating_said: dict[int, float] = {}  # partition -> when it may be said again
         self._check_server()
         if flush:
             self.redis.flushdb()
         self._check_partitions()
+
+    def partition_migrating(self, p: int, exc: BaseException) -> None:
+        """Say (once a minute per partition) that partition ``p``'s slot is being migrated
+        (:func:`~durable.store.connect.is_slot_migrating`): its work waits; the others' goes on."""
+        now = time.monotonic()
+        if now < self._migrating_said.get(p, 0.0):
+            return
+        self._migrating_said[p] = now + 60.0
+        log.warning(
+            "partition %d waits: its Redis Cluster slot is being migrated (%s); %s",
+            p,
+            str(exc).splitlines()[0][:120],
+            MIGRATING_FIX,
+        )
 
     def _check_server(self) -> None:
         """Refuse a Redis older than 6.2 (a script would fail at its first XAUTOCLAIM, deep in

@@ -211,6 +211,23 @@ def is_failover_unblock(exc: BaseException) -> bool:
     return isinstance(exc, rexc.ResponseError) and "instance state changed" in str(exc)
 
 
+def is_slot_migrating(exc: BaseException) -> bool:
+    """Whether ``exc`` says a Redis Cluster slot is being migrated: a key of it was moved to the
+    importing node already (``ASK``), or a command's keys are split between the two nodes
+    (``TRYAGAIN``). It lasts as long as the migration; an interrupted one (a reshard that failed
+    half-way) lasts until ``redis-cli --cluster fix``. Other slots are not concerned."""
+    return isinstance(exc, rexc.TryAgainError) or (
+        isinstance(exc, rexc.AskError) and not isinstance(exc, rexc.MovedError)
+    )
+
+
+MIGRATING_FIX = (
+    "if no reshard is running, one was left half-way: run `redis-cli --cluster fix HOST:PORT` "
+    "(any node); the other partitions go on meanwhile"
+)
+"""What to do about a slot left migrating (:func:`is_slot_migrating`)."""
+
+
 def is_missing_group(exc: BaseException) -> bool:
     """Whether ``exc`` says a task stream (and so its consumer group) does not exist: ``NOGROUP``,
     or Redis 7's answer to a read blocked on a stream deleted meanwhile (``UNBLOCKED the stream

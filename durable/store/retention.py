@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..retention import DEFAULT_RETENTION, retention_ms
+from .connect import first_line, is_transient
 from .redis_store import CLOSED_STATUSES, RedisStore
 
 log = logging.getLogger("durable.retention")
@@ -128,8 +129,11 @@ class Purger:
             return
         try:
             backlog = self.run_pass()
-        except Exception:  # noqa: BLE001 - purging can wait; timers and reclaims must not
-            log.exception("retention pass failed; retrying in %.0f s", self.interval)
+        except Exception as exc:  # noqa: BLE001 - purging can wait; timers and reclaims must not
+            if is_transient(exc):  # Redis unavailable for now (an outage, a slot migrating): no bug
+                log.warning("retention pass failed (%s); retrying in %.0f s", first_line(exc), self.interval)
+            else:
+                log.exception("retention pass failed; retrying in %.0f s", self.interval)
             backlog = False
         self._next = now if backlog else now + self.interval
 

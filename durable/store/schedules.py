@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from .base import StoreBase
+from .connect import is_slot_migrating
 from .keys import SENT_TTL_MS
 from .memory import is_oom
 from .records import text
@@ -223,7 +224,14 @@ class ScheduleStore(StoreBase):
                 pipe.zrangebyscore(due, "-inf", now_ms, start=0, num=limit)
                 pipe.smembers(busy)
                 pipe.zrange(due, 0, 0, withscores=True)
-                replies.append(pipe.execute())
+                got = pipe.execute(raise_on_error=False)
+            failed = next((r for r in got if isinstance(r, Exception)), None)
+            if failed is not None:
+                if not is_slot_migrating(failed):
+                    raise failed
+                self.partition_migrating(p, failed)  # its schedules wait; the others' run
+                continue
+            replies.append(got)
         work: dict[str, None] = {}
         soonest: int | None = None
         for ids, busy_ids, first in replies:
