@@ -60,6 +60,14 @@ BLOCKED_GRACE_S = 1.0
 """How long past the limit a caller waits for code that did not take its exception (blocked in
 a call) before it gets the error anyway."""
 
+SLOW_FACTOR = 6
+"""How many times the limit a caller waits, past it, for code that is still running (using CPU)
+but slowly: one replay among many at once shares the process's interpreter, and a long history
+takes each of them that much longer. It then gets :class:`QueryBusy`, not "fix the code"."""
+
+PROGRESS_CHECK_S = 0.5
+"""How often a caller waiting past the limit looks whether the code is still using CPU."""
+
 MONITOR_IDLE_S = 10.0
 """How long the monitor thread outlives the last limited call (a thread per query costs more
 than the query: a busy server keeps one)."""
@@ -86,6 +94,16 @@ class QueryOverrun:
             name=self.name,
         )
 
+    def slow(self, seconds: float) -> Exception:
+        """The code kept running (using CPU, switching greenlets) for ``seconds``: slowed by the
+        other queries this process runs at once, no fault of the run's code."""
+        return QueryBusy(
+            f"@query {self.name!r} of workflow {self.workflow_id!r} did not return within {seconds:g} s: "
+            "its replay was still running, slowed by the other queries this process runs at once; "
+            "try again, or send fewer at once",
+            name=self.name,
+        )
+
     def busy(self, held: str) -> Exception:
         """No runner thread was free within the limit: ``held`` says which runs' code holds them."""
         return QueryBusy(
@@ -106,8 +124,31 @@ class _Watch:
         self.thread_id = thread_id
         self.seconds = seconds
         self.mark = time.monotonic()  # the code last showed progress (a greenlet switch)
+        self.clock = _cpu_clock(thread_id)
+        self.cpu_mark = time.thread_time()  # (called on the watched thread) its CPU time then
         self.where = ""  # set when it overran
         self.fired = False
+
+    def ran(self, now: float) -> float:
+        """Seconds the code has run since its last switch: its thread's CPU time, not the wall
+        clock's (waiting for the interpreter behind other threads is no fault of the code's)."""
+        return _cpu_s(self.clock) - self.cpu_mark if self.clock is not None else now - self.mark
+
+
+def _cpu_clock(thread_id: int) -> int | None:
+    """The CPU-time clock of thread ``thread_id`` (``None`` where the platform has none)."""
+    try:
+        return time.pthread_getcpuclockid(thread_id)
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_s(clock: int | None) -> float:
+    """A thread's CPU time by its clock (0 once the thread is gone)."""
+    try:
+        return time.clock_gettime(clock) if clock is not None else 0.0
+    except OSError:
+        return 0.0
 
 
 _lock = threading.Lock()
@@ -170,6 +211,8 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun) -> T
 
     _submit(run)
     if not done.wait(max(0.0, deadline - time.monotonic())):
+        _wait_while_running(done, runner, seconds, overrun)
+    if not done.is_set():
         frame = sys._current_frames().get(runner[0]) if runner else None
         where = code_position(traceback.extract_stack(frame)) if frame is not None else ""
         del frame
@@ -182,6 +225,27 @@ def run_limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun) -> T
     if ok:
         return value
     raise value
+
+
+def _wait_while_running(
+    done: threading.Event, runner: list[int], seconds: float, overrun: QueryOverrun
+) -> None:
+    """Past the limit: wait on while the code still uses CPU (slowed by other threads, not
+    blocked in a call), up to :data:`SLOW_FACTOR` times the limit, then raise ``QueryBusy``;
+    return once it is done or uses no CPU (blocked: the caller says so)."""
+    clock = _cpu_clock(runner[0]) if runner else None
+    if clock is None:
+        return
+    cap = time.monotonic() + seconds * (SLOW_FACTOR - 1)
+    used = _cpu_s(clock)
+    while time.monotonic() < cap:
+        if done.wait(PROGRESS_CHECK_S):
+            return
+        now_used = _cpu_s(clock)
+        if now_used - used < PROGRESS_CHECK_S / 20:  # (a blocked call uses next to none)
+            return
+        used = now_used
+    raise overrun.slow(seconds * SLOW_FACTOR)
 
 
 def _held() -> str:
@@ -238,7 +302,7 @@ def _limited(fn: Callable[[], T], seconds: float, overrun: QueryOverrun, runner:
     watch = _Watch(ident, seconds)
 
     def switched(event: str, args: Any) -> None:
-        watch.mark = time.monotonic()
+        watch.mark, watch.cpu_mark = time.monotonic(), time.thread_time()
         if previous is not None:
             previous(event, args)
 
@@ -283,7 +347,7 @@ def _loop() -> None:
                 _monitor = None
                 return
             for watch in _watches.values():
-                if not watch.fired and now - watch.mark >= watch.seconds:
+                if not watch.fired and now - watch.mark >= watch.seconds and watch.ran(now) >= watch.seconds:
                     _fire(watch, now)
 
 

@@ -13,13 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
 import pytest
 from apps import runaway
-from apps.runaway import LoopingQuery, SleepyQuery, Spin
+from apps.runaway import LoopingQuery, SleepyQuery, Spin, Tally
 from procs import ROOT, TESTS, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
@@ -192,3 +193,36 @@ def test_the_cli_exits_after_a_query_blocked_in_a_call(durable_redis_url: str, s
     )
     assert out.returncode == 1 and "(blocked in a call)" in out.stderr, out
     assert time.monotonic() - began < 20
+
+
+def test_queries_slowed_by_each_other_are_answered_not_called_runaway_code(
+    worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent queries of a long history share the interpreter: each replay took longer than
+    the limit on the wall clock though its code was healthy, and failed "ran without yielding
+    ... fix the code". The limit counts the replay's own CPU time; a caller waits on while the
+    code still runs (up to SLOW_FACTOR times the limit)."""
+    stub = WorkflowStub.make(Tally).start()
+    for _ in range(3000):
+        stub.signal("add", 1)
+    wait_for(lambda: stub.query("count") == 3000, timeout=60)
+    began = time.perf_counter()
+    stub.query("count")
+    alone = time.perf_counter() - began
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 2.5 * alone)
+    monkeypatch.setattr(time_limit, "BLOCKED_GRACE_S", alone)  # 8 replays at once take ~8x alone
+    monkeypatch.setattr(time_limit, "SLOW_FACTOR", 40)  # waiting on while they run: whatever the load
+    results: list[object] = []
+
+    def ask() -> None:
+        try:
+            results.append(stub.query("count"))
+        except Exception as exc:  # noqa: BLE001 - the assertion shows it
+            results.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [3000] * 8, (alone, results)

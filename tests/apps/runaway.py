@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from durable import Workflow, activity, query
+from durable import Workflow, activity, query, signal, wait_until
 
 SPINNING = {"on": True}
 """While true, :class:`Spin` busy-loops (an in-process test turns it off to free its thread)."""
@@ -93,3 +93,28 @@ class LongActivityStep(Workflow):
 
     def handle(self, seconds: float) -> str:
         return activity(slow_step, seconds)
+
+
+class Tally(Workflow):
+    """Sums ``add`` signals until ``stop``: a long history that replays handler after handler
+    without a greenlet switch (healthy code a query takes a while to replay)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.done = False
+
+    @signal
+    def add(self, k: int) -> None:
+        self.n += k
+
+    @signal
+    def stop(self) -> None:
+        self.done = True
+
+    def handle(self) -> int:
+        wait_until(lambda: self.done)
+        return self.n
+
+    @query
+    def count(self) -> int:
+        return self.n
