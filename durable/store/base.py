@@ -20,6 +20,7 @@ import redis
 from ..config import namespace as configured_namespace
 from ..config import partitions, warn_if_shared_default
 from ..errors import ConfigurationError
+from ..quiet import Quiet
 from .cluster_wire import ClusterWire
 from .connect import (
     MIGRATING_FIX,
@@ -91,7 +92,7 @@ class StoreBase:
             if self.cluster
             else Wire(self.redis, self._load_all_scripts)
         )
-        self._migrating_said: dict[int, float] = {}  # partition -> when it may be said again
+        self._migrating_said = Quiet(60.0)  # by partition
         self._check_server()
         if flush:
             self.redis.flushdb()
@@ -100,10 +101,8 @@ class StoreBase:
     def partition_migrating(self, p: int, exc: BaseException) -> None:
         """Say (once a minute per partition) that partition ``p``'s slot is being migrated
         (:func:`~durable.store.connect.is_slot_migrating`): its work waits; the others' goes on."""
-        now = time.monotonic()
-        if now < self._migrating_said.get(p, 0.0):
+        if not self._migrating_said.due(p):
             return
-        self._migrating_said[p] = now + 60.0
         log.warning(
             "partition %d waits: its Redis Cluster slot is being migrated (%s); %s",
             p,

@@ -37,6 +37,7 @@ from redis import exceptions as rexc
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from ..quiet import Quiet
 from .connect import own_connection
 from .wire import Command, Deferred, IdleConnections, pack, read_replies, transaction_result
 
@@ -111,6 +112,9 @@ class ClusterWire:
         # round trip cost more than the round trip's own reads.
         self._owners: dict[int, Any] = {}
         self._idle: dict[str, IdleConnections] = {}
+        # Each reason said once per 10 s: in a node's outage every caller's retry reads the map
+        # again (20 lines a second per worker drowned the outage's own WARNINGs).
+        self._said = Quiet(10.0)
 
     def close(self) -> None:
         """Disconnect every node's idle connections (see :meth:`Wire.close <durable.store.wire.Wire.close>`)."""
@@ -254,7 +258,9 @@ class ClusterWire:
     def _refresh(self, why: str, moves: Sequence[rexc.MovedError] = ()) -> None:
         """Read the slot map again (redis-py's nodes manager; one refresh when threads race);
         failing that, take the new owners the MOVED replies name."""
-        log.info("reading the cluster slot map again: %s", why)
+        (log.info if self._said.due(why.split(" (")[0]) else log.debug)(
+            "reading the cluster slot map again: %s", why
+        )
         # Round trips still under way give their connections back to the dropped stacks,
         # which are then forgotten: every later round trip connects along the new map.
         forgotten, self._owners, self._idle = self._idle, {}, {}
