@@ -436,6 +436,14 @@ def test_worker_process_end_to_end(redis_url: str, worker_proc: subprocess.Popen
     for t in ("ActivityScheduled", "TimerStarted", "TimerFired", "SignalReceived", "ChildStarted"):
         assert t in types
     assert invoke("history", "o-1").exit_code == 0
+    # A long history's table is paged (51,000 events took 40 s to print whole): the caption
+    # names the next page, which starts right after it.
+    page = invoke("history", "o-1", "--limit", "3", "--after", "2")
+    assert page.exit_code == 0 and "durable history o-1 --after 5" in " ".join(page.stdout.split())
+    rows = [line.split()[1] for line in page.stdout.splitlines() if line.startswith("│")]
+    assert rows == ["3", "4", "5"], page.stdout
+    last = invoke("history", "o-1", "--after", str(len(items) - 1))
+    assert "more events follow" not in last.stdout and items[-1]["type"] in last.stdout
 
     described = invoke("describe", "o-1")
     assert described.exit_code == 0

@@ -8,6 +8,7 @@ from typing import TypeVar
 import click
 
 from durable import SearchQueryError, WorkflowStub, count_runs, list_runs
+from durable.client import HistoryEvent
 from durable.runinfo import NO_LIVE_WORKER
 from durable.search import parse_where
 from durable.store.records import CLOSED_STATUSES, OPEN_STATUSES
@@ -61,19 +62,37 @@ def describe(state: CliState, workflow_id: str, as_json: bool, run_id: str | Non
     help="A JSON array of {seq, type, ts, data, raw}: the export format of `durable replay`.",
 )
 @click.option("--run", "run_id", default=None, metavar="RUN_ID", help=_RUN_HELP)
+@click.option(
+    "--after", default=0, type=click.IntRange(0), metavar="SEQ", help="The table's events after SEQ."
+)
+@click.option(
+    "--limit",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="At most N events in the table (--json exports the whole history).",
+)
 @pass_state
-def history(state: CliState, workflow_id: str, as_json: bool, run_id: str | None) -> None:
+def history(
+    state: CliState, workflow_id: str, as_json: bool, run_id: str | None, after: int, limit: int
+) -> None:
     """The events of workflow ID's current run (or --run's), as a table or (--json) for export.
 
     `durable history ID --json > run.json` then `durable replay run.json --app M`
-    checks that today's code still decides as that history says.
+    checks that today's code still decides as that history says. A long history's table is
+    paged: `--after SEQ` (the caption says the next one).
     """
+    store = state.existing_store
     if as_json:
-        echo(to_json(export_history(state.existing_store, workflow_id, run_id), indent=1))
+        echo(to_json(export_history(store, workflow_id, run_id), indent=1))
         return
-    stub = WorkflowStub.load(workflow_id, store=state.existing_store)
-    events = stub.history(run_id)
-    console().print(history_table(events, title=f"{workflow_id} (run {run_id or stub.run_id})"))
+    ref = store.ref(workflow_id, run_id)
+    entries = store.history(ref, after, count=limit + 1)
+    events = [HistoryEvent.from_entry(e) for e in entries[:limit]]
+    table = history_table(events, title=f"{workflow_id} (run {ref.run_id})")
+    if len(entries) > limit:
+        table.caption = f"more events follow: durable history {workflow_id} --after {events[-1].seq}"
+    console().print(table)
 
 
 _WHERE_HELP = (

@@ -234,7 +234,7 @@ def workflow_history(call: Call) -> dict[str, Any]:
         raise ApiError("invalid_argument", f"query parameter 'limit' must be 1..{MAX_HISTORY_PAGE}")
     store = call.store
     ref = store.ref(call.path["id"], call.arg("run_id"))
-    entries = store.history(ref, after)
+    entries = store.history(ref, after, count=limit + 1)  # (a page, not the whole history each time)
     events = [HistoryEvent.from_entry(e).to_dict() for e in entries[:limit]]
     more = len(entries) > limit
     return {
