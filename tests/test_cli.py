@@ -694,3 +694,6 @@ def test_list_dead_with_a_limit_shows_that_many_of_the_newest(redis_url: str) ->
         time.sleep(0.002)
     letters = json.loads(invoke("list", "--dead", "--limit", "2", "--json").stdout)
     assert [letter["reason"] for letter in letters] == ["letter 4", "letter 5"]
+    # The table says how many are parked in all (it said "dead letters (2)" of 6; of 5,001, "50").
+    table = " ".join(invoke("list", "--dead", "--limit", "2").stdout.split())
+    assert "dead letters (2 newest of 6)" in table and "--limit N for more" in table, table

@@ -495,6 +495,13 @@ class QueueStore(RunStore):
                 raise WorkflowClosed(f"workflow {workflow_id!r} is {text(result[1])}; nothing to repair")
         raise DurableError(f"workflow {workflow_id!r} kept changing; try again")
 
+    def dead_letter_count(self) -> int:
+        """How many tasks are parked in every partition together (one round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.keys.partitions):
+                pipe.xlen(self.keys.dead(p))
+            return sum(int(n) for n in pipe.execute())
+
     def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """The newest ``count`` parked tasks of every partition together, newest last; each with
         its run's ``workflow_id`` (``None`` once the run is purged) so that an operator can go to

@@ -155,7 +155,9 @@ class RunStore(KnownQueues, SearchStore, KeyTypes):
 
     def history(self, ref: RunRef, after_seq: int = 0, count: int | None = None) -> list[ev.Entry]:
         """The run's committed events after ``after_seq`` (at most ``count``), decoded, in seq order."""
-        rows = self.redis.xrange(self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+", count=count)
+        rows = self.redis.xrange(
+            self.keys.history(ref.partition, ref.run_id), f"0-{after_seq + 1}", "+", count=count
+        )
         return self.decode_history(ref, rows, first=after_seq + 1)
 
     def last_entry(self, ref: RunRef) -> ev.Entry | None:

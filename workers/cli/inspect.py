@@ -150,7 +150,7 @@ def list_(
         if as_json:
             echo(to_json(letters, indent=1))
         else:
-            console().print(dead_letters_table(letters, url))
+            console().print(dead_letters_table(letters, url, store.dead_letter_count()))
         return
     before_ms, before_run_id = before or (None, None)
     # A status is an indexed word: listed through the index, a page holds `limit` such runs

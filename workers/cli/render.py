@@ -346,9 +346,15 @@ def describe_tables(info: Mapping[str, Any], redis_url: str) -> list[Table]:
     return tables
 
 
-def dead_letters_table(letters: Sequence[Mapping[str, Any]], redis_url: str) -> Table:
-    """``durable list --dead``: one row per parked task."""
-    table = Table(title=f"dead letters ({len(letters)})", title_justify="left", caption=f"redis: {redis_url}")
+def dead_letters_table(
+    letters: Sequence[Mapping[str, Any]], redis_url: str, total: int | None = None
+) -> Table:
+    """``durable list --dead``: one row per parked task (the newest, of ``total``)."""
+    shown = (
+        f"{len(letters)} newest of {total:,}" if total is not None and total > len(letters) else len(letters)
+    )
+    more = "; --limit N for more" if total is not None and total > len(letters) else ""
+    table = Table(title=f"dead letters ({shown})", title_justify="left", caption=f"redis: {redis_url}{more}")
     for col in ("partition", "entry", "kind", "workflow id", "run", "reason"):
         table.add_column(col, overflow="fold")
     for item in letters:
