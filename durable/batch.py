@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .blocked import HISTORY_FULL
 from .client import WorkflowStub, default_store
 from .errors import DurableError, WorkflowClosed, WorkflowNotFound
 from .listing import list_runs
@@ -122,7 +123,7 @@ def for_open_runs(
                 getattr(WorkflowStub.load(workflow_id, store=store), action)(reason)
                 ref = RunRef(row["partition"], row["run_id"], workflow_id)
                 stuck = store.why_blocked(store.run_record(ref), live) if action == "cancel" else None
-                if stuck is not None:  # its cancel takes effect once it moves again
+                if stuck is not None and stuck.kind != HISTORY_FULL:  # its cancel waits for it to move
                     report.blocked[workflow_id] = f"{stuck.kind}: {stuck.message}"
             except (WorkflowClosed, WorkflowNotFound):
                 report.closed.append(workflow_id)

@@ -155,7 +155,7 @@ def cancel_note(
 ) -> str | None:
     """What to tell of a cancellation of a run blocked for ``blocked``: it runs the workflow's
     cleanup, which a blocked run does not run until it moves (``None``: not blocked)."""
-    if blocked is None:
+    if blocked is None or blocked.kind == HISTORY_FULL:  # a cancel is no input it refuses: it closes it
         return None
     then = "" if blocked.kind in found_on_read else f", then `durable repair {workflow_id}`"
     return (

@@ -147,7 +147,7 @@ def history_full_reason(record: Mapping[str, Any]) -> str | None:
         return None
     return (
         f"its history holds {events} events, the limit (max_history_events {limit}): every signal, "
-        "update and hook payload to it is refused, so nothing can move it; terminate it (a long run "
+        "update and hook payload to it is refused, so nothing can move it; cancel or terminate it (a long run "
         "that continue_as_new()s before its limit stays short), or raise DURABLE_MAX_HISTORY_EVENTS "
         "for its workers and clients"
     )

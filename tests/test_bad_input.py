@@ -906,9 +906,12 @@ def test_a_run_whose_history_is_full_of_inputs_is_blocked_saying_why(worker) -> 
             rows = json.loads(CliRunner().invoke(cli, argv, catch_exceptions=False).output)
             (row,) = [r for r in rows if r["workflow_id"] == stub.id]
             assert row["blocked_kind"] == "history_full", (argv, row)
+        # A cancel is no input it refuses: it closes the run (it was said to wait for it to move).
+        said = CliRunner().invoke(cli, ["cancel", stub.id], catch_exceptions=False).output
+        assert "takes effect only" not in said, said
+        wait_for(lambda: stub.status() == "cancelled")
     finally:
         set_limits(None)
-    stub.terminate("full")
 
 
 def test_result_timeout_of_an_open_run(worker, redis_url: str) -> None:

@@ -311,10 +311,14 @@ class DriverCore(WorkflowRuntime):
                 None if other is None else other.event.describe(),
                 event.describe(),
             )
-        if self._history_end + len(self._out) >= current().max_history_events:
+        if (
+            self._history_end + len(self._out) >= current().max_history_events
+            and event.type not in ev.STATUS_OF_CLOSING
+        ):
             # This command would pass the limit: stop the code here (the decision terminates the
             # run), not once the decision is made; a decision that closed the run was never
-            # checked, and one all() of 100,000 side effects was one commit blocking Redis.
+            # checked, and one all() of 100,000 side effects was one commit blocking Redis. The
+            # run's own close is no command: it always fits (a full run can be cancelled).
             self._halt = self._history_full("max_history_events", self._history_end + len(self._out) + 1)
             self._stop_at_frontier()
             return
