@@ -278,7 +278,9 @@ def test_attempts_refused_at_maxmemory_are_one_warning_and_run_once_memory_is_fr
             wait_for(lambda: all(s.status() == "running" for s in stubs), timeout=30)
             with kept_full(full_client):
                 os.kill(biller.pid, signal.SIGCONT)
-                wait_for(lambda: "activity threads (beginning attempts)" in running.read_text(), timeout=20)
+                wait_for(
+                    lambda: "activity thread pool (beginning attempts)" in running.read_text(), timeout=20
+                )
                 assert all(s.status() == "running" for s in stubs)
         finally:
             os.kill(biller.pid, signal.SIGCONT)
@@ -288,7 +290,7 @@ def test_attempts_refused_at_maxmemory_are_one_warning_and_run_once_memory_is_fr
         stop(decider)
         store.close()
     log = running.read_text()
-    assert log.count("the activity threads (beginning attempts) retries") == 1, log
+    assert log.count("the activity thread pool (beginning attempts) retries") == 1, log
     assert "Traceback" not in log and "could not be recorded" not in log, log
 
 

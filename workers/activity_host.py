@@ -127,7 +127,7 @@ class ActivityHost:
         self._not_given_back: list[tuple[str, str, dict[bytes, bytes]]] = []
         # Beginning an attempt that Redis refuses (OOM, a stall): its task goes back (see left_over).
         self._taking = Incident(
-            log, "activity threads (beginning attempts)", until="putting their tasks back"
+            log, "activity thread pool (beginning attempts)", until="putting their tasks back"
         )
 
     @property

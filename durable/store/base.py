@@ -155,7 +155,8 @@ class StoreBase:
             raise ConfigurationError(
                 f"this Redis holds a durable deployment (prefix {self.keys.prefix!r}) with {have} partitions, "
                 f"but {want} were configured; the partition count cannot change while runs exist — set "
-                f"DURABLE_PARTITIONS={have}, or use another prefix/database"
+                f"DURABLE_PARTITIONS={have}, or use another namespace (DURABLE_NAMESPACE)"
+                + ("" if self.cluster else " or database")
             )
 
     def close(self) -> None:
