@@ -388,7 +388,14 @@ def test_workers_schedules_dead_letters(api: Api) -> None:
             "reason": "a run is open (overlap skip)",
         }
         c.post(f"/api/v1/workflows/{triggered}/terminate")
-        assert isinstance(c.get("/api/v1/dead-letters").json()["dead_letters"], list)
+        before = c.get("/api/v1/dead-letters").json()["total"]
+        for i in range(3):  # parked tasks of two partitions
+            api.store.redis.xadd(api.store.keys.dead(i % 2), {"kind": "test", "reason": f"letter {i}"})
+            time.sleep(0.002)  # (entry ids of one millisecond tie across partitions)
+        page = c.get("/api/v1/dead-letters?limit=2").json()
+        # The newest page, and how many are parked in all (the page alone hid the rest).
+        assert [d["reason"] for d in page["dead_letters"]] == ["letter 1", "letter 2"], page
+        assert page["total"] == before + 3
     ScheduleHandle("srv-sched", store=api.store).delete()
 
 

@@ -161,8 +161,7 @@ class Worker:
             on_moved=self.store.refresh_topology,
             on_migrating=self.store.partition_migrating,
         )
-        # A Redis outage as the loop sees it: waited out with backoff, logged once. Its reads may
-        # still work while its writes are refused (OOM): only a quiet spell ends an incident.
+        # The loop's Redis outages (said once); a quiet spell ends one: reads may work while OOM refuses writes.
         self._outage = Incident(log, "worker loop", settle=3.0)
         # Writes refused at maxmemory (shared with the scheduler): said once, with the remedies;
         # meanwhile nothing of this worker's is taken for abandoned.

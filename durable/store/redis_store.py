@@ -24,6 +24,7 @@ from __future__ import annotations
 from .activities import ActivityStore
 from .base import load_scripts
 from .connect import CLUSTER_SCHEME, TRANSIENT_ERRORS, connect, consumer_name, is_cluster_url
+from .dead_letters import DeadLetters
 from .leases import LeaseStore
 from .origins import OriginStore
 from .queues import QueueStore
@@ -52,7 +53,7 @@ __all__ = [
 
 
 class RedisStore(
-    QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore, RunQueries, OriginStore
+    QueueStore, ActivityStore, LeaseStore, WorkerRegistry, ScheduleStore, RunQueries, OriginStore, DeadLetters
 ):
     """durable's state in Redis: histories, inboxes, task streams, timers.
 

@@ -166,7 +166,8 @@ def dead_letters(call: Call) -> dict[str, Any]:
     limit = call.arg("limit", int, 100)
     if not 1 <= limit <= 1000:
         raise ApiError("invalid_argument", "limit must be 1..1000")
-    return {"dead_letters": call.store.dead_letters(count=limit)}
+    # ``total``: all parked, of which the newest ``limit`` are shown (the page alone hid the rest).
+    return {"dead_letters": call.store.dead_letters(count=limit), "total": call.store.dead_letter_count()}
 
 
 _SCHEDULE = "/api/v1/schedules/{id}"
