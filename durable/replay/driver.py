@@ -306,7 +306,8 @@ class Driver(Commands, Inputs):
             return
         if self._closing is not None:  # it continues as new or ends: nothing more to grow
             return
-        if near_history_limit(self._history_end, self._bytes_end, self._budget or self.history_budget()):
+        budget = self._budget or self.history_budget()
+        if near_history_limit(self._history_end, self._bytes_end, budget):
             self._budget_warned = True
             log.warning(
                 "run %s of workflow %r (%s) is near its history budget: %d events, %d bytes of %s; "
@@ -316,7 +317,7 @@ class Driver(Commands, Inputs):
                 self.workflow_type,
                 events,
                 size,
-                self._budget or self.history_budget(),
+                budget,
             )
 
     def _buffered_signals(self, decision: Decision) -> list[bytes]:
