@@ -90,8 +90,9 @@ def check_history_budget(cls: Any) -> None:
         ConfigurationError: as :func:`effective_history_budget`.
     """
     budget = effective_history_budget(cls)
-    for key, value in (getattr(cls, "history_budget", None) or {}).items():
-        if value > budget[key]:
+    given = getattr(cls, "history_budget", None) or {}
+    for key, value in given.items():
+        if value > budget[key] and value != DEFAULT_HISTORY_BUDGET[key]:  # (a default cut says nothing)
             log.warning(
                 "%s.history_budget[%r] = %d is past the hard limit (%d, durable.limits): "
                 "should_continue_as_new() turns true at 80%% of the limit instead",

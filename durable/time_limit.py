@@ -70,6 +70,9 @@ takes each of them that much longer. It then gets :class:`QueryBusy`, not "fix t
 PROGRESS_CHECK_S = 0.5
 """How often a caller waiting past the limit looks whether the code is still using CPU."""
 
+IDLE_CHECKS = 3
+"""Looks in a row that find the code used no CPU before a caller takes it for blocked in a call."""
+
 MONITOR_IDLE_S = 10.0
 """How long the monitor thread outlives the last limited call (a thread per query costs more
 than the query: a busy server keeps one)."""
@@ -131,10 +134,17 @@ class _Watch:
         self.where = ""  # set when it overran
         self.fired = False
 
-    def ran(self, now: float) -> float:
-        """Seconds the code has run since its last switch: its thread's CPU time, not the wall
-        clock's (waiting for the interpreter behind other threads is no fault of the code's)."""
-        return _cpu_s(self.clock) - self.cpu_mark if self.clock is not None else now - self.mark
+    def overran(self, now: float) -> bool:
+        """Whether the code has run past the limit since its last switch: the limit in its
+        thread's CPU time (waiting for the interpreter behind other threads is no fault of the
+        code's), or :data:`SLOW_FACTOR` times it on the wall clock (code that sleeps in a loop
+        uses next to no CPU: it is stopped all the same)."""
+        wall = now - self.mark
+        if wall < self.seconds:
+            return False
+        if self.clock is None or wall >= self.seconds * SLOW_FACTOR:
+            return True
+        return _cpu_s(self.clock) - self.cpu_mark >= self.seconds
 
 
 def _cpu_clock(thread_id: int) -> int | None:
@@ -239,12 +249,15 @@ def _wait_while_running(
     if clock is None:
         return
     cap = time.monotonic() + seconds * (SLOW_FACTOR - 1)
-    used = _cpu_s(clock)
+    used, idle = _cpu_s(clock), 0
     while time.monotonic() < cap:
         if done.wait(PROGRESS_CHECK_S):
             return
         now_used = _cpu_s(clock)
-        if now_used - used < PROGRESS_CHECK_S / 100:  # (a blocked call uses none; one of 16 replays, 6%)
+        # A call blocked in C uses no CPU at all; one of 16 replays sharing the interpreter gets
+        # a thin and uneven share, now and then none in one window: blocked after IDLE_CHECKS.
+        idle = idle + 1 if now_used - used < 0.001 else 0
+        if idle >= IDLE_CHECKS:
             return
         used = now_used
     raise overrun.slow(seconds * SLOW_FACTOR)
@@ -349,7 +362,7 @@ def _loop() -> None:
                 _monitor = None
                 return
             for watch in _watches.values():
-                if not watch.fired and now - watch.mark >= watch.seconds and watch.ran(now) >= watch.seconds:
+                if not watch.fired and watch.overran(now):
                     _fire(watch, now)
 
 

@@ -293,6 +293,10 @@ def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(
                 continue_as_new(runs - 1)
             return runs
 
+    class KeepsTheDefaultBudget(Workflow):  # cut to the limit too, but it declared nothing: not said
+        def handle(self) -> None:
+            return None
+
     (said,) = [r for r in caplog.records if "history_budget" in r.getMessage()]
     assert "LoopsPastTheLimit.history_budget['events'] = 100 is past the hard limit (40" in said.getMessage()
     with TestEnvironment(store=durable_store) as env:

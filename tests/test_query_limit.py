@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from apps import runaway
-from apps.runaway import LoopingQuery, SleepyQuery, Spin, Tally
+from apps.runaway import LoopingQuery, PollingQuery, SleepyQuery, Spin, Tally
 from procs import ROOT, TESTS, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
@@ -75,7 +75,8 @@ def test_a_query_blocked_in_a_call_fails_in_time_and_holds_one_runner_at_most(
         QueryFailed, match=r"did not return within 1 s: .*runaway\.py:\d+ in slow \(blocked in a call\)"
     ):
         stub.query("slow")
-    assert time.monotonic() - began < 1 + time_limit.BLOCKED_GRACE_S + 1
+    # (once its thread is seen using no CPU for a few looks: not slowed, blocked)
+    assert time.monotonic() - began < 1 + time_limit.BLOCKED_GRACE_S + 1.5 + 1
     # Its runner is still held: the next query says so, naming the run whose code holds it, instead
     # of waiting behind it (a QueryBusy: the HTTP API's 429 busy, not a fault of this run's).
     with pytest.raises(
@@ -88,6 +89,24 @@ def test_a_query_blocked_in_a_call_fails_in_time_and_holds_one_runner_at_most(
     assert stub.query("slow") == "woke"
 
 
+def test_a_query_that_polls_sleeping_is_stopped_and_frees_its_thread(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit counts CPU time, which a loop of sleeps hardly uses: such a query was never
+    stopped, its thread held for good, and after four every query of the run was refused. It is
+    stopped on the wall clock at SLOW_FACTOR times the limit."""
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
+    monkeypatch.setitem(runaway.POLLING, "on", True)
+    stub = WorkflowStub.make(PollingQuery, id="q-polling", store=store).start()  # no worker
+    began = time.monotonic()
+    with pytest.raises(QueryFailed, match=r"did not return within 1 s: .*runaway\.py:\d+ in poll"):
+        stub.query("poll")
+    assert time.monotonic() - began < 6
+    # Its thread is freed once the wall clock reaches SLOW_FACTOR x the limit (it polled for ever).
+    wait_for(lambda: not time_limit._stuck, timeout=time_limit.SLOW_FACTOR + 5)
+    assert stub.query("ping") == "pong"
+
+
 def test_query_threads_held_by_one_runs_code_leave_room_for_others(
     store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,7 +116,7 @@ def test_query_threads_held_by_one_runs_code_leave_room_for_others(
     monkeypatch.setattr(time_limit, "RUNNERS", 3)
     monkeypatch.setattr(time_limit, "STUCK_PER_RUN", 2)
     monkeypatch.setattr(time_limit, "_slot_count", None)  # three slots, for this test
-    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 6.0)
+    monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 12.0)  # past the three calls below
     stub = WorkflowStub.make(SleepyQuery, id="q-cap", store=store).start()  # no worker
     began = time.monotonic()
     for _ in range(2):
@@ -110,7 +129,7 @@ def test_query_threads_held_by_one_runs_code_leave_room_for_others(
     monkeypatch.setitem(runaway.QUERY_SLEEP_S, "s", 0.0)
     other = WorkflowStub.make(SleepyQuery, id="q-other", store=store).start()
     assert other.query("slow") == "woke"  # the third thread: the first run could not take it
-    time.sleep(max(0.0, 6 - (time.monotonic() - began) + 0.5))  # the blocked calls return
+    time.sleep(max(0.0, 12 - (time.monotonic() - began) + 0.5))  # the blocked calls return
     assert stub.query("slow") == "woke"
 
 

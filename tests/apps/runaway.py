@@ -83,6 +83,27 @@ class SleepyQuery(Workflow):
         return "woke"
 
 
+POLLING = {"on": True}
+"""While true, :class:`PollingQuery`'s query polls (a test turns it off to free its thread)."""
+
+
+class PollingQuery(Workflow):
+    """A ``@query`` method that polls for ever, sleeping: a loop that uses next to no CPU."""
+
+    def handle(self) -> str:
+        return activity(step, "only")
+
+    @query
+    def poll(self) -> str:
+        while POLLING["on"]:
+            time.sleep(0.05)  # the polling query line
+        return "stopped"
+
+    @query
+    def ping(self) -> str:
+        return "pong"
+
+
 def slow_step(seconds: float) -> str:
     time.sleep(seconds)
     return "slow"
