@@ -3,8 +3,8 @@ loop, and Redis sees at most one write per interval.
 
 As Temporal's SDKs do, a heartbeat within the interval of the last write is not written at once:
 its details are kept (the latest win; a heartbeat without details keeps the ones waiting) and
-written by the process's flusher thread when the interval is over, so the attempt's heartbeat
-deadline is still pushed by it. A cancel learnt from a write is raised by the next ``heartbeat()``.
+written by the next heartbeat past the interval or, once the code has been quiet for an interval,
+by the process's flusher thread, so the attempt's heartbeat deadline is still pushed by it. A cancel learnt from a write is raised by the next ``heartbeat()``.
 When the attempt fails, its latest details are written before the failure is recorded: the
 retry resumes from them.
 """
@@ -90,6 +90,7 @@ class AttemptHeartbeat:
         self._cond = threading.Condition()
         self._waiting: tuple[bytes, float] | None = None  # (details or b"", wall time) not written yet
         self._written_at = -float("inf")  # monotonic time of the last write's start
+        self._called_at = -float("inf")  # monotonic time of the last heartbeat() call
         self._writing = False
         self._flush_due = False
         self._closed = False
@@ -100,8 +101,9 @@ class AttemptHeartbeat:
         cancelled. Details that cannot be encoded raise here, in the activity's code."""
         payload = codec.dumps(details, path="details") if details is not None else b""
         with self._cond:
+            self._called_at = time.monotonic()
             self._hold(payload)
-            if self._writing or time.monotonic() - self._written_at < self._interval:
+            if self._writing or self._called_at - self._written_at < self._interval:
                 self._flush_later()
                 return self.cancelled
             waiting = self._take()
@@ -128,10 +130,10 @@ class AttemptHeartbeat:
         self._writing, self._written_at = True, time.monotonic()
         return waiting
 
-    def _flush_later(self) -> None:
+    def _flush_later(self, at: float | None = None) -> None:
         if not self._flush_due:
             self._flush_due = True
-            self._flusher.at(max(self._written_at + self._interval, time.monotonic()), self._flush)
+            self._flusher.at(at or max(self._written_at + self._interval, time.monotonic()), self._flush)
 
     def _flush(self) -> None:
         with self._cond:
@@ -140,6 +142,13 @@ class AttemptHeartbeat:
                 return
             if self._writing:  # written once the write in flight is done
                 self._flush_later()
+                return
+            if time.monotonic() - self._called_at < self._interval:
+                # The code still heartbeats: its own next call writes (on its thread, which has its
+                # turn at the interpreter; the flusher's write waited behind CPU-bound activities,
+                # and held their heartbeats back past a 0.2 s heartbeat timeout). Looked at again
+                # once it has been quiet for an interval.
+                self._flush_later(self._called_at + self._interval)
                 return
             waiting = self._take()
         self._write(waiting)
