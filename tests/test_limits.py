@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from apps.limits import BigResult, ChildFanOut, FanOut, Grower, Loud, SideEffectsThenDone, Sink, limits_echo
+from apps.limits import (
+    BigResult,
+    BigSideEffectsThenDone,
+    ChildFanOut,
+    FanOut,
+    Grower,
+    Loud,
+    SideEffectsThenDone,
+    Sink,
+    limits_echo,
+)
 from procs import workers
 from waiting import wait_for
 
@@ -274,6 +284,20 @@ def test_a_decision_that_would_close_the_run_past_the_history_limit_terminates_i
     types = _history_types(stub)
     assert len(types) == 41 and types[-1] == "WorkflowTerminated", types
     replay_history(durable_store.history(stub._ref()))  # stops where the limit stopped the code
+
+
+def test_a_decision_that_would_close_the_run_past_the_history_bytes_terminates_it(
+    durable_store: RedisStore,
+) -> None:
+    """As for events: a closing decision's bytes were never checked (a run completed with a
+    3 MB history under a 1 MB limit), an open one's only after it was written."""
+    _use(max_history_bytes=200_000)
+    with TestEnvironment(store=durable_store) as env:
+        stub = env.start(BigSideEffectsThenDone, 100)  # 1 MB of side effects
+        message = _terminated(stub, "max_history_bytes")
+    assert "> 200,000)" in message, message
+    assert stub.describe()["history"]["bytes"] <= 200_000 + 2_000  # the termination event past it
+    replay_history(durable_store.history(stub._ref()))
 
 
 def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(

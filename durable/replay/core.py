@@ -82,6 +82,7 @@ class DriverCore(WorkflowRuntime):
         self._budget: dict[str, int] | None = None  # the class's history budget, once known
         self._now = 0
         self._out: list[bytes] = []
+        self._sized = (0, 0)  # (events of _out counted, their bytes): see _out_size
         self._new: list[ev.Event] = []
         self._dropped: list[tuple[bytes, str]] = []
         self._carried: list[bytes] = []
@@ -214,7 +215,7 @@ class DriverCore(WorkflowRuntime):
         """(events, bytes) of the committed history plus every event of the current decision."""
         return (
             self._history_end + len(self._out),
-            self._bytes_end + sum(len(raw) for raw in self._out),
+            self._bytes_end + self._out_size(),
         )
 
     def _enter(self) -> None:
@@ -311,19 +312,37 @@ class DriverCore(WorkflowRuntime):
                 None if other is None else other.event.describe(),
                 event.describe(),
             )
-        if (
-            self._history_end + len(self._out) >= current().max_history_events
-            and event.type not in ev.STATUS_OF_CLOSING
-        ):
+        raw = ev.encode(event, self._now)
+        past = self._past_limit(len(raw)) if event.type not in ev.STATUS_OF_CLOSING else None
+        if past is not None:
             # This command would pass the limit: stop the code here (the decision terminates the
             # run), not once the decision is made; a decision that closed the run was never
             # checked, and one all() of 100,000 side effects was one commit blocking Redis. The
             # run's own close is no command: it always fits (a full run can be cancelled).
-            self._halt = self._history_full("max_history_events", self._history_end + len(self._out) + 1)
+            self._halt = past
             self._stop_at_frontier()
             return
-        self._out.append(ev.encode(event, self._now))
+        self._out.append(raw)
         self._new.append(event)
+
+    def _past_limit(self, size: int) -> str | None:
+        """Why one more event of ``size`` bytes would pass the history limits, or None."""
+        limits = current()
+        events = self._history_end + len(self._out) + 1
+        if events > limits.max_history_events:
+            return self._history_full("max_history_events", events)
+        total = self._bytes_end + self._out_size() + size
+        if total > limits.max_history_bytes:
+            return self._history_full("max_history_bytes", total)
+        return None
+
+    def _out_size(self) -> int:
+        """Bytes of the current decision's events, counted once each (commands only append;
+        what changes an event already counted resets the count)."""
+        counted, size = self._sized
+        size += sum(len(raw) for raw in self._out[counted:])
+        self._sized = (len(self._out), size)
+        return size
 
     def _history_full(self, field: str, total: int) -> str:
         """The termination reason of a history of ``total`` (events or bytes) past ``field``."""

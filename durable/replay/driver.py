@@ -162,11 +162,13 @@ class Driver(Commands, Inputs):
             reason = self._deliver(event, item.ts)
             if reason is not None:
                 del self._out[mark]
+                self._sized = (0, 0)
                 self._dropped.append((item.raw, reason))
                 continue
             if isinstance(event, ev.SignalReceived):
                 if joins:  # recorded so: a replay applies it with the one before, as here
                     self._out[mark] = ev.encode(dataclasses.replace(event, with_previous=True), item.ts)
+                    self._sized = (0, 0)
                 self._owed = True
                 continue
             self._run_owed_live()
@@ -188,8 +190,9 @@ class Driver(Commands, Inputs):
         """The last decision was committed: its events are now history."""
         self._seq += len(self._out)
         self._history_end = self._seq
-        self._bytes_end += sum(len(raw) for raw in self._out)
+        self._bytes_end += self._out_size()
         self._out = []
+        self._sized = (0, 0)
         self._new = []
         self._dropped = []
         self._carried = []

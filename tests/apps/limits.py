@@ -27,6 +27,13 @@ class SideEffectsThenDone(Workflow):
         return len(all([lambda i=i: side_effect(lambda: i) for i in range(n)]))
 
 
+class BigSideEffectsThenDone(Workflow):
+    """``n`` side effects of 10 KB each, then returns: one decision, closing the run."""
+
+    def handle(self, n: int) -> int:
+        return len(all([lambda i=i: side_effect(lambda: "x" * 10_000) for i in range(n)]))
+
+
 class Leaf(Workflow):
     def handle(self, value: int) -> int:
         return value
