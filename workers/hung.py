@@ -132,6 +132,7 @@ class HungWatch:
         self.threads = threads
         self.worker = worker
         self._warned: set[tuple[str, str, int]] = set()  # abandoned attempts said already
+        self._abandoned_before: set[tuple[str, str, int]] = set()  # seen abandoned at the last look
         # Last read of a long attempt: (when, its run's status if closed, why the attempt is over).
         self._closed: dict[tuple[str, str, int], tuple[float, str, str]] = {}
         self._starved = False  # the ERROR was said (said again once a thread freed up and was held again)
@@ -166,7 +167,12 @@ class HungWatch:
         attempt at all, and the first :data:`RUNNING_LISTED` attempts that are not abandoned."""
         now = time.time()
         on_threads = self.held(now)
-        abandoned = [h for h in on_threads if h.abandoned(now)]
+        # An attempt whose own result just closed its run is on its thread a moment longer: only
+        # one seen abandoned at two looks in a row is said and counted (16 activities finishing
+        # together were each said to hold a thread, their results "not to count").
+        seen = {_key(h.task) for h in on_threads if h.abandoned(now)}
+        abandoned = [h for h in on_threads if _key(h.task) in seen & self._abandoned_before]
+        self._abandoned_before = seen
         for h in abandoned:
             if _key(h.task) not in self._warned:
                 self._warned.add(_key(h.task))
