@@ -137,12 +137,14 @@ class _Watch:
     def overran(self, now: float) -> bool:
         """Whether the code has run past the limit since its last switch: the limit in its
         thread's CPU time (waiting for the interpreter behind other threads is no fault of the
-        code's), or :data:`SLOW_FACTOR` times it on the wall clock (code that sleeps in a loop
-        uses next to no CPU: it is stopped all the same)."""
+        code's), or on the wall clock a second past its caller's wait (:data:`SLOW_FACTOR` times
+        the limit and the grace): code that sleeps in a loop uses next to no CPU and is stopped
+        all the same, once its caller has its answer (``QueryBusy`` for a replay slowed by
+        others, not "fix the code" for healthy code)."""
         wall = now - self.mark
         if wall < self.seconds:
             return False
-        if self.clock is None or wall >= self.seconds * SLOW_FACTOR:
+        if self.clock is None or wall >= self.seconds * SLOW_FACTOR + BLOCKED_GRACE_S + 1.0:
             return True
         return _cpu_s(self.clock) - self.cpu_mark >= self.seconds
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from apps import runaway
-from apps.runaway import LoopingQuery, PollingQuery, SleepyQuery, Spin, Tally
+from apps.runaway import Crunch, LoopingQuery, PollingQuery, SleepyQuery, Spin, Tally
 from procs import ROOT, TESTS, spawn_worker, stop
 from server_procs import ServerProc
 from waiting import wait_for
@@ -102,7 +102,7 @@ def test_a_query_that_polls_sleeping_is_stopped_and_frees_its_thread(
     with pytest.raises(QueryFailed, match=r"did not return within 1 s: .*runaway\.py:\d+ in poll"):
         stub.query("poll")
     assert time.monotonic() - began < 6
-    # Its thread is freed once the wall clock reaches SLOW_FACTOR x the limit (it polled for ever).
+    # Its thread is freed once the wall clock reaches SLOW_FACTOR + 1 times the limit (it polled for ever).
     wait_for(lambda: not time_limit._stuck, timeout=time_limit.SLOW_FACTOR + 5)
     assert stub.query("ping") == "pong"
 
@@ -245,3 +245,28 @@ def test_queries_slowed_by_each_other_are_answered_not_called_runaway_code(
     for t in threads:
         t.join(120)
     assert results == [3000] * 8, (alone, results)
+
+
+def test_queries_slowed_past_the_wait_are_busy_not_runaway_code(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Healthy queries of 0.6 s CPU, six at once under a 1 s limit and a wait of 2x: their threads
+    were stopped as runaway code (wall clock past 2x) just before their callers gave up, and the
+    callers got "ran without yielding ... fix the code" instead of QueryBusy (try again)."""
+    monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
+    monkeypatch.setattr(time_limit, "SLOW_FACTOR", 2)
+    stub = WorkflowStub.make(Crunch, id="q-crunch", store=store).start()  # no worker
+    results: list[object] = []
+
+    def ask() -> None:
+        try:
+            results.append(stub.query("work", 0.6))
+        except Exception as exc:  # noqa: BLE001 - the assertion shows it
+            results.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r == 1 or isinstance(r, QueryBusy) for r in results), results

@@ -104,6 +104,20 @@ class PollingQuery(Workflow):
         return "pong"
 
 
+class Crunch(Workflow):
+    """A healthy ``@query`` that needs ``cpu_s`` seconds of its thread's CPU, without a switch."""
+
+    def handle(self) -> str:
+        return activity(step, "only")
+
+    @query
+    def work(self, cpu_s: float) -> int:
+        began, n = time.thread_time(), 0
+        while time.thread_time() - began < cpu_s:
+            n += 1
+        return 1
+
+
 def slow_step(seconds: float) -> str:
     time.sleep(seconds)
     return "slow"
