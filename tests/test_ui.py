@@ -315,7 +315,8 @@ def test_run_page_timeline_then_a_signal_from_the_ui_completes_it(ui: Ui) -> Non
     assert page.locator("#timeline svg rect.bar.current").count() == 0
     assert page.locator("#children tbody a").first.inner_text() == f"{wid}/8"
     page.locator("#history tbody tr").nth(0).locator("summary").click()
-    assert '"args"' in page.locator("#history tbody tr").nth(0).locator("pre").inner_text()
+    first = page.locator("#history tbody tr").nth(0)
+    wait_for(lambda: '"args"' in first.locator("pre").inner_text(), timeout=10)  # written once opened
     ui.shot(page, "run-completed")
 
     page.click("#children tbody a")  # a child's id holds "/": its page and API calls work

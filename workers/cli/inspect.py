@@ -86,6 +86,7 @@ def history(
     if as_json:
         echo(to_json(export_history(store, workflow_id, run_id), indent=1))
         return
+    WorkflowStub.load(workflow_id, store=store)  # reads its record: one of another kind is said
     ref = store.ref(workflow_id, run_id)
     entries = store.history(ref, after, count=limit + 1)
     events = [HistoryEvent.from_entry(e) for e in entries[:limit]]
