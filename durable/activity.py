@@ -90,7 +90,7 @@ class ActivityContext:
         throttled. One is written at once; those within the next interval (a quarter of the
         heartbeat timeout, at most 1 s) are held back and the latest is written when it ends
         (it still pushes the deadline from when it was made), so a cancel may be seen one
-        interval late. ``details=None`` keeps the last details. When the attempt fails, its
+        interval late. A heartbeat timeout under 1 s is not throttled: each is written. ``details=None`` keeps the last details. When the attempt fails, its
         latest details are written before the failure: the retry resumes from them.
 
         Raises:

@@ -27,8 +27,18 @@ class Writes:
 
 
 def test_the_interval_is_a_quarter_of_the_heartbeat_timeout_at_most_a_second() -> None:
-    assert interval_for(0.4) == 0.1
+    assert interval_for(2) == 0.5
     assert interval_for(60) == MAX_INTERVAL_S == interval_for(None)
+    # Under a second, not throttled: CPU-bound loops held the interpreter past a 0.2 s timeout.
+    assert interval_for(0.2) == 0.0 == interval_for(0.99)
+
+
+def test_an_unthrottled_attempt_writes_every_heartbeat() -> None:
+    writes = Writes()
+    beat = AttemptHeartbeat(writes, 0.0, Flusher())
+    for i in range(5):
+        beat(i)
+    assert [d for d, _ in writes.calls] == [0, 1, 2, 3, 4]
 
 
 def test_a_loop_of_heartbeats_is_one_write_now_and_the_latest_details_an_interval_later() -> None:
