@@ -90,9 +90,17 @@ def check_history_budget(cls: Any) -> None:
         ConfigurationError: as :func:`effective_history_budget`.
     """
     budget = effective_history_budget(cls)
-    given = getattr(cls, "history_budget", None) or {}
-    for key, value in given.items():
-        if value > budget[key] and value != DEFAULT_HISTORY_BUDGET[key]:  # (a default cut says nothing)
+    # What the user's classes declare (Workflow's own default, cut to the limits, says nothing).
+    declared = next(
+        (
+            vars(c)["history_budget"]
+            for c in cls.__mro__
+            if "history_budget" in vars(c) and c.__module__ != __package__ + ".workflow"
+        ),
+        None,
+    )
+    for key, value in (declared or {}).items():
+        if value > budget[key]:
             log.warning(
                 "%s.history_budget[%r] = %d is past the hard limit (%d, durable.limits): "
                 "should_continue_as_new() turns true at 80%% of the limit instead",

@@ -321,8 +321,15 @@ def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(
         def handle(self) -> None:
             return None
 
-    (said,) = [r for r in caplog.records if "history_budget" in r.getMessage()]
-    assert "LoopsPastTheLimit.history_budget['events'] = 100 is past the hard limit (40" in said.getMessage()
+    class DeclaresTheDefault(Workflow):  # declared (the default's value): said
+        history_budget = {"events": 10_000}
+
+        def handle(self) -> None:
+            return None
+
+    said, default = [r.getMessage() for r in caplog.records if "history_budget" in r.getMessage()]
+    assert "LoopsPastTheLimit.history_budget['events'] = 100 is past the hard limit (40" in said
+    assert default.startswith("DeclaresTheDefault.history_budget['events'] = 10000 is past")
     with TestEnvironment(store=durable_store) as env:
         stub = env.start(LoopsPastTheLimit, 3)
         assert stub.result(timeout=30) == 1
