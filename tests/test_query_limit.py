@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -231,19 +232,7 @@ def test_queries_slowed_by_each_other_are_answered_not_called_runaway_code(
     monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 2.5 * alone)
     monkeypatch.setattr(time_limit, "BLOCKED_GRACE_S", alone)  # 8 replays at once take ~8x alone
     monkeypatch.setattr(time_limit, "SLOW_FACTOR", 40)  # waiting on while they run: whatever the load
-    results: list[object] = []
-
-    def ask() -> None:
-        try:
-            results.append(stub.query("count"))
-        except Exception as exc:  # noqa: BLE001 - the assertion shows it
-            results.append(exc)
-
-    threads = [threading.Thread(target=ask) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    results = _at_once(lambda: stub.query("count"), 8)
     assert results == [3000] * 8, (alone, results)
 
 
@@ -256,17 +245,23 @@ def test_queries_slowed_past_the_wait_are_busy_not_runaway_code(
     monkeypatch.setattr(durable.client, "QUERY_TIMEOUT", 1.0)
     monkeypatch.setattr(time_limit, "SLOW_FACTOR", 2)
     stub = WorkflowStub.make(Crunch, id="q-crunch", store=store).start()  # no worker
+    results = _at_once(lambda: stub.query("work", 0.6), 6)
+    assert all(r == 1 or isinstance(r, QueryBusy) for r in results), results
+
+
+def _at_once(call: Callable[[], object], n: int) -> list[object]:
+    """``call()`` on ``n`` threads at once: what each returned or raised."""
     results: list[object] = []
 
     def ask() -> None:
         try:
-            results.append(stub.query("work", 0.6))
+            results.append(call())
         except Exception as exc:  # noqa: BLE001 - the assertion shows it
             results.append(exc)
 
-    threads = [threading.Thread(target=ask) for _ in range(6)]
+    threads = [threading.Thread(target=ask) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
-    assert all(r == 1 or isinstance(r, QueryBusy) for r in results), results
+        t.join(120)
+    return results
