@@ -20,7 +20,6 @@ from .. import events as ev
 from ..codec.sealed import seal_fields
 from ..immutable import immutable
 from . import loads
-from .connect import is_slot_migrating
 from .key_types import KeyTypes, is_wrong_type
 from .keys import (
     GROUP,
@@ -428,11 +427,9 @@ class ActivityStore(KeyTypes):
                         "; ".join(wrong) or reply,
                     )
                 out.append((0, -1, 0))
-            elif is_slot_migrating(reply):  # that partition's timers wait; the others' fire
-                self.partition_migrating(p, reply)
-                out.append((0, -1, 0))
             else:
-                raise reply
+                self.skip_migrating(p, reply)  # that partition's timers wait; the others' fire
+                out.append((0, -1, 0))
         return out
 
     def _say_left(self, p: int, left: Sequence[Sequence[bytes]]) -> None:
@@ -499,9 +496,7 @@ class ActivityStore(KeyTypes):
         out: list[int | None] = []
         for p, first in zip(parts, firsts, strict=True):
             if isinstance(first, Exception):
-                if not is_slot_migrating(first):
-                    raise first
-                self.partition_migrating(p, first)  # its deadlines wait; the others' expire
+                self.skip_migrating(p, first)  # its deadlines wait; the others' expire
                 first = None
             out.append(int(first[0][1]) if first else None)
         return out

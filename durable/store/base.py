@@ -28,6 +28,7 @@ from .connect import (
     cluster_node_url,
     connect,
     is_cluster_client,
+    is_slot_migrating,
     is_wrong_type,
     unsupported_server,
 )
@@ -97,6 +98,13 @@ class StoreBase:
         if flush:
             self.redis.flushdb()
         self._check_partitions()
+
+    def skip_migrating(self, p: int, exc: BaseException) -> None:
+        """Raise ``exc``, partition ``p``'s error reply, unless it says the partition's slot is
+        being migrated: then say so (:meth:`partition_migrating`) and return, its work waiting."""
+        if not is_slot_migrating(exc):
+            raise exc
+        self.partition_migrating(p, exc)
 
     def partition_migrating(self, p: int, exc: BaseException) -> None:
         """Say (once a minute per partition) that partition ``p``'s slot is being migrated

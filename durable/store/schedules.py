@@ -15,7 +15,6 @@ from typing import Any
 import redis
 
 from .base import StoreBase
-from .connect import is_slot_migrating
 from .keys import SENT_TTL_MS
 from .memory import is_oom
 from .records import text
@@ -227,9 +226,7 @@ class ScheduleStore(StoreBase):
                 got = pipe.execute(raise_on_error=False)
             failed = next((r for r in got if isinstance(r, Exception)), None)
             if failed is not None:
-                if not is_slot_migrating(failed):
-                    raise failed
-                self.partition_migrating(p, failed)  # its schedules wait; the others' run
+                self.skip_migrating(p, failed)  # its schedules wait; the others' run
                 continue
             replies.append(got)
         work: dict[str, None] = {}
