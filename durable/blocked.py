@@ -26,6 +26,7 @@ __all__ = [
 BLOCKED_KINDS = (
     "nondeterminism",
     "unknown_type",
+    "needs_upgrade",
     "no_live_worker",
     "runaway_decision",
     "parked_input",

@@ -119,6 +119,31 @@ class HistoryCorrupt(DurableError):
         self.seq = seq
 
 
+class HistoryTooNew(DurableError):
+    """A history entry was written by a newer release of durable than this process runs.
+
+    Its event uses a history format (:mod:`durable.history_format`) this release does not read:
+    replaying it here would take another path than the code took when it was recorded. A worker
+    leaves the run to a worker of a newer release (and parks it, ``needs_upgrade``, when none
+    runs); a query or ``durable replay`` raises this: upgrade durable in this process.
+
+    Attributes:
+        run_id: The run whose history it is (``""`` when not known).
+        seq: The entry's position in the history (0 for an inbox entry).
+        needed: The history format the entry needs.
+        reads: The newest history format this process reads.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str = "", seq: int = 0, needed: int = 0, reads: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.seq = seq
+        self.needed = needed
+        self.reads = reads
+
+
 class EventConflict(DurableError):
     """A decision was committed against a stale history (another decider won the race)."""
 
@@ -277,7 +302,8 @@ class WorkflowBlocked(DurableError):
     Attributes:
         workflow_id: The workflow id.
         run_id: The blocked run.
-        kind: What blocks it: ``nondeterminism``, ``unknown_type``, ``no_live_worker``,
+        kind: What blocks it: ``nondeterminism``, ``unknown_type``, ``needs_upgrade`` (a newer
+            release of durable decided the run; no live worker reads its history), ``no_live_worker``,
             ``runaway_decision``, ``parked_input``, ``history_corrupt``, ``workflow_error``
             (code raised one of its ``block_on_errors``) or ``other``.
         reason: The reason recorded with the block, in words.

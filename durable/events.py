@@ -20,12 +20,12 @@ Two families:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from typing import Any, ClassVar
 
 from . import codec
-from .errors import ConfigurationError, HistoryCorrupt
+from . import history_format as hf
+from .errors import HistoryCorrupt
 from .immutable import immutable
 
 
@@ -513,6 +513,7 @@ class Entry:
     ts: int
     event: Event
     raw: bytes
+    format: int = 1  # the history format replaying it needs (durable.history_format)
 
     @property
     def type(self) -> str:
@@ -520,8 +521,13 @@ class Entry:
 
 
 def encode(event: Event, ts: int) -> bytes:
-    """The stored bytes of an event with its time stamp (UTC ms)."""
-    return codec.pack({"type": event.type, "ts": ts, "data": event.to_data()})
+    """The stored bytes of an event with its time stamp (UTC ms), and the history format it needs
+    when older releases would replay it differently (:mod:`durable.history_format`)."""
+    data = event.to_data()
+    needed = hf.needed_by(event.TYPE, data)
+    if needed == 1:
+        return codec.pack({"type": event.TYPE, "ts": ts, "data": data})
+    return codec.pack({"type": event.TYPE, "ts": ts, "data": data, "f": needed})
 
 
 def encode_input_data(event: Event) -> tuple[str, bytes]:
@@ -553,6 +559,9 @@ def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
         )
     type_name, ts, data = envelope["type"], envelope["ts"], envelope["data"]
     cls = CATALOG.get(type_name) if isinstance(type_name, str) else None
+    needed = hf.mark(envelope, where, run_id=run_id, seq=seq) if "f" in envelope else 1
+    if cls is None and needed > hf.HISTORY_FORMAT:
+        raise hf.too_new(type_name, needed, where, run_id, seq)
     if cls is None:
         raise HistoryCorrupt(
             f"{where}: unknown event type {type_name!r}; upgrade durable or inspect the entry",
@@ -571,30 +580,4 @@ def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
         event = cls(**{k: v for k, v in data.items() if k in names})
     except TypeError as exc:
         raise HistoryCorrupt(f"{where}: {type_name} is malformed: {exc}", run_id=run_id, seq=seq) from None
-    return Entry(seq=seq, ts=ts, event=event, raw=raw)
-
-
-def from_export(items: Any, where: str) -> list[Entry]:
-    """Rebuild stored entries from an export of ``durable history ID --json`` (its ``raw`` fields).
-
-    Raises:
-        ConfigurationError: naming ``where`` and the event that is not a lossless export.
-    """
-    if not isinstance(items, list) or not items:
-        raise ConfigurationError(f"{where}: expected a non-empty list of events (durable history ID --json)")
-    entries = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict) or not isinstance(item.get("raw"), str):
-            raise ConfigurationError(
-                f"{where}: event #{index + 1} has no 'raw' field; export with `durable history ID --json`"
-            )
-        try:
-            raw = base64.b64decode(item["raw"], validate=True)
-        except ValueError:
-            raise ConfigurationError(
-                f"{where}: event #{index + 1} has an invalid base64 'raw' field"
-            ) from None
-        seq = item["seq"] if isinstance(item.get("seq"), int) else index + 1
-        run_id = str((item.get("data") or {}).get("run_id", "")) if index == 0 else ""
-        entries.append(decode(raw, run_id=run_id, seq=seq))
-    return entries
+    return Entry(seq=seq, ts=ts, event=event, raw=raw, format=needed)

@@ -55,6 +55,7 @@ from . import registry
 from .activity import Activity
 from .client import HistoryEvent, WorkflowStub
 from .errors import ConfigurationError
+from .exports import from_export
 from .handlers import Handles
 from .options import Seconds, to_seconds
 from .replay import Driver
@@ -451,7 +452,7 @@ def _entries(history: Any) -> list[ev.Entry]:
             items = json_loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"{path}: not a JSON history export ({exc})") from None
-        return ev.from_export(items, str(path))
+        return from_export(items, str(path))
     if isinstance(history, Sequence):
         items = list(history)
         if all(isinstance(item, ev.Entry) for item in items):
@@ -461,7 +462,7 @@ def _entries(history: Any) -> list[ev.Entry]:
                 "replay_history needs the stored entries, not WorkflowStub.history() events (their payloads "
                 "are decoded); pass the stub itself, or an export from `durable history ID --json`"
             )
-        return ev.from_export(items, "history")
+        return from_export(items, "history")
     raise ConfigurationError(f"replay_history cannot read a history from {type(history).__name__}")
 
 

@@ -22,6 +22,7 @@ from durable import events as ev
 from durable.errors import (
     EventConflict,
     HistoryCorrupt,
+    HistoryTooNew,
     NondeterminismError,
     SerializationError,
     UnknownTypeError,
@@ -403,6 +404,11 @@ class Decider:
             self.routing.workflow(
                 p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name}, exc.patches
             )
+            return None
+        except HistoryTooNew as exc:  # a newer release wrote it: replayed here, it would go astray
+            if driver is not None:
+                driver.close()
+            self.routing.newer_history(p, task.stream, task.entry_id, task.fields, record, exc)
             return None
         except Exception as exc:
             if driver is not None:

@@ -35,6 +35,7 @@ from datetime import timedelta
 
 import redis
 
+from durable.history_format import HISTORY_FORMAT
 from durable.registry import declared_patches
 from durable.release import release
 from durable.retention import duration_text
@@ -104,6 +105,7 @@ class Membership:
             claim_idle_ms=timeouts[0],
             sticky_timeout_ms=timeouts[1],
             release=release(),
+            history_format=HISTORY_FORMAT,
         )
         self._started = 0
         self._renewed = 0  # server ms of the last registry write that went through

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durable.errors import UnknownTypeError
+from durable.errors import HistoryTooNew, UnknownTypeError
+from durable.release import release
 from durable.store.keys import handed_back_member, is_private
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.tasks import ActivityTask
@@ -117,6 +118,40 @@ class Routing:
             member=lambda first: handed_back_member(rid, first),
         )
 
+    def newer_history(
+        self,
+        p: int,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        record: Mapping[str, str],
+        exc: HistoryTooNew,
+    ) -> str:
+        """Route a workflow task whose run's history needs a history format past this release's
+        (:mod:`durable.history_format`: a newer release wrote it): left to a live worker of a
+        release that reads it; returns ``handed back``, ``parked`` or ``void``."""
+        queue = record.get("queue", "default")
+        served = any(w.history_format >= exc.needed for w in self._servers(record))
+        rid = fields.get(b"run", b"").decode()
+        return self._route(
+            p=p,
+            stream=stream,
+            entry_id=entry_id,
+            fields=fields,
+            first=_first_unserved(fields),
+            what=("workflow", queue, f"history format {exc.needed}"),
+            lacks=(
+                f"reads history format {exc.needed} (a newer release of durable decided run {rid}; "
+                f"this worker runs durable {release()}, which reads up to format {exc.reads})"
+            ),
+            fix="upgrade durable on this queue's workers",
+            block_kind="needs_upgrade",
+            served=served,
+            run_id=rid,
+            workflow_id=record.get("workflow_id", "ID"),
+            member=lambda first: handed_back_member(rid, first),
+        )
+
     def leave_to_newer_code(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:
         """Whether to leave the run's task to a worker declaring every patch the run recorded,
         which this worker's class lacks (its code predates them and would take the old branch):
@@ -189,16 +224,20 @@ class Routing:
         member: Callable[[int], str],
         grace_ms: int | None = None,
         detail: str = "",
+        lacks: str = "",
+        fix: str = "start a worker whose --app defines it",
+        block_kind: str = "unknown_type",
     ) -> str:
         """Hand the task back (``served``, or within the grace) or park it, or drop it when its
         run closed meanwhile (``void``); see the module docstring."""
         kind, queue, name = what
+        lacks = lacks or f"serves {kind} type {name!r}{detail}"
         grace_ms = self.grace_ms if grace_ms is None else grace_ms
         now = self.store.server_time_ms()
         if served:
             if what in self._unserved:
                 self._unserved.discard(what)
-                log.info("queue %s: a live worker serves %s type %s now", queue, kind, name)
+                log.info("queue %s: a live worker %s now", queue, lacks)
             due = now + SERVED_DELAY_MS
             self.store.hand_back(stream, entry_id, member(0), due)
             self.on_timer(due)
@@ -213,8 +252,8 @@ class Routing:
                 log.info("dropped %s task %s of run %s: the run is closed", kind, entry_id, run_id)
                 return "void"
             reason = (
-                f"no live worker on queue {queue!r} serves {kind} type {name!r}{detail} (for {waited / 1000:.0f} s): "
-                f"start a worker whose --app defines it, then `durable repair {workflow_id}`"
+                f"no live worker on queue {queue!r} {lacks} (for {waited / 1000:.0f} s): "
+                f"{fix}, then `durable repair {workflow_id}`"
             )
             self.store.park(
                 p=p,
@@ -225,18 +264,16 @@ class Routing:
                 fields=fields,
                 run_id=run_id,
                 block=True,
-                block_kind="unknown_type",
+                block_kind=block_kind,
             )
             return "parked"
         if what not in self._unserved:
             self._unserved.add(what)
             log.warning(
-                "queue %s: no live worker serves %s type %s%s (not in this worker's --app); its tasks "
-                "wait up to %.0f s for one, then are parked",
+                "queue %s: no live worker %s%s; its tasks wait up to %.0f s for one, then are parked",
                 queue,
-                kind,
-                name,
-                detail,
+                lacks,
+                " (not in this worker's --app)" if block_kind == "unknown_type" else "",
                 grace_ms / 1000,
             )
         due = min(now + UNSERVED_DELAY_MS, first + grace_ms)

@@ -12,6 +12,7 @@ import greenlet
 from .. import codec, interceptors, registry
 from .. import events as ev
 from ..errors import DurableError, HistoryCorrupt, QueryFailed, SerializationError, message_of
+from ..history_format import require as require_format
 from ..interceptors import DecisionInput, HandleQueryInput, QueryWorkflowInput, WorkflowInboundInterceptor
 from ..limits import LIMIT_REASON
 from ..registry import get_workflow
@@ -57,6 +58,7 @@ class Driver(Commands, Inputs):
             undecided: No decision of this run was ever committed (its first): the code
                 runs live, so the workflow logger is not silenced (:attr:`is_replaying`).
         """
+        require_format(entries, self.run_id)
         self._enter()
         previous = set_active(self)
         self._replay_pass = not undecided
@@ -111,6 +113,7 @@ class Driver(Commands, Inputs):
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
         """Apply new inbox items live and return the decision to commit (through the
         ``decide`` interceptors, see :mod:`durable.interceptors`)."""
+        require_format(inbox, self.run_id)
         if not interceptors.active(WorkflowInboundInterceptor):
             return self._decide_live(inbox)
         request = DecisionInput(self.run_info(), inbox)
@@ -393,6 +396,7 @@ def query_history(
     hook_secrets: Callable[[], tuple[bytes, ...]],
 ) -> Any:
     """Answer the query ``request`` from a run's committed history (a read-only replay)."""
+    require_format(entries, run_id)  # before the code is looked at: this release cannot replay it
     started = entries[0].event if entries else None
     if isinstance(started, ev.WorkflowStarted):  # an unknown name is refused before any code runs
         cls = registry.workflows().get(started.workflow_type)

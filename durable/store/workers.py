@@ -104,6 +104,8 @@ class WorkerInfo:
             async activity of the worker waits meanwhile.
         release: The release of durable it runs (:func:`durable.release.release`; ``""``: an
             older release, which did not say).
+        history_format: The newest history format it reads (:mod:`durable.history_format`;
+            0: an older release, which did not say).
     """
 
     name: str
@@ -132,6 +134,7 @@ class WorkerInfo:
     deciding: str = ""
     async_stall: str = ""
     release: str = ""
+    history_format: int = 0
 
     @property
     def state(self) -> str:

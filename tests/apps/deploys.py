@@ -99,3 +99,11 @@ class BdInit(Workflow):
     @query
     def n_now(self) -> int:
         return self.n
+
+
+class HfTwoItems(Workflow):
+    """Its history gets a signal that a "newer release" marks with a history format it alone reads
+    (tests/test_history_format.py)."""
+
+    def handle(self) -> list[str]:
+        return [await_signal("item"), await_signal("item")]

@@ -17,6 +17,7 @@ from typing import Any
 from durable import events as ev
 from durable import hooktokens
 from durable.client import HistoryEvent
+from durable.exports import from_export
 from durable.store.redis_store import RedisStore
 from durable.untrusted import json_loads
 from workers.cli.core import CliError
@@ -68,4 +69,4 @@ def load_export(path: Path) -> list[ev.Entry]:
         items = json_loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CliError(f"{path}: not a JSON history export ({exc})") from None
-    return ev.from_export(items, str(path))
+    return from_export(items, str(path))
