@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from apps.limits import (
     BigResult,
+    BigResults,
     BigSideEffectsThenDone,
     ChildFanOut,
     FanOut,
+    FillsThenWaits,
     Grower,
     Loud,
     SideEffectsThenDone,
@@ -24,6 +26,7 @@ from apps.limits import (
     limits_echo,
 )
 from procs import workers
+from sim import Sim
 from waiting import wait_for
 
 from durable import (
@@ -43,6 +46,7 @@ from durable import (
     should_continue_as_new,
 )
 from durable import codec as payload_codec
+from durable import events as ev
 from durable.limits import ENV, current, reset_limits, set_limits
 from durable.replay import replay_history
 from durable.store.redis_store import RedisStore
@@ -298,6 +302,45 @@ def test_a_decision_that_would_close_the_run_past_the_history_bytes_terminates_i
     assert "> 200,000)" in message, message
     assert stub.describe()["history"]["bytes"] <= 200_000 + 2_000  # the termination event past it
     replay_history(durable_store.history(stub._ref()))
+
+
+def test_inputs_that_would_pass_the_history_bytes_are_not_written_and_the_run_ends_there() -> None:
+    """A decision applying many large results wrote them all, then terminated the run: 3.6 MB of
+    history under a 1 MB limit (12 results of 300 KB). Now it stops at the first that would pass."""
+    _use(max_history_bytes=1_000_000)
+    sim = Sim(BigResults, (12, 300_000))
+    try:
+        scheduled = sim.decide().activities
+        assert len(scheduled) == 12
+        for step in scheduled:
+            sim.complete(step.id)
+        decision = sim.decide()  # all twelve results in one decision
+        assert isinstance(decision.closing, ev.WorkflowTerminated), decision.closing
+        assert "max_history_bytes" in decision.closing.reason
+        assert sum(len(e.raw) for e in sim.history) <= 1_000_000 + 2_000  # the termination past it
+        applied = [e for e in sim.history if e.type == "ActivityCompleted"]
+        assert len(applied) == 3 and len(decision.dropped) == 9, (len(applied), len(decision.dropped))
+        (_, first), *rest = decision.dropped
+        assert (
+            first.startswith("run terminated before ActivityCompleted was applied: ")
+            and "max_history_bytes" in first
+        )
+        assert {why for _, why in rest} == {"run closed before ActivityCompleted was applied"}
+        sim.check_replay()  # the history replays to the same end
+    finally:
+        sim.close()
+
+
+def test_a_full_run_can_still_be_cancelled(durable_store: RedisStore) -> None:
+    """The close a cancel asks for is never refused for the limits (its clean-up runs)."""
+    _use(max_history_events=12)
+    with TestEnvironment(store=durable_store) as env:
+        stub = env.start(FillsThenWaits, 10)  # started, 10 side effects, the signal wait: full
+        wait_for(lambda: len(stub.history()) == 12)
+        stub.cancel()
+        with pytest.raises(WorkflowFailed) as info:
+            stub.result(timeout=30)
+    assert info.value.status == "cancelled", info.value
 
 
 def test_a_history_budget_past_the_hard_limit_is_cut_to_it_with_a_warning(

@@ -26,6 +26,10 @@ from .updates import check_arguments
 
 log = logging.getLogger("durable.workflow")
 
+_CLOSES_ANYWAY = (ev.CancelRequested, ev.WorkflowTerminated, ev.WorkflowTimeoutFired)
+"""Inputs that close the run (or ask its code to): never refused for the history limits, so a
+full run can still be cancelled, terminated or timed out."""
+
 
 class Driver(Commands, Inputs):
     """Replays one run's history into greenlets and produces its decisions.
@@ -160,6 +164,10 @@ class Driver(Commands, Inputs):
                     self._dropped.append((raw, admitted))
                     continue
                 event, raw = admitted
+            past = None if isinstance(event, _CLOSES_ANYWAY) else self._past_limit(len(raw))
+            if past is not None:  # applied, it would pass a history limit: the run ends here
+                self._stop_for_limit(item.raw, item.type, past)
+                continue
             mark = len(self._out)
             self._out.append(raw)
             reason = self._deliver(event, item.ts)
@@ -183,6 +191,16 @@ class Driver(Commands, Inputs):
             if broken is not None:
                 self._terminate_for_limit(broken)
         return self._decision(consumed=len(inbox))
+
+    def _stop_for_limit(self, raw: bytes, type_name: str, reason: str) -> None:
+        """Terminate the run for ``reason`` before an input that would pass a history limit, and
+        keep that input with the dropped ones (``describe().dropped``): one decision applying many
+        large results wrote them all, then terminated the run, 3.6 MB under a 1 MB limit."""
+        if self._owed:
+            self._run_owed_live()  # the signals before it get their code run, as recorded
+        if self._closing is None:
+            self._terminate_for_limit(reason)
+        self._dropped.append((raw, f"run terminated before {type_name} was applied: {reason}"))
 
     def _run_owed_live(self) -> None:
         self._run_owed()

@@ -78,3 +78,23 @@ class BigResult(Workflow):
 
     def handle(self, size: int) -> str:
         return side_effect(lambda: "r") * size
+
+
+def limits_blob(size: int) -> str:
+    return "x" * size
+
+
+class BigResults(Workflow):
+    """``all()`` of ``n`` activities returning ``size`` characters each."""
+
+    def handle(self, n: int, size: int) -> int:
+        return len("".join(all([lambda: activity(limits_blob, size) for _ in range(n)])))
+
+
+class FillsThenWaits(Workflow):
+    """``n`` side effects, then waits for a signal that does not come."""
+
+    def handle(self, n: int) -> None:
+        for i in range(n):
+            side_effect(lambda i=i: i)
+        await_signal("never")
