@@ -71,6 +71,14 @@ class NondeterminismError(DurableError):
 
     The run is *blocked*, not failed: deploy code that decides as before, then
     ``durable repair ID`` re-queues it.
+
+    Attributes:
+        run_id: The run.
+        command_id: The id of the command that differs.
+        recorded: What history has there (its compared fields), or ``None``.
+        issued: What the code issued, or ``None``.
+        where: ``file:line in function`` of the workflow code that issued it (``""``: the code
+            did not issue a command history has).
     """
 
     def __init__(
@@ -81,12 +89,14 @@ class NondeterminismError(DurableError):
         command_id: str = "",
         recorded: Any = None,
         issued: Any = None,
+        where: str = "",
     ) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.command_id = command_id
         self.recorded = recorded
         self.issued = issued
+        self.where = where
 
 
 class WorkflowTaskFailed(DurableError):

@@ -1323,3 +1323,29 @@ def test_random_runs_agree(sims: Any) -> None:
         s.run(cancel_rate=0.3)
         s.check_replay()
         s.close()
+
+
+class RTFanA(Workflow):
+    def handle(self) -> Any:
+        return all([lambda n=n: activity(rt_add, n, 0) for n in (1, 2, 3)])
+
+
+class RTFanB(Workflow):  # the last two branches' arguments swapped
+    def handle(self) -> Any:
+        return all([lambda n=n: activity(rt_add, n, 0) for n in (1, 3, 2)])
+
+
+def test_a_divergence_inside_all_names_the_branch_that_diverged(sims: Any) -> None:
+    """It named a bogus ActivityCancelled of an unchanged sibling: the diverging branch's error
+    cancelled the siblings, and the cancel, not in history either, raised over it."""
+    s = sims(RTFanA)
+    s.decide()
+    d = Driver(run_id="run-1", resolve=lambda _: RTFanB)
+    with pytest.raises(NondeterminismError) as caught:
+        d.replay(s.history)
+    d.close()
+    assert "ActivityCancelled" not in str(caught.value), caught.value
+    assert "ActivityScheduled '1.2.1'" in str(caught.value) and "(2, 0)" in str(caught.value), caught.value
+    # ... and the line of workflow code that issued it (the developer's first question).
+    assert "test_replay.py:" in caught.value.where and caught.value.where.endswith(" in <lambda>")
+    assert f"(issued at {caught.value.where})" in str(caught.value)

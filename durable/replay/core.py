@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from abc import abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import greenlet
 
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError, Overrun, WorkflowTimeout
+from ..frames import code_position
 from ..ids import check_command_id
 from ..interceptors import RunInfo
 from ..limits import LIMIT_REASON, current, limit_error
@@ -376,12 +378,15 @@ class DriverCore(WorkflowRuntime):
                 "The run is blocked; deploy code that decides as before (use get_version/patched for "
                 "changes), then `durable repair`"
             )
+        where = _issued_at()
         err = NondeterminismError(
-            f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}{detail}. {then}",
+            f"nondeterminism in run {self.run_id} ({self.workflow_type}): {what}"
+            f"{f' (issued at {where})' if where else ''}{detail}. {then}",
             run_id=self.run_id,
             command_id=command_id,
             recorded=recorded,
             issued=issued,
+            where=where,
         )
         if self._fatal is None:
             self._fatal = err
@@ -544,6 +549,14 @@ class DriverCore(WorkflowRuntime):
             )
         if self._closing is not None:
             raise DurableError(f"run {self.run_id} has already closed; no more durable calls")
+
+
+def _issued_at() -> str:
+    """``file:line in function`` of the workflow code issuing the command being checked (``""``
+    when no workflow code is running: the hub found a recorded command the code did not issue)."""
+    if not isinstance(greenlet.getcurrent(), Branch):
+        return ""
+    return code_position(traceback.extract_stack())
 
 
 def _changed(entry: ev.Entry, event: ev.Event, now_ms: int) -> str:

@@ -411,13 +411,17 @@ class Inputs(Updates):
         assert group is not None
         if exc is None:
             group.results[branch.index] = result
+        elif isinstance(exc, NondeterminismError):
+            # Replay is over: cancelling the siblings would issue commands history lacks too, and
+            # their error would hide this one (the first divergence, the one to report).
+            group.first_error = group.first_error or exc
         elif group.first_error is None and not isinstance(exc, CancelledError):
             group.first_error = exc
             reason = f"branch {branch.path} failed: {error_text(exc)}"
             for sibling in group.branches:
                 if sibling is not branch and not sibling.dead:
                     self._cancel_branch(sibling, reason)
-        elif isinstance(exc, NondeterminismError | ContinueAsNew):
+        elif isinstance(exc, ContinueAsNew):
             group.first_error = group.first_error or exc
         group.remaining -= 1
         if group.remaining == 0:
