@@ -189,6 +189,20 @@ def register_activity(
     return wrap(fn) if fn is not None else wrap
 
 
+def plain_functions(module: Any) -> list[tuple[str, Any]]:
+    """A module's top-level public functions defined there: what a worker serving it runs as
+    activities by name (:func:`register_module_functions`)."""
+    return [
+        (attr, value)
+        for attr, value in vars(module).items()
+        if callable(value)
+        and getattr(value, "__module__", None) == module.__name__
+        and type(value).__name__ == "function"
+        and not attr.startswith("_")
+        and _NAME.match(attr)
+    ]
+
+
 def register_module_functions(module: Any) -> None:
     """Make a module's top-level plain functions callable as activities by name.
 
@@ -199,15 +213,7 @@ def register_module_functions(module: Any) -> None:
     Raises:
         ConfigurationError: such a clash (a rename that kept the old function beside the new).
     """
-    for attr, value in vars(module).items():
-        if not (
-            callable(value)
-            and getattr(value, "__module__", None) == module.__name__
-            and type(value).__name__ == "function"
-            and not attr.startswith("_")
-            and _NAME.match(attr)
-        ):
-            continue
+    for attr, value in plain_functions(module):
         taken = _activities.get(attr)
         if taken is None:
             _activities[attr] = ActivityDefinition(

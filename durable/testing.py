@@ -41,8 +41,10 @@ history says: give it a stub, the stored entries, or a ``durable history ID
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -388,6 +390,8 @@ class TestEnvironment:
                 ``Activity`` subclass, an exception instance (raised on every
                 attempt), or any other value (returned as the result).
         """
+        if isinstance(target, str):
+            _check_mocked_name(target)
         try:
             undo = registry.override_activity(target, _as_function(replacement))
         except ConfigurationError:
@@ -402,6 +406,25 @@ class TestEnvironment:
         """Undo every :meth:`mock_activity` of this environment."""
         while self._mock_undos:
             self._mock_undos.pop()()
+
+
+def _check_mocked_name(name: str) -> None:
+    """Refuse a mocked name that is no activity but close to one (a typo would let the real one
+    run: a test stubbing out a payment provider charged a card). A name nothing is close to may
+    be an activity this process does not define (another service's): it is taken."""
+    known = set(registry.activities())
+    for workflow in registry.workflows().values():
+        module = sys.modules.get(workflow.__module__)
+        if module is not None:
+            known.update(attr for attr, _ in registry.plain_functions(module))
+    if name in known:
+        return
+    near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+    if near:
+        raise ConfigurationError(
+            f"mock_activity({name!r}): no activity has that name; did you mean {near[0]!r}? "
+            "(pass the function or Activity class itself to be sure)"
+        )
 
 
 def _as_function(replacement: Any) -> Callable[..., Any]:

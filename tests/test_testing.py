@@ -13,6 +13,7 @@ from waiting import wait_for
 from durable import (
     Activity,
     ActivityFailed,
+    ConfigurationError,
     NondeterminismError,
     RetryPolicy,
     Workflow,
@@ -157,6 +158,13 @@ def test_mock_activity_with_an_exception_fails_the_activity(durable_env: TestEnv
         stub.result(timeout=10)
     assert isinstance(info.value.cause, ActivityFailed)  # type: ignore[attr-defined]
     assert "card declined" in str(info.value.cause)  # type: ignore[attr-defined]
+
+
+def test_a_mocked_name_close_to_an_activity_is_refused_as_a_typo(durable_env: TestEnvironment) -> None:
+    """It was taken, and the real activity ran (a test stubbing out a payment provider charged)."""
+    with pytest.raises(ConfigurationError, match="did you mean 'tt_reserve'"):
+        durable_env.mock_activity("tt_resreve", "x")  # defined beside TTShop, not registered yet
+    durable_env.mock_activity("another_service_ships", "x")  # close to nothing: another process's
 
 
 def test_mocks_are_restored_on_exit(durable_store) -> None:  # type: ignore[no-untyped-def]
