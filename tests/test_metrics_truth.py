@@ -2,7 +2,8 @@
 an attempt whose result came after its deadline was counted ``timed_out`` and ``completed``;
 the run cache gauge kept the size of its last store (runs taken out and closed stayed counted);
 a run's failure line had its ids only in the message text; a terminated run's driver stayed
-cached until the LRU reached it. A real worker process, scraped."""
+cached until the LRU reached it; every new run counted as a cache miss and a replay, and a
+late activity result as a decision error. A real worker process, scraped."""
 
 from __future__ import annotations
 
@@ -16,12 +17,24 @@ from procs import spawn_worker
 from test_observability import _finish, _free_port, _scrape, _value
 from waiting import wait_for
 
-from durable import WorkflowFailed, WorkflowStub
+from durable import EventConflict, WorkflowFailed, WorkflowStub
 from durable.client import default_store
+from durable.errors import WorkflowClosed
+from durable.store.records import StaleCompletion
 from durable.store.redis_store import RedisStore
+from workers.metrics import decision_outcome
 from workers.run_cache import CLOSED_CHECK_S
 
 pytest.importorskip("prometheus_client")
+
+
+def _sum(samples: dict, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        value
+        for (sample, have), value in samples.items()
+        if sample == name and set(labels.items()) <= set(have)
+    )
 
 
 def _attempts(port: int, activity_type: str) -> dict[str, float]:
@@ -81,6 +94,12 @@ def test_attempts_cache_gauge_and_failure_lines_say_what_happened(redis_url: str
         samples = _scrape(port)
         assert _attempts(port, "ObservedLate") == {"timed_out": 2.0}
         assert _value(samples, "durable_sticky_cache_runs") == 0  # every run closed: none cached
+        # One worker decided every run from its cache: a new run's first decision is no cache
+        # miss nor a replay (each start counted as both), a late result is no decision error.
+        assert _sum(samples, "durable_sticky_cache_requests_total", result="miss") == 0, samples
+        assert _sum(samples, "durable_sticky_cache_requests_total", result="hit") > 0
+        assert _sum(samples, "durable_replays_total") == 0
+        assert _sum(samples, "durable_decisions_total", outcome="error") == 0
     finally:
         err = _finish(proc)
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
@@ -101,3 +120,13 @@ def test_timers_fired_counts_timers_and_backoffs_only(store: RedisStore) -> None
     )
     ((taken, next_due, timers),) = store.fire_timers([p])
     assert (taken, next_due, timers) == (3, -1, 1)
+
+
+def test_a_void_commit_is_no_decision_error() -> None:
+    """A late result an eager commit carried (its attempt timed out, the retry won) and a run
+    closed meanwhile were counted ``error``, with no log line to explain them (the observability
+    pass: a steady "decision error" rate on a fleet whose activities sometimes time out)."""
+    assert decision_outcome(StaleCompletion("late")) == decision_outcome(WorkflowClosed("closed")) == "void"
+    assert decision_outcome(EventConflict("raced")) == "conflict"
+    assert decision_outcome(RuntimeError("boom")) == "error"
+    assert decision_outcome(None) == "committed"

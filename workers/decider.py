@@ -368,7 +368,7 @@ class Decider:
         p, rid = task.p, task.run_id
         if not self._decidable(record, task):
             return None
-        driver = self.cache.take(rid, record["seq"])
+        driver = self.cache.take(rid, record["seq"], new=record.get("status") == "pending")
         if driver is None and after:
             # Loaded for a cached driver that is gone or stale (another worker decided the run):
             # the whole history is read with its record, in one transaction. Read apart, it held
@@ -481,8 +481,10 @@ class Decider:
         began = time.perf_counter()
         # A run no decision was committed for yet runs its code live (its logs are new).
         entries = self.store.decode_history(ref, rows, last=record["seq"])
-        driver.replay(entries, undecided=record.get("status") == "pending")
-        metrics.replayed(driver.workflow_type, time.perf_counter() - began)
+        undecided = record.get("status") == "pending"
+        driver.replay(entries, undecided=undecided)
+        if not undecided:  # a new run's first decision replays nothing: no replay to count
+            metrics.replayed(driver.workflow_type, time.perf_counter() - began)
 
     def _decide_around_poison(
         self, driver: Driver, inbox: list[bytes], poison: list[tuple[bytes, str]]

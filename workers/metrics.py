@@ -38,10 +38,11 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
 
 from durable import codec
 from durable import events as ev
-from durable.errors import EventConflict, WorkflowTimeout
+from durable.errors import EventConflict, WorkflowClosed, WorkflowTimeout
 from durable.runinfo import classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import PRIVATE
+from durable.store.records import StaleCompletion
 from workers import tally
 from workers.config import WorkerConfig
 from workers.queue_metrics import QueueCollector
@@ -53,6 +54,27 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+# Activities run from a millisecond (a cache read) to an hour (a report): FAST stopped at 10 s, so
+# the p95 of slower ones read 10 s whatever it was.
+ACTIVITY = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
 DEFAULT_HOST = WorkerConfig.metrics_host
 """Where ``/metrics`` listens unless ``--metrics-host`` says otherwise (:class:`WorkerConfig`)."""
 CLOSES_GROUP = "metrics"
@@ -118,7 +140,7 @@ class _Metrics:
             "durable_activity_execution_seconds",
             "Activity attempt run time.",
             [at, q, "outcome"],
-            buckets=FAST,
+            buckets=ACTIVITY,
         )
         self.retries = c("durable_activity_retries_total", "Activity attempts retried after a failure.", [at])
         self.timeouts = c(
@@ -205,16 +227,22 @@ def measured(
     """One decision's commit outcome (``result``: its commit's result or exception), timed from
     ``began`` (``time.perf_counter()``); ``record``: the run's as loaded (a first decision's
     status is ``pending``)."""
-    outcome = "committed"
-    if isinstance(result, Exception):
-        outcome = "conflict" if isinstance(result, EventConflict) else "error"
     decided(
         workflow_type,
-        outcome,
+        decision_outcome(result),
         time.perf_counter() - began,
         first=record.get("status") == "pending",
         closing=close_outcome(closing),
     )
+
+
+def decision_outcome(result: Any) -> str:
+    """The ``outcome`` label of a decision whose commit returned or raised ``result``."""
+    if isinstance(result, EventConflict):
+        return "conflict"
+    if isinstance(result, WorkflowClosed | StaleCompletion):
+        return "void"  # its run closed meanwhile, or its result came late: nothing to fix
+    return "error" if isinstance(result, Exception) else "committed"
 
 
 def close_outcome(closing: ev.Event | None) -> str | None:

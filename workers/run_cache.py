@@ -31,7 +31,9 @@ class RunCache:
         self.misses = 0
         self._next_check = time.monotonic() + CLOSED_CHECK_S
 
-    def take(self, run_id: str, seq: int) -> Driver | None:
+    def take(self, run_id: str, seq: int, *, new: bool = False) -> Driver | None:
+        """The cached driver of ``run_id`` at ``seq`` (``None``: a miss). ``new``: the run was
+        never decided, so it cannot be cached: not counted as a lookup (every start was a miss)."""
         driver = self._drivers.pop(run_id, None)
         # The gauge follows every change (a taken run is back only if put back: one that closed is not).
         metrics.cache_size(len(self._drivers))
@@ -41,8 +43,9 @@ class RunCache:
             return driver
         if driver is not None:
             driver.close()
-        self.misses += 1
-        metrics.cache_lookup(False)
+        if not new:
+            self.misses += 1
+            metrics.cache_lookup(False)
         return None
 
     def put(self, run_id: str, driver: Driver) -> None:
