@@ -138,15 +138,23 @@ def test_worker_gauges_say_each_workers_state_and_what_a_drain_has_left(store: R
         for s in families["durable_worker_drain_pinned_runs"].samples
     ]
     assert left == [("w-draining", "v1", 2)]
-    # A queue tasks went to whose workers all stopped reads 0 serving (the documented alert's
-    # `sum by (queue) (durable_workers{state="serving"}) == 0`), not no series at all.
-    store.note_queues(["lonely"])
-    families = {f.name: f for f in QueueCollector(store, ["q"]).collect()}
-    serving: dict[str, float] = {}
-    for sample in families["durable_workers"].samples:
-        if sample.labels["state"] == "serving":
-            serving[sample.labels["queue"]] = serving.get(sample.labels["queue"], 0) + sample.value
-    assert serving == {"lonely": 0, "q": 2}
+    # A queue whose tasks wait while no worker serves it reads 0 serving (the documented alert's
+    # `sum by (queue) (durable_workers{state="serving"}) == 0`), not no series at all; a queue
+    # used once and left, no series (the alert fired for ever on each retired or mistyped queue).
+    lonely, retired = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("lonely", "retired"))
+    store.note_queues([retired])
+
+    def serving() -> dict[str, float]:
+        families = {f.name: f for f in QueueCollector(store, ["q"]).collect()}
+        out: dict[str, float] = {}
+        for sample in families["durable_workers"].samples:
+            if sample.labels["state"] == "serving":
+                out[sample.labels["queue"]] = out.get(sample.labels["queue"], 0) + sample.value
+        return out
+
+    assert serving() == {"q": 2}
+    WorkflowStub.make(Waiter, queue=lonely).start(0.01)
+    assert serving() == {lonely: 0, "q": 2}
 
 
 def test_a_scrape_with_redis_down_says_so_in_durable_redis_up(fresh_redis, tmp_path) -> None:  # noqa: ANN001

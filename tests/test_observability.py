@@ -86,6 +86,11 @@ def _check_counts(samples: dict) -> None:
     assert _value(samples, "durable_redis_round_trips_total") > 0
     assert _value(samples, "durable_task_queue_backlog", queue="default", kind="activity") == 0
     assert ("durable_dead_letters", ()) in samples
+    # Series an alert watches with increase() exist at 0 before their first event.
+    assert _value(samples, "durable_runs_blocked_total", reason="nondeterminism") == 0
+    assert ("durable_runs_blocked_total", (("reason", "needs_upgrade"),)) in samples
+    assert ("durable_redis_errors_total", (("kind", "connection"),)) in samples
+    assert ("durable_tasks_parked_total", (("kind", "workflow"),)) in samples
     assert not any("run_id" in dict(labels) or "workflow_id" in dict(labels) for _, labels in samples)
 
 

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
 from durable import codec
 from durable import events as ev
 from durable.errors import EventConflict, WorkflowClosed, WorkflowTimeout
-from durable.runinfo import classify_block
+from durable.runinfo import BLOCKED_KINDS, classify_block
 from durable.store.connect import is_transient
 from durable.store.keys import PRIVATE
 from durable.store.records import StaleCompletion
@@ -54,6 +54,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SLOW = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
+PARK_KINDS = ("workflow", "activity", "outbox")
+"""The ``kind`` label values of ``durable_tasks_parked_total``."""
+REDIS_ERROR_KINDS = ("connection", "timeout", "busyloading", "readonly", "outofmemory")
+"""The ``kind`` label values of ``durable_redis_errors_total`` every process shows from its start."""
 # Activities run from a millisecond (a cache read) to an hour (a report): FAST stopped at 10 s, so
 # the p95 of slower ones read 10 s whatever it was.
 ACTIVITY = (
@@ -161,6 +165,14 @@ class _Metrics:
         )
         self.redis_errors = c("durable_redis_errors_total", "Redis errors raised, by kind.", ["kind"])
         self._children: dict[tuple[Any, ...], Any] = {}
+        # Closed label sets start at 0: a series born at 1 shows no increase(), so the documented
+        # alerts missed each process's first blocked run or Redis error (every one, after a deploy).
+        for reason in BLOCKED_KINDS:
+            self.child(self.blocked, reason)
+        for kind in PARK_KINDS:
+            self.child(self.parked, kind)
+        for kind in REDIS_ERROR_KINDS:
+            self.child(self.redis_errors, kind)
         self._due: dict[int, int] = {}
         self._cache_len = -1
         self._closes_ready: set[str] = set()  # closes streams whose consumer group exists

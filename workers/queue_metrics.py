@@ -102,8 +102,8 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         )
         try:
             live, known = self.store.live_workers(), self.store.known_queues()  # one read each per scrape
-            _count_workers(live, workers, left, known)
-            self._read(self._streams(live, known), backlog, oldest, dead)
+            holding = self._read(self._streams(live, known), backlog, oldest, dead)
+            _count_workers(live, workers, left, holding)
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             # The process's own metrics are still served; only these gauges are left out.
             log.warning("metrics: task queues not read from Redis: %s", exc)
@@ -113,7 +113,10 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         up.add_metric([], 1)
         yield from (up, backlog, oldest, dead, workers, left)
 
-    def _read(self, streams: Sequence[tuple[str, str, str]], backlog: Any, oldest: Any, dead: Any) -> None:
+    def _read(
+        self, streams: Sequence[tuple[str, str, str]], backlog: Any, oldest: Any, dead: Any
+    ) -> set[str]:
+        """Fill the task gauges; returns the queues whose streams hold tasks (read or not)."""
         client = self.store.redis
         with client.pipeline(transaction=False) as pipe:
             for _, _, key in streams:
@@ -127,10 +130,13 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         dead.add_metric([], sum(r for r in replies[2 * len(streams) :] if isinstance(r, int)))
         totals: dict[tuple[str, str], int] = {}
         waiting: list[tuple[str, str, str, str]] = []
+        holding: set[str] = set()
         for i, (kind, queue, key) in enumerate(streams):
             length, groups = replies[2 * i], replies[2 * i + 1]
             if not isinstance(length, int):
                 continue
+            if length:
+                holding.add(queue)
             group = _group(groups) or {}  # no group yet (no worker ever served it): all waiting
             # Acked tasks are deleted: what is left is either pending (read) or waiting.
             count = max(0, length - int(group.get("pending", 0)))
@@ -141,6 +147,7 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         for (queue, kind), count in sorted(totals.items()):
             backlog.add_metric([queue, kind], count)
             oldest.add_metric([queue, kind], ages.get((queue, kind), 0.0))
+        return holding
 
     def _ages(
         self, waiting: Iterable[tuple[str, str, str, str]], now_ms: int
@@ -162,7 +169,7 @@ class QueueCollector(Collector):  # type: ignore[misc,valid-type,unused-ignore]
         return ages
 
 
-def _count_workers(live: Sequence[Any], workers: Any, left: Any, known: Iterable[str]) -> None:
+def _count_workers(live: Sequence[Any], workers: Any, left: Any, holding: Iterable[str]) -> None:
     counts: dict[tuple[str, str, str], int] = {}
     for w in live:
         for queue in w.queues:
@@ -171,10 +178,11 @@ def _count_workers(live: Sequence[Any], workers: Any, left: Any, known: Iterable
                 counts[key] = counts.get(key, 0) + 1
         if w.state == "draining":
             left.add_metric([w.name, w.build], w.pinned_left)
-    # A queue tasks were sent to that no worker serves now reads 0 serving, not no series at
-    # all: `sum by (queue) (durable_workers{state="serving"}) == 0` fires when its last worker stops.
+    # A queue whose tasks no worker serves now reads 0 serving, not no series at all: `sum by
+    # (queue) (durable_workers{state="serving"}) == 0` fires while they wait. Only while some wait
+    # (as `durable workers` lists it): a queue used once, or retired, paged for ever.
     serving = {queue for queue, _, state in counts if state == "serving"}
-    for queue in known:
+    for queue in holding:
         if queue not in serving and not queue.startswith(PRIVATE):
             counts[(queue, "", "serving")] = 0
     for labels, count in sorted(counts.items()):
