@@ -105,6 +105,8 @@ def test_attempts_cache_gauge_and_failure_lines_say_what_happened(redis_url: str
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     (failure,) = [r for r in lines if r["message"].startswith(f"run {failed.run_id} ")]
     assert failure.get("run_id") == failed.run_id and failure.get("workflow_id") == failed.id, failure
+    # Which worker process said it (under --processes N all write to one stderr).
+    assert failure.get("pid") == proc.pid and f":{proc.pid}:" in failure.get("worker", ""), failure
     discarded = [r for r in lines if "late result of activity" in r["message"]]
     assert len(discarded) == 2 and {r.get("run_id") for r in discarded} == {s.run_id for s in late}, discarded
 

@@ -93,8 +93,19 @@ class _SafeTracebacks(logging.Formatter):
             return f"(the traceback of this {name} could not be formatted: {type(err).__name__}: {err})"
 
 
+_worker_name = ""
+
+
+def name_process(worker: str) -> None:
+    """Name the worker this process runs in its JSON lines (``worker``): under ``--processes N``
+    every child writes to the supervisor's stderr, and a line said nothing of which one."""
+    global _worker_name
+    _worker_name = worker
+
+
 class JsonFormatter(_SafeTracebacks):
     """One JSON object per line: ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``,
+    ``pid``, ``worker`` (its registry name, once the process runs one: :func:`name_process`),
     the run's ids (:data:`RUN_FIELDS`, those the record carries), ``exc`` (the formatted
     traceback, when the record carries one)."""
 
@@ -104,7 +115,10 @@ class JsonFormatter(_SafeTracebacks):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,
         }
+        if _worker_name:
+            out["worker"] = _worker_name
         out.update(_run_ids(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

@@ -46,6 +46,7 @@ from durable.store.workers import WorkerInfo
 
 from .async_activities import loop_stall
 from .broken_streams import said_wrong_kind
+from .logging import name_process
 
 __all__ = ["CURRENT_POLL_S", "Membership"]
 
@@ -90,6 +91,7 @@ class Membership:
         self.store = store
         self.build = build
         self.promote = promote
+        name_process(name)
         self.queues = list(queues)
         self.info = WorkerInfo(
             name=name,
