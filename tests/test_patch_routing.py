@@ -170,6 +170,30 @@ def test_a_run_new_code_started_waits_for_new_workers_then_says_which_patch(
                 stop(proc)
 
 
+def test_a_run_new_code_started_is_parked_though_another_apps_worker_shares_its_queue(
+    redis_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    """A worker of another app on the queue lacks the type itself: it found the type "served"
+    by an old worker (which lacks the patch) and handed the task back with the grace clock
+    reset, so the run waited for ever, never parked (the old worker here is a registry entry:
+    the other app's worker alone reads the task)."""
+    new_env = _app(tmp_path / "v2", V2)
+    old = WorkerInfo("pr-old", queues=("default",), workflows=("PrOrder",))
+    other = spawn_worker(redis_url, app="apps.basic", extra=("--unknown-type-grace", "2"))
+    try:
+        wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
+        store.register_worker(old, ttl_ms=120_000)
+        stub = _start_v2(redis_url, new_env, 4)
+        blocked = wait_for(stub.blocked, timeout=30)
+        assert blocked.kind == "unknown_type"
+        assert "serves workflow type 'PrOrder' declaring patches ['pr-more']" in blocked.message, (
+            blocked.message
+        )
+    finally:
+        store.unregister_worker(old.name)
+        stop(other)
+
+
 V3 = (
     PATCHED_HEAD
     + """        if patched("pr-more"):

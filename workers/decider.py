@@ -399,10 +399,14 @@ class Decider:
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
         except TypeNotHere as exc:
+            # A worker lacking the type still says which patches the run recorded: else it found
+            # the type "served" by one lacking a patch, and its hand-back reset the grace clock
+            # the other's started, for good (a run waited forever, never parked).
+            patches = exc.patches or (driver.recorded_patches if driver is not None else ())
             if driver is not None:
                 driver.close()
             self.routing.workflow(
-                p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name}, exc.patches
+                p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name}, patches
             )
             return None
         except HistoryTooNew as exc:  # a newer release wrote it: replayed here, it would go astray
