@@ -196,6 +196,35 @@ def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:
     )
 
 
+def _handed_back(
+    store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo], first: int
+) -> str:
+    """A workflow task a worker that cannot decide it handed back (workers.routing), in words:
+    it said "not in its stream: deleted by hand?" while it waited for the right worker."""
+    queue, name = str(record.get("queue") or "default"), str(record.get("type") or "?")
+    started = next(iter(store.history(ref, count=1)), None)
+    recorded = (
+        started.event.patches if started is not None and isinstance(started.event, ev.WorkflowStarted) else []
+    )
+    typed = [w for w in live if queue in w.queues and name in w.workflows]
+    if not typed:
+        lacks = f"no live worker of queue {queue!r} defines workflow type {name!r}"
+    elif recorded and not any(set(recorded) <= set(w.patches.get(name, ())) for w in typed):
+        lacks = (
+            f"no live worker of queue {queue!r} declares the patches {list(recorded)!r} the run recorded "
+            "(the code that started it is newer than the workers')"
+        )
+    else:
+        lacks = "a worker could not decide it (the workers' WARNING says why: a newer release of durable decided it?)"
+    if not first:
+        return "its workflow task was handed back by a worker that cannot decide it, to one that can"
+    waited = max(0, store.server_time_ms() - first) // 1000
+    return (
+        f"{lacks}, for {waited} s: its workflow task waits for a worker that can decide it, then is parked and "
+        f"the run blocked (--unknown-type-grace, 60 s by default); deploy such a worker"
+    )
+
+
 def task_in_words(
     store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo]
 ) -> str | None:
@@ -209,6 +238,9 @@ def task_in_words(
         # Read again: a worker may have taken it between the pipeline's reads.
         where = store.workflow_task_where(ref, store.run_record(ref))
         if where is not None and not where.consumer and not where.backlog and not where.wrong_kind:
+            first = store.handed_back_since(ref)
+            if first is not None:
+                return _handed_back(store, ref, record, live, first)
             return (
                 f"its workflow task is not in its stream {where.stream} (the record says one is pending, "
                 "the stream holds none: deleted or trimmed by hand?): `durable repair "

@@ -179,11 +179,15 @@ def test_a_run_new_code_started_is_parked_though_another_apps_worker_shares_its_
     the other app's worker alone reads the task)."""
     new_env = _app(tmp_path / "v2", V2)
     old = WorkerInfo("pr-old", queues=("default",), workflows=("PrOrder",))
-    other = spawn_worker(redis_url, app="apps.basic", extra=("--unknown-type-grace", "2"))
+    other = spawn_worker(redis_url, app="apps.basic", extra=("--unknown-type-grace", "6"))
     try:
         wait_for(lambda: len(store.live_workers()) == 1, timeout=30)
         store.register_worker(old, ttl_ms=120_000)
         stub = _start_v2(redis_url, new_env, 4)
+        # Meanwhile the views say what it waits for (they said "deleted or trimmed by hand?").
+        expected = "no live worker of queue 'default' declares the patches ['pr-more'] the run recorded"
+        wait_for(lambda: expected in (stub.describe()["workflow_task"] or ""), timeout=5)
+        assert "by hand" not in _cli(redis_url, "status", stub.id)
         blocked = wait_for(stub.blocked, timeout=30)
         assert blocked.kind == "unknown_type"
         assert "serves workflow type 'PrOrder' declaring patches ['pr-more']" in blocked.message, (

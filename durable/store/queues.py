@@ -22,7 +22,7 @@ from ..errors import DurableError, WorkflowClosed
 from ..ids import clipped
 from ..runinfo import classify_block
 from .key_types import is_wrong_type
-from .keys import GROUP, keyword_posting
+from .keys import GROUP, handed_back_member, keyword_posting
 from .reads import GroupRead, unread
 from .records import CLOSED_STATUSES, RunRef, text
 from .runs import RunStore
@@ -386,6 +386,22 @@ class QueueStore(RunStore):
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
             pipe.execute()
+
+    def handed_back_since(self, ref: RunRef, most: int = 100_000) -> int | None:
+        """Whether run ``ref``'s workflow task waits handed back (:meth:`hand_back`): since when
+        (Redis ms) no live worker could decide it, 0 when one could; ``None``: not handed back.
+        Scans the partition's timers for it (at most ``most`` of them: only views ask, and only
+        for a task its stream does not hold)."""
+        prefix = handed_back_member(ref.run_id, 0)[:-1]
+        key, cursor, seen = self.keys.timers(ref.partition), 0, 0
+        while True:
+            cursor, found = self.redis.zscan(key, cursor, match=f"{prefix}*", count=1_000)
+            for member, _ in found:
+                first = text(member)[len(prefix) :]
+                return int(first) if first.isdigit() else 0
+            seen += 1_000
+            if not cursor or seen >= most:
+                return None
 
     def reroute(self, stream: str, entry_id: str, run_id: str, target: str) -> None:
         """Hand a workflow task to the stream of the build its run is pinned to."""
