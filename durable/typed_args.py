@@ -29,9 +29,9 @@ from .errors import ConfigurationError, SerializationError
 
 log = logging.getLogger("durable")
 
-#: (parameter name, pydantic TypeAdapter, only a dict is converted) by position; None where no
-#: conversion applies.
-Converters = list[tuple[str, Any, bool] | None]
+#: (parameter name, pydantic TypeAdapter, the dataclass when only a dict is converted, else None)
+#: by position; None where no conversion applies.
+Converters = list[tuple[str, Any, type | None] | None]
 
 
 def _mentions_model(annotation: Any) -> bool:
@@ -40,11 +40,13 @@ def _mentions_model(annotation: Any) -> bool:
     return any(_mentions_model(arg) for arg in typing.get_args(annotation))
 
 
-def _a_dataclass(annotation: Any) -> bool:
-    """Whether ``annotation`` is a dataclass (or one or ``None``): a dict given for it (a JSON
-    body, ``durable start``) is built into one. An instance passes as it came, as before."""
+def _a_dataclass(annotation: Any) -> type | None:
+    """The dataclass ``annotation`` is (or one or ``None``), else None: a dict given for it (a
+    JSON body, ``durable start``) is built into one. An instance passes as it came, as before."""
     options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    return len(options) == 1 and dataclasses.is_dataclass(options[0]) and isinstance(options[0], type)
+    if len(options) == 1 and dataclasses.is_dataclass(options[0]) and isinstance(options[0], type):
+        return options[0]
+    return None
 
 
 _resolved: dict[tuple[Callable[..., Any], int], Converters | None] = {}
@@ -96,14 +98,19 @@ def resolve(fn: Callable[..., Any], skip: int) -> Converters | None:
     for param in params:
         hint = hints.get(param.name)
         if _mentions_model(hint) or _a_dataclass(hint):
-            found.append((param.name, pydantic.TypeAdapter(hint), not _mentions_model(hint)))
+            only_dict = None if _mentions_model(hint) else _a_dataclass(hint)
+            found.append((param.name, pydantic.TypeAdapter(hint), only_dict))
         else:
             found.append(None)
     return found if any(found) else None
 
 
-def convert(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: int = 0) -> tuple[Any, ...]:
+def convert(
+    fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: int = 0, strict: bool = False
+) -> tuple[Any, ...]:
     """``args`` for ``fn`` with each model-annotated argument validated into its type.
+    ``strict`` (a client checking a start): a dataclass-annotated argument that is neither a
+    dict nor an instance is refused too (a run would fail on it later, or retry for ever).
 
     Raises:
         SerializationError: an argument does not validate (naming ``what``, the parameter
@@ -115,7 +122,15 @@ def convert(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip: i
     pydantic = sys.modules["pydantic"]
     out = list(args)
     for i, (value, conv) in enumerate(zip(args, found, strict=False)):
-        if conv is None or (conv[2] and not isinstance(value, dict)):
+        if conv is not None and conv[2] is not None and not isinstance(value, dict):
+            if strict and value is not None and not isinstance(value, conv[2]):
+                raise SerializationError(
+                    f"{what}: argument {conv[0]!r} is invalid: expected a {conv[2].__name__} or a dict "
+                    f"of its fields, got {type(value).__name__}",
+                    path=f"args[{i}]",
+                )
+            continue
+        if conv is None:
             continue
         name, adapter, _ = conv
         try:
@@ -193,7 +208,7 @@ def check_call(fn: Callable[..., Any], args: tuple[Any, ...], what: str, *, skip
     mismatch = call_mismatch(fn, args, skip=skip)
     if mismatch is not None:
         raise ConfigurationError(f"{what} {mismatch}")
-    convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip)
+    convert(getattr(fn, "__wrapped__", fn), args, what, skip=skip, strict=True)
 
 
 def call_mismatch(fn: Callable[..., Any], args: tuple[Any, ...], *, skip: int = 0) -> str | None:

@@ -160,6 +160,13 @@ def test_workflows_and_activities_take_and_return_models(
             SerializationError, match=r"argument 'note' is invalid: field 'text': Field required"
         ):
             WorkflowStub.make(PriceOrder).start(order, {"txt": "typo"})
+        # Neither a Note nor a dict: refused at the client too (it was taken, and the run failed
+        # on it later, or its activity retried for ever).
+        with pytest.raises(
+            SerializationError,
+            match=r"argument 'note' is invalid: expected a Note or a dict of its fields, got int",
+        ):
+            WorkflowStub.make(PriceOrder).start(order, 42)
         # A plain dict (a JSON body, the CLI) becomes the annotated model, for signals too.
         stub = WorkflowStub.make(PriceOrder).start({"id": "wait-1", "items": [{"sku": "a", "qty": 1}]})
         stub.signal("add", {"sku": "c", "qty": 4})
