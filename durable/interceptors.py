@@ -223,6 +223,8 @@ class ExecuteActivityInput:
     run_id: str
     args: tuple[Any, ...]
     headers: Mapping[str, Any]
+    #: Seconds the attempt may run (``None``: no limit); one that returns later was timed out.
+    start_to_close_timeout: float | None = None
 
 
 # ----------------------------------------------------------------- base classes
@@ -406,5 +408,6 @@ def execute(task: Any, fn: Callable[..., Any], args: Sequence[Any]) -> Any:
         task.run_id,
         tuple(args),
         task.headers or {},
+        task.timeout("start_to_close"),
     )
     return run(ActivityInboundInterceptor, "execute_activity", request, lambda i: fn(*i.args))

@@ -29,6 +29,7 @@ a restart): those spans were made when the events were first decided.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -267,14 +268,31 @@ class TracingInterceptor(Interceptor):
         # Current for the attempt (the activity's own spans nest under it); a plain
         # attach/detach does what start_as_current_span's context managers do, cheaper.
         token = context_api.attach(trace.set_span_in_context(span))
+        began = time.monotonic()
         try:
-            return next(input)
-        except Exception as exc:  # as use_span: not GeneratorExit and the like
-            _fail(span, exc)
+            result = next(input)
+        except BaseException as exc:
+            if isinstance(exc, Exception):  # as use_span: not GeneratorExit and the like
+                _fail(span, exc)
+            span.end()
             raise
         finally:
             context_api.detach(token)
-            span.end()
+        limit = input.start_to_close_timeout
+        took = time.monotonic() - began
+        if limit is not None and took > limit:
+            # The scheduler timed the attempt out meanwhile (its retry follows): a green span
+            # here made the retry look unexplained (every such attempt was exported as OK).
+            span.set_attribute("durable.outcome", "timed_out")
+            span.set_status(
+                Status(
+                    StatusCode.ERROR,
+                    f"returned after {took:.1f} s, past its start_to_close timeout of {limit:g} s: the "
+                    "attempt was timed out and this result is discarded",
+                )
+            )
+        span.end()
+        return result
 
 
 _enabled: TracingInterceptor | None = None

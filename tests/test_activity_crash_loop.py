@@ -222,6 +222,9 @@ def test_a_lapsed_lease_whose_scheduler_dies_taking_it_is_run_by_another(
             first._expire_attempts(0, now)
     second._expire_attempts(0, now)  # the first one's to deal with a while
     assert r.xlen(task.stream) == 0
+    lapsed: list[str] = []  # counted as a lease timeout: it was in no metric (observability pass)
+    monkeypatch.setattr(scheduler_module.metrics, "lease_lapsed", lapsed.append)
     second._expire_attempts(0, now + EXPIRY_HOLD_MS + 1)  # it never did: another takes it
     assert [f[b"body"] for _, f in r.xrange(task.stream)] == [task.encode()]
+    assert lapsed == ["Quick"]
     assert r.zscore(k.running(0), attempt_member(task.run_id, "1", 1)) is None

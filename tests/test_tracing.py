@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from waiting import wait_for
 
 from durable import Activity, RetryPolicy, Workflow, activity, await_signal, child, interceptors
 from durable import events as ev
@@ -98,6 +100,40 @@ def test_one_connected_trace_and_no_spans_for_replayed_events(durable_env: TestE
     assert leaf and all(s.parent.span_id == started_child.context.span_id for s in leaf)
     decisions = by_name["Decision:TrParent"]
     assert len(decisions) >= 3 and all(s.attributes["durable.workflow_type"] == "TrParent" for s in decisions)
+
+
+class TrLateOnce(Activity):
+    """Its first attempt returns after its start-to-close timeout; the retry at once."""
+
+    retry = RetryPolicy(initial_interval=0.05, max_attempts=3)
+    start_to_close_timeout = 0.3
+
+    def handle(self) -> str:
+        if self.context.attempt == 1:
+            time.sleep(0.8)
+        return "in time"
+
+
+class TrRetriedLate(Workflow):
+    def handle(self) -> str:
+        return activity(TrLateOnce)
+
+
+def test_an_attempt_that_returned_past_its_timeout_is_an_error_span(durable_env: TestEnvironment) -> None:
+    """The scheduler timed it out and its result was discarded, but its span was exported OK:
+    a trace showed a green attempt, then a retry nothing explained (observability pass)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with interceptors.installed(TracingInterceptor(provider)):
+        assert durable_env.start(TrRetriedLate).result(timeout=30) == "in time"
+        first = wait_for(
+            lambda: [s for s in exporter.get_finished_spans() if s.attributes.get("durable.attempt") == 1]
+        )
+    (late,) = first
+    assert late.status.status_code is StatusCode.ERROR, late.status
+    assert "past its start_to_close timeout of 0.3 s" in late.status.description
+    assert late.attributes["durable.outcome"] == "timed_out"
 
 
 # ----------------------------------------------------------------- tenant header

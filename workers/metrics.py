@@ -372,6 +372,14 @@ def timed_out(activity_type: str, stream: str, kind: str, outcome: str) -> None:
     attempt(activity_type, stream, outcome, None, kind)
 
 
+def lease_lapsed(activity_type: str) -> None:
+    """A leased attempt's worker died running it, and the attempt runs again (the same attempt:
+    no attempt outcome); counted as a ``lease`` timeout, as docs/observability.md says."""
+    m = _m
+    if m is not None:
+        m.tally.add((m.timeouts, activity_type, "lease"))
+
+
 def timers_fired(partition: int, fired: int, next_due_ms: int, now_ms: int) -> None:
     """A scheduler pass fired ``fired`` timers of ``partition``; the next one is due at
     ``next_due_ms`` (-1: none). Lateness is measured against the due time the previous
