@@ -228,3 +228,32 @@ def test_a_lapsed_lease_whose_scheduler_dies_taking_it_is_run_by_another(
     assert [f[b"body"] for _, f in r.xrange(task.stream)] == [task.encode()]
     assert lapsed == ["Quick"]
     assert r.zscore(k.running(0), attempt_member(task.run_id, "1", 1)) is None
+
+
+def test_a_reclaimed_task_is_said_with_its_runs_ids(
+    store: RedisStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "reclaimed task 1796...-0 from durable:{0}:aq:long" named a stream entry only: a run could
+    not be followed by its id on the crash path (observability pass)."""
+    k, r = store.keys, store.redis
+    task = ActivityTask(
+        "r-reclaimed", "wf-reclaimed", 0, "2", "Quick", b"", 1, k.activity_tasks(0, "reclaims")
+    )
+    r.xgroup_create(task.stream, "workers", id="0", mkstream=True)
+    r.xadd(task.stream, {"body": task.encode()})
+    r.xreadgroup("workers", "dead-worker", {task.stream: ">"})  # read by a worker that then died
+    got: list[str] = []
+    scheduler = Scheduler(
+        store, streams=[task.stream], consumer="b", reclaimed=lambda *a: got.append(a[1]), claim_idle_ms=1
+    )
+    time.sleep(0.01)
+    with caplog.at_level("WARNING", logger="durable.scheduler"):
+        scheduler._reclaim()
+    assert got, "nothing reclaimed"
+    (line,) = [rec for rec in caplog.records if rec.getMessage().startswith("reclaimed task")]
+    assert (line.run_id, line.workflow_id, line.activity_type, line.attempt) == (  # type: ignore[attr-defined]
+        "r-reclaimed",
+        "wf-reclaimed",
+        "Quick",
+        1,
+    )

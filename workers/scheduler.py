@@ -504,5 +504,24 @@ class Scheduler:
                         entry_id,
                         stream,
                         self.claim_idle_ms / 1000,
+                        extra=_task_ids(fields),  # a run followed by its id: the crash path too
                     )
                 self.reclaimed(stream, entry_id, fields)
+
+
+def _task_ids(fields: dict[bytes, bytes]) -> dict[str, object]:
+    """The run ids a task's fields carry, for its log lines (a workflow task names its run, an
+    activity task's body the attempt); ``{}`` for one that says nothing readable."""
+    try:
+        if b"body" in fields:
+            task = ActivityTask.decode(fields[b"body"])
+            return {
+                "workflow_id": task.workflow_id,
+                "run_id": task.run_id,
+                "activity_id": task.activity_id,
+                "activity_type": task.name,
+                "attempt": task.attempt,
+            }
+        return {"run_id": fields[b"run"].decode()} if b"run" in fields else {}
+    except Exception:  # noqa: BLE001 - a malformed task is parked by whoever reads it, said there
+        return {}
