@@ -8,6 +8,7 @@ to the workflow runtime.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -88,10 +89,11 @@ class RetryPolicy:
     backoff_coefficient: float = 2.0
     max_interval: float | None = None
     max_attempts: int = 0
-    non_retryable_errors: tuple[str, ...] = field(default_factory=tuple)
+    # Sequence: a list is taken (Temporal's type); stored as a tuple.
+    non_retryable_errors: Sequence[str] = field(default_factory=tuple)
     maximum_attempts: int | None = field(default=None, kw_only=True, repr=False, compare=False)
     maximum_interval: Seconds | None = field(default=None, kw_only=True, repr=False, compare=False)
-    non_retryable_error_types: tuple[str, ...] | None = field(
+    non_retryable_error_types: Sequence[str] | None = field(
         default=None, kw_only=True, repr=False, compare=False
     )
 

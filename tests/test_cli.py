@@ -586,6 +586,15 @@ def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:
                 stream.close()
 
 
+def test_dev_says_an_app_that_does_not_import_before_its_banner(redis_url: str) -> None:
+    """It printed the Redis URL and "web UI and API at http://..." first, then the import error."""
+    proc = popen_cli("dev", "--app", "no_such_app_module", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.startswith("error: cannot import app module 'no_such_app_module'"), err
+    assert "web UI" not in err
+
+
 @pytest.mark.slow
 def test_a_worker_whose_app_defines_nothing_warns(redis_url: str, tmp_path: Path) -> None:
     """Most likely the wrong module: otherwise it would serve its queues and run nothing. A

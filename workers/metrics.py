@@ -131,7 +131,7 @@ class _Metrics:
         )
         self.attempts = c(
             "durable_activity_attempts_total",
-            "Activity attempts by outcome (completed, retry, failed, void, parked).",
+            "Activity attempts by outcome (completed, retry, failed, timed_out, void, parked).",
             [at, q, "outcome"],
         )
         self.schedule_to_start = h(

@@ -370,6 +370,7 @@ def dev(state: CliState, port: int, no_server: bool, **options: Any) -> None:
     _apply_retention(store, options)
     config = _config(state, store, options)
     configure_logging(config)
+    load_apps(config.apps)  # an app that does not import says so before a banner promising a UI
     shown = mask_url(config.redis_url)
     echo(f"durable dev: Redis at {shown}", err=True)
     echo(f"  export DURABLE_REDIS_URL={shown}", err=True)
