@@ -24,6 +24,7 @@ from durable.errors import (
     HistoryCorrupt,
     HistoryTooNew,
     NondeterminismError,
+    Overrun,
     SerializationError,
     UnknownTypeError,
     WorkflowClosed,
@@ -348,7 +349,7 @@ class Decider:
         try:
             with self.deciding(Task(ref.partition, "", "", {b"run": rid.encode()})):
                 decision = driver.decide(entries)
-        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError):
+        except (NondeterminismError, UnknownTypeError, HistoryCorrupt, SerializationError, Overrun):
             driver.close()
             return None
         finally:
@@ -398,21 +399,18 @@ class Decider:
             decision = (
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
-        except TypeNotHere as exc:
-            # A worker lacking the type still says which patches the run recorded: else it found
-            # the type "served" by one lacking a patch, and its hand-back reset the grace clock
-            # the other's started, for good (a run waited forever, never parked).
-            patches = exc.patches or (driver.recorded_patches if driver is not None else ())
+        except (TypeNotHere, HistoryTooNew) as exc:  # left to a worker that can decide the run
+            recorded = driver.recorded_patches if driver is not None else ()
             if driver is not None:
                 driver.close()
-            self.routing.workflow(
-                p, task.stream, task.entry_id, task.fields, {**record, "type": exc.name}, patches
-            )
-            return None
-        except HistoryTooNew as exc:  # a newer release wrote it: replayed here, it would go astray
-            if driver is not None:
-                driver.close()
-            self.routing.newer_history(p, task.stream, task.entry_id, task.fields, record, exc)
+            if isinstance(exc, HistoryTooNew):  # a newer release wrote it: replayed here, it would go astray
+                self.routing.newer_history(p, task.stream, task.entry_id, task.fields, record, exc)
+            else:  # by the patches the run recorded: else "served" by a worker lacking one, and
+                # each hand-back reset the grace clock (a run waited for ever, never parked)
+                routed = {**record, "type": exc.name}
+                self.routing.workflow(
+                    p, task.stream, task.entry_id, task.fields, routed, exc.patches or recorded
+                )
             return None
         except Exception as exc:
             if driver is not None:
@@ -421,9 +419,11 @@ class Decider:
                 raise  # Redis being away is no fault of the run's: its task waits
             self._park_undecidable(task, rid, driver, inbox, exc)
             return None
-        except BaseException:
+        except BaseException as exc:
             if driver is not None:
                 driver.close()
+            if isinstance(exc, Overrun):  # the watchdog stopped runaway code; it blocked the run
+                return None
             raise
         return ref, driver, decision, record
 

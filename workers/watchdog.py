@@ -25,6 +25,7 @@ stuck and exits with :data:`STOP_TIMEOUT_EXIT`.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from typing import Any
 
 import greenlet
 
+from durable.errors import Overrun
 from durable.frames import code_position, waiting_on_redis
 from durable.store.redis_store import RedisStore
 from durable.store.workers import SLOW_DECISION_S
@@ -146,6 +148,7 @@ class DecisionWatchdog:
         self._previous_trace: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._interrupted: Task | None = None
 
     # --------------------------------------------------- the deciding thread
     def deciding(self, task: Task) -> DecisionWatchdog:
@@ -168,6 +171,20 @@ class DecisionWatchdog:
         self, _type: type[BaseException] | None, _exc: BaseException | None, _tb: TracebackType | None
     ) -> None:
         self._task = None
+        if self._interrupted is not None:  # not delivered yet: it must not hit the next decision
+            self._interrupted = None
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+
+    def interrupt(self, stuck: Stuck) -> None:
+        """Stop ``stuck``'s workflow code with :class:`~durable.errors.Overrun`, raised in the
+        deciding thread at its next bytecode (a busy loop at once; a call blocked in C when it
+        returns). For a worker that is a thread of a larger process (tests): it cannot exit, and
+        the loop kept a core busy for the rest of the process (any thread)."""
+        if self._task is stuck.task and self._thread_id:
+            self._interrupted = stuck.task
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._thread_id), ctypes.py_object(Overrun)
+            )
 
     def _switched(self, event: str, args: Any) -> None:
         self._mark = time.monotonic()

@@ -427,9 +427,9 @@ class Worker:
     def _runaway(self, stuck: Stuck) -> None:
         """A decision runs workflow code that does not yield (called on the watchdog thread)."""
         block_runaway(self.store, stuck)
-        if self._owns_process:  # else a thread of a larger process (tests): it stays busy meanwhile
-            # The main thread will not return: hand back its other tasks, finish what the
-            # activity threads run, leave, and end the process for its supervisor to replace.
+        if not self._owns_process:  # a thread of a larger process (tests): stop the code instead
+            self.watchdog.interrupt(stuck)
+        else:  # the main thread will not return: hand back, finish, leave, end the process
             hand_back(self.store, self._batch, but=stuck.task)
             self.activities.finish(self.grace)
             self._requeue_unread()
