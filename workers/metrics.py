@@ -165,19 +165,22 @@ class _Metrics:
         )
         self.redis_errors = c("durable_redis_errors_total", "Redis errors raised, by kind.", ["kind"])
         self._children: dict[tuple[Any, ...], Any] = {}
-        # Closed label sets start at 0: a series born at 1 shows no increase(), so the documented
-        # alerts missed each process's first blocked run or Redis error (every one, after a deploy).
+        self._zero_closed_labels()
+        self._due: dict[int, int] = {}
+        self._cache_len = -1
+        self._closes_ready: set[str] = set()  # closes streams whose consumer group exists
+        # Hot-path counter increments, (counter, *labels) -> count, written by flush().
+        self.tally = tally.Tally([])
+
+    def _zero_closed_labels(self) -> None:
+        """Closed label sets start at 0: a series born at 1 shows no increase(), so the documented
+        alerts missed each process's first blocked run or Redis error (every one, after a deploy)."""
         for reason in BLOCKED_KINDS:
             self.child(self.blocked, reason)
         for kind in PARK_KINDS:
             self.child(self.parked, kind)
         for kind in REDIS_ERROR_KINDS:
             self.child(self.redis_errors, kind)
-        self._due: dict[int, int] = {}
-        self._cache_len = -1
-        self._closes_ready: set[str] = set()  # closes streams whose consumer group exists
-        # Hot-path counter increments, (counter, *labels) -> count, written by flush().
-        self.tally = tally.Tally([])
 
     def child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
