@@ -199,8 +199,12 @@ def test_replay_history_accepts_stub_entries_export_and_dicts(durable_env: TestE
 
     with pytest.raises(NondeterminismError):
         replay_history(path, TTShopV2)
-    with pytest.raises(NondeterminismError):
+    with pytest.raises(NondeterminismError) as caught:
         replay_history(stub, TTShopV2)
+    # A class of another type name: said, in case it is the wrong class rather than a new version.
+    assert (
+        "the history is of workflow type 'TTShop', replayed with class TTShopV2" in caught.value.__notes__[0]
+    )
 
 
 def test_replay_history_refuses_decoded_events(durable_env: TestEnvironment) -> None:

@@ -11,7 +11,14 @@ import greenlet
 
 from .. import codec, interceptors, registry
 from .. import events as ev
-from ..errors import DurableError, HistoryCorrupt, QueryFailed, SerializationError, message_of
+from ..errors import (
+    DurableError,
+    HistoryCorrupt,
+    NondeterminismError,
+    QueryFailed,
+    SerializationError,
+    message_of,
+)
 from ..history_format import require as require_format
 from ..interceptors import DecisionInput, HandleQueryInput, QueryWorkflowInput, WorkflowInboundInterceptor
 from ..limits import LIMIT_REASON
@@ -447,6 +454,18 @@ def replay_history(entries: Sequence[ev.Entry], workflow: type[Workflow] | None 
     driver.offline = True
     try:
         driver.replay(entries)
+    except NondeterminismError as err:
+        if (
+            isinstance(started, ev.WorkflowStarted)
+            and workflow is not None
+            and workflow.name != started.workflow_type
+        ):
+            # A new version under another name is a way to test a change; a wrong class is not.
+            err.add_note(
+                f"the history is of workflow type {started.workflow_type!r}, replayed with class "
+                f"{workflow.__qualname__} (type {workflow.name!r}): is it the class you meant?"
+            )
+        raise
     finally:
         driver.close()
     return driver
