@@ -586,6 +586,34 @@ def test_dev_prints_url_and_stops_on_sigterm(redis_url: str) -> None:
                 stream.close()
 
 
+def test_a_worker_logging_json_says_why_it_stops_in_json(redis_url: str) -> None:
+    """A fatal start-up error (a port taken) was a plain-text line among JSON ones: a log
+    pipeline dropped the one line saying why the worker was down (observability pass)."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        proc = popen_cli(
+            "worker",
+            "--app",
+            "examples.order",
+            "--log-format",
+            "json",
+            "--metrics-port",
+            port,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    lines = [json.loads(line) for line in err.splitlines()]  # every line is JSON
+    assert lines[-1]["level"] == "CRITICAL" and lines[-1]["message"].startswith(
+        f"error: --metrics-port {port}"
+    )
+
+
 def test_dev_says_an_app_that_does_not_import_before_its_banner(redis_url: str) -> None:
     """It printed the Redis URL and "web UI and API at http://..." first, then the import error."""
     proc = popen_cli("dev", "--app", "no_such_app_module", stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -167,3 +167,12 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
             root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+
+
+def logs_json() -> bool:
+    """Whether this process's log lines are JSON (:func:`configure` with ``json``): an error that
+    ends it is then one too, else a log pipeline drops the line saying why it is down."""
+    return any(
+        getattr(h, "_durable", False) and isinstance(h.formatter, JsonFormatter)
+        for h in logging.getLogger().handlers
+    )

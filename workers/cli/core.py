@@ -39,6 +39,7 @@ from durable.store.redis_store import RedisStore
 from durable.untrusted import NestedTooDeeply, json_loads
 from workers.app import app_path, missing_app
 from workers.config import mask_secrets, mask_url
+from workers.logging import logs_json
 from workers.worker import load_app
 
 from .render import echo
@@ -303,7 +304,10 @@ def die(message: str, url: str | None = None, code: int = 1) -> NoReturn:
     """Print ``error: message`` (naming the Redis ``url``, secrets masked) and exit ``code``."""
     if url and mask_secrets(url) not in mask_secrets(message):  # said once is enough
         message = f"{message} (redis: {url})"
-    echo(f"error: {mask_secrets(message)}", err=True)
+    if logs_json():  # a worker logging JSON lines: its last line is one too
+        logging.getLogger("durable.cli").critical("error: %s", message)
+    else:
+        echo(f"error: {mask_secrets(message)}", err=True)
     sys.exit(code)
 
 
