@@ -41,8 +41,10 @@ def test_status_and_the_log_say_an_activity_keeps_failing(
         assert out.endswith("last error ModuleNotFoundError: No module named 'rv_not_installed')"), out
         stub.terminate("test over")
     lines = [r.getMessage() for r in caplog.records if "RvLazyImport" in r.getMessage()]
+    # ... and where in the activity's code (the run's failure line names the workflow's only).
     assert lines and lines[0] == (
-        f"activity RvLazyImport (1) of run {stub.run_id} failed, attempt 1: "
+        f"activity RvLazyImport (1) of run {stub.run_id} failed, attempt 1 at "
+        "tests/test_retrying_visible.py:22 in handle: "
         "ModuleNotFoundError: No module named 'rv_not_installed'; retrying in 0.05 s"
     ), lines[:2]
 

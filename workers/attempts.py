@@ -36,6 +36,7 @@ from durable.errors import (
     error_text,
     message_of,
 )
+from durable.frames import code_position
 from durable.quiet import Quiet
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
@@ -442,11 +443,13 @@ def fail_attempt(
     # Said in the worker's log, one line each: an activity failing on every attempt (a missing
     # module, a changed signature) is otherwise seen only by `durable describe`.
     (log.info if cancelled else log.warning)(
-        "activity %s (%s) of run %s failed, attempt %d: %s; %s",
+        "activity %s (%s) of run %s failed, attempt %d%s: %s; %s",
         task.name,
         task.activity_id,
         task.run_id,
         task.attempt,
+        # Where in the activity's code: the run's failure line names the workflow's line only.
+        f" at {code_position(tb)}" if (tb := traceback.extract_tb(exc.__traceback__)) else "",
         log_text(record["error"], type(exc).__name__),
         f"no retry ({final_reason})" if final_reason else f"retrying in {delay:g} s",
     )
