@@ -103,6 +103,19 @@ class Routing:
         lacks; returns ``handed back``, ``parked`` or ``void``."""
         name, queue = record.get("type", ""), record.get("queue", "default")
         served = any(_declares(w, name, patches) for w in self._servers(record))
+        return self._route_run(
+            (p, stream, entry_id, fields),
+            record,
+            what=("workflow", queue, name),
+            detail=f" declaring patches {list(patches)!r}" if patches else "",
+            served=served,
+        )
+
+    def _route_run(
+        self, task: tuple[int, str, str, Mapping[bytes, bytes]], record: Mapping[str, str], **how: Any
+    ) -> str:
+        """:meth:`_route` a workflow task ``(partition, stream, entry id, fields)`` of the run ``record``."""
+        p, stream, entry_id, fields = task
         rid = fields.get(b"run", b"").decode()
         return self._route(
             p=p,
@@ -110,12 +123,10 @@ class Routing:
             entry_id=entry_id,
             fields=fields,
             first=_first_unserved(fields),
-            what=("workflow", queue, name),
-            detail=f" declaring patches {list(patches)!r}" if patches else "",
-            served=served,
             run_id=rid,
             workflow_id=record.get("workflow_id", "ID"),
             member=lambda first: handed_back_member(rid, first),
+            **how,
         )
 
     def newer_history(
@@ -133,12 +144,9 @@ class Routing:
         queue = record.get("queue", "default")
         served = any(w.history_format >= exc.needed for w in self._servers(record))
         rid = fields.get(b"run", b"").decode()
-        return self._route(
-            p=p,
-            stream=stream,
-            entry_id=entry_id,
-            fields=fields,
-            first=_first_unserved(fields),
+        return self._route_run(
+            (p, stream, entry_id, fields),
+            record,
             what=("workflow", queue, f"history format {exc.needed}"),
             lacks=(
                 f"reads history format {exc.needed} (a newer release of durable decided run {rid}; "
@@ -147,9 +155,6 @@ class Routing:
             fix="upgrade durable on this queue's workers",
             block_kind="needs_upgrade",
             served=served,
-            run_id=rid,
-            workflow_id=record.get("workflow_id", "ID"),
-            member=lambda first: handed_back_member(rid, first),
         )
 
     def leave_to_newer_code(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:

@@ -28,7 +28,7 @@ from durable.store.tasks import ActivityTask
 from durable.store.workers import HEARTBEAT_S, WorkerInfo, served_queues
 
 from . import faults, metrics
-from .attempts import attempt_began, attempt_failed, fail_attempt
+from .attempts import attempt_began, attempt_failed, fail_attempt, task_ids
 from .broken_streams import said_wrong_kind
 from .logging import bind_run, unbind_run
 from .timeouts import timeout_kind
@@ -514,14 +514,7 @@ def _task_ids(fields: dict[bytes, bytes]) -> dict[str, object]:
     activity task's body the attempt); ``{}`` for one that says nothing readable."""
     try:
         if b"body" in fields:
-            task = ActivityTask.decode(fields[b"body"])
-            return {
-                "workflow_id": task.workflow_id,
-                "run_id": task.run_id,
-                "activity_id": task.activity_id,
-                "activity_type": task.name,
-                "attempt": task.attempt,
-            }
+            return dict(task_ids(ActivityTask.decode(fields[b"body"])))
         return {"run_id": fields[b"run"].decode()} if b"run" in fields else {}
     except Exception:  # noqa: BLE001 - a malformed task is parked by whoever reads it, said there
         return {}
