@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -151,12 +152,18 @@ def render() -> str:
                         doc = _first_line(value.fget)
                         lines.append(f"- `{attr}` (property) — {doc}")
                     else:
-                        sig = _signature(attr, value).replace("(self, ", "(").replace("(self)", "()")
-                        sig = sig.replace("(cls, ", "(").replace("(cls)", "()")
                         function = value.__func__ if isinstance(value, classmethod | staticmethod) else value
-                        if inspect.iscoroutinefunction(function):
-                            sig = f"async {sig}"  # awaited: say so, the signature does not
-                        lines.append(f"- `{sig}` — {_first_line(value)}")
+                        # Typed overloads say what a caller gets (make(Order) -> WorkflowStub[Order]);
+                        # the implementation's signature only its widest types.
+                        shapes = typing.get_overloads(function) or [value]
+                        for i, shape in enumerate(shapes):
+                            if isinstance(shape, classmethod | staticmethod):
+                                shape = shape.__func__
+                            sig = _signature(attr, shape).replace("(self, ", "(").replace("(self)", "()")
+                            sig = sig.replace("(cls, ", "(").replace("(cls)", "()")
+                            if inspect.iscoroutinefunction(function):
+                                sig = f"async {sig}"  # awaited: say so, the signature does not
+                            lines.append(f"- `{sig}`" + (f" — {_first_line(value)}" if i == 0 else ""))
                 lines.append("")
         grouped[_section(name, obj)] += lines
     out = [
