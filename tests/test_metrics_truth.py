@@ -107,6 +107,11 @@ def test_attempts_cache_gauge_and_failure_lines_say_what_happened(redis_url: str
     assert failure.get("run_id") == failed.run_id and failure.get("workflow_id") == failed.id, failure
     # Which worker process said it (under --processes N all write to one stderr).
     assert failure.get("pid") == proc.pid and f":{proc.pid}:" in failure.get("worker", ""), failure
+    # One line per timed-out attempt (the scheduler said it too: two WARNINGs for one timeout).
+    timeouts = [
+        r for r in lines if r["message"].startswith("activity") and "timed out (start_" in r["message"]
+    ]
+    assert len(timeouts) == 2 and {r["level"] for r in timeouts} == {"WARNING"}, timeouts
     discarded = [r for r in lines if "late result of activity" in r["message"]]
     assert len(discarded) == 2 and {r.get("run_id") for r in discarded} == {s.run_id for s in late}, discarded
 

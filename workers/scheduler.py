@@ -305,9 +305,7 @@ class Scheduler:
                 error = lost
             ids = {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}
             token = bind_run({**ids, "activity_type": task.name})
-            try:
-                if kind != "lease":
-                    log.warning("activity %s of run %s attempt %d timed out (%s)", aid, rid, attempt, kind)
+            try:  # fail_attempt's WARNING says it (ActivityTimeout ... timed out (kind)): one line, not two
                 outcome = fail_attempt(
                     self.store,
                     task,
