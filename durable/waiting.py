@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .run_views import task_in_words
+from .run_views import describe_run, task_in_words
 from .runinfo import NO_LIVE_WORKER, from_now, past_dates, utc_text
 from .store.connect import masked_url
 from .store.redis_store import RedisStore, RunRef
@@ -114,9 +114,21 @@ def not_closed(store: RedisStore, ref: RunRef, timeout: float | None) -> str:
     waits = in_words(
         pending, now_ms, snapshot.get("signals_buffered"), activities=True, task_pending=bool(task)
     )
-    said = "; ".join(w for w in (task, waits) if w)
+    said = "; ".join(w for w in (task, waits, _retrying(store, ref, pending, now_ms)) if w)
     more = f"`durable describe {ref.workflow_id}`"
     return f"{head}, {said} ({more} says more)" if said else f"{head} ({more} shows its steps)"
+
+
+def _retrying(store: RedisStore, ref: RunRef, pending: Sequence[Any], now_ms: int) -> str:
+    """The activities past their first attempt with their last error, as ``durable status``
+    says them (a test mocking one with an exception sat to its timeout, told only "waiting for
+    activity X"); more reads, only when the run waits on an activity."""
+    if not any(isinstance(s, Mapping) and s.get("kind") == "activity" for s in pending):
+        return ""
+    try:
+        return "; ".join(describe_run(store, ref.workflow_id, ref).retrying(now_ms))
+    except Exception:  # noqa: BLE001 - the timeout is the answer; this only explains it
+        return ""
 
 
 def _at(deadline_ms: int, now_ms: int) -> str:

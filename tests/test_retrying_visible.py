@@ -39,6 +39,11 @@ def test_status_and_the_log_say_an_activity_keeps_failing(
         out = CliRunner().invoke(cli, ["status", stub.id]).output.strip()
         assert out.startswith("running (activity RvLazyImport (1) retrying: attempt "), out
         assert out.endswith("last error ModuleNotFoundError: No module named 'rv_not_installed')"), out
+        # result()'s timeout says it too (it said "waiting for activity RvLazyImport (1)" only).
+        with pytest.raises(
+            TimeoutError, match=r"RvLazyImport \(1\) retrying: attempt \d+.*, last error ModuleNotFoundError"
+        ):
+            stub.result(timeout=0.5)
         stub.terminate("test over")
     lines = [r.getMessage() for r in caplog.records if "RvLazyImport" in r.getMessage()]
     # ... and where in the activity's code (the run's failure line names the workflow's only).
