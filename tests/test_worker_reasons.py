@@ -27,7 +27,7 @@ def test_a_type_no_worker_of_the_queue_defines_is_named_with_what_they_define() 
     other_queue = WorkerInfo("w2", queues=("billing",), workflows=("Invoice",), complete=True)
     reason = no_worker_reason(_record(type="Ordr"), [_ORDERS, other_queue])
     assert reason == (
-        "no live worker of queue 'default' defines workflow type 'Ordr' (they define 'Order'): "
+        "no live worker of queue 'default' defines workflow type 'Ordr', did you mean 'Order'? (they define 'Order'): "
         "start a worker whose --app defines it (a class renamed since the run started keeps its old "
         "name with `name = 'Ordr'` on it)"
     )
@@ -48,6 +48,11 @@ def test_a_worker_whose_lists_may_be_partial_never_makes_a_run_look_blocked() ->
 
 
 def test_a_pending_activity_no_worker_of_its_queue_defines_is_named() -> None:
+    typo = [{"kind": "activity", "id": "2", "name": "shipp", "queue": "default"}]
+    reason = no_worker_reason(_record(snapshot={"pending": typo}), [_ORDERS])
+    assert (
+        reason is not None and "defines activity 'shipp' (id 2), did you mean 'ship'? (they define" in reason
+    )
     pending = [{"kind": "activity", "id": "2", "name": "refund", "queue": "default"}]
     reason = no_worker_reason(_record(snapshot={"pending": pending}), [_ORDERS])
     assert reason is not None and reason.startswith(

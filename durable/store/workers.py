@@ -14,6 +14,7 @@ operators that a run waits because no live worker serves its queue (:func:`no_wo
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -257,7 +258,8 @@ def no_worker_on_queue_reason(
     workflow_type = str(record.get("type") or "")
     if workflow_type and _none_defines(deciders, "workflows", workflow_type):
         return (
-            f"no live worker of queue {queue!r} defines workflow type {workflow_type!r} (they define "
+            f"no live worker of queue {queue!r} defines workflow type {workflow_type!r}"
+            f"{_near(deciders, 'workflows', workflow_type)} (they define "
             f"{_listed(deciders, 'workflows')}): start a worker whose --app defines it (a class renamed "
             f"since the run started keeps its old name with `name = {workflow_type!r}` on it)"
         )
@@ -282,8 +284,8 @@ def no_worker_on_queue_reason(
         runners = [w for w in live if step["queue"] in w.queues]
         if name and _none_defines(runners, "activities", name):
             return (
-                f"no live worker of queue {step['queue']!r} defines {where} (they define "
-                f"{_listed(runners, 'activities')}): start a worker whose --app defines it (renamed since, "
+                f"no live worker of queue {step['queue']!r} defines {where}{_near(runners, 'activities', name)} "
+                f"(they define {_listed(runners, 'activities')}): start a worker whose --app defines it (renamed since, "
                 f"a function keeps its old name with `@register_activity(name={name!r})`, an Activity "
                 f"class with `name = {name!r}` in its body)"
             )
@@ -302,6 +304,15 @@ def _none_defines(workers: list[WorkerInfo], kind: str, name: str) -> bool:
         and all(w.complete for w in workers)
         and not any(name in getattr(w, kind) for w in workers)
     )
+
+
+def _near(workers: list[WorkerInfo], kind: str, name: str) -> str:
+    """``", did you mean 'send_email'?"`` when ``workers`` define a name close to ``name`` (a typo
+    in the code that asked for it), else ``""``."""
+    near = difflib.get_close_matches(
+        name, sorted({n for w in workers for n in getattr(w, kind)}), n=1, cutoff=0.8
+    )
+    return f", did you mean {near[0]!r}?" if near else ""
 
 
 def _listed(workers: list[WorkerInfo], kind: str) -> str:
