@@ -52,13 +52,17 @@ def mark(envelope: dict[str, Any], where: str, *, run_id: str, seq: int) -> int:
     return needed
 
 
-def require(entries: Iterable[Any], run_id: str = "") -> None:
-    """Raise :class:`HistoryTooNew` for the first of ``entries`` (:class:`durable.events.Entry`)
-    that needs a history format past this release's: replay would take another path than the
-    code took. Reading an entry is fine (``durable history`` shows it); replaying it is not."""
+def require(entries: Iterable[Any], run_id: str = "") -> int:
+    """The highest history format ``entries`` (:class:`durable.events.Entry`) need; raises
+    :class:`HistoryTooNew` for the first that needs one past this release's: replay would take
+    another path than the code took. Reading an entry is fine (``durable history`` shows it);
+    replaying it is not."""
+    highest = 1
     for entry in entries:
         if entry.format > HISTORY_FORMAT:
             raise too_new(entry.type, entry.format, f"run {run_id or '?'} seq {entry.seq}", run_id, entry.seq)
+        highest = max(highest, entry.format)
+    return highest
 
 
 def too_new(type_name: object, needed: int, where: str, run_id: str, seq: int) -> HistoryTooNew:

@@ -26,6 +26,7 @@ from durable import HistoryCorrupt, HistoryTooNew, WorkflowStub
 from durable.codec import pack, unpack
 from durable.replay import Driver
 from durable.store.redis_store import RedisStore
+from durable.store.workers import WorkerInfo
 from workers.worker import Worker, WorkerThread
 
 NEWER = hf.HISTORY_FORMAT + 1
@@ -85,6 +86,10 @@ def test_a_run_a_newer_release_decided_waits_for_one_and_says_to_upgrade(
     with pytest.raises(HistoryTooNew, match="upgrade durable here"):
         stub.query("__nothing__")
     log = tmp_path / "older.log"
+    # A live worker of the newer release that lacks the type: it cannot take the run either (it
+    # counted as taking it, and the two handed the task back and forth for ever, never parked).
+    other = WorkerInfo("hf-newer-other", queues=("default",), workflows=("HfOther",), history_format=NEWER)
+    store.register_worker(other, ttl_ms=120_000)
     older = spawn_logged_worker(redis_url, log, "--unknown-type-grace", "2", app="apps.deploys")
     try:
         stub.signal("item", "b")  # the older worker is woken for the run, and leaves it
@@ -112,4 +117,5 @@ def test_a_run_a_newer_release_decided_waits_for_one_and_says_to_upgrade(
             assert durable_cli(redis_url, "repair", stub.id).returncode == 0
             assert stub.result(timeout=60) == ["a", "b"]
     finally:
+        store.unregister_worker(other.name)
         stop(older)

@@ -49,7 +49,7 @@ from .attempts import complete_batch, completion, counted
 from .closings import child_result, next_run_of, say_closed
 from .logging import bind_run, bound_run, unbind_run
 from .preloads import Preloads
-from .routing import UNKNOWN_TYPE_GRACE, Routing, TypeNotHere
+from .routing import UNKNOWN_TYPE_GRACE, Lacked, Routing, TypeNotHere
 from .run_cache import RunCache
 from .timeouts import attempt_deadline
 from .undecidable import undecidable
@@ -400,17 +400,11 @@ class Decider:
                 driver.decide(entries) if not poison else self._decide_around_poison(driver, inbox, poison)
             )
         except (TypeNotHere, HistoryTooNew) as exc:  # left to a worker that can decide the run
-            recorded = driver.recorded_patches if driver is not None else ()
             if driver is not None:
                 driver.close()
-            if isinstance(exc, HistoryTooNew):  # a newer release wrote it: replayed here, it would go astray
-                self.routing.newer_history(p, task.stream, task.entry_id, task.fields, record, exc)
-            else:  # by the patches the run recorded: else "served" by a worker lacking one, and
-                # each hand-back reset the grace clock (a run waited for ever, never parked)
-                routed = {**record, "type": exc.name}
-                self.routing.workflow(
-                    p, task.stream, task.entry_id, task.fields, routed, exc.patches or recorded
-                )
+            self.routing.lacking(
+                p, task.stream, task.entry_id, task.fields, record, exc, Lacked(driver, rows)
+            )
             return None
         except Exception as exc:
             if driver is not None:

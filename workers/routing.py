@@ -27,8 +27,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from durable import events as ev
 from durable.errors import HistoryTooNew, UnknownTypeError
 from durable.release import release
 from durable.store.keys import handed_back_member, is_private
@@ -36,7 +38,7 @@ from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.tasks import ActivityTask
 from durable.store.workers import WorkerInfo, takes_new_runs
 
-__all__ = ["LIVE_CACHE_S", "SERVED_DELAY_MS", "UNKNOWN_TYPE_GRACE", "UNSERVED_DELAY_MS", "Routing"]
+__all__ = ["LIVE_CACHE_S", "SERVED_DELAY_MS", "UNKNOWN_TYPE_GRACE", "UNSERVED_DELAY_MS", "Lacked", "Routing"]
 
 log = logging.getLogger("durable.worker")
 
@@ -98,11 +100,13 @@ class Routing:
         fields: Mapping[bytes, bytes],
         record: Mapping[str, str],
         patches: Sequence[str] = (),
+        needed: int = 1,
     ) -> str:
         """Route a workflow task whose type (with ``patches``, recorded by the run) this worker
-        lacks; returns ``handed back``, ``parked`` or ``void``."""
+        lacks; ``needed``: the history format its history needs (a worker that does not read it
+        cannot take it either). Returns ``handed back``, ``parked`` or ``void``."""
         name, queue = record.get("type", ""), record.get("queue", "default")
-        served = any(_declares(w, name, patches) for w in self._servers(record))
+        served = any(_declares(w, name, patches) and _reads(w, needed) for w in self._servers(record))
         return self._route_run(
             (p, stream, entry_id, fields),
             record,
@@ -137,12 +141,17 @@ class Routing:
         fields: Mapping[bytes, bytes],
         record: Mapping[str, str],
         exc: HistoryTooNew,
+        started: ev.WorkflowStarted | None = None,
     ) -> str:
         """Route a workflow task whose run's history needs a history format past this release's
         (:mod:`durable.history_format`: a newer release wrote it): left to a live worker of a
-        release that reads it; returns ``handed back``, ``parked`` or ``void``."""
+        release that reads it and defines the run's type (``started``: its first event, when
+        known) with the patches it recorded; returns ``handed back``, ``parked`` or ``void``."""
         queue = record.get("queue", "default")
-        served = any(w.history_format >= exc.needed for w in self._servers(record))
+        servers = [w for w in self._servers(record) if _reads(w, exc.needed)]
+        if started is not None:  # one that reads it but lacks the type hands it back too
+            servers = [w for w in servers if _declares(w, started.workflow_type, started.patches)]
+        served = bool(servers)
         rid = fields.get(b"run", b"").decode()
         return self._route_run(
             (p, stream, entry_id, fields),
@@ -156,6 +165,27 @@ class Routing:
             block_kind="needs_upgrade",
             served=served,
         )
+
+    def lacking(
+        self,
+        p: int,
+        stream: str,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        record: Mapping[str, str],
+        exc: TypeNotHere | HistoryTooNew,
+        lacked: Lacked,
+    ) -> str:
+        """Route a workflow task this worker cannot decide: it lacks the run's type (or a patch
+        it recorded), or its history's format (:meth:`workflow`, :meth:`newer_history`). Each
+        side asks for a worker that has all the run needs: one lacking only what the other has
+        made both hand the task back for ever, never parked (a patch, then a format)."""
+        started = lacked.started()
+        if isinstance(exc, HistoryTooNew):
+            return self.newer_history(p, stream, entry_id, fields, record, exc, started)
+        patches = exc.patches or (tuple(started.patches) if started is not None else ())
+        routed = {**record, "type": exc.name}
+        return self.workflow(p, stream, entry_id, fields, routed, patches, lacked.history_format())
 
     def leave_to_newer_code(self, record: Mapping[str, Any], driver: Any, *, fresh: bool = False) -> bool:
         """Whether to leave the run's task to a worker declaring every patch the run recorded,
@@ -298,6 +328,37 @@ class Routing:
                 current[queue] = self.store.current_build([queue])[0]
             self._live = (read_at, live, current)
             return live, current[queue]
+
+
+@dataclass(frozen=True)
+class Lacked:
+    """What a worker that cannot decide a run knows of it: its driver as far as it got, and the
+    history rows it loaded."""
+
+    driver: Any
+    rows: Sequence[tuple[bytes, Mapping[bytes, bytes]]]
+
+    def started(self) -> ev.WorkflowStarted | None:
+        """The run's WorkflowStarted: replayed, or the first row loaded (``None``: not known)."""
+        if self.driver is not None and self.driver.started is not None:
+            return self.driver.started
+        if not self.rows or not self.rows[0][0].endswith(b"-1"):
+            return None
+        try:
+            event = ev.decode(self.rows[0][1][b"e"]).event
+        except Exception:  # noqa: BLE001 - not known: routed by the type alone, as before
+            return None
+        return event if isinstance(event, ev.WorkflowStarted) else None
+
+    def history_format(self) -> int:
+        """The highest history format of the entries the driver applied (1: none known)."""
+        return int(getattr(self.driver, "history_format", 1) or 1)
+
+
+def _reads(worker: WorkerInfo, needed: int) -> bool:
+    """Whether ``worker`` replays a history needing format ``needed`` (formats past 1 are said
+    by releases from the marker on; an older worker's registry entry says 0)."""
+    return needed <= 1 or worker.history_format >= needed
 
 
 def _declares(worker: WorkerInfo, name: str, patches: Sequence[str]) -> bool:

@@ -78,6 +78,8 @@ class DriverCore(WorkflowRuntime):
         self._seq = 0
         self._pos = 0
         self._history_end = 0
+        #: The highest history format (durable.history_format) of the entries applied so far.
+        self.history_format = 1
         self._bytes_end = 0  # raw bytes of the history up to _history_end
         self._bytes_at: dict[int, int] = {}  # replay: seq -> raw bytes of the history up to it
         self._budget_warned = False

@@ -69,7 +69,7 @@ class Driver(Commands, Inputs):
             undecided: No decision of this run was ever committed (its first): the code
                 runs live, so the workflow logger is not silenced (:attr:`is_replaying`).
         """
-        require_format(entries, self.run_id)
+        self.history_format = max(self.history_format, require_format(entries, self.run_id))
         self._enter()
         previous = set_active(self)
         self._replay_pass = not undecided
@@ -124,7 +124,7 @@ class Driver(Commands, Inputs):
     def decide(self, inbox: Sequence[ev.Entry] = ()) -> Decision:
         """Apply new inbox items live and return the decision to commit (through the
         ``decide`` interceptors, see :mod:`durable.interceptors`)."""
-        require_format(inbox, self.run_id)
+        self.history_format = max(self.history_format, require_format(inbox, self.run_id))
         if not interceptors.active(WorkflowInboundInterceptor):
             return self._decide_live(inbox)
         request = DecisionInput(self.run_info(), inbox)
