@@ -197,7 +197,7 @@ def _add_undecided(snap: dict[str, Any], inputs: list[ev.Event]) -> None:
 
 
 def _handed_back(
-    store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo], first: int
+    store: RedisStore, ref: RunRef, record: dict[str, Any], live: list[WorkerInfo], first: int, grace_ms: int
 ) -> str:
     """A workflow task a worker that cannot decide it handed back (workers.routing), in words:
     it said "not in its stream: deleted by hand?" while it waited for the right worker."""
@@ -221,7 +221,7 @@ def _handed_back(
     waited = max(0, store.server_time_ms() - first) // 1000
     return (
         f"{lacks}, for {waited} s: its workflow task waits for a worker that can decide it, then is parked and "
-        f"the run blocked (--unknown-type-grace, 60 s by default); deploy such a worker"
+        f"the run blocked after {grace_ms // 1000} s (--unknown-type-grace); deploy such a worker"
     )
 
 
@@ -238,9 +238,9 @@ def task_in_words(
         # Read again: a worker may have taken it between the pipeline's reads.
         where = store.workflow_task_where(ref, store.run_record(ref))
         if where is not None and not where.consumer and not where.backlog and not where.wrong_kind:
-            first = store.handed_back_since(ref)
-            if first is not None:
-                return _handed_back(store, ref, record, live, first)
+            handed = store.handed_back_since(ref)
+            if handed is not None:
+                return _handed_back(store, ref, record, live, *handed)
             return (
                 f"its workflow task is not in its stream {where.stream} (the record says one is pending, "
                 "the stream holds none: deleted or trimmed by hand?): `durable repair "

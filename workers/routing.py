@@ -268,13 +268,14 @@ class Routing:
         kind, queue, name = what
         lacks = lacks or f"serves {kind} type {name!r}{detail}"
         grace_ms = self.grace_ms if grace_ms is None else grace_ms
+        run = (p, run_id, grace_ms) if kind == "workflow" and run_id else None  # the views say it
         now = self.store.server_time_ms()
         if served:
             if what in self._unserved:
                 self._unserved.discard(what)
                 log.info("queue %s: a live worker %s now", queue, lacks)
             due = now + SERVED_DELAY_MS
-            self.store.hand_back(stream, entry_id, member(0), due)
+            self.store.hand_back(stream, entry_id, member(0), due, run)
             self.on_timer(due)
             return "handed back"
         first = first or now
@@ -312,7 +313,7 @@ class Routing:
                 grace_ms / 1000,
             )
         due = min(now + UNSERVED_DELAY_MS, first + grace_ms)
-        self.store.hand_back(stream, entry_id, member(first), due)
+        self.store.hand_back(stream, entry_id, member(first), due, run)
         self.on_timer(due)
         return "handed back"
 

@@ -9,7 +9,8 @@ Layout (``T`` = ``prefix:{p}``)::
 
     T:wf:<workflow id>     hash    instance: current run, type, status
     T:run:<run id>         hash    run record: status, seq, task flag, snapshot, result; inbytes:
-                                   bytes of the signals and updates it took (max_history_bytes)
+                                   bytes of the signals and updates it took (max_history_bytes);
+                                   handed, handed_grace: its workflow task's last hand-back (views)
     T:h:<run id>           stream  history, entry id 0-<seq>, field "e" = event bytes
     T:in:<run id>          list    inbox: stamped input events not yet decided
     T:act:<run id>         hash    activity id -> current task body (attempt, state)

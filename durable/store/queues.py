@@ -22,7 +22,7 @@ from ..errors import DurableError, WorkflowClosed
 from ..ids import clipped
 from ..runinfo import classify_block
 from .key_types import is_wrong_type
-from .keys import GROUP, handed_back_member, keyword_posting
+from .keys import GROUP, keyword_posting
 from .reads import GroupRead, unread
 from .records import CLOSED_STATUSES, RunRef, text
 from .runs import RunStore
@@ -376,32 +376,33 @@ class QueueStore(RunStore):
             return 0
         return sum(int(n) for n in self._script_many("requeue_pending", calls, raise_on_error=True))
 
-    def hand_back(self, stream: str, entry_id: str, member: str, due_ms: int) -> None:
+    def hand_back(
+        self, stream: str, entry_id: str, member: str, due_ms: int, run: tuple[int, str, int] | None = None
+    ) -> None:
         """Leave a task this worker cannot run (it lacks the type) for workers that can: ack it
         here, and at ``due_ms`` the scheduler re-adds it to its queue as a new entry
         (``member``: :func:`~durable.store.keys.handed_back_member`), so this worker does
-        not read it straight back. One MULTI/EXEC: the task is never lost nor doubled."""
+        not read it straight back. One MULTI/EXEC: the task is never lost nor doubled.
+        ``run``: ``(partition, run id, grace ms)`` of a workflow task's run, whose record then
+        names the hand-back for the views (:meth:`handed_back_since`)."""
         with self.pipeline(stream) as pipe:
             pipe.zadd(self.keys.timers(self.keys.partition_of_key(stream)), {member: due_ms})
             pipe.xack(stream, GROUP, entry_id)
             pipe.xdel(stream, entry_id)
+            if run is not None:
+                pipe.hset(self.keys.run(run[0], run[1]), mapping={"handed": member, "handed_grace": run[2]})
             pipe.execute()
 
-    def handed_back_since(self, ref: RunRef, most: int = 100_000) -> int | None:
-        """Whether run ``ref``'s workflow task waits handed back (:meth:`hand_back`): since when
-        (Redis ms) no live worker could decide it, 0 when one could; ``None``: not handed back.
-        Scans the partition's timers for it (at most ``most`` of them: only views ask, and only
-        for a task its stream does not hold)."""
-        prefix = handed_back_member(ref.run_id, 0)[:-1]
-        key, cursor, seen = self.keys.timers(ref.partition), 0, 0
-        while True:
-            cursor, found = self.redis.zscan(key, cursor, match=f"{prefix}*", count=1_000)
-            for member, _ in found:
-                first = text(member)[len(prefix) :]
-                return int(first) if first.isdigit() else 0
-            seen += 1_000
-            if not cursor or seen >= most:
-                return None
+    def handed_back_since(self, ref: RunRef) -> tuple[int, int] | None:
+        """Whether run ``ref``'s workflow task waits handed back (:meth:`hand_back`): ``(since
+        when no live worker could decide it (Redis ms; 0: one could), the grace before it is
+        parked in ms)``; ``None``: not handed back (or by a release that did not say). Two reads
+        (its record names the hand-back, the timers still hold it): only views ask."""
+        member, grace = self.redis.hmget(self.keys.run(ref.partition, ref.run_id), "handed", "handed_grace")
+        if member is None or self.redis.zscore(self.keys.timers(ref.partition), member) is None:
+            return None
+        first = text(member).rpartition("|")[2]
+        return (int(first) if first.isdigit() else 0), int(grace or 0)
 
     def reroute(self, stream: str, entry_id: str, run_id: str, target: str) -> None:
         """Hand a workflow task to the stream of the build its run is pinned to."""
