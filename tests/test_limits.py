@@ -23,6 +23,7 @@ from apps.limits import (
     Loud,
     SideEffectsThenDone,
     Sink,
+    TwoSignalsThenAgain,
     limits_echo,
 )
 from procs import workers
@@ -327,6 +328,24 @@ def test_inputs_that_would_pass_the_history_bytes_are_not_written_and_the_run_en
         )
         assert {why for _, why in rest} == {"run closed before ActivityCompleted was applied"}
         sim.check_replay()  # the history replays to the same end
+    finally:
+        sim.close()
+
+
+def test_a_signal_past_the_limit_after_signals_whose_code_continues_as_new_is_carried() -> None:
+    """The third signal would pass the limit; the code run for the first two continues as new:
+    the third was dropped as "run terminated" (the run was not) instead of carried on."""
+    _use(max_history_bytes=200_000)
+    sim = Sim(TwoSignalsThenAgain, (150_000, []))
+    try:
+        (step,) = sim.decide().activities
+        sim.complete(step.id, "x" * 150_000)
+        sim.decide()
+        for name in "abc":
+            sim.signal("s", name * 19_000)
+        decision = sim.decide()  # all three in one decision
+        assert isinstance(decision.closing, ev.WorkflowContinuedAsNew), decision.closing
+        assert len(decision.carried) == 1 and not decision.dropped, decision.dropped
     finally:
         sim.close()
 

@@ -153,12 +153,7 @@ class Driver(Commands, Inputs):
             self.applying = item
             self._pos = self._history_end + 1 + len(self._out)
             if self._closing is not None:
-                if isinstance(self._closing, ev.WorkflowContinuedAsNew) and isinstance(
-                    item.event, ev.SignalReceived | ev.CancelRequested
-                ):
-                    self._carried.append(item.raw)  # the next run of the id applies it
-                else:
-                    self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+                self._after_close(item)
                 continue
             poison = undecodable_input(item.event)
             if poison is not None:  # a bad signal is a dead letter, not a crash of the run
@@ -173,7 +168,7 @@ class Driver(Commands, Inputs):
                 event, raw = admitted
             past = None if isinstance(event, _CLOSES_ANYWAY) else self._past_limit(len(raw))
             if past is not None:  # applied, it would pass a history limit: the run ends here
-                self._stop_for_limit(item.raw, item.type, past)
+                self._stop_for_limit(item, past)
                 continue
             mark = len(self._out)
             self._out.append(raw)
@@ -199,15 +194,27 @@ class Driver(Commands, Inputs):
                 self._terminate_for_limit(broken)
         return self._decision(consumed=len(inbox))
 
-    def _stop_for_limit(self, raw: bytes, type_name: str, reason: str) -> None:
+    def _after_close(self, item: ev.Entry) -> None:
+        """An input read after the run closed: a signal or cancel after a continue-as-new goes to
+        the next run of the id; anything else is kept with the dropped inputs."""
+        if isinstance(self._closing, ev.WorkflowContinuedAsNew) and isinstance(
+            item.event, ev.SignalReceived | ev.CancelRequested
+        ):
+            self._carried.append(item.raw)  # the next run of the id applies it
+        else:
+            self._dropped.append((item.raw, f"run closed before {item.type} was applied"))
+
+    def _stop_for_limit(self, item: ev.Entry, reason: str) -> None:
         """Terminate the run for ``reason`` before an input that would pass a history limit, and
         keep that input with the dropped ones (``describe().dropped``): one decision applying many
         large results wrote them all, then terminated the run, 3.6 MB under a 1 MB limit."""
         if self._owed:
             self._run_owed_live()  # the signals before it get their code run, as recorded
-        if self._closing is None:
-            self._terminate_for_limit(reason)
-        self._dropped.append((raw, f"run terminated before {type_name} was applied: {reason}"))
+        if self._closing is not None:  # that code closed the run (continue_as_new: carried on)
+            self._after_close(item)
+            return
+        self._terminate_for_limit(reason)
+        self._dropped.append((item.raw, f"run terminated before {item.type} was applied: {reason}"))
 
     def _run_owed_live(self) -> None:
         self._run_owed()

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from durable import NonRetryableError, Workflow, activity, all, await_signal, child, side_effect, update
+from durable import (
+    NonRetryableError,
+    Workflow,
+    activity,
+    all,
+    await_signal,
+    child,
+    continue_as_new,
+    side_effect,
+    update,
+)
 
 
 def limits_echo(value: int) -> int:
@@ -98,3 +108,16 @@ class FillsThenWaits(Workflow):
         for i in range(n):
             side_effect(lambda i=i: i)
         await_signal("never")
+
+
+class TwoSignalsThenAgain(Workflow):
+    """A big first step, then continues as new after every second signal, carrying them."""
+
+    def handle(self, size: int, seen: list[str]) -> list[str]:
+        if size:
+            activity(limits_blob, size)
+        got = [*seen, await_signal("s"), await_signal("s")]
+        if len(got) >= 4:
+            return got
+        continue_as_new(0, got)
+        return got
