@@ -535,6 +535,17 @@ def encode_input_data(event: Event) -> tuple[str, bytes]:
     return event.type, codec.pack(event.to_data())
 
 
+def peek_type(raw: bytes) -> str | None:
+    """An entry's stored type name, not decoded further (``None``: not an entry durable wrote):
+    a reader looking for some types passes over the rest, a newer release's included."""
+    try:
+        envelope = codec.unpack(raw)
+    except Exception:  # noqa: BLE001 - decode() says what is wrong with it
+        return None
+    type_name = envelope.get("type") if isinstance(envelope, dict) else None
+    return type_name if isinstance(type_name, str) else None
+
+
 def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
     """Decode one stored entry; malformed or unknown entries raise :class:`HistoryCorrupt`.
 

@@ -119,3 +119,20 @@ def test_a_run_a_newer_release_decided_waits_for_one_and_says_to_upgrade(
     finally:
         store.unregister_worker(other.name)
         stop(older)
+
+
+def test_a_client_waits_on_a_run_whose_history_has_an_event_type_of_a_newer_release(
+    store: RedisStore,
+) -> None:
+    """result() raised HistoryTooNew at once on a healthy open run: its wait decoded the newest
+    entry, of a type this release does not know (it is no close: a close is a type every
+    release knows)."""
+    with WorkerThread(Worker(store, concurrency=2, grace=5, block_ms=100)):
+        stub = WorkflowStub.make(HfTwoItems, store=store).start()
+        wait_for(lambda: stub.status() == "suspended")
+    ref = stub._ref()
+    seq = len(stub.history()) + 1
+    newer = pack({"type": "FutureWait", "ts": 1, "data": {}, "f": NEWER})
+    store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"e": newer}, id=f"0-{seq}")
+    with pytest.raises(TimeoutError, match="did not close within 1 s"):
+        stub.result(timeout=1)

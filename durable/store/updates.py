@@ -95,6 +95,12 @@ def update_timeout(ref: RunRef, update_id: str) -> TimeoutError:
     )
 
 
+_OUTCOME_TYPES = frozenset(
+    {None, ev.UpdateCompleted.TYPE, ev.UpdateRejectedEvent.TYPE, *(cls.TYPE for cls in ev.CLOSING)}
+)
+"""The entries an update's caller looks at (``None``: unreadable, the decoder says why)."""
+
+
 def scan_for_outcome(rows: list[Any], ref: RunRef, update_id: str, last: str) -> tuple[str, Outcome | None]:
     """Look through history ``rows`` (an ``XREAD`` reply's) for update ``update_id``'s outcome;
     returns the last stream id read and the outcome, if found.
@@ -104,6 +110,8 @@ def scan_for_outcome(rows: list[Any], ref: RunRef, update_id: str, last: str) ->
     """
     for entry_id, fields in rows:
         last = entry_id.decode()
+        if ev.peek_type(fields[b"e"]) not in _OUTCOME_TYPES:  # not decoded: a newer release's too
+            continue
         event = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1])).event
         if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
             return last, event

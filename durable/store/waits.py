@@ -33,7 +33,6 @@ from typing import Any
 
 import redis
 
-from .. import codec
 from .. import events as ev
 from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
@@ -111,6 +110,8 @@ def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
     if not rows:
         return "0-0", None
     entry_id, fields = rows[0]
+    if not _may_close(fields):  # not decoded: an event type of a newer release is no close either
+        return entry_id.decode(), None
     entry = ev.decode(fields[b"e"], run_id=run_id, seq=int(entry_id.split(b"-")[1]))
     return entry_id.decode(), entry if isinstance(entry.event, ev.CLOSING) else None
 
@@ -121,17 +122,13 @@ _CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
 def _may_close(fields: Any) -> bool:
     """Whether a history entry may close its run, from its type alone (most entries of a
     watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
-    try:
-        return bool(codec.unpack(fields[b"e"])["type"] in _CLOSING_TYPES)
-    except Exception:  # noqa: BLE001 - ev.decode raises the error that names the entry
-        return True
+    type_name = ev.peek_type(fields[b"e"])
+    return type_name is None or type_name in _CLOSING_TYPES  # unreadable: the decoder says why
 
 
 def newest(entry_id: bytes, fields: Any, run_id: str) -> tuple[str, ev.Entry | None]:
     """Of the newest entry a read returned of a watched stream: its id, and the entry if it
     closes the run (decoded only when its type may: most entries of a watched run do not)."""
-    if not _may_close(fields):
-        return entry_id.decode(), None
     return _last_entry([(entry_id, fields)], run_id)
 
 
