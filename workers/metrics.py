@@ -108,7 +108,7 @@ class _Metrics:
         )
         self.decisions = c(
             "durable_decisions_total",
-            "Workflow tasks decided, by outcome (committed, conflict, error).",
+            "Workflow tasks decided, by outcome (committed, conflict, void, error).",
             [wt, "outcome"],
         )
         self.decision_s = h(

@@ -300,7 +300,6 @@ class Scheduler:
                 lost = lapsed_lease(self.store, task)
                 if lost is None:  # run again (its deadline went with it), or nothing to run
                     self.store.drop_deadline(p, rid, aid, attempt)
-                    metrics.lease_lapsed(task.name)
                     continue
                 error = lost
             ids = {"workflow_id": task.workflow_id, "run_id": rid, "activity_id": aid, "attempt": attempt}

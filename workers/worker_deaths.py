@@ -19,6 +19,7 @@ from durable.store.activities import Begins
 from durable.store.redis_store import RedisStore
 from durable.store.tasks import ActivityTask
 
+from . import metrics
 from .logging import bind_run, unbind_run
 
 log = logging.getLogger("durable.worker")
@@ -84,6 +85,7 @@ def lapsed_lease(
         return worker_lost(task, begun, begun.begins + 1)
     if not store.rerun_leased(task):
         return None
+    metrics.lease_lapsed(task.name)  # its worker died: counted once, by whoever runs it again
     ids = {"workflow_id": task.workflow_id, "run_id": task.run_id, "activity_id": task.activity_id}
     token = bind_run({**ids, "activity_type": task.name, "attempt": task.attempt})
     try:
