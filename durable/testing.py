@@ -381,7 +381,7 @@ class TestEnvironment:
         return True
 
     # ---------------------------------------------------------------- mocks
-    def mock_activity(self, target: Any, replacement: Any) -> None:
+    def mock_activity(self, target: Any, replacement: Any, *, exact: bool = False) -> None:
         """Replace an activity for this environment (undone on exit).
 
         Args:
@@ -389,8 +389,14 @@ class TestEnvironment:
             replacement: A function called with the activity's arguments, an
                 ``Activity`` subclass, an exception instance (raised on every
                 attempt), or any other value (returned as the result).
+            exact: Take a name as given even when it is close to another activity's (an
+                activity another process defines, ``"charge_cards"`` beside this process's
+                ``charge_card``); by default such a name is refused as a likely typo.
+
+        Raises:
+            ConfigurationError: a name that is no activity but close to one (``exact`` unset).
         """
-        if isinstance(target, str):
+        if isinstance(target, str) and not exact:
             _check_mocked_name(target)
         try:
             undo = registry.override_activity(target, _as_function(replacement))
@@ -422,8 +428,8 @@ def _check_mocked_name(name: str) -> None:
     near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
     if near:
         raise ConfigurationError(
-            f"mock_activity({name!r}): no activity has that name; did you mean {near[0]!r}? "
-            "(pass the function or Activity class itself to be sure)"
+            f"mock_activity({name!r}): no activity has that name; did you mean {near[0]!r}? (pass the "
+            "function or Activity class itself to be sure; exact=True for an activity another process defines)"
         )
 
 

@@ -165,6 +165,7 @@ def test_a_mocked_name_close_to_an_activity_is_refused_as_a_typo(durable_env: Te
     with pytest.raises(ConfigurationError, match="did you mean 'tt_reserve'"):
         durable_env.mock_activity("tt_resreve", "x")  # defined beside TTShop, not registered yet
     durable_env.mock_activity("another_service_ships", "x")  # close to nothing: another process's
+    durable_env.mock_activity("tt_reserves", "x", exact=True)  # another process's, close to ours
 
 
 def test_mocks_are_restored_on_exit(durable_store) -> None:  # type: ignore[no-untyped-def]
