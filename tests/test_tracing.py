@@ -119,9 +119,10 @@ class TrRetriedLate(Workflow):
         return activity(TrLateOnce)
 
 
-def test_an_attempt_that_returned_past_its_timeout_is_an_error_span(durable_env: TestEnvironment) -> None:
-    """The scheduler timed it out and its result was discarded, but its span was exported OK:
-    a trace showed a green attempt, then a retry nothing explained (observability pass)."""
+def test_an_attempt_that_returned_past_its_timeout_says_so_in_its_span(durable_env: TestEnvironment) -> None:
+    """The scheduler timed it out and its result was discarded, but its span said nothing: a
+    trace showed a plain attempt, then a retry nothing explained (observability pass). Marked,
+    not an error: a result a moment late may still be taken (the re-check)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -131,9 +132,9 @@ def test_an_attempt_that_returned_past_its_timeout_is_an_error_span(durable_env:
             lambda: [s for s in exporter.get_finished_spans() if s.attributes.get("durable.attempt") == 1]
         )
     (late,) = first
-    assert late.status.status_code is StatusCode.ERROR, late.status
-    assert "past its start_to_close timeout of 0.3 s" in late.status.description
-    assert late.attributes["durable.outcome"] == "timed_out"
+    assert late.attributes["durable.past_start_to_close"] is True
+    (event,) = [e for e in late.events if e.name == "past start_to_close"]
+    assert event.attributes["durable.start_to_close_s"] == 0.3 and event.attributes["durable.took_s"] > 0.3
 
 
 # ----------------------------------------------------------------- tenant header
