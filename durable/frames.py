@@ -14,7 +14,7 @@ from pathlib import Path
 import greenlet
 import redis
 
-__all__ = ["code_position", "waiting_on_redis"]
+__all__ = ["app_frame", "code_position", "waiting_on_redis"]
 
 _OWN = tuple(str(Path(path).parent) + os.sep for path in (__file__, greenlet.__file__ or ""))
 _IO = tuple(str(p) + os.sep for p in (Path(__file__).parent / "store", Path(redis.__file__ or "").parent))
@@ -23,10 +23,11 @@ _STDLIB = tuple({_PATHS["stdlib"] + os.sep, _PATHS["platstdlib"] + os.sep})
 _SITE = tuple({_PATHS["purelib"] + os.sep, _PATHS["platlib"] + os.sep})
 
 
-def code_position(stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] = ()) -> str:
+def app_frame(
+    stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] = ()
+) -> traceback.FrameSummary | None:
     """The innermost frame of the app's code in ``stack`` (not durable's, greenlet's, the
-    standard library's, nor under the ``own`` folders), as ``path:line in function``."""
-    chosen = stack[-1] if stack else None
+    standard library's, nor under the ``own`` folders); ``None``: there is none."""
     for frame in reversed(stack):
         path = frame.filename
         generated = path.startswith("<")  # code made at run time ("<string>": a dataclass's __init__)
@@ -35,8 +36,13 @@ def code_position(stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] 
             and not path.startswith(_OWN + own)
             and (not path.startswith(_STDLIB) or path.startswith(_SITE))
         ):
-            chosen = frame
-            break
+            return frame
+    return None
+
+
+def code_position(stack: Sequence[traceback.FrameSummary], own: tuple[str, ...] = ()) -> str:
+    """:func:`app_frame` (else the innermost frame) of ``stack``, as ``path:line in function``."""
+    chosen = app_frame(stack, own) or (stack[-1] if stack else None)
     if chosen is None:
         return "an unknown position"
     path = chosen.filename

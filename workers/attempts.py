@@ -36,7 +36,7 @@ from durable.errors import (
     error_text,
     message_of,
 )
-from durable.frames import code_position
+from durable.frames import app_frame, code_position
 from durable.quiet import Quiet
 from durable.registry import ActivityDefinition, get_activity
 from durable.store.activities import Begun
@@ -170,6 +170,16 @@ def execute_attempt(
     if outcome != "completed":  # a result is counted once the store took it (counted()): a late one is not
         metrics.attempt(task.name, task.stream, outcome, time.perf_counter() - began, timeout)
     return outcome
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` at path:line in function``: where in the activity's code ``exc`` rose, for its failure
+    line (the run's failure line names the workflow's line only); ``""``: not in the app's code."""
+    try:
+        frame = app_frame(traceback.extract_tb(exc.__traceback__))
+    except Exception:  # noqa: BLE001 - an error whose own attributes raise: said without it
+        return ""
+    return f" at {code_position([frame])}" if frame is not None else ""
 
 
 def task_ids(task: ActivityTask) -> dict[str, Any]:
@@ -448,8 +458,7 @@ def fail_attempt(
         task.activity_id,
         task.run_id,
         task.attempt,
-        # Where in the activity's code: the run's failure line names the workflow's line only.
-        f" at {code_position(tb)}" if (tb := traceback.extract_tb(exc.__traceback__)) else "",
+        _raised_at(exc),
         log_text(record["error"], type(exc).__name__),
         f"no retry ({final_reason})" if final_reason else f"retrying in {delay:g} s",
     )

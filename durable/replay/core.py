@@ -12,7 +12,7 @@ import greenlet
 
 from .. import events as ev
 from ..errors import ConfigurationError, DurableError, NondeterminismError, Overrun, WorkflowTimeout
-from ..frames import code_position
+from ..frames import app_frame, code_position
 from ..ids import check_command_id
 from ..interceptors import RunInfo
 from ..limits import LIMIT_REASON, current, limit_error
@@ -558,7 +558,8 @@ def _issued_at() -> str:
     when no workflow code is running: the hub found a recorded command the code did not issue)."""
     if not isinstance(greenlet.getcurrent(), Branch):
         return ""
-    return code_position(traceback.extract_stack())
+    stack = traceback.extract_stack()
+    return code_position(stack) if app_frame(stack) is not None else ""
 
 
 def _changed(entry: ev.Entry, event: ev.Event, now_ms: int) -> str:
