@@ -571,8 +571,12 @@ def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
     type_name, ts, data = envelope["type"], envelope["ts"], envelope["data"]
     cls = CATALOG.get(type_name) if isinstance(type_name, str) else None
     needed = hf.mark(envelope, where, run_id=run_id, seq=seq) if "f" in envelope else 1
-    if cls is None and needed > hf.HISTORY_FORMAT:
-        raise hf.too_new(type_name, needed, where, run_id, seq)
+    if cls is None and needed > hf.HISTORY_FORMAT and isinstance(ts, int) and isinstance(data, dict):
+        from .newer_event import NewerEvent  # noqa: PLC0415 - a newer release's type: rare
+
+        return Entry(
+            seq=seq, ts=ts, event=NewerEvent(type_name=str(type_name), data=data), raw=raw, format=needed
+        )
     if cls is None:
         raise HistoryCorrupt(
             f"{where}: unknown event type {type_name!r}; upgrade durable or inspect the entry",

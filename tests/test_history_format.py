@@ -67,9 +67,12 @@ def test_an_event_of_a_newer_format_is_read_but_not_replayed_and_the_error_names
     assert f"history format {NEWER};" in text and "upgrade durable here" in text
     with pytest.raises(HistoryTooNew):  # as an input a decision would apply
         Driver(run_id="R1").decide([entry])
-    # An event type this release does not know is refused for its format, not called corrupt.
-    with pytest.raises(HistoryTooNew):
-        ev.decode(pack({"type": "FutureThing", "ts": 1, "data": {}, "f": NEWER}))
+    # An event type this release does not know is read for what it is (not called corrupt) and
+    # refused by replay for its format.
+    future = ev.decode(pack({"type": "FutureThing", "ts": 1, "data": {"x": 1}, "f": NEWER}), seq=3)
+    assert (future.type, future.event.to_data(), future.format) == ("FutureThing", {"x": 1}, NEWER)
+    with pytest.raises(HistoryTooNew, match="seq 3: FutureThing was written by a newer release"):
+        Driver(run_id="R1").replay([future])
     with pytest.raises(HistoryCorrupt, match="history format mark is not a number"):
         ev.decode(pack({"type": "SignalReceived", "ts": 1, "data": {"name": "x", "payload": b""}, "f": "9"}))
 
@@ -122,7 +125,7 @@ def test_a_run_a_newer_release_decided_waits_for_one_and_says_to_upgrade(
 
 
 def test_a_client_waits_on_a_run_whose_history_has_an_event_type_of_a_newer_release(
-    store: RedisStore,
+    store: RedisStore, redis_url: str
 ) -> None:
     """result() raised HistoryTooNew at once on a healthy open run: its wait decoded the newest
     entry, of a type this release does not know (it is no close: a close is a type every
@@ -136,3 +139,5 @@ def test_a_client_waits_on_a_run_whose_history_has_an_event_type_of_a_newer_rele
     store.redis.xadd(store.keys.history(ref.partition, ref.run_id), {"e": newer}, id=f"0-{seq}")
     with pytest.raises(TimeoutError, match="did not close within 1 s"):
         stub.result(timeout=1)
+    shown = durable_cli(redis_url, "history", stub.id)  # shown as stored, as any event
+    assert shown.returncode == 0 and "FutureWait" in shown.stdout, shown
