@@ -20,6 +20,7 @@ from apps.limits import (
     FanOut,
     FillsThenWaits,
     Grower,
+    LargeArgument,
     Loud,
     SideEffectsThenDone,
     Sink,
@@ -112,6 +113,28 @@ def test_large_payload_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="durable.limits"):
         payload_codec.dumps("z" * 2_000, path="args")
     assert "warn_payload_bytes" in caplog.text and "args" in caplog.text
+
+
+def test_a_large_payload_is_said_once_naming_its_run_not_on_each_replay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every replay and query said it again for each large payload in the history, naming no
+    run (2 queries gave 6 identical lines in an agent pass)."""
+    _use(warn_payload_bytes=1_000)
+    sim = Sim(LargeArgument, (2_000,), compare=False)  # one driver: one live decision
+    try:
+        with caplog.at_level(logging.WARNING, logger="durable.limits"):
+            (step,) = sim.decide().activities
+            said = [r.getMessage() for r in caplog.records]
+            assert len(said) == 1 and "in run run-1 (LargeArgument)" in said[0], said
+            caplog.clear()
+            sim.complete(step.id, "x" * 10)
+            sim.decide()
+            caplog.clear()
+            sim.check_replay()  # a cache miss replays the history: the args are encoded again
+            assert not caplog.records, [r.getMessage() for r in caplog.records]
+    finally:
+        sim.close()
 
 
 def test_an_error_too_large_to_store_is_cut_down() -> None:

@@ -134,12 +134,18 @@ def _sized(value: Any, path: str, data: bytes) -> bytes:
     if len(data) <= current.max_payload_bytes:
         if len(data) <= current.warn_payload_bytes:
             return data
+        from ..replay.logger import active_driver  # noqa: PLC0415 - the codec is below the replay
+
+        driver = active_driver()
+        if driver is not None and driver.is_replaying:
+            return data  # said when the code first issued it: not again on each replay and query
         _log.warning(
-            "payload %s of %d bytes is over %d (warn_payload_bytes); large payloads slow every replay "
+            "payload %s of %d bytes is over %d (warn_payload_bytes)%s; large payloads slow every replay "
             "of the run: store big data elsewhere and pass a reference",
             path,
             len(data),
             current.warn_payload_bytes,
+            f" in run {driver.run_id} ({driver.workflow_type})" if driver is not None else "",
         )
         return data
     if isinstance(value, BaseException):

@@ -121,3 +121,10 @@ class TwoSignalsThenAgain(Workflow):
             return got
         continue_as_new(0, got)
         return got
+
+
+class LargeArgument(Workflow):
+    """One activity called with a large argument."""
+
+    def handle(self, size: int) -> int:
+        return len(activity(limits_echo, "x" * size))
