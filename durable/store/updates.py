@@ -91,7 +91,8 @@ def update_timeout(ref: RunRef, update_id: str) -> TimeoutError:
     """The error a caller whose wait for an update's outcome timed out gets."""
     return TimeoutError(
         f"update {update_id!r} of workflow {ref.workflow_id!r} had no outcome within the timeout; "
-        "call update() again with the same update_id to keep waiting"
+        "call update() again with the same update_id to keep waiting (ids are kept per run: once "
+        f"run {ref.run_id} has continued as new, that call runs the update again in the new run)"
     )
 
 
@@ -116,9 +117,15 @@ def scan_for_outcome(rows: list[Any], ref: RunRef, update_id: str, last: str) ->
         if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:
             return last, event
         if isinstance(event, ev.CLOSING):
+            then = (
+                ": its handler did not finish (what it did before stays done); call update() again "
+                "to run it in the new run, after checking what it did"
+                if isinstance(event, ev.WorkflowContinuedAsNew)
+                else ""
+            )
             raise WorkflowClosed(
                 f"workflow {ref.workflow_id!r} (run {ref.run_id}) closed "
-                f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome"
+                f"({ev.STATUS_OF_CLOSING[event.type]}) before update {update_id!r} had an outcome{then}"
             )
     return last, None
 
