@@ -15,7 +15,7 @@ from .store.held import busy_queues, starved_queues
 from .store.redis_store import CLOSED_STATUSES, OPEN_STATUSES, RedisStore, RunRef
 from .store.search import stored_attributes, stored_memo
 from .store.timer_index import OVERDUE_MS, unarmed
-from .store.workers import WorkerInfo, stalled_decision
+from .store.workers import WorkerInfo, stalled_decision, takes_new_runs
 
 
 def run_snapshot(store: RedisStore, workflow_id: str, ref: RunRef) -> dict[str, Any]:
@@ -206,12 +206,19 @@ def _handed_back(
     recorded = (
         started.event.patches if started is not None and isinstance(started.event, ev.WorkflowStarted) else []
     )
-    typed = [w for w in live if queue in w.queues and name in w.workflows]
+    build = str(record.get("build") or "")
+    if build:  # as the workers route it: a pinned run's build, else the workers of new runs
+        deciders, which = [w for w in live if queue in w.queues and build in w.builds], f" of build {build!r}"
+    else:
+        current = store.current_build([queue])[0]
+        deciders = takes_new_runs(queue, current, live)
+        which = f" of build {current!r} (it takes the queue's new runs)" if current else ""
+    typed = [w for w in deciders if name in w.workflows]
     if not typed:
-        lacks = f"no live worker of queue {queue!r} defines workflow type {name!r}"
+        lacks = f"no live worker of queue {queue!r}{which} defines workflow type {name!r}"
     elif recorded and not any(set(recorded) <= set(w.patches.get(name, ())) for w in typed):
         lacks = (
-            f"no live worker of queue {queue!r} declares the patches {list(recorded)!r} the run recorded "
+            f"no live worker of queue {queue!r}{which} declares the patches {list(recorded)!r} the run recorded "
             "(the code that started it is newer than the workers')"
         )
     else:
