@@ -474,6 +474,23 @@ _ALL: tuple[type[Event], ...] = (
     *CLOSING,
 )
 
+
+@immutable(kw_only=True)
+class NewerEvent(Event):
+    """An event of a type a newer release wrote (its format past this release's): read and
+    shown as stored (``durable history``), refused by replay (:mod:`durable.history_format`)."""
+
+    type_name: str
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def type(self) -> str:
+        return self.type_name
+
+    def to_data(self) -> dict[str, Any]:
+        return dict(self.data)
+
+
 #: Every event class by its stored type name (what :func:`decode` reads).
 CATALOG: dict[str, type[Event]] = {cls.TYPE: cls for cls in _ALL}
 
@@ -535,24 +552,10 @@ def encode_input_data(event: Event) -> tuple[str, bytes]:
     return event.type, codec.pack(event.to_data())
 
 
-def peek_type(raw: bytes) -> str | None:
-    """An entry's stored type name, not decoded further (``None``: not an entry durable wrote):
-    a reader looking for some types passes over the rest, a newer release's included."""
-    try:
-        envelope = codec.unpack(raw)
-    except Exception:  # noqa: BLE001 - decode() says what is wrong with it
-        return None
-    type_name = envelope.get("type") if isinstance(envelope, dict) else None
-    return type_name if isinstance(type_name, str) else None
-
-
 def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
-    """Decode one stored entry; malformed or unknown entries raise :class:`HistoryCorrupt`.
-
-    Nothing is ever skipped: an entry that cannot be understood stops the
-    caller with an error naming the run and seq, so history is never silently
-    reinterpreted.
-    """
+    """Decode one stored entry; malformed or unknown entries raise :class:`HistoryCorrupt`
+    naming the run and seq: nothing is skipped, so history is never silently reinterpreted
+    (a newer release's type, marked so, is a :class:`NewerEvent`)."""
     where = f"run {run_id or '?'} seq {seq}"
     try:
         envelope = codec.unpack(raw)
@@ -572,8 +575,6 @@ def decode(raw: bytes, *, run_id: str = "", seq: int = 0) -> Entry:
     cls = CATALOG.get(type_name) if isinstance(type_name, str) else None
     needed = hf.mark(envelope, where, run_id=run_id, seq=seq) if "f" in envelope else 1
     if cls is None and needed > hf.HISTORY_FORMAT and isinstance(ts, int) and isinstance(data, dict):
-        from .newer_event import NewerEvent  # noqa: PLC0415 - a newer release's type: rare
-
         return Entry(
             seq=seq, ts=ts, event=NewerEvent(type_name=str(type_name), data=data), raw=raw, format=needed
         )

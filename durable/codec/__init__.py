@@ -46,6 +46,7 @@ import logging
 from typing import Any
 
 from .. import limits as run_limits
+from ..active_driver import active_driver
 from ..errors import ApplicationError, PayloadTooLarge, error_text, message_of
 from .allowlist import allow_module, is_allowed, register_type
 from .decoder import decode
@@ -134,8 +135,6 @@ def _sized(value: Any, path: str, data: bytes) -> bytes:
     if len(data) <= current.max_payload_bytes:
         if len(data) <= current.warn_payload_bytes:
             return data
-        from ..replay.logger import active_driver  # noqa: PLC0415 - the codec is below the replay
-
         driver = active_driver()
         if driver is not None and driver.is_replaying:
             return data  # said when the code first issued it: not again on each replay and query

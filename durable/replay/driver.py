@@ -11,6 +11,7 @@ import greenlet
 
 from .. import codec, interceptors, registry
 from .. import events as ev
+from ..active_driver import set_active
 from ..errors import (
     DurableError,
     HistoryCorrupt,
@@ -28,7 +29,6 @@ from ..workflow import Workflow, near_history_limit
 from .commands import Commands
 from .decision import Decision, build_decision
 from .inputs import Inputs, undecodable_input
-from .logger import set_active
 from .updates import check_arguments
 
 log = logging.getLogger("durable.workflow")

@@ -17,40 +17,15 @@ outside the workflow's branch greenlets.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import MutableMapping
-from typing import Any, Protocol
+from typing import Any
+
+from ..active_driver import active_driver
 
 __all__ = ["WorkflowLogger", "active_driver", "logger", "workflow_logger"]
 
 DEFAULT_NAME = "durable.workflow.code"
 """The logger workflow code's records go to (a child of ``durable.workflow``)."""
-
-
-class _Deciding(Protocol):
-    run_id: str
-    workflow_id: str
-
-    @property
-    def workflow_type(self) -> str: ...
-
-    @property
-    def is_replaying(self) -> bool: ...
-
-
-_active = threading.local()
-
-
-def active_driver() -> _Deciding | None:
-    """The driver replaying or deciding on this thread right now, if any."""
-    return getattr(_active, "driver", None)
-
-
-def set_active(driver: _Deciding | None) -> _Deciding | None:
-    """Make ``driver`` this thread's active driver; returns the previous one (to restore)."""
-    previous = getattr(_active, "driver", None)
-    _active.driver = driver
-    return previous
 
 
 class WorkflowLogger(logging.LoggerAdapter):  # type: ignore[type-arg,unused-ignore]

@@ -22,7 +22,7 @@ from .. import limits as run_limits
 from ..errors import DurableError, UpdateRejected, WorkflowClosed, error_text
 from .records import RunRef, text
 from .redis_store import RedisStore
-from .waits import BLOCK_CHECK_S, look, sleep_out, waits_outage
+from .waits import BLOCK_CHECK_S, look, peek_type, sleep_out, waits_outage
 
 #: How many times a delivery follows the workflow to its next run (continue-as-new racing it).
 _FOLLOW = 5
@@ -111,7 +111,7 @@ def scan_for_outcome(rows: list[Any], ref: RunRef, update_id: str, last: str) ->
     """
     for entry_id, fields in rows:
         last = entry_id.decode()
-        if ev.peek_type(fields[b"e"]) not in _OUTCOME_TYPES:  # not decoded: a newer release's too
+        if peek_type(fields[b"e"]) not in _OUTCOME_TYPES:  # not decoded: a newer release's too
             continue
         event = ev.decode(fields[b"e"], run_id=ref.run_id, seq=int(last.split("-")[1])).event
         if isinstance(event, ev.UpdateCompleted | ev.UpdateRejectedEvent) and event.id == update_id:

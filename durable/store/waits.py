@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from .. import events as ev
+from ..codec.plain import unpack
 from ..codec.sealed import open_text
 from ..errors import WorkflowBlocked, WorkflowNotFound
 from ..runinfo import NO_LIVE_WORKER, BlockedReason, blocked_reason, blocked_text
@@ -116,13 +117,24 @@ def _last_entry(rows: Any, run_id: str) -> tuple[str, ev.Entry | None]:
     return entry_id.decode(), entry if isinstance(entry.event, ev.CLOSING) else None
 
 
+def peek_type(raw: bytes) -> str | None:
+    """An entry's stored type name, not decoded further (``None``: not an entry durable wrote):
+    a reader looking for some types passes over the rest, a newer release's included."""
+    try:
+        envelope = unpack(raw)
+    except Exception:  # noqa: BLE001 - decode() says what is wrong with it
+        return None
+    type_name = envelope.get("type") if isinstance(envelope, dict) else None
+    return type_name if isinstance(type_name, str) else None
+
+
 _CLOSING_TYPES = frozenset(cls.TYPE for cls in ev.CLOSING)
 
 
 def _may_close(fields: Any) -> bool:
     """Whether a history entry may close its run, from its type alone (most entries of a
     watched run do not: they are not decoded). Unreadable entries are left to the decoder."""
-    type_name = ev.peek_type(fields[b"e"])
+    type_name = peek_type(fields[b"e"])
     return type_name is None or type_name in _CLOSING_TYPES  # unreadable: the decoder says why
 
 
