@@ -24,9 +24,10 @@ from procs import spawn_worker, stop
 from waiting import wait_for
 
 from durable import Workflow, WorkflowStub, child
+from durable.run_views import _handed_back
 from durable.runinfo import with_children
 from durable.store.redis_store import RedisStore
-from durable.store.workers import HEARTBEAT_S
+from durable.store.workers import HEARTBEAT_S, WorkerInfo
 from workers.cli import cli
 from workers.worker import Worker, WorkerThread
 
@@ -282,7 +283,7 @@ def test_an_activity_a_stopping_worker_finishes_is_not_called_blocked(
 def test_a_draining_worker_serves_the_activities_of_its_queues() -> None:
     """A draining worker starts no new run but runs activities: a run whose activity waits on a
     queue only such a worker serves read "blocked: no live worker serves queue 'billing'"."""
-    from durable.store.workers import WorkerInfo, no_worker_reason
+    from durable.store.workers import no_worker_reason
 
     record = {
         "status": "running",
@@ -296,3 +297,24 @@ def test_a_draining_worker_serves_the_activities_of_its_queues() -> None:
     stopping = WorkerInfo(name="b", build="v1", queues=("billing",), stopping=1)
     said = no_worker_reason(record, [deciding, stopping])
     assert said is not None and said.startswith("no live worker serves queue 'billing'"), said
+
+
+def test_a_handed_back_task_is_said_by_the_build_that_takes_its_runs(store: RedisStore) -> None:
+    """A worker of the queue's current build lacks the type; one of an older build has it but
+    starts no new run: the words guessed "a newer release of durable decided it?" (a re-check)."""
+    from durable.store.workers import WorkerInfo  # noqa: PLC0415
+
+    stub = WorkflowStub.make(Sequence, store=store).start(1)  # no worker: its first event only
+    assert store.claim_current_build("default", "", "b1")
+    live = [
+        WorkerInfo("w-b1", build="b1", queues=("default",), workflows=("Other",), complete=True),
+        WorkerInfo("w-b0", build="b0", queues=("default",), workflows=("Sequence",), complete=True),
+    ]
+    ref = store.ref(stub.id)
+    said = _handed_back(store, ref, store.run_record(ref), live, store.server_time_ms() - 3_000, 60_000)
+    assert said.startswith(
+        "no live worker of queue 'default' of build 'b1' (it takes the queue's new runs) defines workflow "
+        "type 'Sequence', for 3 s"
+    ), said
+    assert "after 60 s (--unknown-type-grace)" in said and "newer release" not in said
+    stub.terminate("test over")
