@@ -171,7 +171,9 @@ def test_per_type_retention_is_recorded_at_start_and_honoured(store: RedisStore,
     assert score is not None and score - time.time() * 1000 > 3_500_000
     described = long.describe()  # said before it happens, not only as "no workflow with id" after
     assert described.purge_at == score and described.closed is not None
-    assert described.purge_at - described.closed == 3_600_000
+    # The close's time stamp and the purge time are read from Redis's clock at two points of one
+    # script: a millisecond may pass between them (a CI run saw 3,600,001).
+    assert 0 <= described.purge_at - described.closed - 3_600_000 < 50
     assert "purged at" in CliRunner().invoke(cli, ["describe", "ret-long"], env={"COLUMNS": "200"}).output
     wait_for(lambda: not keys_of(store.redis, short.run_id or "?"), timeout=15)
     assert store.run_record(ref)["status"] == "completed"  # an hour to go
