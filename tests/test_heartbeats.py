@@ -97,12 +97,16 @@ def test_a_loop_that_goes_on_heartbeating_writes_on_its_own_thread() -> None:
     for the interpreter past a 0.2 s heartbeat timeout, every heartbeat meanwhile held back. The
     loop's own calls write; the flusher only once the code has gone quiet."""
     writes = Writes()
-    beat = AttemptHeartbeat(writes, 0.02, Flusher())
-    until, i = time.monotonic() + 0.3, 0
+    beat = AttemptHeartbeat(writes, 0.05, Flusher())
+    until, i = time.monotonic() + 0.4, 0
     while time.monotonic() < until:
         beat(i)
         i += 1
-    time.sleep(0.1)
+    # Two calls in a row: the second comes within an interval of any write the first made, so it
+    # is held for the flusher (the loop's last call alone sometimes wrote itself: a CI run).
+    beat(i)
+    beat(i + 1)
+    time.sleep(0.2)
     loop = threading.current_thread().name
     assert len(writes.threads) >= 5 and set(writes.threads[:-1]) == {loop}, writes.threads
-    assert writes.threads[-1] == "durable-heartbeats" and writes.calls[-1][0] == i - 1
+    assert writes.threads[-1] == "durable-heartbeats" and writes.calls[-1][0] == i + 1
