@@ -33,6 +33,7 @@ from typing import Any
 from durable import events as ev
 from durable.errors import HistoryTooNew, UnknownTypeError
 from durable.release import release
+from durable.replay import Driver
 from durable.store.keys import handed_back_member, is_private
 from durable.store.redis_store import CLOSED_STATUSES, RedisStore
 from durable.store.tasks import ActivityTask
@@ -336,7 +337,7 @@ class Lacked:
     """What a worker that cannot decide a run knows of it: its driver as far as it got, and the
     history rows it loaded."""
 
-    driver: Any
+    driver: Driver | None
     rows: Sequence[tuple[bytes, Mapping[bytes, bytes]]]
 
     def started(self) -> ev.WorkflowStarted | None:
@@ -353,7 +354,7 @@ class Lacked:
 
     def history_format(self) -> int:
         """The highest history format of the entries the driver applied (1: none known)."""
-        return int(getattr(self.driver, "history_format", 1) or 1)
+        return self.driver.history_format if self.driver is not None else 1
 
 
 def _reads(worker: WorkerInfo, needed: int) -> bool:
